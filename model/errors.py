@@ -1,0 +1,28 @@
+"""A small error hierarchy. The CLI turns each into one line and exit code 2."""
+
+
+class PipetteError(Exception):
+    """Base class for every error a user can cause."""
+
+
+class SpecError(PipetteError):
+    """Invalid input: names where it came from, the field, and what to change.
+
+    `str(err)` reads `<source>: <field>: <problem>`; `source` is a file path or a preset/option
+    name, so the user can find what to fix.
+    """
+
+    def __init__(self, problem: str, *, source: str | None = None, field: str | None = None):
+        self.problem = problem
+        self.source = source
+        self.field = field
+        parts = [p for p in (source, field) if p]
+        super().__init__(": ".join(parts + [problem]))
+
+
+class InfeasibleError(PipetteError):
+    """No plan fits; the message says why and what would make one fit."""
+
+
+class SolverUnavailableError(PipetteError):
+    """A solver backend (HiGHS) is missing or failed."""

@@ -1,0 +1,273 @@
+"""The estimator: for a model, job, cluster and plan, per-stage memory and iteration time.
+
+Iteration time = max over data-parallel replicas of the longest path through that replica's
+schedule graph (model.schedule), where each stage's path ends with its tail: the exposed part of
+the gradient synchronization plus the optimizer step. Synchronization is collective across
+replicas, so every replica sees the same tail. This is the single definition of iteration time;
+the solvers use `Evaluator` and are tested to agree with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cluster import ClusterSpec
+from .costs import CostModel, dp_ring
+from .memory import MemoryModel, StageMemory
+from .plan import (Placement, Plan, Shape, megatron_placement, num_microbatches,
+                   validate_placement, validate_shape)
+from .schedule import compile_schedule
+from .specs import JobSpec, ModelSpec, Options
+
+
+@dataclass(frozen=True)
+class StageReport:
+    stage: int
+    layers: int
+    fwd_ms: float  # per micro-batch, all chunks, slowest replica
+    bwd_ms: float
+    sync_ms: float  # gradient synchronization (+ parameter all-gather)
+    sync_exposed_ms: float
+    optimizer_ms: float
+    memory: StageMemory
+    limit_gib: float  # smallest GPU memory among the nodes hosting this stage
+
+
+@dataclass(frozen=True)
+class Estimate:
+    iteration_ms: float
+    replica_ms: tuple[float, ...]
+    stages: tuple[StageReport, ...]
+    hops_ms: tuple[tuple[float, float], ...]  # slowest (fwd, bwd) transfer per hop
+    breakdown_ms: dict  # critical path of the slowest replica, by category
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    num_microbatches: int
+    critical_path: list = field(default_factory=list, repr=False)
+
+    @property
+    def peak_memory_gib(self) -> float:
+        return max(s.memory.total_gib for s in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        return all(s.memory.total_gib <= s.limit_gib for s in self.stages)
+
+    def overflow(self) -> list[str]:
+        return [f"stage {s.stage} needs {s.memory.total_gib:.1f} GiB > {s.limit_gib:.0f} GiB"
+                for s in self.stages if s.memory.total_gib > s.limit_gib]
+
+
+class Evaluator:
+    """Everything fixed by the shape, ready to score placements quickly."""
+
+    def __init__(self, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                 options: Options | None = None, src: str = "plan"):
+        options = options or Options()
+        validate_shape(model, job, cluster, shape, src)
+        self.model, self.job, self.cluster, self.shape, self.options = (
+            model, job, cluster, shape, options)
+        self.m = num_microbatches(job, shape)
+        self.cs = compile_schedule(shape.schedule, shape.pp, self.m, shape.chunks,
+                                   options.blocking_p2p)
+        self.kinds = self.cs.kinds
+        self.costs = CostModel(model, job, cluster, shape, options)
+        self.mem = MemoryModel(model, job, shape, self.cs, options)
+        self.params = [self.costs.stage_params(s) for s in range(shape.pp)]
+        self.memory = [self.mem.stage(s, self.params[s], shape.layers) for s in range(shape.pp)]
+
+    # -- durations ---------------------------------------------------------------------------
+
+    def replica_durations(self, pl: Placement, r: int, tails: np.ndarray) -> np.ndarray:
+        sh, K, c = self.shape, self.kinds, self.cluster
+        d = np.zeros(K.size)
+        for s in range(sh.pp):
+            node = c.nodes[pl.node[s][r]]
+            ring = node.ring_gb_per_s(pl.gpus[s][r])
+            for ch in range(sh.chunks):
+                j = ch * sh.pp + s
+                d[K.F(j)], d[K.B(j)] = self.costs.virtual_stage_ms(node.gpu, ring, j,
+                                                                   sh.layers[j])
+        hops = sh.pp if sh.chunks > 1 else sh.pp - 1
+        for h in range(hops):
+            a, b = h, (h + 1) % sh.pp
+            d[K.xf(h)] = self.link_ms(pl, a, b, r)
+            d[K.xb(h)] = self.link_ms(pl, b, a, r)
+        d[2 * K.V + 2 * sh.pp:] = tails
+        return d
+
+    def link_ms(self, pl: Placement, sa: int, sb: int, r: int) -> float:
+        """Transfer from stage sa's group to stage sb's group in replica r."""
+        c = self.cluster
+        na, nb = pl.node[sa][r], pl.node[sb][r]
+        ga, gb = pl.gpus[sa][r], pl.gpus[sb][r]
+        ring = c.nodes[nb].ring_gb_per_s(gb)
+        if na == nb:
+            bw = min(c.nodes[na].link_gb_per_s(x, y) for x, y in zip(ga, gb))
+            return self.costs.hop_ms(bw, True, ring)
+        return self.costs.hop_ms(float(c.inter_gb_per_s[na, nb]), False, ring)
+
+    def stage_sync_ms(self, pl: Placement, s: int) -> float:
+        worst = 0.0
+        for i in range(self.shape.tp):
+            members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in range(self.shape.dp)]
+            bw, inter = dp_ring(self.cluster, members)
+            worst = max(worst, self.costs.sync_ms(self.params[s], bw, inter))
+        return worst
+
+    def stage_bwd_window_ms(self, pl: Placement, s: int) -> float:
+        """Backward time of the stage's last micro-batch (its first chunk's B), the window a
+        gradient reduction can hide in with --overlap-grad-reduce."""
+        gpu_nodes = {pl.node[s][r] for r in range(self.shape.dp)}
+        out = float("inf")
+        for n in gpu_nodes:
+            node = self.cluster.nodes[n]
+            ring = node.ring_gb_per_s(tuple(range(self.shape.tp)))
+            out = min(out, self.costs.virtual_stage_ms(node.gpu, ring, s,
+                                                       self.shape.layers[s])[1])
+        return out
+
+    def tails(self, pl: Placement) -> tuple[np.ndarray, list[tuple[float, float, float]]]:
+        """Per stage: tail time, and (sync, exposed sync, optimizer) for the report."""
+        sh = self.shape
+        out = np.zeros(sh.pp)
+        parts = []
+        for s in range(sh.pp):
+            sync = self.stage_sync_ms(pl, s)
+            exposed = sync
+            if self.options.overlap_grad_reduce:
+                exposed = max(0.0, sync - self.stage_bwd_window_ms(pl, s))
+            opt = max(self.costs.optimizer_ms(self.params[s], self.cluster.nodes[pl.node[s][r]]
+                                              .gpu) for r in range(sh.dp))
+            out[s] = exposed + opt + self.options.overheads.latency_overhead_ms
+            parts.append((sync, exposed, opt))
+        return out, parts
+
+    def iteration_ms(self, pl: Placement) -> float:
+        """The cost model's iteration time for this placement (fast path for solvers)."""
+        tails, _ = self.tails(pl)
+        seen: dict[bytes, float] = {}
+        worst = 0.0
+        for r in range(self.shape.dp):
+            d = self.replica_durations(pl, r, tails)
+            key = d.tobytes()
+            if key not in seen:
+                seen[key] = self.cs.longest_path(d)
+            worst = max(worst, seen[key])
+        return worst
+
+    # -- full report ---------------------------------------------------------------------------
+
+    def estimate(self, pl: Placement) -> Estimate:
+        sh, K, c = self.shape, self.kinds, self.cluster
+        validate_placement(c, sh, pl)
+        tails, parts = self.tails(pl)
+        durs = [self.replica_durations(pl, r, tails) for r in range(sh.dp)]
+        lengths = [self.cs.longest_path(d) for d in durs]
+        worst = int(np.argmax(lengths))
+        length, counts, path = self.cs.critical_path(durs[worst])
+        dw = durs[worst]
+        contrib = counts * dw
+        compute = float(contrib[:2 * K.V].sum())
+        p2p = float(contrib[2 * K.V:2 * K.V + 2 * sh.pp].sum())
+        tail = float(contrib[2 * K.V + 2 * sh.pp:].sum())
+        tail_stage = int(np.argmax(counts[2 * K.V + 2 * sh.pp:]))
+        sync_exposed = parts[tail_stage][1]
+        opt = parts[tail_stage][2]
+        # ideal compute of the slowest stage: every micro-batch's F and B, no waiting
+        stage_work = []
+        stages = []
+        for s in range(sh.pp):
+            f = max(sum(d[K.F(ch * sh.pp + s)] for ch in range(sh.chunks)) for d in durs)
+            b = max(sum(d[K.B(ch * sh.pp + s)] for ch in range(sh.chunks)) for d in durs)
+            stage_work.append(self.m * (f + b))
+            limit = min(c.nodes[pl.node[s][r]].gpu.memory_gib for r in range(sh.dp))
+            stages.append(StageReport(s, sh.stage_layers(s), f, b, parts[s][0], parts[s][1],
+                                      parts[s][2], self.memory[s], limit))
+        hops = []
+        for h in range(sh.pp if sh.chunks > 1 else sh.pp - 1):
+            hops.append((max(d[K.xf(h)] for d in durs), max(d[K.xb(h)] for d in durs)))
+        breakdown = {
+            "compute_ms": compute,
+            "pipeline_p2p_ms": p2p,
+            "dp_sync_exposed_ms": sync_exposed,
+            "optimizer_ms": opt,
+            "other_tail_ms": tail - sync_exposed - opt,
+            "bubble_ms": float(length - max(stage_work) - tail),
+        }
+        tokens = self.job.global_batch * self.job.seq_length
+        secs = length / 1e3
+        model_flops = 3 * (self.model.num_layers * self.model.layer_flops_fwd(
+            tokens, self.job.seq_length) + self.model.logits_flops_fwd(tokens))
+        extra = 0.0
+        if sh.recompute == "full":
+            extra = self.model.num_layers * self.model.layer_flops_fwd(tokens,
+                                                                         self.job.seq_length)
+        elif sh.recompute == "selective":
+            extra = self.model.num_layers * self.model.attention_core_flops_fwd(
+                tokens, self.job.seq_length)
+        peak = sum(nd.gpu.peak_flops(self.job.precision) * nd.num_gpus for nd in c.nodes)
+        return Estimate(
+            iteration_ms=float(length), replica_ms=tuple(float(x) for x in lengths),
+            stages=tuple(stages), hops_ms=tuple(hops), breakdown_ms=breakdown,
+            tokens_per_s=tokens / secs, mfu=model_flops / secs / peak,
+            hfu=(model_flops + extra) / secs / peak, num_microbatches=self.m,
+            critical_path=[self.cs.labels[i] for i in path])
+
+
+def estimate(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
+             options: Options | None = None) -> Estimate:
+    """Score one plan with the cost model."""
+    return Evaluator(model, job, cluster, plan.shape, options).estimate(plan.placement)
+
+
+def default_layers(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                   options: Options | None = None) -> tuple[int, ...]:
+    """Balanced split over the p * v virtual stages that accounts for the embedding on the first
+    and the output layer and loss on the last: layers go one at a time to the virtual stage with
+    the least forward + backward time (ties to the later stage, as Megatron's uneven split keeps
+    the first and last stages lighter)."""
+    options = options or Options()
+    V = shape.pp * shape.chunks
+    costs = CostModel(model, job, cluster, shape, options)
+    node = cluster.nodes[0]
+    ring = node.ring_gb_per_s(tuple(range(min(shape.tp, node.num_gpus))))
+    lt = costs.layer_times(node.gpu, ring)
+    per = lt.fwd_ms + lt.bwd_ms
+    load = [0.0] * V
+    load[0] += lt.emb_fwd_ms + lt.emb_bwd_ms
+    load[-1] += lt.head_fwd_ms + lt.head_bwd_ms
+    layers = [0] * V
+    for _ in range(model.num_layers):
+        j = min(range(V), key=lambda i: (load[i] + per if layers[i] else -1.0, -i))
+        layers[j] += 1
+        load[j] += per
+    return tuple(layers)
+
+
+def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, pp: int,
+              dp: int | None = None, micro_batch: int = 1, schedule: str = "1f1b",
+              chunks: int = 1, layers: tuple[int, ...] | None = None, recompute: str = "none",
+              sequence_parallel: bool = False, distributed_optimizer: bool | None = None,
+              placement: Placement | None = None, options: Options | None = None) -> Plan:
+    """A plan with defaults filled in: DP from the GPU count, the balanced layer split,
+    Megatron-LM's placement."""
+    if dp is None:
+        dp = max(1, cluster.num_gpus // (tp * pp))
+    if distributed_optimizer is None:
+        distributed_optimizer = bool(job.distributed_optimizer)
+    shape = Shape(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                  chunks=chunks, layers=(), recompute=recompute,
+                  sequence_parallel=sequence_parallel,
+                  distributed_optimizer=distributed_optimizer)
+    if layers is None:
+        validate_shape(model, job, cluster, shape, check_layers=False)
+        layers = default_layers(model, job, cluster, shape, options)
+    shape = Shape(**{**shape.__dict__, "layers": tuple(layers)})
+    validate_shape(model, job, cluster, shape)
+    if placement is None:
+        placement = megatron_placement(cluster, tp, pp, dp)
+    return Plan(shape, placement)

@@ -1,0 +1,231 @@
+"""A parallel plan: degrees, micro-batch, schedule, layer split, recompute and placement.
+
+Placement maps every (pipeline stage, data-parallel replica) to one node and the local GPU ids
+of its tensor-parallel group (tensor rank i runs on `gpus[i]`). The default is Megatron-LM's
+rank order: global rank = stage * (tp * dp) + replica * tp + tensor_rank (tensor fastest, then
+data, then pipeline), and ranks fill nodes in order, `gpus_per_node` at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .cluster import ClusterSpec
+from .errors import SpecError
+from .specs import RECOMPUTE, SCHEDULES, JobSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class Placement:
+    """`node[s][r]`: node index of stage s, replica r; `gpus[s][r]`: its local GPU ids."""
+
+    node: tuple[tuple[int, ...], ...]
+    gpus: tuple[tuple[tuple[int, ...], ...], ...]
+
+    @property
+    def pp(self) -> int:
+        return len(self.node)
+
+    @property
+    def dp(self) -> int:
+        return len(self.node[0]) if self.node else 0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Everything about a plan except where it runs."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    schedule: str = "1f1b"
+    chunks: int = 1  # model chunks per stage (v); > 1 only for "interleaved"
+    layers: tuple[int, ...] = ()  # layers per virtual stage, model order, length pp * chunks
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+
+    @property
+    def num_virtual(self) -> int:
+        return self.pp * self.chunks
+
+    def stage_layers(self, stage: int) -> int:
+        return sum(self.layers[c * self.pp + stage] for c in range(self.chunks))
+
+    def describe(self) -> str:
+        s = f"TP={self.tp} PP={self.pp} DP={self.dp} mbs={self.micro_batch} {self.schedule}"
+        if self.schedule == "interleaved":
+            s += f" v={self.chunks}"
+        s += f" recompute={self.recompute}"
+        if self.sequence_parallel:
+            s += " SP"
+        if self.distributed_optimizer:
+            s += " distopt"
+        return s
+
+
+@dataclass(frozen=True)
+class Plan:
+    shape: Shape
+    placement: Placement
+
+    def __getattr__(self, name):  # plan.tp, plan.layers, ... read through to the shape
+        if name in Shape.__dataclass_fields__:
+            return getattr(self.shape, name)
+        raise AttributeError(name)
+
+
+def num_microbatches(job: JobSpec, shape: Shape) -> int:
+    return job.global_batch // (shape.micro_batch * shape.dp)
+
+
+def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                   src: str = "plan", check_layers: bool = True) -> None:
+    """Raise SpecError with the field and the fix for anything Megatron-LM could not run."""
+    for f in ("tp", "pp", "dp", "micro_batch", "chunks"):
+        v = getattr(shape, f)
+        if not isinstance(v, int) or v < 1:
+            raise SpecError(f"must be a positive integer, got {v!r}", source=src, field=f)
+    if model.num_heads % shape.tp or model.num_kv_heads % shape.tp:
+        raise SpecError(f"TP={shape.tp} does not divide the {model.num_heads} attention heads "
+                        f"and {model.num_kv_heads} KV heads of {model.name}; choose a TP that "
+                        "divides both", source=src, field="tp")
+    if model.ffn_hidden_size % shape.tp:
+        raise SpecError(f"TP={shape.tp} does not divide ffn_hidden_size "
+                        f"{model.ffn_hidden_size}", source=src, field="tp")
+    if shape.tp * shape.pp * shape.dp != cluster.num_gpus:
+        raise SpecError(f"TP x PP x DP = {shape.tp}x{shape.pp}x{shape.dp} = "
+                        f"{shape.tp * shape.pp * shape.dp} but the cluster has "
+                        f"{cluster.num_gpus} GPUs; make the product equal", source=src,
+                        field="tp/pp/dp")
+    if job.global_batch % (shape.micro_batch * shape.dp):
+        raise SpecError(f"global batch {job.global_batch} is not divisible by micro-batch "
+                        f"{shape.micro_batch} x DP {shape.dp}; choose values whose product "
+                        "divides it", source=src, field="micro_batch")
+    if shape.schedule not in SCHEDULES:
+        raise SpecError(f"unknown schedule '{shape.schedule}'; use one of "
+                        f"{', '.join(SCHEDULES)}", source=src, field="schedule")
+    if shape.recompute not in RECOMPUTE:
+        raise SpecError(f"unknown recompute '{shape.recompute}'; use one of "
+                        f"{', '.join(RECOMPUTE)}", source=src, field="recompute")
+    m = num_microbatches(job, shape)
+    if shape.schedule == "interleaved":
+        if shape.chunks < 2:
+            raise SpecError("interleaved needs chunks (v) >= 2", source=src, field="chunks")
+        if shape.pp < 2:
+            raise SpecError("interleaved needs PP >= 2", source=src, field="schedule")
+        if m % shape.pp:
+            raise SpecError(f"interleaved 1F1B needs the {m} micro-batches per replica to be a "
+                            f"multiple of PP={shape.pp} (Megatron-LM requirement)", source=src,
+                            field="micro_batch")
+    elif shape.chunks != 1:
+        raise SpecError(f"chunks={shape.chunks} only applies to the interleaved schedule",
+                        source=src, field="chunks")
+    if shape.sequence_parallel and shape.tp == 1:
+        raise SpecError("sequence parallelism needs TP > 1", source=src,
+                        field="sequence_parallel")
+    if job.distributed_optimizer is not None and \
+            shape.distributed_optimizer != job.distributed_optimizer:
+        raise SpecError(f"the job fixes distributed_optimizer={job.distributed_optimizer}",
+                        source=src, field="distributed_optimizer")
+    if model.num_layers < shape.num_virtual:
+        raise SpecError(f"{model.name} has {model.num_layers} layers, fewer than the "
+                        f"{shape.num_virtual} virtual stages (PP x chunks)", source=src,
+                        field="pp")
+    if not check_layers:
+        return
+    if len(shape.layers) != shape.num_virtual:
+        raise SpecError(f"layers has {len(shape.layers)} entries; give one per virtual stage "
+                        f"(PP x chunks = {shape.num_virtual})", source=src, field="layers")
+    if any(not isinstance(x, int) or x < 1 for x in shape.layers):
+        raise SpecError("every virtual stage needs at least one layer", source=src,
+                        field="layers")
+    if sum(shape.layers) != model.num_layers:
+        raise SpecError(f"layers sum to {sum(shape.layers)} but {model.name} has "
+                        f"{model.num_layers}", source=src, field="layers")
+
+
+def validate_placement(cluster: ClusterSpec, shape: Shape, pl: Placement,
+                       src: str = "plan") -> None:
+    if pl.pp != shape.pp or any(len(row) != shape.dp for row in pl.node):
+        raise SpecError(f"placement must list {shape.pp} stages x {shape.dp} replicas",
+                        source=src, field="placement")
+    used = set()
+    for s in range(shape.pp):
+        for r in range(shape.dp):
+            n = pl.node[s][r]
+            g = pl.gpus[s][r]
+            if not 0 <= n < cluster.num_nodes:
+                raise SpecError(f"stage {s} replica {r}: node index {n} out of range",
+                                source=src, field="placement")
+            if len(g) != shape.tp:
+                raise SpecError(f"stage {s} replica {r}: needs {shape.tp} GPUs, got {len(g)}",
+                                source=src, field="placement")
+            for x in g:
+                if not 0 <= x < cluster.nodes[n].num_gpus or (n, x) in used:
+                    raise SpecError(f"stage {s} replica {r}: GPU {x} on "
+                                    f"{cluster.nodes[n].name} is invalid or used twice",
+                                    source=src, field="placement")
+                used.add((n, x))
+
+
+def megatron_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int) -> Placement:
+    """Megatron-LM rank order, ranks filling nodes in cluster order."""
+    flat = [(n, g) for n, nd in enumerate(cluster.nodes) for g in range(nd.num_gpus)]
+    if tp * pp * dp != len(flat):
+        raise SpecError(f"TP x PP x DP = {tp * pp * dp} but the cluster has {len(flat)} GPUs",
+                        field="tp/pp/dp")
+    node, gpus = [], []
+    for s in range(pp):
+        nrow, grow = [], []
+        for r in range(dp):
+            ranks = [s * tp * dp + r * tp + i for i in range(tp)]
+            members = [flat[k] for k in ranks]
+            if len({n for n, _ in members}) != 1:
+                raise SpecError(f"TP={tp} tensor-parallel group would span nodes; TP must fit "
+                                "inside one node", field="tp")
+            nrow.append(members[0][0])
+            grow.append(tuple(g for _, g in members))
+        node.append(tuple(nrow))
+        gpus.append(tuple(grow))
+    return Placement(tuple(node), tuple(gpus))
+
+
+def block_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, stages_per_node: int,
+                    node_order: list[int] | None = None,
+                    slots: list[tuple[int, int]] | None = None) -> Placement:
+    """Place (stage, replica) blocks of `stages_per_node` consecutive stages x k replicas on each
+    node (k = GPUs per node / (tp * stages_per_node)). `slots[i]` = (node-stage, node-replica)
+    of the i-th node in `node_order`; by default node-stages vary slowest, as Megatron does.
+    Inside a node, GPUs go in order: replica-in-block fastest... tensor rank fastest of all.
+    """
+    G = cluster.gpus_per_node
+    if G is None:
+        raise SpecError("block placement needs the same GPU count on every node",
+                        field="cluster")
+    j = stages_per_node
+    if G % (tp * j) or pp % j:
+        raise SpecError(f"cannot put {j} stages of TP={tp} on {G}-GPU nodes", field="placement")
+    k = G // (tp * j)
+    if dp % k:
+        raise SpecError(f"DP={dp} is not a multiple of {k} replicas per node", field="placement")
+    ps, ds = pp // j, dp // k
+    order = node_order if node_order is not None else list(range(cluster.num_nodes))
+    if slots is None:
+        slots = [(a, b) for a in range(ps) for b in range(ds)]
+    node = [[-1] * dp for _ in range(pp)]
+    gpus = [[()] * dp for _ in range(pp)]
+    for n, (a, b) in zip(order, slots):
+        local = 0
+        for js in range(j):
+            for kr in range(k):
+                s, r = a * j + js, b * k + kr
+                node[s][r] = n
+                gpus[s][r] = tuple(range(local, local + tp))
+                local += tp
+    return Placement(tuple(map(tuple, node)), tuple(map(tuple, gpus)))
+
+
+def with_layers(shape: Shape, layers: tuple[int, ...]) -> Shape:
+    return replace(shape, layers=tuple(layers))

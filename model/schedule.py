@@ -1,0 +1,296 @@
+"""Pipeline schedules as dependency graphs, and their longest (critical) path.
+
+A schedule fixes, on every stage, the order in which it runs the forward (F) and backward (B)
+of each micro-batch and model chunk. The graph has one node per F/B operation, one node per
+pipeline transfer, and one "tail" node per stage (its gradient reduction and optimizer step).
+
+Edges:
+- consecutive operations of one stage (a GPU runs one operation at a time);
+- F of virtual stage j -> transfer -> F of virtual stage j+1 (same micro-batch);
+  B of virtual stage j+1 -> transfer -> B of virtual stage j; F and B of the last virtual stage;
+- blocking point-to-point (Megatron-LM's default, Pipette Sec. III): a transfer starts only when
+  the receiver has finished the operation before the one that consumes it (rendezvous), and the
+  sender's next operation waits for the transfer to finish. This is how communication lands on
+  the critical path in every 1F1B cycle. Overlapped mode drops both edges.
+- the last operation of each stage -> its tail node -> the end of the iteration.
+
+Every operation of one kind has the same duration for every micro-batch, so a duration vector
+indexes "kinds": F and B per virtual stage, each transfer direction per hop, and the tail per
+stage. Any path's length is then `counts @ durations`: a linear function of the kinds' durations,
+which is what the MILP uses (see solvers/milp.py).
+
+`CompiledSchedule.longest_path` is the hot path (a single pass in topological order); tests check
+it equals `networkx.dag_longest_path_length` on `to_networkx()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+
+def stage_order(schedule: str, p: int, m: int, v: int, s: int) -> list[tuple[str, int, int]]:
+    """Operations of stage s in execution order: (kind 'F'/'B', micro-batch, chunk).
+
+    - gpipe: all forwards, then all backwards (Huang et al. 2019).
+    - 1f1b: Megatron-LM's non-interleaved schedule: min(p - s - 1, m) warm-up forwards, then
+      one forward / one backward, then the remaining backwards (Narayanan et al. 2021 Fig. 4).
+    - interleaved: Megatron-LM's interleaved schedule with v chunks (Narayanan et al. 2021
+      Sec. 2.2.2): (p - s - 1) * 2 + (v - 1) * p warm-up forwards over m*v virtual micro-batches;
+      virtual micro-batch k runs chunk (k // p) % v of micro-batch (k // (p v)) p + k % p
+      (chunks reversed for backwards).
+    """
+    if schedule == "gpipe":
+        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+    if schedule == "1f1b":
+        w = min(p - s - 1, m)
+        ops = [("F", i, 0) for i in range(w)]
+        for i in range(m - w):
+            ops += [("F", w + i, 0), ("B", i, 0)]
+        ops += [("B", i, 0) for i in range(m - w, m)]
+        return ops
+    if schedule == "interleaved":
+        total = m * v
+
+        def fwd(k):
+            return ("F", (k // (p * v)) * p + k % p, (k // p) % v)
+
+        def bwd(k):
+            return ("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+
+        w = min((p - s - 1) * 2 + (v - 1) * p, total)
+        ops = [fwd(k) for k in range(w)]
+        for j in range(total - w):
+            ops += [fwd(w + j), bwd(j)]
+        ops += [bwd(k) for k in range(total - w, total)]
+        return ops
+    raise ValueError(schedule)
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """Index layout of the duration vector for p stages and V = p * v virtual stages."""
+
+    p: int
+    v: int
+
+    @property
+    def V(self) -> int:
+        return self.p * self.v
+
+    def F(self, j: int) -> int:  # forward of virtual stage j
+        return j
+
+    def B(self, j: int) -> int:
+        return self.V + j
+
+    def xf(self, h: int) -> int:  # transfer stage h -> stage (h+1) % p, activations
+        return 2 * self.V + h
+
+    def xb(self, h: int) -> int:  # transfer stage (h+1) % p -> stage h, gradients
+        return 2 * self.V + self.p + h
+
+    def tail(self, s: int) -> int:
+        return 2 * self.V + 2 * self.p + s
+
+    @property
+    def size(self) -> int:
+        return 2 * self.V + 3 * self.p
+
+
+class CompiledSchedule:
+    """The dependency graph of one pipeline replica, in topological order."""
+
+    def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool):
+        self.schedule, self.p, self.m, self.v, self.blocking = schedule, p, m, v, blocking
+        self.kinds = K = Kinds(p, v)
+        V = K.V
+        orders = [stage_order(schedule, p, m, v, s) for s in range(p)]
+        # node ids: compute ops first, then transfers, tails, sink
+        op_id: dict[tuple[str, int, int], int] = {}  # (kind, mb, virtual stage) -> id
+        labels: list[tuple] = []
+        kind_of: list[int] = []
+        stage_pos: dict[int, tuple[int, int]] = {}  # op id -> (stage, position)
+        for s, ops in enumerate(orders):
+            for pos, (k, mb, c) in enumerate(ops):
+                j = c * p + s
+                nid = len(labels)
+                op_id[(k, mb, j)] = nid
+                labels.append((k, mb, j, s))
+                kind_of.append(K.F(j) if k == "F" else K.B(j))
+                stage_pos[nid] = (s, pos)
+        preds: list[list[int]] = [[] for _ in labels]
+        for s, ops in enumerate(orders):  # same-stage sequence
+            for pos in range(1, len(ops)):
+                k, mb, c = ops[pos]
+                pk, pmb, pc = ops[pos - 1]
+                preds[op_id[(k, mb, c * p + s)]].append(op_id[(pk, pmb, pc * p + s)])
+
+        # Steps: the units between two communication calls. Megatron-LM communicates after every
+        # operation, except in the steady state of the interleaved schedule, where one batched
+        # exchange follows each (forward, backward) pair.
+        step_of: dict[int, int] = {}
+        steps: list[list[list[int]]] = []
+        for s, ops in enumerate(orders):
+            ids = [op_id[(k, mb, c * p + s)] for k, mb, c in ops]
+            groups = [[i] for i in ids]
+            if schedule == "interleaved":
+                total = m * v
+                w = min((p - s - 1) * 2 + (v - 1) * p, total)
+                steady = ids[w:w + 2 * (total - w)]
+                groups = ([[i] for i in ids[:w]] +
+                          [steady[i:i + 2] for i in range(0, len(steady), 2)] +
+                          [[i] for i in ids[w + 2 * (total - w):]])
+            steps.append(groups)
+            for gi, g in enumerate(groups):
+                for i in g:
+                    step_of[i] = gi
+
+        def add_transfer(src, dst, kind):
+            tid = len(labels)
+            labels.append(("X", src, dst))
+            kind_of.append(kind)
+            s_src, s_dst = stage_pos[src][0], stage_pos[dst][0]
+            gs, gd = step_of[src], step_of[dst]
+            preds.append([steps[s_src][gs][-1]])  # sent after the sender's step
+            preds[dst].append(tid)
+            if blocking:
+                if gd > 0:  # rendezvous: receiver posts the receive after its previous step
+                    preds[tid].append(steps[s_dst][gd - 1][-1])
+                preds[steps[s_dst][gd][0]].append(tid)  # the receiving step waits for it
+                if gs + 1 < len(steps[s_src]):  # the sender waits for its send to finish
+                    preds[steps[s_src][gs + 1][0]].append(tid)
+
+        for mb in range(m):
+            for j in range(V - 1):
+                h = j % p  # physical hop: stage h -> (h + 1) % p
+                add_transfer(op_id[("F", mb, j)], op_id[("F", mb, j + 1)], K.xf(h))
+                add_transfer(op_id[("B", mb, j + 1)], op_id[("B", mb, j)], K.xb(h))
+            preds[op_id[("B", mb, V - 1)]].append(op_id[("F", mb, V - 1)])
+        tails = []
+        for s, ops in enumerate(orders):
+            k, mb, c = ops[-1]
+            tid = len(labels)
+            labels.append(("T", s))
+            kind_of.append(K.tail(s))
+            preds.append([op_id[(k, mb, c * p + s)]])
+            tails.append(tid)
+        self.num_nodes = len(labels)
+        self.labels = labels
+        self.kind_of = np.array(kind_of, dtype=np.int64)
+        self.orders = orders
+        self.op_id = op_id
+        self.tails = tails
+        # topological order (Kahn); the graph is acyclic by construction, checked here
+        n = self.num_nodes
+        succ: list[list[int]] = [[] for _ in range(n)]
+        indeg = [0] * n
+        for v_, ps in enumerate(preds):
+            ps[:] = sorted(set(ps))
+            for u in ps:
+                succ[u].append(v_)
+            indeg[v_] = len(ps)
+        stack = [v_ for v_ in range(n) if indeg[v_] == 0]
+        topo = []
+        while stack:
+            u = stack.pop()
+            topo.append(u)
+            for w_ in succ[u]:
+                indeg[w_] -= 1
+                if indeg[w_] == 0:
+                    stack.append(w_)
+        if len(topo) != n:
+            raise RuntimeError("schedule graph has a cycle")  # internal invariant
+        self.preds = preds
+        self.topo = topo
+        self._plan = [(i, tuple(preds[i]), int(kind_of[i])) for i in topo]
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def longest_path(self, dur) -> float:
+        """Length of the critical path for a duration vector indexed by `Kinds`."""
+        d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
+        end = [0.0] * self.num_nodes
+        for i, ps, k in self._plan:
+            st = 0.0
+            for u in ps:
+                e = end[u]
+                if e > st:
+                    st = e
+            end[i] = st + d[k]
+        return max(end[t] for t in self.tails)
+
+    def critical_path(self, dur) -> tuple[float, np.ndarray, list[int]]:
+        """(length, counts per kind, node ids) of one longest path."""
+        d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
+        end = [0.0] * self.num_nodes
+        arg = [-1] * self.num_nodes
+        for i, ps, k in self._plan:
+            st, a = 0.0, -1
+            for u in ps:
+                e = end[u]
+                if a < 0 or e > st:
+                    st, a = e, u
+            end[i] = st + d[k]
+            arg[i] = a
+        last = max(self.tails, key=lambda t: end[t])
+        path = []
+        u = last
+        while u >= 0:
+            path.append(u)
+            u = arg[u]
+        path.reverse()
+        counts = np.bincount(self.kind_of[path], minlength=self.kinds.size).astype(float)
+        return end[last], counts, path
+
+    def start_times(self, dur) -> np.ndarray:
+        d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
+        end = [0.0] * self.num_nodes
+        for i, ps, k in self._plan:
+            st = max((end[u] for u in ps), default=0.0)
+            end[i] = st + d[k]
+        e = np.array(end)
+        return e - np.asarray(d)[self.kind_of]
+
+    def to_networkx(self, dur):
+        """The same graph for networkx: edge u->v weighs the duration of u; a sink closes it."""
+        import networkx as nx
+
+        d = np.asarray(dur, dtype=float)
+        g = nx.DiGraph()
+        for v_, ps in enumerate(self.preds):
+            g.add_node(v_)
+            for u in ps:
+                g.add_edge(u, v_, weight=float(d[self.kind_of[u]]))
+        for t in self.tails:
+            g.add_edge(t, "end", weight=float(d[self.kind_of[t]]))
+        return g
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def inflight_profile(self, s: int) -> list[tuple[str, int, np.ndarray]]:
+        """For stage s, the count of stored micro-batches per chunk at each moment that can be
+        a memory peak: after each forward ('F'), and during each backward before it frees its
+        activations ('B'). Returns (event, chunk, counts per chunk), duplicates removed."""
+        cur = np.zeros(self.v, dtype=np.int64)
+        seen = set()
+        out = []
+        for k, _mb, c in self.orders[s]:
+            if k == "F":
+                cur[c] += 1
+                key = ("F", c, tuple(cur))
+            else:
+                key = ("B", c, tuple(cur))
+            if key not in seen:
+                seen.add(key)
+                out.append((k, c, cur.copy()))
+            if k == "B":
+                cur[c] -= 1
+        return out
+
+
+@lru_cache(maxsize=64)
+def compile_schedule(schedule: str, p: int, m: int, v: int, blocking: bool) -> CompiledSchedule:
+    return CompiledSchedule(schedule, p, m, v, blocking)

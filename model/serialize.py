@@ -1,0 +1,63 @@
+"""Plain-dict views of plans and estimates, for --json output and plan files."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from .cluster import ClusterSpec
+from .estimator import Estimate
+from .plan import Placement, Plan, Shape
+
+
+def shape_to_dict(shape: Shape) -> dict:
+    d = asdict(shape)
+    d["layers"] = list(shape.layers)
+    return d
+
+
+def placement_to_dict(pl: Placement, cluster: ClusterSpec) -> list[dict]:
+    """One row per (stage, replica): node name and local GPU ids, tensor rank order."""
+    return [{"stage": s, "replica": r, "node": cluster.nodes[pl.node[s][r]].name,
+             "gpus": list(pl.gpus[s][r])}
+            for s in range(pl.pp) for r in range(pl.dp)]
+
+
+def placement_from_dict(rows: list[dict], cluster: ClusterSpec, pp: int, dp: int) -> Placement:
+    node = [[-1] * dp for _ in range(pp)]
+    gpus = [[()] * dp for _ in range(pp)]
+    for row in rows:
+        s, r = int(row["stage"]), int(row["replica"])
+        node[s][r] = cluster.node_index(str(row["node"]))
+        gpus[s][r] = tuple(int(g) for g in row["gpus"])
+    return Placement(tuple(map(tuple, node)), tuple(map(tuple, gpus)))
+
+
+def plan_to_dict(plan: Plan, cluster: ClusterSpec) -> dict:
+    return {"shape": shape_to_dict(plan.shape),
+            "placement": placement_to_dict(plan.placement, cluster)}
+
+
+def estimate_to_dict(e: Estimate) -> dict:
+    return {
+        "iteration_ms": e.iteration_ms,
+        "tokens_per_s": e.tokens_per_s,
+        "mfu": e.mfu,
+        "hfu": e.hfu,
+        "num_microbatches": e.num_microbatches,
+        "fits": e.fits,
+        "peak_memory_gib": e.peak_memory_gib,
+        "breakdown_ms": e.breakdown_ms,
+        "replica_ms": list(e.replica_ms),
+        "hops_ms": [{"hop": h, "fwd_ms": f, "bwd_ms": b} for h, (f, b) in enumerate(e.hops_ms)],
+        "stages": [{
+            "stage": s.stage, "layers": s.layers, "fwd_ms": s.fwd_ms, "bwd_ms": s.bwd_ms,
+            "dp_sync_ms": s.sync_ms, "dp_sync_exposed_ms": s.sync_exposed_ms,
+            "optimizer_ms": s.optimizer_ms, "limit_gib": s.limit_gib,
+            "memory_gib": {
+                "weights": s.memory.weights_gib, "grads": s.memory.grads_gib,
+                "optimizer": s.memory.optimizer_gib, "activations": s.memory.activations_gib,
+                "working": s.memory.working_gib, "allowance": s.memory.allowance_gib,
+                "total": s.memory.total_gib},
+            "inflight_microbatches": list(s.memory.inflight),
+        } for s in e.stages],
+    }

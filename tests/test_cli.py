@@ -1,0 +1,81 @@
+"""The CLI as a user drives it: exit codes, one-line errors, JSON output."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_help_lists_commands():
+    r = run("--help")
+    assert r.exit_code == 0
+    for cmd in ("estimate", "validate", "presets"):
+        assert cmd in r.output
+
+
+def test_estimate_json_on_builtin_example():
+    r = run("estimate", "--recompute", "full", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    est = d["estimate"]
+    assert est["iteration_ms"] > 0 and 0 < est["mfu"] < 1
+    assert len(est["stages"]) == 4
+    assert est["fits"] is True
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "nope"], "unknown model 'nope'; known:"),
+    (["--cluster", "nope"], "unknown cluster 'nope'"),
+    (["--tp", "3"], "does not divide"),
+    (["--tp", "8", "--pp", "4", "--dp", "3"], "TP x PP x DP"),
+    (["--gbs", "100", "--mbs", "3"], "not divisible"),
+    (["--layers", "1,2"], "layers"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = run("estimate", *args)
+    assert r.exit_code == 2
+    assert needle in r.output
+    assert "Traceback" not in r.output
+
+
+def test_bad_cluster_files(tmp_path):
+    bad = tmp_path / "c.toml"
+    bad.write_text("name='x'\n[[nodes]]\nname='a'\ngpu='A100-80GB'\ngpus=8\nintra_gb_per_s=200\n"
+                   "[[nodes]]\nname='b'\ngpu='A100-80GB'\ngpus=8\nintra_gb_per_s=200\n"
+                   "[inter]\ngb_per_s=[[0, -3], [20, 0]]\n")
+    r = run("estimate", "--cluster", str(bad), "--tp", "8", "--pp", "2")
+    assert r.exit_code == 2 and str(bad) in r.output and "inter.gb_per_s" in r.output
+    bad.write_text("name = [broken")
+    r = run("estimate", "--cluster", str(bad))
+    assert r.exit_code == 2 and "not valid TOML" in r.output
+    bad.write_text("name='x'\n[[nodes]]\nname='a'\ngpu='Z100'\ngpus=8\nintra_gb_per_s=200\n"
+                   "[inter]\ngb_per_s=[[0]]\n")
+    r = run("estimate", "--cluster", str(bad))
+    assert r.exit_code == 2 and "nodes[0].gpu" in r.output and "A100-80GB" in r.output
+
+
+def test_presets_json():
+    r = run("presets", "--json")
+    assert r.exit_code == 0
+    d = json.loads(r.output)
+    assert "H100-SXM-80GB" in d["gpus"] and "llama3-405b" in d["models"]
+    assert d["models"]["llama3-70b"]["params_billion"] == pytest.approx(70.6, abs=0.5)
+
+
+def test_cli_as_a_process_exit_code():
+    p = subprocess.run([sys.executable, "cli.py", "estimate", "--model", "nope"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1

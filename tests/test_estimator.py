@@ -1,0 +1,151 @@
+"""The estimator: memory formulas, link sensitivity, placement on the degraded node, speed."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from model import presets
+from model.cluster import ClusterSpec, uniform_cluster
+from model.errors import SpecError
+from model.estimator import Evaluator, estimate, make_plan
+from model.memory import layer_activation_bytes
+from model.plan import Placement, Shape, block_placement
+from model.specs import JobSpec, ModelSpec
+
+
+def gpt(h=4096, a=32, layers=8):
+    return ModelSpec("gpt", layers, h, a, a, 4 * h, 51200, 2048)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+@pytest.mark.parametrize("sp", [False, True])
+def test_activation_memory_reduces_to_korthikanti(t, sp):
+    """Korthikanti et al. 2022 Table 2, GPT block (ffn = 4h, MHA), 16-bit."""
+    if sp and t == 1:
+        return
+    m = gpt()
+    job = JobSpec(global_batch=8, seq_length=2048, precision="bf16")
+    s, b, h, a = 2048, 2, m.hidden_size, m.num_heads
+    sbh = s * b * h
+    base = Shape(tp=t, pp=1, dp=1, micro_batch=b, layers=(8,), sequence_parallel=sp)
+    none = layer_activation_bytes(m, job, base, "none")
+    sel = layer_activation_bytes(m, job, base, "selective")
+    full = layer_activation_bytes(m, job, base, "full")
+    if sp:
+        assert none == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+        assert sel == pytest.approx(34 * sbh / t)
+        assert full == pytest.approx(2 * sbh / t)
+    else:
+        assert none == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+        assert sel == pytest.approx(sbh * (10 + 24 / t))
+        assert full == pytest.approx(2 * sbh)
+
+
+def test_weights_and_optimizer_bytes_follow_megatron_table(small_uniform):
+    m = presets.model("llama2-7b")
+    for prec, plain, dist in (("bf16", 18, (6, 12)), ("fp16", 20, (4, 16)), ("fp32", 16, (8, 8))):
+        job = JobSpec(global_batch=32, seq_length=4096, precision=prec)
+        assert job.weight_bytes + job.grad_bytes + job.optimizer_bytes == plain
+        assert (job.weight_bytes + job.grad_bytes, job.optimizer_bytes) == dist
+
+
+def test_distributed_optimizer_shards_optimizer_state(small_uniform):
+    m = presets.model("llama2-7b")
+    job = JobSpec(global_batch=32, seq_length=4096)
+    off = estimate(m, job, small_uniform, make_plan(m, job, small_uniform, tp=4, pp=2))
+    on = estimate(m, job, small_uniform, make_plan(m, job, small_uniform, tp=4, pp=2,
+                                                   distributed_optimizer=True))
+    dp = 4
+    for a, b in zip(off.stages, on.stages):
+        assert b.memory.optimizer_gib == pytest.approx(a.memory.optimizer_gib / dp)
+        assert b.memory.total_gib < a.memory.total_gib
+
+
+def test_recompute_trades_memory_for_time(small_uniform):
+    m = presets.model("llama2-13b")
+    job = JobSpec(global_batch=64, seq_length=4096)
+    res = {rc: estimate(m, job, small_uniform,
+                        make_plan(m, job, small_uniform, tp=8, pp=2, recompute=rc))
+           for rc in ("none", "selective", "full")}
+    assert res["none"].peak_memory_gib > res["selective"].peak_memory_gib > \
+        res["full"].peak_memory_gib
+    assert res["none"].iteration_ms < res["selective"].iteration_ms < res["full"].iteration_ms
+
+
+def test_uniform_stages_without_communication_match_1f1b_formula(monkeypatch):
+    """One GPU per stage, (nearly) free links, no data parallelism, a tiny vocabulary so the
+    output layer is negligible: the estimator gives (m + p - 1)(f + b) plus the optimizer."""
+    monkeypatch.setattr("model.costs.INTRA_LATENCY_US", 0.0)
+    m = ModelSpec("uniform", 8, 4096, 32, 32, 16384, 8, 2048)
+    c = uniform_cluster(1, 4, "A100-80GB", 1e12, 1e12, latency_us=0.0)
+    job = JobSpec(global_batch=16, seq_length=2048)
+    plan = make_plan(m, job, c, tp=1, pp=4, micro_batch=1, layers=(2, 2, 2, 2))
+    ev = Evaluator(m, job, c, plan.shape)
+    e = ev.estimate(plan.placement)
+    lt = ev.costs.layer_times(c.nodes[0].gpu, float("inf"))
+    f, b = 2 * lt.fwd_ms, 2 * lt.bwd_ms
+    expected = (16 + 4 - 1) * (f + b) + e.stages[0].optimizer_ms
+    assert e.iteration_ms == pytest.approx(expected, rel=1e-4)  # the 8-word output layer
+
+
+def _two_node_cluster(bw):
+    g = presets.gpu("A100-80GB")
+    from model.cluster import NodeSpec
+    nodes = tuple(NodeSpec(f"n{i}", g, 8, 240.0) for i in range(2))
+    mat = np.array([[0.0, bw], [bw, 0.0]])
+    return ClusterSpec("two", nodes, mat, 5.0)
+
+
+def test_slower_link_raises_time():
+    m = presets.model("llama2-13b")
+    job = JobSpec(global_batch=64, seq_length=4096)
+    times = []
+    for bw in (50.0, 20.0, 5.0, 1.0):
+        c = _two_node_cluster(bw)
+        times.append(estimate(m, job, c, make_plan(m, job, c, tp=8, pp=2,
+                                                   recompute="full")).iteration_ms)
+    assert times == sorted(times) and times[-1] > times[0]
+
+
+def test_plan_on_degraded_node_is_slower(example_cluster):
+    """node05 of the example has a degraded NIC. The same plan is slower with it than on the
+    same cluster with node05's links repaired to its leaf's typical rate, and among placements
+    the estimator prefers keeping the degraded node off cross-leaf pipeline hops."""
+    c = example_cluster
+    m = presets.model("llama2-13b")
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(m, job, c, tp=1, pp=8, micro_batch=1)
+    bw = c.inter_gb_per_s.copy()
+    healthy = np.median(bw[bw > 0])
+    bw[5, :] = np.where(bw[5, :] > 0, np.maximum(bw[5, :], healthy), 0)
+    bw[:, 5] = np.where(bw[:, 5] > 0, np.maximum(bw[:, 5], healthy), 0)
+    repaired = dataclasses.replace(c, inter_gb_per_s=bw)
+    slow = estimate(m, job, c, plan).iteration_ms
+    fast = estimate(m, job, repaired, plan).iteration_ms
+    assert slow > fast + 1.0  # ms: two pipeline hops at half rate
+
+
+def test_bad_plans_raise_spec_errors(small_uniform):
+    m = presets.model("llama2-7b")
+    job = JobSpec(global_batch=30, seq_length=4096)
+    with pytest.raises(SpecError, match="does not divide"):
+        make_plan(m, job, small_uniform, tp=3, pp=1, dp=1)
+    with pytest.raises(SpecError, match="TP x PP x DP"):
+        make_plan(m, job, small_uniform, tp=8, pp=2, dp=1)
+    with pytest.raises(SpecError, match="not divisible"):
+        make_plan(m, job, small_uniform, tp=8, pp=1, micro_batch=4)
+    with pytest.raises(SpecError, match="layers sum"):
+        make_plan(m, JobSpec(global_batch=32, seq_length=4096), small_uniform, tp=8, pp=4,
+                  layers=(8, 8, 8, 9))
+
+
+def test_estimate_is_fast_enough_for_solvers(gpt175, job175):
+    """The solver hot path: a 12-stage, 64-micro-batch GPT-3 plan (speed figure: bench/)."""
+    c = uniform_cluster(12, 8, "A100-80GB", 240, 23)
+    job = dataclasses.replace(job175, global_batch=64)
+    plan = make_plan(gpt175, job, c, tp=8, pp=12, micro_batch=1, recompute="full")
+    ev = Evaluator(gpt175, job, c, plan.shape)
+    assert ev.m == 64
+    full = ev.estimate(plan.placement)
+    assert ev.iteration_ms(plan.placement) == pytest.approx(full.iteration_ms, rel=1e-12)

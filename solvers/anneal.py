@@ -1,0 +1,147 @@
+"""Simulated annealing over placements and layer splits (Kirkpatrick et al. 1983), as Pipette
+does for its node-to-stage assignment, extended to the layer split.
+
+Moves on the permutation of nodes over slots: swap two slots, 2-opt (reverse a segment), insert
+(move one node elsewhere, shifting the rest); on the split: move one layer from one virtual stage to another. Metropolis acceptance, geometric cooling from `t0_frac` to `t_end_frac` of the
+starting cost over the iteration budget. Same seed, same answer; the best plan seen is returned
+whenever the time limit or iteration budget ends the search.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from .problem import PlacementProblem
+from .result import PlacementResult
+
+
+def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int = 4000, restarts: int = 3,
+           time_limit_s: float = 10.0, polish: bool = True, **kw) -> PlacementResult:
+    """Best of `restarts` seeded chains (the first from the given or identity start, the others
+    from random permutations), then a steepest-descent polish over all swaps and single-layer
+    moves until none improves (skipped past the time limit)."""
+    t_start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    best: PlacementResult | None = None
+    done = 0
+    for i in range(restarts):
+        left = time_limit_s - (time.perf_counter() - t_start)
+        if left <= 0 and best is not None:
+            break
+        if i > 0:
+            kw = dict(kw, init_perm=list(rng.permutation(prob.num_slots)))
+        r = _chain(prob, seed=int(rng.integers(2**31)), iters=max(1, iters // restarts),
+                   time_limit_s=max(left, 0.0), **kw)
+        done += r.iterations
+        if best is None or r.objective_ms < best.objective_ms:
+            best = r
+    if best is None or best.plan is None:
+        return best
+    if polish:
+        best = _polish(prob, best, t_start, time_limit_s)
+    best.iterations = done
+    best.wall_s = time.perf_counter() - t_start
+    return best
+
+
+def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
+            time_limit_s: float) -> PlacementResult:
+    from .space import decode  # noqa: F401  (placement decoding lives there)
+    pl = res.plan
+    perm = _perm_of(prob, pl)
+    layers = tuple(pl.shape.layers)
+    cur = res.objective_ms
+    improved = True
+    n, V = prob.num_slots, len(layers)
+    while improved and time.perf_counter() - t_start < time_limit_s:
+        improved = False
+        for a in range(n):
+            for b in range(a + 1, n):
+                p = list(perm)
+                p[a], p[b] = p[b], p[a]
+                c = prob.cost(p, layers)
+                if c < cur - 1e-12:
+                    perm, cur, improved = p, c, True
+        for s in range(V):
+            for d in range(V):
+                if s != d and layers[s] > 1:
+                    lay = list(layers)
+                    lay[s] -= 1
+                    lay[d] += 1
+                    c = prob.cost(perm, tuple(lay))
+                    if c < cur - 1e-12:
+                        layers, cur, improved = tuple(lay), c, True
+    return PlacementResult(prob.plan(perm, layers), cur, 0.0, "heuristic", "anneal",
+                           time.perf_counter() - t_start)
+
+
+def _perm_of(prob: PlacementProblem, plan) -> list[int]:
+    """Inverse of decode: the node in each (node-stage, node-replica) slot."""
+    blk = prob.block
+    perm = []
+    for a in range(blk.A):
+        for b in range(blk.D):
+            perm.append(plan.placement.node[a * blk.j][b * blk.k])
+    return perm
+
+
+def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int = 4000,
+           time_limit_s: float = 10.0, t0_frac: float = 0.02, t_end_frac: float = 1e-5,
+           init_perm=None, init_layers=None, move_layers: bool = True,
+           progress=None) -> PlacementResult:
+    t_start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    n = prob.num_slots
+    perm = list(init_perm) if init_perm is not None else list(range(n))
+    layers = tuple(init_layers) if init_layers is not None else prob.start_layers()
+    cur = prob.cost(perm, layers)
+    best, best_perm, best_layers = cur, list(perm), layers
+    if not math.isfinite(cur):
+        return PlacementResult(None, float("inf"), 0.0, "infeasible", "anneal",
+                               time.perf_counter() - t_start)
+    t0 = t0_frac * cur
+    alpha = (t_end_frac / t0_frac) ** (1.0 / max(1, iters))
+    temp = t0
+    V = len(layers)
+    done = 0
+    for it in range(iters):
+        done = it + 1
+        if (it & 63) == 0 and time.perf_counter() - t_start > time_limit_s:
+            break
+        new_perm, new_layers = perm, layers
+        r = rng.random()
+        if move_layers and V > 1 and (r < 0.35 or n == 1):
+            src, dst = (int(x) for x in rng.choice(V, 2, replace=False))
+            lay = list(layers)
+            if lay[src] > 1:
+                lay[src] -= 1
+                lay[dst] += 1
+                new_layers = tuple(lay)
+        elif n > 1:
+            a, b = sorted(int(x) for x in rng.choice(n, 2, replace=False))
+            p = list(perm)
+            if r < 0.5:
+                p[a], p[b] = p[b], p[a]
+            elif r < 0.75:
+                p[a:b + 1] = p[a:b + 1][::-1]
+            else:
+                x = p.pop(a)
+                p.insert(b, x)
+            new_perm = p
+        if new_perm is perm and new_layers is layers:
+            temp *= alpha
+            continue
+        c = prob.cost(new_perm, new_layers)
+        if c <= cur or (math.isfinite(c) and rng.random() < math.exp(-(c - cur) / max(temp,
+                                                                                       1e-12))):
+            perm, layers, cur = new_perm, new_layers, c
+            if c < best:
+                best, best_perm, best_layers = c, list(new_perm), new_layers
+                if progress:
+                    progress(best)
+        temp *= alpha
+    return PlacementResult(prob.plan(best_perm, best_layers), best, 0.0, "heuristic", "anneal",
+                           time.perf_counter() - t_start, iterations=done)

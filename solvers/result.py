@@ -1,0 +1,65 @@
+"""Typed solver results: plan, objective, bound, gap, termination, method, wall time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from model.estimator import Estimate
+from model.plan import Plan
+
+
+@dataclass
+class PlacementResult:
+    """Best placement and layer split for one shape."""
+
+    plan: Plan | None
+    objective_ms: float  # cost-model iteration time of `plan` (inf if none)
+    bound_ms: float  # proven lower bound for this shape
+    termination: str  # "optimal", "time_limit", "infeasible", "heuristic"
+    method: str
+    wall_s: float
+    iterations: int = 0
+
+    @property
+    def gap(self) -> float:
+        if self.plan is None or self.objective_ms == float("inf"):
+            return float("inf")
+        return max(0.0, (self.objective_ms - self.bound_ms) / self.objective_ms)
+
+
+@dataclass
+class Candidate:
+    """A shape considered by the search, and what became of it."""
+
+    describe: str
+    lower_bound_ms: float
+    quick_ms: float | None = None  # Megatron placement, balanced split
+    best_ms: float | None = None
+    status: str = ""  # "best", "slower", "does not fit: ...", "pruned by bound", ...
+    plan: Plan | None = None
+
+
+@dataclass
+class SolveResult:
+    plan: Plan | None
+    estimate: Estimate | None
+    objective_ms: float
+    bound_ms: float
+    termination: str
+    method: str
+    wall_s: float
+    candidates: list[Candidate] = field(default_factory=list)
+    shapes_total: int = 0
+    shapes_solved: int = 0
+
+    @property
+    def gap(self) -> float:
+        if self.plan is None:
+            return float("inf")
+        return max(0.0, (self.objective_ms - self.bound_ms) / self.objective_ms)
+
+    def status_dict(self) -> dict:
+        return {"method": self.method, "termination": self.termination,
+                "objective_ms": self.objective_ms, "bound_ms": self.bound_ms, "gap": self.gap,
+                "wall_s": self.wall_s, "shapes_total": self.shapes_total,
+                "shapes_solved": self.shapes_solved}

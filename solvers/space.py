@@ -1,0 +1,177 @@
+"""The search space: shapes (degrees, micro-batch, schedule, recompute, ...) and, per shape, the
+placements the solvers search.
+
+Placement space ("blocks"): every node hosts a block of `j` consecutive pipeline stages of `k`
+data-parallel replicas, with j * k * tp = GPUs per node (Megatron's default order is the block
+j = 1, k = G / tp; j = G / tp keeps whole pipeline segments inside a node). The nodes are then
+assigned to the A x D block slots (A = pp / j node-stages, D = dp / k node-replicas). This is
+Pipette's node-to-stage assignment, generalized to several stages or replicas per node. Inside a
+node, tensor groups take consecutive GPUs, or the best rings where the node's links are uneven.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+from model.cluster import ClusterSpec
+from model.costs import CostModel
+from model.errors import SpecError
+from model.plan import Placement, Shape, block_placement, num_microbatches, validate_shape
+from model.schedule import compile_schedule
+from model.specs import JobSpec, ModelSpec, Options
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Block:
+    """j stages x k replicas per node; A x D slots."""
+
+    j: int
+    k: int
+    A: int
+    D: int
+
+    def describe(self) -> str:
+        return f"{self.j} stage(s) x {self.k} replica(s) per node"
+
+
+def blocks_for(cluster: ClusterSpec, shape: Shape) -> list[Block]:
+    G = cluster.gpus_per_node
+    if G is None or G % shape.tp:
+        return []
+    out = []
+    units = G // shape.tp
+    for j in divisors(units):
+        k = units // j
+        if shape.pp % j or shape.dp % k:
+            continue
+        A, D = shape.pp // j, shape.dp // k
+        if A * D == cluster.num_nodes:
+            out.append(Block(j, k, A, D))
+    return out
+
+
+def decode(cluster: ClusterSpec, shape: Shape, block: Block, perm) -> Placement:
+    """perm[i] = node in slot i, slots ordered (node-stage a, node-replica b), b fastest."""
+    slots = [(a, b) for a in range(block.A) for b in range(block.D)]
+    return block_placement(cluster, shape.tp, shape.pp, shape.dp, block.j,
+                           node_order=list(int(x) for x in perm), slots=slots)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Which discrete choices the shape enumeration considers."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] = (1, 2, 4, 8)
+    schedules: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved", 2))
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    distributed_optimizer: tuple[bool, ...] = (False, True)
+
+
+def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                     space: SearchSpace = SearchSpace()) -> Iterator[Shape]:
+    """Every shape Megatron-LM could run on this cluster (layers left empty).
+
+    Sequence parallelism is on whenever TP > 1: in this cost model it moves the same bytes as
+    plain TP and stores less, so it is never worse."""
+    G = cluster.gpus_per_node
+    total = cluster.num_gpus
+    tps = space.tp or tuple(d for d in divisors(G or 1))
+    for tp in tps:
+        if total % tp:
+            continue
+        for pp in (space.pp or tuple(divisors(total // tp))):
+            if (total // tp) % pp or pp > model.num_layers:
+                continue
+            dp = total // (tp * pp)
+            for mbs in space.micro_batch:
+                if job.global_batch % (mbs * dp):
+                    continue
+                for sched, v in space.schedules:
+                    if sched == "interleaved" and pp == 1:
+                        continue
+                    if sched != "interleaved" and pp == 1 and sched != "1f1b":
+                        continue
+                    if job.distributed_optimizer is not None:
+                        dos = (job.distributed_optimizer,)
+                    else:  # with DP = 1 the distributed optimizer changes nothing
+                        dos = space.distributed_optimizer if dp > 1 else (False,)
+                    for rc in space.recompute:
+                        for do in dos:
+                            sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=mbs, schedule=sched,
+                                       chunks=v, layers=(), recompute=rc,
+                                       sequence_parallel=tp > 1, distributed_optimizer=do)
+                            try:
+                                validate_shape(model, job, cluster, sh, check_layers=False)
+                            except SpecError:
+                                continue
+                            yield sh
+
+
+def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                 options: Options) -> tuple[tuple[int, ...], float]:
+    """The layer split that minimizes the largest stage memory, and that memory (GiB).
+
+    Each stage's memory is linear and increasing in its layer counts, so adding layers one at a
+    time where the resulting peak grows least is optimal (greedy on separable increasing costs).
+    Used to tell "cannot fit with any split" from "fits with some split"."""
+    from model.memory import MemoryModel
+
+    m = num_microbatches(job, shape)
+    cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
+    mm = MemoryModel(model, job, shape, cs, options)
+    costs = CostModel(model, job, cluster, shape, options)
+    V = shape.num_virtual
+    layers = [1] * V
+
+    def stage_mem(s, lay):
+        return mm.stage(s, costs.stage_params(s, tuple(lay)), tuple(lay)).total_gib
+
+    for _ in range(model.num_layers - V):
+        best, best_j = None, 0
+        for j in range(V):
+            lay = list(layers)
+            lay[j] += 1
+            val = stage_mem(j % shape.pp, lay)
+            if best is None or val < best:
+                best, best_j = val, j
+        layers[best_j] += 1
+    peak = max(stage_mem(s, layers) for s in range(shape.pp))
+    return tuple(layers), peak
+
+
+def lower_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                   options: Options) -> float:
+    """A bound no placement or layer split of this shape can beat.
+
+    Every stage runs all m micro-batches' forwards and backwards, and the busiest stage carries
+    at least the mean: T >= m * W / p, where W is one micro-batch's forward + backward over the
+    whole model (communication excluded); one micro-batch must also cross every stage: T >= W.
+    The tail is at least the optimizer step of a stage holding the mean parameter count."""
+    costs = CostModel(model, job, cluster, shape, options)
+    m = num_microbatches(job, shape)
+    best = float("inf")
+    for gpu in {nd.gpu.name: nd.gpu for nd in cluster.nodes}.values():
+        lt = costs.layer_times(gpu, float("inf"))
+        W = model.num_layers * (lt.fwd_ms + lt.bwd_ms) + lt.emb_fwd_ms + lt.emb_bwd_ms + \
+            lt.head_fwd_ms + lt.head_bwd_ms
+        params = (model.num_layers * model.params_per_layer + model.embedding_params *
+                  (1 if model.tied_embeddings and shape.pp == 1 else 2)) / shape.tp / shape.pp
+        tail = costs.optimizer_ms(params, gpu)
+        best = min(best, max(m * W / shape.pp, W) + tail)
+    return best
+
+
+def with_layers(shape: Shape, layers) -> Shape:
+    return replace(shape, layers=tuple(int(x) for x in layers))
+
+
+def fits_gib(cluster: ClusterSpec) -> float:
+    return min(nd.gpu.memory_gib for nd in cluster.nodes)
+

@@ -159,6 +159,7 @@ def print_placement(plan, cluster) -> None:
 @app.command()
 @guarded
 def estimate(
+    ctx: typer.Context,
     model: ModelOpt = EXAMPLE_MODEL,
     cluster: ClusterOpt = EXAMPLE_CLUSTER,
     global_batch: GbsOpt = EXAMPLE_GBS,
@@ -181,12 +182,30 @@ def estimate(
     overlap_grad_reduce: Annotated[bool, typer.Option(
         help="Overlap gradient reduction with the last backward.")] = False,
     as_json: JsonOpt = False,
+    plan_file: Annotated[Optional[Path], typer.Option(
+        "--plan", help="Read inputs and decisions from a plan file (no other plan options).")] = None,
+    save_plan: Annotated[Optional[Path], typer.Option(
+        "--save-plan", help="Write the plan, inputs and estimate to this JSON plan file.")] = None,
+    emit: Annotated[Optional[str], typer.Option(
+        "--emit", help="Write launch files: megatron, nemo, torchtitan or deepspeed.")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Folder for --emit [launch-<framework>].")] = None,
+    gantt: Annotated[Optional[Path], typer.Option(
+        "--gantt", help="Write the schedule's Gantt chart to this PNG.")] = None,
+    placement_png: Annotated[Optional[Path], typer.Option(
+        "--placement-png", help="Write the placement on the cluster to this PNG.")] = None,
 ):
     """Per-stage memory and iteration time of one plan (Megatron-LM placement)."""
     from model.errors import SpecError
     from model.estimator import estimate as run_estimate, make_plan
     from model.serialize import estimate_to_dict, plan_to_dict
 
+    if plan_file is not None:  # issue 5: inputs and decisions from a plan file
+        m, job, c, plan, opts, _meta = _load_plan_only(ctx, plan_file)
+        est = run_estimate(m, job, c, plan, opts)
+        _launch_outputs(m, job, c, plan, est, opts, save_plan, emit, out, gantt, placement_png,
+                        as_json)
+        return
     m, job, c = _inputs(model, cluster, global_batch, seq, precision.value)
     lay = None
     if layers:
@@ -200,6 +219,10 @@ def estimate(
                      chunks=chunks, layers=lay, recompute=recompute.value,
                      sequence_parallel=sp, distributed_optimizer=distopt, options=opts)
     est = run_estimate(m, job, c, plan, opts)
+    if any(x is not None for x in (save_plan, emit, out, gantt, placement_png)):
+        _launch_outputs(m, job, c, plan, est, opts, save_plan, emit, out, gantt, placement_png,
+                        as_json)
+        return
     if as_json:
         typer.echo(json.dumps({"model": m.name, "cluster": c.name, "plan": plan_to_dict(plan, c),
                                "estimate": estimate_to_dict(est)}, indent=1))
@@ -313,6 +336,276 @@ def presets(as_json: JsonOpt = False):
         t.add_row(name, c.name, str(c.num_nodes), str(c.num_gpus),
                   ", ".join(sorted({n.gpu.name for n in c.nodes})))
     con.print(t)
+
+
+# --- cluster commands (issue 4) ---
+
+cluster_app = typer.Typer(no_args_is_help=True,
+                          help="Measured clusters: import bandwidth, look at it, synthesize one.")
+app.add_typer(cluster_app, name="cluster")
+
+
+def _emit_cluster(c, output: Optional[Path]) -> None:
+    from model.cluster import cluster_to_toml
+
+    text = cluster_to_toml(c)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text)
+    except OSError as e:
+        fail(f"{output}: cannot write ({e.strerror})")
+    typer.echo(f"wrote {output} ({c.num_nodes} nodes, {c.num_gpus} GPUs)", err=True)
+
+
+@cluster_app.command("import")
+@guarded
+def cluster_import(
+    sources: Annotated[list[Path], typer.Argument(
+        help="nccl-tests pair files or a directory of them, one mpiGraph output, or one "
+             "CSV/JSON matrix.")],
+    gpu: Annotated[str, typer.Option(help="GPU preset of every node (see `presets`).")],
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")],
+    intra_gb_per_s: Annotated[Optional[float], typer.Option(
+        help="One direction of one GPU's intra-node link, GB/s [from --intra-topology].")] = None,
+    intra_topology: Annotated[Optional[str], typer.Option(
+        help="Intra-node topology preset (data/topologies: dgx-a100, dgx1-v100, ...).")] = None,
+    fmt: Annotated[str, typer.Option("--format",
+                                     help="auto, nccl, mpigraph, csv or json.")] = "auto",
+    nodes: Annotated[Optional[str], typer.Option(
+        help="Expected node names, comma-separated, in cluster order [as measured].")] = None,
+    fill: Annotated[Optional[list[str]], typer.Option(
+        help="Fill missing pairs (repeatable, applied in order): symmetric, min-row.")] = None,
+    strict: Annotated[bool, typer.Option(help="Asymmetry is an error, not a warning.")] = False,
+    asym_ratio: Annotated[float, typer.Option(help="Asymmetry warning ratio.")] = 1.5,
+    units: Annotated[Optional[str], typer.Option(
+        help="CSV/JSON units: gb_per_s, mb_per_s, mib_per_s, gbit_per_s [gb_per_s].")] = None,
+    mpigraph_table: Annotated[str, typer.Option(help="mpiGraph table: recv, send, min.")] = "recv",
+    nccl_test: Annotated[Optional[str], typer.Option(
+        help="sendrecv or all_reduce [from the file names].")] = None,
+    name: Annotated[str, typer.Option(help="Cluster name.")] = "imported",
+    latency_us: Annotated[float, typer.Option(help="Per-message latency, us.")] = 5.0,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o",
+                                                   help="Write the TOML here [stdout].")] = None,
+):
+    """Build a cluster TOML from measured bandwidth (nccl-tests, mpiGraph, CSV, JSON)."""
+    from model.bwimport import build_cluster, check_and_fill, load_measurements
+
+    meas = load_measurements(sources, fmt, units=units, mpigraph_table=mpigraph_table,
+                             nccl_test=nccl_test)
+    node_list = [x.strip() for x in nodes.split(",")] if nodes else None
+    names, m, warnings = check_and_fill(meas, nodes=node_list, fill=tuple(fill or ()),
+                                        strict=strict, asym_ratio=asym_ratio)
+    for note in meas.notes:
+        typer.echo(f"read: {note}", err=True)
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+    c = build_cluster(names, m, gpu=gpu, gpus_per_node=gpus_per_node,
+                      intra_gb_per_s=intra_gb_per_s, intra_topology=intra_topology,
+                      latency_us=latency_us, name=name, source=meas.source)
+    _emit_cluster(c, output)
+
+
+@cluster_app.command("show")
+@guarded
+def cluster_show(
+    cluster: Annotated[str, typer.Argument(help="Cluster preset or .toml file.")] = EXAMPLE_CLUSTER,
+    png: Annotated[Optional[Path], typer.Option(help="Write a heatmap PNG here.")] = None,
+    slowest: Annotated[int, typer.Option(help="How many slowest links to list.")] = 5,
+    as_json: JsonOpt = False,
+):
+    """Summary of a cluster's matrix: slowest links, outlier nodes, inferred switch groups."""
+    from rich.table import Table
+
+    from model.bwimport import GROUP_RATIO, OUTLIER_RATIO, heatmap_png, summarize
+    from model.cluster import cluster as load_cluster
+
+    c = load_cluster(cluster)
+    s = summarize(c, slowest=slowest)
+    if png is not None:
+        heatmap_png(c, png)
+    if as_json:
+        typer.echo(json.dumps(s, indent=1))
+        return
+    con = console()
+    con.print(f"[bold]{c.name}[/bold]: {c.num_nodes} nodes, {c.num_gpus} GPUs "
+              f"({', '.join(sorted({nd.gpu.name for nd in c.nodes}))})")
+    if s.get("median_gb_per_s") is not None:
+        con.print(f"inter-node streams: median {s['median_gb_per_s']:.2f} GB/s, min "
+                  f"{s['min_gb_per_s']:.2f}, max {s['max_gb_per_s']:.2f}")
+        t = Table(title="Slowest links")
+        for col in ("from", "to", "GB/s"):
+            t.add_column(col, justify="right" if col == "GB/s" else "left")
+        for x in s["slowest_links"]:
+            t.add_row(x["from"], x["to"], f"{x['gb_per_s']:.2f}")
+        con.print(t)
+    if s["outliers"]:
+        con.print(f"outlier nodes (median link < {OUTLIER_RATIO} x cluster median): " + ", ".join(
+            f"{o['node']} ({o['median_gb_per_s']:.2f} GB/s, {o['ratio']:.2f}x)"
+            for o in s["outliers"]))
+    else:
+        con.print("no outlier nodes")
+    con.print(f"switch groups (links >= {GROUP_RATIO} x fastest):")
+    for g, members in enumerate(s["groups"]):
+        extra = [k for k, v in s["attached"].items() if v == g]
+        con.print(f"  group {g}: {', '.join(members)}"
+                  + (f"  (outliers attached: {', '.join(extra)})" if extra else ""))
+    if s["asymmetric"]:
+        con.print(f"{len(s['asymmetric'])} asymmetric pair(s): " + ", ".join(
+            f"{a['a']}/{a['b']} {a['ratio']:.2f}x" for a in s["asymmetric"][:5]))
+    if png is not None:
+        con.print(f"heatmap written to {png}")
+
+
+@cluster_app.command("synth")
+@guarded
+def cluster_synth(
+    nodes: Annotated[int, typer.Option(help="Number of nodes.")] = 8,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    gpu: Annotated[str, typer.Option(help="GPU preset.")] = "A100-80GB",
+    intra_gb_per_s: Annotated[float, typer.Option(help="Intra-node link, GB/s.")] = 240.0,
+    intra_topology: Annotated[Optional[str], typer.Option(
+        help="Intra-node topology preset instead of a uniform link.")] = None,
+    nic_gb_per_s: Annotated[float, typer.Option(help="In-leaf stream bandwidth, GB/s.")] = 23.0,
+    leaf_size: Annotated[int, typer.Option(help="Nodes per leaf switch.")] = 4,
+    oversubscription: Annotated[float, typer.Option(
+        help="Spine oversubscription (cross-leaf = nic / this).")] = 1.6,
+    degraded: Annotated[int, typer.Option(help="Number of nodes with a degraded NIC.")] = 1,
+    degraded_factor: Annotated[float, typer.Option(help="Degraded NIC rate factor.")] = 0.5,
+    noise: Annotated[float, typer.Option(help="Uniform multiplicative noise half-width.")] = 0.03,
+    latency_us: Annotated[float, typer.Option(help="Per-message latency, us.")] = 5.0,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    name: Annotated[Optional[str], typer.Option(help="Cluster name [synth-...].")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o",
+                                                   help="Write the TOML here [stdout].")] = None,
+):
+    """A synthetic cluster (leaf/spine, degraded NICs, noise; see README)."""
+    from model.cluster import SynthParams, synth_cluster
+
+    c = synth_cluster(SynthParams(
+        num_nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_gb_per_s=intra_gb_per_s,
+        nic_gb_per_s=nic_gb_per_s, leaf_size=leaf_size, oversubscription=oversubscription,
+        degraded=degraded, degraded_factor=degraded_factor, noise=noise, latency_us=latency_us,
+        seed=seed, name=name))
+    if intra_topology is not None:
+        from model.topology import cluster_with_topology
+        c = cluster_with_topology(c, intra_topology)
+    _emit_cluster(c, output)
+
+
+# --- launch commands (issue 5) ---
+# Plan files, framework launch files and pictures; see launch/ and model/planfile.py.
+
+_PLAN_OPTION_PARAMS = ("model", "cluster", "global_batch", "seq", "precision", "tp", "pp", "dp",
+                       "mbs", "schedule", "chunks", "layers", "recompute", "sp", "distopt",
+                       "blocking", "overlap_grad_reduce")
+
+
+def _load_plan_only(ctx, plan_file: Path):
+    """Read a plan file for `estimate --plan`, refusing plan options given alongside it."""
+    from model.errors import SpecError
+    from model.planfile import load_plan
+
+    if ctx is not None:
+        given = []
+        for p in ctx.command.params:
+            src = ctx.get_parameter_source(p.name)
+            # typer vendors click: compare the enum by name (COMMANDLINE, ENVIRONMENT, ...)
+            if p.name in _PLAN_OPTION_PARAMS and src is not None and \
+                    src.name not in ("DEFAULT", "DEFAULT_MAP"):
+                given.append(max(p.opts, key=len))
+        if given:
+            raise SpecError(f"{', '.join(given)} cannot be combined with --plan, which fixes "
+                            "the inputs and the plan; drop them or drop --plan",
+                            source="options", field="--plan")
+    return load_plan(plan_file)
+
+
+def _launch_outputs(m, job, c, plan, est, opts, save_plan: Path | None, emit: str | None,
+                    out: Path | None, gantt: Path | None, placement_png: Path | None,
+                    as_json: bool) -> None:
+    """Write what was asked (plan file, launch files, PNGs) and report the estimate."""
+    from model.errors import SpecError
+    from model.serialize import estimate_to_dict, plan_to_dict
+
+    if out is not None and emit is None:
+        raise SpecError("is the folder for --emit; add --emit FRAMEWORK",
+                        source="options", field="--out")
+    files: list[Path] = []
+    warnings: list[str] = []
+    if save_plan is not None:
+        from model.planfile import save_plan as write_plan
+        write_plan(save_plan, m, job, c, plan, est, None, opts)
+        files.append(save_plan)
+    if emit is not None:
+        from launch.emit import emit as write_launch
+        f, w = write_launch(emit, m, job, c, plan, out or Path(f"launch-{emit.lower()}"))
+        files += f
+        warnings += w
+    if gantt is not None or placement_png is not None:
+        from launch import pictures
+        if gantt is not None:
+            from model.estimator import Evaluator
+            files.append(pictures.gantt_png(Evaluator(m, job, c, plan.shape, opts),
+                                            plan.placement, gantt))
+        if placement_png is not None:
+            files.append(pictures.placement_png(c, plan, placement_png))
+    if as_json:
+        typer.echo(json.dumps({"model": m.name, "cluster": c.name, "plan": plan_to_dict(plan, c),
+                               "estimate": estimate_to_dict(est),
+                               "files": [str(p) for p in files], "warnings": warnings},
+                              indent=1))
+        return
+    print_estimate(est, plan, c)
+    _print_written(files, warnings)
+
+
+def _print_written(files, warnings) -> None:
+    from rich.markup import escape
+
+    con = console()
+    for p in files:
+        con.print(f"wrote {p}", highlight=False)
+    for w in warnings:
+        con.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
+
+
+@app.command("emit")
+@guarded
+def emit_cmd(
+    plan_file: Annotated[Path, typer.Argument(help="A plan file (--save-plan or solve).")],
+    framework: Annotated[str, typer.Option(
+        "--framework", "-f", help="megatron, nemo, torchtitan or deepspeed.")] = "megatron",
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", help="Output folder [launch-<framework>].")] = None,
+    gantt: Annotated[Optional[Path], typer.Option(
+        "--gantt", help="Also write the schedule's Gantt chart to this PNG.")] = None,
+    placement_png: Annotated[Optional[Path], typer.Option(
+        "--placement-png", help="Also write the placement picture to this PNG.")] = None,
+    as_json: JsonOpt = False,
+):
+    """Write a saved plan's framework arguments, launch script and hostfile."""
+    from launch.emit import emit as write_launch
+    from model.planfile import load_plan
+
+    m, job, c, plan, opts, _meta = load_plan(plan_file)
+    files, warnings = write_launch(framework, m, job, c, plan,
+                                   out or Path(f"launch-{framework.lower()}"))
+    if gantt is not None or placement_png is not None:
+        from launch import pictures
+        if gantt is not None:
+            from model.estimator import Evaluator
+            files.append(pictures.gantt_png(Evaluator(m, job, c, plan.shape, opts),
+                                            plan.placement, gantt))
+        if placement_png is not None:
+            files.append(pictures.placement_png(c, plan, placement_png))
+    if as_json:
+        typer.echo(json.dumps({"plan": str(plan_file), "framework": framework.lower(),
+                               "files": [str(p) for p in files], "warnings": warnings},
+                              indent=1))
+        return
+    _print_written(files, warnings)
 
 
 if __name__ == "__main__":

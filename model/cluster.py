@@ -6,7 +6,8 @@ Bandwidth convention (used by every formula in the cost model):
   to have its own NIC share (rail-optimized DGX-style nodes), so concurrent streams from
   different GPUs of a node do not share it. The matrix may be asymmetric; the diagonal is unused.
 - `intra_gb_per_s` is one direction of one GPU's intra-node link (NVLink/NVSwitch) as measured;
-  `intra_matrix_gb_per_s`, when given, is GPU-by-GPU for non-uniform nodes (DGX-1, PCIe).
+  `intra_matrix_gb_per_s`, when given, is GPU-by-GPU for non-uniform nodes (DGX-1, PCIe);
+  `intra_topology = "<preset>"` takes it from data/topologies/ instead (model/topology.py).
 - `latency_us` is the per-message latency added to every transfer.
 
 File format (TOML), nodes in matrix order:
@@ -167,8 +168,9 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
     nodes = []
     for i, nd in enumerate(nodes_raw):
         where = f"nodes[{i}]"
+        topo_name = nd.get("intra_topology") if isinstance(nd, dict) else None
         for key in ("name", "gpu", "gpus", "intra_gb_per_s"):
-            if key not in nd:
+            if key not in nd and not (key == "intra_gb_per_s" and topo_name is not None):
                 raise SpecError("missing", source=src, field=f"{where}.{key}")
         try:
             gpu = presets.gpu(str(nd["gpu"]))
@@ -178,11 +180,16 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
         if not isinstance(gpus, int) or gpus <= 0:
             raise SpecError(f"must be a positive integer, got {gpus!r}", source=src,
                             field=f"{where}.gpus")
-        intra = nd["intra_gb_per_s"]
+        intra = nd.get("intra_gb_per_s")
+        if topo_name is not None:
+            # intra_topology = "<preset>" (data/topologies/) fills the GPU-by-GPU matrix;
+            # intra_gb_per_s, if absent, becomes the preset's best ring over all GPUs.
+            intra, mat = _topology_matrix(nd, topo_name, gpus, src, where)
+        else:
+            mat = None
         if not isinstance(intra, (int, float)) or not intra > 0:
             raise SpecError(f"must be a positive number of GB/s, got {intra!r}", source=src,
                             field=f"{where}.intra_gb_per_s")
-        mat = None
         if "intra_matrix_gb_per_s" in nd:
             mat = _matrix(nd["intra_matrix_gb_per_s"], gpus, src,
                           f"{where}.intra_matrix_gb_per_s")
@@ -197,6 +204,29 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
         raise SpecError(f"must be a number >= 0, got {lat!r}", source=src, field="latency_us")
     return ClusterSpec(name=str(raw.get("name", Path(src).stem)), nodes=tuple(nodes),
                        inter_gb_per_s=mat, latency_us=float(lat), source=src)
+
+
+def _topology_matrix(nd: dict, topo_name, gpus: int, src: str, where: str):
+    """(intra_gb_per_s, matrix) for a node that names an intra_topology preset."""
+    from .topology import load_topology
+
+    fld = f"{where}.intra_topology"
+    if "intra_matrix_gb_per_s" in nd:
+        raise SpecError("give intra_topology or intra_matrix_gb_per_s, not both", source=src,
+                        field=fld)
+    if not isinstance(topo_name, str):
+        raise SpecError(f"must be a preset name (string), got {topo_name!r}", source=src,
+                        field=fld)
+    try:
+        topo = load_topology(topo_name)
+    except SpecError as e:
+        raise SpecError(e.problem if e.source is None else str(e), source=src,
+                        field=fld) from None
+    if topo.num_gpus != gpus:
+        raise SpecError(f"topology '{topo.name}' has {topo.num_gpus} GPUs but this node has "
+                        f"gpus = {gpus}; pick a matching preset", source=src, field=fld)
+    intra = nd.get("intra_gb_per_s", topo.ring_gb_per_s)
+    return intra, topo.matrix_gb_per_s.copy()
 
 
 def _matrix(rows, n: int, src: str, fld: str) -> np.ndarray:

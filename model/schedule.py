@@ -274,6 +274,12 @@ class CompiledSchedule:
         """For stage s, the count of stored micro-batches per chunk at each moment that can be
         a memory peak: after each forward ('F'), and during each backward before it frees its
         activations ('B'). Returns (event, chunk, counts per chunk), duplicates removed."""
+        cache = self.__dict__.setdefault("_inflight", {})
+        if s not in cache:
+            cache[s] = self._inflight_profile(s)
+        return cache[s]
+
+    def _inflight_profile(self, s: int):
         cur = np.zeros(self.v, dtype=np.int64)
         seen = set()
         out = []
@@ -291,6 +297,6 @@ class CompiledSchedule:
         return out
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=512)
 def compile_schedule(schedule: str, p: int, m: int, v: int, blocking: bool) -> CompiledSchedule:
     return CompiledSchedule(schedule, p, m, v, blocking)

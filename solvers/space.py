@@ -16,6 +16,7 @@ from typing import Iterator
 
 from model.cluster import ClusterSpec
 from model.costs import CostModel
+from model.memory import GIB
 from model.errors import SpecError
 from model.plan import Placement, Shape, block_placement, num_microbatches, validate_shape
 from model.schedule import compile_schedule
@@ -118,32 +119,60 @@ def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Sh
                  options: Options) -> tuple[tuple[int, ...], float]:
     """The layer split that minimizes the largest stage memory, and that memory (GiB).
 
-    Each stage's memory is linear and increasing in its layer counts, so adding layers one at a
-    time where the resulting peak grows least is optimal (greedy on separable increasing costs).
-    Used to tell "cannot fit with any split" from "fits with some split"."""
+    Every candidate peak of a stage (schedule.inflight_profile) is affine in that stage's layer
+    counts, so adding layers one at a time where the resulting peak grows least is optimal
+    (greedy on separable increasing costs). Tells "cannot fit with any split" from "fits with
+    some split"; uses the same MemoryModel as the estimator."""
+    import numpy as np
+
     from model.memory import MemoryModel
 
     m = num_microbatches(job, shape)
     cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
     mm = MemoryModel(model, job, shape, cs, options)
     costs = CostModel(model, job, cluster, shape, options)
-    V = shape.num_virtual
+    p, V = shape.pp, shape.num_virtual
+    zero = (0,) * V
+    ovh = options.overheads
+    per_param = sum(mm.bytes_per_param)
+    scale = (1 + ovh.fragmentation) / GIB
+    # per stage: events as (constant bytes, bytes per layer of each chunk)
+    events = []
+    for s in range(p):
+        base_params = costs.stage_params(s, zero)
+        ev = []
+        for kind, _c, counts in cs.inflight_profile(s):
+            const = base_params * per_param + (mm.work if kind == "B" else 0.0)
+            coef = np.zeros(V)
+            for c, cnt in enumerate(counts):
+                j = c * p + s
+                const += int(cnt) * mm.chunk_act_bytes(j, 0)
+                coef[j] = int(cnt) * mm.act_layer + model.params_per_layer / shape.tp * per_param
+            # params grow with every layer of the stage, stored or not
+            for c in range(shape.chunks):
+                j = c * p + s
+                if not counts[c]:
+                    coef[j] = model.params_per_layer / shape.tp * per_param
+            ev.append((const, coef))
+        events.append(ev)
+
+    def peak_gib(lay):
+        arr = np.asarray(lay, dtype=float)
+        return max(max(const + coef @ arr for const, coef in ev) for ev in events) * scale \
+            + ovh.context_gib
+
     layers = [1] * V
-
-    def stage_mem(s, lay):
-        return mm.stage(s, costs.stage_params(s, tuple(lay)), tuple(lay)).total_gib
-
     for _ in range(model.num_layers - V):
         best, best_j = None, 0
         for j in range(V):
-            lay = list(layers)
+            s = j % p
+            lay = np.asarray(layers, dtype=float)
             lay[j] += 1
-            val = stage_mem(j % shape.pp, lay)
+            val = max(const + coef @ lay for const, coef in events[s])
             if best is None or val < best:
                 best, best_j = val, j
         layers[best_j] += 1
-    peak = max(stage_mem(s, layers) for s in range(shape.pp))
-    return tuple(layers), peak
+    return tuple(layers), float(peak_gib(layers))
 
 
 def lower_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,

@@ -1,0 +1,1 @@
+"""From a plan to a running job: framework arguments, rank placement, pictures."""

@@ -1,0 +1,420 @@
+"""What each training framework needs to run a plan as chosen, and what it cannot express.
+
+`emit(framework, model, job, cluster, plan, out_dir)` writes the framework's configuration and
+the placement (launch.sh, hostfile, ranks.json from launch.ranks) and returns the files written
+and the warnings: every knob of the plan a framework cannot express is reported, never dropped.
+
+Sources of the names (each mapping below cites its own):
+- Megatron-LM: megatron/training/arguments.py (`_add_distributed_args`, `_add_training_args`,
+  `_add_network_size_args`, `_add_mixed_precision_args`), NVIDIA/Megatron-LM.
+- NeMo 1.x: examples/nlp/language_modeling/conf/megatron_gpt_config.yaml, NVIDIA/NeMo.
+- torchtitan: torchtitan/config/job_config.py (`Parallelism`, `Training`,
+  `ActivationCheckpoint`), pytorch/torchtitan.
+- DeepSpeed: the JSON config reference (deepspeed.ai/docs/config-json/).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from model.cluster import ClusterSpec
+from model.errors import SpecError
+from model.plan import Plan, Shape, num_microbatches
+from model.specs import JobSpec, ModelSpec
+
+FRAMEWORKS = ("megatron", "nemo", "torchtitan", "deepspeed")
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer split
+
+
+def _chunks_equal_per_stage(sh: Shape) -> bool:
+    return all(len({sh.layers[c * sh.pp + s] for c in range(sh.chunks)}) == 1
+               for s in range(sh.pp))
+
+
+def megatron_split(sh: Shape) -> tuple[list[str], str | None]:
+    """Megatron-LM flags for the layer split, or a reason it cannot be expressed.
+
+    Megatron splits layers evenly, or takes the first and last stage counts
+    (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, arguments.py
+    `_add_distributed_args`) and splits the rest evenly; with a virtual pipeline each stage's
+    layers are split evenly over its chunks (--num-virtual-stages-per-pipeline-rank; uniform
+    splits may use --num-layers-per-virtual-pipeline-stage)."""
+    L, p, v = list(sh.layers), sh.pp, sh.chunks
+    if len(set(L)) == 1:
+        return (["--num-layers-per-virtual-pipeline-stage", str(L[0])] if v > 1 else []), None
+    if not _chunks_equal_per_stage(sh):
+        return [], (f"the model chunks of a stage hold different layer counts ({L}); Megatron "
+                    "splits each stage's layers evenly over its virtual stages")
+    T = [sh.stage_layers(s) for s in range(p)]
+    flags = ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
+    if p == 2:
+        return flags + ["--decoder-first-pipeline-num-layers", str(T[0]),
+                        "--decoder-last-pipeline-num-layers", str(T[1])], None
+    mid = set(T[1:-1])
+    if len(mid) != 1:
+        return [], (f"the split {T} (layers per stage) is uneven between middle stages; "
+                    "--decoder-first/last-pipeline-num-layers only set the first and last "
+                    "stage and split the rest evenly")
+    m = mid.pop()
+    if T[0] != m:
+        flags += ["--decoder-first-pipeline-num-layers", str(T[0])]
+    if T[-1] != m:
+        flags += ["--decoder-last-pipeline-num-layers", str(T[-1])]
+    return flags, None
+
+
+def pipeline_layout(sh: Shape) -> str:
+    """Megatron-LM's experimental --pipeline-model-parallel-layout string for any split: virtual
+    stages in model order separated by '|', E = embedding, t = decoder layer, L = loss
+    (Megatron-LM docs, "Custom Pipeline Model Parallel Layout")."""
+    parts = ["t" * n for n in sh.layers]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "L"
+    return "|".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Megatron-LM
+
+
+def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str], list[str]]:
+    """Megatron-LM command-line arguments for the plan, and the warnings."""
+    sh = plan.shape
+    warn: list[str] = []
+    # arguments.py _add_distributed_args
+    a = ["--tensor-model-parallel-size", str(sh.tp),
+         "--pipeline-model-parallel-size", str(sh.pp)]
+    split, why = megatron_split(sh)
+    if why:
+        warn.append(f"megatron: layer split not expressible: {why}. Megatron-LM would split "
+                    "evenly instead. Newer Megatron-LM (experimental) accepts "
+                    f"--pipeline-model-parallel-layout \"{pipeline_layout(sh)}\"")
+    a += split
+    if sh.schedule == "gpipe":
+        warn.append("megatron: Megatron-LM has no GPipe schedule; it runs 1F1B "
+                    "(forward_backward_pipelining_without_interleaving), which the estimate "
+                    "did not model")
+    # arguments.py _add_training_args
+    a += ["--micro-batch-size", str(sh.micro_batch), "--global-batch-size",
+          str(job.global_batch)]
+    if sh.sequence_parallel:
+        a.append("--sequence-parallel")
+    if sh.recompute == "full":  # full = recompute every layer: uniform, 1 layer per group
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+              "--recompute-num-layers", "1"]
+    elif sh.recompute == "selective":  # core attention only (Korthikanti et al. 2022)
+        a += ["--recompute-granularity", "selective"]
+    if sh.distributed_optimizer:
+        a.append("--use-distributed-optimizer")
+    # arguments.py _add_mixed_precision_args; fp32 is Megatron's default (no flag)
+    if job.precision == "bf16":
+        a.append("--bf16")
+    elif job.precision == "fp16":
+        a.append("--fp16")
+    # arguments.py _add_network_size_args
+    a += ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+          "--ffn-hidden-size", str(model.ffn_hidden_size),
+          "--num-attention-heads", str(model.num_heads),
+          "--seq-length", str(job.seq_length),
+          "--max-position-embeddings", str(max(model.seq_length, job.seq_length))]
+    if model.num_kv_heads != model.num_heads:
+        a += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
+    if model.gated_mlp:
+        a.append("--swiglu")
+    if not model.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    return a, warn
+
+
+def megatron_args_text(args: list[str], plan: Plan) -> str:
+    """One flag (and its value) per line; '#' lines are comments (launch.sh skips them)."""
+    lines = [f"# Megatron-LM arguments for {plan.shape.describe()}",
+             f"# layers per virtual stage: {list(plan.shape.layers)}"]
+    cur: list[str] = []
+    for x in args:
+        if x.startswith("--") and cur:
+            lines.append(" ".join(cur))
+            cur = []
+        cur.append(x)
+    if cur:
+        lines.append(" ".join(cur))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# NeMo
+
+
+def _yaml_scalar(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
+    s = str(v)
+    return json.dumps(s)  # a JSON string is a valid YAML double-quoted scalar
+
+
+def to_yaml(d: dict, indent: int = 0) -> str:
+    """A tiny YAML writer for nested dicts of scalars and flat lists (no dependency)."""
+    out = []
+    for k, v in d.items():
+        pad = "  " * indent
+        if isinstance(v, dict):
+            out.append(f"{pad}{k}:")
+            out.append(to_yaml(v, indent + 1).rstrip("\n"))
+        else:
+            out.append(f"{pad}{k}: {_yaml_scalar(v)}")
+    return "\n".join(out) + "\n"
+
+
+def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                plan: Plan) -> tuple[dict, list[str]]:
+    """NeMo 1.x (Megatron GPT) config keys for the plan (megatron_gpt_config.yaml names)."""
+    sh = plan.shape
+    warn = []
+    G = cluster.gpus_per_node
+    if G is None:
+        warn.append("nemo: trainer.devices is one count for every node, but the nodes have "
+                    "different GPU counts")
+        G = max(nd.num_gpus for nd in cluster.nodes)
+    # Lightning 2 precision strings; megatron_amp_O2 keeps fp32 main weights in the optimizer
+    # (Megatron-style mixed precision, the memory the estimate assumes)
+    prec = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": 32}[job.precision]
+    m: dict = {
+        "micro_batch_size": sh.micro_batch,
+        "global_batch_size": job.global_batch,
+        "tensor_model_parallel_size": sh.tp,
+        "pipeline_model_parallel_size": sh.pp,
+        "virtual_pipeline_model_parallel_size": sh.chunks if sh.chunks > 1 else None,
+        "sequence_parallel": sh.sequence_parallel,
+        "megatron_amp_O2": job.precision != "fp32",
+        "encoder_seq_length": job.seq_length,
+        "max_position_embeddings": max(model.seq_length, job.seq_length),
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "ffn_hidden_size": model.ffn_hidden_size,
+        "num_attention_heads": model.num_heads,
+        "num_query_groups": model.num_kv_heads if model.num_kv_heads != model.num_heads
+        else None,
+        "share_embeddings_and_output_weights": model.tied_embeddings,
+    }
+    if model.gated_mlp:
+        m["activation"] = "fast-swiglu"  # NeMo llama configs
+    # activations_checkpoint_* keys: granularity 'selective' | 'full', method 'uniform'
+    if sh.recompute == "full":
+        m.update(activations_checkpoint_granularity="full",
+                 activations_checkpoint_method="uniform", activations_checkpoint_num_layers=1)
+    elif sh.recompute == "selective":
+        m.update(activations_checkpoint_granularity="selective",
+                 activations_checkpoint_method=None, activations_checkpoint_num_layers=None)
+    else:
+        m.update(activations_checkpoint_granularity=None, activations_checkpoint_method=None,
+                 activations_checkpoint_num_layers=None)
+    # NeMo's distributed optimizer is the optim name distributed_fused_adam
+    m["optim"] = {"name": "distributed_fused_adam" if sh.distributed_optimizer
+                  else "fused_adam"}
+    if len(set(sh.layers)) != 1:
+        warn.append(f"nemo: the uneven layer split {list(sh.layers)} has no NeMo 1.x YAML key; "
+                    "NeMo splits layers evenly")
+    if sh.schedule == "gpipe":
+        warn.append("nemo: NeMo (Megatron-Core) has no GPipe schedule; it runs 1F1B")
+    cfg = {"trainer": {"num_nodes": cluster.num_nodes, "devices": G, "accelerator": "gpu",
+                       "precision": prec},
+           "model": m}
+    return cfg, warn
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))  # basic TOML strings use the same escapes as JSON
+
+
+def to_toml(d: dict, comments: list[str] = ()) -> str:
+    out = [f"# {c}" for c in comments]
+    for sec, kv in d.items():
+        out.append(f"\n[{sec}]")
+        out += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
+    return "\n".join(out).lstrip("\n") + "\n"
+
+
+def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                      plan: Plan) -> tuple[dict, list[str]]:
+    """torchtitan TOML sections (names from torchtitan/config/job_config.py)."""
+    sh = plan.shape
+    warn = []
+    local = job.global_batch // sh.dp  # per data-parallel rank
+    training = {"global_batch_size": job.global_batch, "seq_len": job.seq_length}
+    if sh.pp > 1:
+        # PP: local_batch_size is cut into micro-batches of pipeline_parallel_microbatch_size
+        training["local_batch_size"] = local
+    else:
+        # no PP: the rest of the global batch is gradient accumulation over local batches
+        training["local_batch_size"] = sh.micro_batch
+    if job.precision == "bf16":
+        training["mixed_precision_param"] = "bfloat16"
+    elif job.precision == "fp32":
+        training["mixed_precision_param"] = "float32"
+    else:
+        warn.append("torchtitan: fp16 is not a torchtitan mixed_precision_param "
+                    "(bfloat16 or float32)")
+    par: dict = {"tensor_parallel_degree": sh.tp, "pipeline_parallel_degree": sh.pp}
+    # torchtitan applies DDP only to 1-D meshes; with TP or PP it shards data-parallel
+    # replicas with FSDP (ZeRO-3), which also shards weights and gradients
+    if sh.tp * sh.pp == 1 and not sh.distributed_optimizer:
+        par.update(data_parallel_replicate_degree=sh.dp, data_parallel_shard_degree=1)
+    else:
+        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=sh.dp)
+        if sh.dp > 1:
+            warn.append("torchtitan: data parallelism becomes FSDP (shards weights, gradients "
+                        "and optimizer state); the plan's estimate assumes "
+                        + ("Megatron's distributed optimizer (ZeRO-1)" if
+                           sh.distributed_optimizer else "replicated DDP") +
+                        ", so memory is lower and communication differs")
+    if sh.pp > 1:
+        # torch.distributed.pipelining schedule names
+        par["pipeline_parallel_schedule"] = {"gpipe": "GPipe", "1f1b": "1F1B",
+                                             "interleaved": "Interleaved1F1B"}[sh.schedule]
+        par["pipeline_parallel_microbatch_size"] = sh.micro_batch
+        # split points name the first module of every (virtual) stage after the first;
+        # torchtitan's llama models name their blocks layers.<i>
+        cum, pts = 0, []
+        for n in sh.layers[:-1]:
+            cum += n
+            pts.append(f"layers.{cum}")
+        par["pipeline_parallel_split_points"] = pts
+    if sh.tp > 1 and not sh.sequence_parallel:
+        warn.append("torchtitan: its tensor-parallel plan always shards norms along the "
+                    "sequence (sequence parallelism); the plan has it off")
+    ac = {"mode": sh.recompute}  # "none" | "selective" | "full"
+    if sh.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+        warn.append("torchtitan: selective recompute is op-level SAC, not Megatron's "
+                    "attention-core recompute; memory and time differ from the estimate")
+    warn.append(f"torchtitan: the architecture comes from [model] name/flavor; choose the "
+                f"flavor matching {model.name} (layers={model.num_layers}, "
+                f"hidden={model.hidden_size}, heads={model.num_heads}/{model.num_kv_heads}, "
+                f"ffn={model.ffn_hidden_size})")
+    return {"training": training, "parallelism": par, "activation_checkpoint": ac}, warn
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed
+
+
+def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                     plan: Plan) -> tuple[dict, list[str]]:
+    """DeepSpeed JSON config (keys from the DeepSpeed config-json reference)."""
+    sh = plan.shape
+    warn = []
+    # train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * DP
+    cfg: dict = {
+        "train_batch_size": job.global_batch,
+        "train_micro_batch_size_per_gpu": sh.micro_batch,
+        "gradient_accumulation_steps": num_microbatches(job, sh),
+        "bf16": {"enabled": job.precision == "bf16"},
+        "fp16": {"enabled": job.precision == "fp16"},
+        # ZeRO stage 1 shards optimizer state over data-parallel ranks, like Megatron's
+        # distributed optimizer
+        "zero_optimization": {"stage": 1 if sh.distributed_optimizer else 0},
+    }
+    if sh.recompute != "none":
+        cfg["activation_checkpointing"] = {"partition_activations": False,
+                                           "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False}
+        warn.append(f"deepspeed: the config only tunes activation checkpointing; {sh.recompute} "
+                    "recompute must be enabled in the model code "
+                    "(deepspeed.checkpointing.checkpoint) or by Megatron-DeepSpeed flags")
+    if sh.tp > 1 or sh.pp > 1 or sh.sequence_parallel:
+        warn.append(f"deepspeed: TP={sh.tp}, PP={sh.pp}"
+                    + (", sequence parallelism" if sh.sequence_parallel else "")
+                    + " are not DeepSpeed config keys: give them to the model code "
+                    "(PipelineModule(num_stages=PP) and a model-parallel mpu, or "
+                    "Megatron-DeepSpeed's --tensor-model-parallel-size / "
+                    "--pipeline-model-parallel-size)")
+    if sh.pp > 1:
+        warn.append(f"deepspeed: the layer split {list(sh.layers)} cannot be given to "
+                    "PipelineModule, whose partition_method is 'parameters', 'uniform' or "
+                    "'type:...'")
+    if sh.schedule != "1f1b" and sh.pp > 1:
+        warn.append(f"deepspeed: the pipeline engine runs its own 1F1B-style TrainSchedule; "
+                    f"the plan's {sh.schedule} schedule cannot be expressed")
+    return cfg, warn
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+
+
+def emit(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
+         out_dir: Path) -> tuple[list[Path], list[str]]:
+    """Write `framework`'s configuration and the launch files into `out_dir`."""
+    from .ranks import write_launch
+
+    fw = framework.lower()
+    if fw not in FRAMEWORKS:
+        raise SpecError(f"unknown framework '{framework}'; use one of {', '.join(FRAMEWORKS)}",
+                        source="options", field="--emit/--framework")
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(f"cannot create the output folder ({e.strerror})", source=str(out_dir),
+                        field="--out") from None
+    files: list[Path] = []
+    title = f"{model.name} on {cluster.name}, {framework}"
+    if fw == "megatron":
+        args, warn = megatron_args(model, job, plan)
+        p = out_dir / "megatron_args.txt"
+        p.write_text(megatron_args_text(args, plan))
+        files.append(p)
+        cmd, args_file = ["pretrain_gpt.py"], p.name
+    elif fw == "nemo":
+        cfg, warn = nemo_config(model, job, cluster, plan)
+        p = out_dir / "nemo_config.yaml"
+        p.write_text(f"# NeMo Megatron GPT overrides for {plan.shape.describe()}\n"
+                     + to_yaml(cfg))
+        files.append(p)
+        cmd, args_file = ["megatron_gpt_pretraining.py", "--config-path=$HERE",
+                          "--config-name=nemo_config"], None
+    elif fw == "torchtitan":
+        cfg, warn = torchtitan_config(model, job, cluster, plan)
+        p = out_dir / "torchtitan.toml"
+        p.write_text(to_toml(cfg, [f"torchtitan job config for {plan.shape.describe()}",
+                                   f"model {model.name}: set [model] name/flavor to match"]))
+        files.append(p)
+        cmd, args_file = ["-m", "torchtitan.train", "--job.config_file",
+                          "$HERE/torchtitan.toml"], None
+    else:
+        cfg, warn = deepspeed_config(model, job, cluster, plan)
+        p = out_dir / "ds_config.json"
+        p.write_text(json.dumps(cfg, indent=1) + "\n")
+        files.append(p)
+        cmd, args_file = ["train.py", "--deepspeed", "--deepspeed_config",
+                          "$HERE/ds_config.json"], None
+    lf, lw = write_launch(out_dir, cluster, plan, cmd, args_file, title)
+    files += lf
+    warn = warn + lw
+    wp = out_dir / "warnings.txt"
+    if warn:
+        wp.write_text("".join(f"- {w}\n" for w in warn))
+        files.append(wp)
+    elif wp.exists():
+        wp.unlink()
+    return files, warn

@@ -1,0 +1,210 @@
+"""The placement made real: which torchrun `--node_rank` and `CUDA_VISIBLE_DEVICES` order each
+physical node gets so that the framework's process groups land where the plan put them.
+
+Rank order. Megatron-LM builds its groups from global ranks with tensor parallelism fastest,
+then data, then pipeline (megatron/core/parallel_state.py, `initialize_model_parallel`, default
+order "tp-cp-ep-dp-pp"; Narayanan et al. 2021 Sec. 3):
+
+    rank = stage * (tp * dp) + replica * tp + tensor_rank
+
+The same order holds for NeMo (it calls Megatron-Core's parallel_state), torchtitan (its device
+mesh is ["pp", "dp_replicate", "dp_shard", "cp", "tp"], row-major, tp fastest:
+torchtitan/distributed/parallel_dims.py) and DeepSpeed pipelines (PipeModelDataParallelTopology
+axes ["pipe", "data", "model"], model fastest: deepspeed/runtime/pipe/topology.py).
+
+Launcher. torchrun gives the node started with `--node_rank=k` and `--nproc_per_node=G` the
+global ranks k*G .. k*G+G-1, and local_rank = rank - k*G (torch.distributed.run docs: "RANK =
+group_rank * local_world_size + local_rank" for a homogeneous job). Megatron-LM binds each process
+to CUDA device `local_rank` (megatron/training/initialize.py `_initialize_distributed`:
+`torch.cuda.set_device(args.local_rank)`), which CUDA_VISIBLE_DEVICES renumbers: local device l
+is physical GPU CUDA_VISIBLE_DEVICES[l].
+
+So a placement is expressible iff every block of G consecutive ranks lies on one node, and every
+node has G GPUs; then node n gets node_rank = its block and CUDA_VISIBLE_DEVICES[l] = the
+physical GPU the plan gives rank k*G + l.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from model.cluster import ClusterSpec
+from model.plan import Plan
+
+
+def megatron_rank(tp: int, dp: int, stage: int, replica: int, tensor_rank: int) -> int:
+    """Global rank of (stage, replica, tensor rank): tensor fastest, then data, then pipeline
+    (Megatron-LM parallel_state rank order, see module docstring)."""
+    return stage * (tp * dp) + replica * tp + tensor_rank
+
+
+@dataclass(frozen=True)
+class RankMapping:
+    """`node_rank[n]` and `visible_devices[n]` (local_rank -> physical GPU id) per cluster
+    node index n; `order` lists node indices by node_rank."""
+
+    nproc_per_node: int
+    world_size: int
+    node_rank: tuple[int, ...]
+    visible_devices: tuple[tuple[int, ...], ...]
+
+    @property
+    def order(self) -> list[int]:
+        return sorted(range(len(self.node_rank)), key=lambda n: self.node_rank[n])
+
+    def where(self, rank: int, nodes_by_rank: list[int] | None = None) -> tuple[int, int]:
+        """(node index, physical GPU) that global `rank` runs on under this mapping."""
+        G = self.nproc_per_node
+        n = (nodes_by_rank or self.order)[rank // G]
+        return n, self.visible_devices[n][rank % G]
+
+
+def rank_locations(plan: Plan) -> dict[int, tuple[int, int, int, int, int]]:
+    """global rank -> (node index, physical GPU, stage, replica, tensor rank) the plan wants."""
+    sh, pl = plan.shape, plan.placement
+    out = {}
+    for s in range(sh.pp):
+        for r in range(sh.dp):
+            for i in range(sh.tp):
+                out[megatron_rank(sh.tp, sh.dp, s, r, i)] = (pl.node[s][r], pl.gpus[s][r][i],
+                                                            s, r, i)
+    return out
+
+
+def rank_mapping(cluster: ClusterSpec, plan: Plan) -> tuple[RankMapping | None, str | None]:
+    """The torchrun node ranks and device orders realizing `plan`, or (None, reason)."""
+    G = cluster.gpus_per_node
+    if G is None:
+        counts = ", ".join(f"{nd.name}={nd.num_gpus}" for nd in cluster.nodes)
+        return None, (f"nodes have different GPU counts ({counts}); torchrun gives every node "
+                      "the same --nproc_per_node, so contiguous rank blocks cannot match them")
+    sh = plan.shape
+    world = sh.tp * sh.pp * sh.dp
+    if world != cluster.num_gpus:
+        return None, (f"the plan uses {world} GPUs but the cluster has {cluster.num_gpus}; "
+                      "every GPU must run one rank")
+    loc = rank_locations(plan)
+    node_rank = [-1] * cluster.num_nodes
+    devices: list[tuple[int, ...]] = [()] * cluster.num_nodes
+    for k in range(world // G):
+        block = [loc[q] for q in range(k * G, (k + 1) * G)]
+        nodes = sorted({b[0] for b in block})
+        if len(nodes) != 1:
+            where = "; ".join(
+                f"{cluster.nodes[n].name} gets "
+                + ", ".join(sorted({f"s{b[2]}/r{b[3]}" for b in block if b[0] == n}))
+                for n in nodes)
+            return None, (f"torchrun node_rank {k} runs ranks {k * G}..{k * G + G - 1} on one "
+                          f"node, but the plan puts them on {len(nodes)} nodes ({where}); a "
+                          "node's GPUs would need ranks from non-contiguous blocks")
+        n = nodes[0]
+        if node_rank[n] >= 0:  # cannot happen when all GPUs are used once; kept as a guard
+            return None, (f"{cluster.nodes[n].name} would need two rank blocks "
+                          f"({node_rank[n]} and {k})")
+        node_rank[n] = k
+        devices[n] = tuple(b[1] for b in block)
+    missing = [cluster.nodes[n].name for n in range(cluster.num_nodes) if node_rank[n] < 0]
+    if missing:
+        return None, f"nodes {', '.join(missing)} get no ranks"
+    return RankMapping(G, world, tuple(node_rank), tuple(devices)), None
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+
+def hostfile_text(cluster: ClusterSpec, mapping: RankMapping) -> str:
+    """One `hostname slots=G` line per node, in node_rank order (the DeepSpeed / OpenMPI
+    hostfile format: deepspeed/launcher/runner.py `fetch_hostfile`)."""
+    lines = ["# hosts in node_rank order; slots = processes per node"]
+    lines += [f"{cluster.nodes[n].name} slots={mapping.nproc_per_node}" for n in mapping.order]
+    return "\n".join(lines) + "\n"
+
+
+def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
+                  train_cmd: list[str], args_file: str | None = None,
+                  title: str = "") -> str:
+    """A bash script to run on every node: it picks its own torchrun line by host name
+    ($NODE_NAME or `hostname -s`), with the node_rank and CUDA_VISIBLE_DEVICES order the
+    plan needs. Flags are torchrun's (torch.distributed.run): --nnodes, --nproc_per_node,
+    --node_rank, --master_addr, --master_port."""
+    first = cluster.nodes[mapping.order[0]].name
+    N = cluster.num_nodes
+    G = mapping.nproc_per_node
+    sh, pl = plan.shape, plan.placement
+    cmd = " ".join(train_cmd)  # simple tokens; "$HERE" expands when the script runs
+    out = ["#!/usr/bin/env bash",
+           "# Generated by pipette-configurator" + (f": {title}" if title else ""),
+           f"# Plan: {sh.describe()}  layers={list(sh.layers)}",
+           "# Run this same script on every node. Each node gets the torchrun --node_rank and",
+           "# the CUDA_VISIBLE_DEVICES order that put Megatron's rank order",
+           "# (rank = stage*TP*DP + replica*TP + tensor_rank) where the plan placed it.",
+           "set -euo pipefail",
+           'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+           f'MASTER_ADDR="${{MASTER_ADDR:-{first}}}"  # the node with node_rank 0',
+           'MASTER_PORT="${MASTER_PORT:-29500}"',
+           'NODE="${NODE_NAME:-$(hostname -s)}"']
+    if args_file:
+        out.append(f'TRAIN_ARGS=$(grep -v "^#" "$HERE/{args_file}" | tr "\\n" " ")')
+    else:
+        out.append('TRAIN_ARGS=""')
+    out += [f'TRAIN_CMD="${{TRAIN_CMD:-{cmd}}}"',
+            f"TORCHRUN=\"torchrun --nnodes={N} --nproc_per_node={G} "
+            "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT\"",
+            'case "$NODE" in']
+    for n in mapping.order:
+        nd = cluster.nodes[n]
+        hosts = sorted({f"s{s}/r{r}" for s in range(sh.pp) for r in range(sh.dp)
+                        if pl.node[s][r] == n})
+        k = mapping.node_rank[n]
+        out.append(f"  # {nd.name}: ranks {k * G}..{k * G + G - 1} = {' '.join(hosts)}")
+        dev = ",".join(map(str, mapping.visible_devices[n]))
+        out.append(f"  {shlex.quote(nd.name)}) CUDA_VISIBLE_DEVICES={dev} exec $TORCHRUN "
+                   f"--node_rank={k} $TRAIN_CMD $TRAIN_ARGS \"$@\" ;;")
+    out += ['  *) echo "launch.sh: host $NODE is not in this plan (set NODE_NAME)" >&2; exit 1 ;;',
+            "esac", ""]
+    return "\n".join(out)
+
+
+def mapping_table(cluster: ClusterSpec, plan: Plan, mapping: RankMapping) -> list[dict]:
+    """Per node: node_rank, CUDA_VISIBLE_DEVICES, and (rank, stage, replica, tensor) per slot."""
+    loc = rank_locations(plan)
+    G = mapping.nproc_per_node
+    rows = []
+    for n in mapping.order:
+        k = mapping.node_rank[n]
+        rows.append({"node": cluster.nodes[n].name, "node_rank": k,
+                     "cuda_visible_devices": list(mapping.visible_devices[n]),
+                     "ranks": [{"rank": q, "local_rank": q - k * G, "gpu": loc[q][1],
+                                "stage": loc[q][2], "replica": loc[q][3], "tensor": loc[q][4]}
+                               for q in range(k * G, (k + 1) * G)]})
+    return rows
+
+
+def write_launch(out_dir: Path, cluster: ClusterSpec, plan: Plan, train_cmd: list[str],
+                 args_file: str | None = None,
+                 title: str = "") -> tuple[list[Path], list[str]]:
+    """launch.sh, hostfile and ranks.json in `out_dir`; or a warning saying why not."""
+    import json
+
+    mapping, reason = rank_mapping(cluster, plan)
+    if mapping is None:
+        return [], [f"placement cannot be expressed with torchrun node ranks: {reason}; "
+                    "launch.sh and hostfile were not written"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    p = out_dir / "launch.sh"
+    p.write_text(launch_script(cluster, plan, mapping, train_cmd, args_file, title))
+    p.chmod(0o755)
+    files.append(p)
+    p = out_dir / "hostfile"
+    p.write_text(hostfile_text(cluster, mapping))
+    files.append(p)
+    p = out_dir / "ranks.json"
+    p.write_text(json.dumps({"rank_order": "rank = stage*tp*dp + replica*tp + tensor_rank",
+                             "nproc_per_node": mapping.nproc_per_node,
+                             "nodes": mapping_table(cluster, plan, mapping)}, indent=1) + "\n")
+    files.append(p)
+    return files, []

@@ -1,0 +1,762 @@
+"""Import measured inter-node bandwidth (nccl-tests, mpiGraph, CSV/JSON) into a cluster spec.
+
+Every reader returns a `Measured` matrix: node names and GB/s of one GPU-to-GPU stream from the
+row node to the column node, NaN where a pair was not measured (kept apart from a measured NaN,
+which is an error). `check_and_fill` then rejects zeros, NaN, negatives, unknown or duplicated
+names, non-square input and missing pairs (unless an explicit fill rule is given) and warns on
+strong asymmetry; `build_cluster` turns the result into a `ClusterSpec` through
+`model.cluster.cluster_from_dict`, so an imported cluster passes the same checks as a file.
+
+Units: GB/s = 1e9 bytes/s throughout (the cluster convention, model/cluster.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import SpecError
+
+ASYMMETRY_WARN_RATIO = 1.5  # max(m_ij, m_ji) / min(...) above this is reported
+FILL_RULES = ("symmetric", "min-row")
+NCCL_TESTS = ("sendrecv", "all_reduce")
+NCCL_SUFFIXES = (".txt", ".log", ".out")
+# mpiGraph prints MB/s with MB = 2^20 bytes: MBsec = size * 1e6 / (1024 * 1024) per usec
+# (LLNL/mpiGraph, mpiGraph.c, the send/recv table printing code).
+MIB = 1024 * 1024
+UNIT_TO_GB_PER_S = {
+    "gb_per_s": 1.0,               # 1e9 bytes/s
+    "mb_per_s": 1e6 / 1e9,         # 1e6 bytes/s
+    "mib_per_s": MIB / 1e9,        # 2^20 bytes/s
+    "gbit_per_s": 1e9 / 8 / 1e9,   # 1e9 bits/s = 1.25e8 bytes/s
+}
+
+
+@dataclass
+class Measured:
+    names: list[str]
+    gb_per_s: np.ndarray                 # n x n, NaN where not measured; diagonal ignored
+    source: str
+    measured_nan: np.ndarray | None = None  # True where the input itself said NaN
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV / JSON
+
+
+def _number(cell: str, src: str, where: str) -> tuple[float, bool]:
+    """(value, measured_nan); an empty cell is a missing pair (NaN, False)."""
+    s = cell.strip()
+    if s == "":
+        return math.nan, False
+    try:
+        v = float(s)
+    except ValueError:
+        raise SpecError(f"'{s}' is not a number; give GB/s or leave the cell empty for a "
+                        "pair that was not measured", source=src, field=where) from None
+    return v, math.isnan(v)
+
+
+def read_csv(path: str | Path, units: str = "gb_per_s") -> Measured:
+    """Square matrix with a header row of node names; each row starts with its node's name.
+
+    The first header cell is a free label (e.g. `from\\to`). Rows may come in any order; they
+    are matched to columns by name. An empty cell is a pair that was not measured.
+    """
+    src = str(path)
+    text = _read_text(path)
+    rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
+    if len(rows) < 2:
+        raise SpecError("needs a header row of node names and one row per node", source=src)
+    header = [c.strip() for c in rows[0][1:]]
+    while header and header[-1] == "":
+        header.pop()
+    _check_names(header, src, "header")
+    n = len(header)
+    data = rows[1:]
+    if len(data) != n:
+        raise SpecError(f"matrix is not square: {len(data)} data rows but {n} node columns "
+                        f"in the header; give one row per node", source=src, field="rows")
+    m = np.full((n, n), math.nan)
+    nan = np.zeros((n, n), dtype=bool)
+    seen: dict[str, int] = {}
+    for r, row in enumerate(data, start=2):
+        label = row[0].strip() if row else ""
+        cells = row[1:]
+        while len(cells) > n and cells[-1].strip() == "":
+            cells = cells[:-1]
+        if label not in header:
+            raise SpecError(f"unknown node '{label}' (not in the header: "
+                            f"{', '.join(header)})", source=src, field=f"row {r}")
+        if label in seen:
+            raise SpecError(f"duplicated node name '{label}' (also row {seen[label]})",
+                            source=src, field=f"row {r}")
+        seen[label] = r
+        if len(cells) != n:
+            raise SpecError(f"has {len(cells)} values but there are {n} node columns; the "
+                            "matrix must be square", source=src, field=f"row {r} ({label})")
+        i = header.index(label)
+        for j, cell in enumerate(cells):
+            v, isnan = _number(cell, src, f"row {r} ({label}), column {header[j]}")
+            m[i, j], nan[i, j] = v, isnan
+    scale = _unit(units, src)
+    return Measured(header, m * scale, src, nan, notes=[f"CSV matrix in {units}"])
+
+
+def read_json(path: str | Path, units: str | None = None) -> Measured:
+    """{"nodes": [...], "gb_per_s": [[...]]} (or "mb_per_s" / "mib_per_s" / "gbit_per_s");
+    null is a pair that was not measured. The probe (probe/p2p_bandwidth.py) writes this."""
+    src = str(path)
+    try:
+        raw = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise SpecError(f"not valid JSON ({e})", source=src) from None
+    if not isinstance(raw, dict) or "nodes" not in raw:
+        raise SpecError('missing; give {"nodes": [names], "gb_per_s": [[...]]}', source=src,
+                        field="nodes")
+    names = raw["nodes"]
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        raise SpecError("must be a list of node names (strings)", source=src, field="nodes")
+    _check_names(names, src, "nodes")
+    keys = [k for k in UNIT_TO_GB_PER_S if k in raw]
+    if len(keys) != 1:
+        raise SpecError(f"give exactly one matrix key of {', '.join(UNIT_TO_GB_PER_S)}; "
+                        f"found {keys or 'none'}", source=src, field="gb_per_s")
+    key = keys[0]
+    if units is not None and units != key:
+        raise SpecError(f"the file says {key} but --units {units} was given; drop --units",
+                        source=src, field=key)
+    rows = raw[key]
+    n = len(names)
+    if not isinstance(rows, list) or len(rows) != n:
+        raise SpecError(f"matrix is not square: {len(rows) if isinstance(rows, list) else '?'}"
+                        f" rows for {n} nodes; give one row per node", source=src, field=key)
+    m = np.full((n, n), math.nan)
+    nan = np.zeros((n, n), dtype=bool)
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != n:
+            raise SpecError(f"row {i} ({names[i]}) has "
+                            f"{len(row) if isinstance(row, list) else '?'} values for {n} "
+                            "nodes; the matrix must be square", source=src, field=key)
+        for j, v in enumerate(row):
+            if v is None:
+                continue
+            if isinstance(v, str) and v.lower() == "nan":
+                v = math.nan
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise SpecError(f"{v!r} is not a number (use null for a pair not measured)",
+                                source=src, field=f"{key}[{i}][{j}] ({names[i]} -> {names[j]})")
+            m[i, j] = float(v)
+            nan[i, j] = math.isnan(float(v))
+    return Measured(list(names), m * UNIT_TO_GB_PER_S[key], src, nan,
+                    notes=[f"JSON matrix in {key}"])
+
+
+def _unit(units: str, src: str) -> float:
+    if units not in UNIT_TO_GB_PER_S:
+        raise SpecError(f"unknown unit '{units}'; use one of {', '.join(UNIT_TO_GB_PER_S)}",
+                        source=src, field="--units")
+    return UNIT_TO_GB_PER_S[units]
+
+
+# ---------------------------------------------------------------------------------------------
+# mpiGraph
+
+
+_MPIGRAPH_LABEL = re.compile(r"^(?P<host>.+):(?P<rank>\d+)(?:\s+(?:to|from))?$")
+
+
+def read_mpigraph(path: str | Path, table: str = "recv") -> Measured:
+    """mpiGraph output: its `Send` and `Recv` tables, MB/s (MB = 2^20 bytes), one row and
+    column per rank labelled `host:rank`.
+
+    In `Send`, row j (`host:j to`) column k is what rank j sent to rank k; in `Recv`, row j
+    (`host:j from`) column k is what rank j received from rank k, so it is transposed here to
+    put the sender on the row (LLNL/mpiGraph, mpiGraph.c). `table`: `recv` (default: the
+    receiver's clock, data that arrived), `send`, or `min` of the two. Several ranks on one
+    host: the node-pair entry is the mean over all rank pairs joining the two hosts; pairs
+    within a host (intra-node) are not used.
+    """
+    src = str(path)
+    if table not in ("recv", "send", "min"):
+        raise SpecError(f"unknown mpiGraph table '{table}'; use recv, send or min", source=src,
+                        field="--mpigraph-table")
+    lines = _read_text(path).splitlines()
+    tables = {}
+    for kind in ("Send", "Recv"):
+        tables[kind] = _mpigraph_table(lines, kind, src)
+    hosts_s, ms = tables["Send"]
+    hosts_r, mr = tables["Recv"]
+    if hosts_s != hosts_r:
+        raise SpecError("the Send and Recv tables list different ranks", source=src,
+                        field="Recv")
+    mr = mr.T  # Recv[j][k] is the stream k -> j
+    m_mib = {"send": ms, "recv": mr, "min": np.minimum(ms, mr)}[table]
+    # per-host aggregation: mean over rank pairs (a, b) with host(a) = A, host(b) = B, A != B
+    names = list(dict.fromkeys(hosts_s))
+    idx = {h: i for i, h in enumerate(names)}
+    n = len(names)
+    tot = np.zeros((n, n))
+    cnt = np.zeros((n, n))
+    for a, ha in enumerate(hosts_s):
+        for b, hb in enumerate(hosts_s):
+            if ha != hb:
+                tot[idx[ha], idx[hb]] += m_mib[a, b]
+                cnt[idx[ha], idx[hb]] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(cnt > 0, tot / np.maximum(cnt, 1), math.nan)
+    nan = np.isnan(tot) & (cnt > 0)
+    ranks_per_host = max(hosts_s.count(h) for h in names)
+    notes = [f"mpiGraph {table} table, MiB/s -> GB/s (x 2^20 / 1e9)"]
+    if ranks_per_host > 1:
+        notes.append(f"up to {ranks_per_host} ranks per host: node pair = mean over rank pairs")
+    # MiB/s -> GB/s: x 2^20 bytes / 1e9 bytes (mpiGraph.c MBsec uses 1024*1024)
+    return Measured(names, mean * MIB / 1e9, src, nan, notes=notes)
+
+
+def _mpigraph_table(lines: list[str], kind: str, src: str) -> tuple[list[str], np.ndarray]:
+    start = next((i for i, ln in enumerate(lines) if ln.split("\t")[0].strip() == kind), None)
+    if start is None:
+        raise SpecError(f"no '{kind}' table found; is this mpiGraph output (START mpiGraph)?",
+                        source=src, field=kind)
+    cols = [c.strip() for c in lines[start].split("\t")[1:] if c.strip()]
+    hosts = []
+    for c in cols:
+        mt = _MPIGRAPH_LABEL.match(c)
+        if not mt:
+            raise SpecError(f"column label '{c}' is not host:rank", source=src,
+                            field=f"{kind} header (line {start + 1})")
+        if int(mt["rank"]) != len(hosts):
+            raise SpecError(f"column label '{c}': ranks must run 0, 1, 2, ...", source=src,
+                            field=f"{kind} header (line {start + 1})")
+        hosts.append(mt["host"])
+    n = len(hosts)
+    m = np.full((n, n), math.nan)
+    for r in range(n):
+        ln_no = start + 1 + r
+        if ln_no >= len(lines) or not lines[ln_no].strip():
+            raise SpecError(f"table has {r} rows but {n} columns; the matrix must be square "
+                            "(output cut short?)", source=src, field=f"{kind} table")
+        cells = [c.strip() for c in lines[ln_no].split("\t")]
+        while cells and cells[-1] == "":
+            cells.pop()
+        mt = _MPIGRAPH_LABEL.match(cells[0])
+        if not mt:
+            raise SpecError(f"table has {r} rows but {n} columns; the matrix must be square "
+                            "(output cut short?)", source=src, field=f"{kind} table (line "
+                            f"{ln_no + 1})")
+        if int(mt["rank"]) != r or mt["host"] != hosts[r]:
+            raise SpecError(f"row label '{cells[0]}' should be '{hosts[r]}:{r}'", source=src,
+                            field=f"{kind} table (line {ln_no + 1})")
+        vals = cells[1:]
+        if len(vals) != n:
+            raise SpecError(f"row has {len(vals)} values for {n} ranks; the matrix must be "
+                            "square", source=src, field=f"{kind} table (line {ln_no + 1})")
+        for k, v in enumerate(vals):
+            m[r, k], _ = _number(v, src, f"{kind} table (line {ln_no + 1}), column {k}")
+    return hosts, m
+
+
+# ---------------------------------------------------------------------------------------------
+# nccl-tests
+
+
+_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
+
+
+@dataclass
+class NcclRun:
+    source: str
+    hosts: list[str]        # host of each rank, from the "# Rank N ... on HOST" lines
+    size_bytes: int         # the largest message size in the table
+    algbw_gb_per_s: float   # mean of out-of-place and in-place at that size
+    busbw_gb_per_s: float
+    rows: int
+
+
+def parse_nccl(text: str, src: str) -> NcclRun:
+    """The standard nccl-tests table (`size count type redop root time algbw busbw #wrong`,
+    out-of-place then in-place; older versions without `root`, with `error`). Columns are
+    found by header name. Returns the row with the largest size."""
+    hosts: dict[int, str] = {}
+    header = None
+    best = None
+    nrows = 0
+    for ln_no, ln in enumerate(text.splitlines(), start=1):
+        s = ln.strip()
+        mt = _RANK_LINE.match(s)
+        if mt:
+            hosts[int(mt[1])] = mt[2]
+            continue
+        if s.startswith("#"):
+            toks = s.lstrip("#").split()
+            if "size" in toks and "algbw" in toks and "busbw" in toks:
+                header = toks
+            continue
+        if not s or header is None:
+            continue
+        toks = s.split()
+        if not toks[0].isdigit():
+            continue
+        if len(toks) != len(header):
+            raise SpecError(f"row has {len(toks)} fields but the header has {len(header)} "
+                            f"({' '.join(header)})", source=src, field=f"line {ln_no}")
+        alg = [i for i, h in enumerate(header) if h == "algbw"]
+        bus = [i for i, h in enumerate(header) if h == "busbw"]
+        try:
+            size = int(toks[header.index("size")])
+            algs = [float(toks[i]) for i in alg]
+            buses = [float(toks[i]) for i in bus]
+        except ValueError:
+            raise SpecError("size, algbw and busbw must be numbers", source=src,
+                            field=f"line {ln_no}") from None
+        nrows += 1
+        if best is None or size > best[0]:
+            best = (size, float(np.mean(algs)), float(np.mean(buses)))
+    if header is None:
+        raise SpecError("no nccl-tests table header (# size count type ... algbw busbw) found",
+                        source=src)
+    if best is None:
+        raise SpecError("the nccl-tests table has no data rows (did the run fail?)", source=src)
+    ranks = [hosts[r] for r in sorted(hosts)]
+    return NcclRun(src, ranks, best[0], best[1], best[2], nrows)
+
+
+def nccl_stream_gb_per_s(run: NcclRun, test: str) -> tuple[float, str]:
+    """GB/s of one GPU-to-GPU stream from a pair run, and a note saying what was taken.
+
+    sendrecv_perf: busbw == algbw = bytes / time of each rank's send (nccl-tests
+    doc/PERFORMANCE.md, "SendRecv": bus bandwidth factor 1); we take busbw.
+    all_reduce_perf: busbw = algbw x 2(n-1)/n (PERFORMANCE.md, "AllReduce"), the rate every
+    link of the ring carries, i.e. one stream per hop; we take busbw. We check that the printed
+    busbw matches this factor (within 3%), which also catches a file from the other test.
+    """
+    n = len(run.hosts)
+    if test == "sendrecv":
+        factor = 1.0
+    elif test == "all_reduce":
+        if n == 0:
+            raise SpecError("all_reduce_perf output without '# Rank N ... on HOST' lines: the "
+                            "rank count, needed for busbw = algbw x 2(n-1)/n, is unknown; keep "
+                            "the full output", source=run.source)
+        if len(set(run.hosts)) != n:
+            raise SpecError(f"all_reduce_perf with {n} ranks on {len(set(run.hosts))} hosts "
+                            "measures a node's aggregate, not one stream; run one rank per "
+                            "node (-g 1, one process per host) or use sendrecv_perf",
+                            source=run.source)
+        factor = 2 * (n - 1) / n  # nccl-tests PERFORMANCE.md, AllReduce bus bandwidth
+    else:
+        raise SpecError(f"unknown nccl test '{test}'; use {' or '.join(NCCL_TESTS)}",
+                        source=run.source, field="--nccl-test")
+    if run.algbw_gb_per_s > 0:
+        ratio = run.busbw_gb_per_s / run.algbw_gb_per_s
+        if abs(ratio - factor) > 0.03 * factor:
+            raise SpecError(f"busbw/algbw = {ratio:.3f} but {test} over {n or '?'} ranks "
+                            f"gives {factor:.3f}; is this file from another nccl test?",
+                            source=run.source, field="busbw")
+    note = (f"{test}: busbw at {run.size_bytes} B"
+            + (f" (= algbw x 2(n-1)/n, n={n})" if test == "all_reduce" else " (= algbw)"))
+    return run.busbw_gb_per_s, note
+
+
+_PAIR_NAME = re.compile(r"^(?P<test>sendrecv|all_reduce)(?:_perf)?_(?P<a>[^_]+)_(?P<b>[^_]+)$")
+
+
+def read_nccl_pairs(paths: list[Path], test: str | None = None) -> Measured:
+    """One nccl-tests run per node pair. Node names come from the '# Rank N ... on HOST' lines
+    (rank 0 = sender side, the pair's first node) or, where a file has none, from its name
+    `<test>_<nodeA>_<nodeB>.txt` (`sendrecv_node01_node02.txt`, `all_reduce_node01_node02.log`;
+    host names contain no `_`). The test comes from the file name prefix or `test`.
+
+    A sendrecv or all_reduce run between two nodes moves data both ways at once and reports the
+    slower, so a file for (A, B) gives both A->B and B->A, unless a file for (B, A) also
+    exists: then each file gives its own direction (row A, column B from the A_B file).
+    """
+    entries: dict[tuple[str, str], tuple[float, str]] = {}
+    notes: list[str] = []
+    warnings: list[str] = []
+    for p in paths:
+        src = str(p)
+        mt = _PAIR_NAME.match(p.stem)
+        t = test or (mt["test"] if mt else None)
+        if t is None:
+            raise SpecError("cannot tell the nccl test from the file name; name it "
+                            "sendrecv_<nodeA>_<nodeB>.txt / all_reduce_<nodeA>_<nodeB>.txt or "
+                            "pass --nccl-test", source=src)
+        if mt and test and mt["test"] != test:
+            raise SpecError(f"file name says {mt['test']} but --nccl-test {test} was given",
+                            source=src)
+        run = parse_nccl(_read_text(p), src)
+        hosts = list(dict.fromkeys(run.hosts))
+        if hosts:
+            if len(hosts) != 2:
+                what = ("both ranks on one host: that is an intra-node link" if len(hosts) == 1
+                        else f"{len(hosts)} hosts ({', '.join(hosts)})")
+                raise SpecError(f"a pair file must span exactly two nodes; found {what}",
+                                source=src, field="# Rank lines")
+            a, b = hosts
+            if mt and {mt["a"], mt["b"]} != {a, b}:
+                warnings.append(f"{src}: file name says {mt['a']}/{mt['b']} but the run was on "
+                                f"{a}/{b}; using the host names from the output")
+        elif mt:
+            a, b = mt["a"], mt["b"]
+        else:
+            raise SpecError("no '# Rank N ... on HOST' lines and the file name is not "
+                            "<test>_<nodeA>_<nodeB>.txt; cannot tell which nodes it measured",
+                            source=src)
+        if a == b:
+            raise SpecError(f"both ends are node {a}", source=src)
+        bw, note = nccl_stream_gb_per_s(run, t)
+        if run.size_bytes < 1 << 26:
+            warnings.append(f"{src}: largest message is {run.size_bytes} B (< 64 MiB); "
+                            "bandwidth may be latency-bound, rerun with -e 1G or more")
+        if (a, b) in entries:
+            raise SpecError(f"pair {a} -> {b} measured twice (also {entries[(a, b)][1]}); "
+                            "keep one file per pair", source=src)
+        entries[(a, b)] = (bw, src)
+        notes.append(note)
+    if not entries:
+        raise SpecError("no nccl-tests files given")
+    names = _natural_sorted({x for pair in entries for x in pair})
+    idx = {h: i for i, h in enumerate(names)}
+    n = len(names)
+    m = np.full((n, n), math.nan)
+    for (a, b), (bw, _) in entries.items():
+        m[idx[a], idx[b]] = bw
+        if (b, a) not in entries:
+            m[idx[b], idx[a]] = bw
+    src = str(paths[0].parent) if len(paths) > 1 else str(paths[0])
+    return Measured(names, m, src, np.zeros((n, n), bool), notes=sorted(set(notes)),
+                    warnings=warnings)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch
+
+
+def load_measurements(sources: list[str | Path], fmt: str = "auto", *, units: str | None = None,
+                      mpigraph_table: str = "recv", nccl_test: str | None = None) -> Measured:
+    """Read one CSV / JSON / mpiGraph file, or nccl-tests pair files and directories of them.
+
+    `fmt` auto: a directory or several files -> nccl; .csv -> csv; .json -> json; otherwise the
+    text decides ('START mpiGraph' -> mpigraph, an algbw/busbw header -> nccl)."""
+    paths = [Path(s) for s in sources]
+    if not paths:
+        raise SpecError("give at least one file or directory", field="SOURCES")
+    for p in paths:
+        if not p.exists():
+            raise SpecError("file not found", source=str(p))
+    if fmt == "auto":
+        fmt = _detect(paths)
+    if fmt == "nccl":
+        files: list[Path] = []
+        skipped: list[str] = []
+        for p in paths:
+            if p.is_dir():
+                for q in sorted(p.iterdir()):
+                    if q.is_file() and q.suffix in NCCL_SUFFIXES:
+                        files.append(q)
+                    elif q.is_file():
+                        skipped.append(q.name)
+            else:
+                files.append(p)
+        if not files:
+            raise SpecError(f"no nccl-tests files ({'/'.join(NCCL_SUFFIXES)}) found",
+                            source=", ".join(map(str, paths)))
+        meas = read_nccl_pairs(files, nccl_test)
+        if skipped:
+            meas.warnings.append(f"not read (not {'/'.join(NCCL_SUFFIXES)}): "
+                                 + ", ".join(skipped))
+        return meas
+    if len(paths) != 1 or paths[0].is_dir():
+        raise SpecError(f"format {fmt} reads exactly one file", source=", ".join(map(str, paths)))
+    p = paths[0]
+    if fmt == "csv":
+        return read_csv(p, units or "gb_per_s")
+    if fmt == "json":
+        return read_json(p, units)
+    if fmt == "mpigraph":
+        return read_mpigraph(p, mpigraph_table)
+    raise SpecError(f"unknown format '{fmt}'; use auto, nccl, mpigraph, csv or json",
+                    field="--format")
+
+
+def _detect(paths: list[Path]) -> str:
+    if len(paths) > 1 or paths[0].is_dir():
+        return "nccl"
+    p = paths[0]
+    if p.suffix.lower() == ".csv":
+        return "csv"
+    if p.suffix.lower() == ".json":
+        return "json"
+    head = _read_text(p)[:20000]
+    if "START mpiGraph" in head or re.search(r"^Send\t", head, re.M):
+        return "mpigraph"
+    if "algbw" in head and "busbw" in head:
+        return "nccl"
+    raise SpecError("cannot tell the format (not .csv/.json, no mpiGraph or nccl-tests "
+                    "header); pass --format", source=str(p))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks and fills
+
+
+def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
+                   fill: tuple[str, ...] | list[str] = (), strict: bool = False,
+                   asym_ratio: float = ASYMMETRY_WARN_RATIO) -> tuple[list[str], np.ndarray,
+                                                                       list[str]]:
+    """(names, complete GB/s matrix with 0 diagonal, warnings) or a SpecError.
+
+    `nodes`: the expected node names, in the order the cluster should list them; a measured
+    name outside it is an error, a node of it without measurements is a missing pair.
+    `fill`: rules applied in order to missing pairs only; each filled entry is reported.
+      symmetric: m[a][b] = m[b][a] if that direction was measured.
+      min-row:   m[a][b] = the lowest measured stream out of a (conservative).
+    Asymmetry above `asym_ratio` is a warning, an error with `strict`.
+    """
+    src = meas.source
+    names = list(meas.names)
+    m = meas.gb_per_s
+    _check_names(names, src, "nodes")
+    if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] != len(names):
+        raise SpecError(f"matrix is {m.shape} for {len(names)} nodes; it must be square",
+                        source=src)
+    nan = meas.measured_nan if meas.measured_nan is not None else np.zeros(m.shape, bool)
+    if nodes is not None:
+        _check_names(nodes, "--nodes", "--nodes")
+        unknown = [x for x in names if x not in nodes]
+        if unknown:
+            raise SpecError(f"unknown node(s) {', '.join(unknown)}: measured but not in "
+                            "--nodes; add them there or remove their measurements",
+                            source=src, field="nodes")
+        order = [names.index(x) if x in names else -1 for x in nodes]
+        n = len(nodes)
+        m2 = np.full((n, n), math.nan)
+        nan2 = np.zeros((n, n), bool)
+        for i, oi in enumerate(order):
+            for j, oj in enumerate(order):
+                if oi >= 0 and oj >= 0:
+                    m2[i, j], nan2[i, j] = m[oi, oj], nan[oi, oj]
+        names, m, nan = list(nodes), m2, nan2
+    n = len(names)
+    if n < 2:
+        raise SpecError(f"only {n} node(s) measured; a matrix needs at least two", source=src)
+    m = m.astype(float).copy()
+    off = ~np.eye(n, dtype=bool)
+    for mask, what, hint in (
+            (off & nan, "NaN", "the measurement failed; rerun it, or leave the pair out "
+                               "and pass --fill"),
+            (off & ~np.isnan(m) & (m < 0), "negative", "bandwidth cannot be negative"),
+            (off & ~np.isnan(m) & (m == 0), "0", "a link that delivered nothing failed or was "
+                                                 "not measured; rerun it, or leave the pair out "
+                                                 "(empty cell / null) and pass --fill"),
+            (off & np.isinf(m), "infinite", "give a finite GB/s")):
+        if mask.any():
+            i, j = map(int, np.argwhere(mask)[0])
+            more = f" ({int(mask.sum())} such entries)" if mask.sum() > 1 else ""
+            raise SpecError(f"bandwidth {names[i]} -> {names[j]} is {what}{more}; {hint}",
+                            source=src, field=f"{names[i]} -> {names[j]}")
+    measured = off & ~np.isnan(m)
+    warnings: list[str] = []
+    for rule in fill:
+        if rule not in FILL_RULES:
+            raise SpecError(f"unknown fill rule '{rule}'; use {' or '.join(FILL_RULES)}",
+                            field="--fill")
+        missing = off & np.isnan(m)
+        for i, j in map(tuple, np.argwhere(missing)):
+            if rule == "symmetric" and measured[j, i]:
+                v = m[j, i]
+            elif rule == "min-row" and measured[i].any():
+                v = float(m[i][measured[i]].min())
+            else:
+                continue
+            m[i, j] = v
+            warnings.append(f"filled {names[i]} -> {names[j]} = {v:.2f} GB/s ({rule})")
+    missing = off & np.isnan(m)
+    if missing.any():
+        pairs = [f"{names[i]} -> {names[j]}" for i, j in np.argwhere(missing)]
+        shown = ", ".join(pairs[:6]) + (f" and {len(pairs) - 6} more" if len(pairs) > 6 else "")
+        hint = ("measure them, or pass --fill symmetric (use the reverse direction) and/or "
+                "--fill min-row (the node's slowest measured stream)") if not fill else \
+            "no rule given could fill them; measure them or add --fill min-row"
+        raise SpecError(f"{len(pairs)} missing pair(s): {shown}; {hint}", source=src,
+                        field=pairs[0])
+    np.fill_diagonal(m, 0.0)
+    for i in range(n):
+        for j in range(i + 1, n):
+            lo, hi = sorted((m[i, j], m[j, i]))
+            if hi / lo > asym_ratio:
+                msg = (f"asymmetric: {names[i]} -> {names[j]} {m[i, j]:.2f} GB/s but "
+                       f"{names[j]} -> {names[i]} {m[j, i]:.2f} GB/s ({hi / lo:.2f}x > "
+                       f"{asym_ratio}x)")
+                if strict:
+                    raise SpecError(msg + "; remeasure, or drop --strict to accept it",
+                                    source=src, field=f"{names[i]} -> {names[j]}")
+                warnings.append(msg)
+    return names, m, meas.warnings + warnings
+
+
+def build_cluster(names: list[str], gb_per_s: np.ndarray, *, gpu: str, gpus_per_node: int,
+                  intra_gb_per_s: float | None = None, intra_topology: str | None = None,
+                  latency_us: float = 5.0, name: str = "imported", source: str = "import"):
+    """A ClusterSpec through model.cluster.cluster_from_dict (the file format's own checks)."""
+    from .cluster import cluster_from_dict
+
+    if intra_gb_per_s is None and intra_topology is None:
+        raise SpecError("give --intra-gb-per-s (one direction of one GPU's NVLink, as measured)"
+                        " or --intra-topology", field="--intra-gb-per-s")
+    nodes = []
+    for nm in names:
+        nd = {"name": nm, "gpu": gpu, "gpus": gpus_per_node}
+        if intra_gb_per_s is not None:
+            nd["intra_gb_per_s"] = intra_gb_per_s
+        if intra_topology is not None:
+            nd["intra_topology"] = intra_topology
+        nodes.append(nd)
+    raw = {"name": name, "latency_us": latency_us, "nodes": nodes,
+           "inter": {"gb_per_s": [[float(v) for v in row] for row in gb_per_s]}}
+    return cluster_from_dict(raw, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Looking at a cluster
+
+
+OUTLIER_RATIO = 0.75  # a node whose median link is below this x the cluster median
+GROUP_RATIO = 0.85    # links >= this x the fastest link join one switch group
+
+
+def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
+              group_ratio: float = GROUP_RATIO, asym_ratio: float = ASYMMETRY_WARN_RATIO
+              ) -> dict:
+    """Slowest links, outlier nodes, inferred switch groups, asymmetric pairs (JSON-ready).
+
+    Outliers: nodes whose median link (in and out) is < outlier_ratio x the median of all
+    links. Switch groups: connected components of the graph whose edges are node pairs with
+    mean(m_ab, m_ba) >= group_ratio x the largest such mean, computed without the outliers;
+    each outlier is then attached to the group its links are fastest to ("attached").
+    """
+    names = [nd.name for nd in c.nodes]
+    m = np.asarray(c.inter_gb_per_s, dtype=float)
+    n = len(names)
+    off = ~np.eye(n, dtype=bool)
+    out: dict = {"name": c.name, "nodes": n, "gpus": c.num_gpus}
+    if n < 2:
+        out.update(median_gb_per_s=None, slowest_links=[], outliers=[],
+                   groups=[names], attached={}, asymmetric=[])
+        return out
+    vals = m[off]
+    med = float(np.median(vals))
+    out.update(median_gb_per_s=med, min_gb_per_s=float(vals.min()),
+               max_gb_per_s=float(vals.max()))
+    links = sorted(((float(m[i, j]), names[i], names[j]) for i in range(n) for j in range(n)
+                    if i != j))
+    out["slowest_links"] = [{"from": a, "to": b, "gb_per_s": v} for v, a, b in links[:slowest]]
+    node_med = [float(np.median(np.concatenate([m[i][off[i]], m[:, i][off[:, i]]])))
+                for i in range(n)]
+    out["node_median_gb_per_s"] = dict(zip(names, node_med))
+    outl = [i for i in range(n) if node_med[i] < outlier_ratio * med]
+    out["outliers"] = [{"node": names[i], "median_gb_per_s": node_med[i],
+                        "ratio": node_med[i] / med} for i in outl]
+    sym = (m + m.T) / 2
+    core = [i for i in range(n) if i not in outl] or list(range(n))
+    top = max(sym[i, j] for i in core for j in core if i != j) if len(core) > 1 else 0.0
+    comp = {i: i for i in core}
+
+    def find(x):
+        while comp[x] != x:
+            comp[x] = comp[comp[x]]
+            x = comp[x]
+        return x
+
+    for i in core:
+        for j in core:
+            if i < j and sym[i, j] >= group_ratio * top:
+                comp[find(i)] = find(j)
+    groups: dict[int, list[int]] = {}
+    for i in core:
+        groups.setdefault(find(i), []).append(i)
+    glist = sorted(groups.values())
+    attached = {}
+    for i in outl:
+        if i in core:
+            continue
+        best = max(range(len(glist)), key=lambda g: float(np.mean([sym[i, j] for j in glist[g]])))
+        glist[best].append(i)
+        attached[names[i]] = best
+    out["groups"] = [[names[i] for i in sorted(g)] for g in glist]
+    out["attached"] = attached
+    asym = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            lo, hi = sorted((m[i, j], m[j, i]))
+            if hi / lo > asym_ratio:
+                asym.append({"a": names[i], "b": names[j], "ratio": float(hi / lo)})
+    out["asymmetric"] = asym
+    return out
+
+
+def heatmap_png(c, path: str | Path) -> None:
+    """Write a heatmap of the inter-node matrix (row = sender, column = receiver)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [nd.name for nd in c.nodes]
+    n = len(names)
+    m = np.array(c.inter_gb_per_s, dtype=float)
+    np.fill_diagonal(m, np.nan)
+    size = min(4 + 0.35 * n, 30)
+    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    im = ax.imshow(np.ma.masked_invalid(m), cmap="viridis", interpolation="nearest")
+    fig.colorbar(im, ax=ax, label="GB/s, one GPU-to-GPU stream")
+    if n <= 64:
+        ax.set_xticks(range(n), names, rotation=90, fontsize=max(4, 10 - n // 8))
+        ax.set_yticks(range(n), names, fontsize=max(4, 10 - n // 8))
+    ax.set_xlabel("to node")
+    ax.set_ylabel("from node")
+    ax.set_title(f"{c.name}: inter-node bandwidth")
+    fig.tight_layout()
+    try:
+        fig.savefig(str(path), dpi=100)
+    except OSError as e:
+        raise SpecError(f"cannot write ({e.strerror})", source=str(path), field="--png") from None
+    finally:
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise SpecError("file not found", source=str(path)) from None
+    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as e:
+        raise SpecError(f"cannot read as text ({type(e).__name__})", source=str(path)) from None
+
+
+def _check_names(names: list[str], src: str, fld: str) -> None:
+    empty = [i for i, x in enumerate(names) if not str(x).strip()]
+    if empty:
+        raise SpecError(f"node name #{empty[0]} is empty", source=src, field=fld)
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise SpecError(f"duplicated node name(s) {', '.join(dup)}; names must be unique",
+                        source=src, field=fld)
+
+
+def _natural_sorted(xs) -> list[str]:
+    return sorted(xs, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])

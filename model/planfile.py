@@ -1,0 +1,386 @@
+"""Plan files: one versioned, self-contained JSON document per plan.
+
+A plan file holds the inputs in full (model, job, modelling options and the cluster inline, GPU
+types included, so it reads back without presets), the decisions (shape and placement), what
+the cost model predicted (time and memory breakdown) and the solver's status. The README section
+"Plan files" documents the schema; `load_plan` validates every field and names the file and the
+field in its error.
+
+    {"schema_version": 1, "kind": "pipette-plan", "generator": ...,
+     "model": {...}, "job": {...}, "options": {...}, "cluster": {...},
+     "plan": {"shape": {...}, "placement": [{"stage", "replica", "node", "gpus"}, ...]},
+     "estimate": {...} (model.serialize.estimate_to_dict), "solver": {...} | null}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from .cluster import ClusterSpec, NodeSpec
+from .errors import SpecError
+from .estimator import Estimate
+from .plan import Placement, Plan, Shape, validate_placement, validate_shape
+from .serialize import estimate_to_dict, placement_to_dict, shape_to_dict
+from .specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
+
+SCHEMA_VERSION = 1
+KIND = "pipette-plan"
+GENERATOR = "pipette-configurator 0.1.0"
+
+_MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                 "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "tied_embeddings",
+                 "source")
+_SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wall_s")
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def _clean(x):
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to None."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _clean(x.tolist())
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def model_to_dict(m: ModelSpec) -> dict:
+    return {f: getattr(m, f) for f in _MODEL_FIELDS}
+
+
+def job_to_dict(j: JobSpec) -> dict:
+    return {"global_batch": j.global_batch, "seq_length": j.seq_length,
+            "precision": j.precision, "distributed_optimizer": j.distributed_optimizer}
+
+
+def options_to_dict(o: Options) -> dict:
+    return {"blocking_p2p": o.blocking_p2p, "overlap_grad_reduce": o.overlap_grad_reduce,
+            "overheads": {"context_gib": o.overheads.context_gib,
+                          "fragmentation": o.overheads.fragmentation,
+                          "latency_overhead_ms": o.overheads.latency_overhead_ms}}
+
+
+def gpu_to_dict(g: GPUSpec) -> dict:
+    return {"peak_tflops": dict(g.peak_tflops), "memory_gib": g.memory_gib,
+            "hbm_gb_per_s": g.hbm_gb_per_s, "nvlink_gb_per_s": g.nvlink_gb_per_s,
+            "efficiency": g.efficiency, "source": g.source}
+
+
+def cluster_to_dict(c: ClusterSpec) -> dict:
+    gpus = {}
+    for nd in c.nodes:
+        gpus.setdefault(nd.gpu.name, gpu_to_dict(nd.gpu))
+    nodes = []
+    for nd in c.nodes:
+        row = {"name": nd.name, "gpu": nd.gpu.name, "gpus": nd.num_gpus,
+               "intra_gb_per_s": nd.intra_gb_per_s}
+        if nd.intra_matrix_gb_per_s is not None:
+            row["intra_matrix_gb_per_s"] = nd.intra_matrix_gb_per_s.tolist()
+        nodes.append(row)
+    return {"name": c.name, "latency_us": c.latency_us, "gpu_types": gpus, "nodes": nodes,
+            "inter": {"gb_per_s": c.inter_gb_per_s.tolist()}}
+
+
+def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
+                  estimate: Estimate | None, solver: dict | None = None,
+                  options: Options | None = None) -> dict:
+    options = options or Options()
+    return _clean({
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "generator": GENERATOR,
+        "model": model_to_dict(model),
+        "job": job_to_dict(job),
+        "options": options_to_dict(options),
+        "cluster": cluster_to_dict(cluster),
+        "plan": {"shape": shape_to_dict(plan.shape),
+                 "placement": placement_to_dict(plan.placement, cluster)},
+        "estimate": estimate_to_dict(estimate) if estimate is not None else None,
+        "solver": dict(solver) if solver is not None else None,
+    })
+
+
+def save_plan(path, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
+              estimate: Estimate, solver: dict | None = None,
+              options: Options | None = None) -> None:
+    """Write the plan file (schema_version 1) to `path`, creating parent folders."""
+    path = Path(path)
+    doc = plan_document(model, job, cluster, plan, estimate, solver, options)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+    except OSError as e:
+        raise SpecError(f"cannot write the plan file ({e.strerror}); choose a writable path",
+                        source=str(path)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+class _Reader:
+    """Typed field access that names the file and the dotted field on every problem."""
+
+    def __init__(self, src: str):
+        self.src = src
+
+    def err(self, fld: str, problem: str) -> SpecError:
+        return SpecError(problem, source=self.src, field=fld)
+
+    def obj(self, d, key: str, where: str, optional=False) -> dict | None:
+        fld = f"{where}.{key}" if where else key
+        if key not in d or d[key] is None:
+            if optional:
+                return None
+            raise self.err(fld, "missing; the plan file must have this section")
+        v = d[key]
+        if not isinstance(v, dict):
+            raise self.err(fld, f"must be an object, got {type(v).__name__}")
+        return v
+
+    def get(self, d: dict, key: str, where: str, kind, default=..., nullable=False):
+        fld = f"{where}.{key}" if where else key
+        if key not in d:
+            if default is not ...:
+                return default
+            raise self.err(fld, "missing")
+        v = d[key]
+        if v is None and nullable:
+            return None
+        if kind is int:
+            ok = isinstance(v, int) and not isinstance(v, bool)
+            name = "an integer"
+        elif kind is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            name = "a number"
+        elif kind is bool:
+            ok = isinstance(v, bool)
+            name = "true or false"
+        elif kind is str:
+            ok = isinstance(v, str)
+            name = "a string"
+        elif kind is list:
+            ok = isinstance(v, list)
+            name = "a list"
+        else:  # pragma: no cover - internal
+            raise TypeError(kind)
+        if not ok:
+            raise self.err(fld, f"must be {name}{' or null' if nullable else ''}, got {v!r}")
+        return float(v) if kind is float else v
+
+    def wrap(self, e: SpecError, prefix: str) -> SpecError:
+        fld = f"{prefix}.{e.field}" if e.field else prefix
+        return SpecError(e.problem, source=self.src, field=fld)
+
+
+def _matrix(rd: _Reader, rows, n: int, fld: str) -> np.ndarray:
+    if not isinstance(rows, list) or len(rows) != n or any(
+            not isinstance(r, list) or len(r) != n for r in rows):
+        raise rd.err(fld, f"must be a {n}x{n} list of rows (one per node, in nodes order)")
+    if any(not isinstance(v, (int, float)) or isinstance(v, bool) for r in rows for v in r):
+        raise rd.err(fld, "entries must be numbers (GB/s)")
+    return np.array(rows, dtype=float)
+
+
+def _read_model(rd: _Reader, d: dict) -> ModelSpec:
+    w = "model"
+    kw = {"name": rd.get(d, "name", w, str)}
+    for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+              "vocab_size", "seq_length"):
+        kw[f] = rd.get(d, f, w, int)
+    kw["gated_mlp"] = rd.get(d, "gated_mlp", w, bool, False)
+    kw["tied_embeddings"] = rd.get(d, "tied_embeddings", w, bool, False)
+    kw["source"] = rd.get(d, "source", w, str, "")
+    try:
+        return ModelSpec(**kw)
+    except SpecError as e:
+        raise rd.wrap(e, w) from None
+
+
+def _read_job(rd: _Reader, d: dict) -> JobSpec:
+    w = "job"
+    try:
+        return JobSpec(global_batch=rd.get(d, "global_batch", w, int),
+                       seq_length=rd.get(d, "seq_length", w, int),
+                       precision=rd.get(d, "precision", w, str),
+                       distributed_optimizer=rd.get(d, "distributed_optimizer", w, bool, None,
+                                                    nullable=True),
+                       source=rd.src)
+    except SpecError as e:
+        raise rd.wrap(e, w) from None
+
+
+def _read_options(rd: _Reader, d: dict | None) -> Options:
+    if d is None:
+        return Options()
+    w = "options"
+    oh = rd.obj(d, "overheads", w, optional=True) or {}
+    try:
+        ov = Overheads(**{f.name: rd.get(oh, f.name, f"{w}.overheads", float, f.default)
+                          for f in fields(Overheads)})
+    except SpecError as e:
+        raise rd.wrap(e, f"{w}.overheads") from None
+    return Options(blocking_p2p=rd.get(d, "blocking_p2p", w, bool, True),
+                   overlap_grad_reduce=rd.get(d, "overlap_grad_reduce", w, bool, False),
+                   overheads=ov)
+
+
+def _read_cluster(rd: _Reader, d: dict) -> ClusterSpec:
+    w = "cluster"
+    types_raw = rd.obj(d, "gpu_types", w)
+    gpus: dict[str, GPUSpec] = {}
+    for name, g in types_raw.items():
+        gw = f"{w}.gpu_types.{name}"
+        if not isinstance(g, dict):
+            raise rd.err(gw, "must be an object")
+        peak = rd.obj(g, "peak_tflops", gw)
+        for p, v in peak.items():
+            rd.get(peak, p, f"{gw}.peak_tflops", float)
+        try:
+            gpus[name] = GPUSpec(name=name, peak_tflops={p: float(v) for p, v in peak.items()},
+                                 memory_gib=rd.get(g, "memory_gib", gw, float),
+                                 hbm_gb_per_s=rd.get(g, "hbm_gb_per_s", gw, float),
+                                 nvlink_gb_per_s=rd.get(g, "nvlink_gb_per_s", gw, float),
+                                 efficiency=rd.get(g, "efficiency", gw, float),
+                                 source=rd.get(g, "source", gw, str, ""))
+        except SpecError as e:
+            raise rd.wrap(e, gw) from None
+    nodes_raw = rd.get(d, "nodes", w, list)
+    if not nodes_raw:
+        raise rd.err(f"{w}.nodes", "empty; list one entry per node")
+    nodes = []
+    for i, nd in enumerate(nodes_raw):
+        nw = f"{w}.nodes[{i}]"
+        if not isinstance(nd, dict):
+            raise rd.err(nw, "must be an object")
+        gname = rd.get(nd, "gpu", nw, str)
+        if gname not in gpus:
+            raise rd.err(f"{nw}.gpu", f"GPU type '{gname}' is not in cluster.gpu_types "
+                         f"({', '.join(gpus) or 'none'}); add it there")
+        num = rd.get(nd, "gpus", nw, int)
+        if num <= 0:
+            raise rd.err(f"{nw}.gpus", f"must be a positive integer, got {num}")
+        intra = rd.get(nd, "intra_gb_per_s", nw, float)
+        if not intra > 0:
+            raise rd.err(f"{nw}.intra_gb_per_s", f"must be a positive number of GB/s, got "
+                         f"{intra}")
+        mat = None
+        if nd.get("intra_matrix_gb_per_s") is not None:
+            mat = _matrix(rd, nd["intra_matrix_gb_per_s"], num, f"{nw}.intra_matrix_gb_per_s")
+        nodes.append(NodeSpec(rd.get(nd, "name", nw, str), gpus[gname], num, intra, mat))
+    inter = rd.obj(d, "inter", w)
+    mat = _matrix(rd, inter.get("gb_per_s"), len(nodes), f"{w}.inter.gb_per_s")
+    try:
+        return ClusterSpec(name=rd.get(d, "name", w, str, "cluster"), nodes=tuple(nodes),
+                           inter_gb_per_s=mat,
+                           latency_us=rd.get(d, "latency_us", w, float, 5.0), source=rd.src)
+    except SpecError as e:
+        raise rd.wrap(e, w) from None
+
+
+def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
+               cluster: ClusterSpec) -> Plan:
+    sw = "plan.shape"
+    sd = rd.obj(d, "shape", "plan")
+    layers = rd.get(sd, "layers", sw, list)
+    if any(not isinstance(x, int) or isinstance(x, bool) for x in layers):
+        raise rd.err(f"{sw}.layers", "must be a list of integers (layers per virtual stage)")
+    shape = Shape(tp=rd.get(sd, "tp", sw, int), pp=rd.get(sd, "pp", sw, int),
+                  dp=rd.get(sd, "dp", sw, int), micro_batch=rd.get(sd, "micro_batch", sw, int),
+                  schedule=rd.get(sd, "schedule", sw, str), chunks=rd.get(sd, "chunks", sw, int),
+                  layers=tuple(layers), recompute=rd.get(sd, "recompute", sw, str),
+                  sequence_parallel=rd.get(sd, "sequence_parallel", sw, bool),
+                  distributed_optimizer=rd.get(sd, "distributed_optimizer", sw, bool))
+    try:
+        validate_shape(model, job, cluster, shape, src=rd.src)
+    except SpecError as e:
+        raise rd.wrap(e, sw) from None
+    pw = "plan.placement"
+    rows = rd.get(d, "placement", "plan", list)
+    pp, dp = shape.pp, shape.dp
+    node = [[None] * dp for _ in range(pp)]
+    gpus = [[None] * dp for _ in range(pp)]
+    names = {nd.name: i for i, nd in enumerate(cluster.nodes)}
+    for k, row in enumerate(rows):
+        w = f"{pw}[{k}]"
+        if not isinstance(row, dict):
+            raise rd.err(w, "must be an object with stage, replica, node, gpus")
+        s, r = rd.get(row, "stage", w, int), rd.get(row, "replica", w, int)
+        if not (0 <= s < pp and 0 <= r < dp):
+            raise rd.err(w, f"stage {s} replica {r} is outside {pp} stages x {dp} replicas")
+        if node[s][r] is not None:
+            raise rd.err(w, f"stage {s} replica {r} is listed twice; list it once")
+        nname = rd.get(row, "node", w, str)
+        if nname not in names:
+            raise rd.err(f"{w}.node", f"unknown node '{nname}'; it must be one of the "
+                         "cluster.nodes names")
+        g = rd.get(row, "gpus", w, list)
+        if any(not isinstance(x, int) or isinstance(x, bool) for x in g):
+            raise rd.err(f"{w}.gpus", "must be a list of local GPU ids (integers)")
+        node[s][r], gpus[s][r] = names[nname], tuple(g)
+    for s in range(pp):
+        for r in range(dp):
+            if node[s][r] is None:
+                raise rd.err(pw, f"stage {s} replica {r} is missing; list every (stage, "
+                             "replica) once")
+    pl = Placement(tuple(map(tuple, node)), tuple(map(tuple, gpus)))
+    try:
+        validate_placement(cluster, shape, pl, src=rd.src)
+    except SpecError as e:
+        raise rd.wrap(e, pw) from None
+    return Plan(shape, pl)
+
+
+def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dict]:
+    """Read and validate a plan file. Returns (model, job, cluster, plan, options, meta); meta
+    holds the stored "estimate", "solver", "schema_version" and "generator" as written."""
+    path = Path(path)
+    src = str(path)
+    rd = _Reader(src)
+    if not path.exists():
+        raise SpecError("file not found; give the path of a plan file written by "
+                        "--save-plan or solve", source=src)
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SpecError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                        "the file is damaged, re-create it", source=src) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read the file ({e})", source=src) from None
+    if not isinstance(doc, dict):
+        raise SpecError("must hold one JSON object (a plan file)", source=src)
+    if "schema_version" not in doc:
+        raise rd.err("schema_version", "missing; this is not a pipette plan file")
+    ver = doc["schema_version"]
+    if ver != SCHEMA_VERSION:
+        raise rd.err("schema_version", f"version {ver!r} is not supported: this "
+                     f"pipette-configurator reads plan files of schema_version "
+                     f"{SCHEMA_VERSION}; re-create the plan with this version")
+    if doc.get("kind", KIND) != KIND:
+        raise rd.err("kind", f"is {doc['kind']!r}, expected '{KIND}'")
+    model = _read_model(rd, rd.obj(doc, "model", ""))
+    job = _read_job(rd, rd.obj(doc, "job", ""))
+    options = _read_options(rd, rd.obj(doc, "options", "", optional=True))
+    cluster = _read_cluster(rd, rd.obj(doc, "cluster", ""))
+    plan = _read_plan(rd, rd.obj(doc, "plan", ""), model, job, cluster)
+    solver = rd.obj(doc, "solver", "", optional=True)
+    estimate = rd.obj(doc, "estimate", "", optional=True)
+    meta = {"schema_version": ver, "generator": doc.get("generator"), "estimate": estimate,
+            "solver": solver}
+    return model, job, cluster, plan, options, meta

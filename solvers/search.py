@@ -1,0 +1,209 @@
+"""The full solve: shapes in order of promise, placement and split per shape, pruned by bounds.
+
+1. Enumerate every shape (space.enumerate_shapes). A shape that cannot fit with any layer split
+   (space.memory_split) is recorded with the stage that overflows.
+2. Score each fitting shape quickly: Megatron-LM's placement and the balanced split. The best of
+   these is the first incumbent.
+3. Visit shapes by their quick score; skip a shape whose lower bound (`shape_bound_ms`) cannot
+   beat the incumbent; otherwise optimize its placement and split (MILP or annealing).
+4. The result's bound is the smallest of: the MILP bounds of the shapes solved, and the lower
+   bounds of shapes not solved. So the reported gap covers the whole search space.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from model.cluster import ClusterSpec
+from model.costs import CostModel
+from model.errors import InfeasibleError, SolverUnavailableError
+from model.estimator import Evaluator, default_layers
+from model.plan import Plan, Shape, megatron_placement, num_microbatches
+from model.specs import JobSpec, ModelSpec, Options
+
+from .anneal import anneal
+from .milp import milp_supported, solve_milp
+from .problem import PlacementProblem
+from .result import Candidate, SolveResult
+from .space import SearchSpace, blocks_for, enumerate_shapes, memory_split, with_layers
+
+# Above this many nodes `auto` anneals instead of proving optimality: bench/exact_scaling.py
+# measured the MILP's time to proof growing past a minute beyond 16 nodes.
+AUTO_EXACT_MAX_NODES = 16
+
+
+@dataclass
+class ShapeInfo:
+    shape: Shape
+    bound_ms: float
+    layers: tuple[int, ...] | None
+    peak_gib: float
+    quick_ms: float | None = None
+
+
+def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                   options: Options) -> float:
+    """Lower bound on the iteration time of any placement and split of `shape`.
+
+    Stage s runs m forwards and backwards of its work W_s, and cannot start before micro-batch
+    0 has gone forward through stages 0..s-1 nor end before the last backward has come back
+    through them: T >= m W_s + sum_{s'<s} W_s'. Maximizing the total work W under these for all
+    s gives W <= T (1 - (1 - 1/m)^p), so T >= W / (1 - (1 - 1/m)^p) (half the 1F1B bubble for
+    m >> p). For interleaved schedules only chunk 0 must pass first: T >= m W / p. Communication,
+    synchronization and the optimizer step are left out (>= 0)."""
+    costs = CostModel(model, job, cluster, shape, options)
+    m = num_microbatches(job, shape)
+    p = shape.pp
+    best = float("inf")
+    for gpu in {nd.gpu.name: nd.gpu for nd in cluster.nodes}.values():
+        ring = min(nd.ring_gb_per_s(tuple(range(shape.tp))) for nd in cluster.nodes
+                   if nd.gpu.name == gpu.name) if shape.tp <= min(
+            nd.num_gpus for nd in cluster.nodes) else float("inf")
+        lt = costs.layer_times(gpu, ring)
+        W = (model.num_layers * (lt.fwd_ms + lt.bwd_ms) + lt.emb_fwd_ms + lt.emb_bwd_ms +
+             lt.head_fwd_ms + lt.head_bwd_ms)
+        if shape.schedule == "interleaved" or p == 1:
+            t = m * W / p
+        else:
+            t = W / (1 - (1 - 1 / m) ** p)
+        best = min(best, t)
+    return best
+
+
+def _quick(model, job, cluster, shape, layers, options) -> float | None:
+    try:
+        pl = megatron_placement(cluster, shape.tp, shape.pp, shape.dp)
+    except Exception:
+        return None
+    ev = Evaluator(model, job, cluster, with_layers(shape, layers), options)
+    return ev.iteration_ms(pl)
+
+
+def prepare_shapes(model, job, cluster, options, space, progress=None):
+    infos, rejected = [], []
+    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+    shapes = list(enumerate_shapes(model, job, cluster, space))
+    for i, sh in enumerate(shapes):
+        if progress and i % 50 == 0:
+            progress(f"screening shapes {i}/{len(shapes)}")
+        bound = shape_bound_ms(model, job, cluster, sh, options)
+        lay = default_layers(model, job, cluster, sh, options)
+        ev = Evaluator(model, job, cluster, with_layers(sh, lay), options)
+        peak = max(mm.total_gib for mm in ev.memory)
+        if peak > cap:
+            lay2, peak2 = memory_split(model, job, cluster, sh, options)
+            if peak2 > cap:
+                worst = max(range(sh.pp), key=lambda s: ev.memory[s].total_gib)
+                rejected.append(Candidate(
+                    sh.describe(), bound, status=f"does not fit: stage {worst} needs "
+                    f"{peak2:.1f} GiB > {cap:.0f} GiB even with the most memory-balanced split"))
+                continue
+            lay, peak = lay2, peak2
+        info = ShapeInfo(sh, bound, lay, peak)
+        info.quick_ms = _quick(model, job, cluster, sh, lay, options)
+        infos.append(info)
+    return infos, rejected, len(shapes)
+
+
+def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str = "auto",
+          time_limit_s: float = 60.0, seed: int = 0, options: Options | None = None,
+          space: SearchSpace = SearchSpace(), progress=None, max_shapes: int | None = None,
+          anneal_iters: int = 3000) -> SolveResult:
+    """Fastest plan that fits, with its proof status."""
+    options = options or Options()
+    t0 = time.perf_counter()
+    if method not in ("auto", "exact", "anneal"):
+        raise ValueError(method)
+    if method == "auto":
+        method = "exact" if (cluster.num_nodes <= AUTO_EXACT_MAX_NODES and cluster.homogeneous
+                             and all(nd.intra_matrix_gb_per_s is None for nd in cluster.nodes)
+                             ) else "anneal"
+    infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress)
+    if not infos:
+        closest = min(rejected, key=lambda c: float(c.status.split("needs ")[1].split(" ")[0])
+                      ) if rejected else None
+        hint = (f" The closest is {closest.describe}: {closest.status.removeprefix('does not fit: ')}."
+                if closest else " No shape is valid for this model and cluster.")
+        raise InfeasibleError(
+            "nothing fits in GPU memory." + hint + " To make it fit: add GPUs or nodes (more "
+            "pipeline or tensor parallelism), use GPUs with more memory, shorten the sequence, "
+            "or lower the memory allowance if your measurements support it (Overheads).")
+    infos.sort(key=lambda i: (i.quick_ms if i.quick_ms is not None else math.inf, i.bound_ms))
+    best_ms, best_plan = math.inf, None
+    for i in infos:
+        if i.quick_ms is not None and i.quick_ms < best_ms:
+            best_ms = i.quick_ms
+            best_plan = Plan(with_layers(i.shape, i.layers),
+                             megatron_placement(cluster, i.shape.tp, i.shape.pp, i.shape.dp))
+    candidates = {id(i): Candidate(i.shape.describe(), i.bound_ms, i.quick_ms) for i in infos}
+    bounds_left: dict[int, float] = {id(i): i.bound_ms for i in infos}
+    solved = 0
+    all_exact = True
+    for n_done, info in enumerate(infos):
+        cand = candidates[id(info)]
+        if info.bound_ms >= best_ms * (1 - 1e-9):
+            cand.status = "pruned: its lower bound is above the best plan"
+            bounds_left[id(info)] = max(info.bound_ms, best_ms)
+            continue
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0 or (max_shapes is not None and solved >= max_shapes):
+            cand.status = "not searched (time limit)"
+            continue
+        per_shape = max(0.5, left / max(1, min(8, len(infos) - n_done)))
+        shape_bound = math.inf
+        shape_best = math.inf
+        for blk in blocks_for(cluster, info.shape):
+            prob = PlacementProblem(model, job, cluster, info.shape, blk, options)
+            if progress:
+                progress(f"shape {n_done + 1}/{len(infos)} {info.shape.describe()}, "
+                         f"{blk.describe()}; best {best_ms / 1e3:.3f} s")
+            res = None
+            if method == "exact" and milp_supported(prob) is None:
+                warm = anneal(prob, seed=seed, iters=min(anneal_iters, 1500),
+                              time_limit_s=per_shape / 4, restarts=2)
+                seeds = [(list(range(prob.num_slots)), prob.start_layers())]
+                if warm.plan is not None:
+                    from .anneal import _perm_of
+                    seeds.append((_perm_of(prob, warm.plan), tuple(warm.plan.shape.layers)))
+                try:
+                    res = solve_milp(prob, time_limit_s=per_shape, seed_solutions=seeds)
+                except SolverUnavailableError:
+                    res = None
+                if res is not None and res.termination != "optimal":
+                    all_exact = False
+            if res is None:
+                res = anneal(prob, seed=seed, iters=anneal_iters, time_limit_s=per_shape)
+                all_exact = False
+                res.bound_ms = info.bound_ms
+            shape_bound = min(shape_bound, res.bound_ms if res.plan is not None else math.inf)
+            if res.plan is not None and res.objective_ms < shape_best:
+                shape_best = res.objective_ms
+            if res.plan is not None and res.objective_ms < best_ms:
+                best_ms, best_plan = res.objective_ms, res.plan
+                cand.plan = res.plan
+        solved += 1
+        cand.best_ms = shape_best if math.isfinite(shape_best) else None
+        bounds_left[id(info)] = max(info.bound_ms, shape_bound) if math.isfinite(
+            shape_bound) else info.bound_ms
+    for info in infos:
+        c = candidates[id(info)]
+        if c.best_ms is not None and c.status == "":
+            c.status = "slower"
+        elif c.status == "":
+            c.status = "not searched"
+    bound = min(bounds_left.values())
+    bound = min(bound, best_ms)
+    gap = (best_ms - bound) / best_ms if best_ms > 0 else 0.0
+    termination = "optimal" if gap <= 1e-6 and all_exact else (
+        "time_limit" if any(c.status.startswith("not searched") for c in candidates.values())
+        else "feasible")
+    est = Evaluator(model, job, cluster, best_plan.shape, options).estimate(best_plan.placement)
+    ordered = sorted(candidates.values(), key=lambda c: (c.best_ms or c.quick_ms or math.inf))
+    for c in ordered:
+        if c.plan is best_plan or (c.describe == best_plan.shape.describe() and
+                                   c.best_ms is not None and abs(c.best_ms - best_ms) < 1e-9):
+            c.status = "best"
+    return SolveResult(best_plan, est, best_ms, bound, termination, method,
+                       time.perf_counter() - t0, ordered + rejected, total, solved)

@@ -1,0 +1,263 @@
+"""Bandwidth import: parsers (nccl-tests, mpiGraph, CSV, JSON), checks, fills, CLI, show."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from model.bwimport import (Measured, check_and_fill, load_measurements, nccl_stream_gb_per_s,
+                            parse_nccl, read_mpigraph, summarize)
+from model.cluster import SynthParams, load_cluster, synth_cluster
+from model.errors import SpecError
+
+DATA = Path(__file__).parent / "data"
+runner = CliRunner()
+IMPORT = ["cluster", "import", "--gpu", "A100-80GB", "--gpus-per-node", "8",
+          "--intra-gb-per-s", "240"]
+# the values written into tests/data/nccl_pairs (busbw at 1 GiB, out-of-place)
+PAIRS = {("node01", "node02"): 22.76, ("node01", "node03"): 14.17, ("node01", "node04"): 7.17,
+         ("node02", "node03"): 14.2, ("node02", "node04"): 7.08, ("node03", "node04"): 11.45}
+
+
+def cli(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_parse_nccl_takes_largest_size():
+    run = parse_nccl((DATA / "nccl_pairs" / "sendrecv_node01_node02.txt").read_text(), "f")
+    assert run.size_bytes == 1 << 30 and run.rows == 6
+    assert run.hosts == ["node01", "node02"]
+    assert run.busbw_gb_per_s == pytest.approx(22.765, abs=0.01)  # mean of oop / in-place
+
+
+def test_nccl_allreduce_busbw_conversion():
+    run = parse_nccl((DATA / "all_reduce_4nodes.txt").read_text(), "f")
+    assert len(run.hosts) == 4
+    # busbw = algbw x 2(n-1)/n = 1.5 algbw for n = 4
+    assert run.busbw_gb_per_s == pytest.approx(1.5 * run.algbw_gb_per_s, rel=0.01)
+    bw, note = nccl_stream_gb_per_s(run, "all_reduce")
+    assert bw == pytest.approx(18.0, abs=0.02) and "n=4" in note
+    # the same table labelled sendrecv: busbw != algbw, caught
+    with pytest.raises(SpecError, match="another nccl test"):
+        nccl_stream_gb_per_s(run, "sendrecv")
+
+
+def test_nccl_directory_to_matrix():
+    meas = load_measurements([DATA / "nccl_pairs"])
+    names, m, warnings = check_and_fill(meas)
+    assert names == ["node01", "node02", "node03", "node04"]
+    for (a, b), v in PAIRS.items():
+        i, j = names.index(a), names.index(b)
+        assert m[i, j] == pytest.approx(v, abs=0.02) and m[j, i] == pytest.approx(v, abs=0.02)
+    assert not warnings
+
+
+def test_nccl_allreduce_pair_and_aggregate_rejected():
+    meas = load_measurements([DATA / "all_reduce_node01_node02.txt"])
+    assert meas.gb_per_s[0, 1] == pytest.approx(21.5, abs=0.02)
+    with pytest.raises(SpecError, match="one rank per node"):
+        load_measurements([DATA / "all_reduce_node01_node02_2gpu.txt"], nccl_test="all_reduce")
+    with pytest.raises(SpecError, match="cannot tell the nccl test"):
+        load_measurements([DATA / "all_reduce_node01_node02_2gpu.txt"], fmt="nccl")
+
+
+def test_nccl_missing_pair_error_and_fill(tmp_path):
+    d = tmp_path / "pairs"
+    shutil.copytree(DATA / "nccl_pairs", d)
+    (d / "sendrecv_node01_node03.txt").unlink()
+    meas = load_measurements([d])
+    with pytest.raises(SpecError) as e:
+        check_and_fill(meas)
+    msg = str(e.value)
+    assert "2 missing pair(s): node01 -> node03, node03 -> node01" in msg and "--fill" in msg
+    with pytest.raises(SpecError, match="no rule given could fill"):
+        check_and_fill(meas, fill=["symmetric"])  # neither direction was measured
+    names, m, warnings = check_and_fill(meas, fill=["min-row"])
+    # node01's slowest measured stream is to node04 (7.17); node03's is to node04 (11.45)
+    assert m[0, 2] == pytest.approx(7.17, abs=0.02) and m[2, 0] == pytest.approx(11.45, abs=0.02)
+    assert sum("filled" in w for w in warnings) == 2
+
+
+def test_nccl_pair_both_directions_and_duplicates(tmp_path):
+    d = tmp_path / "pairs"
+    shutil.copytree(DATA / "nccl_pairs", d)
+    # a file for the reverse direction, without rank lines: names from the file name
+    text = (d / "sendrecv_node01_node02.txt").read_text()
+    rev = "\n".join(ln for ln in text.splitlines() if "Rank" not in ln).replace("22.7", "11.7")
+    (d / "sendrecv_node02_node01.txt").write_text(rev)
+    names, m, _ = check_and_fill(load_measurements([d]))
+    assert m[0, 1] == pytest.approx(22.76, abs=0.02) and m[1, 0] == pytest.approx(11.76, abs=0.02)
+    (d / "sendrecv_node01_node02.log").write_text(text)
+    with pytest.raises(SpecError, match="measured twice"):
+        load_measurements([d])
+
+
+def test_nccl_pair_on_one_host_rejected(tmp_path):
+    text = (DATA / "nccl_pairs" / "sendrecv_node01_node02.txt").read_text()
+    p = tmp_path / "sendrecv_a_b.txt"
+    p.write_text(text.replace("node02", "node01"))
+    with pytest.raises(SpecError, match="intra-node link"):
+        load_measurements([p])
+
+
+def test_mpigraph_recv_transposed_and_mean_per_host():
+    meas = read_mpigraph(DATA / "mpigraph_3hosts.txt", "recv")
+    assert meas.names == ["hostA", "hostB", "hostC"]
+    mib = 2 ** 20 / 1e9  # MiB/s -> GB/s
+    # rank pairs A->B: 10900 and 11100 MiB/s (mean 11000); B->A 10700/10900 (mean 10800)
+    assert meas.gb_per_s[0, 1] == pytest.approx(11000 * mib)
+    assert meas.gb_per_s[1, 0] == pytest.approx(10800 * mib)
+    assert meas.gb_per_s[0, 2] == pytest.approx(6000 * mib)
+    send = read_mpigraph(DATA / "mpigraph_3hosts.txt", "send")
+    assert send.gb_per_s[0, 1] == pytest.approx(11000 * 1.02 * mib)
+    mn = read_mpigraph(DATA / "mpigraph_3hosts.txt", "min")
+    assert mn.gb_per_s[0, 1] == pytest.approx(11000 * mib)
+    assert load_measurements([DATA / "mpigraph_3hosts.txt"]).names == meas.names  # autodetect
+
+
+def test_mpigraph_truncated(tmp_path):
+    lines = (DATA / "mpigraph_3hosts.txt").read_text().splitlines()
+    cut = [ln for ln in lines if not ln.startswith("hostC:5 from")]
+    p = tmp_path / "mg.txt"
+    p.write_text("\n".join(cut))
+    with pytest.raises(SpecError, match=r"Recv table \(line 29\): table has 5 rows but 6 columns"):
+        read_mpigraph(p)
+
+
+def test_csv_and_json_agree():
+    a = check_and_fill(load_measurements([DATA / "matrix.csv"]))
+    b = check_and_fill(load_measurements([DATA / "matrix.json"]))  # in mb_per_s
+    assert a[0] == b[0] == ["n1", "n2", "n3"]
+    assert np.allclose(a[1], b[1])
+    assert a[1][1, 0] == pytest.approx(23.1)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("x,n1,n2\nn1,,0\nn2,3,\n", "n1 -> n2: bandwidth n1 -> n2 is 0"),
+    ("x,n1,n2\nn1,,nan\nn2,3,\n", "is NaN"),
+    ("x,n1,n2\nn1,,-4\nn2,3,\n", "is negative"),
+    ("x,n1,n2\nn1,,abc\nn2,3,\n", "row 2 (n1), column n2: 'abc' is not a number"),
+    ("x,n1,n1\nn1,,1\nn1,3,\n", "header: duplicated node name(s) n1"),
+    ("x,n1,n2\nn1,,1\nn3,3,\n", "row 3: unknown node 'n3'"),
+    ("x,n1,n2\nn1,,1\nn1,3,\n", "row 3: duplicated node name 'n1'"),
+    ("x,n1,n2,n3\nn1,,1,2\nn2,3,,4\n", "not square: 2 data rows but 3 node columns"),
+    ("x,n1,n2\nn1,,1,5\nn2,3,\n", "row 2 (n1): has 3 values"),
+])
+def test_csv_errors_name_file_and_place(tmp_path, text, needle):
+    p = tmp_path / "m.csv"
+    p.write_text(text)
+    with pytest.raises(SpecError) as e:
+        check_and_fill(load_measurements([p]))
+    assert str(e.value).startswith(str(p)) and needle in str(e.value)
+
+
+def test_json_errors(tmp_path):
+    p = tmp_path / "m.json"
+    p.write_text('{"nodes": ["a", "b"], "gb_per_s": [[null, 1], [2]]}')
+    with pytest.raises(SpecError, match="row 1 .b. has 1 values for 2 nodes"):
+        load_measurements([p])
+    p.write_text('{"nodes": ["a", "b"], "gb_per_s": [[null, "x"], [2, null]]}')
+    with pytest.raises(SpecError, match=r"gb_per_s\[0\]\[1\] \(a -> b\)"):
+        load_measurements([p])
+
+
+def test_asymmetry_warns_or_fails_with_strict():
+    m = np.array([[0, 20.0, 10.0], [19.0, 0, 10.0], [10.0, 4.0, 0]])
+    meas = Measured(["a", "b", "c"], m, "x.csv")
+    _, _, warnings = check_and_fill(meas)
+    assert len(warnings) == 1 and "b -> c 10.00 GB/s but c -> b 4.00" in warnings[0]
+    with pytest.raises(SpecError, match="b -> c: asymmetric"):
+        check_and_fill(meas, strict=True)
+    assert not check_and_fill(meas, asym_ratio=3.0)[2]
+
+
+def test_nodes_option_orders_and_catches_unknown():
+    meas = load_measurements([DATA / "matrix.csv"])
+    names, m, _ = check_and_fill(meas, nodes=["n3", "n1", "n2"])
+    assert names == ["n3", "n1", "n2"] and m[1, 2] == pytest.approx(22.9)
+    with pytest.raises(SpecError, match="unknown node.s. n3: measured but not in --nodes"):
+        check_and_fill(meas, nodes=["n1", "n2"])
+    with pytest.raises(SpecError, match="missing pair"):
+        check_and_fill(meas, nodes=["n1", "n2", "n3", "n4"])
+
+
+def test_cli_import_writes_loadable_toml(tmp_path):
+    out = tmp_path / "c.toml"
+    r = cli(*IMPORT, str(DATA / "nccl_pairs"), "--name", "lab", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    c = load_cluster(out)
+    assert c.name == "lab" and c.num_nodes == 4 and c.num_gpus == 32
+    assert c.inter_gb_per_s[0, 1] == pytest.approx(22.76, abs=0.02)
+    # intra-node preset instead of a uniform link
+    r = cli("cluster", "import", "--gpu", "V100-32GB", "--gpus-per-node", "8",
+            "--intra-topology", "dgx1-v100", str(DATA / "matrix.csv"), "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert load_cluster(out).nodes[0].link_gb_per_s(0, 3) == pytest.approx(40.0)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["matrix_missing.csv"], "1 missing pair(s): n1 -> n3"),
+    (["matrix_missing.csv", "--fill", "mirror"], "unknown fill rule 'mirror'"),
+    (["nope.csv"], "nope.csv: file not found"),
+    (["matrix.csv", "--format", "xml"], "unknown format 'xml'"),
+])
+def test_cli_import_errors_one_line_exit_2(args, needle):
+    r = cli(*IMPORT, *[str(DATA / a) if a.endswith(".csv") else a for a in args])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], r.output
+
+
+def test_cli_import_fill_reports_each_entry():
+    r = cli(*IMPORT, str(DATA / "matrix_missing.csv"), "--fill", "symmetric")
+    assert r.exit_code == 0
+    assert "warning: filled n1 -> n3 = 14.20 GB/s (symmetric)" in r.output
+
+
+def test_summarize_finds_degraded_node_and_leaves():
+    c = synth_cluster(SynthParams(num_nodes=8, leaf_size=4, degraded_nodes=(5,), seed=7))
+    s = summarize(c)
+    assert [o["node"] for o in s["outliers"]] == ["node05"]
+    assert s["groups"] == [["node00", "node01", "node02", "node03"],
+                           ["node04", "node05", "node06", "node07"]]
+    assert s["attached"] == {"node05": 1}
+    assert all("node05" in (x["from"], x["to"]) for x in s["slowest_links"])
+    flat = synth_cluster(SynthParams(num_nodes=6, leaf_size=6, degraded=0, seed=1))
+    fs = summarize(flat)
+    assert fs["outliers"] == [] and len(fs["groups"]) == 1
+
+
+def test_cli_show_json_and_png(tmp_path):
+    png = tmp_path / "h.png"
+    r = cli("cluster", "show", "example", "--json", "--png", str(png))
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["nodes"] == 8 and d["outliers"][0]["node"] == "node05"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = cli("cluster", "show")
+    assert r.exit_code == 0 and "node05" in r.output and "group 1" in r.output
+    r = cli("cluster", "show", "nope")
+    assert r.exit_code == 2 and "unknown cluster 'nope'" in r.output
+
+
+def test_cli_synth_matches_generator(tmp_path):
+    out = tmp_path / "s.toml"
+    r = cli("cluster", "synth", "--nodes", "6", "--gpus-per-node", "4", "--leaf-size", "3",
+            "--oversubscription", "2", "--degraded", "1", "--degraded-factor", "0.25",
+            "--noise", "0", "--seed", "5", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    c = load_cluster(out)
+    ref = synth_cluster(SynthParams(num_nodes=6, gpus_per_node=4, leaf_size=3,
+                                    oversubscription=2, degraded=1, degraded_factor=0.25,
+                                    noise=0, seed=5))
+    assert np.allclose(c.inter_gb_per_s, ref.inter_gb_per_s)
+    assert c.inter_gb_per_s[0, 1] in (23.0, 5.75) and c.gpus_per_node == 4
+    r = cli("cluster", "synth", "--nodes", "3", "--degraded", "5")
+    assert r.exit_code == 2 and "degraded must be between 0 and 3" in r.output
+    r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx-h100", "--gpu",
+            "H100-SXM-80GB")
+    assert r.exit_code == 0 and "intra_matrix_gb_per_s" in r.output

@@ -1,0 +1,44 @@
+"""The Gantt chart and placement pictures are written as non-empty PNGs."""
+
+import pytest
+
+from launch.pictures import gantt_png, placement_png, schedule_timeline, slow_links
+from model import presets
+from model.cluster import cluster
+from model.estimator import Evaluator, make_plan
+from model.specs import JobSpec
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    m = presets.model("llama2-70b")
+    c = cluster("example")
+    job = JobSpec(global_batch=16, seq_length=4096)
+    return m, c, job
+
+
+@pytest.mark.parametrize("kw", [dict(tp=8, pp=4, recompute="full"),
+                                dict(tp=4, pp=8, dp=2, schedule="interleaved", chunks=2,
+                                     recompute="full")])
+def test_gantt_png(setup, tmp_path, kw):
+    m, c, job = setup
+    plan = make_plan(m, job, c, **kw)
+    ev = Evaluator(m, job, c, plan.shape)
+    t = schedule_timeline(ev, plan.placement)
+    assert abs(t["length"] - ev.iteration_ms(plan.placement)) <= 1e-6 * t["length"]
+    out = gantt_png(ev, plan.placement, tmp_path / "g.png", replica=0)
+    data = out.read_bytes()
+    assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_placement_png(setup, tmp_path):
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    out = placement_png(c, plan, tmp_path / "p.png")
+    data = out.read_bytes()
+    assert data.startswith(PNG) and len(data) > 5000
+    # the example cluster's half-rate NIC on node05 makes its links slow
+    n5 = c.node_index("node05")
+    assert any(n5 in pair for pair in slow_links(c))

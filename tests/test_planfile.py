@@ -1,0 +1,134 @@
+"""Plan files: a round trip gives the same estimate; damaged files give one clear line, exit 2."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from model import presets
+from model.cluster import cluster
+from model.errors import SpecError
+from model.estimator import estimate, make_plan
+from model.plan import block_placement
+from model.planfile import SCHEMA_VERSION, load_plan, save_plan
+from model.specs import JobSpec, Options, Overheads
+
+runner = CliRunner()
+
+
+def _close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    m = presets.model("llama2-70b")
+    c = cluster("example")
+    job = JobSpec(global_batch=64, seq_length=4096, precision="bf16")
+    return m, c, job
+
+
+def _plans(m, c, job):
+    yield make_plan(m, job, c, tp=8, pp=4, recompute="full"), None
+    yield make_plan(m, job, c, tp=4, pp=4, dp=4, schedule="interleaved", chunks=2,
+                    recompute="selective", sequence_parallel=True,
+                    distributed_optimizer=True), Options(overlap_grad_reduce=True)
+    pl = block_placement(c, 8, 4, 2, 1, node_order=[3, 1, 0, 2, 7, 6, 5, 4])
+    yield make_plan(m, job, c, tp=8, pp=4, layers=(19, 21, 21, 19), placement=pl,
+                    recompute="full"), Options(blocking_p2p=False,
+                                               overheads=Overheads(context_gib=3.0))
+
+
+def test_round_trip_same_estimate(setup, tmp_path):
+    m, c, job = setup
+    for k, (plan, opts) in enumerate(_plans(m, c, job)):
+        est = estimate(m, job, c, plan, opts)
+        path = tmp_path / f"p{k}.json"
+        solver = {"method": "milp", "termination": "optimal", "objective_ms": est.iteration_ms,
+                  "bound_ms": est.iteration_ms, "gap": 0.0, "wall_s": 1.5}
+        save_plan(path, m, job, c, plan, est, solver, opts)
+        doc = json.loads(path.read_text())
+        assert doc["schema_version"] == SCHEMA_VERSION
+        assert {"model", "job", "options", "cluster", "plan", "estimate", "solver"} <= set(doc)
+        assert len(doc["cluster"]["inter"]["gb_per_s"]) == c.num_nodes
+        m2, j2, c2, p2, o2, meta = load_plan(path)
+        assert p2 == plan and m2 == m
+        assert o2 == (opts or Options())
+        e2 = estimate(m2, j2, c2, p2, o2)
+        assert _close(e2.iteration_ms, est.iteration_ms)
+        assert _close(e2.peak_memory_gib, est.peak_memory_gib)
+        for s1, s2 in zip(est.stages, e2.stages):
+            assert _close(s1.memory.total_gib, s2.memory.total_gib)
+        assert _close(meta["estimate"]["iteration_ms"], est.iteration_ms)
+        assert meta["solver"]["method"] == "milp"
+
+
+def test_cli_plan_round_trip(setup, tmp_path):
+    path = tmp_path / "p.json"
+    r = runner.invoke(app, ["estimate", "--recompute", "full", "--gbs", "64",
+                            "--save-plan", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    first = json.loads(r.output)
+    r = runner.invoke(app, ["estimate", "--plan", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    again = json.loads(r.output)
+    assert _close(again["estimate"]["iteration_ms"], first["estimate"]["iteration_ms"])
+    assert again["plan"] == first["plan"]
+    r = runner.invoke(app, ["estimate", "--plan", str(path), "--tp", "4"])
+    assert r.exit_code == 2
+    assert "--tp cannot be combined with --plan" in r.output
+    r = runner.invoke(app, ["emit", str(path), "--framework", "megatron",
+                            "--out", str(tmp_path / "mg"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "mg" / "megatron_args.txt").exists()
+
+
+def _corrupt(src, dst, fn):
+    d = json.loads(src.read_text())
+    fn(d)
+    dst.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda d: d.update(schema_version=2), "schema_version: version 2 is not supported"),
+    (lambda d: d.pop("schema_version"), "schema_version: missing"),
+    (lambda d: d["model"].pop("hidden_size"), "model.hidden_size: missing"),
+    (lambda d: d["job"].update(precision="fp8"), "job.precision: unknown precision 'fp8'"),
+    (lambda d: d["plan"]["shape"].update(tp="8"), "plan.shape.tp: must be an integer"),
+    (lambda d: d["plan"]["shape"].update(tp=3), "plan.shape.tp"),
+    (lambda d: d["plan"]["placement"].pop(), "plan.placement: stage"),
+    (lambda d: d["plan"]["placement"][0].update(node="nowhere"),
+     "plan.placement[0].node: unknown node 'nowhere'"),
+    (lambda d: d["cluster"]["inter"]["gb_per_s"].pop(), "cluster.inter.gb_per_s: must be a"),
+    (lambda d: d["cluster"]["nodes"][0].update(gpu="B999"), "cluster.nodes[0].gpu"),
+    (lambda d: d["cluster"]["gpu_types"]["A100-80GB"].update(efficiency=2.0),
+     "cluster.gpu_types.A100-80GB.efficiency"),
+])
+def test_corrupted_plan_one_line_exit_2(setup, tmp_path, mutate, needle):
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    bad = tmp_path / "bad.json"
+    _corrupt(good, bad, mutate)
+    with pytest.raises(SpecError) as e:
+        load_plan(bad)
+    assert str(bad) in str(e.value) and needle in str(e.value), str(e.value)
+    r = runner.invoke(app, ["estimate", "--plan", str(bad)])
+    assert r.exit_code == 2
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+
+
+def test_truncated_and_missing_files(setup, tmp_path):
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    bad = tmp_path / "trunc.json"
+    bad.write_text(good.read_text()[:500])
+    for path, needle in ((bad, "not valid JSON"), (tmp_path / "none.json", "file not found")):
+        r = runner.invoke(app, ["emit", str(path)])
+        assert r.exit_code == 2
+        assert r.output.strip().count("\n") == 0 and needle in r.output and str(path) in r.output

@@ -1,0 +1,133 @@
+"""Intra-node topology presets, cluster files that name them, and TP-group choice."""
+
+import numpy as np
+import pytest
+
+from model.cluster import NodeSpec, cluster_from_dict, cluster_to_toml, load_cluster
+from model.errors import SpecError
+from model.presets import gpu
+from model.topology import (_partitions, best_tp_groups, load_topology, node_with_topology,
+                            topology_names)
+
+
+def test_presets_present_and_symmetric():
+    names = topology_names()
+    for n in ("dgx-a100", "dgx-h100", "dgx1-v100", "pcie-2socket"):
+        assert n in names
+    for n in names:
+        t = load_topology(n)
+        m = t.matrix_gb_per_s
+        assert m.shape == (t.num_gpus, t.num_gpus)
+        assert np.allclose(m, m.T) and (np.diag(m) == 0).all()
+        assert t.source
+
+
+def test_uniform_nvswitch_values():
+    # 600 GB/s bidirectional = 300 per direction x 0.8 achieved; H100: 450 x 0.8
+    assert load_topology("dgx-a100").ring_gb_per_s == pytest.approx(240.0)
+    assert load_topology("dgx-h100").ring_gb_per_s == pytest.approx(360.0)
+
+
+def test_dgx1_hybrid_cube_mesh():
+    t = load_topology("dgx1-v100")
+    m = t.matrix_gb_per_s
+    link = 25.0 * 0.8
+    assert m[0, 3] == pytest.approx(2 * link) and m[0, 1] == pytest.approx(link)
+    assert m[0, 5] == pytest.approx(10.0)  # no NVLink: PCIe / QPI
+    # every GPU has six links: sum of NVLink bandwidth per GPU = 6 links
+    nv = np.where(m > 10.0, m, 0.0)
+    assert np.allclose(nv.sum(axis=1), 6 * link)
+    # the double links form the ring 0-3-2-1-5-6-7-4: a full-node ring at 2 links
+    assert t.ring_gb_per_s == pytest.approx(2 * link)
+
+
+def _node(topo: str) -> NodeSpec:
+    return node_with_topology(NodeSpec("n", gpu("V100-32GB") if "v100" in topo
+                                       else gpu("A100-80GB"), 8, 1.0), load_topology(topo))
+
+
+def test_best_tp_groups_dgx1_beats_contiguous():
+    node = _node("dgx1-v100")
+    contiguous = [(0, 1), (2, 3), (4, 5), (6, 7)]
+    best = best_tp_groups(node, 2)
+    assert min(node.ring_gb_per_s(g) for g in contiguous) == pytest.approx(20.0)
+    assert min(node.ring_gb_per_s(g) for g in best) == pytest.approx(40.0)
+    assert sorted(x for g in best for x in g) == list(range(8))
+    g4 = best_tp_groups(node, 4)
+    assert len(g4) == 2 and min(node.ring_gb_per_s(g) for g in g4) == pytest.approx(20.0)
+    assert best_tp_groups(node, 8) == [tuple(range(8))]
+    assert best_tp_groups(node, 1) == [(i,) for i in range(8)]
+
+
+def test_best_tp_groups_pcie_keeps_sockets_together():
+    node = _node("pcie-2socket")
+    assert best_tp_groups(node, 4) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    # uniform node: contiguous groups
+    uni = NodeSpec("u", gpu("A100-80GB"), 8, 240.0)
+    assert best_tp_groups(uni, 2) == [(0, 1), (2, 3), (4, 5), (6, 7)]
+
+
+def test_best_tp_groups_is_exhaustive_optimum():
+    rng = np.random.default_rng(3)
+    m = rng.uniform(5, 50, size=(6, 6))
+    m = (m + m.T) / 2
+    np.fill_diagonal(m, 0)
+    node = NodeSpec("r", gpu("A100-80GB"), 6, 10.0, m)
+    for tp in (2, 3):
+        best = best_tp_groups(node, tp)
+        opt = max(min(node.ring_gb_per_s(g) for g in p) for p in _partitions(tuple(range(6)), tp))
+        assert min(node.ring_gb_per_s(g) for g in best) == pytest.approx(opt)
+    assert sum(1 for _ in _partitions(tuple(range(8)), 2)) == 105
+
+
+def test_best_tp_groups_rejects_bad_tp():
+    with pytest.raises(SpecError, match="must divide"):
+        best_tp_groups(_node("dgx-a100"), 3)
+
+
+def _raw(**node_extra):
+    nd = {"name": "a", "gpu": "V100-32GB", "gpus": 8, **node_extra}
+    nd2 = dict(nd, name="b")
+    return {"nodes": [nd, nd2], "inter": {"gb_per_s": [[0, 10.0], [10.0, 0]]}}
+
+
+def test_cluster_file_intra_topology(tmp_path):
+    c = cluster_from_dict(_raw(intra_topology="dgx1-v100"), "t.toml")
+    nd = c.nodes[0]
+    assert nd.intra_matrix_gb_per_s is not None and nd.link_gb_per_s(0, 3) == pytest.approx(40.0)
+    assert nd.intra_gb_per_s == pytest.approx(40.0)  # best full-node ring
+    # round trip through the writer: the matrix is written out explicitly
+    p = tmp_path / "c.toml"
+    p.write_text(cluster_to_toml(c))
+    back = load_cluster(p)
+    assert np.allclose(back.nodes[1].intra_matrix_gb_per_s, nd.intra_matrix_gb_per_s)
+    # an explicit intra_gb_per_s is kept
+    c2 = cluster_from_dict(_raw(intra_topology="dgx1-v100", intra_gb_per_s=99.0), "t.toml")
+    assert c2.nodes[0].intra_gb_per_s == 99.0
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"intra_topology": "nope"}, "nodes[0].intra_topology: unknown intra-node topology 'nope'"),
+    ({"intra_topology": "dgx1-v100", "intra_matrix_gb_per_s": [[0.0]]}, "not both"),
+    ({}, "nodes[0].intra_gb_per_s: missing"),
+])
+def test_cluster_file_intra_topology_errors(extra, needle):
+    with pytest.raises(SpecError) as e:
+        cluster_from_dict(_raw(**extra), "t.toml")
+    assert needle in str(e.value) and str(e.value).startswith("t.toml")
+
+
+def test_topology_gpu_count_mismatch():
+    raw = _raw(intra_topology="dgx1-v100")
+    for nd in raw["nodes"]:
+        nd["gpus"] = 4
+    with pytest.raises(SpecError, match="has 8 GPUs but this node has gpus = 4"):
+        cluster_from_dict(raw, "t.toml")
+
+
+def test_bad_topology_file(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text("gpus = 2\nlink_gb_per_s = 25.0\nother_gb_per_s = 5.0\n"
+                 "nvlinks = [[0, 1], [2, 0]]\n")
+    with pytest.raises(SpecError, match=r"nvlinks: links \[0\]\[1\] and \[1\]\[0\] differ"):
+        load_topology(str(p))

@@ -338,6 +338,213 @@ def presets(as_json: JsonOpt = False):
     con.print(t)
 
 
+# --- solver commands (issue 3) ---
+# The main job: choose the fastest plan that fits (solvers/search.py), and compare solvers.
+
+
+class Method(str, Enum):
+    auto = "auto"
+    exact = "exact"
+    anneal = "anneal"
+
+
+MethodOpt = Annotated[Method, typer.Option(
+    "--method", help="exact (MILP on HiGHS), anneal, or auto (exact up to "
+    "solvers.search.AUTO_EXACT_MAX_NODES nodes).")]
+TimeOpt = Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for the annealer.")]
+
+
+class _Progress:
+    """Live progress on stderr for searches longer than about two seconds."""
+
+    def __init__(self, enabled: bool):
+        import time
+        self.enabled, self.t0, self.status = enabled, time.perf_counter(), None
+
+    def __call__(self, msg: str) -> None:
+        import time
+        if not self.enabled or time.perf_counter() - self.t0 < 2.0:
+            return
+        if self.status is None:
+            from rich.console import Console
+            self.status = Console(stderr=True).status("")
+            self.status.start()
+        self.status.update(f"[{time.perf_counter() - self.t0:5.1f} s] {msg}")
+
+    def stop(self):
+        if self.status is not None:
+            self.status.stop()
+
+
+def _result_dict(res, c) -> dict:
+    from model.serialize import estimate_to_dict, plan_to_dict
+
+    return {
+        "plan": plan_to_dict(res.plan, c), "estimate": estimate_to_dict(res.estimate),
+        "solver": res.status_dict(),
+        "candidates": [{"shape": x.describe, "lower_bound_ms": x.lower_bound_ms,
+                        "megatron_placement_ms": x.quick_ms, "best_ms": x.best_ms,
+                        "status": x.status} for x in res.candidates],
+    }
+
+
+def print_solve(res, c) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = console()
+    print_estimate(res.estimate, res.plan, c, title="Best plan")
+    print_placement(res.plan, c)
+    proven = "proven optimal" if res.termination == "optimal" else "NOT proven optimal"
+    con.print(f"solver: {res.method}, {res.termination} ({proven}); objective "
+              f"{res.objective_ms / 1e3:.4f} s, bound {res.bound_ms / 1e3:.4f} s, gap "
+              f"{res.gap * 100:.4f}%, {res.wall_s:.1f} s; {res.shapes_total} shapes, "
+              f"{res.shapes_solved} placement-optimized", highlight=False)
+    others = [x for x in res.candidates if x.status != "best" and
+              (x.best_ms is not None or x.quick_ms is not None)]
+    t = Table(title="Next best plans and why they lost")
+    for col in ("shape", "best found s", "Megatron placement s", "lower bound s", "status"):
+        t.add_column(col)
+    for x in others[:8]:
+        t.add_row(x.describe, f"{x.best_ms / 1e3:.3f}" if x.best_ms else "-",
+                  f"{x.quick_ms / 1e3:.3f}" if x.quick_ms else "-",
+                  f"{x.lower_bound_ms / 1e3:.3f}", escape(x.status))
+    con.print(t)
+    misfits = [x for x in res.candidates if x.status.startswith("does not fit")]
+    if misfits:
+        def need(x):
+            try:
+                return float(x.status.split("needs ")[1].split(" ")[0])
+            except (IndexError, ValueError):
+                return float("inf")
+        t = Table(title=f"Shapes that do not fit ({len(misfits)}; closest first)")
+        t.add_column("shape")
+        t.add_column("why")
+        for x in sorted(misfits, key=need)[:6]:
+            t.add_row(x.describe, escape(x.status))
+        con.print(t)
+
+
+@app.command()
+@guarded
+def solve(
+    model: ModelOpt = EXAMPLE_MODEL,
+    cluster: ClusterOpt = EXAMPLE_CLUSTER,
+    global_batch: GbsOpt = EXAMPLE_GBS,
+    seq: SeqOpt = EXAMPLE_SEQ,
+    precision: PrecOpt = Precision.bf16,
+    method: MethodOpt = Method.auto,
+    time_limit: TimeOpt = 120.0,
+    seed: SeedOpt = 0,
+    distopt: Annotated[Optional[bool], typer.Option(
+        "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
+        "[solver chooses].")] = None,
+    blocking: Annotated[bool, typer.Option("--blocking/--overlapped",
+                                           help="Blocking pipeline send/recv.")] = True,
+    overlap_grad_reduce: Annotated[bool, typer.Option(
+        help="Overlap gradient reduction with the last backward.")] = False,
+    as_json: JsonOpt = False,
+    save_plan: Annotated[Optional[Path], typer.Option(
+        "--save-plan", help="Write the chosen plan with inputs, estimate and solver status.")] = None,
+    emit: Annotated[Optional[str], typer.Option(
+        "--emit", help="Write launch files: megatron, nemo, torchtitan or deepspeed.")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Folder for --emit [launch-<framework>].")] = None,
+    gantt: Annotated[Optional[Path], typer.Option(
+        "--gantt", help="Write the schedule's Gantt chart to this PNG.")] = None,
+    placement_png: Annotated[Optional[Path], typer.Option(
+        "--placement-png", help="Write the placement on the cluster to this PNG.")] = None,
+):
+    """Fastest plan that fits on the cluster as measured (defaults: the built-in example)."""
+    from solvers.search import solve as run_solve
+
+    m, job, c = _inputs(model, cluster, global_batch, seq, precision.value, distopt)
+    opts = _options(blocking, overlap_grad_reduce)
+    prog = _Progress(not as_json)
+    try:
+        res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
+                        options=opts, progress=prog)
+    finally:
+        prog.stop()
+    files, warnings = _write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan, emit,
+                                     out, gantt, placement_png, solver=res.status_dict())
+    if as_json:
+        d = _result_dict(res, c)
+        d.update({"model": m.name, "cluster": c.name, "files": [str(p) for p in files],
+                  "warnings": warnings})
+        typer.echo(json.dumps(d, indent=1, default=_json_default))
+        return
+    print_solve(res, c)
+    _print_written(files, warnings)
+
+
+def _json_default(x):
+    import math
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)
+
+
+@app.command()
+@guarded
+def compare(
+    model: ModelOpt = EXAMPLE_MODEL,
+    cluster: ClusterOpt = EXAMPLE_CLUSTER,
+    global_batch: GbsOpt = EXAMPLE_GBS,
+    seq: SeqOpt = EXAMPLE_SEQ,
+    precision: PrecOpt = Precision.bf16,
+    generated: Annotated[int, typer.Option(
+        help="Instead of --cluster, compare on this many synthetic clusters "
+        "(cluster synth's model; see --nodes).")] = 0,
+    nodes: Annotated[int, typer.Option(help="Nodes of each generated cluster.")] = 8,
+    time_limit: TimeOpt = 120.0,
+    seed: SeedOpt = 0,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the table as CSV.")] = None,
+    as_json: JsonOpt = False,
+):
+    """Exact solver vs annealer vs baselines (Megatron-LM placement, AMP-style choice), all
+    re-evaluated with this cost model."""
+    from rich.table import Table
+
+    from model.cluster import SynthParams, synth_cluster
+    from solvers.compare import compare_instance
+
+    m, job, c = _inputs(model, cluster, global_batch, seq, precision.value)
+    instances = [c] if generated <= 0 else [
+        synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
+    prog = _Progress(not as_json)
+    rows = []
+    try:
+        for inst in instances:
+            rows += compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
+                                     progress=prog)
+    finally:
+        prog.stop()
+    if csv is not None:
+        import csv as csvmod
+        with open(csv, "w", newline="") as f:
+            w = csvmod.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1, default=_json_default))
+        return
+    t = Table(title=f"{m.name}, global batch {job.global_batch}, seq {job.seq_length}")
+    for col in ("cluster", "method", "plan", "iteration s", "gap to optimum", "solve s",
+                "proven"):
+        t.add_column(col)
+    for r in rows:
+        gap = r["gap_to_optimum"]
+        t.add_row(r["cluster"], r["method"], r["plan"], f"{r['iteration_ms'] / 1e3:.3f}",
+                  "-" if gap is None else f"{gap * 100:.2f}%", f"{r['solve_s']:.1f}",
+                  r["proven"])
+    con = console()
+    con.print(t)
+    if csv is not None:
+        con.print(f"wrote {csv}")
+
+
 # --- cluster commands (issue 4) ---
 
 cluster_app = typer.Typer(no_args_is_help=True,
@@ -526,8 +733,24 @@ def _launch_outputs(m, job, c, plan, est, opts, save_plan: Path | None, emit: st
                     out: Path | None, gantt: Path | None, placement_png: Path | None,
                     as_json: bool) -> None:
     """Write what was asked (plan file, launch files, PNGs) and report the estimate."""
-    from model.errors import SpecError
     from model.serialize import estimate_to_dict, plan_to_dict
+
+    files, warnings = _write_outputs(m, job, c, plan, est, opts, save_plan, emit, out, gantt,
+                                     placement_png)
+    if as_json:
+        typer.echo(json.dumps({"model": m.name, "cluster": c.name, "plan": plan_to_dict(plan, c),
+                               "estimate": estimate_to_dict(est),
+                               "files": [str(p) for p in files], "warnings": warnings},
+                              indent=1))
+        return
+    print_estimate(est, plan, c)
+    _print_written(files, warnings)
+
+
+def _write_outputs(m, job, c, plan, est, opts, save_plan, emit, out, gantt, placement_png,
+                   solver: dict | None = None) -> tuple[list[Path], list[str]]:
+    """Plan file, launch files and pictures, as asked; returns (files, warnings)."""
+    from model.errors import SpecError
 
     if out is not None and emit is None:
         raise SpecError("is the folder for --emit; add --emit FRAMEWORK",
@@ -536,7 +759,7 @@ def _launch_outputs(m, job, c, plan, est, opts, save_plan: Path | None, emit: st
     warnings: list[str] = []
     if save_plan is not None:
         from model.planfile import save_plan as write_plan
-        write_plan(save_plan, m, job, c, plan, est, None, opts)
+        write_plan(save_plan, m, job, c, plan, est, solver, opts)
         files.append(save_plan)
     if emit is not None:
         from launch.emit import emit as write_launch
@@ -551,14 +774,7 @@ def _launch_outputs(m, job, c, plan, est, opts, save_plan: Path | None, emit: st
                                             plan.placement, gantt))
         if placement_png is not None:
             files.append(pictures.placement_png(c, plan, placement_png))
-    if as_json:
-        typer.echo(json.dumps({"model": m.name, "cluster": c.name, "plan": plan_to_dict(plan, c),
-                               "estimate": estimate_to_dict(est),
-                               "files": [str(p) for p in files], "warnings": warnings},
-                              indent=1))
-        return
-    print_estimate(est, plan, c)
-    _print_written(files, warnings)
+    return files, warnings
 
 
 def _print_written(files, warnings) -> None:

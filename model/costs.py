@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .cluster import ClusterSpec
 from .plan import Shape
 from .specs import GPUSpec, JobSpec, ModelSpec, Options
@@ -130,6 +132,21 @@ class CostModel:
         if a == b:
             return self.hop_ms(c.nodes[a].intra_gb_per_s, True, ring)
         return self.hop_ms(float(c.inter_gb_per_s[a, b]), False, ring)
+
+    def hop_matrix_ms(self) -> np.ndarray:
+        """`node_hop_ms(a, b)` for every pair of nodes at once (same formula, vectorized)."""
+        c, t = self.cluster, self.shape.tp
+        n = c.num_nodes
+        ring = np.array([nd.ring_gb_per_s(tuple(range(min(t, nd.num_gpus))))
+                         for nd in c.nodes])
+        with np.errstate(divide="ignore"):
+            out = c.latency_us / 1e3 + self.act_msg_bytes / t / (c.inter_gb_per_s * 1e6)
+        if t > 1 and not self.shape.sequence_parallel:
+            out = out + np.array([gather_ms(self.act_msg_bytes, t, r, INTRA_LATENCY_US)
+                                  for r in ring])[None, :]
+        for a in range(n):
+            out[a, a] = self.node_hop_ms(a, a)
+        return out
 
     # -- data parallel -------------------------------------------------------------------------
 

@@ -61,7 +61,18 @@ def milp_supported(prob: PlacementProblem) -> str | None:
 
 
 def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds: int = 200,
-               seed_solutions=(), progress=None, mip_rel_gap: float = 1e-6) -> PlacementResult:
+               seed_solutions=(), progress=None, mip_rel_gap: float = 1e-4,
+               relax_placement: bool = False, initial_cuts=(),
+               integral_layers: bool = True, neighbor_cuts: int = 8) -> PlacementResult:
+    """Optimal placement and split for `prob`'s shape and block.
+
+    With `relax_placement`, there are no placement variables: every inter-node pipeline transfer
+    costs the cheapest inter-node transfer of the cluster and the data-parallel ring runs at the
+    best rate this block layout could give. Durations only shrink, and the critical path is
+    monotone in them, so the optimum over layer splits is a lower bound for every placement of
+    this block; search.py prunes shapes with the smallest over blocks. The plan is then None.
+    `integral_layers=False` (relaxation only) lets layer counts be fractional: a weaker bound
+    that solves as a linear program."""
     try:
         import pyomo.environ as pyo
         from pyomo.contrib.solver.common.factory import SolverFactory
@@ -102,7 +113,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     fB = [lt.bwd_ms] * V
     eF = [costs.virtual_stage_ms(gpu, ring_tp, j, 0)[0] for j in range(V)]
     eB = [costs.virtual_stage_ms(gpu, ring_tp, j, 0)[1] for j in range(V)]
-    hop_C = np.array([[costs.node_hop_ms(n, m) for m in range(N)] for n in range(N)])
+    hop_C = costs.hop_matrix_ms()
     intra_hop = costs.node_hop_ms(0, 0)
     n_hops = p if v > 1 else p - 1
     hop_edge = {}  # physical hop h -> node-stage edge (a, a2) or None if inside a node
@@ -124,13 +135,22 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     ovh = prob.options.overheads.latency_overhead_ms
     inv_intra = 1.0 / node0.ring_gb_per_s(tuple(range(k))) if k > 1 else 0.0
     bw = cl.inter_gb_per_s
-    inv_ring = np.zeros((N, N))
-    for n in range(N):
-        for m in range(N):
-            if n != m:
-                inv_ring[n, m] = 1.0 / (k * bw[n, m])
+    with np.errstate(divide="ignore"):
+        inv_ring = np.where(np.eye(N, dtype=bool), 0.0, 1.0 / (k * bw))
     U = max(inv_ring.max(), inv_intra) if inter_ring else inv_intra
-    nbits = max(1, math.ceil(math.log2(L - V + 2)))
+    if relax_placement:  # this block, cheapest links: every inter-node hop at the minimum
+        off = ~np.eye(N, dtype=bool)
+        hop_min_inter = float(hop_C[off].min()) if N > 1 else math.inf
+        u_min = max(inv_intra, float(inv_ring[off].min())) if inter_ring else inv_intra
+        U = u_min
+    # the ring's inverse bandwidth is a constant unless node-replicas form an inter-node ring;
+    # only then is l[j] * u[a] a product that needs the binary expansion
+    u_const = None
+    if relax_placement:
+        u_const = u_min
+    elif not inter_ring:
+        u_const = inv_intra
+    nbits = max(1, math.ceil(math.log2(L - V + 2))) if u_const is None else 0
 
     # ---- model ------------------------------------------------------------------------------
     M = pyo.ConcreteModel("placement")
@@ -138,24 +158,31 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     M.S = pyo.Set(initialize=[(a, b) for a in range(A) for b in range(D)], dimen=2)
     M.J = pyo.RangeSet(0, V - 1)
     M.P = pyo.RangeSet(0, p - 1)
-    M.x = pyo.Var(M.N, M.S, domain=pyo.Binary)
-    M.l = pyo.Var(M.J, domain=pyo.Integers, bounds=(1, L - V + 1))
+    if not relax_placement:
+        M.x = pyo.Var(M.N, M.S, domain=pyo.Binary)
+    integral = integral_layers or not relax_placement
+    M.l = pyo.Var(M.J, domain=pyo.Integers if integral else pyo.Reals, bounds=(1, L - V + 1))
     M.beta = pyo.Var(M.J, range(nbits), domain=pyo.Binary)
     M.tail = pyo.Var(M.P, domain=pyo.NonNegativeReals)
     M.T = pyo.Var(domain=pyo.NonNegativeReals)
 
-    M.node_once = pyo.Constraint(M.N, rule=lambda M, n: sum(M.x[n, a, b] for a, b in M.S) == 1)
-    M.slot_once = pyo.Constraint(M.S, rule=lambda M, a, b: sum(M.x[n, a, b] for n in M.N) == 1)
+    if not relax_placement:
+        M.node_once = pyo.Constraint(M.N, rule=lambda M, n: sum(M.x[n, a, b] for a, b in M.S)
+                                     == 1)
+        M.slot_once = pyo.Constraint(M.S, rule=lambda M, a, b: sum(M.x[n, a, b] for n in M.N)
+                                     == 1)
     M.total_layers = pyo.Constraint(expr=sum(M.l[j] for j in M.J) == L)
-    M.digits = pyo.Constraint(M.J, rule=lambda M, j: M.l[j] == 1 + sum(
-        2 ** q * M.beta[j, q] for q in range(nbits)))
+    if nbits:
+        M.digits = pyo.Constraint(M.J, rule=lambda M, j: M.l[j] == 1 + sum(
+            2 ** q * M.beta[j, q] for q in range(nbits)))
 
     # products for pipeline edges
-    W_idx = [(n, m, e, b) for e in range(len(edges)) for b in range(D) for n in range(N)
-             for m in range(N) if n != m]
+    W_idx = [] if relax_placement else [
+        (n, m, e, b) for e in range(len(edges)) for b in range(D) for n in range(N)
+        for m in range(N) if n != m]
     M.w = pyo.Var(W_idx, domain=pyo.NonNegativeReals, bounds=(0, 1))
     M.w_row = pyo.ConstraintList()
-    for e, (a, a2) in enumerate(edges):
+    for e, (a, a2) in ([] if relax_placement else enumerate(edges)):
         for b in range(D):
             for n in range(N):
                 M.w_row.add(sum(M.w[n, m, e, b] for m in range(N) if m != n) == M.x[n, a, b])
@@ -163,6 +190,8 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
 
     def hop_expr(h, b, backward):
         e = hop_edge[h]
+        if relax_placement:
+            return intra_hop if e is None else hop_min_inter
         if e is None:
             return intra_hop
         ei = edges.index(e)
@@ -174,7 +203,11 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     # data-parallel ring per node-stage
     M.u = pyo.Var(range(A), domain=pyo.NonNegativeReals)
     M.ring = pyo.ConstraintList()
-    if inter_ring:
+    if relax_placement:
+        for a in range(A):
+            M.ring.add(M.u[a] == u_min)
+        D = 1  # one representative pipeline: all have the same relaxed durations
+    elif inter_ring:
         Y_idx = [(n, m, a, b) for a in range(A) for b in range(D) for n in range(N)
                  for m in range(N) if n != m]
         M.y = pyo.Var(Y_idx, domain=pyo.NonNegativeReals, bounds=(0, 1))
@@ -204,6 +237,8 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         return E_s[s] + P_gpu * sum(M.l[j] for j in range(V) if stage_of(j) == s)
 
     def lu_expr(j):  # l[j] * u[a], exact at the optimum (z minimal)
+        if u_const is not None:
+            return u_const * M.l[j]
         a = nstage(stage_of(j))
         return M.u[a] + sum(2 ** q * M.z[j, q] for q in range(nbits))
 
@@ -211,7 +246,8 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         if d <= 1:
             return 0.0
         a = nstage(s)
-        return sigma * (E_s[s] * M.u[a] + P_gpu * sum(lu_expr(j) for j in range(V)
+        ua = u_const if u_const is not None else M.u[a]
+        return sigma * (E_s[s] * ua + P_gpu * sum(lu_expr(j) for j in range(V)
                                                       if stage_of(j) == s)) + lam
 
     def F(j):
@@ -249,19 +285,21 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
 
     # symmetry: rotate node-replicas so the lowest-index host of node-stage 0 is in b = 0
     M.sym = pyo.ConstraintList()
-    if D > 1:
+    if D > 1 and not relax_placement:
         for b in range(1, D):
             M.sym.add(sum(n * M.x[n, 0, 0] for n in range(N)) <=
                       sum(n * M.x[n, 0, b] for n in range(N)))
 
     M.cuts = pyo.ConstraintList()
     seen_cuts: set[bytes] = set()
+    cut_list: list[np.ndarray] = []
 
     def add_cut(counts: np.ndarray):
         key = counts.tobytes()
         if key in seen_cuts:
             return False
         seen_cuts.add(key)
+        cut_list.append(counts)
         for b in range(D):
             expr = 0
             for jj in range(V):
@@ -290,6 +328,14 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
             added += add_cut(counts)
         return added
 
+    for counts in initial_cuts:  # paths found on another block or the relaxation stay valid
+        if len(counts) == K.size:
+            add_cut(np.asarray(counts, dtype=float))
+    if relax_placement:
+        hop_cost = [intra_hop if hop_edge[h] is None else hop_min_inter for h in range(n_hops)]
+        return _relaxed_loop(M, opt, TC, prob, ev0, start_layers, add_cut, fF, fB, eF, eB,
+                             hop_cost, n_hops, E_s, P_gpu, sigma, lam, u_min, opt_coef, ovh,
+                             time_limit_s, t_start, max_rounds, mip_rel_gap, cut_list)
     best_ms, best_plan = float("inf"), None
     seeds = list(seed_solutions) or [(list(range(N)), start_layers)]
     for perm, lay in seeds:
@@ -347,8 +393,81 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
             continue  # time limit inside HiGHS; loop ends on the next check
         if not cuts_from(perm, lay):  # cannot happen if the cost model is linear as claimed
             raise RuntimeError("critical path already present but MILP underestimates")
-    if best_plan is not None and best_ms - bound <= 1e-6 * best_ms:
+        # paths of nearby plans too (one swap, one layer moved): fewer rounds of re-solving
+        rng = np.random.default_rng(rounds)
+        for _ in range(neighbor_cuts):
+            p2, l2 = list(perm), list(lay)
+            if len(p2) > 1 and rng.random() < 0.6:
+                a_, b_ = rng.choice(len(p2), 2, replace=False)
+                p2[a_], p2[b_] = p2[b_], p2[a_]
+            else:
+                s_, d_ = rng.choice(V, 2, replace=False) if V > 1 else (0, 0)
+                if l2[s_] > 1 and s_ != d_:
+                    l2[s_] -= 1
+                    l2[d_] += 1
+            if prob.fits(tuple(l2)):
+                cuts_from(p2, tuple(l2))
+    if best_plan is not None and best_ms - bound <= mip_rel_gap * best_ms:
         termination = "optimal"
         bound = min(bound, best_ms)
     return PlacementResult(best_plan, best_ms, min(bound, best_ms), termination, "milp",
-                           time.perf_counter() - t_start, rounds)
+                           time.perf_counter() - t_start, rounds, cut_list)
+
+
+def _relaxed_loop(M, opt, TC, prob, ev0, start_layers, add_cut, fF, fB, eF, eB, hop_cost,
+                  n_hops, E_s, P_gpu, sigma, lam, u_min, opt_coef, ovh, time_limit_s, t_start,
+                  max_rounds, mip_rel_gap, cut_list) -> PlacementResult:
+    """Cut loop for the placement relaxation: durations are known functions of the split."""
+    import pyomo.environ as pyo
+
+    sh = prob.shape
+    K, p, V, d = ev0.kinds, sh.pp, sh.num_virtual, sh.dp
+
+    def durations(lay):
+        dur = np.zeros(K.size)
+        for j in range(V):
+            dur[K.F(j)] = fF[j] * lay[j] + eF[j]
+            dur[K.B(j)] = fB[j] * lay[j] + eB[j]
+        for h in range(n_hops):
+            dur[K.xf(h)] = dur[K.xb(h)] = hop_cost[h]
+        for s in range(p):
+            params = E_s[s] + P_gpu * sum(lay[j] for j in range(V) if j % p == s)
+            sync = sigma * params * u_min + lam if d > 1 else 0.0
+            if prob.options.overlap_grad_reduce:
+                sync = max(0.0, sync - dur[K.B(s)])
+            dur[K.tail(s)] = sync + opt_coef * params + ovh
+        return dur
+
+    if prob.fits(start_layers):
+        add_cut(ev0.cs.critical_path(durations(start_layers))[1])
+    M.obj = pyo.Objective(expr=M.T, sense=pyo.minimize)
+    bound, termination, rounds = 0.0, "time_limit", 0
+    while rounds < max_rounds:
+        rounds += 1
+        left = time_limit_s - (time.perf_counter() - t_start)
+        if left <= 0.05:
+            break
+        res = opt.solve(M, time_limit=left, load_solutions=False,
+                        raise_exception_on_nonoptimal_result=False,
+                        solver_options={"mip_rel_gap": mip_rel_gap, "random_seed": 0})
+        tc = res.termination_condition
+        if tc in (TC.provenInfeasible, TC.infeasibleOrUnbounded):
+            return PlacementResult(None, float("inf"), float("inf"), "infeasible",
+                                   "milp-relaxed", time.perf_counter() - t_start, rounds,
+                                   cut_list)
+        if res.objective_bound is not None and math.isfinite(res.objective_bound):
+            bound = max(bound, float(res.objective_bound))
+        if res.incumbent_objective is None or tc != TC.convergenceCriteriaSatisfied:
+            break
+        res.solution_loader.load_vars()
+        lay = tuple(float(pyo.value(M.l[j])) for j in range(V))
+        if M.l[0].domain is pyo.Integers:
+            lay = tuple(int(round(x)) for x in lay)
+        length, counts, _ = ev0.cs.critical_path(durations(lay))
+        if length <= float(res.incumbent_objective) * (1 + 1e-7) + 1e-9:
+            termination = "optimal"
+            bound = max(bound, min(length, float(res.incumbent_objective)))
+            break
+        add_cut(counts)
+    return PlacementResult(None, float("inf"), bound, termination, "milp-relaxed",
+                           time.perf_counter() - t_start, rounds, cut_list)

@@ -19,6 +19,7 @@ class PlacementResult:
     method: str
     wall_s: float
     iterations: int = 0
+    cuts: list = field(default_factory=list)  # critical-path count vectors found (MILP)
 
     @property
     def gap(self) -> float:

@@ -23,7 +23,7 @@ from model.estimator import Evaluator, default_layers
 from model.plan import Plan, Shape, megatron_placement, num_microbatches
 from model.specs import JobSpec, ModelSpec, Options
 
-from .anneal import anneal
+from .anneal import _perm_of, anneal
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import Candidate, SolveResult
@@ -32,6 +32,9 @@ from .space import SearchSpace, blocks_for, enumerate_shapes, memory_split, with
 # Above this many nodes `auto` anneals instead of proving optimality: bench/exact_scaling.py
 # measured the MILP's time to proof growing past a minute beyond 16 nodes.
 AUTO_EXACT_MAX_NODES = 16
+# "optimal" means a proven relative gap of at most HiGHS's default MIP tolerance; the exact gap
+# is always reported alongside
+OPTIMAL_GAP = 1e-4
 
 
 @dataclass
@@ -141,7 +144,60 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     bounds_left: dict[int, float] = {id(i): i.bound_ms for i in infos}
     solved = 0
     all_exact = True
+    cuts_of: dict[int, list] = {}
+    probs_of: dict[int, list] = {}
+    # Phase A: bound every shape that the cheap bound cannot rule out; prune.
+    survivors = []
     for n_done, info in enumerate(infos):
+        cand = candidates[id(info)]
+        if info.bound_ms >= best_ms * (1 - 1e-9):
+            cand.status = "pruned: its lower bound is above the best plan"
+            bounds_left[id(info)] = max(info.bound_ms, best_ms)
+            continue
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0:
+            cand.status = "not searched (time limit)"
+            continue
+        probs = [PlacementProblem(model, job, cluster, info.shape, blk, options)
+                 for blk in blocks_for(cluster, info.shape)]
+        probs_of[id(info)] = probs
+        if not probs:
+            cand.status = "no block layout fits this cluster's nodes"
+            bounds_left[id(info)] = math.inf
+            continue
+        cuts: list = []
+        if all(milp_supported(pr) is None for pr in probs):
+            if progress:
+                progress(f"bounding shape {n_done + 1}/{len(infos)} {info.shape.describe()}; "
+                         f"best {best_ms / 1e3:.3f} s")
+            try:
+                rb = math.inf
+                for pr in probs:
+                    # placement relaxed, fractional split first (a linear program)
+                    r = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
+                                   integral_layers=False,
+                                   time_limit_s=max(0.5, min(10.0, left / 4)))
+                    cuts = r.cuts
+                    if best_ms * (1 - 0.02) < r.bound_ms < best_ms * (1 - 1e-9):
+                        # close to the incumbent: the integral split may settle it
+                        r2 = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
+                                        time_limit_s=max(0.5, min(5.0, left / 8)))
+                        cuts = r2.cuts
+                        if r2.bound_ms > r.bound_ms:
+                            r = r2
+                    rb = min(rb, r.bound_ms)
+                info.bound_ms = max(info.bound_ms, rb)
+                bounds_left[id(info)] = info.bound_ms
+                cand.lower_bound_ms = info.bound_ms
+            except SolverUnavailableError:
+                pass
+            if info.bound_ms >= best_ms * (1 - 1e-9):
+                cand.status = "pruned: even on the cheapest links it cannot beat the best plan"
+                continue
+        cuts_of[id(info)] = cuts
+        survivors.append(info)
+    # Phase B: optimize placement and split of the survivors, best quick score first.
+    for n_done, info in enumerate(survivors):
         cand = candidates[id(info)]
         if info.bound_ms >= best_ms * (1 - 1e-9):
             cand.status = "pruned: its lower bound is above the best plan"
@@ -151,30 +207,35 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         if left <= 0 or (max_shapes is not None and solved >= max_shapes):
             cand.status = "not searched (time limit)"
             continue
-        per_shape = max(0.5, left / max(1, min(8, len(infos) - n_done)))
+        probs = probs_of[id(info)]
+        cuts = cuts_of[id(info)]
+        per_block = max(0.5, left / max(1, sum(len(probs_of[id(i)])
+                                                for i in survivors[n_done:])))
         shape_bound = math.inf
         shape_best = math.inf
-        for blk in blocks_for(cluster, info.shape):
-            prob = PlacementProblem(model, job, cluster, info.shape, blk, options)
+        for prob in probs:
+            blk = prob.block
             if progress:
-                progress(f"shape {n_done + 1}/{len(infos)} {info.shape.describe()}, "
-                         f"{blk.describe()}; best {best_ms / 1e3:.3f} s")
+                progress(f"shape {n_done + 1}/{len(survivors)} {info.shape.describe()}, "
+                         f"{blk.describe()}; best {best_ms / 1e3:.3f} s, "
+                         f"bound {min(bounds_left.values()) / 1e3:.3f} s")
             res = None
             if method == "exact" and milp_supported(prob) is None:
                 warm = anneal(prob, seed=seed, iters=min(anneal_iters, 1500),
-                              time_limit_s=per_shape / 4, restarts=2)
+                              time_limit_s=per_block / 4, restarts=2)
                 seeds = [(list(range(prob.num_slots)), prob.start_layers())]
                 if warm.plan is not None:
-                    from .anneal import _perm_of
                     seeds.append((_perm_of(prob, warm.plan), tuple(warm.plan.shape.layers)))
                 try:
-                    res = solve_milp(prob, time_limit_s=per_shape, seed_solutions=seeds)
+                    res = solve_milp(prob, time_limit_s=per_block, seed_solutions=seeds,
+                                     initial_cuts=cuts)
+                    cuts = res.cuts
                 except SolverUnavailableError:
                     res = None
                 if res is not None and res.termination != "optimal":
                     all_exact = False
             if res is None:
-                res = anneal(prob, seed=seed, iters=anneal_iters, time_limit_s=per_shape)
+                res = anneal(prob, seed=seed, iters=anneal_iters, time_limit_s=per_block)
                 all_exact = False
                 res.bound_ms = info.bound_ms
             shape_bound = min(shape_bound, res.bound_ms if res.plan is not None else math.inf)
@@ -186,7 +247,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         solved += 1
         cand.best_ms = shape_best if math.isfinite(shape_best) else None
         bounds_left[id(info)] = max(info.bound_ms, shape_bound) if math.isfinite(
-            shape_bound) else info.bound_ms
+            shape_bound) else math.inf
     for info in infos:
         c = candidates[id(info)]
         if c.best_ms is not None and c.status == "":
@@ -196,7 +257,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     bound = min(bounds_left.values())
     bound = min(bound, best_ms)
     gap = (best_ms - bound) / best_ms if best_ms > 0 else 0.0
-    termination = "optimal" if gap <= 1e-6 and all_exact else (
+    termination = "optimal" if gap <= OPTIMAL_GAP and all_exact else (
         "time_limit" if any(c.status.startswith("not searched") for c in candidates.values())
         else "feasible")
     est = Evaluator(model, job, cluster, best_plan.shape, options).estimate(best_plan.placement)

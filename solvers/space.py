@@ -161,17 +161,50 @@ def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Sh
         return max(max(const + coef @ arr for const, coef in ev) for ev in events) * scale \
             + ovh.context_gib
 
+    if shape.chunks == 1:
+        # one chunk per stage: each candidate peak is const + coef * l_s, so under a cap every
+        # stage holds at most min_e floor((cap - const_e) / coef_e) layers; a cap is feasible
+        # iff those add up to L. Bisect on the cap for the smallest feasible one.
+        C = [np.array([c for c, _ in ev]) for ev in events]
+        S = [np.array([cf[s] for _, cf in ev]) for s, ev in enumerate(events)]
+
+        def max_layers(cap):
+            return [int(np.floor(np.min((cap - C[s]) / S[s]) + 1e-9)) for s in range(p)]
+
+        def ok(cap):
+            ml = max_layers(cap)
+            return min(ml) >= 1 and sum(ml) >= model.num_layers
+
+        hi = float(max((C[s] + S[s] * model.num_layers).max() for s in range(p)))
+        lo = float(max((C[s] + S[s]).max() for s in range(p)))
+        if ok(lo):
+            hi = lo
+        for _ in range(60):
+            if hi - lo <= 1e-9 * hi:
+                break
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+        ml = max_layers(hi)
+        layers = list(ml)
+        while sum(layers) > model.num_layers:  # trim the fullest stages first
+            s = max(range(p), key=lambda i: (layers[i], -i))
+            layers[s] -= 1
+        return tuple(layers), float(peak_gib(layers))
+
     layers = [1] * V
+    ev_const = [np.array([c for c, _ in ev]) for ev in events]
+    ev_coef = [np.array([cf for _, cf in ev]) for ev in events]
+    cur = [ev_const[s] + ev_coef[s] @ np.asarray(layers, dtype=float) for s in range(p)]
     for _ in range(model.num_layers - V):
         best, best_j = None, 0
         for j in range(V):
             s = j % p
-            lay = np.asarray(layers, dtype=float)
-            lay[j] += 1
-            val = max(const + coef @ lay for const, coef in events[s])
+            val = float((cur[s] + ev_coef[s][:, j]).max())
             if best is None or val < best:
                 best, best_j = val, j
         layers[best_j] += 1
+        s = best_j % p
+        cur[s] = cur[s] + ev_coef[s][:, best_j]
     return tuple(layers), float(peak_gib(layers))
 
 

@@ -1,0 +1,75 @@
+"""Speed of one estimate: the solver hot path and the full report.
+
+Instance (issue 3 / the estimator issue's target): GPT-3 175B (preset gpt3-175b) on a uniform
+cluster of 12 nodes x 8 A100-80GB (240 GB/s NVLink, 23 GB/s per inter-node stream), TP=8, PP=12,
+DP=1, global batch 64, micro-batch 1 (64 micro-batches per iteration), 1F1B, full recompute,
+Megatron-LM's placement. Reports the median over repeats of
+  (a) Evaluator.iteration_ms(placement): the solvers' hot path, schedule already compiled;
+  (b) estimate(): building the Evaluator plus Evaluator.estimate (schedule cached);
+  (c) the first call, compiling the schedule graph (the compile cache is cleared each repeat).
+Target: <= 20 ms per estimate.
+
+Run:   python bench/estimator_speed.py            (default: 200 / 50 / 10 repeats)
+       python bench/estimator_speed.py --quick    (50 / 10 / 3 repeats)
+"""
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from model import presets  # noqa: E402
+from model.cluster import uniform_cluster  # noqa: E402
+from model.estimator import Evaluator, estimate, make_plan  # noqa: E402
+from model.schedule import compile_schedule  # noqa: E402
+from model.specs import JobSpec  # noqa: E402
+
+
+def median_ms(fn, repeats, before=None):
+    out = []
+    for _ in range(repeats):
+        if before:
+            before()
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(out), min(out), max(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats of (a); (b) 1/4, (c) 1/20")
+    a = ap.parse_args(argv)
+    n_a = a.repeats or (50 if a.quick else 200)
+    n_b, n_c = max(3, n_a // 4), max(3, n_a // 20)
+
+    model = presets.model("gpt3-175b")
+    job = JobSpec(global_batch=64, seq_length=2048, precision="fp16")
+    cluster = uniform_cluster(12, 8, "A100-80GB", 240.0, 23.0)
+    plan = make_plan(model, job, cluster, tp=8, pp=12, dp=1, micro_batch=1, recompute="full")
+    ev = Evaluator(model, job, cluster, plan.shape)
+    assert ev.m == 64
+    it_ms = ev.iteration_ms(plan.placement)
+    print(f"instance: {model.name}, {cluster.num_nodes} nodes x 8 A100-80GB, TP=8 PP=12 DP=1, "
+          f"global batch 64, mbs 1 -> {ev.m} micro-batches, full recompute; "
+          f"schedule graph {ev.cs.num_nodes} nodes; predicted iteration {it_ms:.1f} ms")
+
+    ra = median_ms(lambda: ev.iteration_ms(plan.placement), n_a)
+    rb = median_ms(lambda: estimate(model, job, cluster, plan), n_b)
+    rc = median_ms(lambda: estimate(model, job, cluster, plan), n_c,
+                   before=compile_schedule.cache_clear)
+    print(f"{'what':<58} {'median ms':>10} {'min':>8} {'max':>8} {'repeats':>8}")
+    for name, r, n in (("(a) Evaluator.iteration_ms (hot path, schedule cached)", ra, n_a),
+                       ("(b) estimate() incl. Evaluator build (schedule cached)", rb, n_b),
+                       ("(c) first call incl. compiling the schedule", rc, n_c)):
+        print(f"{name:<58} {r[0]:>10.2f} {r[1]:>8.2f} {r[2]:>8.2f} {n:>8}")
+    print(f"target <= 20 ms: (a) {'met' if ra[0] <= 20 else 'NOT met'}, "
+          f"(b) {'met' if rb[0] <= 20 else 'NOT met'}, (c) {'met' if rc[0] <= 20 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

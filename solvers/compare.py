@@ -1,0 +1,91 @@
+"""Research entry point: exact vs annealing vs baselines on one instance, one cost model.
+
+Baselines, each re-evaluated with this project's estimator on the cluster as measured:
+- "megatron": the exact solver's best shape with Megatron-LM's default rank placement and the
+  balanced layer split (what a user gets by picking the right degrees and launching plainly);
+- "amp-style": the plan an AMP-style model (Li et al., NeurIPS 2022) would pick: it sees every
+  inter-node link at the cluster's mean bandwidth and counts pipeline communication once
+  (transfers overlap with compute: `Options(blocking_p2p=False)`); it places ranks in Megatron-LM
+  order. Its choice is then scored with the real matrix and blocking send/receive.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from model.cluster import ClusterSpec
+from model.estimator import Evaluator
+from model.plan import Plan, megatron_placement
+from model.specs import JobSpec, ModelSpec, Options
+
+from .search import prepare_shapes, solve
+from .space import SearchSpace, with_layers
+
+
+def _uniform_view(c: ClusterSpec) -> ClusterSpec:
+    from dataclasses import replace
+
+    bw = c.inter_gb_per_s
+    off = ~np.eye(c.num_nodes, dtype=bool)
+    mean = float(bw[off].mean()) if c.num_nodes > 1 else 1.0
+    u = np.where(off, mean, 0.0)
+    return replace(c, inter_gb_per_s=u, name=c.name + " (uniform mean)")
+
+
+def amp_style_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                   space: SearchSpace = SearchSpace()) -> Plan | None:
+    view = _uniform_view(cluster)
+    infos, _rej, _n = prepare_shapes(model, job, view, Options(blocking_p2p=False), space)
+    infos = [i for i in infos if i.quick_ms is not None]
+    if not infos:
+        return None
+    best = min(infos, key=lambda i: i.quick_ms)
+    return Plan(with_layers(best.shape, best.layers),
+                megatron_placement(cluster, best.shape.tp, best.shape.pp, best.shape.dp))
+
+
+def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
+                     time_limit_s: float = 120.0, seed: int = 0, options: Options | None = None,
+                     progress=None) -> list[dict]:
+    options = options or Options()
+    rows = []
+    ex = solve(model, job, cluster, method="exact", time_limit_s=time_limit_s, seed=seed,
+               options=options, progress=progress)
+    proven = ex.termination == "optimal"
+    ref = ex.objective_ms if proven else ex.bound_ms
+
+    def row(method, plan, ms, solve_s, prov):
+        return {"cluster": cluster.name, "method": method,
+                "plan": plan.shape.describe() if plan else "-", "iteration_ms": ms,
+                "gap_to_optimum": (ms - ref) / ref if ref else None,
+                "reference": "proven optimum" if proven else "lower bound",
+                "solve_s": solve_s, "proven": prov}
+
+    rows.append(row("exact", ex.plan, ex.objective_ms, ex.wall_s,
+                    f"yes (gap {ex.gap * 100:.3f}%)" if proven else
+                    f"no (gap {ex.gap * 100:.2f}%)"))
+    an = solve(model, job, cluster, method="anneal", time_limit_s=time_limit_s, seed=seed,
+               options=options, progress=progress)
+    rows.append(row("anneal", an.plan, an.objective_ms, an.wall_s, "no (heuristic)"))
+    t0 = time.perf_counter()
+    sh = ex.plan.shape
+    from .problem import PlacementProblem
+    from .space import blocks_for
+    blk = blocks_for(cluster, sh)
+    lay = PlacementProblem(model, job, cluster, sh, blk[0], options).start_layers() if blk \
+        else sh.layers
+    meg = Plan(with_layers(sh, lay), megatron_placement(cluster, sh.tp, sh.pp, sh.dp))
+    ms = Evaluator(model, job, cluster, meg.shape, options).iteration_ms(meg.placement)
+    rows.append(row("megatron", meg, ms, time.perf_counter() - t0, "baseline"))
+    t0 = time.perf_counter()
+    amp = amp_style_plan(model, job, cluster)
+    if amp is not None:
+        ev = Evaluator(model, job, cluster, amp.shape, options)
+        ms = ev.iteration_ms(amp.placement)
+        cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+        fits = all(mm.total_gib <= cap for mm in ev.memory)
+        rows.append(row("amp-style", amp, ms, time.perf_counter() - t0,
+                        "baseline" if fits else "baseline (does not fit)"))
+    return rows

@@ -18,11 +18,12 @@ from .problem import PlacementProblem
 from .result import PlacementResult
 
 
-def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int = 4000, restarts: int = 3,
+def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int = 6000, restarts: int = 4,
            time_limit_s: float = 10.0, polish: bool = True, **kw) -> PlacementResult:
     """Best of `restarts` seeded chains (the first from the given or identity start, the others
-    from random permutations), then a steepest-descent polish over all swaps and single-layer
-    moves until none improves (skipped past the time limit)."""
+    from random permutations), then a descent polish over all swaps, single-layer moves and,
+    where that neighbourhood is small, a swap and a layer move together, until none improves
+    (stopped by the time limit)."""
     t_start = time.perf_counter()
     rng = np.random.default_rng(seed)
     best: PlacementResult | None = None
@@ -31,8 +32,11 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int = 4000, restarts
         left = time_limit_s - (time.perf_counter() - t_start)
         if left <= 0 and best is not None:
             break
-        if i > 0:
+        if i > 0:  # later chains start from a random permutation, odd ones also reversed split
             kw = dict(kw, init_perm=list(rng.permutation(prob.num_slots)))
+            if i % 2 == 1:
+                rev = tuple(reversed(prob.start_layers()))
+                kw["init_layers"] = rev if prob.fits(rev) else None
         r = _chain(prob, seed=int(rng.integers(2**31)), iters=max(1, iters // restarts),
                    time_limit_s=max(left, 0.0), **kw)
         done += r.iterations
@@ -65,15 +69,22 @@ def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
                 c = prob.cost(p, layers)
                 if c < cur - 1e-12:
                     perm, cur, improved = p, c, True
-        for s in range(V):
-            for d in range(V):
-                if s != d and layers[s] > 1:
-                    lay = list(layers)
-                    lay[s] -= 1
-                    lay[d] += 1
-                    c = prob.cost(perm, tuple(lay))
-                    if c < cur - 1e-12:
-                        layers, cur, improved = tuple(lay), c, True
+        swaps = [None] + [(a, b) for a in range(n) for b in range(a + 1, n)]
+        if len(swaps) * V * V > 20000:  # compound moves only where the neighbourhood is small
+            swaps = [None]
+        for sw in swaps:
+            p = list(perm)
+            if sw is not None:
+                p[sw[0]], p[sw[1]] = p[sw[1]], p[sw[0]]
+            for s in range(V):
+                for d in range(V):
+                    if s != d and layers[s] > 1:
+                        lay = list(layers)
+                        lay[s] -= 1
+                        lay[d] += 1
+                        c = prob.cost(p, tuple(lay))
+                        if c < cur - 1e-12:
+                            perm, layers, cur, improved = p, tuple(lay), c, True
     return PlacementResult(prob.plan(perm, layers), cur, 0.0, "heuristic", "anneal",
                            time.perf_counter() - t_start)
 

@@ -281,7 +281,8 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
                     jj = c * p + s
                     act = act + int(cnt) * (mem.act_layer * M.l[jj] + mem.chunk_act_bytes(jj, 0))
             work = mem.work if kind == "B" else 0.0
-            M.memory.add(per_param * params_expr(s) + act + work <= cap_bytes)
+            # in GiB: bytes would put coefficients near 1e10 and upset HiGHS's tolerances
+            M.memory.add((per_param * params_expr(s) + act + work) / GIB <= cap_bytes / GIB)
 
     # symmetry: rotate node-replicas so the lowest-index host of node-stage 0 is in b = 0
     M.sym = pyo.ConstraintList()
@@ -353,9 +354,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         left = time_limit_s - (time.perf_counter() - t_start)
         if left <= 0.05:
             break
-        res = opt.solve(M, time_limit=left, load_solutions=False,
-                        raise_exception_on_nonoptimal_result=False,
-                        solver_options={"mip_rel_gap": mip_rel_gap, "random_seed": 0})
+        res = _highs_solve(opt, M, TC, left, mip_rel_gap)
         tc = res.termination_condition
         if tc in (TC.provenInfeasible, TC.infeasibleOrUnbounded):
             if best_plan is None:
@@ -414,6 +413,25 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
                            time.perf_counter() - t_start, rounds, cut_list)
 
 
+def _highs_solve(opt, M, TC, time_limit_s: float, mip_rel_gap: float):
+    """One HiGHS solve. HiGHS occasionally rejects its own optimum after presolve ("claims
+    optimality, but with primal infeasibilities": status error); it is solved again without
+    presolve, which has not shown the problem."""
+    import os
+
+    tee = bool(os.environ.get("PIPETTE_TEE"))
+    opts = {"mip_rel_gap": mip_rel_gap, "random_seed": 0}
+    res = opt.solve(M, time_limit=time_limit_s, load_solutions=False, tee=tee,
+                    raise_exception_on_nonoptimal_result=False, solver_options=opts)
+    if res.termination_condition == TC.error:
+        res = opt.solve(M, time_limit=time_limit_s, load_solutions=False, tee=tee,
+                        raise_exception_on_nonoptimal_result=False,
+                        solver_options=dict(opts, presolve="off"))
+    if res.termination_condition == TC.error:
+        raise SolverUnavailableError("HiGHS reported a solve error on the placement MILP")
+    return res
+
+
 def _relaxed_loop(M, opt, TC, prob, ev0, start_layers, add_cut, fF, fB, eF, eB, hop_cost,
                   n_hops, E_s, P_gpu, sigma, lam, u_min, opt_coef, ovh, time_limit_s, t_start,
                   max_rounds, mip_rel_gap, cut_list) -> PlacementResult:
@@ -447,9 +465,7 @@ def _relaxed_loop(M, opt, TC, prob, ev0, start_layers, add_cut, fF, fB, eF, eB, 
         left = time_limit_s - (time.perf_counter() - t_start)
         if left <= 0.05:
             break
-        res = opt.solve(M, time_limit=left, load_solutions=False,
-                        raise_exception_on_nonoptimal_result=False,
-                        solver_options={"mip_rel_gap": mip_rel_gap, "random_seed": 0})
+        res = _highs_solve(opt, M, TC, left, mip_rel_gap)
         tc = res.termination_condition
         if tc in (TC.provenInfeasible, TC.infeasibleOrUnbounded):
             return PlacementResult(None, float("inf"), float("inf"), "infeasible",

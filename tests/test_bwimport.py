@@ -14,7 +14,7 @@ from model.bwimport import (Measured, check_and_fill, load_measurements, nccl_st
 from model.cluster import SynthParams, load_cluster, synth_cluster
 from model.errors import SpecError
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent / "fixtures"
 runner = CliRunner()
 IMPORT = ["cluster", "import", "--gpu", "A100-80GB", "--gpus-per-node", "8",
           "--intra-gb-per-s", "240"]

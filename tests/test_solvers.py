@@ -1,0 +1,151 @@
+"""Solvers against the brute-force oracle and the estimator (the one cost model)."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from model.cluster import SynthParams, synth_cluster, uniform_cluster
+from model.errors import InfeasibleError
+from model.estimator import Evaluator, estimate
+from model.plan import Shape
+from model.specs import JobSpec, ModelSpec, Options
+from solvers.anneal import anneal
+from solvers.brute import brute_force
+from solvers.milp import solve_milp
+from solvers.problem import PlacementProblem
+from solvers.search import solve
+from solvers.space import blocks_for, enumerate_shapes, memory_split, with_layers
+
+TINY = ModelSpec("tiny", 8, 2048, 16, 16, 8192, 32000, 2048)
+
+
+def tiny_cluster(nodes, seed, gpus=2):
+    """Slow, uneven links so that placement matters."""
+    return synth_cluster(SynthParams(num_nodes=nodes, gpus_per_node=gpus, nic_gb_per_s=2.0,
+                                     leaf_size=2, oversubscription=3, degraded=1,
+                                     degraded_factor=0.3, noise=0.1, seed=seed))
+
+
+def instances():
+    """Small random instances: 2-6 nodes, several shapes, blocks and schedules."""
+    out = []
+    cases = [(4, 2, 2, "1f1b", 1), (4, 1, 4, "1f1b", 1), (4, 2, 4, "1f1b", 1),
+             (4, 2, 2, "gpipe", 1), (4, 2, 2, "interleaved", 2), (6, 2, 3, "1f1b", 1),
+             (6, 2, 6, "1f1b", 1), (3, 2, 3, "1f1b", 1), (2, 1, 4, "1f1b", 1),
+             (5, 2, 5, "1f1b", 1)]
+    for seed in range(3):
+        for nodes, tp, pp, sched, v in cases:
+            c = tiny_cluster(nodes, seed)
+            dp = c.num_gpus // (tp * pp)
+            gbs = 4 * pp * dp
+            sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=1, schedule=sched, chunks=v,
+                       recompute="none", sequence_parallel=tp > 1,
+                       distributed_optimizer=bool(seed % 2) and dp > 1)
+            job = JobSpec(global_batch=gbs, seq_length=2048)
+            for blk in blocks_for(c, sh):
+                out.append((seed, nodes, sh, blk, c, job))
+    return out
+
+
+CASES = instances()
+
+
+def test_there_are_dozens_of_instances():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"s{c[0]}-n{c[1]}-{c[2].describe()}-"
+                                              f"j{c[3].j}k{c[3].k}" for c in CASES])
+def test_milp_equals_brute_force_and_annealing_reaches_it(case):
+    _seed, _n, sh, blk, c, job = case
+    prob = PlacementProblem(TINY, job, c, sh, blk, Options())
+    brute = brute_force(prob)
+    milp = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
+    assert milp.termination == "optimal"
+    assert milp.objective_ms == pytest.approx(brute.objective_ms, rel=1e-7)
+    assert milp.bound_ms <= milp.objective_ms * (1 + 1e-9)
+    # one cost model: the returned plan re-evaluates to the MILP objective
+    again = estimate(TINY, job, c, milp.plan).iteration_ms
+    assert again == pytest.approx(milp.objective_ms, rel=1e-6)
+    ann = anneal(prob, seed=0, iters=4000)
+    assert ann.objective_ms == pytest.approx(brute.objective_ms, rel=1e-9)
+    assert estimate(TINY, job, c, ann.plan).iteration_ms == pytest.approx(ann.objective_ms,
+                                                                          rel=1e-12)
+    relaxed = solve_milp(prob, relax_placement=True, mip_rel_gap=1e-9)
+    assert relaxed.bound_ms <= brute.objective_ms * (1 + 1e-9)
+    frac = solve_milp(prob, relax_placement=True, integral_layers=False)
+    assert frac.bound_ms <= relaxed.bound_ms * (1 + 1e-7)
+
+
+def test_annealing_same_seed_same_answer():
+    c = tiny_cluster(6, 1)
+    sh = Shape(tp=2, pp=6, dp=1, micro_batch=1, sequence_parallel=True)
+    job = JobSpec(global_batch=24, seq_length=2048)
+    prob = PlacementProblem(TINY, job, c, sh, blocks_for(c, sh)[0], Options())
+    a = anneal(prob, seed=7, iters=500)
+    b = anneal(prob, seed=7, iters=500)
+    assert a.plan == b.plan and a.objective_ms == b.objective_ms
+
+
+def test_memory_split_is_the_min_max_split():
+    m = ModelSpec("m", 10, 4096, 32, 32, 16384, 32000, 4096)
+    c = uniform_cluster(1, 4, "A100-40GB", 240, 20)
+    job = JobSpec(global_batch=16, seq_length=4096)
+    for sched, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):
+        sh = Shape(tp=1, pp=2, dp=2, micro_batch=1, schedule=sched, chunks=v)
+        lay, peak = memory_split(m, job, c, sh, Options())
+        V = sh.num_virtual
+        best = math.inf
+        for cuts in itertools.combinations(range(1, 10), V - 1):
+            b = (0,) + cuts + (10,)
+            split = tuple(b[i + 1] - b[i] for i in range(V))
+            ev = Evaluator(m, job, c, with_layers(sh, split))
+            best = min(best, max(x.total_gib for x in ev.memory))
+        ev = Evaluator(m, job, c, with_layers(sh, lay))
+        assert max(x.total_gib for x in ev.memory) == pytest.approx(peak, rel=1e-9)
+        assert peak == pytest.approx(best, rel=1e-9)
+
+
+def _brute_full(model, job, cluster):
+    """Every shape, block, permutation and split: the true optimum of the whole search."""
+    best = math.inf
+    for sh in enumerate_shapes(model, job, cluster):
+        for blk in blocks_for(cluster, sh):
+            prob = PlacementProblem(model, job, cluster, sh, blk, Options())
+            r = brute_force(prob)
+            best = min(best, r.objective_ms)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_full_solve_is_exact_against_enumeration(seed):
+    model = ModelSpec("tiny4", 4, 1024, 8, 8, 4096, 8000, 1024)
+    c = tiny_cluster(4, seed)
+    job = JobSpec(global_batch=8, seq_length=1024)
+    res = solve(model, job, c, method="exact", time_limit_s=120)
+    assert res.termination == "optimal"
+    truth = _brute_full(model, job, c)
+    assert res.objective_ms <= truth * (1 + 1e-4)  # HiGHS default tolerance
+    assert res.objective_ms >= truth * (1 - 1e-9)
+    assert res.bound_ms <= truth * (1 + 1e-9)
+    again = estimate(model, job, c, res.plan).iteration_ms
+    assert again == pytest.approx(res.objective_ms, rel=1e-6)
+
+
+def test_nothing_fits_says_why():
+    big = ModelSpec("huge", 8, 16384, 128, 128, 65536, 32000, 8192)
+    c = uniform_cluster(1, 2, "A100-40GB", 240, 20)
+    with pytest.raises(InfeasibleError, match=r"nothing fits.*closest.*needs .* GiB"):
+        solve(big, JobSpec(global_batch=8, seq_length=8192), c, time_limit_s=10)
+
+
+def test_anneal_method_gives_a_plan_that_reevaluates():
+    c = tiny_cluster(4, 2)
+    job = JobSpec(global_batch=16, seq_length=2048)
+    res = solve(TINY, job, c, method="anneal", time_limit_s=20, seed=3)
+    assert res.plan is not None and res.termination != "optimal" or res.gap <= 1e-4
+    assert estimate(TINY, job, c, res.plan).iteration_ms == pytest.approx(res.objective_ms,
+                                                                          rel=1e-9)
+    assert np.isfinite(res.bound_ms) and res.bound_ms <= res.objective_ms

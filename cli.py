@@ -48,6 +48,20 @@ GbsOpt = Annotated[int, typer.Option("--global-batch", "--gbs", help="Global bat
 SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length [model's].")]
 PrecOpt = Annotated[Precision, typer.Option("--precision", help="Training precision.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+BlockingOpt = Annotated[bool, typer.Option("--blocking/--overlapped",
+                                           help="Blocking pipeline send/recv.")]
+OverlapGradOpt = Annotated[bool, typer.Option(
+    help="Overlap gradient reduction with the last backward.")]
+SavePlanOpt = Annotated[Optional[Path], typer.Option(
+    "--save-plan", help="Write the plan, inputs, estimate (and solver status) to this JSON file.")]
+EmitOpt = Annotated[Optional[str], typer.Option(
+    "--emit", help="Write launch files: megatron, nemo, torchtitan or deepspeed.")]
+OutOpt = Annotated[Optional[Path], typer.Option(
+    "--out", help="Folder for --emit [launch-<framework>].")]
+GanttOpt = Annotated[Optional[Path], typer.Option(
+    "--gantt", help="Write the schedule's Gantt chart to this PNG.")]
+PlacementPngOpt = Annotated[Optional[Path], typer.Option(
+    "--placement-png", help="Write the placement on the cluster to this PNG.")]
 
 
 def console():
@@ -177,23 +191,16 @@ def estimate(
     sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
     distopt: Annotated[bool, typer.Option("--distopt/--no-distopt",
                                           help="Distributed optimizer (ZeRO-1).")] = False,
-    blocking: Annotated[bool, typer.Option("--blocking/--overlapped",
-                                           help="Blocking pipeline send/recv.")] = True,
-    overlap_grad_reduce: Annotated[bool, typer.Option(
-        help="Overlap gradient reduction with the last backward.")] = False,
+    blocking: BlockingOpt = True,
+    overlap_grad_reduce: OverlapGradOpt = False,
     as_json: JsonOpt = False,
     plan_file: Annotated[Optional[Path], typer.Option(
         "--plan", help="Read inputs and decisions from a plan file (no other plan options).")] = None,
-    save_plan: Annotated[Optional[Path], typer.Option(
-        "--save-plan", help="Write the plan, inputs and estimate to this JSON plan file.")] = None,
-    emit: Annotated[Optional[str], typer.Option(
-        "--emit", help="Write launch files: megatron, nemo, torchtitan or deepspeed.")] = None,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", help="Folder for --emit [launch-<framework>].")] = None,
-    gantt: Annotated[Optional[Path], typer.Option(
-        "--gantt", help="Write the schedule's Gantt chart to this PNG.")] = None,
-    placement_png: Annotated[Optional[Path], typer.Option(
-        "--placement-png", help="Write the placement on the cluster to this PNG.")] = None,
+    save_plan: SavePlanOpt = None,
+    emit: EmitOpt = None,
+    out: OutOpt = None,
+    gantt: GanttOpt = None,
+    placement_png: PlacementPngOpt = None,
 ):
     """Per-stage memory and iteration time of one plan (Megatron-LM placement)."""
     from model.errors import SpecError
@@ -440,21 +447,14 @@ def solve(
     distopt: Annotated[Optional[bool], typer.Option(
         "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
         "[solver chooses].")] = None,
-    blocking: Annotated[bool, typer.Option("--blocking/--overlapped",
-                                           help="Blocking pipeline send/recv.")] = True,
-    overlap_grad_reduce: Annotated[bool, typer.Option(
-        help="Overlap gradient reduction with the last backward.")] = False,
+    blocking: BlockingOpt = True,
+    overlap_grad_reduce: OverlapGradOpt = False,
     as_json: JsonOpt = False,
-    save_plan: Annotated[Optional[Path], typer.Option(
-        "--save-plan", help="Write the chosen plan with inputs, estimate and solver status.")] = None,
-    emit: Annotated[Optional[str], typer.Option(
-        "--emit", help="Write launch files: megatron, nemo, torchtitan or deepspeed.")] = None,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", help="Folder for --emit [launch-<framework>].")] = None,
-    gantt: Annotated[Optional[Path], typer.Option(
-        "--gantt", help="Write the schedule's Gantt chart to this PNG.")] = None,
-    placement_png: Annotated[Optional[Path], typer.Option(
-        "--placement-png", help="Write the placement on the cluster to this PNG.")] = None,
+    save_plan: SavePlanOpt = None,
+    emit: EmitOpt = None,
+    out: OutOpt = None,
+    gantt: GanttOpt = None,
+    placement_png: PlacementPngOpt = None,
 ):
     """Fastest plan that fits on the cluster as measured (defaults: the built-in example)."""
     from solvers.search import solve as run_solve

@@ -27,7 +27,8 @@ from .anneal import _perm_of, anneal
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import Candidate, SolveResult
-from .space import SearchSpace, blocks_for, enumerate_shapes, memory_split, with_layers
+from .space import (SearchSpace, blocks_for, enumerate_shapes, min_max_memory_split,
+                    with_layers)
 
 # Above this many nodes `auto` anneals instead of proving optimality: bench/exact_scaling.py
 # measured the MILP's time to proof growing past a minute beyond 16 nodes.
@@ -96,9 +97,8 @@ def prepare_shapes(model, job, cluster, options, space, progress=None):
         ev = Evaluator(model, job, cluster, with_layers(sh, lay), options)
         peak = max(mm.total_gib for mm in ev.memory)
         if peak > cap:
-            lay2, peak2 = memory_split(model, job, cluster, sh, options)
+            lay2, peak2, worst = min_max_memory_split(model, job, cluster, sh, options)
             if peak2 > cap:
-                worst = max(range(sh.pp), key=lambda s: ev.memory[s].total_gib)
                 rejected.append(Candidate(
                     sh.describe(), bound, status=f"does not fit: stage {worst} needs "
                     f"{peak2:.1f} GiB > {cap:.0f} GiB even with the most memory-balanced split"))

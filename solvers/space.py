@@ -117,7 +117,15 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
 
 def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                  options: Options) -> tuple[tuple[int, ...], float]:
-    """The layer split that minimizes the largest stage memory, and that memory (GiB).
+    """(split, peak GiB) of `min_max_memory_split`."""
+    lay, peak, _stage = min_max_memory_split(model, job, cluster, shape, options)
+    return lay, peak
+
+
+def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                         options: Options) -> tuple[tuple[int, ...], float, int]:
+    """The layer split that minimizes the largest stage memory, that memory (GiB) and the stage
+    that reaches it.
 
     Every candidate peak of a stage (schedule.inflight_profile) is affine in that stage's layer
     counts, so adding layers one at a time where the resulting peak grows least is optimal
@@ -156,10 +164,10 @@ def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Sh
             ev.append((const, coef))
         events.append(ev)
 
-    def peak_gib(lay):
+    def stage_peaks_gib(lay):
         arr = np.asarray(lay, dtype=float)
-        return max(max(const + coef @ arr for const, coef in ev) for ev in events) * scale \
-            + ovh.context_gib
+        return [max(const + coef @ arr for const, coef in ev) * scale + ovh.context_gib
+                for ev in events]
 
     if shape.chunks == 1:
         # one chunk per stage: each candidate peak is const + coef * l_s, so under a cap every
@@ -189,7 +197,8 @@ def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Sh
         while sum(layers) > model.num_layers:  # trim the fullest stages first
             s = max(range(p), key=lambda i: (layers[i], -i))
             layers[s] -= 1
-        return tuple(layers), float(peak_gib(layers))
+        peaks = stage_peaks_gib(layers)
+        return tuple(layers), float(max(peaks)), int(np.argmax(peaks))
 
     layers = [1] * V
     ev_const = [np.array([c for c, _ in ev]) for ev in events]
@@ -205,7 +214,8 @@ def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Sh
         layers[best_j] += 1
         s = best_j % p
         cur[s] = cur[s] + ev_coef[s][:, best_j]
-    return tuple(layers), float(peak_gib(layers))
+    peaks = stage_peaks_gib(layers)
+    return tuple(layers), float(max(peaks)), int(np.argmax(peaks))
 
 
 def lower_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,

@@ -1,0 +1,79 @@
+"""`solve` and `compare` end to end on a tiny instance."""
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from model.cluster import SynthParams, cluster_to_toml, synth_cluster
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2816,
+           "vocab_size": 8000, "max_position_embeddings": 1024}
+    m = tmp_path / "config.json"
+    m.write_text(json.dumps(cfg))
+    c = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=2, nic_gb_per_s=2.0, leaf_size=2,
+                                  oversubscription=3, degraded=1, degraded_factor=0.3,
+                                  noise=0.1, seed=0))
+    t = tmp_path / "c.toml"
+    t.write_text(cluster_to_toml(c))
+    return ["--model", str(m), "--cluster", str(t), "--gbs", "8", "--seq", "1024"]
+
+
+def test_solve_json_and_plan_file_round_trip(tiny, tmp_path):
+    plan = tmp_path / "plan.json"
+    r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "60",
+                            "--save-plan", str(plan)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    s = d["solver"]
+    assert s["termination"] == "optimal" and s["gap"] <= 1e-4
+    assert d["estimate"]["iteration_ms"] == pytest.approx(s["objective_ms"], rel=1e-6)
+    assert s["bound_ms"] <= s["objective_ms"]
+    assert any(c["status"] == "best" for c in d["candidates"])
+    r2 = runner.invoke(app, ["estimate", "--plan", str(plan), "--json"])
+    assert r2.exit_code == 0, r2.output
+    assert json.loads(r2.output)["estimate"]["iteration_ms"] == pytest.approx(
+        s["objective_ms"], rel=1e-9)
+
+
+def test_solve_tables_name_the_losers(tiny):
+    r = runner.invoke(app, ["solve", *tiny, "--time-limit", "60"])
+    assert r.exit_code == 0, r.output
+    assert "Best plan" in r.output and "Placement" in r.output
+    assert "proven optimal" in r.output and "gap" in r.output
+    assert "Next best plans and why they lost" in r.output
+
+
+def test_solve_nothing_fits_exit_2(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 16384,
+           "num_attention_heads": 128, "num_key_value_heads": 8, "intermediate_size": 53248,
+           "vocab_size": 128256, "max_position_embeddings": 8192}
+    m = tmp_path / "config.json"
+    m.write_text(json.dumps(cfg))
+    c = synth_cluster(SynthParams(num_nodes=1, gpus_per_node=2, gpu="A100-40GB", degraded=0))
+    t = tmp_path / "c.toml"
+    t.write_text(cluster_to_toml(c))
+    r = runner.invoke(app, ["solve", "--model", str(m), "--cluster", str(t), "--gbs", "8",
+                            "--seq", "8192", "--time-limit", "10"])
+    assert r.exit_code == 2
+    assert "nothing fits" in r.output and "closest" in r.output and "GiB" in r.output
+
+
+def test_compare_writes_csv(tiny, tmp_path):
+    out = tmp_path / "cmp.csv"
+    r = runner.invoke(app, ["compare", *tiny, "--time-limit", "30", "--csv", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(out.open()))
+    methods = [x["method"] for x in rows]
+    assert methods[:3] == ["exact", "anneal", "megatron"] and "amp-style" in methods
+    exact = float(rows[0]["iteration_ms"])
+    for x in rows:
+        assert float(x["iteration_ms"]) >= exact * (1 - 1e-4)  # nobody beats the optimum

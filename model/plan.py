@@ -198,7 +198,8 @@ def block_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, stages_per_
     """Place (stage, replica) blocks of `stages_per_node` consecutive stages x k replicas on each
     node (k = GPUs per node / (tp * stages_per_node)). `slots[i]` = (node-stage, node-replica)
     of the i-th node in `node_order`; by default node-stages vary slowest, as Megatron does.
-    Inside a node, GPUs go in order: replica-in-block fastest... tensor rank fastest of all.
+    Inside a node, tensor groups are consecutive GPUs, or the partition with the fastest rings
+    where the node's links are uneven (DGX-1, PCIe servers).
     """
     G = cluster.gpus_per_node
     if G is None:
@@ -217,14 +218,25 @@ def block_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, stages_per_
     node = [[-1] * dp for _ in range(pp)]
     gpus = [[()] * dp for _ in range(pp)]
     for n, (a, b) in zip(order, slots):
-        local = 0
+        groups = _tp_groups(cluster, n, tp)
+        g = 0
         for js in range(j):
             for kr in range(k):
                 s, r = a * j + js, b * k + kr
                 node[s][r] = n
-                gpus[s][r] = tuple(range(local, local + tp))
-                local += tp
+                gpus[s][r] = groups[g]
+                g += 1
     return Placement(tuple(map(tuple, node)), tuple(map(tuple, gpus)))
+
+
+def _tp_groups(cluster: ClusterSpec, n: int, tp: int) -> list[tuple[int, ...]]:
+    """Consecutive GPUs on uniform nodes; on nodes with a GPU-by-GPU link matrix, the partition
+    whose slowest tensor-parallel ring is fastest (model.topology.best_tp_groups)."""
+    node = cluster.nodes[n]
+    if node.intra_matrix_gb_per_s is None:
+        return [tuple(range(x, x + tp)) for x in range(0, node.num_gpus, tp)]
+    from .topology import best_tp_groups
+    return best_tp_groups(node, tp)
 
 
 def with_layers(shape: Shape, layers: tuple[int, ...]) -> Shape:

@@ -131,3 +131,21 @@ def test_bad_topology_file(tmp_path):
                  "nvlinks = [[0, 1], [2, 0]]\n")
     with pytest.raises(SpecError, match=r"nvlinks: links \[0\]\[1\] and \[1\]\[0\] differ"):
         load_topology(str(p))
+
+
+def test_block_placement_picks_the_best_tensor_groups_on_uneven_nodes(tmp_path):
+    """Issue 3: where intra-node links are not uniform, the solver's placements choose which
+    GPUs form each tensor-parallel group (here DGX-1 pairs joined by two NVLinks)."""
+    from model.cluster import load_cluster
+    from model.plan import block_placement
+
+    p = tmp_path / "dgx1.toml"
+    p.write_text('name="dgx1"\n[[nodes]]\nname="a"\ngpu="V100-32GB"\ngpus=8\n'
+                 'intra_topology="dgx1-v100"\n[[nodes]]\nname="b"\ngpu="V100-32GB"\ngpus=8\n'
+                 'intra_topology="dgx1-v100"\n[inter]\ngb_per_s=[[0, 10], [10, 0]]\n')
+    c = load_cluster(p)
+    pl = block_placement(c, 2, 2, 4, 1)
+    node = c.nodes[0]
+    chosen = min(node.ring_gb_per_s(g) for g in pl.gpus[0])
+    consecutive = min(node.ring_gb_per_s((x, x + 1)) for x in range(0, 8, 2))
+    assert chosen > consecutive

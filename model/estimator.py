@@ -78,6 +78,12 @@ class Evaluator:
         self.mem = MemoryModel(model, job, shape, self.cs, options)
         self.params = [self.costs.stage_params(s) for s in range(shape.pp)]
         self.memory = [self.mem.stage(s, self.params[s], shape.layers) for s in range(shape.pp)]
+        # Caches for the solvers' hot path (`iteration_ms`): a stage's tail depends only on
+        # that stage's row of the placement, a replica's path up to the tails only on that
+        # replica's column. Pure memoization: every number is computed as without them.
+        self._tail_cache: dict = {}
+        self._replica_cache: dict = {}
+        self._path_cache: dict = {}
 
     # -- durations ---------------------------------------------------------------------------
 
@@ -130,33 +136,82 @@ class Evaluator:
                                                        self.shape.layers[s])[1])
         return out
 
-    def tails(self, pl: Placement) -> tuple[np.ndarray, list[tuple[float, float, float]]]:
-        """Per stage: tail time, and (sync, exposed sync, optimizer) for the report."""
-        sh = self.shape
-        out = np.zeros(sh.pp)
-        parts = []
-        for s in range(sh.pp):
+    def stage_tail(self, pl: Placement, s: int) -> tuple[float, tuple[float, float, float]]:
+        """Stage s's tail time and (sync, exposed sync, optimizer); memoized on the stage's row
+        of the placement (nodes and GPUs of every replica), which is all it depends on."""
+        key = (s, pl.node[s], pl.gpus[s])
+        hit = self._tail_cache.get(key)
+        if hit is None:
+            sh = self.shape
             sync = self.stage_sync_ms(pl, s)
             exposed = sync
             if self.options.overlap_grad_reduce:
                 exposed = max(0.0, sync - self.stage_bwd_window_ms(pl, s))
             opt = max(self.costs.optimizer_ms(self.params[s], self.cluster.nodes[pl.node[s][r]]
                                               .gpu) for r in range(sh.dp))
-            out[s] = exposed + opt + self.options.overheads.latency_overhead_ms
-            parts.append((sync, exposed, opt))
+            hit = (exposed + opt + self.options.overheads.latency_overhead_ms,
+                   (sync, exposed, opt))
+            if len(self._tail_cache) >= 200_000:
+                self._tail_cache.clear()
+            self._tail_cache[key] = hit
+        return hit
+
+    def tails(self, pl: Placement) -> tuple[np.ndarray, list[tuple[float, float, float]]]:
+        """Per stage: tail time, and (sync, exposed sync, optimizer) for the report."""
+        sh = self.shape
+        out = np.zeros(sh.pp)
+        parts = []
+        for s in range(sh.pp):
+            out[s], part = self.stage_tail(pl, s)
+            parts.append(part)
         return out, parts
 
     def iteration_ms(self, pl: Placement) -> float:
-        """The cost model's iteration time for this placement (fast path for solvers)."""
+        """The cost model's iteration time for this placement (fast path for solvers).
+
+        Equals max over replicas of `cs.longest_path(replica_durations(...))` bit for bit: a
+        replica's path up to its tails (`cs.tail_starts`) is memoized on the replica's column
+        of the placement and on its durations (replicas on equal links share it), many new
+        ones are walked together (`cs.tail_starts_batch`), and the tails, which end every
+        path, are added afterwards."""
         tails, _ = self.tails(pl)
-        seen: dict[bytes, float] = {}
+        tl = tails.tolist()
+        sh = self.shape
+        rng_s = range(sh.pp)
+        cache, paths = self._replica_cache, self._path_cache
+        if len(cache) > 200_000:
+            cache.clear()
+        if len(paths) > 200_000:
+            paths.clear()
+        zeros = np.zeros(sh.pp)
+        cols = []
+        todo: dict[bytes, np.ndarray] = {}
+        for r in range(sh.dp):
+            key = (tuple(pl.node[s][r] for s in rng_s), tuple(pl.gpus[s][r] for s in rng_s))
+            starts = cache.get(key)
+            if starts is None:
+                d = self.replica_durations(pl, r, zeros)
+                dkey = d.tobytes()
+                starts = paths.get(dkey)
+                if starts is None:
+                    todo.setdefault(dkey, d)
+                    starts = dkey  # filled in below
+            cols.append((key, starts))
+        if todo:
+            keys = list(todo)
+            if len(keys) >= 8:
+                rows = self.cs.tail_starts_batch(np.stack([todo[k] for k in keys])).tolist()
+            else:
+                rows = [self.cs.tail_starts(todo[k]) for k in keys]
+            for k, row in zip(keys, rows):
+                paths[k] = row
         worst = 0.0
-        for r in range(self.shape.dp):
-            d = self.replica_durations(pl, r, tails)
-            key = d.tobytes()
-            if key not in seen:
-                seen[key] = self.cs.longest_path(d)
-            worst = max(worst, seen[key])
+        for key, starts in cols:
+            if isinstance(starts, bytes):
+                starts = paths[starts]
+                cache[key] = starts
+            length = max(st + t for st, t in zip(starts, tl))
+            worst = max(worst, length)
         return worst
 
     # -- full report ---------------------------------------------------------------------------

@@ -103,11 +103,27 @@ class Kinds:
 class CompiledSchedule:
     """The dependency graph of one pipeline replica, in topological order."""
 
+    # Built on first use (`_build`): memory estimates need only the per-stage orders, and the
+    # solvers screen many shapes by memory whose graphs are never walked.
+    _GRAPH = frozenset({"num_nodes", "labels", "kind_of", "op_id", "tails", "preds", "topo",
+                        "_plan"})
+
     def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool):
         self.schedule, self.p, self.m, self.v, self.blocking = schedule, p, m, v, blocking
-        self.kinds = K = Kinds(p, v)
+        self.kinds = Kinds(p, v)
+        self.orders = [stage_order(schedule, p, m, v, s) for s in range(p)]
+
+    def __getattr__(self, name):  # only called for attributes not set yet
+        if name in CompiledSchedule._GRAPH and "_plan" not in self.__dict__:
+            self._build()
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+    def _build(self):
+        schedule, p, m, v, blocking = self.schedule, self.p, self.m, self.v, self.blocking
+        K = self.kinds
         V = K.V
-        orders = [stage_order(schedule, p, m, v, s) for s in range(p)]
+        orders = self.orders
         # node ids: compute ops first, then transfers, tails, sink
         op_id: dict[tuple[str, int, int], int] = {}  # (kind, mb, virtual stage) -> id
         labels: list[tuple] = []
@@ -180,7 +196,6 @@ class CompiledSchedule:
         self.num_nodes = len(labels)
         self.labels = labels
         self.kind_of = np.array(kind_of, dtype=np.int64)
-        self.orders = orders
         self.op_id = op_id
         self.tails = tails
         # topological order (Kahn); the graph is acyclic by construction, checked here
@@ -221,6 +236,76 @@ class CompiledSchedule:
                     st = e
             end[i] = st + d[k]
         return max(end[t] for t in self.tails)
+
+    def tail_starts(self, dur) -> list[float]:
+        """Start time of every stage's tail node (the end of the stage's last operation), in
+        stage order, computed exactly as `longest_path` computes them. Tail nodes have no
+        successors, so `longest_path(dur) == max(tail_starts(dur)[s] + dur[kinds.tail(s)])`
+        bit for bit, and the starts do not depend on the tails' durations: callers that vary
+        only the tails (solvers, through `Evaluator.iteration_ms`) reuse them."""
+        d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
+        end = [0.0] * self.num_nodes
+        for i, ps, k in self._plan:
+            st = 0.0
+            for u in ps:
+                e = end[u]
+                if e > st:
+                    st = e
+            end[i] = st + d[k]
+        out = []
+        for t in self.tails:
+            st = 0.0
+            for u in self.preds[t]:
+                e = end[u]
+                if e > st:
+                    st = e
+            out.append(st)
+        return out
+
+    def tail_starts_batch(self, durs: np.ndarray) -> np.ndarray:
+        """`tail_starts` of many duration vectors at once (rows of `durs`), as an array of
+        shape (rows, p), equal to it bit for bit: the graph is walked level by level (a node's
+        level is one more than its deepest predecessor's), all nodes of a level and all rows
+        in one numpy step. A predecessor-less node starts at 0.0, as in the scalar walk; padded
+        predecessor slots point at a row that stays 0.0, which changes no maximum since every
+        end time is >= 0."""
+        durs = np.asarray(durs, dtype=float)
+        levels, tail_preds = self._level_plan()
+        n = self.num_nodes
+        end = np.zeros((n + 1, durs.shape[0]))
+        dt = np.ascontiguousarray(durs.T)
+        for ids, preds, kinds in levels:
+            if preds.shape[1]:
+                end[ids] = end[preds].max(axis=1) + dt[kinds]
+            else:
+                end[ids] = 0.0 + dt[kinds]
+        return end[tail_preds].max(axis=1).T
+
+    def _level_plan(self):
+        plan = self.__dict__.get("_levels")
+        if plan is None:
+            n = self.num_nodes
+            level = [0] * n
+            for i in self.topo:
+                level[i] = 1 + max((level[u] for u in self.preds[i]), default=-1)
+            by_level: dict[int, list[int]] = {}
+            for i in range(n):
+                by_level.setdefault(level[i], []).append(i)
+
+            def padded(rows):
+                width = max((len(r) for r in rows), default=0)
+                return np.array([list(r) + [n] * (width - len(r)) for r in rows],
+                                dtype=np.int64).reshape(len(rows), width)
+
+            levels = []
+            for lv in sorted(by_level):
+                ids = by_level[lv]
+                levels.append((np.array(ids, dtype=np.int64),
+                               padded([self.preds[i] for i in ids]),
+                               self.kind_of[ids]))
+            plan = (levels, padded([self.preds[t] for t in self.tails]))
+            self.__dict__["_levels"] = plan
+        return plan
 
     def critical_path(self, dur) -> tuple[float, np.ndarray, list[int]]:
         """(length, counts per kind, node ids) of one longest path."""

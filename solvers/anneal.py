@@ -60,19 +60,29 @@ def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
     cur = res.objective_ms
     improved = True
     n, V = prob.num_slots, len(layers)
-    while improved and time.perf_counter() - t_start < time_limit_s:
+
+    def out_of_time():
+        return time.perf_counter() - t_start >= time_limit_s
+
+    while improved and not out_of_time():
         improved = False
         for a in range(n):
+            if out_of_time():  # one pass is n^2 / 2 evaluations: stop inside it too
+                break
             for b in range(a + 1, n):
+                if (b & 15) == 0 and out_of_time():
+                    break
                 p = list(perm)
                 p[a], p[b] = p[b], p[a]
                 c = prob.cost(p, layers)
                 if c < cur - 1e-12:
                     perm, cur, improved = p, c, True
-        swaps = [None] + [(a, b) for a in range(n) for b in range(a + 1, n)]
-        if len(swaps) * V * V > 20000:  # compound moves only where the neighbourhood is small
-            swaps = [None]
+        swaps = [None]
+        if (n * (n - 1) // 2 + 1) * V * V <= 20000:  # compound moves only where the
+            swaps += [(a, b) for a in range(n) for b in range(a + 1, n)]  # neighbourhood is small
         for sw in swaps:
+            if out_of_time():
+                break
             p = list(perm)
             if sw is not None:
                 p[sw[0]], p[sw[1]] = p[sw[1]], p[sw[0]]
@@ -120,7 +130,8 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int = 4000,
     done = 0
     for it in range(iters):
         done = it + 1
-        if (it & 63) == 0 and time.perf_counter() - t_start > time_limit_s:
+        # every move: one evaluation can take tens of ms on large clusters (new split)
+        if time.perf_counter() - t_start > time_limit_s:
             break
         new_perm, new_layers = perm, layers
         r = rng.random()

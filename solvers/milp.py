@@ -382,9 +382,8 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         # HiGHS solves to its feasibility tolerance (1e-7): agreement is judged at 1e-7 relative
         agrees = true_ms <= milp_ms * (1 + 1e-7) + 1e-9
         if agrees:
-            if optimal_here:
+            if optimal_here:  # the bound stays HiGHS's dual bound, not the incumbent
                 termination = "optimal"
-                bound = max(bound, min(best_ms, milp_ms))
                 break
             if best_ms - bound <= 1e-9 * best_ms:
                 termination = "optimal"
@@ -482,8 +481,7 @@ def _relaxed_loop(M, opt, TC, prob, ev0, start_layers, add_cut, fF, fB, eF, eB, 
         length, counts, _ = ev0.cs.critical_path(durations(lay))
         if length <= float(res.incumbent_objective) * (1 + 1e-7) + 1e-9:
             termination = "optimal"
-            bound = max(bound, min(length, float(res.incumbent_objective)))
-            break
+            break  # `bound` already holds HiGHS's dual bound of this relaxation
         add_cut(counts)
     return PlacementResult(None, float("inf"), bound, termination, "milp-relaxed",
                            time.perf_counter() - t_start, rounds, cut_list)

@@ -3,7 +3,8 @@
 1. Enumerate every shape (space.enumerate_shapes). A shape that cannot fit with any layer split
    (space.memory_split) is recorded with the stage that overflows.
 2. Score each fitting shape quickly: Megatron-LM's placement and the balanced split. The best of
-   these is the first incumbent.
+   these is the first incumbent. Shapes are screened smallest bound first; one whose bound
+   cannot beat the best quick score so far is not scored (its bound prunes it in step 3).
 3. Visit shapes by their quick score; skip a shape whose lower bound (`shape_bound_ms`) cannot
    beat the incumbent; otherwise optimize its placement and split (MILP or annealing).
 4. The result's bound is the smallest of: the MILP bounds of the shapes solved, and the lower
@@ -30,9 +31,18 @@ from .result import Candidate, SolveResult
 from .space import (SearchSpace, blocks_for, enumerate_shapes, min_max_memory_split,
                     with_layers)
 
-# Above this many nodes `auto` anneals instead of proving optimality: bench/exact_scaling.py
-# measured the MILP's time to proof growing past a minute beyond 16 nodes.
-AUTO_EXACT_MAX_NODES = 16
+# Above this many nodes `auto` anneals instead of proving optimality. bench/exact_scaling.py
+# (Llama-2 7B, TP=8, one pipeline stage per node, random and switch-structured matrices; one
+# shape and block) measured the MILP's time to proof at 0.4-0.7 s on 4 nodes, 4 s on 8, 51-53 s
+# on 10, and no proof within 120 s on 12 (gap 0.02-0.14%) or 16 (gap 19-33%) nodes.
+AUTO_EXACT_MAX_NODES = 10
+# Time shares for large clusters (bench/scale.py): screening the shapes may use up to
+# SCREEN_FRACTION of the time limit (once one shape has a score); with annealing, bounding
+# shapes by the placement-relaxed MILP stops at BOUND_FRACTION, and the annealer gives each
+# shape, best quick score first, the time left divided by min(blocks left, ANNEAL_SHARES).
+SCREEN_FRACTION = 0.4
+BOUND_FRACTION = 0.5
+ANNEAL_SHARES = 3
 # "optimal" means a proven relative gap of at most HiGHS's default MIP tolerance; the exact gap
 # is always reported alongside
 OPTIMAL_GAP = 1e-4
@@ -45,6 +55,7 @@ class ShapeInfo:
     layers: tuple[int, ...] | None
     peak_gib: float
     quick_ms: float | None = None
+    screened: bool = True  # False: the screening's time ran out before this shape
 
 
 def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
@@ -76,38 +87,58 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     return best
 
 
-def _quick(model, job, cluster, shape, layers, options) -> float | None:
+def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None:
     try:
         pl = megatron_placement(cluster, shape.tp, shape.pp, shape.dp)
     except Exception:
         return None
-    ev = Evaluator(model, job, cluster, with_layers(shape, layers), options)
+    if ev is None or tuple(ev.shape.layers) != tuple(layers):
+        ev = Evaluator(model, job, cluster, with_layers(shape, layers), options)
     return ev.iteration_ms(pl)
 
 
-def prepare_shapes(model, job, cluster, options, space, progress=None):
+def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None):
+    """Every shape: its cheap lower bound, whether it fits (and the split that makes it fit),
+    and its quick score (Megatron-LM placement, that split). Shapes are screened in order of
+    their bound; a shape whose bound is already at or above the best quick score cannot win,
+    so its quick score is skipped (it is pruned by that bound later). Past `deadline`
+    (time.perf_counter()), once some shape has a quick score, the remaining shapes are left
+    unscreened (`screened=False`, only their bound known). Lists keep enumeration order."""
     infos, rejected = [], []
     cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
     shapes = list(enumerate_shapes(model, job, cluster, space))
-    for i, sh in enumerate(shapes):
-        if progress and i % 50 == 0:
-            progress(f"screening shapes {i}/{len(shapes)}")
-        bound = shape_bound_ms(model, job, cluster, sh, options)
+    bounds = [shape_bound_ms(model, job, cluster, sh, options) for sh in shapes]
+    order = sorted(range(len(shapes)), key=lambda i: bounds[i])
+    found: list[tuple[int, object]] = []
+    best_quick = math.inf
+    for n_done, i in enumerate(order):
+        sh, bound = shapes[i], bounds[i]
+        if progress and n_done % 50 == 0:
+            progress(f"screening shapes {n_done}/{len(shapes)}")
+        if deadline is not None and math.isfinite(best_quick) and \
+                time.perf_counter() > deadline:
+            found.append((i, ShapeInfo(sh, bound, None, math.nan, screened=False)))
+            continue
         lay = default_layers(model, job, cluster, sh, options)
         ev = Evaluator(model, job, cluster, with_layers(sh, lay), options)
         peak = max(mm.total_gib for mm in ev.memory)
         if peak > cap:
             lay2, peak2, worst = min_max_memory_split(model, job, cluster, sh, options)
             if peak2 > cap:
-                rejected.append(Candidate(
+                rejected.append((i, Candidate(
                     sh.describe(), bound, status=f"does not fit: stage {worst} needs "
-                    f"{peak2:.1f} GiB > {cap:.0f} GiB even with the most memory-balanced split"))
+                    f"{peak2:.1f} GiB > {cap:.0f} GiB even with the most memory-balanced "
+                    "split")))
                 continue
             lay, peak = lay2, peak2
         info = ShapeInfo(sh, bound, lay, peak)
-        info.quick_ms = _quick(model, job, cluster, sh, lay, options)
-        infos.append(info)
-    return infos, rejected, len(shapes)
+        if bound < best_quick * (1 + 1e-9):  # else the bound prunes it: quick >= bound
+            info.quick_ms = _quick(model, job, cluster, sh, lay, options, ev)
+            if info.quick_ms is not None:
+                best_quick = min(best_quick, info.quick_ms)
+        found.append((i, info))
+    infos = [info for _i, info in sorted(found, key=lambda x: x[0])]
+    return infos, [c for _i, c in sorted(rejected, key=lambda x: x[0])], len(shapes)
 
 
 def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str = "auto",
@@ -123,7 +154,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         method = "exact" if (cluster.num_nodes <= AUTO_EXACT_MAX_NODES and cluster.homogeneous
                              and all(nd.intra_matrix_gb_per_s is None for nd in cluster.nodes)
                              ) else "anneal"
-    infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress)
+    # screening may take up to 40% of the time limit once some shape has a quick score
+    infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress,
+                                            deadline=t0 + SCREEN_FRACTION * time_limit_s)
     if not infos:
         closest = min(rejected, key=lambda c: float(c.status.split("needs ")[1].split(" ")[0])
                       ) if rejected else None
@@ -146,16 +179,22 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     all_exact = True
     cuts_of: dict[int, list] = {}
     probs_of: dict[int, list] = {}
-    # Phase A: bound every shape that the cheap bound cannot rule out; prune.
+    # Phase A: bound every shape that the cheap bound cannot rule out; prune. With annealing
+    # (large clusters) this phase ends at BOUND_FRACTION of the time limit; shapes not bounded
+    # by then keep their cheap bound and go on to phase B.
+    bound_until = t0 + BOUND_FRACTION * time_limit_s if method == "anneal" else math.inf
     survivors = []
-    for n_done, info in enumerate(infos):
+    # with annealing the time may run out before every shape is bounded: smallest closed-form
+    # bound first, as those set the reported gap (phase B still goes by quick score)
+    order_a = sorted(infos, key=lambda i: i.bound_ms) if method == "anneal" else infos
+    for n_done, info in enumerate(order_a):
         cand = candidates[id(info)]
         if info.bound_ms >= best_ms * (1 - 1e-9):
             cand.status = "pruned: its lower bound is above the best plan"
             bounds_left[id(info)] = max(info.bound_ms, best_ms)
             continue
         left = time_limit_s - (time.perf_counter() - t0)
-        if left <= 0:
+        if left <= 0 or not info.screened:
             cand.status = "not searched (time limit)"
             continue
         probs = [PlacementProblem(model, job, cluster, info.shape, blk, options)
@@ -166,7 +205,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             bounds_left[id(info)] = math.inf
             continue
         cuts: list = []
-        if all(milp_supported(pr) is None for pr in probs):
+        bound_left_s = min(left, bound_until - time.perf_counter())
+        if bound_left_s > 0 and all(milp_supported(pr) is None for pr in probs):
+            left = bound_left_s
             if progress:
                 progress(f"bounding shape {n_done + 1}/{len(infos)} {info.shape.describe()}; "
                          f"best {best_ms / 1e3:.3f} s")
@@ -197,6 +238,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         cuts_of[id(info)] = cuts
         survivors.append(info)
     # Phase B: optimize placement and split of the survivors, best quick score first.
+    rank = {id(i): n for n, i in enumerate(infos)}
+    survivors.sort(key=lambda i: rank[id(i)])
     for n_done, info in enumerate(survivors):
         cand = candidates[id(info)]
         if info.bound_ms >= best_ms * (1 - 1e-9):
@@ -204,13 +247,22 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             bounds_left[id(info)] = max(info.bound_ms, best_ms)
             continue
         left = time_limit_s - (time.perf_counter() - t0)
+        if method == "anneal":  # keep a little for the final report; no runs under a second
+            left -= min(1.0, 0.02 * time_limit_s)
+            if left < 1.0:
+                left = 0.0
         if left <= 0 or (max_shapes is not None and solved >= max_shapes):
             cand.status = "not searched (time limit)"
             continue
         probs = probs_of[id(info)]
         cuts = cuts_of[id(info)]
-        per_block = max(0.5, left / max(1, sum(len(probs_of[id(i)])
-                                                for i in survivors[n_done:])))
+        blocks_left = sum(len(probs_of[id(i)]) for i in survivors[n_done:])
+        if method == "anneal":
+            # the most promising shapes first: each block gets a share of the time left as
+            # if at most ANNEAL_SHARES blocks remained (shapes not reached stay unsearched,
+            # with their valid bounds)
+            blocks_left = min(blocks_left, ANNEAL_SHARES)
+        per_block = max(0.5, left / max(1, blocks_left))
         shape_bound = math.inf
         shape_best = math.inf
         for prob in probs:
@@ -257,7 +309,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     bound = min(bounds_left.values())
     bound = min(bound, best_ms)
     gap = (best_ms - bound) / best_ms if best_ms > 0 else 0.0
-    termination = "optimal" if gap <= OPTIMAL_GAP and all_exact else (
+    termination = "optimal" if gap <= OPTIMAL_GAP * (1 + 1e-3) and all_exact else (
         "time_limit" if any(c.status.startswith("not searched") for c in candidates.values())
         else "feasible")
     est = Evaluator(model, job, cluster, best_plan.shape, options).estimate(best_plan.placement)

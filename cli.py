@@ -552,17 +552,26 @@ cluster_app = typer.Typer(no_args_is_help=True,
 app.add_typer(cluster_app, name="cluster")
 
 
-def _emit_cluster(c, output: Optional[Path]) -> None:
+def _emit_cluster(c, output: Optional[Path], as_json: bool = False,
+                  warnings: list[str] = ()) -> None:
     from model.cluster import cluster_to_toml
 
     text = cluster_to_toml(c)
+    if output is not None:
+        try:
+            output.write_text(text)
+        except OSError as e:
+            fail(f"{output}: cannot write ({e.strerror})")
+    if as_json:
+        typer.echo(json.dumps({
+            "name": c.name, "latency_us": c.latency_us, "written": str(output) if output else None,
+            "nodes": [{"name": nd.name, "gpu": nd.gpu.name, "gpus": nd.num_gpus,
+                       "intra_gb_per_s": nd.intra_gb_per_s} for nd in c.nodes],
+            "inter_gb_per_s": c.inter_gb_per_s.tolist(), "warnings": list(warnings)}, indent=1))
+        return
     if output is None:
         typer.echo(text, nl=False)
         return
-    try:
-        output.write_text(text)
-    except OSError as e:
-        fail(f"{output}: cannot write ({e.strerror})")
     typer.echo(f"wrote {output} ({c.num_nodes} nodes, {c.num_gpus} GPUs)", err=True)
 
 
@@ -595,6 +604,7 @@ def cluster_import(
     latency_us: Annotated[float, typer.Option(help="Per-message latency, us.")] = 5.0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o",
                                                    help="Write the TOML here [stdout].")] = None,
+    as_json: JsonOpt = False,
 ):
     """Build a cluster TOML from measured bandwidth (nccl-tests, mpiGraph, CSV, JSON)."""
     from model.bwimport import build_cluster, check_and_fill, load_measurements
@@ -611,7 +621,7 @@ def cluster_import(
     c = build_cluster(names, m, gpu=gpu, gpus_per_node=gpus_per_node,
                       intra_gb_per_s=intra_gb_per_s, intra_topology=intra_topology,
                       latency_us=latency_us, name=name, source=meas.source)
-    _emit_cluster(c, output)
+    _emit_cluster(c, output, as_json, warnings)
 
 
 @cluster_app.command("show")
@@ -686,6 +696,7 @@ def cluster_synth(
     name: Annotated[Optional[str], typer.Option(help="Cluster name [synth-...].")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o",
                                                    help="Write the TOML here [stdout].")] = None,
+    as_json: JsonOpt = False,
 ):
     """A synthetic cluster (leaf/spine, degraded NICs, noise; see README)."""
     from model.cluster import SynthParams, synth_cluster
@@ -698,7 +709,7 @@ def cluster_synth(
     if intra_topology is not None:
         from model.topology import cluster_with_topology
         c = cluster_with_topology(c, intra_topology)
-    _emit_cluster(c, output)
+    _emit_cluster(c, output, as_json)
 
 
 # --- launch commands (issue 5) ---

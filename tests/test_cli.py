@@ -79,3 +79,16 @@ def test_cli_as_a_process_exit_code():
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_cluster_commands_speak_json(tmp_path):
+    out = tmp_path / "s.toml"
+    r = run("cluster", "synth", "--nodes", "4", "--seed", "1", "-o", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout if hasattr(r, "stdout") else r.output)
+    assert len(d["nodes"]) == 4 and len(d["inter_gb_per_s"]) == 4 and out.exists()
+    fixtures = Path(__file__).parent / "fixtures" / "matrix.csv"
+    r = run("cluster", "import", str(fixtures), "--gpu", "A100-80GB", "--gpus-per-node", "8",
+            "--intra-gb-per-s", "240", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["nodes"]

@@ -225,17 +225,11 @@ class CompiledSchedule:
     # -- evaluation -------------------------------------------------------------------------
 
     def longest_path(self, dur) -> float:
-        """Length of the critical path for a duration vector indexed by `Kinds`."""
+        """Length of the critical path for a duration vector indexed by `Kinds`: every path
+        ends in a stage's tail node."""
         d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
-        end = [0.0] * self.num_nodes
-        for i, ps, k in self._plan:
-            st = 0.0
-            for u in ps:
-                e = end[u]
-                if e > st:
-                    st = e
-            end[i] = st + d[k]
-        return max(end[t] for t in self.tails)
+        K = self.kinds
+        return max(st + d[K.tail(s)] for s, st in enumerate(self.tail_starts(d)))
 
     def tail_starts(self, dur) -> list[float]:
         """Start time of every stage's tail node (the end of the stage's last operation), in

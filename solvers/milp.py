@@ -415,7 +415,8 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
 def _highs_solve(opt, M, TC, time_limit_s: float, mip_rel_gap: float):
     """One HiGHS solve. HiGHS occasionally rejects its own optimum after presolve ("claims
     optimality, but with primal infeasibilities": status error); it is solved again without
-    presolve, which has not shown the problem."""
+    presolve, which has not shown the problem. PIPETTE_TEE=1 in the environment prints HiGHS's
+    log."""
     import os
 
     tee = bool(os.environ.get("PIPETTE_TEE"))

@@ -218,32 +218,7 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     return tuple(layers), float(max(peaks)), int(np.argmax(peaks))
 
 
-def lower_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
-                   options: Options) -> float:
-    """A bound no placement or layer split of this shape can beat.
-
-    Every stage runs all m micro-batches' forwards and backwards, and the busiest stage carries
-    at least the mean: T >= m * W / p, where W is one micro-batch's forward + backward over the
-    whole model (communication excluded); one micro-batch must also cross every stage: T >= W.
-    The tail is at least the optimizer step of a stage holding the mean parameter count."""
-    costs = CostModel(model, job, cluster, shape, options)
-    m = num_microbatches(job, shape)
-    best = float("inf")
-    for gpu in {nd.gpu.name: nd.gpu for nd in cluster.nodes}.values():
-        lt = costs.layer_times(gpu, float("inf"))
-        W = model.num_layers * (lt.fwd_ms + lt.bwd_ms) + lt.emb_fwd_ms + lt.emb_bwd_ms + \
-            lt.head_fwd_ms + lt.head_bwd_ms
-        params = (model.num_layers * model.params_per_layer + model.embedding_params *
-                  (1 if model.tied_embeddings and shape.pp == 1 else 2)) / shape.tp / shape.pp
-        tail = costs.optimizer_ms(params, gpu)
-        best = min(best, max(m * W / shape.pp, W) + tail)
-    return best
-
-
 def with_layers(shape: Shape, layers) -> Shape:
     return replace(shape, layers=tuple(int(x) for x in layers))
 
-
-def fits_gib(cluster: ClusterSpec) -> float:
-    return min(nd.gpu.memory_gib for nd in cluster.nodes)
 

@@ -183,15 +183,21 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     # (large clusters) this phase ends at BOUND_FRACTION of the time limit; shapes not bounded
     # by then keep their cheap bound and go on to phase B.
     bound_until = t0 + BOUND_FRACTION * time_limit_s if method == "anneal" else math.inf
+    def pruned(info, cand) -> bool:
+        """A shape whose bound cannot beat the incumbent is settled: record and skip it."""
+        if info.bound_ms < best_ms * (1 - 1e-9):
+            return False
+        cand.status = "pruned: its lower bound is above the best plan"
+        bounds_left[id(info)] = max(info.bound_ms, best_ms)
+        return True
+
     survivors = []
     # with annealing the time may run out before every shape is bounded: smallest closed-form
     # bound first, as those set the reported gap (phase B still goes by quick score)
     order_a = sorted(infos, key=lambda i: i.bound_ms) if method == "anneal" else infos
     for n_done, info in enumerate(order_a):
         cand = candidates[id(info)]
-        if info.bound_ms >= best_ms * (1 - 1e-9):
-            cand.status = "pruned: its lower bound is above the best plan"
-            bounds_left[id(info)] = max(info.bound_ms, best_ms)
+        if pruned(info, cand):
             continue
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0 or not info.screened:
@@ -242,9 +248,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     survivors.sort(key=lambda i: rank[id(i)])
     for n_done, info in enumerate(survivors):
         cand = candidates[id(info)]
-        if info.bound_ms >= best_ms * (1 - 1e-9):
-            cand.status = "pruned: its lower bound is above the best plan"
-            bounds_left[id(info)] = max(info.bound_ms, best_ms)
+        if pruned(info, cand):
             continue
         left = time_limit_s - (time.perf_counter() - t0)
         if method == "anneal":  # keep a little for the final report; no runs under a second

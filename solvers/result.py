@@ -20,6 +20,7 @@ class PlacementResult:
     wall_s: float
     iterations: int = 0
     cuts: list = field(default_factory=list)  # critical-path count vectors found (MILP)
+    load_vectors: int = 0  # MILP: load vectors (layers per stage) solved one by one
 
     @property
     def gap(self) -> float:

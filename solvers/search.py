@@ -178,6 +178,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     solved = 0
     all_exact = True
     cuts_of: dict[int, list] = {}
+    block_bounds: dict[int, float] = {}  # id(PlacementProblem) -> its placement-relaxed bound
     probs_of: dict[int, list] = {}
     # Phase A: bound every shape that the cheap bound cannot rule out; prune. With annealing
     # (large clusters) this phase ends at BOUND_FRACTION of the time limit; shapes not bounded
@@ -219,6 +220,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                          f"best {best_ms / 1e3:.3f} s")
             try:
                 rb = math.inf
+                block_bound = {}
                 for pr in probs:
                     # placement relaxed, fractional split first (a linear program)
                     r = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
@@ -233,6 +235,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                         if r2.bound_ms > r.bound_ms:
                             r = r2
                     rb = min(rb, r.bound_ms)
+                    block_bound[id(pr)] = r.bound_ms
+                block_bounds.update(block_bound)
                 info.bound_ms = max(info.bound_ms, rb)
                 bounds_left[id(info)] = info.bound_ms
                 cand.lower_bound_ms = info.bound_ms
@@ -271,24 +275,31 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         shape_best = math.inf
         for prob in probs:
             blk = prob.block
+            if block_bounds.get(id(prob), 0.0) >= best_ms * (1 - 1e-9):
+                # this block's layout cannot beat the incumbent even on the cheapest links
+                shape_bound = min(shape_bound, block_bounds[id(prob)])
+                continue
             if progress:
                 progress(f"shape {n_done + 1}/{len(survivors)} {info.shape.describe()}, "
                          f"{blk.describe()}; best {best_ms / 1e3:.3f} s, "
                          f"bound {min(bounds_left.values()) / 1e3:.3f} s")
             res = None
             if method == "exact" and milp_supported(prob) is None:
+                t_block = time.perf_counter()
                 warm = anneal(prob, seed=seed, iters=min(anneal_iters, 1500),
                               time_limit_s=per_block / 4, restarts=2)
                 seeds = [(list(range(prob.num_slots)), prob.start_layers())]
                 if warm.plan is not None:
                     seeds.append((_perm_of(prob, warm.plan), tuple(warm.plan.shape.layers)))
                 try:
-                    res = solve_milp(prob, time_limit_s=per_block, seed_solutions=seeds,
-                                     initial_cuts=cuts)
+                    milp_s = max(0.5, per_block - (time.perf_counter() - t_block))
+                    res = solve_milp(prob, time_limit_s=milp_s, seed_solutions=seeds,
+                                     initial_cuts=cuts, cutoff_ms=best_ms)
                     cuts = res.cuts
                 except SolverUnavailableError:
                     res = None
-                if res is not None and res.termination != "optimal":
+                # "cutoff": proven that nothing here beats the incumbent (bound ~ incumbent)
+                if res is not None and res.termination not in ("optimal", "cutoff"):
                     all_exact = False
             if res is None:
                 res = anneal(prob, seed=seed, iters=anneal_iters, time_limit_s=per_block)

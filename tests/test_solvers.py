@@ -79,6 +79,51 @@ def test_milp_equals_brute_force_and_annealing_reaches_it(case):
     assert frac.bound_ms <= relaxed.bound_ms * (1 + 1e-7)
 
 
+def fast_instances():
+    """Fast links: placement moves the time little, so the MILP solves stage-load vectors one
+    by one (solvers.milp's decomposition) instead of one model over all splits."""
+    out = []
+    for seed in range(2):
+        for nodes, tp, pp, sched, v in [(4, 2, 4, "1f1b", 1), (6, 2, 6, "1f1b", 1),
+                                        (4, 2, 2, "interleaved", 2), (5, 1, 5, "1f1b", 1)]:
+            c = synth_cluster(SynthParams(num_nodes=nodes, gpus_per_node=2, nic_gb_per_s=50.0,
+                                          leaf_size=2, oversubscription=2, degraded=1,
+                                          degraded_factor=0.5, noise=0.05, seed=seed))
+            dp = c.num_gpus // (tp * pp)
+            sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=1, schedule=sched, chunks=v,
+                       sequence_parallel=tp > 1)
+            job = JobSpec(global_batch=4 * pp * dp, seq_length=2048)
+            out.append(PlacementProblem(TINY, job, c, sh, blocks_for(c, sh)[-1], Options()))
+    return out
+
+
+FAST = fast_instances()
+
+
+def test_load_decomposition_is_exact_and_cutoff_is_a_proof():
+    used = []
+    for prob in FAST:
+        brute = brute_force(prob)
+        milp = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
+        assert milp.termination == "optimal"
+        assert milp.objective_ms == pytest.approx(brute.objective_ms, rel=1e-7)
+        assert estimate(TINY, prob.job, prob.cluster, milp.plan).iteration_ms == \
+            pytest.approx(milp.objective_ms, rel=1e-6)
+        used.append(milp.load_vectors)
+        # a plan of another block at 0.1% below this optimum: proven unbeatable here
+        cut = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9,
+                         cutoff_ms=brute.objective_ms * 0.999)
+        assert cut.termination == "cutoff"
+        assert brute.objective_ms * 0.999 * (1 - 1e-6) <= cut.bound_ms <= brute.objective_ms
+        # a cutoff above the optimum changes nothing
+        loose = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9,
+                           cutoff_ms=brute.objective_ms * 1.01)
+        assert loose.termination == "optimal"
+        assert loose.objective_ms == pytest.approx(brute.objective_ms, rel=1e-7)
+    # both paths ran: vectors solved one by one, and the switch to one MILP for the rest
+    assert max(used) >= 4 and any(0 < u < 4 for u in used)
+
+
 def test_annealing_same_seed_same_answer():
     c = tiny_cluster(6, 1)
     sh = Shape(tp=2, pp=6, dp=1, micro_batch=1, sequence_parallel=True)

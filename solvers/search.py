@@ -33,9 +33,10 @@ from .space import (SearchSpace, blocks_for, enumerate_shapes, min_max_memory_sp
 
 # Above this many nodes `auto` anneals instead of proving optimality. bench/exact_scaling.py
 # (Llama-2 7B, TP=8, one pipeline stage per node, random and switch-structured matrices; one
-# shape and block) measured the MILP's time to proof at 0.4-0.7 s on 4 nodes, 4 s on 8, 51-53 s
-# on 10, and no proof within 120 s on 12 (gap 0.02-0.14%) or 16 (gap 19-33%) nodes.
-AUTO_EXACT_MAX_NODES = 10
+# shape and block, 120 s limit) measured the MILP's time to proof at 0.2-0.4 s on 4 nodes,
+# 1.2-1.5 s on 8, 7-26 s on 16; 12 nodes (uneven layer loads, several load vectors within
+# 0.5%) 68 s, or the 1e-4 tolerance missed by 2e-6 at 120 s; 24 nodes stop 1.1% short.
+AUTO_EXACT_MAX_NODES = 16
 # Time shares for large clusters (bench/scale.py): screening the shapes may use up to
 # SCREEN_FRACTION of the time limit (once one shape has a score); with annealing, bounding
 # shapes by the placement-relaxed MILP stops at BOUND_FRACTION, and the annealer gives each

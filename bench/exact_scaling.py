@@ -20,7 +20,7 @@ within 60 s per matrix kind (the basis for AUTO_EXACT_MAX_NODES in solvers/searc
 are also written as JSON (bench/anneal_gap.py reads them).
 
 Run:   python bench/exact_scaling.py                 (all sizes, both kinds, 120 s per instance;
-                                                      about 17 min when the big ones time out)
+                                                      about 13 min, the big ones time out)
        python bench/exact_scaling.py --quick         (4, 8, 12, 16 nodes, 60 s per instance)
        python bench/exact_scaling.py --nodes 16 --kinds random --time-limit 300
 """

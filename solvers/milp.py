@@ -533,11 +533,15 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     rest_bound = 0.0  # lower bound of every load vector not solved yet
     rounds = 0
 
+    # a sub-MILP leaves a little time so that, if it runs out, the master can still bound the
+    # load vectors not reached (often none are left: then that bound is infinite)
+    reserve_s = min(2.0, 0.05 * time_limit_s)
+
     def sub_solve() -> _LoopState:
         nonlocal best_ms, best_plan, rounds
         _sync_cuts(full, cut_list)
-        sub = _placement_loop(full, full_opt, TC, prob, paths, left_s, max_rounds,
-                              mip_rel_gap, neighbor_cuts, min(best_ms, cutoff_ms))
+        sub = _placement_loop(full, full_opt, TC, prob, paths, lambda: left_s() - reserve_s,
+                              max_rounds, mip_rel_gap, neighbor_cuts, min(best_ms, cutoff_ms))
         rounds += sub.rounds
         if sub.plan is not None and sub.objective_ms < best_ms:
             best_ms, best_plan = sub.objective_ms, sub.plan
@@ -576,10 +580,14 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
                 paths(perm, st.layers)
         sub = sub_solve()
         solved_bounds.append(sub.bound)
-        if not sub.converged:
+        master.exclude_loads(loads)
+        if not sub.converged:  # time is up: bound the other load vectors in the reserve
+            st = _relaxed_loop(master, master_opt, TC, cut_list, left_s, max_rounds,
+                               mip_rel_gap, min(best_ms, cutoff_ms))
+            rounds += st.rounds
+            rest_bound = math.inf if st.infeasible else max(rest_bound, st.bound)
             break
         full.unfix_loads()
-        master.exclude_loads(loads)
         full.exclude_loads(loads)
     limit_ms = min(best_ms, cutoff_ms)
     bound = min(solved_bounds + [rest_bound, limit_ms])
@@ -665,7 +673,10 @@ def _placement_loop(F: _Formulation, opt, TC, prob, paths, left_s, max_rounds: i
         # none is left, this load vector cannot beat it: its bound is the cutoff)
         cut_ms = min(cutoff_ms, st.objective_ms)
         F.M.T.setub(cut_ms if math.isfinite(cut_ms) else None)
-        res = _highs_solve(opt, F.M, TC, left_s(), mip_rel_gap)
+        # the first round may not take all the time: its incumbent is scored by the estimator
+        # only when HiGHS returns, and with few paths it may be far off (32 nodes)
+        budget = left_s() if st.rounds > 1 else max(left_s() / 2, min(left_s(), 10.0))
+        res = _highs_solve(opt, F.M, TC, budget, mip_rel_gap)
         tc = res.termination_condition
         if tc in (TC.provenInfeasible, TC.infeasibleOrUnbounded):
             st.infeasible, st.converged, st.bound = True, True, cut_ms

@@ -35,7 +35,7 @@ from .space import (SearchSpace, blocks_for, enumerate_shapes, min_max_memory_sp
 # (Llama-2 7B, TP=8, one pipeline stage per node, random and switch-structured matrices; one
 # shape and block, 120 s limit) measured the MILP's time to proof at 0.2-0.4 s on 4 nodes,
 # 1.2-1.5 s on 8, 7-26 s on 16; 12 nodes (uneven layer loads, several load vectors within
-# 0.5%) 68 s, or the 1e-4 tolerance missed by 2e-6 at 120 s; 24 nodes stop 1.1% short.
+# 0.5%) 65-68 s, or the 1e-4 tolerance missed by 3e-6 at 120 s; 24 nodes stop 0.5-0.9% short.
 AUTO_EXACT_MAX_NODES = 16
 # Time shares for large clusters (bench/scale.py): screening the shapes may use up to
 # SCREEN_FRACTION of the time limit (once one shape has a score); with annealing, bounding

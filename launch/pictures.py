@@ -121,6 +121,12 @@ def gantt_png(evaluator, placement: Placement, path, replica: int | None = None)
                        Line2D([], [], color="red", label="critical path")],
               loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.02 * (4 - min(p, 4))),
               ncol=6, fontsize=8, frameon=False)
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    """Lay out, write (creating the folder) and close a figure."""
+    plt = _plt()
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,9 +215,4 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
     ax2.set_yticklabels(names, fontsize=7)
     ax2.set_title(f"inter-node bandwidth; red = slow (< {SLOW_FACTOR} x median), "
                   "dot = pipeline hop", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

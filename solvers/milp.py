@@ -146,6 +146,7 @@ class _Data:
         # placement relaxed: every inter-node hop at the cluster's cheapest, the ring at the
         # best rate this block layout could give
         self.hop_min_inter = float(self.hop_C[off].min()) if N > 1 else math.inf
+        self.hop_max_inter = float(self.hop_C[off].max()) if N > 1 else 0.0
         self.u_min = (max(self.inv_intra, float(self.inv_ring[off].min())) if self.inter_ring
                       else self.inv_intra)
 
@@ -213,7 +214,6 @@ class _Formulation:
             return sum(M.l[j] for j in range(V) if j % p == s)
 
         # layers per stage: a variable to fix, or one binary per possible count
-        self.loads = loads
         if loads:
             self.counts = counts = range(dat.v, L - V + dat.v + 1)
             M.g = pyo.Var(M.P, counts, domain=pyo.Binary)
@@ -335,6 +335,7 @@ class _Formulation:
         M.cuts = pyo.ConstraintList()
         M.obj = pyo.Objective(expr=M.T, sense=pyo.minimize)
         self.seen: set[bytes] = set()
+        self.synced = 0  # how much of the shared cut list _sync_cuts has passed to this model
 
     def F(self, j):
         return self.dat.fF[j] * self.M.l[j] + self.dat.eF[j]
@@ -493,16 +494,12 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         (list(range(dat.A * dat.D)), dat.start_layers)]
 
     K = dat.K
-    off = ~np.eye(dat.N, dtype=bool)
-    hop_lo, hop_hi = (float(dat.hop_C[off].min()), float(dat.hop_C[off].max())) if dat.N > 1 \
-        else (0.0, 0.0)
-
     def paths(perm, lay, variants: int = 0) -> int:
         """Critical paths of every replica of plan (perm, lay) into the shared cut list; how
         many are new to the full model. With `variants`, also the paths that become critical
         when the transfers the path repeats (a steady state's hops) are made slow one way and
-        fast the other, in `variants` random combinations: the placements the MILP would try
-        next to dodge the first path."""
+        fast the other (each such hop alone, both ways, then random combinations; `variants`
+        in all): the placements the MILP would try next to dodge the first path."""
         ev = prob.evaluator(tuple(lay))
         pl = prob.placement(perm)
         tails, _ = ev.tails(pl)
@@ -517,9 +514,10 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
                 d2 = dur.copy()
                 flips = ([heavy[q // 2]] if q < 2 * len(heavy) else
                          [h for h in heavy if rng.random() < 0.5])
-                for i, h in enumerate(flips):
+                lo, hi = dat.hop_min_inter, dat.hop_max_inter
+                for h in flips:
                     fwd_slow = (q % 2 == 0) if q < 2 * len(heavy) else rng.random() < 0.5
-                    d2[K.xf(h)], d2[K.xb(h)] = (hop_hi, hop_lo) if fwd_slow else (hop_lo, hop_hi)
+                    d2[K.xf(h)], d2[K.xb(h)] = (hi, lo) if fwd_slow else (lo, hi)
                 cut_list.append(ev.cs.critical_path(d2)[1])
         return _sync_cuts(full, cut_list) if full is not None else 0
 
@@ -620,8 +618,11 @@ class _LoopState:
 
 
 def _sync_cuts(F: _Formulation, cut_list) -> int:
-    """Add the paths F has not seen; how many were new."""
-    return sum(F.add_cut(c) for c in cut_list)
+    """Add the paths appended to the shared (append-only) list since F last looked; how many
+    were new to F."""
+    new = sum(F.add_cut(c) for c in cut_list[F.synced:])
+    F.synced = len(cut_list)
+    return new
 
 
 def _relaxed_loop(F: _Formulation, opt, TC, cut_list, left_s, max_rounds: int,

@@ -221,7 +221,6 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                          f"best {best_ms / 1e3:.3f} s")
             try:
                 rb = math.inf
-                block_bound = {}
                 for pr in probs:
                     # placement relaxed, fractional split first (a linear program)
                     r = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
@@ -236,8 +235,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                         if r2.bound_ms > r.bound_ms:
                             r = r2
                     rb = min(rb, r.bound_ms)
-                    block_bound[id(pr)] = r.bound_ms
-                block_bounds.update(block_bound)
+                    block_bounds[id(pr)] = r.bound_ms
                 info.bound_ms = max(info.bound_ms, rb)
                 bounds_left[id(info)] = info.bound_ms
                 cand.lower_bound_ms = info.bound_ms

@@ -12,19 +12,24 @@ from model.cluster import SynthParams, cluster_to_toml, synth_cluster
 runner = CliRunner()
 
 
+def _inputs(tmp_path, cfg: dict, cluster) -> list[str]:
+    """A Hugging Face config.json and a cluster TOML in tmp_path, as CLI arguments."""
+    m = tmp_path / "config.json"
+    m.write_text(json.dumps(cfg))
+    t = tmp_path / "c.toml"
+    t.write_text(cluster_to_toml(cluster))
+    return ["--model", str(m), "--cluster", str(t)]
+
+
 @pytest.fixture
 def tiny(tmp_path):
     cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
            "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2816,
            "vocab_size": 8000, "max_position_embeddings": 1024}
-    m = tmp_path / "config.json"
-    m.write_text(json.dumps(cfg))
     c = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=2, nic_gb_per_s=2.0, leaf_size=2,
                                   oversubscription=3, degraded=1, degraded_factor=0.3,
                                   noise=0.1, seed=0))
-    t = tmp_path / "c.toml"
-    t.write_text(cluster_to_toml(c))
-    return ["--model", str(m), "--cluster", str(t), "--gbs", "8", "--seq", "1024"]
+    return _inputs(tmp_path, cfg, c) + ["--gbs", "8", "--seq", "1024"]
 
 
 def test_solve_json_and_plan_file_round_trip(tiny, tmp_path):
@@ -56,12 +61,8 @@ def test_solve_nothing_fits_exit_2(tmp_path):
     cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 16384,
            "num_attention_heads": 128, "num_key_value_heads": 8, "intermediate_size": 53248,
            "vocab_size": 128256, "max_position_embeddings": 8192}
-    m = tmp_path / "config.json"
-    m.write_text(json.dumps(cfg))
     c = synth_cluster(SynthParams(num_nodes=1, gpus_per_node=2, gpu="A100-40GB", degraded=0))
-    t = tmp_path / "c.toml"
-    t.write_text(cluster_to_toml(c))
-    r = runner.invoke(app, ["solve", "--model", str(m), "--cluster", str(t), "--gbs", "8",
+    r = runner.invoke(app, ["solve", *_inputs(tmp_path, cfg, c), "--gbs", "8",
                             "--seq", "8192", "--time-limit", "10"])
     assert r.exit_code == 2
     assert "nothing fits" in r.output and "closest" in r.output and "GiB" in r.output

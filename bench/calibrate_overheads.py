@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model.reference import load_runs, compare_run, _skip_reason, run_to_inputs
+from formats.published import load_runs, compare_run, _skip_reason, run_to_inputs
 from model.estimator import Evaluator
 from model.specs import Options, Overheads
 runs=[r for r in load_runs() if not _skip_reason(r) and r['source_group'].startswith('bloom')]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model import presets  # noqa: E402
-from model.cluster import uniform_cluster  # noqa: E402
+from formats import presets  # noqa: E402
+from formats.clusters import uniform_cluster  # noqa: E402
 from model.estimator import Evaluator, estimate, make_plan  # noqa: E402
 from model.schedule import compile_schedule  # noqa: E402
 from model.specs import JobSpec  # noqa: E402

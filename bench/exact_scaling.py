@@ -2,7 +2,7 @@
 
 For 4, 8, 12, 16, 24 and 32 nodes of 8 A100-80GB, on two kinds of inter-node matrix:
   random  every ordered node pair drawn uniformly from [5, 25] GB/s (asymmetric), seed = nodes;
-  switch  model.cluster.synth_cluster: leaf switches of 4 nodes, 23 GB/s inside a leaf, 1.6x
+  switch  formats.clusters.synth_cluster: leaf switches of 4 nodes, 23 GB/s inside a leaf, 1.6x
           oversubscribed spine, one degraded NIC at half rate, +-3% noise, seed = nodes.
 One fixed shape and block per instance, chosen so that placement matters (pipeline transfers
 are a visible share of the iteration): Llama-2 7B, global batch 64, sequence 4096, bf16,
@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model import presets  # noqa: E402
-from model.cluster import SynthParams, synth_cluster, uniform_cluster  # noqa: E402
+from formats import presets  # noqa: E402
+from formats.clusters import SynthParams, synth_cluster, uniform_cluster  # noqa: E402
 from model.estimator import estimate  # noqa: E402
 from model.plan import Shape  # noqa: E402
 from model.specs import JobSpec, Options  # noqa: E402

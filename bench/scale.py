@@ -1,6 +1,6 @@
 """Scale: a full solve (shape and placement) with the annealer on 128, 512 and 1024 nodes.
 
-Clusters: model.cluster.synth_cluster with 8 A100-80GB per node, leaf switches of 16 nodes,
+Clusters: formats.clusters.synth_cluster with 8 A100-80GB per node, leaf switches of 16 nodes,
 23 GB/s per stream inside a leaf, a 1.6x oversubscribed spine, one degraded NIC (half rate) per
 64 nodes, +-3% noise, seed 0. Models and global batches (bf16, the model's own sequence length):
   128 nodes   llama3-70b   global batch 1024 (8M tokens)
@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model import presets  # noqa: E402
-from model.cluster import SynthParams, synth_cluster  # noqa: E402
+from formats import presets  # noqa: E402
+from formats.clusters import SynthParams, synth_cluster  # noqa: E402
 from model.estimator import estimate  # noqa: E402
 from model.specs import JobSpec  # noqa: E402
 from solvers.search import solve  # noqa: E402

@@ -1,1 +1,1 @@
-"""Preset data (GPUs, models, clusters, published runs), loaded on demand by model.presets."""
+"""Preset data (GPUs, models, clusters, published runs), loaded on demand by formats/ (formats.presets, formats.clusters, ...)."""

@@ -1,4 +1,5 @@
-"""Pictures of a plan: the pipeline schedule as a Gantt chart, the placement on the cluster.
+"""Pictures: a plan's pipeline schedule as a Gantt chart, its placement on the cluster, and a
+cluster's bandwidth matrix as a heatmap.
 
 matplotlib (Agg backend) is imported lazily, inside each function.
 """
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from model.cluster import ClusterSpec
+from model.errors import SpecError
 from model.plan import Placement, Plan
 
 SLOW_FACTOR = 0.75  # a link below this fraction of the median inter-node bandwidth is "slow"
@@ -34,7 +36,6 @@ def schedule_timeline(evaluator, placement: Placement, replica: int | None = Non
     if replica is None:
         replica = int(np.argmax([cs.longest_path(d) for d in durs]))
     if not 0 <= replica < sh.dp:
-        from model.errors import SpecError
         raise SpecError(f"replica {replica} does not exist; the plan has {sh.dp} replicas",
                         source="options", field="replica")
     d = durs[replica]
@@ -216,3 +217,30 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
     ax2.set_title(f"inter-node bandwidth; red = slow (< {SLOW_FACTOR} x median), "
                   "dot = pipeline hop", fontsize=9)
     return _save(fig, path)
+
+
+def heatmap_png(c, path: str | Path) -> None:
+    """Write a heatmap of the inter-node matrix (row = sender, column = receiver)."""
+    plt = _plt()
+
+    names = [nd.name for nd in c.nodes]
+    n = len(names)
+    m = np.array(c.inter_gb_per_s, dtype=float)
+    np.fill_diagonal(m, np.nan)
+    size = min(4 + 0.35 * n, 30)
+    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    im = ax.imshow(np.ma.masked_invalid(m), cmap="viridis", interpolation="nearest")
+    fig.colorbar(im, ax=ax, label="GB/s, one GPU-to-GPU stream")
+    if n <= 64:
+        ax.set_xticks(range(n), names, rotation=90, fontsize=max(4, 10 - n // 8))
+        ax.set_yticks(range(n), names, fontsize=max(4, 10 - n // 8))
+    ax.set_xlabel("to node")
+    ax.set_ylabel("from node")
+    ax.set_title(f"{c.name}: inter-node bandwidth")
+    fig.tight_layout()
+    try:
+        fig.savefig(str(path), dpi=100)
+    except OSError as e:
+        raise SpecError(f"cannot write ({e.strerror})", source=str(path), field="--png") from None
+    finally:
+        plt.close(fig)

@@ -1,5 +1,6 @@
-"""Cost model for LLM training plans: specs, per-stage memory and critical-path iteration time.
+"""The cost model for LLM training plans: specs, plan, schedule graph, per-operation costs,
+per-stage memory and the critical-path estimator.
 
-Data flows one way: specs (model, job, cluster) -> plan -> cost model (memory, schedule,
-estimator). Nothing in this package imports the solvers or the CLI.
+Nothing here reads or writes files (formats/ builds the specs) or imports the solvers, the
+launch emitters or the CLI; tests/test_layout.py holds that.
 """

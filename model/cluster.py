@@ -6,36 +6,22 @@ Bandwidth convention (used by every formula in the cost model):
   to have its own NIC share (rail-optimized DGX-style nodes), so concurrent streams from
   different GPUs of a node do not share it. The matrix may be asymmetric; the diagonal is unused.
 - `intra_gb_per_s` is one direction of one GPU's intra-node link (NVLink/NVSwitch) as measured;
-  `intra_matrix_gb_per_s`, when given, is GPU-by-GPU for non-uniform nodes (DGX-1, PCIe);
-  `intra_topology = "<preset>"` takes it from data/topologies/ instead (model/topology.py).
+  `intra_matrix_gb_per_s`, when given, is GPU-by-GPU for non-uniform nodes (DGX-1, PCIe).
 - `latency_us` is the per-message latency added to every transfer.
 
-File format (TOML), nodes in matrix order:
-
-    name = "my-cluster"
-    latency_us = 5.0
-    [[nodes]]
-    name = "node00"
-    gpu = "A100-80GB"
-    gpus = 8
-    intra_gb_per_s = 240.0
-    [inter]
-    gb_per_s = [[0.0, 23.1, ...], ...]
+Cluster files, presets and synthetic clusters are built in `formats/clusters.py`.
 """
 
 from __future__ import annotations
 
-import itertools
-import tomllib
-from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
-from pathlib import Path
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from . import presets
 from .errors import SpecError
 from .specs import GPUSpec
+from .topology import best_ring_gb_per_s
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,19 +44,7 @@ class NodeSpec:
             return float("inf")
         if self.intra_matrix_gb_per_s is None:
             return self.intra_gb_per_s
-        return _best_ring(self.intra_matrix_gb_per_s.tobytes(), self.num_gpus, tuple(gpus))
-
-
-@lru_cache(maxsize=4096)
-def _best_ring(mat_bytes: bytes, n: int, gpus: tuple[int, ...]) -> float:
-    mat = np.frombuffer(mat_bytes).reshape(n, n)
-    first, rest = gpus[0], gpus[1:]
-    best = 0.0
-    for perm in itertools.permutations(rest):
-        ring = (first,) + perm
-        bw = min(mat[ring[i], ring[(i + 1) % len(ring)]] for i in range(len(ring)))
-        best = max(best, bw)
-    return float(best)
+        return best_ring_gb_per_s(self.intra_matrix_gb_per_s, tuple(gpus))
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,226 +116,3 @@ class ClusterSpec:
         if node_a == node_b:
             return self.nodes[node_a].link_gb_per_s(gpu_a, gpu_b)
         return float(self.inter_gb_per_s[node_a, node_b])
-
-
-# ---------------------------------------------------------------------------------------------
-# TOML input / output
-
-
-def load_cluster(path: str | Path) -> ClusterSpec:
-    """Read a cluster TOML; every problem names the file and field."""
-    path = Path(path)
-    src = str(path)
-    if not path.exists():
-        raise SpecError("file not found", source=src)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SpecError(f"not valid TOML ({e})", source=src) from None
-    return cluster_from_dict(raw, src)
-
-
-def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
-    nodes_raw = raw.get("nodes")
-    if not isinstance(nodes_raw, list) or not nodes_raw:
-        raise SpecError("missing; add one [[nodes]] table per node", source=src, field="nodes")
-    nodes = []
-    for i, nd in enumerate(nodes_raw):
-        where = f"nodes[{i}]"
-        topo_name = nd.get("intra_topology") if isinstance(nd, dict) else None
-        for key in ("name", "gpu", "gpus", "intra_gb_per_s"):
-            if key not in nd and not (key == "intra_gb_per_s" and topo_name is not None):
-                raise SpecError("missing", source=src, field=f"{where}.{key}")
-        try:
-            gpu = presets.gpu(str(nd["gpu"]))
-        except SpecError as e:
-            raise SpecError(e.problem, source=src, field=f"{where}.gpu") from None
-        gpus = nd["gpus"]
-        if not isinstance(gpus, int) or gpus <= 0:
-            raise SpecError(f"must be a positive integer, got {gpus!r}", source=src,
-                            field=f"{where}.gpus")
-        intra = nd.get("intra_gb_per_s")
-        if topo_name is not None:
-            # intra_topology = "<preset>" (data/topologies/) fills the GPU-by-GPU matrix;
-            # intra_gb_per_s, if absent, becomes the preset's best ring over all GPUs.
-            intra, mat = _topology_matrix(nd, topo_name, gpus, src, where)
-        else:
-            mat = None
-        if not isinstance(intra, (int, float)) or not intra > 0:
-            raise SpecError(f"must be a positive number of GB/s, got {intra!r}", source=src,
-                            field=f"{where}.intra_gb_per_s")
-        if "intra_matrix_gb_per_s" in nd:
-            mat = _matrix(nd["intra_matrix_gb_per_s"], gpus, src,
-                          f"{where}.intra_matrix_gb_per_s")
-        nodes.append(NodeSpec(str(nd["name"]), gpu, gpus, float(intra), mat))
-    inter = raw.get("inter", {})
-    if "gb_per_s" not in inter:
-        raise SpecError("missing; give the node-by-node matrix in GB/s", source=src,
-                        field="inter.gb_per_s")
-    mat = _matrix(inter["gb_per_s"], len(nodes), src, "inter.gb_per_s")
-    lat = raw.get("latency_us", 5.0)
-    if not isinstance(lat, (int, float)) or lat < 0:
-        raise SpecError(f"must be a number >= 0, got {lat!r}", source=src, field="latency_us")
-    return ClusterSpec(name=str(raw.get("name", Path(src).stem)), nodes=tuple(nodes),
-                       inter_gb_per_s=mat, latency_us=float(lat), source=src)
-
-
-def _topology_matrix(nd: dict, topo_name, gpus: int, src: str, where: str):
-    """(intra_gb_per_s, matrix) for a node that names an intra_topology preset."""
-    from .topology import load_topology
-
-    fld = f"{where}.intra_topology"
-    if "intra_matrix_gb_per_s" in nd:
-        raise SpecError("give intra_topology or intra_matrix_gb_per_s, not both", source=src,
-                        field=fld)
-    if not isinstance(topo_name, str):
-        raise SpecError(f"must be a preset name (string), got {topo_name!r}", source=src,
-                        field=fld)
-    try:
-        topo = load_topology(topo_name)
-    except SpecError as e:
-        raise SpecError(e.problem if e.source is None else str(e), source=src,
-                        field=fld) from None
-    if topo.num_gpus != gpus:
-        raise SpecError(f"topology '{topo.name}' has {topo.num_gpus} GPUs but this node has "
-                        f"gpus = {gpus}; pick a matching preset", source=src, field=fld)
-    intra = nd.get("intra_gb_per_s", topo.ring_gb_per_s)
-    return intra, topo.matrix_gb_per_s.copy()
-
-
-def _matrix(rows, n: int, src: str, fld: str) -> np.ndarray:
-    if not isinstance(rows, list) or len(rows) != n or any(
-            not isinstance(r, list) or len(r) != n for r in rows):
-        raise SpecError(f"must be a {n}x{n} list of rows (one per node, in [[nodes]] order)",
-                        source=src, field=fld)
-    try:
-        m = np.array(rows, dtype=float)
-    except (TypeError, ValueError):
-        raise SpecError("entries must be numbers (GB/s)", source=src, field=fld) from None
-    off = ~np.eye(n, dtype=bool)
-    bad = off & ~(np.isfinite(m) & (m > 0))
-    if bad.any():
-        i, j = map(int, np.argwhere(bad)[0])
-        raise SpecError(f"entry [{i}][{j}] is {m[i, j]!r}; bandwidth must be a positive "
-                        "number of GB/s", source=src, field=fld)
-    return m
-
-
-def cluster_to_toml(c: ClusterSpec) -> str:
-    """Serialize a cluster to the TOML format `load_cluster` reads."""
-    out = [f'name = "{c.name}"', f"latency_us = {c.latency_us}", ""]
-    for nd in c.nodes:
-        out += ["[[nodes]]", f'name = "{nd.name}"', f'gpu = "{nd.gpu.name}"',
-                f"gpus = {nd.num_gpus}", f"intra_gb_per_s = {nd.intra_gb_per_s}"]
-        if nd.intra_matrix_gb_per_s is not None:
-            out.append("intra_matrix_gb_per_s = [")
-            out += ["  [" + ", ".join(f"{v:.1f}" for v in row) + "],"
-                    for row in nd.intra_matrix_gb_per_s]
-            out.append("]")
-        out.append("")
-    out += ["[inter]", "# GB/s of one GPU-to-GPU stream from the row node to the column node",
-            "gb_per_s = ["]
-    out += ["  [" + ", ".join(f"{v:.2f}" for v in row) + "]," for row in c.inter_gb_per_s]
-    out += ["]", ""]
-    return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# Synthetic clusters
-
-
-@dataclass(frozen=True)
-class SynthParams:
-    """Generating model for synthetic clusters (documented in the README).
-
-    Nodes sit in leaf switches of `leaf_size` nodes. A stream between two nodes of one leaf gets
-    `nic_gb_per_s`; across leaves it gets `nic_gb_per_s / oversubscription` (the spine is
-    oversubscribed). `degraded` nodes, drawn at random, have a NIC at `degraded_factor` of its
-    rate, which limits both what they send and what they receive. Every entry is then multiplied
-    by an independent factor drawn uniformly from [1 - noise, 1 + noise], so the matrix is
-    slightly asymmetric, like a measurement.
-    """
-
-    num_nodes: int = 8
-    gpus_per_node: int = 8
-    gpu: str = "A100-80GB"
-    intra_gb_per_s: float = 240.0
-    nic_gb_per_s: float = 23.0
-    leaf_size: int = 4
-    oversubscription: float = 1.6
-    degraded: int = 1
-    degraded_factor: float = 0.5
-    noise: float = 0.03
-    latency_us: float = 5.0
-    seed: int = 0
-    name: str | None = None
-    degraded_nodes: tuple[int, ...] | None = field(default=None)
-
-
-def synth_cluster(p: SynthParams) -> ClusterSpec:
-    n = p.num_nodes
-    src = "synth"
-    if n < 1:
-        raise SpecError("num_nodes must be >= 1", source=src, field="num_nodes")
-    if p.leaf_size < 1:
-        raise SpecError("leaf_size must be >= 1", source=src, field="leaf_size")
-    if p.oversubscription < 1:
-        raise SpecError("oversubscription must be >= 1 (1 = full bisection)", source=src,
-                        field="oversubscription")
-    if not 0 <= p.degraded <= n:
-        raise SpecError(f"degraded must be between 0 and {n}", source=src, field="degraded")
-    if not 0 < p.degraded_factor <= 1:
-        raise SpecError("degraded_factor must be in (0, 1]", source=src, field="degraded_factor")
-    if not 0 <= p.noise < 1:
-        raise SpecError("noise must be in [0, 1)", source=src, field="noise")
-    rng = np.random.default_rng(p.seed)
-    leaf = np.arange(n) // p.leaf_size
-    bw = np.where(leaf[:, None] == leaf[None, :], p.nic_gb_per_s,
-                  p.nic_gb_per_s / p.oversubscription)
-    bad = (p.degraded_nodes if p.degraded_nodes is not None
-           else tuple(sorted(rng.choice(n, size=p.degraded, replace=False).tolist())))
-    nic = np.ones(n)
-    nic[list(bad)] = p.degraded_factor
-    bw = bw * np.minimum(nic[:, None], nic[None, :])
-    bw = bw * rng.uniform(1 - p.noise, 1 + p.noise, size=(n, n))
-    np.fill_diagonal(bw, 0.0)
-    bw = np.round(bw, 2)
-    gpu = presets.gpu(p.gpu)
-    width = max(2, len(str(n - 1)))
-    nodes = tuple(NodeSpec(f"node{i:0{width}d}", gpu, p.gpus_per_node, p.intra_gb_per_s)
-                  for i in range(n))
-    name = p.name or f"synth-{n}x{p.gpus_per_node}-{gpu.name}-s{p.seed}"
-    return ClusterSpec(name=name, nodes=nodes, inter_gb_per_s=bw, latency_us=p.latency_us,
-                       source=src)
-
-
-def uniform_cluster(num_nodes: int, gpus_per_node: int, gpu: str, intra_gb_per_s: float,
-                    inter_gb_per_s: float, latency_us: float = 5.0,
-                    name: str = "uniform") -> ClusterSpec:
-    """Every inter-node stream gets the same bandwidth (what prior configurators assume)."""
-    g = presets.gpu(gpu)
-    bw = np.full((num_nodes, num_nodes), float(inter_gb_per_s))
-    np.fill_diagonal(bw, 0.0)
-    nodes = tuple(NodeSpec(f"node{i:02d}", g, gpus_per_node, intra_gb_per_s)
-                  for i in range(num_nodes))
-    return ClusterSpec(name=name, nodes=nodes, inter_gb_per_s=bw, latency_us=latency_us,
-                       source=name)
-
-
-EXAMPLE_CLUSTER = "example"
-
-
-def cluster(name_or_path: str) -> ClusterSpec:
-    """A cluster preset (data/clusters/<name>.toml) or a TOML file path."""
-    p = Path(name_or_path)
-    if p.suffix == ".toml":
-        return load_cluster(p)
-    known = sorted(q.stem for q in presets.data_path("clusters").glob("*.toml"))
-    if name_or_path not in known:
-        raise SpecError(f"unknown cluster '{name_or_path}'; known presets: {', '.join(known)} "
-                        "(or give a .toml file)", field="cluster")
-    return load_cluster(presets.data_path("clusters", f"{name_or_path}.toml"))
-
-
-def cluster_names() -> list[str]:
-    return sorted(q.stem for q in presets.data_path("clusters").glob("*.toml"))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from .cluster import ClusterSpec
 from .errors import SpecError
 from .specs import RECOMPUTE, SCHEDULES, JobSpec, ModelSpec
+from .topology import best_tp_groups
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,6 @@ def _tp_groups(cluster: ClusterSpec, n: int, tp: int) -> list[tuple[int, ...]]:
     node = cluster.nodes[n]
     if node.intra_matrix_gb_per_s is None:
         return [tuple(range(x, x + tp)) for x in range(0, node.num_gpus, tp)]
-    from .topology import best_tp_groups
     return best_tp_groups(node, tp)
 
 

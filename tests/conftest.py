@@ -1,7 +1,7 @@
 import pytest
 
-from model import presets
-from model.cluster import cluster, uniform_cluster
+from formats import presets
+from formats.clusters import cluster, uniform_cluster
 from model.specs import JobSpec
 
 

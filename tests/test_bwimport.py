@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from model.bwimport import (Measured, check_and_fill, load_measurements, nccl_stream_gb_per_s,
-                            parse_nccl, read_mpigraph, summarize)
-from model.cluster import SynthParams, load_cluster, synth_cluster
+from formats.bandwidth import (Measured, check_and_fill, load_measurements, nccl_stream_gb_per_s,
+                               parse_nccl, read_mpigraph, summarize)
+from formats.clusters import SynthParams, load_cluster, synth_cluster
 from model.errors import SpecError
 
 DATA = Path(__file__).parent / "fixtures"

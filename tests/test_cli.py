@@ -92,3 +92,29 @@ def test_cluster_commands_speak_json(tmp_path):
             "--intra-gb-per-s", "240", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["nodes"]
+
+
+def test_one_spelling_per_concept_old_ones_hidden_but_accepted(tmp_path):
+    """--gbs and --out everywhere; --global-batch and --output (and import's --nodes) still
+    work, hidden from --help."""
+    a = json.loads(run("estimate", "--gbs", "128", "--json").output)
+    for old in (["--global-batch", "128"], ["--global-batch=128"]):
+        r = run("estimate", *old, "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["estimate"] == a["estimate"]
+    for cmd in (["estimate"], ["solve"], ["compare"]):
+        h = run(*cmd, "--help").output
+        assert "--gbs" in h and "--global-batch" not in h
+    out = tmp_path / "c.toml"
+    r = run("cluster", "synth", "--nodes", "2", "--output", str(out))
+    assert r.exit_code == 0 and out.exists()
+    for cmd in (["cluster", "synth"], ["cluster", "import"], ["emit"]):
+        h = run(*cmd, "--help").output
+        assert "--out" in h and "--output" not in h
+    fixtures = Path(__file__).parent / "fixtures" / "matrix.csv"
+    names = "n3,n1,n2"  # not the file's order: the option decides it
+    for flag in ("--node-names", "--nodes"):
+        r = run("cluster", "import", str(fixtures), "--gpu", "A100-80GB", "--gpus-per-node", "8",
+                "--intra-gb-per-s", "240", flag, names, "--json")
+        assert r.exit_code == 0, r.output
+        assert ",".join(n["name"] for n in json.loads(r.stdout)["nodes"]) == names

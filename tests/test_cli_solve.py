@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from model.cluster import SynthParams, cluster_to_toml, synth_cluster
+from formats.clusters import SynthParams, cluster_to_toml, synth_cluster
 
 runner = CliRunner()
 

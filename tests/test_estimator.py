@@ -5,8 +5,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from model import presets
-from model.cluster import ClusterSpec, uniform_cluster
+from formats import presets
+from formats.clusters import uniform_cluster
+from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import Evaluator, estimate, make_plan
 from model.memory import layer_activation_bytes

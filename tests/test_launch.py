@@ -12,8 +12,9 @@ import pytest
 
 from launch.emit import FRAMEWORKS, emit, megatron_args, pipeline_layout
 from launch.ranks import rank_mapping
-from model import presets
-from model.cluster import ClusterSpec, NodeSpec, uniform_cluster
+from formats import presets
+from formats.clusters import uniform_cluster
+from model.cluster import ClusterSpec, NodeSpec
 from model.errors import SpecError
 from model.estimator import make_plan
 from model.plan import Placement, Plan, block_placement, megatron_placement

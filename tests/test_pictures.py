@@ -3,8 +3,8 @@
 import pytest
 
 from launch.pictures import gantt_png, placement_png, schedule_timeline, slow_links
-from model import presets
-from model.cluster import cluster
+from formats import presets
+from formats.clusters import cluster
 from model.estimator import Evaluator, make_plan
 from model.specs import JobSpec
 

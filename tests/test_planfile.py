@@ -6,12 +6,12 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from model import presets
-from model.cluster import cluster
+from formats import presets
+from formats.clusters import cluster
 from model.errors import SpecError
 from model.estimator import estimate, make_plan
 from model.plan import block_placement
-from model.planfile import SCHEMA_VERSION, load_plan, save_plan
+from formats.planfile import SCHEMA_VERSION, load_plan, save_plan
 from model.specs import JobSpec, Options, Overheads
 
 runner = CliRunner()

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from model import presets
+from formats import presets
 from model.errors import SpecError
 
 

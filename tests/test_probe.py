@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from model.cluster import load_cluster
+from formats.clusters import load_cluster
 from probe.p2p_bandwidth import round_robin
 
 ROOT = Path(__file__).resolve().parents[1]

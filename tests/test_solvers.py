@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from model.cluster import SynthParams, synth_cluster, uniform_cluster
+from formats.clusters import SynthParams, synth_cluster, uniform_cluster
 from model.errors import InfeasibleError
 from model.estimator import Evaluator, estimate
 from model.plan import Shape

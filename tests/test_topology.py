@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from model.cluster import NodeSpec, cluster_from_dict, cluster_to_toml, load_cluster
+from formats.clusters import cluster_from_dict, cluster_to_toml, load_cluster
+from formats.presets import gpu
+from formats.topologies import load_topology, node_with_topology, topology_names
+from model.cluster import NodeSpec
 from model.errors import SpecError
-from model.presets import gpu
-from model.topology import (_partitions, best_tp_groups, load_topology, node_with_topology,
-                            topology_names)
+from model.topology import _partitions, best_tp_groups
 
 
 def test_presets_present_and_symmetric():
@@ -136,7 +137,7 @@ def test_bad_topology_file(tmp_path):
 def test_block_placement_picks_the_best_tensor_groups_on_uneven_nodes(tmp_path):
     """Issue 3: where intra-node links are not uniform, the solver's placements choose which
     GPUs form each tensor-parallel group (here DGX-1 pairs joined by two NVLinks)."""
-    from model.cluster import load_cluster
+    from formats.clusters import load_cluster
     from model.plan import block_placement
 
     p = tmp_path / "dgx1.toml"

@@ -1,6 +1,6 @@
 """The estimator against published runs: the goals of the estimator issue, held by a test."""
 
-from model.reference import validate
+from formats.published import validate
 
 
 def test_published_runs_within_goals():

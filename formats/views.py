@@ -1,12 +1,13 @@
-"""Plain-dict views of plans and estimates, for --json output and plan files."""
+"""Plain-dict views of plans and estimates, for --json output and plan files, and CSV tables."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
-from .cluster import ClusterSpec
-from .estimator import Estimate
-from .plan import Placement, Plan, Shape
+from model.cluster import ClusterSpec
+from model.errors import SpecError
+from model.estimator import Estimate
+from model.plan import Placement, Plan, Shape
 
 
 def shape_to_dict(shape: Shape) -> dict:
@@ -61,3 +62,16 @@ def estimate_to_dict(e: Estimate) -> dict:
             "inflight_microbatches": list(s.memory.inflight),
         } for s in e.stages],
     }
+
+
+def write_csv(path, rows: list[dict]) -> None:
+    """Rows of one table (e.g. `compare`'s) as CSV, header from the first row's keys."""
+    import csv
+
+    try:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+            w.writeheader()
+            w.writerows(rows)
+    except OSError as e:
+        raise SpecError(f"cannot write ({e.strerror})", source=str(path), field="--csv") from None

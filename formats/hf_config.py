@@ -1,74 +1,12 @@
-"""Presets as data: GPUs (data/gpus.json), models (data/models.json), Hugging Face configs.
-
-Files are read on demand, never at import time.
-"""
+"""Hugging Face `config.json` files (llama, mistral, qwen2, gpt2, gpt_neox) as model specs."""
 
 from __future__ import annotations
 
 import json
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
-from .errors import SpecError
-from .specs import GPUSpec, ModelSpec
-
-
-def data_path(*parts: str) -> Path:
-    """Path of a file shipped in the `data` package."""
-    return Path(str(resources.files("data").joinpath(*parts)))
-
-
-@lru_cache(maxsize=None)
-def _load(name: str) -> dict:
-    with open(data_path(name)) as f:
-        return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
-
-
-def gpu_names() -> list[str]:
-    return list(_load("gpus.json"))
-
-
-def model_names() -> list[str]:
-    return list(_load("models.json"))
-
-
-def _unknown(kind: str, name: str, known: list[str], field: str) -> SpecError:
-    return SpecError(f"unknown {kind} '{name}'; known: {', '.join(known)}", field=field)
-
-
-def _canon(name: str, known: list[str]) -> str | None:
-    low = {k.lower(): k for k in known}
-    return low.get(name.lower())
-
-
-@lru_cache(maxsize=None)
-def gpu(name: str) -> GPUSpec:
-    """A GPU preset by name (case-insensitive)."""
-    key = _canon(name, gpu_names())
-    if key is None:
-        raise _unknown("GPU type", name, gpu_names(), "gpu")
-    d = _load("gpus.json")[key]
-    return GPUSpec(name=key, peak_tflops=dict(d["peak_tflops"]), memory_gib=d["memory_gib"],
-                   hbm_gb_per_s=d["hbm_gb_per_s"], nvlink_gb_per_s=d["nvlink_gb_per_s"],
-                   efficiency=d["efficiency"], source=d["source"])
-
-
-def model(name_or_path: str) -> ModelSpec:
-    """A model preset by name, or a Hugging Face `config.json` (or a folder holding one)."""
-    p = Path(name_or_path)
-    if p.is_dir():
-        p = p / "config.json"
-    if p.suffix == ".json" and p.exists():
-        return load_hf_config(p)
-    if p.suffix == ".json":
-        raise SpecError(f"file not found: {p}", field="model")
-    key = _canon(name_or_path, model_names())
-    if key is None:
-        raise _unknown("model", name_or_path, model_names(), "model")
-    d = dict(_load("models.json")[key])
-    return ModelSpec(name=key, **d)
-
+from model.errors import SpecError
+from model.specs import ModelSpec
 
 # Field names per Hugging Face architecture family. Each entry: our field -> candidate keys.
 _HF_KEYS = {

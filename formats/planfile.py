@@ -9,7 +9,7 @@ field in its error.
     {"schema_version": 1, "kind": "pipette-plan", "generator": ...,
      "model": {...}, "job": {...}, "options": {...}, "cluster": {...},
      "plan": {"shape": {...}, "placement": [{"stage", "replica", "node", "gpus"}, ...]},
-     "estimate": {...} (model.serialize.estimate_to_dict), "solver": {...} | null}
+     "estimate": {...} (formats.views.estimate_to_dict), "solver": {...} | null}
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .cluster import ClusterSpec, NodeSpec
-from .errors import SpecError
-from .estimator import Estimate
-from .plan import Placement, Plan, Shape, validate_placement, validate_shape
-from .serialize import estimate_to_dict, placement_to_dict, shape_to_dict
-from .specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
+from model.cluster import ClusterSpec, NodeSpec
+from model.errors import SpecError
+from model.estimator import Estimate
+from model.plan import Placement, Plan, Shape, validate_placement, validate_shape
+from model.specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
+
+from .views import estimate_to_dict, placement_to_dict, shape_to_dict
 
 SCHEMA_VERSION = 1
 KIND = "pipette-plan"

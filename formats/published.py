@@ -21,10 +21,11 @@ import json
 import statistics
 from dataclasses import dataclass, field
 
+from model.estimator import Estimate, estimate, make_plan
+from model.specs import JobSpec, ModelSpec, Options
+
 from . import presets
-from .cluster import uniform_cluster
-from .estimator import Estimate, estimate, make_plan
-from .specs import JobSpec, ModelSpec, Options
+from .clusters import uniform_cluster
 
 NVLINK_ACHIEVED = 0.8
 NETWORKS_GB_PER_S = {  # source_group prefix -> (inter-node GB/s per GPU stream, description)

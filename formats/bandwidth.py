@@ -5,7 +5,7 @@ row node to the column node, NaN where a pair was not measured (kept apart from 
 which is an error). `check_and_fill` then rejects zeros, NaN, negatives, unknown or duplicated
 names, non-square input and missing pairs (unless an explicit fill rule is given) and warns on
 strong asymmetry; `build_cluster` turns the result into a `ClusterSpec` through
-`model.cluster.cluster_from_dict`, so an imported cluster passes the same checks as a file.
+`formats.clusters.cluster_from_dict`, so an imported cluster passes the same checks as a file.
 
 Units: GB/s = 1e9 bytes/s throughout (the cluster convention, model/cluster.py).
 """
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import SpecError
+from model.errors import SpecError
+
+from .clusters import cluster_from_dict
 
 ASYMMETRY_WARN_RATIO = 1.5  # max(m_ij, m_ji) / min(...) above this is reported
 FILL_RULES = ("symmetric", "min-row")
@@ -609,9 +611,7 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
 def build_cluster(names: list[str], gb_per_s: np.ndarray, *, gpu: str, gpus_per_node: int,
                   intra_gb_per_s: float | None = None, intra_topology: str | None = None,
                   latency_us: float = 5.0, name: str = "imported", source: str = "import"):
-    """A ClusterSpec through model.cluster.cluster_from_dict (the file format's own checks)."""
-    from .cluster import cluster_from_dict
-
+    """A ClusterSpec through formats.clusters.cluster_from_dict (the file format's own checks)."""
     if intra_gb_per_s is None and intra_topology is None:
         raise SpecError("give --intra-gb-per-s (one direction of one GPU's NVLink, as measured)"
                         " or --intra-topology", field="--intra-gb-per-s")
@@ -704,35 +704,6 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
                 asym.append({"a": names[i], "b": names[j], "ratio": float(hi / lo)})
     out["asymmetric"] = asym
     return out
-
-
-def heatmap_png(c, path: str | Path) -> None:
-    """Write a heatmap of the inter-node matrix (row = sender, column = receiver)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [nd.name for nd in c.nodes]
-    n = len(names)
-    m = np.array(c.inter_gb_per_s, dtype=float)
-    np.fill_diagonal(m, np.nan)
-    size = min(4 + 0.35 * n, 30)
-    fig, ax = plt.subplots(figsize=(size + 1.5, size))
-    im = ax.imshow(np.ma.masked_invalid(m), cmap="viridis", interpolation="nearest")
-    fig.colorbar(im, ax=ax, label="GB/s, one GPU-to-GPU stream")
-    if n <= 64:
-        ax.set_xticks(range(n), names, rotation=90, fontsize=max(4, 10 - n // 8))
-        ax.set_yticks(range(n), names, fontsize=max(4, 10 - n // 8))
-    ax.set_xlabel("to node")
-    ax.set_ylabel("from node")
-    ax.set_title(f"{c.name}: inter-node bandwidth")
-    fig.tight_layout()
-    try:
-        fig.savefig(str(path), dpi=100)
-    except OSError as e:
-        raise SpecError(f"cannot write ({e.strerror})", source=str(path), field="--png") from None
-    finally:
-        plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,328 @@
+"""What the command line prints: tables (rich) and JSON documents for every command.
+
+cli.py declares the commands and options and calls the library; everything a user reads on the
+terminal is shaped here. Nothing here computes a number the cost model or the solvers did not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from formats.views import estimate_to_dict, plan_to_dict
+
+
+def console():
+    """A rich console at least 150 columns wide, so tables stay readable when piped."""
+    from rich.console import Console
+    c = Console()
+    return c if c.width >= 150 else Console(width=150)
+
+
+def echo_json(doc) -> None:
+    typer.echo(json.dumps(doc, indent=1, default=_json_default))
+
+
+def _json_default(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)
+
+
+class Progress:
+    """Live progress on stderr for searches longer than about two seconds."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.t0, self.status = enabled, time.perf_counter(), None
+
+    def __call__(self, msg: str) -> None:
+        if not self.enabled or time.perf_counter() - self.t0 < 2.0:
+            return
+        if self.status is None:
+            from rich.console import Console
+            self.status = Console(stderr=True).status("")
+            self.status.start()
+        self.status.update(f"[{time.perf_counter() - self.t0:5.1f} s] {msg}")
+
+    def stop(self):
+        if self.status is not None:
+            self.status.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# estimates and plans
+
+
+def print_estimate(est, plan, cluster, title: str = "Estimate") -> None:
+    con = console()
+    sh = plan.shape
+    con.print(f"[bold]{title}[/bold]: {sh.describe()}  layers={list(sh.layers)}  "
+              f"micro-batches/replica={est.num_microbatches}")
+    con.print(f"iteration {est.iteration_ms / 1e3:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
+              f"MFU {est.mfu * 100:.1f}%   HFU {est.hfu * 100:.1f}%   "
+              f"peak memory {est.peak_memory_gib:.1f} GiB   "
+              + ("[green]fits[/green]" if est.fits else "[red]does not fit[/red]"))
+    t = Table(title="Time breakdown (critical path of the slowest replica)")
+    t.add_column("part")
+    t.add_column("ms", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in est.breakdown_ms.items():
+        t.add_row(k.removesuffix("_ms"), f"{v:,.1f}", f"{v / est.iteration_ms * 100:.1f}%")
+    con.print(t)
+    t = Table(title="Per stage (one GPU; memory in GiB)")
+    for col in ("stage", "layers", "fwd ms", "bwd ms", "dp sync ms", "opt ms", "weights",
+                "grads", "optim", "activ", "in-flight", "work", "allow", "total", "limit"):
+        t.add_column(col, justify="right")
+    for s in est.stages:
+        mm = s.memory
+        style = "red" if mm.total_gib > s.limit_gib else None
+        t.add_row(str(s.stage), str(s.layers), f"{s.fwd_ms:.2f}", f"{s.bwd_ms:.2f}",
+                  f"{s.sync_exposed_ms:.1f}", f"{s.optimizer_ms:.1f}", f"{mm.weights_gib:.1f}",
+                  f"{mm.grads_gib:.1f}", f"{mm.optimizer_gib:.1f}", f"{mm.activations_gib:.1f}",
+                  "/".join(map(str, mm.inflight)), f"{mm.working_gib:.1f}",
+                  f"{mm.allowance_gib:.1f}", f"{mm.total_gib:.1f}", f"{s.limit_gib:.0f}",
+                  style=style)
+    con.print(t)
+    if est.hops_ms:
+        con.print("pipeline transfers, slowest replica (ms fwd/bwd): " + "  ".join(
+            f"{h}->{(h + 1) % sh.pp}: {f:.2f}/{b:.2f}" for h, (f, b) in enumerate(est.hops_ms)))
+
+
+def estimate_json(model, cluster, plan, est, files=None, warnings=None) -> dict:
+    d = {"model": model.name, "cluster": cluster.name, "plan": plan_to_dict(plan, cluster),
+         "estimate": estimate_to_dict(est)}
+    if files is not None:
+        d.update(files=[str(p) for p in files], warnings=list(warnings or ()))
+    return d
+
+
+def print_placement(plan, cluster) -> None:
+    pl = plan.placement
+    t = Table(title="Placement (node: stage/replica [GPUs])")
+    t.add_column("node")
+    t.add_column("hosts")
+    by_node: dict[int, list[str]] = {}
+    for s in range(pl.pp):
+        for r in range(pl.dp):
+            by_node.setdefault(pl.node[s][r], []).append(
+                f"s{s}/r{r}[{','.join(map(str, pl.gpus[s][r]))}]")
+    for n, nd in enumerate(cluster.nodes):
+        t.add_row(nd.name, "  ".join(by_node.get(n, ["-"])))
+    console().print(t)
+
+
+def print_written(files, warnings) -> None:
+    con = console()
+    for p in files:
+        con.print(f"wrote {p}", highlight=False)
+    for w in warnings:
+        con.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# solve and compare
+
+
+def solve_json(res, model, cluster, files, warnings) -> dict:
+    return {
+        "plan": plan_to_dict(res.plan, cluster), "estimate": estimate_to_dict(res.estimate),
+        "solver": res.status_dict(),
+        "candidates": [{"shape": x.describe, "lower_bound_ms": x.lower_bound_ms,
+                        "megatron_placement_ms": x.quick_ms, "best_ms": x.best_ms,
+                        "status": x.status} for x in res.candidates],
+        "model": model.name, "cluster": cluster.name, "files": [str(p) for p in files],
+        "warnings": list(warnings),
+    }
+
+
+def print_solve(res, c) -> None:
+    con = console()
+    print_estimate(res.estimate, res.plan, c, title="Best plan")
+    print_placement(res.plan, c)
+    proven = "proven optimal" if res.termination == "optimal" else "NOT proven optimal"
+    con.print(f"solver: {res.method}, {res.termination} ({proven}); objective "
+              f"{res.objective_ms / 1e3:.4f} s, bound {res.bound_ms / 1e3:.4f} s, gap "
+              f"{res.gap * 100:.4f}%, {res.wall_s:.1f} s; {res.shapes_total} shapes, "
+              f"{res.shapes_solved} placement-optimized", highlight=False)
+    others = [x for x in res.candidates if x.status != "best" and
+              (x.best_ms is not None or x.quick_ms is not None)]
+    t = Table(title="Next best plans and why they lost")
+    for col in ("shape", "best found s", "Megatron placement s", "lower bound s", "status"):
+        t.add_column(col)
+    for x in others[:8]:
+        t.add_row(x.describe, f"{x.best_ms / 1e3:.3f}" if x.best_ms else "-",
+                  f"{x.quick_ms / 1e3:.3f}" if x.quick_ms else "-",
+                  f"{x.lower_bound_ms / 1e3:.3f}", escape(x.status))
+    con.print(t)
+    misfits = [x for x in res.candidates if x.status.startswith("does not fit")]
+    if misfits:
+        def need(x):
+            try:
+                return float(x.status.split("needs ")[1].split(" ")[0])
+            except (IndexError, ValueError):
+                return float("inf")
+        t = Table(title=f"Shapes that do not fit ({len(misfits)}; closest first)")
+        t.add_column("shape")
+        t.add_column("why")
+        for x in sorted(misfits, key=need)[:6]:
+            t.add_row(x.describe, escape(x.status))
+        con.print(t)
+
+
+def print_compare(rows, title: str, csv_path=None) -> None:
+    t = Table(title=title)
+    for col in ("cluster", "method", "plan", "iteration s", "gap to optimum", "solve s",
+                "proven"):
+        t.add_column(col)
+    for r in rows:
+        gap = r["gap_to_optimum"]
+        t.add_row(r["cluster"], r["method"], r["plan"], f"{r['iteration_ms'] / 1e3:.3f}",
+                  "-" if gap is None else f"{gap * 100:.2f}%", f"{r['solve_s']:.1f}",
+                  r["proven"])
+    con = console()
+    con.print(t)
+    if csv_path is not None:
+        con.print(f"wrote {csv_path}")
+
+
+# ---------------------------------------------------------------------------------------------
+# validate and presets
+
+
+def validate_json(s) -> dict:
+    return {
+        "runs": [{"id": x.id, "skipped": x.skipped, "predicted_s": x.predicted_s,
+                  "published_s": x.published_s, "time_source": x.time_source,
+                  "time_abs_pct_err": None if x.time_err is None else 100 * x.time_err,
+                  "predicted_gib": x.predicted_gib, "published_gib": x.published_gib,
+                  "memory_abs_pct_err": None if x.mem_err is None else 100 * x.mem_err,
+                  "oom_published": x.oom_published, "predicted_fits": x.predicted_fits,
+                  "assumptions": x.assumptions} for x in s.rows],
+        "time_median_pct": 100 * s.time_median, "time_mean_pct": 100 * s.time_mean,
+        "memory_median_pct": 100 * s.mem_median, "memory_max_pct": 100 * s.mem_max,
+        "oom_correct": list(s.oom_correct)}
+
+
+def print_validate(s, verbose: bool) -> None:
+    t = Table(title="Estimator vs published runs")
+    for col in ("run", "pred s", "pub s", "err", "pred GiB", "pub GiB", "err", "OOM pub/pred"):
+        t.add_column(col, justify="right" if col != "run" else "left")
+    for x in s.rows:
+        if x.skipped:
+            continue
+        oom = "" if x.oom_published is None else (
+            f"{'OOM' if x.oom_published else 'ran'}/{'fits' if x.predicted_fits else 'OOM'}")
+        t.add_row(x.id, f"{x.predicted_s:.2f}", f"{x.published_s:.2f}" if x.published_s else "-",
+                  f"{x.time_err * 100:.1f}%" if x.time_err is not None else "-",
+                  f"{x.predicted_gib:.1f}" if x.predicted_gib else "-",
+                  f"{x.published_gib:.0f}" if x.published_gib else "-",
+                  f"{x.mem_err * 100:.1f}%" if x.mem_err is not None else "-",
+                  oom + ("" if x.oom_ok in (None, True) else " [red]WRONG[/red]"))
+        if verbose and x.assumptions:
+            t.add_row("  assumed: " + "; ".join(x.assumptions), *[""] * 7)
+    con = console()
+    con.print(t)
+    for x in s.rows:
+        if x.skipped:
+            con.print(f"skipped {x.id}: {x.skipped}")
+    ok, n = s.oom_correct
+    con.print(f"iteration time |error|: median {s.time_median * 100:.1f}%, mean "
+              f"{s.time_mean * 100:.1f}% over {len(s._errs('time_err'))} runs")
+    con.print(f"memory |error| (BLOOM, stage 0): median {s.mem_median * 100:.1f}%, max "
+              f"{s.mem_max * 100:.1f}% over {len(s._errs('mem_err'))} runs")
+    con.print(f"fits/OOM predicted correctly: {ok}/{n}")
+
+
+def presets_json(gpus, models, clusters) -> dict:
+    return {
+        "gpus": {g.name: {"peak_tflops": dict(g.peak_tflops), "memory_gib": g.memory_gib,
+                          "hbm_gb_per_s": g.hbm_gb_per_s,
+                          "nvlink_gb_per_s": g.nvlink_gb_per_s,
+                          "efficiency": g.efficiency, "source": g.source} for g in gpus},
+        "models": {m.name: {"params_billion": m.total_params / 1e9,
+                            "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+                            "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
+                            "ffn_hidden_size": m.ffn_hidden_size,
+                            "vocab_size": m.vocab_size, "seq_length": m.seq_length,
+                            "gated_mlp": m.gated_mlp, "tied_embeddings": m.tied_embeddings,
+                            "source": m.source} for m in models},
+        "clusters": {c.name: {"nodes": c.num_nodes, "gpus": c.num_gpus} for _n, c in clusters},
+    }
+
+
+def print_presets(gpus, models, clusters) -> None:
+    con = console()
+    t = Table(title="GPUs")
+    for col in ("name", "bf16/fp16 TFLOP/s", "memory GiB", "HBM GB/s", "NVLink GB/s", "eff."):
+        t.add_column(col)
+    for g in gpus:
+        t.add_row(g.name, str(g.peak_tflops.get("bf16", g.peak_tflops.get("fp16"))),
+                  str(g.memory_gib), str(g.hbm_gb_per_s), str(g.nvlink_gb_per_s),
+                  str(g.efficiency))
+    con.print(t)
+    t = Table(title="Models")
+    for col in ("name", "params B", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq",
+                "MLP"):
+        t.add_column(col)
+    for m in models:
+        t.add_row(m.name, f"{m.total_params / 1e9:.1f}", str(m.num_layers), str(m.hidden_size),
+                  f"{m.num_heads}/{m.num_kv_heads}", str(m.ffn_hidden_size), str(m.vocab_size),
+                  str(m.seq_length), "gated" if m.gated_mlp else "plain")
+    con.print(t)
+    t = Table(title="Clusters")
+    for col in ("preset", "name", "nodes", "GPUs", "GPU types"):
+        t.add_column(col)
+    for name, c in clusters:
+        t.add_row(name, c.name, str(c.num_nodes), str(c.num_gpus),
+                  ", ".join(sorted({n.gpu.name for n in c.nodes})))
+    con.print(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# clusters
+
+
+def cluster_json(c, written, warnings=()) -> dict:
+    return {"name": c.name, "latency_us": c.latency_us,
+            "written": str(written) if written else None,
+            "nodes": [{"name": nd.name, "gpu": nd.gpu.name, "gpus": nd.num_gpus,
+                       "intra_gb_per_s": nd.intra_gb_per_s} for nd in c.nodes],
+            "inter_gb_per_s": c.inter_gb_per_s.tolist(), "warnings": list(warnings)}
+
+
+def print_cluster_summary(c, s, png=None) -> None:
+    from formats.bandwidth import GROUP_RATIO, OUTLIER_RATIO
+
+    con = console()
+    con.print(f"[bold]{c.name}[/bold]: {c.num_nodes} nodes, {c.num_gpus} GPUs "
+              f"({', '.join(sorted({nd.gpu.name for nd in c.nodes}))})")
+    if s.get("median_gb_per_s") is not None:
+        con.print(f"inter-node streams: median {s['median_gb_per_s']:.2f} GB/s, min "
+                  f"{s['min_gb_per_s']:.2f}, max {s['max_gb_per_s']:.2f}")
+        t = Table(title="Slowest links")
+        for col in ("from", "to", "GB/s"):
+            t.add_column(col, justify="right" if col == "GB/s" else "left")
+        for x in s["slowest_links"]:
+            t.add_row(x["from"], x["to"], f"{x['gb_per_s']:.2f}")
+        con.print(t)
+    if s["outliers"]:
+        con.print(f"outlier nodes (median link < {OUTLIER_RATIO} x cluster median): " + ", ".join(
+            f"{o['node']} ({o['median_gb_per_s']:.2f} GB/s, {o['ratio']:.2f}x)"
+            for o in s["outliers"]))
+    else:
+        con.print("no outlier nodes")
+    con.print(f"switch groups (links >= {GROUP_RATIO} x fastest):")
+    for g, members in enumerate(s["groups"]):
+        extra = [k for k, v in s["attached"].items() if v == g]
+        con.print(f"  group {g}: {', '.join(members)}"
+                  + (f"  (outliers attached: {', '.join(extra)})" if extra else ""))
+    if s["asymmetric"]:
+        con.print(f"{len(s['asymmetric'])} asymmetric pair(s): " + ", ".join(
+            f"{a['a']}/{a['b']} {a['ratio']:.2f}x" for a in s["asymmetric"][:5]))
+    if png is not None:
+        con.print(f"heatmap written to {png}")

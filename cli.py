@@ -78,10 +78,9 @@ class Recompute(str, Enum):
     full = "full"
 
 
-class Precision(str, Enum):
-    fp16 = "fp16"
-    bf16 = "bf16"
-    fp32 = "fp32"
+class Attention(str, Enum):
+    flash = "flash"
+    eager = "eager"
 
 
 class Method(str, Enum):
@@ -97,12 +96,24 @@ ClusterOpt = Annotated[str, typer.Option("--cluster", "-c",
                                          help="Cluster preset name or a cluster .toml file.")]
 GbsOpt = Annotated[int, typer.Option("--gbs", help="Global batch (sequences).")]
 SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length [model's].")]
-PrecOpt = Annotated[Precision, typer.Option("--precision", help="Training precision.")]
+PrecOpt = Annotated[str, typer.Option(
+    "--precision", help="fp32, fp16, bf16 or fp8 (FP8 linear layers over bf16); solve and "
+    "compare also take a list, e.g. bf16,fp8, and choose.")]
+AttentionOpt = Annotated[Attention, typer.Option(
+    "--attention", help="flash (FlashAttention / fused attention) or eager (scores stored).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 BlockingOpt = Annotated[bool, typer.Option("--blocking/--overlapped",
                                            help="Blocking pipeline send/recv.")]
 OverlapGradOpt = Annotated[bool, typer.Option(
-    help="Overlap gradient reduction with the last backward.")]
+    "--overlap-grad-reduce/--no-overlap-grad-reduce",
+    help="Reduce gradients bucket by bucket during the last backward (Megatron-LM).")]
+OverlapParamOpt = Annotated[bool, typer.Option(
+    "--overlap-param-gather/--no-overlap-param-gather",
+    help="Gather parameters during the first forward (distributed optimizer; Megatron-LM).")]
+TpOverlapOpt = Annotated[bool, typer.Option(
+    "--tp-comm-overlap/--no-tp-comm-overlap",
+    help="Pipeline TP all-gathers / reduce-scatters with their GEMMs (Megatron-LM "
+    "--tp-comm-overlap, torchtitan async TP); needs TP > 1 with sequence parallelism.")]
 SavePlanOpt = Annotated[Optional[Path], typer.Option(
     "--save-plan", help="Write the plan, inputs, estimate (and solver status) to this JSON file.")]
 EmitOpt = Annotated[Optional[str], typer.Option(
@@ -128,22 +139,59 @@ IntraTopologyOpt = Annotated[Optional[str], typer.Option(
 LatencyOpt = Annotated[float, typer.Option("--latency-us", help="Per-message latency, us.")]
 
 
+def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
+    """--precision: one of fp32, fp16, bf16, fp8 (bf16 base with FP8 linear layers), or, where
+    the solver chooses, a comma-separated list (bf16,fp8): (base precision, fp8 True / False /
+    None for the solver's choice)."""
+    from model.errors import SpecError
+    from model.specs import PRECISIONS
+
+    parts = [x.strip().lower() for x in text.split(",") if x.strip()]
+    known = PRECISIONS + ("fp8",)
+    bad = [x for x in parts if x not in known]
+    if not parts or bad or len(set(parts)) != len(parts):
+        raise SpecError(f"{text!r} is not a precision; use one of {', '.join(known)}"
+                        + (" or a list such as bf16,fp8" if allow_list else ""),
+                        source="options", field="--precision")
+    if len(parts) > 1 and not allow_list:
+        raise SpecError("takes one precision here; solve and compare take a list",
+                        source="options", field="--precision")
+    bases = [x for x in parts if x != "fp8"]
+    if len(bases) > 1:
+        raise SpecError(f"give one base precision (of {', '.join(PRECISIONS)}), with or "
+                        "without fp8", source="options", field="--precision")
+    if "fp8" not in parts:
+        return bases[0], False
+    return (bases[0], None) if bases else ("bf16", True)
+
+
 def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
-            distopt: bool | None = None):
+            distopt: bool | None = None, attention: str = "flash", allow_list: bool = False):
     from formats import presets
     from formats.clusters import cluster as load_cluster
     from model.specs import JobSpec
 
+    base, fp8 = _precision(precision, allow_list)
     m = presets.model(model)
     c = load_cluster(cluster)
-    job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=precision,
-                  distributed_optimizer=distopt, source="options")
+    job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
+                  attention=attention, distributed_optimizer=distopt, source="options")
     return m, job, c
 
 
-def _options(blocking: bool, overlap_grad_reduce: bool):
+def _options(blocking: bool):
     from model.specs import Options
-    return Options(blocking_p2p=blocking, overlap_grad_reduce=overlap_grad_reduce)
+    return Options(blocking_p2p=blocking)
+
+
+def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool):
+    """The search space with the overlaps the user asked for (the frameworks' defaults, off,
+    otherwise)."""
+    from solvers.space import SearchSpace
+
+    return SearchSpace(tp_comm_overlap=(tp_comm_overlap,),
+                       overlap_grad_reduce=(overlap_grad_reduce,),
+                       overlap_param_gather=(overlap_param_gather,))
 
 
 def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None, **outputs):
@@ -169,7 +217,8 @@ def estimate(
     cluster: ClusterOpt = EXAMPLE_CLUSTER,
     gbs: GbsOpt = EXAMPLE_GBS,
     seq: SeqOpt = EXAMPLE_SEQ,
-    precision: PrecOpt = Precision.bf16,
+    precision: PrecOpt = "bf16",
+    attention: AttentionOpt = Attention.flash,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 4,
     dp: Annotated[Optional[int], typer.Option(help="Data-parallel degree [GPUs/(TP*PP)].")] = None,
@@ -183,7 +232,9 @@ def estimate(
     distopt: Annotated[bool, typer.Option("--distopt/--no-distopt",
                                           help="Distributed optimizer (ZeRO-1).")] = False,
     blocking: BlockingOpt = True,
+    tp_comm_overlap: TpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
+    overlap_param_gather: OverlapParamOpt = False,
     as_json: JsonOpt = False,
     plan_file: Annotated[Optional[Path], typer.Option(
         "--plan", help="Read inputs and decisions from a plan file (no other plan options).")] = None,
@@ -204,7 +255,7 @@ def estimate(
         est = run_estimate(m, job, c, plan, opts)
         _write_and_report(m, job, c, plan, est, opts, as_json, **outputs)
         return
-    m, job, c = _inputs(model, cluster, gbs, seq, precision.value)
+    m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value)
     lay = None
     if layers:
         try:
@@ -212,10 +263,12 @@ def estimate(
         except ValueError:
             raise SpecError("must be comma-separated integers, e.g. 20,20,20,20",
                             source="options", field="--layers") from None
-    opts = _options(blocking, overlap_grad_reduce)
+    opts = _options(blocking)
     plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
-                     sequence_parallel=sp, distributed_optimizer=distopt, options=opts)
+                     sequence_parallel=sp, distributed_optimizer=distopt,
+                     tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
+                     overlap_param_gather=overlap_param_gather, options=opts)
     est = run_estimate(m, job, c, plan, opts)
     if any(x is not None for x in outputs.values()):
         _write_and_report(m, job, c, plan, est, opts, as_json, **outputs)
@@ -265,7 +318,8 @@ def solve(
     cluster: ClusterOpt = EXAMPLE_CLUSTER,
     gbs: GbsOpt = EXAMPLE_GBS,
     seq: SeqOpt = EXAMPLE_SEQ,
-    precision: PrecOpt = Precision.bf16,
+    precision: PrecOpt = "bf16",
+    attention: AttentionOpt = Attention.flash,
     method: MethodOpt = Method.auto,
     time_limit: TimeOpt = 120.0,
     seed: SeedOpt = 0,
@@ -273,7 +327,9 @@ def solve(
         "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
         "[solver chooses].")] = None,
     blocking: BlockingOpt = True,
+    tp_comm_overlap: TpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
+    overlap_param_gather: OverlapParamOpt = False,
     as_json: JsonOpt = False,
     save_plan: SavePlanOpt = None,
     emit: EmitOpt = None,
@@ -285,12 +341,14 @@ def solve(
     from launch.outputs import write_outputs
     from solvers.search import solve as run_solve
 
-    m, job, c = _inputs(model, cluster, gbs, seq, precision.value, distopt)
-    opts = _options(blocking, overlap_grad_reduce)
+    m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
+                        allow_list=True)
+    opts = _options(blocking)
+    space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
-                        options=opts, progress=prog)
+                        options=opts, space=space, progress=prog)
     finally:
         prog.stop()
     files, warnings = write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan=save_plan,
@@ -309,7 +367,8 @@ def compare(
     cluster: ClusterOpt = EXAMPLE_CLUSTER,
     gbs: GbsOpt = EXAMPLE_GBS,
     seq: SeqOpt = EXAMPLE_SEQ,
-    precision: PrecOpt = Precision.bf16,
+    precision: PrecOpt = "bf16",
+    attention: AttentionOpt = Attention.flash,
     generated: Annotated[int, typer.Option(
         help="Instead of --cluster, compare on this many synthetic clusters "
         "(cluster synth's model; see --nodes).")] = 0,
@@ -325,7 +384,8 @@ def compare(
     from formats.views import write_csv
     from solvers.compare import compare_instance
 
-    m, job, c = _inputs(model, cluster, gbs, seq, precision.value)
+    m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
+                        allow_list=True)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     prog = render.Progress(not as_json)
@@ -473,9 +533,10 @@ def cluster_synth(
 # ---------------------------------------------------------------------------------------------
 # plan files, framework launch files and pictures (formats/planfile.py, launch/)
 
-_PLAN_OPTION_PARAMS = ("model", "cluster", "gbs", "seq", "precision", "tp", "pp", "dp",
-                       "mbs", "schedule", "chunks", "layers", "recompute", "sp", "distopt",
-                       "blocking", "overlap_grad_reduce")
+_PLAN_OPTION_PARAMS = ("model", "cluster", "gbs", "seq", "precision", "attention", "tp", "pp",
+                       "dp", "mbs", "schedule", "chunks", "layers", "recompute", "sp", "distopt",
+                       "blocking", "tp_comm_overlap", "overlap_grad_reduce",
+                       "overlap_param_gather")
 
 
 def _load_plan_only(ctx, plan_file: Path):

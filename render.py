@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from formats.planfile import gpu_to_dict, model_to_dict
 from formats.views import estimate_to_dict, plan_to_dict
 
 
@@ -204,6 +205,9 @@ def validate_json(s) -> dict:
                   "oom_published": x.oom_published, "predicted_fits": x.predicted_fits,
                   "assumptions": x.assumptions} for x in s.rows],
         "time_median_pct": 100 * s.time_median, "time_mean_pct": 100 * s.time_mean,
+        "time_median_pct_by_group": {g: {"median_pct": 100 * m, "runs": n}
+                                     for g, (m, n) in s.group_medians().items()},
+        "table1_error_slope_pct_per_decade": s.size_trend(),
         "memory_median_pct": 100 * s.mem_median, "memory_max_pct": 100 * s.mem_max,
         "oom_correct": list(s.oom_correct)}
 
@@ -233,6 +237,12 @@ def print_validate(s, verbose: bool) -> None:
     ok, n = s.oom_correct
     con.print(f"iteration time |error|: median {s.time_median * 100:.1f}%, mean "
               f"{s.time_mean * 100:.1f}% over {len(s._errs('time_err'))} runs")
+    con.print("  median by source group: " + ", ".join(
+        f"{g} {100 * m:.1f}% ({n})" for g, (m, n) in s.group_medians().items()))
+    slope = s.size_trend()
+    if slope is not None:
+        con.print(f"  error vs model size (Narayanan et al. Table 1): {slope:+.1f} points per "
+                  "decade of parameters")
     con.print(f"memory |error| (BLOOM, stage 0): median {s.mem_median * 100:.1f}%, max "
               f"{s.mem_max * 100:.1f}% over {len(s._errs('mem_err'))} runs")
     con.print(f"fits/OOM predicted correctly: {ok}/{n}")
@@ -240,30 +250,26 @@ def print_validate(s, verbose: bool) -> None:
 
 def presets_json(gpus, models, clusters) -> dict:
     return {
-        "gpus": {g.name: {"peak_tflops": dict(g.peak_tflops), "memory_gib": g.memory_gib,
-                          "hbm_gb_per_s": g.hbm_gb_per_s,
-                          "nvlink_gb_per_s": g.nvlink_gb_per_s,
-                          "efficiency": g.efficiency, "source": g.source} for g in gpus},
-        "models": {m.name: {"params_billion": m.total_params / 1e9,
-                            "num_layers": m.num_layers, "hidden_size": m.hidden_size,
-                            "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
-                            "ffn_hidden_size": m.ffn_hidden_size,
-                            "vocab_size": m.vocab_size, "seq_length": m.seq_length,
-                            "gated_mlp": m.gated_mlp, "tied_embeddings": m.tied_embeddings,
-                            "source": m.source} for m in models},
+        "gpus": {g.name: gpu_to_dict(g) for g in gpus},
+        "models": {m.name: {"params_billion": m.total_params / 1e9, **model_to_dict(m)}
+                   for m in models},
         "clusters": {c.name: {"nodes": c.num_nodes, "gpus": c.num_gpus} for _n, c in clusters},
     }
 
 
 def print_presets(gpus, models, clusters) -> None:
     con = console()
-    t = Table(title="GPUs")
-    for col in ("name", "bf16/fp16 TFLOP/s", "memory GiB", "HBM GB/s", "NVLink GB/s", "eff."):
+    t = Table(title="GPUs (dense TFLOP/s; curve: large-GEMM, attention, HBM fractions, "
+              "kernel overhead)")
+    for col in ("name", "bf16/fp16", "fp8", "memory GiB", "HBM GB/s", "NVLink GB/s", "SMs",
+                "curve"):
         t.add_column(col)
     for g in gpus:
         t.add_row(g.name, str(g.peak_tflops.get("bf16", g.peak_tflops.get("fp16"))),
-                  str(g.memory_gib), str(g.hbm_gb_per_s), str(g.nvlink_gb_per_s),
-                  str(g.efficiency))
+                  str(g.peak_tflops.get("fp8", "-")), str(g.memory_gib), str(g.hbm_gb_per_s),
+                  str(g.nvlink_gb_per_s), str(g.sm_count),
+                  f"{g.gemm_efficiency:.2f} / {g.attention_efficiency:.2f} / "
+                  f"{g.hbm_efficiency:.2f} / {g.kernel_overhead_us:g} us")
     con.print(t)
     t = Table(title="Models")
     for col in ("name", "params B", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq",

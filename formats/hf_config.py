@@ -20,6 +20,23 @@ _HF_KEYS = {
 }
 _GATED = {"llama": True, "mistral": True, "qwen2": True, "mixtral": True, "gpt2": False,
           "gpt_neox": False}
+# Architecture per family (the transformers modeling file of each): position embedding, norm,
+# linear-layer biases. Qwen2 has biases on QKV only; the bias flag is for all four linear
+# layers, so it is counted as bias-free (4h of the ~12h^2 weights per layer are missed).
+_ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", False),
+         "qwen2": ("rope", "rmsnorm", False), "mixtral": ("rope", "rmsnorm", False),
+         "gpt2": ("learned", "layernorm", True), "gpt_neox": ("rope", "layernorm", True)}
+
+
+def _dropout(cfg: dict, mtype: str) -> bool:
+    """Whether training uses dropout: GPT-2's resid/attn/embd_pdrop default to 0.1, the other
+    families' attention_dropout / hidden_dropout to 0 (transformers' configuration classes)."""
+    if mtype == "gpt2":
+        keys, default = ("resid_pdrop", "attn_pdrop", "embd_pdrop"), 0.1
+    else:
+        keys, default = ("attention_dropout", "hidden_dropout"), 0.0
+    vals = [cfg.get(k, default) for k in keys]
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in vals)
 
 
 def load_hf_config(path: Path) -> ModelSpec:
@@ -48,5 +65,7 @@ def load_hf_config(path: Path) -> ModelSpec:
             raise SpecError(f"missing; expected one of {', '.join(keys)}", source=src, field=ours)
     tied = cfg.get("tie_word_embeddings", mtype == "gpt2")
     name = cfg.get("_name_or_path") or Path(path).parent.name or mtype
+    pos, norm, bias = _ARCH[mtype]
     return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=bool(tied),
+                     position_embedding=pos, norm=norm, bias=bias, dropout=_dropout(cfg, mtype),
                      source=src, **vals)

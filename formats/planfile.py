@@ -29,13 +29,15 @@ from model.specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
 
 from .views import estimate_to_dict, placement_to_dict, shape_to_dict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the per-operation cost model (GPU curve, FP8, attention, overlaps)
 KIND = "pipette-plan"
 GENERATOR = "pipette-configurator 0.1.0"
 
 _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
                  "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "tied_embeddings",
-                 "source")
+                 "position_embedding", "norm", "bias", "dropout", "source")
+_GPU_FLOATS = ("memory_gib", "hbm_gb_per_s", "nvlink_gb_per_s", "gemm_efficiency",
+               "attention_efficiency", "hbm_efficiency", "kernel_overhead_us")
 _SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wall_s")
 
 
@@ -67,20 +69,22 @@ def model_to_dict(m: ModelSpec) -> dict:
 
 def job_to_dict(j: JobSpec) -> dict:
     return {"global_batch": j.global_batch, "seq_length": j.seq_length,
-            "precision": j.precision, "distributed_optimizer": j.distributed_optimizer}
+            "precision": j.precision, "fp8": j.fp8, "attention": j.attention,
+            "framework": j.framework, "distributed_optimizer": j.distributed_optimizer}
 
 
 def options_to_dict(o: Options) -> dict:
-    return {"blocking_p2p": o.blocking_p2p, "overlap_grad_reduce": o.overlap_grad_reduce,
+    return {"blocking_p2p": o.blocking_p2p,
             "overheads": {"context_gib": o.overheads.context_gib,
                           "fragmentation": o.overheads.fragmentation,
                           "latency_overhead_ms": o.overheads.latency_overhead_ms}}
 
 
 def gpu_to_dict(g: GPUSpec) -> dict:
-    return {"peak_tflops": dict(g.peak_tflops), "memory_gib": g.memory_gib,
-            "hbm_gb_per_s": g.hbm_gb_per_s, "nvlink_gb_per_s": g.nvlink_gb_per_s,
-            "efficiency": g.efficiency, "source": g.source}
+    d = {"peak_tflops": dict(g.peak_tflops), "sm_count": g.sm_count}
+    d.update({f: getattr(g, f) for f in _GPU_FLOATS})
+    d.update(source=g.source, curve_source=g.curve_source)
+    return d
 
 
 def cluster_to_dict(c: ClusterSpec) -> dict:
@@ -207,6 +211,10 @@ def _read_model(rd: _Reader, d: dict) -> ModelSpec:
         kw[f] = rd.get(d, f, w, int)
     kw["gated_mlp"] = rd.get(d, "gated_mlp", w, bool, False)
     kw["tied_embeddings"] = rd.get(d, "tied_embeddings", w, bool, False)
+    kw["position_embedding"] = rd.get(d, "position_embedding", w, str)
+    kw["norm"] = rd.get(d, "norm", w, str)
+    kw["bias"] = rd.get(d, "bias", w, bool)
+    kw["dropout"] = rd.get(d, "dropout", w, bool)
     kw["source"] = rd.get(d, "source", w, str, "")
     try:
         return ModelSpec(**kw)
@@ -220,6 +228,9 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
         return JobSpec(global_batch=rd.get(d, "global_batch", w, int),
                        seq_length=rd.get(d, "seq_length", w, int),
                        precision=rd.get(d, "precision", w, str),
+                       fp8=rd.get(d, "fp8", w, bool, nullable=True),
+                       attention=rd.get(d, "attention", w, str),
+                       framework=rd.get(d, "framework", w, str),
                        distributed_optimizer=rd.get(d, "distributed_optimizer", w, bool, None,
                                                     nullable=True),
                        source=rd.src)
@@ -237,9 +248,7 @@ def _read_options(rd: _Reader, d: dict | None) -> Options:
                           for f in fields(Overheads)})
     except SpecError as e:
         raise rd.wrap(e, f"{w}.overheads") from None
-    return Options(blocking_p2p=rd.get(d, "blocking_p2p", w, bool, True),
-                   overlap_grad_reduce=rd.get(d, "overlap_grad_reduce", w, bool, False),
-                   overheads=ov)
+    return Options(blocking_p2p=rd.get(d, "blocking_p2p", w, bool, True), overheads=ov)
 
 
 def _read_cluster(rd: _Reader, d: dict) -> ClusterSpec:
@@ -255,11 +264,10 @@ def _read_cluster(rd: _Reader, d: dict) -> ClusterSpec:
             rd.get(peak, p, f"{gw}.peak_tflops", float)
         try:
             gpus[name] = GPUSpec(name=name, peak_tflops={p: float(v) for p, v in peak.items()},
-                                 memory_gib=rd.get(g, "memory_gib", gw, float),
-                                 hbm_gb_per_s=rd.get(g, "hbm_gb_per_s", gw, float),
-                                 nvlink_gb_per_s=rd.get(g, "nvlink_gb_per_s", gw, float),
-                                 efficiency=rd.get(g, "efficiency", gw, float),
-                                 source=rd.get(g, "source", gw, str, ""))
+                                 sm_count=rd.get(g, "sm_count", gw, int),
+                                 **{f: rd.get(g, f, gw, float) for f in _GPU_FLOATS},
+                                 source=rd.get(g, "source", gw, str, ""),
+                                 curve_source=rd.get(g, "curve_source", gw, str, ""))
         except SpecError as e:
             raise rd.wrap(e, gw) from None
     nodes_raw = rd.get(d, "nodes", w, list)
@@ -307,7 +315,9 @@ def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
                   schedule=rd.get(sd, "schedule", sw, str), chunks=rd.get(sd, "chunks", sw, int),
                   layers=tuple(layers), recompute=rd.get(sd, "recompute", sw, str),
                   sequence_parallel=rd.get(sd, "sequence_parallel", sw, bool),
-                  distributed_optimizer=rd.get(sd, "distributed_optimizer", sw, bool))
+                  distributed_optimizer=rd.get(sd, "distributed_optimizer", sw, bool),
+                  **{f: rd.get(sd, f, sw, bool) for f in (
+                      "fp8", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")})
     try:
         validate_shape(model, job, cluster, shape, src=rd.src)
     except SpecError as e:

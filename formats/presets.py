@@ -52,9 +52,8 @@ def gpu(name: str) -> GPUSpec:
     if key is None:
         raise _unknown("GPU type", name, gpu_names(), "gpu")
     d = _load("gpus.json")[key]
-    return GPUSpec(name=key, peak_tflops=dict(d["peak_tflops"]), memory_gib=d["memory_gib"],
-                   hbm_gb_per_s=d["hbm_gb_per_s"], nvlink_gb_per_s=d["nvlink_gb_per_s"],
-                   efficiency=d["efficiency"], source=d["source"])
+    return GPUSpec(name=key, **{k: (dict(v) if k == "peak_tflops" else v)
+                                for k, v in d.items()})
 
 
 def model(name_or_path: str) -> ModelSpec:

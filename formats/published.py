@@ -17,7 +17,9 @@ Cluster bandwidths per source group (per GPU, one direction):
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -38,6 +40,8 @@ NETWORKS_GB_PER_S = {  # source_group prefix -> (inter-node GB/s per GPU stream,
 @dataclass
 class Comparison:
     id: str
+    group: str = ""
+    params: int | None = None
     predicted_s: float | None = None
     published_s: float | None = None
     time_source: str = ""
@@ -90,25 +94,46 @@ def _skip_reason(r: dict) -> str | None:
     return None
 
 
-def run_to_inputs(r: dict):
-    """(model, job, cluster, plan, assumptions) for one published run."""
+def with_gpu(cluster, gpu):
+    """The same cluster with every node's GPU replaced (for fits of the curve parameters)."""
+    nodes = tuple(dataclasses.replace(nd, gpu=gpu) for nd in cluster.nodes)
+    return dataclasses.replace(cluster, nodes=nodes)
+
+
+def run_to_inputs(r: dict, gpu_params: dict | None = None):
+    """(model, job, cluster, plan, assumptions) for one published run; `gpu_params` replaces
+    fields of the GPU preset (bench/fit_compute.py fits them)."""
     notes = []
     vocab = r.get("vocab_size")
     if vocab is None:
         vocab = 250880 if r["source_group"].startswith("bloom") else 51200
         notes.append(f"vocab {vocab} (unpublished)")
     ffn = r.get("ffn_hidden_size") or 4 * r["hidden_size"]
+    group = r["source_group"]
+    if group.startswith("bloom"):
+        # BLOOM: ALiBi, no dropout (the released config.json: hidden_dropout and
+        # attention_dropout 0.0; assumed for the pre-launch candidates too)
+        arch = dict(position_embedding="alibi", dropout=False)
+        notes.append("no dropout (BLOOM's config)")
+    else:  # Megatron-LM GPT defaults: learned positions, dropout 0.1
+        arch = dict(position_embedding="learned", dropout=True)
     model = ModelSpec(name=r["model_name"], num_layers=r["num_layers"],
                       hidden_size=r["hidden_size"], num_heads=r["num_attention_heads"],
                       num_kv_heads=r.get("num_kv_heads") or r["num_attention_heads"],
                       ffn_hidden_size=ffn, vocab_size=vocab, seq_length=r["seq_length"],
-                      gated_mlp=False, tied_embeddings=True)
+                      gated_mlp=False, tied_embeddings=True, norm="layernorm", bias=True, **arch)
     prec = r.get("precision") or ""
     precision = "bf16" if prec.startswith("bf16") else "fp16"
     sharding = (r.get("dp_sharding") or "none").lower()
     distopt = "zero-1" in sharding
+    # these runs (2021-2022) predate FlashAttention in Megatron: Megatron-LM's fused
+    # scale-mask-softmax kernels store the scores (the attention Korthikanti et al. count)
+    # DeepSpeed's pipeline engine and optimizers (BLOOM's Megatron-DeepSpeed, MT-NLG) follow
+    # DeepSpeed's byte rules and pipeline transfers
+    framework = "deepspeed" if "deepspeed" in (r.get("framework") or "").lower() else "megatron"
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
-                  precision=precision, distributed_optimizer=distopt)
+                  precision=precision, distributed_optimizer=distopt, attention="eager",
+                  framework=framework)
     inter, desc = next(v for g, v in NETWORKS_GB_PER_S.items()
                        if r["source_group"].startswith(g))
     gpu = "A100-80GB" if "80" in (r.get("gpu_type") or "") else "A100-40GB"
@@ -116,6 +141,8 @@ def run_to_inputs(r: dict):
     G = r["gpus_per_node"]
     cluster = uniform_cluster(r["num_gpus"] // G, G, gpu, g.nvlink_gb_per_s * NVLINK_ACHIEVED,
                               inter, name=desc)
+    if gpu_params:
+        cluster = with_gpu(cluster, dataclasses.replace(g, **gpu_params))
     mbs = r.get("micro_batch_size")
     if mbs is None:
         mbs = 1
@@ -125,21 +152,33 @@ def run_to_inputs(r: dict):
     if recompute is None:
         recompute = "full"
         notes.append("full recompute (not restated; the production script uses it)")
-    sched = "1f1b"
+    sched, chunks = "1f1b", 1
     if r["pp"] > 1 and "interleaved" in (r.get("pipeline_schedule") or ""):
-        notes.append("1F1B without interleaving (chunk count unpublished)")
+        # the source says interleaved and chose batches that Megatron's interleaved schedule
+        # accepts; the chunk count is not published: the smallest Megatron-LM accepts, which
+        # must divide the layers per stage
+        per_stage = r["num_layers"] // r["pp"]
+        chunks = r.get("vp") or next((v for v in range(2, per_stage + 1)
+                                      if per_stage % v == 0), 1)
+        sched = "interleaved" if chunks > 1 else "1f1b"
+        if not r.get("vp"):
+            notes.append(f"interleaved with {chunks} model chunks per stage (the smallest "
+                         "count that divides the layers per stage; unpublished)")
     plan = make_plan(model, job, cluster, tp=r["tp"], pp=r["pp"], dp=r["dp"], micro_batch=mbs,
-                     schedule=sched, recompute=recompute, distributed_optimizer=distopt)
+                     schedule=sched, chunks=chunks, recompute=recompute,
+                     distributed_optimizer=distopt)
     return model, job, cluster, plan, notes
 
 
-def compare_run(r: dict, options: Options | None = None) -> Comparison:
-    c = Comparison(id=r["id"])
+def compare_run(r: dict, options: Options | None = None,
+                gpu_params: dict | None = None) -> Comparison:
+    c = Comparison(id=r["id"], group=r["source_group"])
     reason = _skip_reason(r)
     if reason:
         c.skipped = reason
         return c
-    model, job, cluster, plan, c.assumptions = run_to_inputs(r)
+    model, job, cluster, plan, c.assumptions = run_to_inputs(r, gpu_params)
+    c.params = model.total_params
     est = estimate(model, job, cluster, plan, options)
     c.estimate = est
     c.predicted_s = est.iteration_ms / 1e3
@@ -184,11 +223,31 @@ class Summary:
         e = self._errs("mem_err")
         return max(e) if e else None
 
+    def group_medians(self) -> dict[str, tuple[float, int]]:
+        """Median |iteration-time error| and run count per source group."""
+        groups: dict[str, list[float]] = {}
+        for x in self.rows:
+            if x.time_err is not None:
+                groups.setdefault(x.group, []).append(x.time_err)
+        return {g: (statistics.median(v), len(v)) for g, v in sorted(groups.items())}
+
+    def size_trend(self, group: str = "narayanan_sc21_table1") -> float | None:
+        """Least-squares slope of the signed time error (percentage points) against
+        log10(parameters) over one group (Narayanan et al. Table 1: 1.7B to 1T)."""
+        pts = [(math.log10(x.params), 100 * (x.predicted_s / x.published_s - 1))
+               for x in self.rows if x.group == group and x.time_err is not None]
+        if len(pts) < 2:
+            return None
+        mx = statistics.fmean(p[0] for p in pts)
+        my = statistics.fmean(p[1] for p in pts)
+        return (sum((x - mx) * (y - my) for x, y in pts)
+                / sum((x - mx) ** 2 for x, _y in pts))
+
     @property
     def oom_correct(self) -> tuple[int, int]:
         v = [x.oom_ok for x in self.rows if x.oom_ok is not None]
         return sum(v), len(v)
 
 
-def validate(options: Options | None = None) -> Summary:
-    return Summary([compare_run(r, options) for r in load_runs()])
+def validate(options: Options | None = None, gpu_params: dict | None = None) -> Summary:
+    return Summary([compare_run(r, options, gpu_params) for r in load_runs()])

@@ -1,10 +1,11 @@
-"""Per-operation times: compute, tensor-parallel collectives, pipeline transfers, gradient
-synchronization and the optimizer step. All times are in milliseconds, sizes in bytes,
-bandwidths in GB/s (1 GB = 1e9 bytes).
+"""Per-operation times of one shape: a layer's forward and backward (compute from
+model/compute.py, tensor-parallel collectives from model/communication.py, with what each
+overlap hides), the embedding and output layer, pipeline transfers, gradient synchronization and
+the optimizer step. All times are in milliseconds, sizes in bytes, bandwidths in GB/s.
 
-Collective formulas are the ring algorithm's (Thakur et al. 2005; NCCL's bus-bandwidth
-definition in nccl-tests PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer through the
-slowest link of the ring, reduce-scatter and all-gather (n-1)/n.
+Shared by the estimator, the MILP and the annealer: every time any of them uses comes from
+here, and every one is linear in the layer counts for a fixed shape and placement (the MILP
+relies on that).
 """
 
 from __future__ import annotations
@@ -14,34 +15,36 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster import ClusterSpec
+from .communication import (INTRA_LATENCY_US, allreduce_ms, exposed_async_ms,
+                            exposed_pipelined_ms, gather_ms)
+from .compute import ComputeModel
 from .plan import Shape
 from .specs import GPUSpec, JobSpec, ModelSpec, Options
 
-INTRA_LATENCY_US = 10.0  # one NCCL collective inside an NVLink node, small-message regime
+# Megatron-LM's DDP buckets gradients (and, with the distributed optimizer, parameters) in
+# buckets of max(40M, 1M x DP) parameters (megatron/core/distributed: the default of
+# DistributedDataParallelConfig.bucket_size); with overlap, each bucket's collective starts
+# when its last gradient is ready, so the last bucket's cannot hide behind the backward.
+BUCKET_MIN_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_DP = 1_000_000
 
 
-def ring_ms(nbytes: float, n: int, gb_per_s: float, latency_us: float, factor: float) -> float:
-    """`factor` (n-1)/n of the buffer through a ring of n at `gb_per_s`, plus per-step latency."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return factor * (n - 1) / n * nbytes / (gb_per_s * 1e6) + factor * (n - 1) * latency_us / 1e3
-
-
-def allreduce_ms(nbytes, n, gb_per_s, latency_us):
-    return ring_ms(nbytes, n, gb_per_s, latency_us, 2.0)
-
-
-def gather_ms(nbytes, n, gb_per_s, latency_us):
-    """All-gather or reduce-scatter of a buffer of `nbytes` (the full, gathered size)."""
-    return ring_ms(nbytes, n, gb_per_s, latency_us, 1.0)
+def bucket_params(dp: int) -> float:
+    return float(max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP * dp))
 
 
 def adam_bytes_per_param(job: JobSpec) -> int:
     """Bytes an element-wise Adam step reads and writes per parameter: the gradient, fp32
     master, m and v read and written back, the 16-bit weight written. Memory-bound, so time is
     bytes / HBM bandwidth. fp16 also copies fp16 grads into an fp32 buffer (read 2, write 4)."""
-    b = job.grad_bytes + 12 + 12 + (job.weight_bytes if job.precision != "fp32" else 0)
+    b = job.reduce_bytes + 12 + 12 + (job.weight_bytes if job.precision != "fp32" else 0)
     return b + (6 if job.precision == "fp16" else 0)
+
+
+# FP8 weight copies are refreshed once per iteration (the first micro-batch casts and
+# transposes each linear weight: read 2 bytes, write 2; Transformer Engine's
+# is_first_microbatch caching), counted with the optimizer step.
+FP8_RECAST_BYTES_PER_PARAM = 4
 
 
 @dataclass(frozen=True)
@@ -54,12 +57,23 @@ class LayerTimes:
     emb_bwd_ms: float
     head_fwd_ms: float  # final norm + output projection + loss (last virtual stage)
     head_bwd_ms: float
+    tp_comm_fwd_ms: float = 0.0  # exposed tensor-parallel communication inside fwd_ms
+    tp_comm_bwd_ms: float = 0.0  # ... and inside bwd_ms (without recompute)
+
+
+@dataclass(frozen=True)
+class TailParts:
+    """A stage's data-parallel synchronization and optimizer step (ms)."""
+
+    reduce_ms: float  # gradient all-reduce, or reduce-scatter with the distributed optimizer
+    gather_ms: float  # parameter all-gather (distributed optimizer)
+    exposed_ms: float  # what of the two is not hidden by the overlaps the plan asks for
+    optimizer_ms: float
 
 
 class CostModel:
     """Costs that depend on the shape but not on the placement (or only through the node's GPU
-    type and the bandwidths given to each method). Shared by the estimator, the MILP and the
-    annealer: every time any of them uses comes from here."""
+    type and the bandwidths given to each method)."""
 
     def __init__(self, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                  options: Options):
@@ -68,34 +82,106 @@ class CostModel:
         self.tokens = shape.micro_batch * job.seq_length  # tokens per micro-batch
         self.act_msg_bytes = self.tokens * model.hidden_size * job.activation_bytes
         self._layer_cache: dict = {}
+        self._compute_cache: dict = {}
 
     # -- compute -----------------------------------------------------------------------------
+
+    def compute(self, gpu: GPUSpec) -> ComputeModel:
+        hit = self._compute_cache.get(gpu.name)
+        if hit is None:
+            sh = self.shape
+            hit = ComputeModel(self.model, self.job, gpu, tp=sh.tp, micro_batch=sh.micro_batch,
+                               sequence_parallel=sh.sequence_parallel, fp8=sh.fp8)
+            self._compute_cache[gpu.name] = hit
+        return hit
 
     def layer_times(self, gpu: GPUSpec, tp_ring_gb_per_s: float) -> LayerTimes:
         key = (gpu.name, tp_ring_gb_per_s)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
-        m, job, sh, t = self.model, self.job, self.shape, self.shape.tp
-        rate = gpu.peak_flops(job.precision) * gpu.efficiency / 1e3  # FLOP per ms
-        T, s = self.tokens, job.seq_length
-        f_comp = m.layer_flops_fwd(T, s) / t / rate
-        # Megatron TP: two all-reduces per layer forward and two backward (Shoeybi et al. 2019
-        # Fig. 3); with sequence parallelism, all-gather + reduce-scatter of the same volume
-        # (Korthikanti et al. 2022 Sec. 4.2.2).
-        comm = 2 * allreduce_ms(self.act_msg_bytes, t, tp_ring_gb_per_s, INTRA_LATENCY_US)
-        fwd = f_comp + comm
-        bwd = 2 * f_comp + comm  # backward: twice the forward FLOPs (Narayanan et al. eq. 3)
+        sh = self.shape
+        cm = self.compute(gpu)
+        lc = cm.layer()
+        f_comm, b_comm = self._layer_tp_comm(lc, tp_ring_gb_per_s)
+        fwd = lc.fwd.total_ms + f_comm
+        bwd = lc.bwd.total_ms + b_comm
         if sh.recompute == "full":
             bwd += fwd  # the forward runs again, collectives included
         elif sh.recompute == "selective":
-            bwd += m.attention_core_flops_fwd(T, s) / t / rate  # Korthikanti et al. Sec. 5
-        emb_comm = allreduce_ms(self.act_msg_bytes, t, tp_ring_gb_per_s, INTRA_LATENCY_US)
-        head_fwd = m.logits_flops_fwd(T) / t / rate + emb_comm / 2
-        head_bwd = 2 * m.logits_flops_fwd(T) / t / rate + emb_comm / 2
-        out = LayerTimes(fwd, bwd, emb_comm, 0.0, head_fwd, head_bwd)
+            bwd += lc.attention_fwd_ms  # the attention core (Korthikanti et al. Sec. 5)
+        ef, eb = cm.embedding()
+        hf, hb = cm.head()
+        (emb_f, emb_b), (head_f, head_b) = self._edge_tp_comm(hb, tp_ring_gb_per_s)
+        out = LayerTimes(fwd, bwd, ef.total_ms + emb_f, eb.total_ms + emb_b,
+                         hf.total_ms + head_f, hb.total_ms + head_b, f_comm, b_comm)
         self._layer_cache[key] = out
         return out
+
+    def _tp(self, ring_gb_per_s: float) -> tuple[float, float]:
+        """(all-reduce, all-gather or reduce-scatter) of one activation over the TP ring."""
+        t, M = self.shape.tp, self.act_msg_bytes
+        return (allreduce_ms(M, t, ring_gb_per_s, INTRA_LATENCY_US),
+                gather_ms(M, t, ring_gb_per_s, INTRA_LATENCY_US))
+
+    def _layer_tp_comm(self, lc, ring_gb_per_s: float) -> tuple[float, float]:
+        """Exposed tensor-parallel communication of one layer, forward and backward.
+
+        Megatron-LM (Shoeybi et al. 2019 Fig. 3; Korthikanti et al. 2022 Sec. 4.2.2):
+        - without sequence parallelism, an all-reduce after the output projection and after
+          the MLP's down projection (forward, exposed); in the backward the all-reduce of the
+          QKV and MLP-up input gradients runs asynchronously beside their weight gradients;
+        - with sequence parallelism, an all-gather before QKV and MLP-up and a reduce-scatter
+          after the two row-parallel GEMMs (forward, exposed); in the backward the row-parallel
+          layers all-gather their output gradient first (exposed), and the column-parallel ones
+          re-gather their input beside the data gradient and reduce-scatter the input gradient
+          beside the weight gradient;
+        - with TP communication overlap, each exposed all-gather / reduce-scatter is split into
+          t ring steps pipelined with its GEMM (communication.exposed_pipelined_ms)."""
+        sh = self.shape
+        t = sh.tp
+        if t <= 1:
+            return 0.0, 0.0
+        ar, ag = self._tp(ring_gb_per_s)
+        F, B = lc.fwd.ms, lc.bwd.ms
+        if not sh.sequence_parallel:
+            fwd = 2 * ar
+            bwd = (exposed_async_ms(ar, B["qkv.wgrad"]) + exposed_async_ms(ar, B["fc1.wgrad"]))
+            return fwd, bwd
+
+        def serial(gemm):
+            if sh.tp_comm_overlap:
+                return exposed_pipelined_ms(ag, gemm, t)
+            return ag
+
+        fwd = serial(F["qkv"]) + serial(F["proj"]) + serial(F["fc1"]) + serial(F["fc2"])
+        bwd = serial(B["fc2.dgrad"]) + serial(B["proj.dgrad"])
+        for lin in ("qkv", "fc1"):
+            bwd += exposed_async_ms(ag, B[f"{lin}.dgrad"]) + exposed_async_ms(
+                ag, B[f"{lin}.wgrad"])
+        return fwd, bwd
+
+    def _edge_tp_comm(self, head_bwd, ring_gb_per_s: float):
+        """Tensor-parallel communication of the embedding and the output layer: the
+        vocabulary-parallel embedding's output is all-reduced (reduce-scattered with sequence
+        parallelism; its backward then all-gathers the gradient); the output layer all-gathers
+        its input with sequence parallelism, reduces its input gradient beside its weight
+        gradient, and the vocabulary-parallel cross-entropy all-reduces three per-token fp32
+        vectors (max, target logit, sum of exponentials)."""
+        sh = self.shape
+        t = sh.tp
+        if t <= 1:
+            return (0.0, 0.0), (0.0, 0.0)
+        ar, ag = self._tp(ring_gb_per_s)
+        ce = 3 * allreduce_ms(4.0 * self.tokens, t, ring_gb_per_s, INTRA_LATENCY_US)
+        wgrad = head_bwd.ms["logits.wgrad"]
+        if sh.sequence_parallel:
+            emb = (ag, ag)
+            head = (ag + ce, exposed_async_ms(ag, wgrad))
+        else:
+            emb = (ar, 0.0)
+            head = (ce, exposed_async_ms(ar, wgrad))
+        return emb, head
 
     def virtual_stage_ms(self, gpu: GPUSpec, tp_ring_gb_per_s: float, j: int,
                          layers: int) -> tuple[float, float]:
@@ -113,13 +199,16 @@ class CostModel:
     def hop_ms(self, link_gb_per_s: float, same_node: bool, recv_ring_gb_per_s: float) -> float:
         """One activation (or gradient) transfer between consecutive stages.
 
-        Each tensor rank sends its 1/t slice (scatter/gather optimization, Narayanan et al. 2021
-        Sec. 4.1; with sequence parallelism the tensor is already sliced) on its own link, so the
-        slices travel in parallel; without sequence parallelism the receiver all-gathers them
-        over NVLink.
+        Megatron-LM: each tensor rank sends its 1/t slice (scatter/gather optimization,
+        Narayanan et al. 2021 Sec. 4.1; with sequence parallelism the tensor is already sliced)
+        on its own link, so the slices travel in parallel; without sequence parallelism the
+        receiver all-gathers them over NVLink. DeepSpeed's pipeline engine knows nothing of
+        tensor parallelism: every tensor rank sends the whole activation to its peer.
         """
         t = self.shape.tp
         lat = INTRA_LATENCY_US if same_node else self.cluster.latency_us
+        if self.job.framework == "deepspeed":
+            return lat / 1e3 + self.act_msg_bytes / (link_gb_per_s * 1e6)
         ms = lat / 1e3 + self.act_msg_bytes / t / (link_gb_per_s * 1e6)
         if t > 1 and not self.shape.sequence_parallel:
             ms += gather_ms(self.act_msg_bytes, t, recv_ring_gb_per_s, INTRA_LATENCY_US)
@@ -139,16 +228,17 @@ class CostModel:
         n = c.num_nodes
         ring = np.array([nd.ring_gb_per_s(tuple(range(min(t, nd.num_gpus))))
                          for nd in c.nodes])
+        per_rank = self.act_msg_bytes / (1 if self.job.framework == "deepspeed" else t)
         with np.errstate(divide="ignore"):
-            out = c.latency_us / 1e3 + self.act_msg_bytes / t / (c.inter_gb_per_s * 1e6)
-        if t > 1 and not self.shape.sequence_parallel:
+            out = c.latency_us / 1e3 + per_rank / (c.inter_gb_per_s * 1e6)
+        if t > 1 and not self.shape.sequence_parallel and self.job.framework != "deepspeed":
             out = out + np.array([gather_ms(self.act_msg_bytes, t, r, INTRA_LATENCY_US)
                                   for r in ring])[None, :]
         for a in range(n):
             out[a, a] = self.node_hop_ms(a, a)
         return out
 
-    # -- data parallel -------------------------------------------------------------------------
+    # -- parameters ----------------------------------------------------------------------------
 
     def stage_params(self, stage: int, layers: tuple[int, ...] | None = None) -> float:
         """Parameters held by one GPU of `stage` (its TP shard)."""
@@ -161,60 +251,65 @@ class CostModel:
             if j == 0:
                 n += m.embedding_params
             if j == sh.num_virtual - 1:
-                n += 2 * m.hidden_size  # final norm
+                n += m.final_norm_params
                 if not m.tied_embeddings or sh.pp > 1:
-                    n += m.embedding_params  # output layer (a copy of the tied weight if PP > 1)
+                    # the output layer (a copy of the tied weight if PP > 1)
+                    n += m.vocab_size * m.hidden_size
         return n / sh.tp
+
+    def stage_linear_params(self, stage: int, layers: tuple[int, ...] | None = None) -> float:
+        """Linear-layer weights of one GPU of `stage` (those FP8 keeps copies of)."""
+        sh = self.shape
+        layers = layers if layers is not None else sh.layers
+        n = sum(layers[c * sh.pp + stage] for c in range(sh.chunks))
+        return n * self.model.linear_params_per_layer / sh.tp
+
+    # -- data parallel -------------------------------------------------------------------------
 
     def sync_bytes(self, params: float) -> tuple[float, float]:
         """(gradient bytes reduced, parameter bytes gathered) per GPU per iteration."""
-        grad = params * self.job.grad_bytes
+        grad = params * self.job.reduce_bytes
         gather = params * self.job.weight_bytes if self.shape.distributed_optimizer else 0.0
         return grad, gather
 
-    def sync_ms(self, params: float, dp_ring_gb_per_s: float, inter_node: bool) -> float:
-        """Gradient all-reduce (or reduce-scatter + parameter all-gather with the distributed
-        optimizer, Rajbhandari et al. 2020 ZeRO-1) over the data-parallel ring."""
+    def sync_parts_ms(self, params: float, dp_ring_gb_per_s: float,
+                      inter_node: bool) -> tuple[float, float]:
+        """(gradient reduction, parameter all-gather) over the data-parallel ring: an
+        all-reduce, or reduce-scatter + all-gather with the distributed optimizer (Rajbhandari
+        et al. 2020, ZeRO-1)."""
         d = self.shape.dp
         if d <= 1:
-            return 0.0
+            return 0.0, 0.0
         lat = self.cluster.latency_us if inter_node else INTRA_LATENCY_US
         grad, gather = self.sync_bytes(params)
         if self.shape.distributed_optimizer:
-            return (gather_ms(grad, d, dp_ring_gb_per_s, lat)
-                    + gather_ms(gather, d, dp_ring_gb_per_s, lat))
-        return allreduce_ms(grad, d, dp_ring_gb_per_s, lat)
+            return (gather_ms(grad, d, dp_ring_gb_per_s, lat),
+                    gather_ms(gather, d, dp_ring_gb_per_s, lat))
+        return allreduce_ms(grad, d, dp_ring_gb_per_s, lat), 0.0
 
-    def optimizer_ms(self, params: float, gpu: GPUSpec) -> float:
-        """Adam step over this GPU's shard: memory-bound, bytes / HBM bandwidth."""
+    def sync_ms(self, params: float, dp_ring_gb_per_s: float, inter_node: bool) -> float:
+        return sum(self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node))
+
+    def exposed_sync_ms(self, params: float, dp_ring_gb_per_s: float, inter_node: bool,
+                        bwd_window_ms: float, fwd_window_ms: float) -> tuple[float, float, float]:
+        """(reduction, all-gather, exposed part of both). With --overlap-grad-reduce the
+        reduction runs bucket by bucket during the last micro-batch's backward of the stage
+        (`bwd_window_ms`): what shows is the larger of the last bucket's reduction and what
+        outlasts the window. --overlap-param-gather does the same for the all-gather against
+        the first forward (`fwd_window_ms`)."""
+        sh = self.shape
+        red, gat = self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node)
+        last = min(params, bucket_params(sh.dp))
+        red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node)
+        ex_red = max(red_b, red - bwd_window_ms) if sh.overlap_grad_reduce else red
+        ex_gat = max(gat_b, gat - fwd_window_ms) if sh.overlap_param_gather else gat
+        return red, gat, ex_red + ex_gat
+
+    def optimizer_ms(self, params: float, gpu: GPUSpec, linear_params: float = 0.0) -> float:
+        """Adam step over this GPU's shard: memory-bound, bytes / HBM bandwidth (+ the FP8
+        weight copies' refresh)."""
         shard = params / (self.shape.dp if self.shape.distributed_optimizer else 1)
-        return shard * adam_bytes_per_param(self.job) / (gpu.hbm_gb_per_s * 1e6)
-
-
-def dp_ring(cluster: ClusterSpec, members: list[tuple[int, int]]) -> tuple[float, bool]:
-    """Bandwidth of the data-parallel ring through `members` [(node, local GPU)], in replica
-    order, and whether it leaves a node.
-
-    NCCL builds rings that visit each node's members contiguously and chain nodes in rank order
-    (hierarchical); each member has its own NIC, so the k members of a node drive k parallel
-    channels across nodes. The ring is limited by its slowest link: min over consecutive nodes
-    (cyclic) of k x stream bandwidth, and the intra-node ring of any node holding several members.
-    """
-    order: list[int] = []
-    per_node: dict[int, list[int]] = {}
-    for n, g in members:
-        if n not in per_node:
-            order.append(n)
-            per_node[n] = []
-        per_node[n].append(g)
-    bw = float("inf")
-    for n in order:
-        if len(per_node[n]) > 1:
-            bw = min(bw, cluster.nodes[n].ring_gb_per_s(tuple(per_node[n])))
-    if len(order) > 1:
-        k = min(len(v) for v in per_node.values())
-        for i, n in enumerate(order):
-            nxt = order[(i + 1) % len(order)]
-            bw = min(bw, k * float(cluster.inter_gb_per_s[n, nxt]))
-    return bw, len(order) > 1
-
+        nbytes = shard * adam_bytes_per_param(self.job)
+        if self.shape.fp8:
+            nbytes += linear_params * FP8_RECAST_BYTES_PER_PARAM
+        return nbytes / gpu.hbm_bytes_per_ms

@@ -9,12 +9,13 @@ the solvers use `Evaluator` and are tested to agree with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .cluster import ClusterSpec
-from .costs import CostModel, dp_ring
+from .communication import dp_ring
+from .costs import CostModel
 from .memory import MemoryModel, StageMemory
 from .plan import (Placement, Plan, Shape, megatron_placement, num_microbatches,
                    validate_placement, validate_shape)
@@ -116,25 +117,33 @@ class Evaluator:
             return self.costs.hop_ms(bw, True, ring)
         return self.costs.hop_ms(float(c.inter_gb_per_s[na, nb]), False, ring)
 
-    def stage_sync_ms(self, pl: Placement, s: int) -> float:
-        worst = 0.0
+    def stage_sync_ms(self, pl: Placement, s: int, bwd_window_ms: float = 0.0,
+                      fwd_window_ms: float = 0.0) -> tuple[float, float]:
+        """(full synchronization, exposed part) of stage s: the slowest of its TP ranks' data
+        parallel rings (costs.exposed_sync_ms says what the overlaps hide)."""
+        worst_full, worst_exposed = 0.0, 0.0
         for i in range(self.shape.tp):
             members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in range(self.shape.dp)]
             bw, inter = dp_ring(self.cluster, members)
-            worst = max(worst, self.costs.sync_ms(self.params[s], bw, inter))
-        return worst
+            red, gat, exposed = self.costs.exposed_sync_ms(self.params[s], bw, inter,
+                                                           bwd_window_ms, fwd_window_ms)
+            worst_full = max(worst_full, red + gat)
+            worst_exposed = max(worst_exposed, exposed)
+        return worst_full, worst_exposed
 
-    def stage_bwd_window_ms(self, pl: Placement, s: int) -> float:
-        """Backward time of the stage's last micro-batch (its first chunk's B), the window a
-        gradient reduction can hide in with --overlap-grad-reduce."""
+    def stage_windows_ms(self, pl: Placement, s: int) -> tuple[float, float]:
+        """Backward and forward time of the stage's first chunk (virtual stage s) on its
+        slowest node: the windows the gradient reduction (--overlap-grad-reduce, during the
+        last micro-batch's backward) and the parameter all-gather (--overlap-param-gather,
+        during the first forward) can hide in."""
         gpu_nodes = {pl.node[s][r] for r in range(self.shape.dp)}
-        out = float("inf")
+        bwd, fwd = float("inf"), float("inf")
         for n in gpu_nodes:
             node = self.cluster.nodes[n]
             ring = node.ring_gb_per_s(tuple(range(self.shape.tp)))
-            out = min(out, self.costs.virtual_stage_ms(node.gpu, ring, s,
-                                                       self.shape.layers[s])[1])
-        return out
+            f, b = self.costs.virtual_stage_ms(node.gpu, ring, s, self.shape.layers[s])
+            bwd, fwd = min(bwd, b), min(fwd, f)
+        return bwd, fwd
 
     def stage_tail(self, pl: Placement, s: int) -> tuple[float, tuple[float, float, float]]:
         """Stage s's tail time and (sync, exposed sync, optimizer); memoized on the stage's row
@@ -143,12 +152,12 @@ class Evaluator:
         hit = self._tail_cache.get(key)
         if hit is None:
             sh = self.shape
-            sync = self.stage_sync_ms(pl, s)
-            exposed = sync
-            if self.options.overlap_grad_reduce:
-                exposed = max(0.0, sync - self.stage_bwd_window_ms(pl, s))
-            opt = max(self.costs.optimizer_ms(self.params[s], self.cluster.nodes[pl.node[s][r]]
-                                              .gpu) for r in range(sh.dp))
+            windows = (self.stage_windows_ms(pl, s) if sh.overlap_grad_reduce
+                       or sh.overlap_param_gather else (0.0, 0.0))
+            sync, exposed = self.stage_sync_ms(pl, s, *windows)
+            lin = self.costs.stage_linear_params(s)
+            opt = max(self.costs.optimizer_ms(self.params[s], self.cluster.nodes[
+                pl.node[s][r]].gpu, lin) for r in range(sh.dp))
             hit = (exposed + opt + self.options.overheads.latency_overhead_ms,
                    (sync, exposed, opt))
             if len(self._tail_cache) >= 200_000:
@@ -216,6 +225,21 @@ class Evaluator:
 
     # -- full report ---------------------------------------------------------------------------
 
+    def model_flops(self) -> tuple[float, float]:
+        """(model FLOPs, recompute FLOPs) of one iteration: Narayanan et al. 2021 eq. (3),
+        3x the forward of every layer and the output layer; full recompute adds one forward of
+        every layer, selective the attention core."""
+        m, job = self.model, self.job
+        tokens = job.global_batch * job.seq_length
+        model_flops = 3 * (m.num_layers * m.layer_flops_fwd(tokens, job.seq_length)
+                           + m.logits_flops_fwd(tokens))
+        extra = 0.0
+        if self.shape.recompute == "full":
+            extra = m.num_layers * m.layer_flops_fwd(tokens, job.seq_length)
+        elif self.shape.recompute == "selective":
+            extra = m.num_layers * m.attention_core_flops_fwd(tokens, job.seq_length)
+        return model_flops, extra
+
     def estimate(self, pl: Placement) -> Estimate:
         sh, K, c = self.shape, self.kinds, self.cluster
         validate_placement(c, sh, pl)
@@ -255,15 +279,8 @@ class Evaluator:
         }
         tokens = self.job.global_batch * self.job.seq_length
         secs = length / 1e3
-        model_flops = 3 * (self.model.num_layers * self.model.layer_flops_fwd(
-            tokens, self.job.seq_length) + self.model.logits_flops_fwd(tokens))
-        extra = 0.0
-        if sh.recompute == "full":
-            extra = self.model.num_layers * self.model.layer_flops_fwd(tokens,
-                                                                         self.job.seq_length)
-        elif sh.recompute == "selective":
-            extra = self.model.num_layers * self.model.attention_core_flops_fwd(
-                tokens, self.job.seq_length)
+        model_flops, extra = self.model_flops()
+        # MFU against the base precision's dense peak (bf16 for FP8 runs, as torchtitan does)
         peak = sum(nd.gpu.peak_flops(self.job.precision) * nd.num_gpus for nd in c.nodes)
         return Estimate(
             iteration_ms=float(length), replica_ms=tuple(float(x) for x in lengths),
@@ -307,21 +324,27 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
               dp: int | None = None, micro_batch: int = 1, schedule: str = "1f1b",
               chunks: int = 1, layers: tuple[int, ...] | None = None, recompute: str = "none",
               sequence_parallel: bool = False, distributed_optimizer: bool | None = None,
+              fp8: bool | None = None, tp_comm_overlap: bool = False,
+              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
               placement: Placement | None = None, options: Options | None = None) -> Plan:
     """A plan with defaults filled in: DP from the GPU count, the balanced layer split,
-    Megatron-LM's placement."""
+    Megatron-LM's placement; the distributed optimizer and FP8 as the job fixes them."""
     if dp is None:
         dp = max(1, cluster.num_gpus // (tp * pp))
     if distributed_optimizer is None:
         distributed_optimizer = bool(job.distributed_optimizer)
+    if fp8 is None:
+        fp8 = bool(job.fp8)
     shape = Shape(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                   chunks=chunks, layers=(), recompute=recompute,
                   sequence_parallel=sequence_parallel,
-                  distributed_optimizer=distributed_optimizer)
+                  distributed_optimizer=distributed_optimizer, fp8=fp8,
+                  tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
+                  overlap_param_gather=overlap_param_gather)
     if layers is None:
         validate_shape(model, job, cluster, shape, check_layers=False)
         layers = default_layers(model, job, cluster, shape, options)
-    shape = Shape(**{**shape.__dict__, "layers": tuple(layers)})
+    shape = replace(shape, layers=tuple(layers))
     validate_shape(model, job, cluster, shape)
     if placement is None:
         placement = megatron_placement(cluster, tp, pp, dp)

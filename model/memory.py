@@ -2,15 +2,27 @@
 
 - Weights, gradients, optimizer state: bytes per parameter from Megatron-LM's distributed
   optimizer table (see `JobSpec`), optimizer state divided by DP with the distributed optimizer.
-- Activations per layer per micro-batch: Korthikanti et al. 2022, Sec. 4 and Table 2, generalized
-  term by term to grouped-query attention and gated MLPs (for a GPT block it reduces exactly to
-  their sbh(10 + 24/t + 5as/(ht)), sbh(34 + 5as/h)/t with sequence parallelism, 34sbh/t or
-  sbh(10 + 24/t) with selective recompute, and 2sbh for full recompute, /t with SP).
+  FP8 adds Transformer Engine's cached FP8 weight and its transpose, 1 byte each per
+  linear-layer weight (transformer_engine/pytorch/module/linear.py: weight_fp8, weight_t_fp8).
+- Activations per layer per micro-batch: Korthikanti et al. 2022, Sec. 4 and Table 2, tensor by
+  tensor (`layer_tensors`), generalized to grouped-query attention and gated MLPs. For a GPT
+  block with eager attention it reduces exactly to their sbh(10 + 24/t + 5as/(ht)),
+  sbh(34 + 5as/h)/t with sequence parallelism, 34sbh/t or sbh(10 + 24/t) with selective
+  recompute, and 2sbh for full recompute (/t with SP).
+  - FlashAttention never stores the s x s scores (the 5as/h term), only the per-row log-sum-exp
+    in fp32 (4 bytes x heads x s x b / t); recomputing the attention core ("selective") then
+    frees nothing but that.
+  - A model trained without dropout (Llama family) stores no dropout masks.
+  - FP8 saves each linear layer's input as its 1-byte cast (Transformer Engine saves the FP8
+    input for the weight gradient); the attention output is kept in 16 bits as well for the
+    attention backward.
 - Micro-batches in flight per stage come from walking the schedule's own order
   (1F1B: min(p - s, m); GPipe: m; interleaved: Megatron's warm-up count), chunk by chunk.
 - Embedding stage: the embedding dropout mask; output stage: final norm and projection inputs and
-  fp32 logits for the loss, 4sbh/t (1 + V/h) with SP (Korthikanti et al. Sec. 4.3).
-- Working memory: full recompute rebuilds one layer's activations during its backward.
+  fp32 logits for the loss (Korthikanti et al. Sec. 4.3: 4sbh/t (1 + V/h) with SP). DeepSpeed's
+  pipeline engine also keeps every in-flight micro-batch's stage output (2sbh).
+- Working memory: full recompute rebuilds one layer's activations during its backward;
+  selective recompute with eager attention rebuilds one layer's scores.
 - Allowance: `Overheads.context_gib` plus `Overheads.fragmentation` times the tensors counted.
 """
 
@@ -23,6 +35,46 @@ from .schedule import CompiledSchedule
 from .specs import JobSpec, ModelSpec, Options
 
 GIB = float(2 ** 30)
+FP8_WEIGHT_COPY_BYTES = 2  # FP8 weight + its transpose, per linear-layer weight
+
+
+def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[str, float, bool]]:
+    """Tensors one layer stores for its backward without recompute, per micro-batch, as
+    (name, bytes per token of the sequence x micro-batch, split across TP ranks?). Tensors not
+    split are replicated on every TP rank unless sequence parallelism splits them too;
+    attention scores are returned separately by `attention_score_bytes`."""
+    h = model.hidden_size
+    a16 = float(job.activation_bytes)  # 2 bytes in Korthikanti et al.'s count
+    lin = 1.0 if shape.fp8 else a16  # what a linear layer keeps of its input
+    kv = model.kv_dim
+    ffn = model.ffn_hidden_size
+    out = [
+        ("norm1 input", a16 * h, False),
+        ("qkv input", lin * h, False),
+        ("q", a16 * h, True),
+        ("k, v", a16 * 2 * kv, True),
+        ("attention output", a16 * h + (lin * h if shape.fp8 else 0.0), True),
+        ("norm2 input", a16 * h, False),
+        ("fc1 input", lin * h, False),
+        ("activation input", a16 * ffn * (2 if model.gated_mlp else 1), True),
+        ("fc2 input", lin * ffn, True),
+    ]
+    if model.dropout:
+        out += [("dropout masks", 2.0 * h, False)]  # 1 byte each, after attention and MLP
+    if job.attention == "flash":
+        # log-sum-exp per query row and head, fp32 (FlashAttention-2 saves it for backward)
+        out += [("attention lse", 4.0 * model.num_heads, True)]
+    return out
+
+
+def attention_score_bytes(model: ModelSpec, job: JobSpec, shape: Shape) -> float:
+    """Eager attention's stored s x s tensors per layer and micro-batch on one GPU: softmax
+    output (2 bytes), and with dropout its mask (1) and output (2): Korthikanti's 5as^2b/t."""
+    if job.attention == "flash":
+        return 0.0
+    per_score = job.activation_bytes / 2 * (5 if model.dropout else 2)
+    s, b = job.seq_length, shape.micro_batch
+    return per_score * model.num_heads * s * s * b / shape.tp
 
 
 def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
@@ -31,23 +83,17 @@ def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
     recompute = shape.recompute if recompute is None else recompute
     s, b, h, t = job.seq_length, shape.micro_batch, model.hidden_size, shape.tp
     sp = shape.sequence_parallel
-    scale = job.activation_bytes / 2  # Korthikanti et al. count 2-byte activations
-    sbh = s * b * h
-    if recompute == "full":
-        return 2 * sbh / (t if sp else 1) * scale
-    kv = model.kv_dim / h
-    ffn = model.ffn_hidden_size / h
-    # replicated across TP ranks unless sequence parallel: two norm inputs (2+2), QKV input (2),
-    # MLP input (2), two dropout masks (1+1)
-    replicated = 10 * sbh
-    # split across TP ranks: Q (2), K and V (2 kv each), output-projection input (2),
-    # MLP activation input (2 ffn; gated: gate and up outputs, 4 ffn) and down-projection input
-    split = sbh * (2 + 4 * kv + 2 + (4 if model.gated_mlp else 2) * ffn + 2 * ffn)
-    attn = 5 * model.num_heads * s * s * b  # softmax out (2), dropout mask (1) and out (2)
-    total = replicated / (t if sp else 1) + split / t
+    tokens = s * b
+    if recompute == "full":  # only the layer's input
+        return job.activation_bytes * tokens * h / (t if sp else 1)
+    total = 0.0
+    for name, per_token, split in layer_tensors(model, job, shape):
+        if recompute == "selective" and name == "attention lse":
+            continue  # the recomputed core keeps nothing of its own
+        total += per_token * tokens / (t if (split or sp) else 1)
     if recompute == "none":
-        total += attn / t
-    return total * scale
+        total += attention_score_bytes(model, job, shape)
+    return total
 
 
 @dataclass(frozen=True)
@@ -70,26 +116,44 @@ class StageMemory:
 
 class MemoryModel:
     """Memory per stage as a function of the layer split; linear in the layer counts for a
-    fixed schedule, which the MILP relies on (`coefficients`)."""
+    fixed schedule, which the MILP relies on (`layer_static_bytes`, `const_static_bytes`,
+    `chunk_act_bytes`)."""
 
     def __init__(self, model: ModelSpec, job: JobSpec, shape: Shape, cs: CompiledSchedule,
                  options: Options):
         self.model, self.job, self.shape, self.cs, self.options = model, job, shape, cs, options
         s, b, h, t = job.seq_length, shape.micro_batch, model.hidden_size, shape.tp
         sp_div = t if shape.sequence_parallel else 1
-        scale = job.activation_bytes / 2
+        a16 = job.activation_bytes
         self.act_layer = layer_activation_bytes(model, job, shape)
-        self.emb_act = s * b * h / sp_div * scale  # embedding dropout mask
+        # embedding dropout mask (1 byte)
+        self.emb_act = s * b * h / sp_div if model.dropout else 0.0
         # final norm input, projection input, fp32 logits for the loss
-        self.head_act = (4 * s * b * h / sp_div + 4 * s * b * model.vocab_size / t) * scale
+        self.head_act = 2 * a16 * s * b * h / sp_div + 4.0 * s * b * model.vocab_size / t
+        # DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output in its
+        # pipe buffers until the backward (deepspeed/runtime/pipe/engine.py, num_pipe_buffers),
+        # whole on every tensor rank; Megatron-LM frees it once sent
+        self.pipe_out = (a16 * s * b * h if job.framework == "deepspeed" and shape.pp > 1
+                         else 0.0)
         if shape.recompute == "full":
             self.work = layer_activation_bytes(model, job, shape, "none")
         elif shape.recompute == "selective":
-            self.work = 5 * model.num_heads * s * s * b / t * scale
+            self.work = attention_score_bytes(model, job, shape)
         else:
             self.work = 0.0
         opt_div = shape.dp if shape.distributed_optimizer else 1
         self.bytes_per_param = (job.weight_bytes, job.grad_bytes, job.optimizer_bytes / opt_div)
+        per_param = sum(self.bytes_per_param)
+        fp8 = FP8_WEIGHT_COPY_BYTES if shape.fp8 else 0
+        # weights, grads, optimizer state (and FP8 copies) of one layer on one GPU
+        self.layer_static_bytes = (model.params_per_layer * per_param
+                                   + model.linear_params_per_layer * fp8) / t
+        self._per_param = per_param
+
+    def const_static_bytes(self, params_without_layers: float) -> float:
+        """Static bytes of a stage's parameters outside its layers (embedding, output layer,
+        final norm), given their count on one GPU."""
+        return params_without_layers * self._per_param
 
     def chunk_act_bytes(self, j: int, layers: int) -> float:
         a = layers * self.act_layer
@@ -97,10 +161,12 @@ class MemoryModel:
             a += self.emb_act
         if j == self.shape.num_virtual - 1:
             a += self.head_act
+        else:
+            a += self.pipe_out
         return a
 
     def stage(self, s: int, params: float, layers: tuple[int, ...]) -> StageMemory:
-        sh = self.shape
+        sh, m = self.shape, self.model
         chunk_bytes = [self.chunk_act_bytes(c * sh.pp + s, layers[c * sh.pp + s])
                        for c in range(sh.chunks)]
         best, best_counts, best_work = -1.0, None, 0.0
@@ -110,8 +176,11 @@ class MemoryModel:
             if act + work > best:
                 best, best_counts, best_work = act + work, tuple(int(x) for x in counts), work
         wb, gb, ob = self.bytes_per_param
-        tensors = params * (wb + gb + ob) + best
+        n_layers = sum(layers[c * sh.pp + s] for c in range(sh.chunks))
+        fp8_bytes = (n_layers * m.linear_params_per_layer / sh.tp * FP8_WEIGHT_COPY_BYTES
+                     if sh.fp8 else 0.0)
+        tensors = params * (wb + gb + ob) + fp8_bytes + best
         o = self.options.overheads
-        return StageMemory(params * wb / GIB, params * gb / GIB, params * ob / GIB,
+        return StageMemory((params * wb + fp8_bytes) / GIB, params * gb / GIB, params * ob / GIB,
                            (best - best_work) / GIB, best_counts, best_work / GIB,
                            o.context_gib + o.fragmentation * tensors / GIB)

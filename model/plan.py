@@ -46,6 +46,12 @@ class Shape:
     recompute: str = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    fp8: bool = False  # linear-layer GEMMs in FP8 (Transformer Engine / torchao)
+    # overlaps the framework is asked for (Megatron-LM --tp-comm-overlap, --overlap-grad-reduce,
+    # --overlap-param-gather; torchtitan async TP); model/costs.py says what each hides
+    tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     @property
     def num_virtual(self) -> int:
@@ -63,6 +69,12 @@ class Shape:
             s += " SP"
         if self.distributed_optimizer:
             s += " distopt"
+        if self.fp8:
+            s += " fp8"
+        for f, tag in (("tp_comm_overlap", "tp-overlap"), ("overlap_grad_reduce", "grad-overlap"),
+                       ("overlap_param_gather", "param-overlap")):
+            if getattr(self, f):
+                s += f" {tag}"
         return s
 
 
@@ -130,6 +142,23 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
             shape.distributed_optimizer != job.distributed_optimizer:
         raise SpecError(f"the job fixes distributed_optimizer={job.distributed_optimizer}",
                         source=src, field="distributed_optimizer")
+    if job.fp8 is not None and shape.fp8 != job.fp8:
+        raise SpecError(f"the job's precision fixes fp8={job.fp8}; choose the precision "
+                        "bf16,fp8 to let the plan decide", source=src, field="fp8")
+    if shape.fp8:
+        no_fp8 = sorted({nd.gpu.name for nd in cluster.nodes if "fp8" not in nd.gpu.peak_tflops})
+        if no_fp8:
+            raise SpecError(f"FP8 needs FP8 tensor cores, which {', '.join(no_fp8)} lack "
+                            "(Hopper, Ada or newer); use bf16", source=src, field="fp8")
+    if shape.tp_comm_overlap and not shape.sequence_parallel:
+        raise SpecError("tensor-parallel communication overlap needs sequence parallelism "
+                        "(Megatron-LM --tp-comm-overlap requires it), and so TP > 1",
+                        source=src, field="tp_comm_overlap")
+    if shape.overlap_param_gather and not (shape.distributed_optimizer and
+                                           shape.overlap_grad_reduce):
+        raise SpecError("overlapping the parameter all-gather needs the distributed optimizer "
+                        "and gradient-reduce overlap (Megatron-LM --overlap-param-gather)",
+                        source=src, field="overlap_param_gather")
     if model.num_layers < shape.num_virtual:
         raise SpecError(f"{model.name} has {model.num_layers} layers, fewer than the "
                         f"{shape.num_virtual} virtual stages (PP x chunks)", source=src,

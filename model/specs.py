@@ -11,7 +11,12 @@ from typing import Mapping
 
 from .errors import SpecError
 
-PRECISIONS = ("fp16", "bf16", "fp32")
+PRECISIONS = ("fp16", "bf16", "fp32")  # the job's base (parameter and activation) precision
+PEAK_KINDS = ("fp16", "bf16", "fp32", "fp8")  # tensor-core peaks a GPU preset may list
+ATTENTION = ("flash", "eager")
+FRAMEWORKS = ("megatron", "deepspeed")  # whose precision and optimizer byte rules apply
+POSITION_EMBEDDINGS = ("learned", "rope", "alibi")
+NORMS = ("layernorm", "rmsnorm")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -26,10 +31,15 @@ def _positive(value, name: str, source: str | None, *, integer: bool = False, al
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator type, from its datasheet (see data/gpus.json for the citations).
+    """One accelerator type: datasheet figures (data/gpus.json cites each) and the few named
+    parameters of the per-operation roofline (model/compute.py):
 
-    `efficiency` is the achievable fraction of dense peak for transformer-layer GEMMs in a
-    Megatron-style training step; data/gpus.json says how each default was set.
+    - `gemm_efficiency`: fraction of dense peak a large, well-shaped GEMM reaches; smaller
+      GEMMs lose more through tile and wave quantization over `sm_count` multiprocessors;
+    - `attention_efficiency`: fraction of dense peak of the FlashAttention kernels;
+    - `hbm_efficiency`: fraction of the datasheet HBM bandwidth element-wise kernels reach;
+    - `kernel_overhead_us`: the gap each kernel adds (launch, prologue, tail).
+    `curve_source` says where the four come from (a fit on published runs, or an assumption).
     """
 
     name: str
@@ -37,20 +47,28 @@ class GPUSpec:
     memory_gib: float
     hbm_gb_per_s: float
     nvlink_gb_per_s: float  # per-GPU, one direction, datasheet
-    efficiency: float
+    sm_count: int
+    gemm_efficiency: float
+    attention_efficiency: float
+    hbm_efficiency: float
+    kernel_overhead_us: float
     source: str = ""
+    curve_source: str = ""
 
     def __post_init__(self):
         src = f"GPU '{self.name}'"
         _positive(self.memory_gib, "memory_gib", src)
         _positive(self.hbm_gb_per_s, "hbm_gb_per_s", src)
         _positive(self.nvlink_gb_per_s, "nvlink_gb_per_s", src)
-        if not 0 < self.efficiency <= 1:
-            raise SpecError(f"must be in (0, 1], got {self.efficiency!r}", source=src,
-                            field="efficiency")
+        _positive(self.sm_count, "sm_count", src, integer=True)
+        _positive(self.kernel_overhead_us, "kernel_overhead_us", src, allow_zero=True)
+        for f in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
+                raise SpecError(f"must be in (0, 1], got {v!r}", source=src, field=f)
         for p, v in self.peak_tflops.items():
-            if p not in PRECISIONS:
-                raise SpecError(f"unknown precision '{p}'; use one of {', '.join(PRECISIONS)}",
+            if p not in PEAK_KINDS:
+                raise SpecError(f"unknown precision '{p}'; use one of {', '.join(PEAK_KINDS)}",
                                 source=src, field="peak_tflops")
             _positive(v, f"peak_tflops.{p}", src)
 
@@ -58,15 +76,25 @@ class GPUSpec:
         """Dense peak in FLOP/s for `precision`; raises if the GPU has no such tensor core."""
         if precision not in self.peak_tflops:
             have = ", ".join(sorted(self.peak_tflops))
-            raise SpecError(f"{self.name} has no {precision} peak (it has: {have}); "
+            raise SpecError(f"{self.name} has no {precision} tensor-core peak (it has: {have}); "
                             "choose another precision", source="job", field="precision")
         return self.peak_tflops[precision] * 1e12
+
+    @property
+    def hbm_bytes_per_ms(self) -> float:
+        """Achievable HBM bandwidth in bytes per millisecond."""
+        return self.hbm_gb_per_s * self.hbm_efficiency * 1e6
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer. Parameter counts follow Narayanan et al. 2021 eq. (2),
-    generalized to grouped-query attention and gated (SwiGLU) MLPs."""
+    generalized to grouped-query attention, gated (SwiGLU) MLPs, RMSNorm and bias-free layers.
+
+    Architecture fields the cost model reads: `position_embedding` (learned absolute positions
+    add s*h weights and an add; RoPE rotates q and k), `norm`, `bias` (linear-layer biases) and
+    `dropout` (hidden and attention dropout, whose masks are stored: Llama-family training sets
+    both to 0)."""
 
     name: str
     num_layers: int
@@ -78,6 +106,10 @@ class ModelSpec:
     seq_length: int
     gated_mlp: bool = False
     tied_embeddings: bool = False
+    position_embedding: str = "learned"
+    norm: str = "layernorm"
+    bias: bool = True
+    dropout: bool = True
     source: str = ""
 
     def __post_init__(self):
@@ -91,6 +123,14 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise SpecError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
                             f"{self.num_kv_heads}", source=src, field="num_kv_heads")
+        for f, allowed in (("position_embedding", POSITION_EMBEDDINGS), ("norm", NORMS)):
+            if getattr(self, f) not in allowed:
+                raise SpecError(f"unknown {f} {getattr(self, f)!r}; use one of "
+                                f"{', '.join(allowed)}", source=src, field=f)
+        for f in ("gated_mlp", "tied_embeddings", "bias", "dropout"):
+            if not isinstance(getattr(self, f), bool):
+                raise SpecError(f"must be true or false, got {getattr(self, f)!r}", source=src,
+                                field=f)
 
     @property
     def head_dim(self) -> int:
@@ -101,21 +141,43 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def params_per_layer(self) -> int:
-        """Weights of one block: QKV, output projection, MLP, two norms (Narayanan eq. 2)."""
+    def linear_params_per_layer(self) -> int:
+        """Weights of the four linear layers of one block (QKV, output projection, MLP up
+        (and gate), MLP down): the GEMM weights, which FP8 caches a copy of."""
         h = self.hidden_size
         attn = h * (h + 2 * self.kv_dim) + h * h
         mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size
-        return attn + mlp + 4 * h
+        return attn + mlp
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one block: the linear layers, their biases and two norms (Narayanan
+        eq. 2 has 12h^2 + 13h for a GPT block: 4h of LayerNorm, 9h of biases)."""
+        h = self.hidden_size
+        norms = 2 * (2 * h if self.norm == "layernorm" else h)
+        biases = (h + 2 * self.kv_dim) + h + (2 if self.gated_mlp else 1) * self.ffn_hidden_size \
+            + h if self.bias else 0
+        return self.linear_params_per_layer + norms + biases
 
     @property
     def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
+        """Input embedding: the vocabulary table, plus the position table when learned."""
+        pos = self.seq_length * self.hidden_size if self.position_embedding == "learned" else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    @property
+    def output_params(self) -> int:
+        """Output layer (its own weight unless tied to the input embedding)."""
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def final_norm_params(self) -> int:
+        return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
 
     @property
     def total_params(self) -> int:
-        out = 0 if self.tied_embeddings else self.embedding_params
-        return self.num_layers * self.params_per_layer + self.embedding_params + out
+        return (self.num_layers * self.params_per_layer + self.embedding_params
+                + self.output_params + self.final_norm_params)
 
     def layer_flops_fwd(self, tokens: int, seq: int) -> float:
         """Forward FLOPs of one block for `tokens` tokens in sequences of length `seq`.
@@ -123,7 +185,8 @@ class ModelSpec:
         Narayanan et al. 2021 eq. (3) terms (2 FLOPs per multiply-add): QKV and output
         projections 2*T*h*(2h + 2*kv_dim), attention scores and values 4*T*s*h, MLP
         2*T*h*ffn*(3 if gated else 2). For MHA with ffn = 4h this is 24*T*h^2 + 4*T*s*h.
-        """
+        The attention term counts the full s x s product, as eq. (3) does, also where a causal
+        kernel skips the masked half (model/compute.py times that separately)."""
         h = self.hidden_size
         proj = 2 * tokens * h * (2 * h + 2 * self.kv_dim)
         attn = 4 * tokens * seq * h
@@ -142,16 +205,30 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What to train: batch, sequence length, precision. Adam with fp32 master weights.
+    """What to train: batch, sequence length, precision, attention kernel. Adam with fp32
+    master weights.
 
-    `distributed_optimizer`: True/False forces it; None lets the solver choose (the plan
-    carries the decision the estimator uses).
+    - `precision`: the base precision of parameters and activations (fp32, fp16, bf16).
+    - `fp8`: FP8 linear layers (Transformer Engine's delayed-scaling recipe, torchao float8):
+      True forces them, False forbids them, None lets the solver choose; the plan carries the
+      decision (`Shape.fp8`). FP8 runs over a bf16 or fp16 base.
+    - `attention`: "flash" (FlashAttention / cuDNN fused attention: the s x s scores are never
+      stored) or "eager" (scores, softmax and its dropout materialized, as Megatron-LM's fused
+      softmax kernels did before FlashAttention).
+    - `distributed_optimizer`: True/False forces it (Megatron-LM's distributed optimizer, or
+      DeepSpeed's ZeRO stage 1); None lets the solver choose.
+    - `framework`: whose byte rules the weights, gradients and optimizer state follow
+      (Megatron-LM's mixed-precision optimizer, or DeepSpeed's) and how pipeline transfers
+      are sent (model/costs.py).
     """
 
     global_batch: int
     seq_length: int
     precision: str = "bf16"
     distributed_optimizer: bool | None = None
+    fp8: bool | None = False
+    attention: str = "flash"
+    framework: str = "megatron"
     source: str = "job"
 
     def __post_init__(self):
@@ -159,25 +236,53 @@ class JobSpec:
         _positive(self.seq_length, "seq_length", self.source, integer=True)
         if self.precision not in PRECISIONS:
             raise SpecError(f"unknown precision '{self.precision}'; use one of "
-                            f"{', '.join(PRECISIONS)}", source=self.source, field="precision")
+                            f"{', '.join(PRECISIONS)} (FP8 linear layers are the fp8 field, "
+                            "over a bf16 or fp16 base)", source=self.source, field="precision")
+        if self.fp8 is not False and self.precision == "fp32":
+            raise SpecError("FP8 linear layers need a 16-bit base precision (bf16 or fp16), "
+                            "not fp32", source=self.source, field="precision")
+        if self.attention not in ATTENTION:
+            raise SpecError(f"unknown attention '{self.attention}'; use one of "
+                            f"{', '.join(ATTENTION)}", source=self.source, field="attention")
+        if self.framework not in FRAMEWORKS:
+            raise SpecError(f"unknown framework '{self.framework}'; use one of "
+                            f"{', '.join(FRAMEWORKS)}", source=self.source, field="framework")
 
-    # Bytes per parameter, from Megatron-LM's distributed-optimizer table
-    # (docs/source/api-guide/dist_optimizer.md: fp16 20 -> 4+16/d, bf16 18 -> 6+12/d,
-    # fp32 16 -> 8+8/d). "replicated" stays on every data-parallel rank, "shardable" is divided
-    # by the data-parallel degree when the distributed optimizer is on.
+    # Bytes per parameter. "replicated" (weights, gradients) stays on every data-parallel rank;
+    # "shardable" (optimizer state) is divided by the data-parallel degree with the
+    # distributed optimizer / ZeRO-1. FP8 adds its weight copies on top (model/memory.py).
+    # - Megatron-LM's distributed-optimizer table (docs/source/api-guide/dist_optimizer.md):
+    #   fp16 20 -> 4 + 16/d, bf16 18 -> 6 + 12/d, fp32 16 -> 8 + 8/d.
+    # - DeepSpeed: the ZeRO paper's mixed-precision Adam (Rajbhandari et al. 2020, Sec. 3.1):
+    #   2 + 2 + K with K = 12 (fp32 weights, momentum, variance); with bf16, DeepSpeed's
+    #   BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py) also keeps an fp32 gradient
+    #   accumulation buffer of the whole model, not partitioned: 2 + 2 + 4 + 12/d.
     @property
     def weight_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
 
     @property
     def grad_bytes(self) -> int:
-        """Gradient buffer: fp16 grads for fp16; fp32 main_grad for bf16 (Megatron sets
-        accumulate_allreduce_grads_in_fp32 for bf16); fp32 for fp32."""
+        """Gradient buffers held on every rank. Megatron-LM: fp16 grads for fp16, the fp32
+        main_grad for bf16 (accumulate_allreduce_grads_in_fp32), fp32 for fp32. DeepSpeed:
+        16-bit grads, plus the fp32 accumulation buffer for bf16."""
+        if self.precision == "fp32":
+            return 4
+        if self.framework == "deepspeed":
+            return 6 if self.precision == "bf16" else 2
+        return 2 if self.precision == "fp16" else 4
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per parameter the data-parallel gradient reduction moves: the buffer it
+        reduces (fp32 for bf16 in both frameworks, fp16 for fp16)."""
         return 2 if self.precision == "fp16" else 4
 
     @property
     def optimizer_bytes(self) -> int:
-        """fp32 master weights + Adam m and v (+ an fp32 gradient copy for fp16)."""
+        """fp32 master weights + Adam m and v (+ Megatron's fp32 gradient copy for fp16)."""
+        if self.framework == "deepspeed":
+            return {"fp16": 12, "bf16": 12, "fp32": 8}[self.precision]
         return {"fp16": 16, "bf16": 12, "fp32": 8}[self.precision]
 
     @property
@@ -197,8 +302,8 @@ class Overheads:
     published out-of-memory run stays above 80 GiB and every run that ran stays within it.
     """
 
-    context_gib: float = 2.5
-    fragmentation: float = 0.15
+    context_gib: float = 2.0
+    fragmentation: float = 0.2
     latency_overhead_ms: float = 0.0
 
     def __post_init__(self):
@@ -215,10 +320,10 @@ class Options:
       wait), so the sender waits for its transfer; that puts communication on the critical path
       of every 1F1B cycle (Pipette, Yim et al. 2024, Sec. III). False models fully overlapped
       asynchronous transfers.
-    - `overlap_grad_reduce`: the gradient reduction overlaps the last micro-batch's backward
-      (Megatron --overlap-grad-reduce); off by default, as in Megatron-LM.
+
+    What the job overlaps (tensor-parallel communication, gradient reduction, parameter
+    gathering) is part of the plan (`Shape`), since the frameworks take it as launch flags.
     """
 
     blocking_p2p: bool = True
-    overlap_grad_reduce: bool = False
     overheads: Overheads = field(default_factory=Overheads)

@@ -21,8 +21,11 @@ Constraints
   memory:     for every moment of the schedule that can be a stage's peak (schedule.
               inflight_profile), bytes of weights + grads + optimizer + stored activations
               (+ recompute working memory) <= (GPU GiB - context) / (1 + fragmentation).
-  tail:       tail[s] >= sync_s + optimizer_s (sync exposed minus the last backward with
-              --overlap-grad-reduce), sync_s = sigma * params_s * u[a] + lambda, linear through z.
+  tail:       tail[s] >= exposed reduction + exposed all-gather + optimizer_s, the reduction
+              sig_r params_s u[a] + lam_r (all-gather likewise), linear through z; with an
+              overlap, exposed = max(last bucket, all - window): one row per combination. The
+              last bucket min(bucket, params_s) u[a] is linear through the loads' binaries
+              (gu[s,c] >= u[a] - U (1 - g[s,c])) where the stage's size decides it.
   paths:      T >= counts_pi . durations_b for every generated critical path pi and every b,
               durations linear in l, w and tail (model.schedule: a path's length is linear in the
               durations of the operation kinds it visits). Each hop's transfer time is a
@@ -63,7 +66,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.costs import INTRA_LATENCY_US, adam_bytes_per_param
+from model.communication import INTRA_LATENCY_US
+from model.costs import FP8_RECAST_BYTES_PER_PARAM, adam_bytes_per_param, bucket_params
 from model.errors import SolverUnavailableError
 from model.memory import GIB
 from model.plan import Plan
@@ -126,16 +130,38 @@ class _Data:
         self.edges = sorted({e for e in self.hop_edge.values() if e is not None})
         zero = tuple([0] * V)
         self.P_gpu = prob.model.params_per_layer / sh.tp
+        self.P_lin = prob.model.linear_params_per_layer / sh.tp
         self.E_s = [costs.stage_params(s, zero) for s in range(p)]
+        # static memory: bytes outside the layers, and per layer (memory.MemoryModel)
+        self.const_bytes = [self.mem.const_static_bytes(e) for e in self.E_s]
         self.d = d = sh.dp
-        grad_b, weight_b = prob.job.grad_bytes, prob.job.weight_bytes
-        self.sigma = ((grad_b + weight_b) if sh.distributed_optimizer else 2 * grad_b) * (
-            d - 1) / d / 1e6
+        grad_b, weight_b = prob.job.reduce_bytes, prob.job.weight_bytes
+        # data-parallel synchronization, linear in params x (1 / ring bandwidth) = params x u:
+        # reduction sig_r params u + lam_r, all-gather sig_g params u + lam_g (costs.py)
+        f = (d - 1) / d / 1e6 if d > 1 else 0.0
         self.inter_ring = self.D > 1
         lat_us = cl.latency_us if self.inter_ring else INTRA_LATENCY_US
-        self.lam = 2 * (d - 1) * lat_us / 1e3 if d > 1 else 0.0
+        lat = (d - 1) * lat_us / 1e3 if d > 1 else 0.0
+        if sh.distributed_optimizer:
+            self.sig_r, self.lam_r = grad_b * f, lat
+            self.sig_g, self.lam_g = weight_b * f, lat
+        else:
+            self.sig_r, self.lam_r = 2 * grad_b * f, 2 * lat
+            self.sig_g, self.lam_g = 0.0, 0.0
+        self.ogr, self.opg = sh.overlap_grad_reduce, sh.overlap_param_gather
+        self.bucket = bucket_params(d)
+        # the last bucket's size min(bucket, params): a constant unless the stage's layer count
+        # decides which (then it needs the loads' binaries)
+        self.bucket_case = []
+        for s_ in range(p):
+            lo, hi = self.E_s[s_] + self.P_gpu * self.v, self.E_s[s_] + self.P_gpu * (
+                self.L - V + self.v)
+            self.bucket_case.append("bucket" if lo >= self.bucket else
+                                    "params" if hi <= self.bucket else "mixed")
+        self.needs_loads = (self.ogr or self.opg) and d > 1 and "mixed" in self.bucket_case
         self.opt_coef = adam_bytes_per_param(prob.job) / (
-            (d if sh.distributed_optimizer else 1) * gpu.hbm_gb_per_s * 1e6)
+            (d if sh.distributed_optimizer else 1) * gpu.hbm_bytes_per_ms)
+        self.fp8_coef = FP8_RECAST_BYTES_PER_PARAM / gpu.hbm_bytes_per_ms if sh.fp8 else 0.0
         self.ovh = prob.options.overheads.latency_overhead_ms
         k = self.k
         self.inv_intra = 1.0 / node0.ring_gb_per_s(tuple(range(k))) if k > 1 else 0.0
@@ -288,28 +314,59 @@ class _Formulation:
             a = dat.nstage(dat.stage_of(j))
             return M.u[a] + sum(2 ** q * M.z[j, q] for q in range(nbits))
 
-        def sync_expr(s):
-            if dat.d <= 1:
-                return 0.0
-            a = dat.nstage(s)
-            ua = u_const if u_const is not None else M.u[a]
-            return dat.sigma * (dat.E_s[s] * ua + dat.P_gpu * sum(
-                lu_expr(j) for j in range(V) if j % p == s)) + dat.lam
+        def ua(s):
+            return u_const if u_const is not None else M.u[dat.nstage(s)]
+
+        def params_u(s):  # params_s * u[a]
+            return dat.E_s[s] * ua(s) + dat.P_gpu * sum(lu_expr(j) for j in range(V)
+                                                         if j % p == s)
+
+        # the last bucket's min(bucket, params_s) * u[a]: constant cases, or through the loads'
+        # binaries (gu[s, c] = g[s, c] u[a]); a model without loads takes the smallest value
+        # it can have (a relaxation, used only for bounds)
+        self.has_loads = loads
+        mixed = [s for s in range(p) if dat.bucket_case[s] == "mixed"]
+        gu_idx = [(s, c) for s in mixed for c in self.counts] if (
+            loads and dat.needs_loads and u_const is None) else []
+        M.gu = pyo.Var(gu_idx, domain=pyo.NonNegativeReals)
+        M.gu_def = pyo.ConstraintList()
+        for s, c in gu_idx:
+            M.gu_def.add(M.gu[s, c] >= M.u[dat.nstage(s)] - U * (1 - M.g[s, c]))
+
+        def bucket_u(s):
+            case = dat.bucket_case[s]
+            if case == "bucket":
+                return dat.bucket * ua(s)
+            if case == "params":
+                return params_u(s)
+            if not (loads and dat.needs_loads):
+                return min(dat.bucket, dat.E_s[s] + dat.P_gpu * dat.v) * ua(s)
+            size = {c: min(dat.bucket, dat.E_s[s] + dat.P_gpu * c) for c in self.counts}
+            if u_const is not None:
+                return u_const * sum(size[c] * M.g[s, c] for c in self.counts)
+            return sum(size[c] * M.gu[s, c] for c in self.counts)
 
         M.tails = pyo.ConstraintList()
         for s in range(p):
-            opt_s = dat.opt_coef * params_expr(s) + dat.ovh
-            if dat.prob.options.overlap_grad_reduce:
-                M.tails.add(M.tail[s] >= sync_expr(s) - self.B(s) + opt_s)
+            opt_s = (dat.opt_coef * params_expr(s) + dat.fp8_coef * dat.P_lin * stage_layers(s)
+                     + dat.ovh)
+            if dat.d <= 1:
                 M.tails.add(M.tail[s] >= opt_s)
-            else:
-                M.tails.add(M.tail[s] >= sync_expr(s) + opt_s)
+                continue
+            red = dat.sig_r * params_u(s) + dat.lam_r
+            gat = dat.sig_g * params_u(s) + dat.lam_g
+            # exposed = max(last bucket, all - window) under each overlap (costs.py); a sum of
+            # maxima is the maximum over the combinations
+            reds = [dat.sig_r * bucket_u(s) + dat.lam_r, red - self.B(s)] if dat.ogr else [red]
+            gats = [dat.sig_g * bucket_u(s) + dat.lam_g, gat - self.F(s)] if dat.opg else [gat]
+            for r_ in reds:
+                for g_ in gats:
+                    M.tails.add(M.tail[s] >= r_ + g_ + opt_s)
 
         # memory at every moment of the schedule that can be a stage's peak, in GiB (bytes
         # would put coefficients near 1e10 and upset HiGHS's tolerances)
         M.memory = pyo.ConstraintList()
         mem = dat.mem
-        per_param = sum(mem.bytes_per_param)
         for s in range(p):
             seen = set()
             for kind, _c, counts in dat.ev0.cs.inflight_profile(s):
@@ -324,7 +381,8 @@ class _Formulation:
                         act = act + int(cnt) * (mem.act_layer * M.l[jj] +
                                                 mem.chunk_act_bytes(jj, 0))
                 work = mem.work if kind == "B" else 0.0
-                M.memory.add((per_param * params_expr(s) + act + work) / GIB <= dat.cap_gib)
+                static = dat.const_bytes[s] + mem.layer_static_bytes * stage_layers(s)
+                M.memory.add((static + act + work) / GIB <= dat.cap_gib)
 
         # symmetry: rotate node-replicas so the lowest-index host of node-stage 0 is in b = 0
         M.sym = pyo.ConstraintList()
@@ -424,11 +482,23 @@ class _Formulation:
             dur[K.xf(h)] = dur[K.xb(h)] = (dat.intra_hop if dat.hop_edge[h] is None
                                            else dat.hop_min_inter)
         for s in range(p):
-            params = dat.E_s[s] + dat.P_gpu * sum(lay[j] for j in range(V) if j % p == s)
-            sync = dat.sigma * params * dat.u_min + dat.lam if dat.d > 1 else 0.0
-            if dat.prob.options.overlap_grad_reduce:
-                sync = max(0.0, sync - dur[K.B(s)])
-            dur[K.tail(s)] = sync + dat.opt_coef * params + dat.ovh
+            n_s = sum(lay[j] for j in range(V) if j % p == s)
+            params = dat.E_s[s] + dat.P_gpu * n_s
+            tail = dat.opt_coef * params + dat.fp8_coef * dat.P_lin * n_s + dat.ovh
+            if dat.d > 1:
+                u = dat.u_min
+                if dat.bucket_case[s] == "mixed" and not (self.has_loads and dat.needs_loads):
+                    last = min(dat.bucket, dat.E_s[s] + dat.P_gpu * dat.v)  # as the model
+                else:
+                    last = min(dat.bucket, params)
+                red = dat.sig_r * params * u + dat.lam_r
+                gat = dat.sig_g * params * u + dat.lam_g
+                if dat.ogr:
+                    red = max(dat.sig_r * last * u + dat.lam_r, red - dur[K.B(s)])
+                if dat.opg:
+                    gat = max(dat.sig_g * last * u + dat.lam_g, gat - dur[K.F(s)])
+                tail += red + gat
+            dur[K.tail(s)] = tail
         return dur
 
 
@@ -563,7 +633,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
             # on small, slow clusters): one MILP over all the loads left, none of which can
             # beat the master's bound
             if full is None:
-                full = _Formulation(dat, pyo, relax=False)
+                full = _Formulation(dat, pyo, relax=False, loads=dat.needs_loads)
             else:
                 full.unfix_loads()
                 full.add_floor(rest_bound)

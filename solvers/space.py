@@ -11,6 +11,7 @@ node, tensor groups take consecutive GPUs, or the best rings where the node's li
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -73,17 +74,32 @@ class SearchSpace:
     schedules: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved", 2))
     recompute: tuple[str, ...] = ("none", "selective", "full")
     distributed_optimizer: tuple[bool, ...] = (False, True)
+    # overlaps, off by default as in Megatron-LM; where a value cannot apply to a shape
+    # (TP overlap without TP, parameter-gather overlap without the distributed optimizer)
+    # the shape takes it off
+    tp_comm_overlap: tuple[bool, ...] = (False,)
+    overlap_grad_reduce: tuple[bool, ...] = (False,)
+    overlap_param_gather: tuple[bool, ...] = (False,)
 
 
 def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                      space: SearchSpace = SearchSpace()) -> Iterator[Shape]:
     """Every shape Megatron-LM could run on this cluster (layers left empty).
 
-    Sequence parallelism is on whenever TP > 1: in this cost model it moves the same bytes as
-    plain TP and stores less, so it is never worse."""
+    Sequence parallelism is on whenever TP > 1: it moves the same bytes as plain TP and stores
+    less (its backward overlaps fewer bytes, which the cost model counts). FP8 is enumerated when
+    the job leaves it open (precision bf16,fp8) and every GPU has FP8 tensor cores."""
     G = cluster.gpus_per_node
     total = cluster.num_gpus
     tps = space.tp or tuple(d for d in divisors(G or 1))
+    if job.fp8 is None:
+        fp8s = (False, True) if all("fp8" in nd.gpu.peak_tflops for nd in cluster.nodes) \
+            else (False,)
+    else:
+        fp8s = (job.fp8,)
+    overlaps = list(itertools.product(space.tp_comm_overlap, space.overlap_grad_reduce,
+                                      space.overlap_param_gather))
+    seen: set[Shape] = set()
     for tp in tps:
         if total % tp:
             continue
@@ -104,15 +120,30 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     else:  # with DP = 1 the distributed optimizer changes nothing
                         dos = space.distributed_optimizer if dp > 1 else (False,)
                     for rc in space.recompute:
-                        for do in dos:
+                        for do, f8, ovl in itertools.product(dos, fp8s, overlaps):
                             sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=mbs, schedule=sched,
                                        chunks=v, layers=(), recompute=rc,
-                                       sequence_parallel=tp > 1, distributed_optimizer=do)
+                                       sequence_parallel=tp > 1, distributed_optimizer=do,
+                                       fp8=f8, **_overlaps(ovl, tp, dp, do))
+                            if sh in seen:
+                                continue
+                            seen.add(sh)
                             try:
                                 validate_shape(model, job, cluster, sh, check_layers=False)
                             except SpecError:
                                 continue
                             yield sh
+
+
+def _overlaps(ovl: tuple[bool, bool, bool], tp: int, dp: int, distopt: bool) -> dict:
+    """The overlaps asked for, as far as the shape can use them: TP overlap needs TP > 1 (with
+    sequence parallelism), gradient and parameter overlap need DP > 1, parameter-gather overlap
+    the distributed optimizer and gradient-reduce overlap (Megatron-LM's rules)."""
+    tpo, ogr, opg = ovl
+    ogr = ogr and dp > 1
+    opg = opg and dp > 1 and distopt
+    return {"tp_comm_overlap": tpo and tp > 1, "overlap_grad_reduce": ogr or opg,
+            "overlap_param_gather": opg}
 
 
 def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
@@ -142,25 +173,20 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     p, V = shape.pp, shape.num_virtual
     zero = (0,) * V
     ovh = options.overheads
-    per_param = sum(mm.bytes_per_param)
     scale = (1 + ovh.fragmentation) / GIB
     # per stage: events as (constant bytes, bytes per layer of each chunk)
     events = []
     for s in range(p):
-        base_params = costs.stage_params(s, zero)
+        base = mm.const_static_bytes(costs.stage_params(s, zero))
         ev = []
         for kind, _c, counts in cs.inflight_profile(s):
-            const = base_params * per_param + (mm.work if kind == "B" else 0.0)
+            const = base + (mm.work if kind == "B" else 0.0)
             coef = np.zeros(V)
             for c, cnt in enumerate(counts):
                 j = c * p + s
                 const += int(cnt) * mm.chunk_act_bytes(j, 0)
-                coef[j] = int(cnt) * mm.act_layer + model.params_per_layer / shape.tp * per_param
-            # params grow with every layer of the stage, stored or not
-            for c in range(shape.chunks):
-                j = c * p + s
-                if not counts[c]:
-                    coef[j] = model.params_per_layer / shape.tp * per_param
+                # weights, grads and optimizer state grow with every layer, stored or not
+                coef[j] = int(cnt) * mm.act_layer + mm.layer_static_bytes
             ev.append((const, coef))
         events.append(ev)
 

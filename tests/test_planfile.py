@@ -32,8 +32,9 @@ def setup():
 def _plans(m, c, job):
     yield make_plan(m, job, c, tp=8, pp=4, recompute="full"), None
     yield make_plan(m, job, c, tp=4, pp=4, dp=4, schedule="interleaved", chunks=2,
-                    recompute="selective", sequence_parallel=True,
-                    distributed_optimizer=True), Options(overlap_grad_reduce=True)
+                    recompute="selective", sequence_parallel=True, distributed_optimizer=True,
+                    overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
+                    fp8=False), None
     pl = block_placement(c, 8, 4, 2, 1, node_order=[3, 1, 0, 2, 7, 6, 5, 4])
     yield make_plan(m, job, c, tp=8, pp=4, layers=(19, 21, 21, 19), placement=pl,
                     recompute="full"), Options(blocking_p2p=False,
@@ -91,7 +92,7 @@ def _corrupt(src, dst, fn):
 
 
 @pytest.mark.parametrize("mutate,needle", [
-    (lambda d: d.update(schema_version=2), "schema_version: version 2 is not supported"),
+    (lambda d: d.update(schema_version=1), "schema_version: version 1 is not supported"),
     (lambda d: d.pop("schema_version"), "schema_version: missing"),
     (lambda d: d["model"].pop("hidden_size"), "model.hidden_size: missing"),
     (lambda d: d["job"].update(precision="fp8"), "job.precision: unknown precision 'fp8'"),
@@ -102,8 +103,8 @@ def _corrupt(src, dst, fn):
      "plan.placement[0].node: unknown node 'nowhere'"),
     (lambda d: d["cluster"]["inter"]["gb_per_s"].pop(), "cluster.inter.gb_per_s: must be a"),
     (lambda d: d["cluster"]["nodes"][0].update(gpu="B999"), "cluster.nodes[0].gpu"),
-    (lambda d: d["cluster"]["gpu_types"]["A100-80GB"].update(efficiency=2.0),
-     "cluster.gpu_types.A100-80GB.efficiency"),
+    (lambda d: d["cluster"]["gpu_types"]["A100-80GB"].update(gemm_efficiency=2.0),
+     "cluster.gpu_types.A100-80GB.gemm_efficiency"),
 ])
 def test_corrupted_plan_one_line_exit_2(setup, tmp_path, mutate, needle):
     m, c, job = setup

@@ -79,6 +79,54 @@ def test_milp_equals_brute_force_and_annealing_reaches_it(case):
     assert frac.bound_ms <= relaxed.bound_ms * (1 + 1e-7)
 
 
+def overlap_instances():
+    """Overlaps and FP8 in the MILP: gradient reduction and parameter gathering hidden behind
+    the backward / forward except their last bucket (whose size depends on the stage's layer
+    count: the loads' binaries), FP8 weight copies in memory and their refresh in the tail."""
+    out = []
+    for seed in range(2):
+        for nodes, tp, pp, ogr, opg, fp8 in [(4, 2, 4, True, False, False),
+                                             (4, 2, 2, True, True, True),
+                                             (4, 1, 4, True, True, False),
+                                             (6, 2, 3, False, False, True)]:
+            c = synth_cluster(SynthParams(num_nodes=nodes, gpus_per_node=2, gpu="H100-SXM-80GB",
+                                          nic_gb_per_s=2.0, leaf_size=2, oversubscription=3,
+                                          degraded=1, degraded_factor=0.3, noise=0.1,
+                                          seed=seed))
+            dp = c.num_gpus // (tp * pp)
+            sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=1, recompute="none",
+                       sequence_parallel=tp > 1, distributed_optimizer=opg or bool(seed),
+                       fp8=fp8, overlap_grad_reduce=ogr, overlap_param_gather=opg)
+            job = JobSpec(global_batch=4 * pp * dp, seq_length=2048, fp8=None)
+            for blk in blocks_for(c, sh):
+                out.append(PlacementProblem(TINY, job, c, sh, blk, Options()))
+    return out
+
+
+OVERLAP = overlap_instances()
+
+
+@pytest.mark.parametrize("prob", OVERLAP, ids=[f"{p.shape.describe()}-j{p.block.j}k{p.block.k}"
+                                                for p in OVERLAP])
+def test_milp_with_overlaps_and_fp8_equals_brute_force(prob):
+    brute = brute_force(prob)
+    milp = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
+    assert milp.termination == "optimal"
+    assert milp.objective_ms == pytest.approx(brute.objective_ms, rel=1e-7)
+    again = estimate(TINY, prob.job, prob.cluster, milp.plan).iteration_ms
+    assert again == pytest.approx(milp.objective_ms, rel=1e-6)
+    relaxed = solve_milp(prob, relax_placement=True, mip_rel_gap=1e-9)
+    assert relaxed.bound_ms <= brute.objective_ms * (1 + 1e-9)
+
+
+def test_overlap_instances_cover_the_bucket_cases():
+    """The last bucket is a constant in some stages and depends on the layer count in others
+    (the case the loads' binaries linearize)."""
+    from solvers.milp import _Data
+    cases = {c for p in OVERLAP if p.shape.overlap_grad_reduce for c in _Data(p).bucket_case}
+    assert "mixed" in cases
+
+
 def fast_instances():
     """Fast links: placement moves the time little, so the MILP solves stage-load vectors one
     by one (solvers.milp's decomposition) instead of one model over all splits."""

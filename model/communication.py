@@ -1,0 +1,76 @@
+"""Collective and point-to-point communication times, in milliseconds (sizes in bytes,
+bandwidths in GB/s, 1 GB = 1e9 bytes), and how much of a collective a concurrent kernel hides.
+
+Collective formulas are the ring algorithm's (Thakur et al. 2005; NCCL's bus-bandwidth
+definition in nccl-tests PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer through the
+slowest link of the ring, reduce-scatter and all-gather (n-1)/n.
+"""
+
+from __future__ import annotations
+
+from .cluster import ClusterSpec
+
+INTRA_LATENCY_US = 10.0  # one NCCL collective inside an NVLink node, small-message regime
+
+
+def ring_ms(nbytes: float, n: int, gb_per_s: float, latency_us: float, factor: float) -> float:
+    """`factor` (n-1)/n of the buffer through a ring of n at `gb_per_s`, plus per-step latency."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return factor * (n - 1) / n * nbytes / (gb_per_s * 1e6) + factor * (n - 1) * latency_us / 1e3
+
+
+def allreduce_ms(nbytes, n, gb_per_s, latency_us):
+    return ring_ms(nbytes, n, gb_per_s, latency_us, 2.0)
+
+
+def gather_ms(nbytes, n, gb_per_s, latency_us):
+    """All-gather or reduce-scatter of a buffer of `nbytes` (the full, gathered size)."""
+    return ring_ms(nbytes, n, gb_per_s, latency_us, 1.0)
+
+
+def exposed_async_ms(comm_ms: float, overlapped_ms: float) -> float:
+    """A collective launched asynchronously next to a kernel that does not depend on it (as
+    Megatron-LM's backward overlaps a column-parallel layer's input all-gather with its data
+    gradient and the gradient's reduction with the weight gradient): only what outlasts the
+    kernel shows."""
+    return max(0.0, comm_ms - overlapped_ms)
+
+
+def exposed_pipelined_ms(comm_ms: float, gemm_ms: float, chunks: int) -> float:
+    """A collective split into `chunks` ring steps, each overlapped with the GEMM's work on the
+    chunk that has arrived (Megatron-LM --tp-comm-overlap, torchtitan async TP: all-gather then
+    GEMM, GEMM then reduce-scatter, one chunk per rank): the first step cannot overlap, and the
+    rest hides as far as the GEMM lasts."""
+    if chunks <= 1:
+        return comm_ms
+    step = comm_ms / chunks
+    return step + max(0.0, comm_ms - step - gemm_ms * (chunks - 1) / chunks)
+
+
+def dp_ring(cluster: ClusterSpec, members: list[tuple[int, int]]) -> tuple[float, bool]:
+    """Bandwidth of the data-parallel ring through `members` [(node, local GPU)], in replica
+    order, and whether it leaves a node.
+
+    NCCL builds rings that visit each node's members contiguously and chain nodes in rank order
+    (hierarchical); each member has its own NIC, so the k members of a node drive k parallel
+    channels across nodes. The ring is limited by its slowest link: min over consecutive nodes
+    (cyclic) of k x stream bandwidth, and the intra-node ring of any node holding several members.
+    """
+    order: list[int] = []
+    per_node: dict[int, list[int]] = {}
+    for n, g in members:
+        if n not in per_node:
+            order.append(n)
+            per_node[n] = []
+        per_node[n].append(g)
+    bw = float("inf")
+    for n in order:
+        if len(per_node[n]) > 1:
+            bw = min(bw, cluster.nodes[n].ring_gb_per_s(tuple(per_node[n])))
+    if len(order) > 1:
+        k = min(len(v) for v in per_node.values())
+        for i, n in enumerate(order):
+            nxt = order[(i + 1) % len(order)]
+            bw = min(bw, k * float(cluster.inter_gb_per_s[n, nxt]))
+    return bw, len(order) > 1

@@ -1,0 +1,252 @@
+"""Compute time of one transformer layer, the embedding and the output layer, kernel by kernel.
+
+Every kernel takes a roofline time (Williams et al. 2009): max(FLOPs / achievable FLOP rate,
+bytes / achievable HBM rate), plus the GPU's per-kernel overhead. Times are milliseconds per
+micro-batch on one GPU; sizes are after tensor parallelism (t), sequence parallelism and the
+micro-batch (T = micro-batch x sequence tokens).
+
+- GEMMs: the output is cut into tiles (256 x 128, 128 x 256, 128 x 128 or 64 x 128, whichever
+  is fastest), one tile per streaming multiprocessor at a time; a GEMM takes ceil(tiles / SMs)
+  waves of one tile's work. Partial tiles (tile
+  quantization) and a partial last wave (wave quantization) run at full cost, so small or
+  awkward shapes (micro-batch 1, high TP) fall below the large-GEMM rate `gemm_efficiency x
+  peak` (NVIDIA Deep Learning Performance Guide, "Matrix Multiplication Background": tile and
+  wave quantization, 256 x 128 tiles on A100's 108 SMs). Bytes: both operands read and the
+  output written once.
+- Backward is its own GEMMs: for y = x W with x (m x k), W (k x n), the data gradient is an
+  (m, k, n) GEMM and the weight gradient a (k, n, m) GEMM (same FLOPs as the forward, other
+  shapes, so other efficiencies).
+- FlashAttention (Dao 2023, FlashAttention-2, Sec. 3.1): the causal kernel skips the blocks
+  above the diagonal (work x 0.5 (1 + 128 / s) for 128-wide blocks); the backward recomputes the
+  scores, 5 matrix products against the forward's 2 (2.5x the forward work). The FLOPs counted
+  for MFU stay those of eq. (3) of Narayanan et al. 2021 (full s x s, backward 2x).
+- Eager attention (Megatron-LM before FlashAttention): batched QK^T and attention-times-V GEMMs
+  over b x heads/t, the fused scale-mask-softmax and the attention dropout on the s x s scores as
+  element-wise kernels (Korthikanti et al. 2022 store the same tensors: 5 bytes per score).
+- Element-wise kernels (norms, rotary embedding, activation, bias + dropout + residual add,
+  embedding gather, cross-entropy) move the bytes listed per kernel in `_elementwise`; each
+  backward reads the output gradient and what the forward saved, and writes the input gradient.
+- FP8 (Transformer Engine delayed scaling, torchao float8): the four linear layers' GEMMs (forward,
+  data and weight gradient) run at the FP8 peak with 1-byte operands; each GEMM input and each
+  output gradient is cast first (read 2 bytes, write 1). The output layer and attention stay in
+  the base precision (Transformer Engine and torchtitan keep them there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .specs import GPUSpec, JobSpec, ModelSpec
+
+# output tiles of one SM: cuBLAS picks among shapes like these per GEMM (NVIDIA "Matrix
+# Multiplication Background": 256 x 128 on A100; narrower tiles for skinny problems); the cost
+# model takes the fastest
+TILES = ((256, 128), (128, 256), (128, 128), (64, 128))
+FLASH_BLOCK = 128  # key/query block of the causal FlashAttention kernel (FlashAttention-2)
+FLASH_BWD_FACTOR = 2.5  # backward work / forward work (5 vs 2 matrix products)
+
+
+def gemm_ms(gpu: GPUSpec, m: int, n: int, k: int, peak_flops: float, *, batch: int = 1,
+            in_bytes: float = 2.0, out_bytes: float = 2.0) -> float:
+    """One (batched) GEMM C[m,n] = A[m,k] B[k,n]: waves of output tiles, or the bytes of its
+    operands, whichever takes longer (module docstring), plus the kernel overhead."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    # one wave: every SM computes one full tile, at the large-GEMM rate per SM
+    compute_ms = min(math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / gpu.sm_count)
+                     * tm * tn for tm, tn in TILES) * gpu.sm_count * 2.0 * k / (
+        peak_flops * gpu.gemm_efficiency) * 1e3
+    memory_ms = batch * (in_bytes * (m * k + k * n) + out_bytes * m * n) / gpu.hbm_bytes_per_ms
+    return max(compute_ms, memory_ms) + gpu.kernel_overhead_us / 1e3
+
+
+def elementwise_ms(gpu: GPUSpec, nbytes: float) -> float:
+    """A memory-bound kernel moving `nbytes` through HBM, plus the kernel overhead."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / gpu.hbm_bytes_per_ms + gpu.kernel_overhead_us / 1e3
+
+
+@dataclass
+class Pass:
+    """The kernels of one forward or backward pass: name -> ms, and the FLOPs counted as
+    eq. (3) counts them (for totals and MFU)."""
+
+    ms: dict[str, float] = field(default_factory=dict)
+    flops: float = 0.0
+
+    def add(self, name: str, ms: float, flops: float = 0.0) -> None:
+        self.ms[name] = self.ms.get(name, 0.0) + ms
+        self.flops += flops
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.ms.values())
+
+
+@dataclass
+class LayerCompute:
+    """One transformer layer for one micro-batch: forward, backward, and what selective
+    recompute reruns (the attention core's forward)."""
+
+    fwd: Pass
+    bwd: Pass
+    attention_fwd_ms: float
+
+
+class ComputeModel:
+    """Kernel times for one model, job and shape-level choices (t, sequence parallelism,
+    micro-batch, fp8) on one GPU type."""
+
+    def __init__(self, model: ModelSpec, job: JobSpec, gpu: GPUSpec, *, tp: int,
+                 micro_batch: int, sequence_parallel: bool, fp8: bool):
+        self.model, self.job, self.gpu = model, job, gpu
+        self.t, self.b, self.sp, self.fp8 = tp, micro_batch, sequence_parallel, fp8
+        self.s = job.seq_length
+        self.T = micro_batch * job.seq_length  # tokens per micro-batch
+        self.act_b = float(job.activation_bytes)
+        self.peak = gpu.peak_flops(job.precision)
+        self.peak_fp8 = gpu.peak_flops("fp8") if fp8 else self.peak
+
+    # -- building blocks -----------------------------------------------------------------------
+
+    def _linear(self, fwd: Pass, bwd: Pass, name: str, m: int, n: int, k: int) -> None:
+        """y[m,n] = x[m,k] W[k,n]: forward, data-gradient and weight-gradient GEMMs; in FP8
+        with the casts of the input (forward) and of the output gradient (backward)."""
+        g = self.gpu
+        if self.fp8:
+            ib, peak = 1.0, self.peak_fp8
+            fwd.add(f"{name}.cast", elementwise_ms(g, 3.0 * m * k))
+            bwd.add(f"{name}.cast", elementwise_ms(g, 3.0 * m * n))
+        else:
+            ib, peak = self.act_b, self.peak
+        flops = 2.0 * m * n * k
+        fwd.add(name, gemm_ms(g, m, n, k, peak, in_bytes=ib, out_bytes=self.act_b), flops)
+        bwd.add(f"{name}.dgrad", gemm_ms(g, m, k, n, peak, in_bytes=ib, out_bytes=self.act_b),
+                flops)
+        bwd.add(f"{name}.wgrad", gemm_ms(g, k, n, m, peak, in_bytes=ib, out_bytes=self.act_b),
+                flops)
+
+    def _elementwise(self, p: Pass, name: str, elements: float, reads: float, writes: float,
+                     extra_bytes: float = 0.0) -> None:
+        """`reads` + `writes` tensors of `elements` elements in the activation precision, plus
+        `extra_bytes` (dropout masks, fp32 buffers)."""
+        p.add(name, elementwise_ms(self.gpu, elements * (reads + writes) * self.act_b
+                                   + extra_bytes))
+
+    # -- one transformer layer ----------------------------------------------------------------
+
+    def layer(self) -> LayerCompute:
+        m, t, T, s = self.model, self.t, self.T, self.s
+        h, kv, f = m.hidden_size, m.kv_dim, m.ffn_hidden_size
+        gated = 2 if m.gated_mlp else 1
+        hs = T * h / (t if self.sp else 1)  # elements of a norm / residual region
+        mask = hs if m.dropout else 0.0  # 1-byte dropout mask
+        fwd, bwd = Pass(), Pass()
+
+        # attention block: norm, QKV, rotary, core, output projection, bias-dropout-add
+        self._elementwise(fwd, "norm1", hs, 1, 1)
+        self._elementwise(bwd, "norm1", hs, 2, 1)
+        self._linear(fwd, bwd, "qkv", T, (h + 2 * kv) // t, h)
+        if m.position_embedding == "rope":
+            self._elementwise(fwd, "rope", T * (h + kv) / t, 1, 1)
+            self._elementwise(bwd, "rope", T * (h + kv) / t, 1, 1)
+        attn_fwd = self._attention(fwd, bwd)
+        self._linear(fwd, bwd, "proj", T, h, h // t)
+        self._bias_dropout_add(fwd, bwd, "bda1", hs, mask)
+
+        # MLP block: norm, up (and gate), activation, down, bias-dropout-add
+        self._elementwise(fwd, "norm2", hs, 1, 1)
+        self._elementwise(bwd, "norm2", hs, 2, 1)
+        self._linear(fwd, bwd, "fc1", T, gated * f // t, h)
+        if m.gated_mlp:  # SwiGLU: reads gate and up, writes their product
+            self._elementwise(fwd, "act", T * f / t, 2, 1)
+            self._elementwise(bwd, "act", T * f / t, 3, 2)
+        else:  # GeLU
+            self._elementwise(fwd, "act", T * f / t, 1, 1)
+            self._elementwise(bwd, "act", T * f / t, 2, 1)
+        self._linear(fwd, bwd, "fc2", T, h, f // t)
+        self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
+        return LayerCompute(fwd, bwd, attn_fwd)
+
+    def _bias_dropout_add(self, fwd: Pass, bwd: Pass, name: str, hs: float, mask: float):
+        """Megatron's fused bias + dropout + residual add: reads the branch and the residual,
+        writes the sum (and the mask); backward reads the gradient (and the mask) and writes
+        the branch's gradient; the residual's gradient passes through."""
+        self._elementwise(fwd, name, hs, 2, 1, mask)
+        self._elementwise(bwd, name, hs, 1, 1, mask)
+
+    def _attention(self, fwd: Pass, bwd: Pass) -> float:
+        """The attention core; returns its forward time (what selective recompute reruns)."""
+        m, t, T, s, b = self.model, self.t, self.T, self.s, self.b
+        g, h = self.gpu, m.hidden_size
+        heads = m.num_heads // t
+        d = m.head_dim
+        full_flops = 4.0 * T * s * h / t  # QK^T and PV over the full s x s (eq. 3)
+        if self.job.attention == "flash":
+            work = full_flops * 0.5 * (1 + min(1.0, FLASH_BLOCK / s))
+            rate = self.peak * g.attention_efficiency
+            f_ms = work / rate * 1e3 + g.kernel_overhead_us / 1e3
+            b_ms = FLASH_BWD_FACTOR * work / rate * 1e3 + g.kernel_overhead_us / 1e3
+            fwd.add("attention", f_ms, full_flops)
+            bwd.add("attention", b_ms, 2 * full_flops)
+            return f_ms
+        # eager: scores, softmax (+ dropout), attention times values
+        nb = b * heads
+        scores = float(nb) * s * s
+        drop = m.dropout
+        before = fwd.total_ms
+        fwd.add("qk", gemm_ms(g, s, s, d, self.peak, batch=nb), full_flops / 2)
+        self._elementwise(fwd, "softmax", scores, 1, 1)
+        if drop:
+            self._elementwise(fwd, "attn_dropout", scores, 1, 1, scores)
+        fwd.add("pv", gemm_ms(g, s, d, s, self.peak, batch=nb), full_flops / 2)
+        f_ms = fwd.total_ms - before
+        bwd.add("pv.dgrad", gemm_ms(g, s, s, d, self.peak, batch=nb), full_flops / 2)  # dP
+        bwd.add("pv.wgrad", gemm_ms(g, s, d, s, self.peak, batch=nb), full_flops / 2)  # dV
+        if drop:
+            self._elementwise(bwd, "attn_dropout", scores, 1, 1, scores)
+        self._elementwise(bwd, "softmax", scores, 2, 1)
+        bwd.add("qk.dgrad", gemm_ms(g, s, d, s, self.peak, batch=nb), full_flops / 2)  # dQ
+        bwd.add("qk.wgrad", gemm_ms(g, s, d, s, self.peak, batch=nb), full_flops / 2)  # dK
+        return f_ms
+
+    # -- embedding and output layer --------------------------------------------------------------
+
+    def embedding(self) -> tuple[Pass, Pass]:
+        """Vocabulary-parallel embedding: each rank gathers its rows (zeros elsewhere) for all
+        T tokens; learned positions are added; embedding dropout. Backward scatters the
+        gradient into the table."""
+        m, T = self.model, self.T
+        h = m.hidden_size
+        fwd, bwd = Pass(), Pass()
+        self._elementwise(fwd, "gather", T * h, 1, 1)
+        self._elementwise(bwd, "scatter", T * h, 1, 1)
+        if m.position_embedding == "learned":
+            self._elementwise(fwd, "positions", T * h, 2, 1)
+            self._elementwise(bwd, "positions", T * h, 1, 1)
+        if m.dropout:
+            hs = T * h / (self.t if self.sp else 1)
+            self._elementwise(fwd, "dropout", hs, 1, 1, hs)
+            self._elementwise(bwd, "dropout", hs, 1, 1, hs)
+        return fwd, bwd
+
+    def head(self) -> tuple[Pass, Pass]:
+        """Final norm, output projection (base precision) and vocabulary-parallel cross-entropy
+        in fp32 (Megatron-LM casts the logits to fp32 and makes about three passes: max,
+        exp-sum, log; the backward reads the saved fp32 softmax and writes the gradient)."""
+        m, t, T = self.model, self.t, self.T
+        h, V = m.hidden_size, m.vocab_size
+        hs = T * h / (t if self.sp else 1)
+        fwd, bwd = Pass(), Pass()
+        self._elementwise(fwd, "final_norm", hs, 1, 1)
+        self._elementwise(bwd, "final_norm", hs, 2, 1)
+        g, flops = self.gpu, 2.0 * T * (V // t) * h
+        fwd.add("logits", gemm_ms(g, T, V // t, h, self.peak), flops)
+        bwd.add("logits.dgrad", gemm_ms(g, T, h, V // t, self.peak), flops)
+        bwd.add("logits.wgrad", gemm_ms(g, h, V // t, T, self.peak), flops)
+        logits = float(T) * (V // t)
+        fwd.add("cross_entropy", elementwise_ms(g, logits * (self.act_b + 3 * 4.0)))
+        bwd.add("cross_entropy", elementwise_ms(g, logits * (4.0 + self.act_b)))
+        return fwd, bwd

@@ -1,0 +1,192 @@
+"""The per-operation roofline (model/compute.py) and the precision rules."""
+
+import dataclasses
+
+import pytest
+
+from formats import presets
+from formats.clusters import uniform_cluster
+from model.compute import ComputeModel, elementwise_ms, gemm_ms
+from model.estimator import Evaluator, estimate, make_plan
+from model.specs import JobSpec, ModelSpec
+
+
+@pytest.fixture
+def a100():
+    """A100 with round curve parameters, so these tests check the model's shape, not the fit."""
+    return dataclasses.replace(presets.gpu("A100-80GB"), gemm_efficiency=0.8,
+                               hbm_efficiency=0.8, kernel_overhead_us=5.0)
+
+
+@pytest.fixture
+def h100():
+    return presets.gpu("H100-SXM-80GB")
+
+
+def test_huge_gemm_reaches_the_large_gemm_rate(a100):
+    """A GEMM many waves deep runs at gemm_efficiency x peak (within the last wave's share)."""
+    m = n = k = 32768
+    ms = gemm_ms(a100, m, n, k, a100.peak_flops("bf16"))
+    rate = 2.0 * m * n * k / (ms / 1e3)
+    assert rate == pytest.approx(a100.gemm_efficiency * a100.peak_flops("bf16"), rel=0.01)
+    assert rate <= a100.gemm_efficiency * a100.peak_flops("bf16")
+
+
+def test_small_gemms_fall_below_the_large_gemm_rate(a100):
+    """Tile and wave quantization: a GEMM of fewer tiles than SMs, or one whose last wave is
+    nearly empty, runs well below the large-GEMM rate; a thin one is bound by its bytes."""
+    peak = a100.peak_flops("bf16") * a100.gemm_efficiency
+
+    def rate(m, n, k):
+        return 2.0 * m * n * k / (gemm_ms(a100, m, n, k, a100.peak_flops("bf16")) / 1e3)
+
+    assert rate(256, 256, 4096) < 0.25 * peak  # at most 8 tiles on 108 SMs
+    # a TP-split layer narrower than a tile: n = 96 pads to 128, 32 tiles on 108 SMs
+    assert rate(2048, 96, 8192) < 0.35 * peak
+    # the same GEMM wider and 64 x longer fills the waves again
+    assert rate(2048 * 64, 1024, 8192) > 0.9 * peak
+    # m = 8: 8 x 8192 x 8192 reads 128 MiB of weights for 1 GFLOP: memory-bound
+    ms = gemm_ms(a100, 8, 8192, 8192, a100.peak_flops("bf16"))
+    bytes_ = 2.0 * (8 * 8192 + 8192 * 8192 + 8 * 8192)
+    assert ms == pytest.approx(bytes_ / a100.hbm_bytes_per_ms + a100.kernel_overhead_us / 1e3)
+
+
+def test_elementwise_runs_at_the_hbm_limit(a100):
+    nbytes = 4e9
+    ms = elementwise_ms(a100, nbytes)
+    assert nbytes / ((ms - a100.kernel_overhead_us / 1e3) / 1e3) == pytest.approx(
+        a100.hbm_gb_per_s * 1e9 * a100.hbm_efficiency)
+
+
+@pytest.mark.parametrize("name", ["gpt-1.7b", "gpt3-175b", "llama2-70b", "llama3-8b"])
+@pytest.mark.parametrize("tp", [1, 8])
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+def test_flops_of_all_kernels_equal_narayanan_eq3(name, tp, attention, a100):
+    """The FLOPs the kernels count (forward + backward of every layer, and the output layer)
+    equal Narayanan et al. 2021 eq. (3) without recompute: 3 x (layers x layer forward + logits),
+    generalized to GQA and gated MLPs (ModelSpec.layer_flops_fwd)."""
+    m = presets.model(name)
+    if m.num_heads % tp or m.num_kv_heads % tp:
+        pytest.skip("TP does not divide the heads")
+    job = JobSpec(global_batch=8, seq_length=2048, attention=attention)
+    cm = ComputeModel(m, job, a100, tp=tp, micro_batch=2, sequence_parallel=tp > 1, fp8=False)
+    lc = cm.layer()
+    hf, hb = cm.head()
+    tokens = 2 * 2048
+    total = tp * (m.num_layers * (lc.fwd.flops + lc.bwd.flops) + hf.flops + hb.flops)
+    eq3 = 3 * (m.num_layers * m.layer_flops_fwd(tokens, 2048) + m.logits_flops_fwd(tokens))
+    assert total == pytest.approx(eq3, rel=1e-9)
+
+
+def test_backward_gemms_have_their_own_shapes(a100):
+    """Backward is data- and weight-gradient GEMMs of other shapes, not 2x the forward: at
+    micro-batch 1 with TP 8 the weight gradients (k = tokens) are not the forward's time."""
+    m = presets.model("llama3-8b")
+    job = JobSpec(global_batch=8, seq_length=2048)
+    lc = ComputeModel(m, job, a100, tp=8, micro_batch=1, sequence_parallel=True, fp8=False).layer()
+    for lin in ("qkv", "proj", "fc1", "fc2"):
+        f, d, w = lc.fwd.ms[lin], lc.bwd.ms[f"{lin}.dgrad"], lc.bwd.ms[f"{lin}.wgrad"]
+        assert f > 0 and d > 0 and w > 0
+    assert any(abs(lc.bwd.ms[f"{x}.dgrad"] + lc.bwd.ms[f"{x}.wgrad"] - 2 * lc.fwd.ms[x])
+               > 0.01 * lc.fwd.ms[x] for x in ("qkv", "proj", "fc1", "fc2"))
+
+
+def test_micro_batch_changes_time_per_sequence():
+    """The efficiency follows the GEMM sizes: per-sequence layer time differs across
+    micro-batches (a constant efficiency made it identical)."""
+    m = presets.model("gpt3-175b")
+    c = uniform_cluster(8, 8, "A100-80GB", 240.0, 25.0)
+    job = JobSpec(global_batch=1536, seq_length=2048, precision="fp16", attention="eager")
+    per_seq = []
+    for mbs in (1, 2, 4, 8):
+        plan = make_plan(m, job, c, tp=8, pp=8, dp=1, micro_batch=mbs, recompute="full")
+        ev = Evaluator(m, job, c, plan.shape)
+        lt = ev.costs.layer_times(c.nodes[0].gpu, 240.0)
+        per_seq.append(lt.fwd_ms / mbs)
+    assert max(per_seq) / min(per_seq) > 1.05
+    assert per_seq[0] == max(per_seq)
+
+
+def _llama70(h100_cluster):
+    m = presets.model("llama2-70b")
+    return m
+
+
+def test_fp8_is_faster_for_large_gemms_and_never_slower_than_its_casts(h100):
+    """FP8 runs the linear GEMMs at the FP8 peak: faster than bf16 for large GEMMs. For any
+    shape, the FP8 layer is never slower than the bf16 layer by more than its cast kernels."""
+    for name, mbs, tp in (("llama2-70b", 4, 8), ("llama3-8b", 1, 8), ("gpt-1.7b", 1, 8),
+                          ("llama3-8b", 8, 1)):
+        m = presets.model(name)
+        job = JobSpec(global_batch=64, seq_length=4096, fp8=None)
+        kw = dict(tp=tp, micro_batch=mbs, sequence_parallel=tp > 1)
+        b16 = ComputeModel(m, job, h100, fp8=False, **kw).layer()
+        f8 = ComputeModel(m, job, h100, fp8=True, **kw).layer()
+        casts = sum(v for p in (f8.fwd, f8.bwd) for k, v in p.ms.items() if k.endswith(".cast"))
+        assert f8.fwd.total_ms + f8.bwd.total_ms <= b16.fwd.total_ms + b16.bwd.total_ms + casts
+    m = presets.model("llama2-70b")
+    job = JobSpec(global_batch=64, seq_length=4096, fp8=None)
+    b16 = ComputeModel(m, job, h100, tp=8, micro_batch=4, sequence_parallel=True, fp8=False)
+    f8 = ComputeModel(m, job, h100, tp=8, micro_batch=4, sequence_parallel=True, fp8=True)
+    assert f8.layer().fwd.ms["fc1"] < 0.6 * b16.layer().fwd.ms["fc1"]
+    assert f8.layer().fwd.total_ms < b16.layer().fwd.total_ms
+
+
+def test_fp8_plan_needs_fp8_tensor_cores_and_keeps_weight_copies():
+    m = presets.model("llama3-8b")
+    a100s = uniform_cluster(1, 8, "A100-80GB", 240.0, 25.0)
+    job = JobSpec(global_batch=16, seq_length=4096, fp8=True)
+    from model.errors import SpecError
+    with pytest.raises(SpecError, match="FP8 needs FP8 tensor cores"):
+        make_plan(m, job, a100s, tp=8, pp=1, sequence_parallel=True)
+    h = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
+    e8 = estimate(m, job, h, make_plan(m, job, h, tp=8, pp=1, sequence_parallel=True))
+    jb = dataclasses.replace(job, fp8=False)
+    e16 = estimate(m, jb, h, make_plan(m, jb, h, tp=8, pp=1, sequence_parallel=True))
+    # the FP8 weight and its transpose: 2 bytes per linear-layer weight on each GPU
+    extra = m.num_layers * m.linear_params_per_layer / 8 * 2 / 2 ** 30
+    assert e8.stages[0].memory.weights_gib - e16.stages[0].memory.weights_gib == \
+        pytest.approx(extra)
+    assert e8.iteration_ms < e16.iteration_ms
+
+
+def test_precision_bytes_bf16_keeps_fp32_main_grads():
+    """Megatron-LM with --bf16 accumulates and reduces gradients in fp32
+    (accumulate_allreduce_grads_in_fp32): 4 bytes of gradient per parameter."""
+    assert JobSpec(8, 2048, "bf16").grad_bytes == 4
+    assert JobSpec(8, 2048, "fp16").grad_bytes == 2
+
+
+def test_tp_overlap_and_grad_overlap_only_hide_time():
+    """Each overlap hides communication, never adds: the same plan with TP overlap, gradient-
+    reduce and parameter-gather overlap is no slower, and the schedule graph stays the one
+    definition (the fast path equals the full estimate)."""
+    m = presets.model("llama2-13b")
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 12.5)
+    job = JobSpec(global_batch=64, seq_length=4096)
+    base = dict(tp=4, pp=2, micro_batch=1, sequence_parallel=True, distributed_optimizer=True)
+    plain = make_plan(m, job, c, **base)
+    t0 = estimate(m, job, c, plain).iteration_ms
+    times = []
+    for kw in (dict(tp_comm_overlap=True), dict(overlap_grad_reduce=True),
+               dict(overlap_grad_reduce=True, overlap_param_gather=True),
+               dict(tp_comm_overlap=True, overlap_grad_reduce=True, overlap_param_gather=True)):
+        p = make_plan(m, job, c, **base, **kw)
+        ev = Evaluator(m, job, c, p.shape)
+        e = ev.estimate(p.placement)
+        assert ev.iteration_ms(p.placement) == pytest.approx(e.iteration_ms, rel=1e-12)
+        times.append(e.iteration_ms)
+    assert all(t <= t0 + 1e-9 for t in times)
+    assert times[0] < t0 and times[2] < times[1] < t0
+
+
+def test_dropout_free_models_store_no_masks():
+    base = dict(name="x", num_layers=4, hidden_size=4096, num_heads=32, num_kv_heads=32,
+                ffn_hidden_size=16384, vocab_size=32000, seq_length=2048)
+    from model.memory import layer_activation_bytes
+    from model.plan import Shape
+    job = JobSpec(global_batch=8, seq_length=2048, attention="flash")
+    sh = Shape(tp=1, pp=1, dp=1, micro_batch=1, layers=(4,))
+    with_d = layer_activation_bytes(ModelSpec(**base, dropout=True), job, sh)
+    without = layer_activation_bytes(ModelSpec(**base, dropout=False), job, sh)
+    assert with_d - without == pytest.approx(2 * 2048 * 4096)  # two 1-byte masks

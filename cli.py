@@ -78,6 +78,11 @@ class Recompute(str, Enum):
     full = "full"
 
 
+class JobFramework(str, Enum):
+    megatron = "megatron"
+    deepspeed = "deepspeed"
+
+
 class Attention(str, Enum):
     flash = "flash"
     eager = "eager"
@@ -99,6 +104,8 @@ SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length [m
 PrecOpt = Annotated[str, typer.Option(
     "--precision", help="fp32, fp16, bf16 or fp8 (FP8 linear layers over bf16); solve and "
     "compare also take a list, e.g. bf16,fp8, and choose.")]
+FrameworkOpt = Annotated[JobFramework, typer.Option(
+    "--framework", help="Whose optimizer byte rules and pipeline transfers the job follows.")]
 AttentionOpt = Annotated[Attention, typer.Option(
     "--attention", help="flash (FlashAttention / fused attention) or eager (scores stored).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
@@ -166,7 +173,8 @@ def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
 
 
 def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
-            distopt: bool | None = None, attention: str = "flash", allow_list: bool = False):
+            distopt: bool | None = None, attention: str = "flash", allow_list: bool = False,
+            framework: str = "megatron"):
     from formats import presets
     from formats.clusters import cluster as load_cluster
     from model.specs import JobSpec
@@ -175,7 +183,8 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     m = presets.model(model)
     c = load_cluster(cluster)
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
-                  attention=attention, distributed_optimizer=distopt, source="options")
+                  attention=attention, distributed_optimizer=distopt, framework=framework,
+                  source="options")
     return m, job, c
 
 
@@ -219,6 +228,7 @@ def estimate(
     seq: SeqOpt = EXAMPLE_SEQ,
     precision: PrecOpt = "bf16",
     attention: AttentionOpt = Attention.flash,
+    framework: FrameworkOpt = JobFramework.megatron,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 4,
     dp: Annotated[Optional[int], typer.Option(help="Data-parallel degree [GPUs/(TP*PP)].")] = None,
@@ -255,7 +265,8 @@ def estimate(
         est = run_estimate(m, job, c, plan, opts)
         _write_and_report(m, job, c, plan, est, opts, as_json, **outputs)
         return
-    m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value)
+    m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
+                        framework=framework.value)
     lay = None
     if layers:
         try:
@@ -320,6 +331,7 @@ def solve(
     seq: SeqOpt = EXAMPLE_SEQ,
     precision: PrecOpt = "bf16",
     attention: AttentionOpt = Attention.flash,
+    framework: FrameworkOpt = JobFramework.megatron,
     method: MethodOpt = Method.auto,
     time_limit: TimeOpt = 120.0,
     seed: SeedOpt = 0,
@@ -342,7 +354,7 @@ def solve(
     from solvers.search import solve as run_solve
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
-                        allow_list=True)
+                        allow_list=True, framework=framework.value)
     opts = _options(blocking)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather)
     prog = render.Progress(not as_json)
@@ -369,6 +381,7 @@ def compare(
     seq: SeqOpt = EXAMPLE_SEQ,
     precision: PrecOpt = "bf16",
     attention: AttentionOpt = Attention.flash,
+    framework: FrameworkOpt = JobFramework.megatron,
     generated: Annotated[int, typer.Option(
         help="Instead of --cluster, compare on this many synthetic clusters "
         "(cluster synth's model; see --nodes).")] = 0,
@@ -385,7 +398,7 @@ def compare(
     from solvers.compare import compare_instance
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
-                        allow_list=True)
+                        allow_list=True, framework=framework.value)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     prog = render.Progress(not as_json)
@@ -533,7 +546,8 @@ def cluster_synth(
 # ---------------------------------------------------------------------------------------------
 # plan files, framework launch files and pictures (formats/planfile.py, launch/)
 
-_PLAN_OPTION_PARAMS = ("model", "cluster", "gbs", "seq", "precision", "attention", "tp", "pp",
+_PLAN_OPTION_PARAMS = ("model", "cluster", "gbs", "seq", "precision", "attention", "framework",
+                       "tp", "pp",
                        "dp", "mbs", "schedule", "chunks", "layers", "recompute", "sp", "distopt",
                        "blocking", "tp_comm_overlap", "overlap_grad_reduce",
                        "overlap_param_gather")

@@ -110,11 +110,25 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
         a += ["--recompute-granularity", "selective"]
     if sh.distributed_optimizer:
         a.append("--use-distributed-optimizer")
+    # overlaps (arguments.py _add_distributed_args): what the estimate assumed hidden
+    if sh.overlap_grad_reduce:
+        a.append("--overlap-grad-reduce")
+    if sh.overlap_param_gather:
+        a.append("--overlap-param-gather")
+    if sh.tp_comm_overlap:
+        a.append("--tp-comm-overlap")
     # arguments.py _add_mixed_precision_args; fp32 is Megatron's default (no flag)
     if job.precision == "bf16":
         a.append("--bf16")
     elif job.precision == "fp16":
         a.append("--fp16")
+    if sh.fp8:
+        # Transformer Engine's delayed-scaling recipe: E4M3 forward, E5M2 gradients
+        a += ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024",
+              "--fp8-amax-compute-algo", "max"]
+    # attention kernel the estimate assumed (--attention-backend: flash, fused, unfused, local,
+    # auto; auto picks a fused / flash kernel, neither stores the scores)
+    a += ["--attention-backend", "auto" if job.attention == "flash" else "unfused"]
     # arguments.py _add_network_size_args
     a += ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
           "--ffn-hidden-size", str(model.ffn_hidden_size),
@@ -221,6 +235,16 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     # NeMo's distributed optimizer is the optim name distributed_fused_adam
     m["optim"] = {"name": "distributed_fused_adam" if sh.distributed_optimizer
                   else "fused_adam"}
+    if sh.overlap_grad_reduce:
+        m["optim"]["overlap_grad_sync"] = True
+    if sh.overlap_param_gather:
+        m["optim"]["overlap_param_sync"] = True
+    if sh.tp_comm_overlap:
+        m["ub_tp_comm_overlap"] = True
+    if sh.fp8:
+        m.update(fp8=True, fp8_hybrid=True, fp8_amax_history_len=1024,
+                 fp8_amax_compute_algo="max")
+    m["use_flash_attention"] = job.attention == "flash"
     if len(set(sh.layers)) != 1:
         warn.append(f"nemo: the uneven layer split {list(sh.layers)} has no NeMo 1.x YAML key; "
                     "NeMo splits layers evenly")
@@ -302,6 +326,18 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if sh.tp > 1 and not sh.sequence_parallel:
         warn.append("torchtitan: its tensor-parallel plan always shards norms along the "
                     "sequence (sequence parallelism); the plan has it off")
+    if sh.tp_comm_overlap:
+        par["enable_async_tensor_parallel"] = True
+    extra: dict = {}
+    if sh.fp8:
+        # torchao float8 training of the linear layers (torchtitan's float8 converter)
+        extra["model"] = {"converters": ["float8"]}
+    if job.attention != "flash":
+        warn.append("torchtitan: attention is scaled_dot_product_attention (FlashAttention on "
+                    "GPUs that have it); the estimate assumed eager attention")
+    if sh.overlap_grad_reduce or sh.overlap_param_gather:
+        warn.append("torchtitan: FSDP2 prefetches and overlaps its own collectives; the "
+                    "Megatron bucket overlaps the estimate assumed have no switch here")
     ac = {"mode": sh.recompute}  # "none" | "selective" | "full"
     if sh.recompute == "selective":
         ac["selective_ac_option"] = "op"
@@ -311,7 +347,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                 f"flavor matching {model.name} (layers={model.num_layers}, "
                 f"hidden={model.hidden_size}, heads={model.num_heads}/{model.num_kv_heads}, "
                 f"ffn={model.ffn_hidden_size})")
-    return {"training": training, "parallelism": par, "activation_checkpoint": ac}, warn
+    return {**extra, "training": training, "parallelism": par, "activation_checkpoint": ac}, warn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,6 +370,14 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # distributed optimizer
         "zero_optimization": {"stage": 1 if sh.distributed_optimizer else 0},
     }
+    if sh.overlap_grad_reduce:
+        cfg["zero_optimization"]["overlap_comm"] = True
+    if sh.fp8:
+        warn.append("deepspeed: FP8 is not a DeepSpeed config key; enable Transformer Engine "
+                    "FP8 in the model code (Megatron-DeepSpeed) or run bf16")
+    if sh.tp_comm_overlap or sh.overlap_param_gather:
+        warn.append("deepspeed: tensor-parallel and parameter-gather overlap are Megatron-LM "
+                    "features with no DeepSpeed config key")
     if sh.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False,
                                            "contiguous_memory_optimization": False,

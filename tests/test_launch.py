@@ -41,8 +41,15 @@ def megatron_parser() -> argparse.ArgumentParser:
                    choices=["full", "selective"])
     p.add_argument("--recompute-method", type=str, default=None, choices=["uniform", "block"])
     for f in ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16",
-              "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights"):
+              "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
+              "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap"):
         p.add_argument(f, action="store_true")
+    p.add_argument("--attention-backend", default="auto",
+                   choices=["flash", "fused", "unfused", "local", "auto"])
+    p.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"])
+    p.add_argument("--fp8-amax-history-len", type=int, default=1)
+    p.add_argument("--fp8-amax-compute-algo", default="most_recent",
+                   choices=["most_recent", "max"])
     return p
 
 
@@ -106,6 +113,24 @@ def test_megatron_uneven_middle_warns(llama, c32):
     layout = pipeline_layout(plan.shape)
     assert [s.count("t") for s in layout.split("|")] == [20, 21, 19, 20]
     assert layout.startswith("E") and layout.endswith("L")
+
+
+def test_megatron_emits_fp8_overlaps_and_attention(llama):
+    """The plan's FP8, overlaps and attention kernel reach Megatron-LM's flags."""
+    from formats.clusters import uniform_cluster as uc
+    c = uc(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, fp8=True, attention="eager")
+    plan = make_plan(llama, job, c, tp=8, pp=4, sequence_parallel=True,
+                     distributed_optimizer=False, tp_comm_overlap=True)
+    a = parse_megatron(megatron_args(llama, job, plan)[0])
+    assert a.fp8_format == "hybrid" and a.tp_comm_overlap and a.attention_backend == "unfused"
+    job2 = JobSpec(global_batch=64, seq_length=4096)
+    c2 = uc(4, 8, "A100-80GB", 240.0, 23.0)
+    plan2 = make_plan(llama, job2, c2, tp=8, pp=2, distributed_optimizer=True,
+                      overlap_grad_reduce=True, overlap_param_gather=True)
+    a2 = parse_megatron(megatron_args(llama, job2, plan2)[0])
+    assert a2.overlap_grad_reduce and a2.overlap_param_gather and a2.fp8_format is None
+    assert a2.attention_backend == "auto" and not a2.tp_comm_overlap
 
 
 def test_megatron_interleaved(llama, c32):

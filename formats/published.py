@@ -111,10 +111,10 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     ffn = r.get("ffn_hidden_size") or 4 * r["hidden_size"]
     group = r["source_group"]
     if group.startswith("bloom"):
-        # BLOOM: ALiBi, no dropout (the released config.json: hidden_dropout and
-        # attention_dropout 0.0; assumed for the pre-launch candidates too)
-        arch = dict(position_embedding="alibi", dropout=False)
-        notes.append("no dropout (BLOOM's config)")
+        # BLOOM: ALiBi, an embedding LayerNorm, no dropout (the released config.json:
+        # hidden_dropout and attention_dropout 0.0; assumed for the pre-launch candidates too)
+        arch = dict(position_embedding="alibi", dropout=False, embedding_norm=True)
+        notes.append("no dropout, embedding LayerNorm (BLOOM's config)")
     else:  # Megatron-LM GPT defaults: learned positions, dropout 0.1
         arch = dict(position_embedding="learned", dropout=True)
     model = ModelSpec(name=r["model_name"], num_layers=r["num_layers"],

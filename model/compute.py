@@ -226,8 +226,11 @@ class ComputeModel:
         if m.position_embedding == "learned":
             self._elementwise(fwd, "positions", T * h, 2, 1)
             self._elementwise(bwd, "positions", T * h, 1, 1)
+        hs = T * h / (self.t if self.sp else 1)
+        if m.embedding_norm:
+            self._elementwise(fwd, "embedding_norm", hs, 1, 1)
+            self._elementwise(bwd, "embedding_norm", hs, 2, 1)
         if m.dropout:
-            hs = T * h / (self.t if self.sp else 1)
             self._elementwise(fwd, "dropout", hs, 1, 1, hs)
             self._elementwise(bwd, "dropout", hs, 1, 1, hs)
         return fwd, bwd

@@ -18,7 +18,7 @@
     attention backward.
 - Micro-batches in flight per stage come from walking the schedule's own order
   (1F1B: min(p - s, m); GPipe: m; interleaved: Megatron's warm-up count), chunk by chunk.
-- Embedding stage: the embedding dropout mask; output stage: final norm and projection inputs and
+- Embedding stage: the embedding dropout mask (and the input of an embedding norm); output stage: final norm and projection inputs and
   fp32 logits for the loss (Korthikanti et al. Sec. 4.3: 4sbh/t (1 + V/h) with SP). DeepSpeed's
   pipeline engine also keeps every in-flight micro-batch's stage output (2sbh).
 - Working memory: full recompute rebuilds one layer's activations during its backward;
@@ -126,8 +126,9 @@ class MemoryModel:
         sp_div = t if shape.sequence_parallel else 1
         a16 = job.activation_bytes
         self.act_layer = layer_activation_bytes(model, job, shape)
-        # embedding dropout mask (1 byte)
-        self.emb_act = s * b * h / sp_div if model.dropout else 0.0
+        # embedding dropout mask (1 byte); an embedding norm keeps its input for its backward
+        self.emb_act = (s * b * h / sp_div if model.dropout else 0.0) + (
+            a16 * s * b * h / sp_div if model.embedding_norm else 0.0)
         # final norm input, projection input, fp32 logits for the loss
         self.head_act = 2 * a16 * s * b * h / sp_div + 4.0 * s * b * model.vocab_size / t
         # DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output in its

@@ -94,7 +94,7 @@ class ModelSpec:
     Architecture fields the cost model reads: `position_embedding` (learned absolute positions
     add s*h weights and an add; RoPE rotates q and k), `norm`, `bias` (linear-layer biases) and
     `dropout` (hidden and attention dropout, whose masks are stored: Llama-family training sets
-    both to 0)."""
+    both to 0), `embedding_norm` (a LayerNorm right after the embedding, as BLOOM has)."""
 
     name: str
     num_layers: int
@@ -110,6 +110,7 @@ class ModelSpec:
     norm: str = "layernorm"
     bias: bool = True
     dropout: bool = True
+    embedding_norm: bool = False
     source: str = ""
 
     def __post_init__(self):
@@ -127,7 +128,7 @@ class ModelSpec:
             if getattr(self, f) not in allowed:
                 raise SpecError(f"unknown {f} {getattr(self, f)!r}; use one of "
                                 f"{', '.join(allowed)}", source=src, field=f)
-        for f in ("gated_mlp", "tied_embeddings", "bias", "dropout"):
+        for f in ("gated_mlp", "tied_embeddings", "bias", "dropout", "embedding_norm"):
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"must be true or false, got {getattr(self, f)!r}", source=src,
                                 field=f)
@@ -161,9 +162,11 @@ class ModelSpec:
 
     @property
     def embedding_params(self) -> int:
-        """Input embedding: the vocabulary table, plus the position table when learned."""
+        """Input embedding: the vocabulary table, plus the position table when learned, plus
+        the embedding norm."""
         pos = self.seq_length * self.hidden_size if self.position_embedding == "learned" else 0
-        return self.vocab_size * self.hidden_size + pos
+        norm = self.final_norm_params if self.embedding_norm else 0
+        return self.vocab_size * self.hidden_size + pos + norm
 
     @property
     def output_params(self) -> int:
@@ -302,7 +305,7 @@ class Overheads:
     published out-of-memory run stays above 80 GiB and every run that ran stays within it.
     """
 
-    context_gib: float = 2.0
+    context_gib: float = 1.0
     fragmentation: float = 0.2
     latency_overhead_ms: float = 0.0
 

@@ -25,6 +25,7 @@ from model.plan import Plan, Shape, megatron_placement, num_microbatches
 from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
+from .bounds import shape_bound_ms
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import Candidate, SolveResult
@@ -57,35 +58,6 @@ class ShapeInfo:
     peak_gib: float
     quick_ms: float | None = None
     screened: bool = True  # False: the screening's time ran out before this shape
-
-
-def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
-                   options: Options) -> float:
-    """Lower bound on the iteration time of any placement and split of `shape`.
-
-    Stage s runs m forwards and backwards of its work W_s, and cannot start before micro-batch
-    0 has gone forward through stages 0..s-1 nor end before the last backward has come back
-    through them: T >= m W_s + sum_{s'<s} W_s'. Maximizing the total work W under these for all
-    s gives W <= T (1 - (1 - 1/m)^p), so T >= W / (1 - (1 - 1/m)^p) (half the 1F1B bubble for
-    m >> p). For interleaved schedules only chunk 0 must pass first: T >= m W / p. Communication,
-    synchronization and the optimizer step are left out (>= 0)."""
-    costs = CostModel(model, job, cluster, shape, options)
-    m = num_microbatches(job, shape)
-    p = shape.pp
-    best = float("inf")
-    for gpu in {nd.gpu.name: nd.gpu for nd in cluster.nodes}.values():
-        ring = min(nd.ring_gb_per_s(tuple(range(shape.tp))) for nd in cluster.nodes
-                   if nd.gpu.name == gpu.name) if shape.tp <= min(
-            nd.num_gpus for nd in cluster.nodes) else float("inf")
-        lt = costs.layer_times(gpu, ring)
-        W = (model.num_layers * (lt.fwd_ms + lt.bwd_ms) + lt.emb_fwd_ms + lt.emb_bwd_ms +
-             lt.head_fwd_ms + lt.head_bwd_ms)
-        if shape.schedule == "interleaved" or p == 1:
-            t = m * W / p
-        else:
-            t = W / (1 - (1 - 1 / m) ** p)
-        best = min(best, t)
-    return best
 
 
 def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None:
@@ -179,6 +151,12 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     solved = 0
     all_exact = True
     cuts_of: dict[int, list] = {}
+    # critical paths are count vectors over a schedule graph's operation kinds: valid cuts for
+    # every shape with the same graph (schedule, p, m, v), whatever its durations
+    pool: dict[tuple, list] = {}
+
+    def graph_key(sh: Shape) -> tuple:
+        return (sh.schedule, sh.pp, num_microbatches(job, sh), sh.chunks, options.blocking_p2p)
     block_bounds: dict[int, float] = {}  # id(PlacementProblem) -> its placement-relaxed bound
     probs_of: dict[int, list] = {}
     # Phase A: bound every shape that the cheap bound cannot rule out; prune. With annealing
@@ -212,7 +190,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             cand.status = "no block layout fits this cluster's nodes"
             bounds_left[id(info)] = math.inf
             continue
-        cuts: list = []
+        cuts: list = pool.setdefault(graph_key(info.shape), [])
         bound_left_s = min(left, bound_until - time.perf_counter())
         if bound_left_s > 0 and all(milp_supported(pr) is None for pr in probs):
             left = bound_left_s
@@ -241,10 +219,12 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 cand.lower_bound_ms = info.bound_ms
             except SolverUnavailableError:
                 pass
+            pool[graph_key(info.shape)] = cuts
             if info.bound_ms >= best_ms * (1 - 1e-9):
                 cand.status = "pruned: even on the cheapest links it cannot beat the best plan"
                 continue
         cuts_of[id(info)] = cuts
+        pool[graph_key(info.shape)] = cuts
         survivors.append(info)
     # Phase B: optimize placement and split of the survivors, best quick score first.
     rank = {id(i): n for n, i in enumerate(infos)}

@@ -127,6 +127,19 @@ def test_overlap_instances_cover_the_bucket_cases():
     assert "mixed" in cases
 
 
+def test_closed_form_bound_is_below_every_optimum():
+    """solvers.bounds.shape_bound_ms is a valid lower bound: at most the brute-force optimum of
+    every block layout of the shape, on every small instance (with overlaps and FP8 too)."""
+    from solvers.bounds import shape_bound_ms
+    probs = [PlacementProblem(TINY, job, c, sh, blk, Options())
+             for _s, _n, sh, blk, c, job in CASES] + OVERLAP
+    for prob in probs:
+        lb = shape_bound_ms(prob.model, prob.job, prob.cluster, prob.shape, prob.options)
+        best = brute_force(prob).objective_ms
+        assert lb <= best * (1 + 1e-9), (prob.shape.describe(), lb, best)
+        assert lb > 0
+
+
 def fast_instances():
     """Fast links: placement moves the time little, so the MILP solves stage-load vectors one
     by one (solvers.milp's decomposition) instead of one model over all splits."""

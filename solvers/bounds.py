@@ -1,0 +1,195 @@
+"""Closed-form lower bounds on a shape's iteration time, over every layer split and every
+placement the solvers search (valid before any MILP is built, so every search has a bound).
+
+The path argument (any schedule): stage k runs the forward and backward of all m micro-batches,
+m W_k of work; it cannot start before micro-batch 0 has gone forward through stages 0..k-1 (k
+transfers), and after its last backward that micro-batch's gradient goes back through them (k
+transfers) to stage 0, whose tail (gradient synchronization and optimizer step) ends the
+iteration. So for every k
+
+    T >= sum_{s<k} W_s + 2 k hop_min + m W_k + tail_0,
+
+with W_s the forward + backward of one micro-batch on stage s (for interleaved schedules only
+the chunk-0 part of the stages before k must pass first: at least one layer each). The bound
+is the smallest T for which some integer split satisfies every k, each stage within its memory
+(binary search on T; for a given T, giving each stage in order the most layers it can hold
+places the most layers in total, as a layer moved earlier delays the later stages by only
+1/m of what it frees). Durations are each operation's fastest on any GPU type of the cluster;
+hop_min is the cheapest transfer anywhere; the tail is taken at its smallest (stage 0 with one
+layer, the data-parallel ring at the best rate any block layout could give, only the last
+bucket when the plan overlaps).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from model.cluster import ClusterSpec
+from model.costs import CostModel, bucket_params
+from model.memory import GIB, MemoryModel
+from model.plan import Shape, num_microbatches
+from model.schedule import compile_schedule
+from model.specs import JobSpec, ModelSpec, Options
+
+from .space import blocks_for
+
+
+def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int):
+    """Per GPU type, its layer times on its fastest TP ring; the type with the fastest layer."""
+    best = None
+    for gpu in {nd.gpu.name: nd.gpu for nd in cluster.nodes}.values():
+        rings = [nd.ring_gb_per_s(tuple(range(tp))) for nd in cluster.nodes
+                 if nd.gpu.name == gpu.name and tp <= nd.num_gpus]
+        if not rings:
+            continue
+        lt = costs.layer_times(gpu, max(rings))
+        if best is None or lt.fwd_ms + lt.bwd_ms < best[1].fwd_ms + best[1].bwd_ms:
+            best = (gpu, lt)
+    return best
+
+
+def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape) -> float:
+    """The fastest data-parallel ring any block layout could give (an upper bound on every
+    placement's ring): inside one node its intra-node ring, across nodes at most k x the
+    fastest inter-node stream with k replicas per node."""
+    blocks = blocks_for(cluster, shape)
+    nd = max(cluster.nodes, key=lambda n: n.intra_gb_per_s)
+    off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
+    top = float(off.max()) if off.size else 0.0
+    if not blocks:  # no block layout: the loosest ring
+        return max(nd.ring_gb_per_s(tuple(range(min(nd.num_gpus, shape.dp)))),
+                   nd.num_gpus * top)
+    out = 0.0
+    for blk in blocks:
+        intra = nd.ring_gb_per_s(tuple(range(blk.k))) if blk.k > 1 else math.inf
+        out = max(out, intra if blk.D == 1 else min(intra, blk.k * top))
+    return out
+
+
+def _memory_caps(model, job, cluster, shape, options, costs) -> list[int] | None:
+    """Most layers each stage can hold within the smallest GPU memory (one chunk per stage);
+    None for interleaved schedules (not used there)."""
+    if shape.chunks != 1:
+        return None
+    m = num_microbatches(job, shape)
+    cs = compile_schedule(shape.schedule, shape.pp, m, 1, options.blocking_p2p)
+    mm = MemoryModel(model, job, shape, cs, options)
+    ovh = options.overheads
+    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+    budget = (cap - ovh.context_gib) / (1 + ovh.fragmentation) * GIB
+    zero = (0,) * shape.pp
+    caps = []
+    for s in range(shape.pp):
+        base = mm.const_static_bytes(costs.stage_params(s, zero))
+        most = model.num_layers
+        for kind, _c, counts in cs.inflight_profile(s):
+            n = int(counts[0])
+            const = base + (mm.work if kind == "B" else 0.0) + n * mm.chunk_act_bytes(s, 0)
+            per = n * mm.act_layer + mm.layer_static_bytes
+            most = min(most, int(math.floor((budget - const) / per + 1e-9)))
+        caps.append(most)
+    return caps
+
+
+def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                   options: Options) -> float:
+    """Lower bound on the iteration time of every placement and split of `shape` that the
+    solvers consider (module docstring); inf if no split fits in memory."""
+    costs = CostModel(model, job, cluster, shape, options)
+    fastest = _fastest_layer_times(costs, cluster, shape.tp)
+    if fastest is None:
+        return math.inf
+    gpu, lt = fastest
+    m = num_microbatches(job, shape)
+    p, v, L = shape.pp, shape.chunks, model.num_layers
+    c = lt.fwd_ms + lt.bwd_ms
+    e_first, e_last = lt.emb_fwd_ms + lt.emb_bwd_ms, lt.head_fwd_ms + lt.head_bwd_ms
+    hop = 0.0
+    if p > 1:
+        hops = costs.hop_matrix_ms()
+        hop = float(hops.min())
+
+    # the smallest tail of stage 0 with n layers (linear in n: params, bytes)
+    zero = (0,) * shape.num_virtual
+    e0_params = costs.stage_params(0, zero)
+    per_layer = model.params_per_layer / shape.tp
+    lin_layer = model.linear_params_per_layer / shape.tp
+    ring = best_dp_ring_gb_per_s(cluster, shape) if shape.dp > 1 else math.inf
+
+    def sync(params: float) -> tuple[float, float]:  # the cheaper latency of the two
+        a, b = costs.sync_parts_ms(params, ring, False), costs.sync_parts_ms(params, ring, True)
+        return min(a[0], b[0]), min(a[1], b[1])
+
+    def tail0(n: int) -> float:
+        params = e0_params + per_layer * n
+        t = costs.optimizer_ms(params, gpu, lin_layer * n) + options.overheads.latency_overhead_ms
+        if shape.dp > 1:
+            red, gat = sync(params)
+            last_red, last_gat = sync(min(params, bucket_params(shape.dp)))
+            t += (last_red if shape.overlap_grad_reduce else red) + (
+                last_gat if shape.overlap_param_gather else gat)
+        return t
+
+    caps = _memory_caps(model, job, cluster, shape, options, costs) or [L] * p
+    if any(x < v for x in caps) or sum(caps) < L:
+        return math.inf
+    extra = [0.0] * p
+    extra[0] += e_first
+    extra[p - 1] += e_last
+    t_min = tail0(v)
+
+    def most_layers(T: float) -> int | None:
+        """Layers placeable within T (greedy, stage by stage), or None if a stage cannot
+        hold its minimum."""
+        used = 0
+        for k in range(p):
+            if v == 1:
+                prefix = used * c + (e_first if k > 0 else 0.0)
+                if k == 0:  # stage 0's own tail grows with its layers
+                    n = _max_n(lambda n_: m * (n_ * c + extra[0]) + tail0(n_), T, caps[0])
+                else:
+                    rhs = T - prefix - 2 * k * hop - t_min - m * extra[k]
+                    n = min(caps[k], int(math.floor(rhs / (m * c) + 1e-12)))
+            else:
+                prefix = (k * c + e_first) if k > 0 else 0.0
+                rhs = T - prefix - 2 * k * hop - t_min - m * extra[k]
+                n = min(caps[k], int(math.floor(rhs / (m * c) + 1e-12)))
+            if n < v:
+                return None
+            used += n
+        return used
+
+    hi = m * (L * c + e_first + e_last) + 2 * p * hop + tail0(L) + 1.0
+    lo = 0.0
+    while most_layers(hi) is None or most_layers(hi) < L:
+        hi *= 2
+    for _ in range(60):
+        if hi - lo <= 1e-9 * hi:
+            break
+        mid = (lo + hi) / 2
+        got = most_layers(mid)
+        if got is not None and got >= L:
+            hi = mid
+        else:
+            lo = mid
+    # lo is infeasible (or 0): every T below hi fails, so lo is a valid lower bound; the
+    # continuous form (no transfers, no tail) can be larger for interleaved schedules
+    W = L * c + e_first + e_last
+    smooth = m * W / p if (v > 1 or p == 1) else W / (1 - (1 - 1 / m) ** p)
+    return max(lo, smooth)
+
+
+def _max_n(f, T: float, cap: int) -> int:
+    """Largest n in [0, cap] with f(n) <= T for an increasing f (binary search)."""
+    lo, hi = 0, cap
+    if f(hi) <= T:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if f(mid) <= T:
+            lo = mid
+        else:
+            hi = mid
+    return lo

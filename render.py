@@ -150,6 +150,9 @@ def print_solve(res, c) -> None:
               f"{res.objective_ms / 1e3:.4f} s, bound {res.bound_ms / 1e3:.4f} s, gap "
               f"{res.gap * 100:.4f}%, {res.wall_s:.1f} s; {res.shapes_total} shapes, "
               f"{res.shapes_solved} placement-optimized", highlight=False)
+    for e in res.errors:
+        con.print(f"[yellow]solver error caught (search went on):[/yellow] {escape(e)}",
+                  highlight=False)
     others = [x for x in res.candidates if x.status != "best" and
               (x.best_ms is not None or x.quick_ms is not None)]
     t = Table(title="Next best plans and why they lost")

@@ -12,9 +12,8 @@ iteration. So for every k
 with W_s the forward + backward of one micro-batch on stage s (for interleaved schedules only
 the chunk-0 part of the stages before k must pass first: at least one layer each). The bound
 is the smallest T for which some integer split satisfies every k, each stage within its memory
-(binary search on T; for a given T, giving each stage in order the most layers it can hold
-places the most layers in total, as a layer moved earlier delays the later stages by only
-1/m of what it frees). Durations are each operation's fastest on any GPU type of the cluster;
+(binary search on T; for a given T the layers placed before each stage form an interval, which
+`feasible` carries from stage to stage). Durations are each operation's fastest on any GPU type of the cluster;
 hop_min is the cheapest transfer anywhere; the tail is taken at its smallest (stage 0 with one
 layer, the data-parallel ring at the best rate any block layout could give, only the last
 bucket when the plan overlaps).
@@ -140,37 +139,49 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     extra[p - 1] += e_last
     t_min = tail0(v)
 
-    def most_layers(T: float) -> int | None:
-        """Layers placeable within T (greedy, stage by stage), or None if a stage cannot
-        hold its minimum."""
-        used = 0
+    def feasible(T: float) -> bool:
+        """Is there an integer split, each stage at least v layers and within its memory,
+        meeting every stage's inequality at T? The layers placed before stage k (`used`) can
+        be any integer in an interval [lo, hi]: stage k accepts n layers with
+        v <= n <= a_k(used), a_k falling as used grows (an earlier layer delays stage k by
+        its own time), so after stage k the interval is [lo + v, u + a_k(u)] for the largest
+        u in [lo, hi] that leaves stage k its minimum (u + a_k(u) grows with u)."""
+        lo = hi = 0
         for k in range(p):
-            if v == 1:
-                prefix = used * c + (e_first if k > 0 else 0.0)
-                if k == 0:  # stage 0's own tail grows with its layers
-                    n = _max_n(lambda n_: m * (n_ * c + extra[0]) + tail0(n_), T, caps[0])
-                else:
-                    rhs = T - prefix - 2 * k * hop - t_min - m * extra[k]
-                    n = min(caps[k], int(math.floor(rhs / (m * c) + 1e-12)))
-            else:
-                prefix = (k * c + e_first) if k > 0 else 0.0
-                rhs = T - prefix - 2 * k * hop - t_min - m * extra[k]
-                n = min(caps[k], int(math.floor(rhs / (m * c) + 1e-12)))
-            if n < v:
-                return None
-            used += n
-        return used
+            if k == 0:
+                a0 = _max_n(lambda n_: m * (n_ * c + extra[0]) + tail0(n_), T, caps[0])
+                if a0 < v:
+                    return False
+                lo, hi = v, a0
+                continue
+            if v == 1:  # the stages before k all pass micro-batch 0 first: `used` layers
+                rhs = T - e_first - 2 * k * hop - t_min - m * extra[k]
+
+                def a_k(u: int) -> int:
+                    return min(caps[k], int(math.floor((rhs - u * c) / (m * c) + 1e-12)))
+                if a_k(lo) < 1:
+                    return False
+                u = min(hi, int(math.floor((rhs - m * c) / c + 1e-12)))
+                while u > lo and a_k(u) < 1:  # float edge
+                    u -= 1
+                lo, hi = lo + 1, u + a_k(u)
+            else:  # interleaved: at least one layer of chunk 0 per stage before k
+                rhs = T - (k * c + e_first) - 2 * k * hop - t_min - m * extra[k]
+                a = min(caps[k], int(math.floor(rhs / (m * c) + 1e-12)))
+                if a < v:
+                    return False
+                lo, hi = lo + v, hi + a
+        return lo <= L <= hi
 
     hi = m * (L * c + e_first + e_last) + 2 * p * hop + tail0(L) + 1.0
     lo = 0.0
-    while most_layers(hi) is None or most_layers(hi) < L:
+    while not feasible(hi):
         hi *= 2
     for _ in range(60):
         if hi - lo <= 1e-9 * hi:
             break
         mid = (lo + hi) / 2
-        got = most_layers(mid)
-        if got is not None and got >= L:
+        if feasible(mid):
             hi = mid
         else:
             lo = mid

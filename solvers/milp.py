@@ -547,8 +547,9 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         st = _relaxed_loop(R, SolverFactory("highs"), TC, cut_list, left_s, max_rounds,
                            mip_rel_gap)
         term = "infeasible" if st.infeasible else ("optimal" if st.converged else "time_limit")
-        return PlacementResult(None, math.inf, st.bound, term, "milp-relaxed",
-                               time.perf_counter() - t_start, st.rounds, cut_list)
+        return PlacementResult(None, math.inf, max(st.bound, prob.lower_bound_ms()), term,
+                               "milp-relaxed", time.perf_counter() - t_start, st.rounds,
+                               cut_list)
 
     # Decomposition by stage loads (layers per pipeline stage). The placement-relaxed model
     # with one binary per stage and load (the master) gives load vectors in increasing order of
@@ -598,7 +599,10 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
             if c < best_ms:
                 best_ms, best_plan = c, prob.plan(perm, lay)
     solved_bounds: list[float] = []
-    rest_bound = 0.0  # lower bound of every load vector not solved yet
+    # lower bound of every load vector not solved yet: at least the closed-form bound of the
+    # shape (solvers.bounds), so that a search stopped before any LP returns still bounds
+    floor_ms = prob.lower_bound_ms()
+    rest_bound = floor_ms
     rounds = 0
 
     # a sub-MILP leaves a little time so that, if it runs out, the master can still bound the
@@ -647,7 +651,9 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
             for perm, _lay in seeds:  # the seeds' placements with the master's split
                 paths(perm, st.layers)
         sub = sub_solve()
-        solved_bounds.append(sub.bound)
+        # a sub-MILP stopped before its first dual bound still has the master's bound for
+        # this load vector
+        solved_bounds.append(max(sub.bound, rest_bound))
         master.exclude_loads(loads)
         if not sub.converged:  # time is up: bound the other load vectors in the reserve
             st = _relaxed_loop(master, master_opt, TC, cut_list, left_s, max_rounds,
@@ -799,6 +805,9 @@ def _highs_solve(opt, M, TC, time_limit_s: float, mip_rel_gap: float):
 
     tee = bool(os.environ.get("PIPETTE_TEE"))
     opts = {"mip_rel_gap": mip_rel_gap, "random_seed": 0}
+    # the time left may have run out between the caller's check and here (cut syncing takes
+    # time): HiGHS takes a positive limit, and stops at once with the best it has
+    time_limit_s = max(0.01, float(time_limit_s))
     res = opt.solve(M, time_limit=time_limit_s, load_solutions=False, tee=tee,
                     raise_exception_on_nonoptimal_result=False, solver_options=opts)
     if res.termination_condition == TC.error:

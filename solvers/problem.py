@@ -9,6 +9,7 @@ from model.estimator import Evaluator, default_layers
 from model.plan import Placement, Plan, Shape
 from model.specs import JobSpec, ModelSpec, Options
 
+from .bounds import shape_bound_ms
 from .space import Block, decode, memory_split, with_layers
 
 
@@ -22,6 +23,7 @@ class PlacementProblem:
         self.block = block
         self._ev: dict[tuple[int, ...], Evaluator] = {}
         self._fits: dict[tuple[int, ...], bool] = {}
+        self._bound: float | None = None
 
     @property
     def num_slots(self) -> int:
@@ -55,6 +57,14 @@ class PlacementProblem:
 
     def plan(self, perm, layers) -> Plan:
         return Plan(with_layers(self.shape, layers), self.placement(perm))
+
+    def lower_bound_ms(self) -> float:
+        """The shape's closed-form lower bound (solvers.bounds), valid for every placement of
+        this block and every split."""
+        if self._bound is None:
+            self._bound = shape_bound_ms(self.model, self.job, self.cluster, self.shape,
+                                         self.options)
+        return self._bound
 
     def start_layers(self) -> tuple[int, ...]:
         """Time-balanced split if it fits, else the memory-balanced one."""

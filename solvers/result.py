@@ -53,6 +53,7 @@ class SolveResult:
     candidates: list[Candidate] = field(default_factory=list)
     shapes_total: int = 0
     shapes_solved: int = 0
+    errors: list[str] = field(default_factory=list)  # solver failures caught, per shape
 
     @property
     def gap(self) -> float:
@@ -64,4 +65,4 @@ class SolveResult:
         return {"method": self.method, "termination": self.termination,
                 "objective_ms": self.objective_ms, "bound_ms": self.bound_ms, "gap": self.gap,
                 "wall_s": self.wall_s, "shapes_total": self.shapes_total,
-                "shapes_solved": self.shapes_solved}
+                "shapes_solved": self.shapes_solved, "errors": list(self.errors)}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from model.cluster import ClusterSpec
 from model.costs import CostModel
-from model.errors import InfeasibleError, SolverUnavailableError
+from model.errors import InfeasibleError
 from model.estimator import Evaluator, default_layers
 from model.plan import Plan, Shape, megatron_placement, num_microbatches
 from model.specs import JobSpec, ModelSpec, Options
@@ -150,6 +150,12 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     bounds_left: dict[int, float] = {id(i): i.bound_ms for i in infos}
     solved = 0
     all_exact = True
+    errors: list[str] = []  # solver failures caught per shape; the search goes on without them
+
+    def failed(info, e: Exception) -> None:
+        nonlocal all_exact
+        all_exact = False
+        errors.append(f"{info.shape.describe()}: {type(e).__name__}: {e}")
     cuts_of: dict[int, list] = {}
     # critical paths are count vectors over a schedule graph's operation kinds: valid cuts for
     # every shape with the same graph (schedule, p, m, v), whatever its durations
@@ -217,8 +223,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 info.bound_ms = max(info.bound_ms, rb)
                 bounds_left[id(info)] = info.bound_ms
                 cand.lower_bound_ms = info.bound_ms
-            except SolverUnavailableError:
-                pass
+            except Exception as e:  # noqa: BLE001  (reported; the closed-form bound stands)
+                failed(info, e)
             pool[graph_key(info.shape)] = cuts
             if info.bound_ms >= best_ms * (1 - 1e-9):
                 cand.status = "pruned: even on the cheapest links it cannot beat the best plan"
@@ -275,7 +281,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                     res = solve_milp(prob, time_limit_s=milp_s, seed_solutions=seeds,
                                      initial_cuts=cuts, cutoff_ms=best_ms)
                     cuts = res.cuts
-                except SolverUnavailableError:
+                except Exception as e:  # noqa: BLE001  (reported; the annealer takes over)
+                    failed(info, e)
                     res = None
                 # "cutoff": proven that nothing here beats the incumbent (bound ~ incumbent)
                 if res is not None and res.termination not in ("optimal", "cutoff"):
@@ -284,7 +291,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 res = anneal(prob, seed=seed, iters=anneal_iters, time_limit_s=per_block)
                 all_exact = False
                 res.bound_ms = info.bound_ms
-            shape_bound = min(shape_bound, res.bound_ms if res.plan is not None else math.inf)
+            # every result's bound is valid (a MILP stopped early keeps at least the shape's
+            # closed-form bound; infeasible blocks bound at infinity)
+            shape_bound = min(shape_bound, max(res.bound_ms, prob.lower_bound_ms()))
             if res.plan is not None and res.objective_ms < shape_best:
                 shape_best = res.objective_ms
             if res.plan is not None and res.objective_ms < best_ms:
@@ -313,4 +322,5 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                                    c.best_ms is not None and abs(c.best_ms - best_ms) < 1e-9):
             c.status = "best"
     return SolveResult(best_plan, est, best_ms, bound, termination, method,
-                       time.perf_counter() - t0, ordered + rejected, total, solved)
+                       time.perf_counter() - t0, ordered + rejected, total, solved,
+                       errors=errors)

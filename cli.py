@@ -138,6 +138,18 @@ MethodOpt = Annotated[Method, typer.Option(
     "solvers.search.AUTO_EXACT_MAX_NODES nodes).")]
 TimeOpt = Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+TpListOpt = Annotated[Optional[str], typer.Option(
+    "--tp", help="Tensor-parallel degrees to search: a value or a list, e.g. 4,8 [all].")]
+PpListOpt = Annotated[Optional[str], typer.Option(
+    "--pp", help="Pipeline-parallel degrees to search: a value or a list [all].")]
+MbsListOpt = Annotated[Optional[str], typer.Option(
+    "--mbs", help="Micro-batch sizes to search: a value or a list [1,2,4,8].")]
+ScheduleListOpt = Annotated[Optional[str], typer.Option(
+    "--schedule", help="Schedules to search: 1f1b, gpipe, interleaved, interleaved:V, "
+    "comma-separated [1f1b,interleaved].")]
+RecomputeListOpt = Annotated[Optional[str], typer.Option(
+    "--recompute", help="Recompute modes to search: none, selective, full, comma-separated "
+    "[all].")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset of every node (see `presets`).")]
 GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 IntraTopologyOpt = Annotated[Optional[str], typer.Option(
@@ -193,12 +205,71 @@ def _options(blocking: bool):
     return Options(blocking_p2p=blocking)
 
 
-def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool):
-    """The search space with the overlaps the user asked for (the frameworks' defaults, off,
-    otherwise)."""
+def _int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """A value or a comma-separated list of positive integers ("8" or "2,4,8")."""
+    from model.errors import SpecError
+
+    if text is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        vals = ()
+    if not vals or any(v < 1 for v in vals):
+        raise SpecError(f"{text!r}: give a positive integer or a comma-separated list of them, "
+                        "e.g. 2,4,8", source="options", field=flag)
+    return tuple(sorted(set(vals)))
+
+
+def _choice_list(text: str | None, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
+    from model.errors import SpecError
+
+    if text is None:
+        return None
+    vals = tuple(x.strip().lower() for x in text.split(",") if x.strip())
+    bad = [v for v in vals if v not in allowed]
+    if not vals or bad:
+        raise SpecError(f"{text!r}: use one or more of {', '.join(allowed)}, comma-separated",
+                        source="options", field=flag)
+    return vals
+
+
+def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
+    """1f1b, gpipe, interleaved (2 chunks per stage) or interleaved:V, comma-separated."""
+    from model.errors import SpecError
+
+    if text is None:
+        return None
+    out = []
+    for x in (y.strip().lower() for y in text.split(",") if y.strip()):
+        name, _, v = x.partition(":")
+        if name in ("1f1b", "gpipe") and not v:
+            out.append((name, 1))
+        elif name == "interleaved" and (not v or (v.isdigit() and int(v) >= 2)):
+            out.append((name, int(v) if v else 2))
+        else:
+            raise SpecError(f"{x!r} is not a schedule; use 1f1b, gpipe, interleaved or "
+                            "interleaved:V (V >= 2 chunks per stage)", source="options",
+                            field="--schedule")
+    return tuple(out)
+
+
+def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
+           tp: str | None = None, pp: str | None = None, mbs: str | None = None,
+           schedule: str | None = None, recompute: str | None = None):
+    """The search space the options allow: the listed degrees, micro-batches, schedules and
+    recompute modes (all of them where an option is absent), with the overlaps the user asked
+    for (the frameworks' defaults, off, otherwise)."""
+    from model.specs import RECOMPUTE
     from solvers.space import SearchSpace
 
-    return SearchSpace(tp_comm_overlap=(tp_comm_overlap,),
+    base = SearchSpace()
+    return SearchSpace(tp=_int_list(tp, "--tp"), pp=_int_list(pp, "--pp"),
+                       micro_batch=_int_list(mbs, "--mbs") or base.micro_batch,
+                       schedules=_schedules(schedule) or base.schedules,
+                       recompute=_choice_list(recompute, "--recompute", RECOMPUTE)
+                       or base.recompute,
+                       tp_comm_overlap=(tp_comm_overlap,),
                        overlap_grad_reduce=(overlap_grad_reduce,),
                        overlap_param_gather=(overlap_param_gather,))
 
@@ -338,6 +409,11 @@ def solve(
     distopt: Annotated[Optional[bool], typer.Option(
         "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
         "[solver chooses].")] = None,
+    tp: TpListOpt = None,
+    pp: PpListOpt = None,
+    mbs: MbsListOpt = None,
+    schedule: ScheduleListOpt = None,
+    recompute: RecomputeListOpt = None,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
@@ -356,7 +432,8 @@ def solve(
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value)
     opts = _options(blocking)
-    space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather)
+    space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
+                   schedule, recompute)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
@@ -367,7 +444,7 @@ def solve(
                                     emit=emit, out=out, gantt=gantt,
                                     placement_png=placement_png, solver=res.status_dict())
     if as_json:
-        render.echo_json(render.solve_json(res, m, c, files, warnings))
+        render.echo_json(render.solve_json(res, m, c, files, warnings, space))
         return
     render.print_solve(res, c)
     render.print_written(files, warnings)
@@ -388,6 +465,14 @@ def compare(
     nodes: Annotated[int, typer.Option(help="Nodes of each generated cluster.")] = 8,
     time_limit: TimeOpt = 120.0,
     seed: SeedOpt = 0,
+    distopt: Annotated[Optional[bool], typer.Option(
+        "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
+        "[solver chooses].")] = None,
+    tp: TpListOpt = None,
+    pp: PpListOpt = None,
+    mbs: MbsListOpt = None,
+    schedule: ScheduleListOpt = None,
+    recompute: RecomputeListOpt = None,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the table as CSV.")] = None,
     as_json: JsonOpt = False,
 ):
@@ -397,8 +482,9 @@ def compare(
     from formats.views import write_csv
     from solvers.compare import compare_instance
 
-    m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
+    m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value)
+    space = _space(False, False, False, tp, pp, mbs, schedule, recompute)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     prog = render.Progress(not as_json)
@@ -406,7 +492,7 @@ def compare(
     try:
         for inst in instances:
             rows += compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
-                                     progress=prog)
+                                     progress=prog, space=space)
     finally:
         prog.stop()
     if csv is not None:

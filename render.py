@@ -129,8 +129,11 @@ def print_written(files, warnings) -> None:
 # solve and compare
 
 
-def solve_json(res, model, cluster, files, warnings) -> dict:
+def solve_json(res, model, cluster, files, warnings, space=None) -> dict:
+    import dataclasses
+
     return {
+        "space": dataclasses.asdict(space) if space is not None else None,
         "plan": plan_to_dict(res.plan, cluster), "estimate": estimate_to_dict(res.estimate),
         "solver": res.status_dict(),
         "candidates": [{"shape": x.describe, "lower_bound_ms": x.lower_bound_ms,

@@ -48,11 +48,11 @@ def amp_style_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
 
 def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      time_limit_s: float = 120.0, seed: int = 0, options: Options | None = None,
-                     progress=None) -> list[dict]:
+                     progress=None, space: SearchSpace = SearchSpace()) -> list[dict]:
     options = options or Options()
     rows = []
     ex = solve(model, job, cluster, method="exact", time_limit_s=time_limit_s, seed=seed,
-               options=options, progress=progress)
+               options=options, progress=progress, space=space)
     proven = ex.termination == "optimal"
     ref = ex.objective_ms if proven else ex.bound_ms
 
@@ -67,7 +67,7 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                     f"yes (gap {ex.gap * 100:.3f}%)" if proven else
                     f"no (gap {ex.gap * 100:.2f}%)"))
     an = solve(model, job, cluster, method="anneal", time_limit_s=time_limit_s, seed=seed,
-               options=options, progress=progress)
+               options=options, progress=progress, space=space)
     rows.append(row("anneal", an.plan, an.objective_ms, an.wall_s, "no (heuristic)"))
     t0 = time.perf_counter()
     sh = ex.plan.shape
@@ -80,7 +80,7 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     ms = Evaluator(model, job, cluster, meg.shape, options).iteration_ms(meg.placement)
     rows.append(row("megatron", meg, ms, time.perf_counter() - t0, "baseline"))
     t0 = time.perf_counter()
-    amp = amp_style_plan(model, job, cluster)
+    amp = amp_style_plan(model, job, cluster, space)
     if amp is not None:
         ev = Evaluator(model, job, cluster, amp.shape, options)
         ms = ev.iteration_ms(amp.placement)

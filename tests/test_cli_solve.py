@@ -78,3 +78,26 @@ def test_compare_writes_csv(tiny, tmp_path):
     exact = float(rows[0]["iteration_ms"])
     for x in rows:
         assert float(x["iteration_ms"]) >= exact * (1 - 1e-4)  # nobody beats the optimum
+
+
+def test_search_knobs_restrict_solve(tiny):
+    """--tp, --pp, --mbs, --schedule, --recompute, --distopt restrict the search; the JSON
+    records the space searched; bad values are one line and exit 2."""
+    r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "30", "--tp", "2",
+                            "--pp", "2,4", "--mbs", "1", "--schedule", "1f1b",
+                            "--recompute", "full", "--no-distopt"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    sh = d["plan"]["shape"]
+    assert sh["tp"] == 2 and sh["pp"] in (2, 4) and sh["micro_batch"] == 1
+    assert sh["schedule"] == "1f1b" and sh["recompute"] == "full"
+    assert sh["distributed_optimizer"] is False
+    assert d["space"]["tp"] == [2] and d["space"]["pp"] == [2, 4]
+    assert d["space"]["schedules"] == [["1f1b", 1]] and d["space"]["recompute"] == ["full"]
+    for c in d["candidates"]:
+        assert "TP=2 " in c["shape"] and "1f1b" in c["shape"] and "recompute=full" in c["shape"]
+    for bad, flag in ((["--tp", "x"], "--tp"), (["--schedule", "zigzag"], "--schedule"),
+                      (["--recompute", "some"], "--recompute"), (["--mbs", "0"], "--mbs")):
+        r = runner.invoke(app, ["solve", *tiny, *bad])
+        assert r.exit_code == 2 and flag in r.output
+        assert len(r.output.strip().splitlines()) == 1

@@ -105,6 +105,21 @@ class ClusterSpec:
     def homogeneous(self) -> bool:
         return len({nd.gpu.name for nd in self.nodes}) == 1 and self.gpus_per_node is not None
 
+    def uniform(self, rel_tol: float = 0.0) -> bool:
+        """Every node interchangeable: one GPU type and count, the same uniform intra-node
+        link, and every inter-node stream within `rel_tol` (relative) of every other. Then
+        every permutation of nodes over a layout's slots costs the same: no placement search
+        is needed."""
+        if not self.homogeneous or any(nd.intra_matrix_gb_per_s is not None
+                                       for nd in self.nodes):
+            return False
+        if len({nd.intra_gb_per_s for nd in self.nodes}) != 1:
+            return False
+        if self.num_nodes < 2:
+            return True
+        off = self.inter_gb_per_s[~np.eye(self.num_nodes, dtype=bool)]
+        return float(off.max() - off.min()) <= rel_tol * float(off.min())
+
     def node_index(self, name: str) -> int:
         for i, nd in enumerate(self.nodes):
             if nd.name == name:

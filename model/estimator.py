@@ -9,6 +9,7 @@ the solvers use `Evaluator` and are tested to agree with it.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -313,10 +314,19 @@ def default_layers(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     load[0] += lt.emb_fwd_ms + lt.emb_bwd_ms
     load[-1] += lt.head_fwd_ms + lt.head_bwd_ms
     layers = [0] * V
-    for _ in range(model.num_layers):
-        j = min(range(V), key=lambda i: (load[i] + per if layers[i] else -1.0, -i))
+    # empty stages first (the later first), then the least loaded (ties: the later)
+    first = min(model.num_layers, V)
+    for j in range(V - 1, V - 1 - first, -1):
         layers[j] += 1
         load[j] += per
+    heap = [(load[i] + per, -i) for i in range(V) if layers[i]]
+    heapq.heapify(heap)
+    for _ in range(model.num_layers - first):
+        _key, neg = heapq.heappop(heap)
+        j = -neg
+        layers[j] += 1
+        load[j] += per
+        heapq.heappush(heap, (load[j] + per, -j))
     return tuple(layers)
 
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .plan import Shape
 from .schedule import CompiledSchedule
 from .specs import JobSpec, ModelSpec, Options
@@ -168,14 +170,15 @@ class MemoryModel:
 
     def stage(self, s: int, params: float, layers: tuple[int, ...]) -> StageMemory:
         sh, m = self.shape, self.model
-        chunk_bytes = [self.chunk_act_bytes(c * sh.pp + s, layers[c * sh.pp + s])
-                       for c in range(sh.chunks)]
-        best, best_counts, best_work = -1.0, None, 0.0
-        for kind, _c, counts in self.cs.inflight_profile(s):
-            act = float(sum(n * cb for n, cb in zip(counts, chunk_bytes)))
-            work = self.work if kind == "B" else 0.0
-            if act + work > best:
-                best, best_counts, best_work = act + work, tuple(int(x) for x in counts), work
+        chunk_bytes = np.array([self.chunk_act_bytes(c * sh.pp + s, layers[c * sh.pp + s])
+                                for c in range(sh.chunks)])
+        # the peak over every moment of the schedule that can be one (first one on ties)
+        is_b, counts = self.cs.inflight_arrays(s)
+        total = counts @ chunk_bytes + np.where(is_b, self.work, 0.0)
+        i = int(np.argmax(total))
+        best = float(total[i])
+        best_counts = tuple(int(x) for x in counts[i])
+        best_work = self.work if is_b[i] else 0.0
         wb, gb, ob = self.bytes_per_param
         n_layers = sum(layers[c * sh.pp + s] for c in range(sh.chunks))
         fp8_bytes = (n_layers * m.linear_params_per_layer / sh.tp * FP8_WEIGHT_COPY_BYTES

@@ -358,6 +358,17 @@ class CompiledSchedule:
             cache[s] = self._inflight_profile(s)
         return cache[s]
 
+    def inflight_arrays(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        """`inflight_profile(s)` as arrays: (is_backward per event (bool), counts per event and
+        chunk (events x v)), for vectorized memory peaks."""
+        cache = self.__dict__.setdefault("_inflight_arr", {})
+        if s not in cache:
+            prof = self.inflight_profile(s)
+            cache[s] = (np.array([k == "B" for k, _c, _n in prof], dtype=bool),
+                        np.array([n for _k, _c, n in prof], dtype=float).reshape(len(prof),
+                                                                                 self.v))
+        return cache[s]
+
     def _inflight_profile(self, s: int):
         cur = np.zeros(self.v, dtype=np.int64)
         seen = set()

@@ -21,6 +21,7 @@ bucket when the plan overlaps).
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -82,13 +83,12 @@ def _memory_caps(model, job, cluster, shape, options, costs) -> list[int] | None
     caps = []
     for s in range(shape.pp):
         base = mm.const_static_bytes(costs.stage_params(s, zero))
-        most = model.num_layers
-        for kind, _c, counts in cs.inflight_profile(s):
-            n = int(counts[0])
-            const = base + (mm.work if kind == "B" else 0.0) + n * mm.chunk_act_bytes(s, 0)
-            per = n * mm.act_layer + mm.layer_static_bytes
-            most = min(most, int(math.floor((budget - const) / per + 1e-9)))
-        caps.append(most)
+        is_b, counts = cs.inflight_arrays(s)
+        n = counts[:, 0]
+        const = base + np.where(is_b, mm.work, 0.0) + n * mm.chunk_act_bytes(s, 0)
+        per = n * mm.act_layer + mm.layer_static_bytes
+        caps.append(min(model.num_layers, int(np.floor(np.min((budget - const) / per)
+                                                       + 1e-9))))
     return caps
 
 
@@ -138,6 +138,9 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     extra[0] += e_first
     extra[p - 1] += e_last
     t_min = tail0(v)
+    # stage 0's own inequality for n = 0..cap layers (increasing in n): the most layers it
+    # takes at T is a bisection in this table
+    stage0 = [m * (n_ * c + extra[0]) + tail0(n_) for n_ in range(caps[0] + 1)]
 
     def feasible(T: float) -> bool:
         """Is there an integer split, each stage at least v layers and within its memory,
@@ -149,7 +152,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         lo = hi = 0
         for k in range(p):
             if k == 0:
-                a0 = _max_n(lambda n_: m * (n_ * c + extra[0]) + tail0(n_), T, caps[0])
+                a0 = bisect.bisect_right(stage0, T) - 1
                 if a0 < v:
                     return False
                 lo, hi = v, a0
@@ -173,34 +176,20 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                 lo, hi = lo + v, hi + a
         return lo <= L <= hi
 
-    hi = m * (L * c + e_first + e_last) + 2 * p * hop + tail0(L) + 1.0
-    lo = 0.0
+    # the continuous form (no transfers, no tail) is also valid, and can be the larger for
+    # interleaved schedules; the bisection starts from it
+    W = L * c + e_first + e_last
+    smooth = m * W / p if (v > 1 or p == 1) else W / (1 - (1 - 1 / m) ** p)
+    if feasible(smooth):
+        return smooth
+    lo, hi = smooth, max(smooth * 1.25, 1e-9)
     while not feasible(hi):
-        hi *= 2
-    for _ in range(60):
-        if hi - lo <= 1e-9 * hi:
-            break
+        lo, hi = hi, hi * 2
+    while hi - lo > 1e-7 * hi:
         mid = (lo + hi) / 2
         if feasible(mid):
             hi = mid
         else:
             lo = mid
-    # lo is infeasible (or 0): every T below hi fails, so lo is a valid lower bound; the
-    # continuous form (no transfers, no tail) can be larger for interleaved schedules
-    W = L * c + e_first + e_last
-    smooth = m * W / p if (v > 1 or p == 1) else W / (1 - (1 - 1 / m) ** p)
-    return max(lo, smooth)
-
-
-def _max_n(f, T: float, cap: int) -> int:
-    """Largest n in [0, cap] with f(n) <= T for an increasing f (binary search)."""
-    lo, hi = 0, cap
-    if f(hi) <= T:
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if f(mid) <= T:
-            lo = mid
-        else:
-            hi = mid
+    # lo is infeasible: every T at or below it fails, so it is a valid lower bound
     return lo

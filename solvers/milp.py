@@ -545,11 +545,13 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         if prob.fits(dat.start_layers):
             cut_list.append(dat.ev0.cs.critical_path(R.relaxed_durations(dat.start_layers))[1])
         st = _relaxed_loop(R, SolverFactory("highs"), TC, cut_list, left_s, max_rounds,
-                           mip_rel_gap)
-        term = "infeasible" if st.infeasible else ("optimal" if st.converged else "time_limit")
+                           mip_rel_gap, cutoff_ms)
+        term = "infeasible" if st.infeasible else ("optimal" if st.converged else (
+            "cutoff" if math.isfinite(cutoff_ms) and st.bound >= cutoff_ms * (1 - 1e-9)
+            else "time_limit"))
         return PlacementResult(None, math.inf, max(st.bound, prob.lower_bound_ms()), term,
                                "milp-relaxed", time.perf_counter() - t_start, st.rounds,
-                               cut_list)
+                               cut_list, layers=tuple(st.layers) if st.converged else None)
 
     # Decomposition by stage loads (layers per pipeline stage). The placement-relaxed model
     # with one binary per stage and load (the master) gives load vectors in increasing order of

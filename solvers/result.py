@@ -21,6 +21,7 @@ class PlacementResult:
     iterations: int = 0
     cuts: list = field(default_factory=list)  # critical-path count vectors found (MILP)
     load_vectors: int = 0  # MILP: load vectors (layers per stage) solved one by one
+    layers: tuple | None = None  # placement-relaxed MILP: its optimal split, when it converged
 
     @property
     def gap(self) -> float:

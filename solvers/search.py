@@ -60,6 +60,56 @@ class ShapeInfo:
     screened: bool = True  # False: the screening's time ran out before this shape
 
 
+def _uniform_block(pr: PlacementProblem, cuts: list, best_ms: float, left_s: float):
+    """One block of a shape on a uniform cluster, where the placement-relaxed model is exact
+    (every order of nodes costs the same). The split's linear program bounds it; integral
+    splits around its solution (rounded, balanced) give plans in node order; if one is within
+    the optimality tolerance of the bound the block is settled, else the integral model (with
+    the best of them as its cutoff) settles it. Returns (result with a valid bound and a
+    termination, (time, plan) of the best plan found or None)."""
+    lp = solve_milp(pr, relax_placement=True, initial_cuts=cuts, integral_layers=False,
+                    cutoff_ms=best_ms, time_limit_s=max(0.5, min(10.0, left_s / 4)))
+    if lp.termination in ("cutoff", "infeasible") or lp.layers is None:
+        return lp, None
+    perm = list(range(pr.num_slots))
+    cands = {pr.start_layers(), _round_split(lp.layers, pr.model.num_layers)}
+    found = None
+    for lay in cands:
+        if min(lay) >= 1 and pr.fits(lay):
+            ms = pr.cost(perm, lay)
+            if found is None or ms < found[0]:
+                found = (ms, lay)
+    if found is not None and found[0] <= lp.bound_ms * (1 + OPTIMAL_GAP):
+        lp.termination = "optimal"
+        return lp, (found[0], pr.plan(perm, found[1]))
+    cutoff = min(best_ms, found[0]) if found is not None else best_ms
+    mip = solve_milp(pr, relax_placement=True, initial_cuts=lp.cuts, cutoff_ms=cutoff,
+                     time_limit_s=max(0.5, left_s / 2))
+    mip.bound_ms = max(mip.bound_ms, lp.bound_ms)
+    if mip.layers is not None and pr.fits(mip.layers):
+        ms = pr.cost(perm, mip.layers)
+        if found is None or ms < found[0]:
+            found = (ms, mip.layers)
+    if mip.termination == "cutoff" and found is not None and found[0] <= cutoff:
+        mip.termination = "optimal"  # nothing beats the plan at the cutoff
+    return mip, (None if found is None else (found[0], pr.plan(perm, found[1])))
+
+
+def _round_split(layers, total: int) -> tuple[int, ...]:
+    """Largest-remainder rounding of a fractional split to integers summing to `total`, at
+    least one layer each."""
+    base = [max(1, int(x)) for x in layers]
+    rest = sorted(range(len(layers)), key=lambda i: -(layers[i] - int(layers[i])))
+    i = 0
+    while sum(base) < total:
+        base[rest[i % len(rest)]] += 1
+        i += 1
+    while sum(base) > total:
+        j = max(range(len(base)), key=lambda i_: base[i_])
+        base[j] -= 1
+    return tuple(base)
+
+
 def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None:
     try:
         pl = megatron_placement(cluster, shape.tp, shape.pp, shape.dp)
@@ -117,16 +167,20 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
 def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str = "auto",
           time_limit_s: float = 60.0, seed: int = 0, options: Options | None = None,
           space: SearchSpace = SearchSpace(), progress=None, max_shapes: int | None = None,
-          anneal_iters: int = 3000) -> SolveResult:
-    """Fastest plan that fits, with its proof status."""
+          anneal_iters: int = 3000, uniform_tol: float = 0.0) -> SolveResult:
+    """Fastest plan that fits, with its proof status. `uniform_tol`: inter-node streams within
+    this relative spread count as equal (cluster.uniform): no placement search then."""
     options = options or Options()
     t0 = time.perf_counter()
     if method not in ("auto", "exact", "anneal"):
         raise ValueError(method)
+    # every node interchangeable: each block layout's placement is one (identity) and the
+    # placement-relaxed MILP over the split is exact, whatever the cluster's size
+    uniform = cluster.uniform(uniform_tol)
     if method == "auto":
-        method = "exact" if (cluster.num_nodes <= AUTO_EXACT_MAX_NODES and cluster.homogeneous
-                             and all(nd.intra_matrix_gb_per_s is None for nd in cluster.nodes)
-                             ) else "anneal"
+        method = "exact" if uniform or (
+            cluster.num_nodes <= AUTO_EXACT_MAX_NODES and cluster.homogeneous
+            and all(nd.intra_matrix_gb_per_s is None for nd in cluster.nodes)) else "anneal"
     # screening may take up to 40% of the time limit once some shape has a quick score
     infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress,
                                             deadline=t0 + SCREEN_FRACTION * time_limit_s)
@@ -205,7 +259,21 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                          f"best {best_ms / 1e3:.3f} s")
             try:
                 rb = math.inf
+                exact_all = uniform
                 for pr in probs:
+                    if uniform:
+                        r, plan_ms = _uniform_block(pr, cuts, best_ms, left)
+                        cuts = r.cuts
+                        if plan_ms is not None:
+                            ms, plan = plan_ms
+                            cand.best_ms = min(cand.best_ms or math.inf, ms)
+                            if ms < best_ms:
+                                best_ms, best_plan = ms, plan
+                                cand.plan = plan
+                        exact_all &= r.termination in ("optimal", "cutoff", "infeasible")
+                        rb = min(rb, r.bound_ms)
+                        block_bounds[id(pr)] = r.bound_ms
+                        continue
                     # placement relaxed, fractional split first (a linear program)
                     r = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
                                    integral_layers=False,
@@ -223,6 +291,17 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 info.bound_ms = max(info.bound_ms, rb)
                 bounds_left[id(info)] = info.bound_ms
                 cand.lower_bound_ms = info.bound_ms
+                if uniform and exact_all:
+                    # settled exactly: its bound is its best plan (or the incumbent's cutoff)
+                    solved += 1
+                    pool[graph_key(info.shape)] = cuts
+                    if cand.best_ms is not None and cand.best_ms >= best_ms * (1 + 1e-9):
+                        cand.status = "slower"
+                    elif cand.best_ms is None:
+                        cand.status = ("pruned: its best split cannot beat the best plan"
+                                       if math.isfinite(info.bound_ms) else
+                                       "no split fits in memory")
+                    continue
             except Exception as e:  # noqa: BLE001  (reported; the closed-form bound stands)
                 failed(info, e)
             pool[graph_key(info.shape)] = cuts

@@ -174,36 +174,41 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     zero = (0,) * V
     ovh = options.overheads
     scale = (1 + ovh.fragmentation) / GIB
-    # per stage: events as (constant bytes, bytes per layer of each chunk)
-    events = []
+    # per stage: events as constant bytes (vector) and bytes per layer of each chunk (events
+    # x V matrix, zero outside the stage's chunks)
+    ev_const, ev_coef = [], []
     for s in range(p):
         base = mm.const_static_bytes(costs.stage_params(s, zero))
-        ev = []
-        for kind, _c, counts in cs.inflight_profile(s):
-            const = base + (mm.work if kind == "B" else 0.0)
-            coef = np.zeros(V)
-            for c, cnt in enumerate(counts):
-                j = c * p + s
-                const += int(cnt) * mm.chunk_act_bytes(j, 0)
-                # weights, grads and optimizer state grow with every layer, stored or not
-                coef[j] = int(cnt) * mm.act_layer + mm.layer_static_bytes
-            ev.append((const, coef))
-        events.append(ev)
+        is_b, counts = cs.inflight_arrays(s)
+        chunk0 = np.array([mm.chunk_act_bytes(c * p + s, 0) for c in range(shape.chunks)])
+        ev_const.append(base + np.where(is_b, mm.work, 0.0) + counts @ chunk0)
+        coef = np.zeros((len(is_b), V))
+        for c in range(shape.chunks):
+            # weights, grads and optimizer state grow with every layer, stored or not
+            coef[:, c * p + s] = counts[:, c] * mm.act_layer + mm.layer_static_bytes
+        ev_coef.append(coef)
 
     def stage_peaks_gib(lay):
         arr = np.asarray(lay, dtype=float)
-        return [max(const + coef @ arr for const, coef in ev) * scale + ovh.context_gib
-                for ev in events]
+        return [float((ev_const[s] + ev_coef[s] @ arr).max()) * scale + ovh.context_gib
+                for s in range(p)]
 
     if shape.chunks == 1:
         # one chunk per stage: each candidate peak is const + coef * l_s, so under a cap every
         # stage holds at most min_e floor((cap - const_e) / coef_e) layers; a cap is feasible
         # iff those add up to L. Bisect on the cap for the smallest feasible one.
-        C = [np.array([c for c, _ in ev]) for ev in events]
-        S = [np.array([cf[s] for _, cf in ev]) for s, ev in enumerate(events)]
+        # events of all stages in one padded matrix (padding: a slope of 1 at -inf bytes,
+        # never the binding one)
+        width = max(len(c) for c in ev_const)
+        Cm = np.full((p, width), -np.inf)
+        Sm = np.ones((p, width))
+        for s in range(p):
+            Cm[s, :len(ev_const[s])] = ev_const[s]
+            Sm[s, :len(ev_const[s])] = ev_coef[s][:, s]
+        C, S = ev_const, [ev_coef[s][:, s] for s in range(p)]
 
         def max_layers(cap):
-            return [int(np.floor(np.min((cap - C[s]) / S[s]) + 1e-9)) for s in range(p)]
+            return np.floor(np.min((cap - Cm) / Sm, axis=1) + 1e-9).astype(int).tolist()
 
         def ok(cap):
             ml = max_layers(cap)
@@ -213,9 +218,7 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
         lo = float(max((C[s] + S[s]).max() for s in range(p)))
         if ok(lo):
             hi = lo
-        for _ in range(60):
-            if hi - lo <= 1e-9 * hi:
-                break
+        while hi - lo > 1e-7 * hi:  # bytes: a relative 1e-7 is far below any GiB shown
             mid = (lo + hi) / 2
             lo, hi = (lo, mid) if ok(mid) else (mid, hi)
         ml = max_layers(hi)
@@ -227,8 +230,6 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
         return tuple(layers), float(max(peaks)), int(np.argmax(peaks))
 
     layers = [1] * V
-    ev_const = [np.array([c for c, _ in ev]) for ev in events]
-    ev_coef = [np.array([cf for _, cf in ev]) for ev in events]
     cur = [ev_const[s] + ev_coef[s] @ np.asarray(layers, dtype=float) for s in range(p)]
     for _ in range(model.num_layers - V):
         best, best_j = None, 0

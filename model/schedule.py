@@ -352,39 +352,40 @@ class CompiledSchedule:
     def inflight_profile(self, s: int) -> list[tuple[str, int, np.ndarray]]:
         """For stage s, the count of stored micro-batches per chunk at each moment that can be
         a memory peak: after each forward ('F'), and during each backward before it frees its
-        activations ('B'). Returns (event, chunk, counts per chunk), duplicates removed."""
-        cache = self.__dict__.setdefault("_inflight", {})
+        activations ('B'). Returns (event, chunk, counts per chunk), duplicates removed, in
+        schedule order."""
+        cache = self.__dict__.setdefault("_inflight_list", {})
         if s not in cache:
-            cache[s] = self._inflight_profile(s)
+            is_b, counts, chunk = self._inflight(s)
+            cache[s] = [("B" if b else "F", int(c), n.astype(np.int64))
+                        for b, n, c in zip(is_b, counts, chunk)]
         return cache[s]
 
     def inflight_arrays(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """`inflight_profile(s)` as arrays: (is_backward per event (bool), counts per event and
         chunk (events x v)), for vectorized memory peaks."""
+        is_b, counts, _chunk = self._inflight(s)
+        return is_b, counts
+
+    def _inflight(self, s: int):
+        """(is_backward, counts (events x v, float), chunk) of stage s's distinct events: a
+        forward counts itself, a backward counts its micro-batch still stored (it frees it
+        after), computed with cumulative sums over the stage's order."""
         cache = self.__dict__.setdefault("_inflight_arr", {})
         if s not in cache:
-            prof = self.inflight_profile(s)
-            cache[s] = (np.array([k == "B" for k, _c, _n in prof], dtype=bool),
-                        np.array([n for _k, _c, n in prof], dtype=float).reshape(len(prof),
-                                                                                 self.v))
+            ops = self.orders[s]
+            fwd = np.array([k == "F" for k, _mb, _c in ops], dtype=bool)
+            chunk = np.array([c for _k, _mb, c in ops], dtype=np.int64)
+            delta = np.zeros((len(ops), self.v), dtype=np.int64)
+            delta[np.arange(len(ops)), chunk] = np.where(fwd, 1, -1)
+            counts = np.cumsum(delta, axis=0)
+            counts[~fwd, chunk[~fwd]] += 1  # a backward's own micro-batch is still stored
+            key = np.concatenate([(~fwd)[:, None].astype(np.int64), chunk[:, None], counts],
+                                 axis=1)
+            _u, first = np.unique(key, axis=0, return_index=True)
+            keep = np.sort(first)
+            cache[s] = (~fwd[keep], counts[keep].astype(float), chunk[keep])
         return cache[s]
-
-    def _inflight_profile(self, s: int):
-        cur = np.zeros(self.v, dtype=np.int64)
-        seen = set()
-        out = []
-        for k, _mb, c in self.orders[s]:
-            if k == "F":
-                cur[c] += 1
-                key = ("F", c, tuple(cur))
-            else:
-                key = ("B", c, tuple(cur))
-            if key not in seen:
-                seen.add(key)
-                out.append((k, c, cur.copy()))
-            if k == "B":
-                cur[c] -= 1
-        return out
 
 
 @lru_cache(maxsize=512)

@@ -770,6 +770,14 @@ def _placement_loop(F: _Formulation, opt, TC, prob, paths, left_s, max_rounds: i
         milp_ms = float(res.incumbent_objective)
         if true_ms < st.objective_ms:
             st.objective_ms, st.plan = true_ms, prob.plan(perm, lay)
+        # the dual bound is valid whatever the cuts (fewer paths: a relaxation): once the best
+        # plan known (here or the caller's cutoff) is within the tolerance of it, no plan of
+        # this load vector can be better by more than the tolerance
+        known = min(cutoff_ms, st.objective_ms)
+        if tc == TC.convergenceCriteriaSatisfied and known - st.bound <= _tolerance(
+                known, mip_rel_gap):
+            st.converged = True
+            return st
         # HiGHS solves to its feasibility tolerance (1e-7): agreement is judged at 1e-7
         if true_ms <= milp_ms * (1 + 1e-7) + 1e-9:
             st.converged = tc == TC.convergenceCriteriaSatisfied or (

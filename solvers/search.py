@@ -45,6 +45,10 @@ AUTO_EXACT_MAX_NODES = 16
 SCREEN_FRACTION = 0.4
 BOUND_FRACTION = 0.5
 ANNEAL_SHARES = 3
+# With the exact method the shape of the best quick score is optimized first, with at most this
+# share of the time limit; the annealing warm start of each MILP takes at most WARM_START_S.
+FIRST_SHAPE_SHARE = 0.3
+WARM_START_S = 2.0
 # "optimal" means a proven relative gap of at most HiGHS's default MIP tolerance; the exact gap
 # is always reported alongside
 OPTIMAL_GAP = 1e-4
@@ -231,6 +235,65 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         bounds_left[id(info)] = max(info.bound_ms, best_ms)
         return True
 
+    optimized: set[int] = set()
+
+    def optimize(info, per_block: float, label: str) -> None:
+        """Optimize placement and split of every block of one shape (MILP with an annealing
+        warm start, or annealing), within `per_block` seconds a block; record its best plan
+        and its bound."""
+        nonlocal best_ms, best_plan, solved, all_exact
+        optimized.add(id(info))
+        cand = candidates[id(info)]
+        probs = probs_of[id(info)]
+        cuts = cuts_of.get(id(info), pool.get(graph_key(info.shape), []))
+        shape_bound = math.inf
+        shape_best = math.inf
+        for prob in probs:
+            blk = prob.block
+            if block_bounds.get(id(prob), 0.0) >= best_ms * (1 - 1e-9):
+                # this block's layout cannot beat the incumbent even on the cheapest links
+                shape_bound = min(shape_bound, block_bounds[id(prob)])
+                continue
+            if progress:
+                progress(f"{label} {info.shape.describe()}, {blk.describe()}; best "
+                         f"{best_ms / 1e3:.3f} s, bound {min(bounds_left.values()) / 1e3:.3f} s")
+            res = None
+            if method == "exact" and milp_supported(prob) is None:
+                t_block = time.perf_counter()
+                warm = anneal(prob, seed=seed, iters=min(anneal_iters, 1500),
+                              time_limit_s=min(per_block / 4, WARM_START_S), restarts=2)
+                seeds = [(list(range(prob.num_slots)), prob.start_layers())]
+                if warm.plan is not None:
+                    seeds.append((_perm_of(prob, warm.plan), tuple(warm.plan.shape.layers)))
+                try:
+                    milp_s = max(0.5, per_block - (time.perf_counter() - t_block))
+                    res = solve_milp(prob, time_limit_s=milp_s, seed_solutions=seeds,
+                                     initial_cuts=cuts, cutoff_ms=best_ms)
+                    cuts = res.cuts
+                    pool[graph_key(info.shape)] = cuts
+                except Exception as e:  # noqa: BLE001  (reported; the annealer takes over)
+                    failed(info, e)
+                    res = None
+                # "cutoff": proven that nothing here beats the incumbent (bound ~ incumbent)
+                if res is not None and res.termination not in ("optimal", "cutoff"):
+                    all_exact = False
+            if res is None:
+                res = anneal(prob, seed=seed, iters=anneal_iters, time_limit_s=per_block)
+                all_exact = False
+                res.bound_ms = info.bound_ms
+            # every result's bound is valid (a MILP stopped early keeps at least the shape's
+            # closed-form bound; infeasible blocks bound at infinity)
+            shape_bound = min(shape_bound, max(res.bound_ms, prob.lower_bound_ms()))
+            if res.plan is not None and res.objective_ms < shape_best:
+                shape_best = res.objective_ms
+            if res.plan is not None and res.objective_ms < best_ms:
+                best_ms, best_plan = res.objective_ms, res.plan
+                cand.plan = res.plan
+        solved += 1
+        cand.best_ms = shape_best if math.isfinite(shape_best) else None
+        bounds_left[id(info)] = max(info.bound_ms, shape_bound) if math.isfinite(
+            shape_bound) else math.inf
+
     survivors = []
     # with annealing the time may run out before every shape is bounded: smallest closed-form
     # bound first, as those set the reported gap (phase B still goes by quick score)
@@ -251,6 +314,13 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             bounds_left[id(info)] = math.inf
             continue
         cuts: list = pool.setdefault(graph_key(info.shape), [])
+        if n_done == 0 and method == "exact" and not uniform:
+            # the best quick score first, solved outright: its optimum is the incumbent every
+            # other shape's bound is held against (a better one prunes more, and sooner)
+            optimize(info, max(0.5, left * FIRST_SHAPE_SHARE / len(probs)), "incumbent shape")
+            if candidates[id(info)].status == "":
+                survivors.append(info)
+            continue
         bound_left_s = min(left, bound_until - time.perf_counter())
         if bound_left_s > 0 and all(milp_supported(pr) is None for pr in probs):
             left = bound_left_s
@@ -276,12 +346,13 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                         continue
                     # placement relaxed, fractional split first (a linear program)
                     r = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
-                                   integral_layers=False,
+                                   integral_layers=False, cutoff_ms=best_ms,
                                    time_limit_s=max(0.5, min(10.0, left / 4)))
                     cuts = r.cuts
                     if best_ms * (1 - 0.02) < r.bound_ms < best_ms * (1 - 1e-9):
                         # close to the incumbent: the integral split may settle it
                         r2 = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
+                                        cutoff_ms=best_ms,
                                         time_limit_s=max(0.5, min(5.0, left / 8)))
                         cuts = r2.cuts
                         if r2.bound_ms > r.bound_ms:
@@ -315,6 +386,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     rank = {id(i): n for n, i in enumerate(infos)}
     survivors.sort(key=lambda i: rank[id(i)])
     for n_done, info in enumerate(survivors):
+        if id(info) in optimized:
+            continue
         cand = candidates[id(info)]
         if pruned(info, cand):
             continue
@@ -326,62 +399,14 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         if left <= 0 or (max_shapes is not None and solved >= max_shapes):
             cand.status = "not searched (time limit)"
             continue
-        probs = probs_of[id(info)]
-        cuts = cuts_of[id(info)]
         blocks_left = sum(len(probs_of[id(i)]) for i in survivors[n_done:])
         if method == "anneal":
             # the most promising shapes first: each block gets a share of the time left as
             # if at most ANNEAL_SHARES blocks remained (shapes not reached stay unsearched,
             # with their valid bounds)
             blocks_left = min(blocks_left, ANNEAL_SHARES)
-        per_block = max(0.5, left / max(1, blocks_left))
-        shape_bound = math.inf
-        shape_best = math.inf
-        for prob in probs:
-            blk = prob.block
-            if block_bounds.get(id(prob), 0.0) >= best_ms * (1 - 1e-9):
-                # this block's layout cannot beat the incumbent even on the cheapest links
-                shape_bound = min(shape_bound, block_bounds[id(prob)])
-                continue
-            if progress:
-                progress(f"shape {n_done + 1}/{len(survivors)} {info.shape.describe()}, "
-                         f"{blk.describe()}; best {best_ms / 1e3:.3f} s, "
-                         f"bound {min(bounds_left.values()) / 1e3:.3f} s")
-            res = None
-            if method == "exact" and milp_supported(prob) is None:
-                t_block = time.perf_counter()
-                warm = anneal(prob, seed=seed, iters=min(anneal_iters, 1500),
-                              time_limit_s=per_block / 4, restarts=2)
-                seeds = [(list(range(prob.num_slots)), prob.start_layers())]
-                if warm.plan is not None:
-                    seeds.append((_perm_of(prob, warm.plan), tuple(warm.plan.shape.layers)))
-                try:
-                    milp_s = max(0.5, per_block - (time.perf_counter() - t_block))
-                    res = solve_milp(prob, time_limit_s=milp_s, seed_solutions=seeds,
-                                     initial_cuts=cuts, cutoff_ms=best_ms)
-                    cuts = res.cuts
-                except Exception as e:  # noqa: BLE001  (reported; the annealer takes over)
-                    failed(info, e)
-                    res = None
-                # "cutoff": proven that nothing here beats the incumbent (bound ~ incumbent)
-                if res is not None and res.termination not in ("optimal", "cutoff"):
-                    all_exact = False
-            if res is None:
-                res = anneal(prob, seed=seed, iters=anneal_iters, time_limit_s=per_block)
-                all_exact = False
-                res.bound_ms = info.bound_ms
-            # every result's bound is valid (a MILP stopped early keeps at least the shape's
-            # closed-form bound; infeasible blocks bound at infinity)
-            shape_bound = min(shape_bound, max(res.bound_ms, prob.lower_bound_ms()))
-            if res.plan is not None and res.objective_ms < shape_best:
-                shape_best = res.objective_ms
-            if res.plan is not None and res.objective_ms < best_ms:
-                best_ms, best_plan = res.objective_ms, res.plan
-                cand.plan = res.plan
-        solved += 1
-        cand.best_ms = shape_best if math.isfinite(shape_best) else None
-        bounds_left[id(info)] = max(info.bound_ms, shape_bound) if math.isfinite(
-            shape_bound) else math.inf
+        optimize(info, max(0.5, left / max(1, blocks_left)),
+                 f"shape {n_done + 1}/{len(survivors)}")
     for info in infos:
         c = candidates[id(info)]
         if c.best_ms is not None and c.status == "":

@@ -81,6 +81,7 @@ class Recompute(str, Enum):
 class JobFramework(str, Enum):
     megatron = "megatron"
     deepspeed = "deepspeed"
+    torchtitan = "torchtitan"
 
 
 class Attention(str, Enum):
@@ -150,6 +151,12 @@ ScheduleListOpt = Annotated[Optional[str], typer.Option(
 RecomputeListOpt = Annotated[Optional[str], typer.Option(
     "--recompute", help="Recompute modes to search: none, selective, full, comma-separated "
     "[all].")]
+ZeroListOpt = Annotated[Optional[str], typer.Option(
+    "--zero", help="ZeRO stages to search (0 none, 1 optimizer state / distributed optimizer, 2 "
+    "+ gradients, 3 + parameters / FSDP), e.g. 1,3 [what the framework offers].")]
+ShardListOpt = Annotated[Optional[str], typer.Option(
+    "--shard-size", help="HSDP: data-parallel ranks per shard group for ZeRO-3, a value or a "
+    "list; 0 shards over the whole group [0 and one node's replicas].")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset of every node (see `presets`).")]
 GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 IntraTopologyOpt = Annotated[Optional[str], typer.Option(
@@ -205,7 +212,8 @@ def _options(blocking: bool):
     return Options(blocking_p2p=blocking)
 
 
-def _int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
+def _int_list(text: str | None, flag: str, allow_zero: bool = False
+              ) -> tuple[int, ...] | None:
     """A value or a comma-separated list of positive integers ("8" or "2,4,8")."""
     from model.errors import SpecError
 
@@ -215,10 +223,21 @@ def _int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         vals = ()
-    if not vals or any(v < 1 for v in vals):
-        raise SpecError(f"{text!r}: give a positive integer or a comma-separated list of them, "
-                        "e.g. 2,4,8", source="options", field=flag)
+    if not vals or any(v < (0 if allow_zero else 1) for v in vals):
+        raise SpecError(f"{text!r}: give a {'non-negative' if allow_zero else 'positive'} "
+                        "integer or a comma-separated list of them, e.g. 2,4,8",
+                        source="options", field=flag)
     return tuple(sorted(set(vals)))
+
+
+def _zero_list(text: str | None) -> tuple[int, ...] | None:
+    from model.errors import SpecError
+
+    vals = _int_list(text, "--zero", allow_zero=True)
+    if vals is not None and any(v > 3 for v in vals):
+        raise SpecError(f"{text!r}: ZeRO stages are 0, 1, 2 and 3", source="options",
+                        field="--zero")
+    return vals
 
 
 def _choice_list(text: str | None, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -256,7 +275,8 @@ def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
 
 def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
            tp: str | None = None, pp: str | None = None, mbs: str | None = None,
-           schedule: str | None = None, recompute: str | None = None):
+           schedule: str | None = None, recompute: str | None = None,
+           zero: str | None = None, shard_size: str | None = None):
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
@@ -269,6 +289,8 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
                        schedules=_schedules(schedule) or base.schedules,
                        recompute=_choice_list(recompute, "--recompute", RECOMPUTE)
                        or base.recompute,
+                       zero=_zero_list(zero),
+                       shard_sizes=_int_list(shard_size, "--shard-size", allow_zero=True),
                        tp_comm_overlap=(tp_comm_overlap,),
                        overlap_grad_reduce=(overlap_grad_reduce,),
                        overlap_param_gather=(overlap_param_gather,))
@@ -312,6 +334,10 @@ def estimate(
     sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
     distopt: Annotated[bool, typer.Option("--distopt/--no-distopt",
                                           help="Distributed optimizer (ZeRO-1).")] = False,
+    zero: Annotated[Optional[int], typer.Option(
+        "--zero", help="ZeRO stage 0-3 (overrides --distopt).")] = None,
+    shard_size: Annotated[int, typer.Option(
+        "--shard-size", help="HSDP shard group (ZeRO-3); 0: the whole data-parallel group.")] = 0,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
@@ -348,7 +374,8 @@ def estimate(
     opts = _options(blocking)
     plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
-                     sequence_parallel=sp, distributed_optimizer=distopt,
+                     sequence_parallel=sp, distributed_optimizer=distopt, zero=zero,
+                     shard_size=shard_size,
                      tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                      overlap_param_gather=overlap_param_gather, options=opts)
     est = run_estimate(m, job, c, plan, opts)
@@ -414,6 +441,8 @@ def solve(
     mbs: MbsListOpt = None,
     schedule: ScheduleListOpt = None,
     recompute: RecomputeListOpt = None,
+    zero: ZeroListOpt = None,
+    shard_size: ShardListOpt = None,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
@@ -433,7 +462,7 @@ def solve(
                         allow_list=True, framework=framework.value)
     opts = _options(blocking)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
-                   schedule, recompute)
+                   schedule, recompute, zero, shard_size)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
@@ -473,26 +502,37 @@ def compare(
     mbs: MbsListOpt = None,
     schedule: ScheduleListOpt = None,
     recompute: RecomputeListOpt = None,
+    zero: ZeroListOpt = None,
+    shard_size: ShardListOpt = None,
+    sharding: Annotated[bool, typer.Option(
+        "--sharding", help="Instead: the best plan under ZeRO-1, ZeRO-3 and HSDP, side by "
+        "side (time and memory).")] = False,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the table as CSV.")] = None,
     as_json: JsonOpt = False,
 ):
     """Exact solver vs annealer vs baselines (Megatron-LM placement, AMP-style choice), all
-    re-evaluated with this cost model."""
+    re-evaluated with this cost model; or, with --sharding, ZeRO-1 vs ZeRO-3 vs HSDP."""
     from formats.clusters import SynthParams, synth_cluster
     from formats.views import write_csv
     from solvers.compare import compare_instance
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value)
-    space = _space(False, False, False, tp, pp, mbs, schedule, recompute)
+    space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     prog = render.Progress(not as_json)
     rows = []
     try:
         for inst in instances:
-            rows += compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
-                                     progress=prog, space=space)
+            if sharding:
+                from solvers.compare import compare_sharding
+                rows += [{"cluster": inst.name, **r} for r in compare_sharding(
+                    m, job, inst, time_limit_s=time_limit, seed=seed, progress=prog,
+                    space=space)]
+            else:
+                rows += compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
+                                         progress=prog, space=space)
     finally:
         prog.stop()
     if csv is not None:
@@ -500,8 +540,11 @@ def compare(
     if as_json:
         render.echo_json(rows)
         return
-    render.print_compare(rows, f"{m.name}, global batch {job.global_batch}, seq "
-                         f"{job.seq_length}", csv)
+    title = f"{m.name}, global batch {job.global_batch}, seq {job.seq_length}"
+    if sharding:
+        render.print_sharding(rows, title, csv)
+    else:
+        render.print_compare(rows, title, csv)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -633,7 +676,7 @@ def cluster_synth(
 # plan files, framework launch files and pictures (formats/planfile.py, launch/)
 
 _PLAN_OPTION_PARAMS = ("model", "cluster", "gbs", "seq", "precision", "attention", "framework",
-                       "tp", "pp",
+                       "zero", "shard_size", "tp", "pp",
                        "dp", "mbs", "schedule", "chunks", "layers", "recompute", "sp", "distopt",
                        "blocking", "tp_comm_overlap", "overlap_grad_reduce",
                        "overlap_param_gather")

@@ -197,6 +197,22 @@ def print_compare(rows, title: str, csv_path=None) -> None:
         con.print(f"wrote {csv_path}")
 
 
+def print_sharding(rows, title: str, csv_path=None) -> None:
+    t = Table(title=title + ": best plan under each data-parallel sharding")
+    for col in ("cluster", "sharding", "plan", "iteration s", "peak GiB", "search", "solve s"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["cluster"], r["sharding"], r["plan"],
+                  "-" if r["iteration_ms"] is None else f"{r['iteration_ms'] / 1e3:.3f}",
+                  "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f}",
+                  escape(str(r["termination"])),
+                  "-" if r["solve_s"] is None else f"{r['solve_s']:.1f}")
+    con = console()
+    con.print(t)
+    if csv_path is not None:
+        con.print(f"wrote {csv_path}")
+
+
 # ---------------------------------------------------------------------------------------------
 # validate and presets
 

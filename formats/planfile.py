@@ -70,7 +70,8 @@ def model_to_dict(m: ModelSpec) -> dict:
 def job_to_dict(j: JobSpec) -> dict:
     return {"global_batch": j.global_batch, "seq_length": j.seq_length,
             "precision": j.precision, "fp8": j.fp8, "attention": j.attention,
-            "framework": j.framework, "distributed_optimizer": j.distributed_optimizer}
+            "framework": j.framework, "zero": j.zero,
+            "distributed_optimizer": j.distributed_optimizer}
 
 
 def options_to_dict(o: Options) -> dict:
@@ -232,6 +233,7 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
                        fp8=rd.get(d, "fp8", w, bool, nullable=True),
                        attention=rd.get(d, "attention", w, str),
                        framework=rd.get(d, "framework", w, str),
+                       zero=rd.get(d, "zero", w, int, None, nullable=True),
                        distributed_optimizer=rd.get(d, "distributed_optimizer", w, bool, None,
                                                     nullable=True),
                        source=rd.src)
@@ -317,6 +319,7 @@ def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
                   layers=tuple(layers), recompute=rd.get(sd, "recompute", sw, str),
                   sequence_parallel=rd.get(sd, "sequence_parallel", sw, bool),
                   distributed_optimizer=rd.get(sd, "distributed_optimizer", sw, bool),
+                  zero=rd.get(sd, "zero", sw, int), shard_size=rd.get(sd, "shard_size", sw, int),
                   **{f: rd.get(sd, f, sw, bool) for f in (
                       "fp8", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")})
     try:

@@ -10,6 +10,7 @@ relies on that).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,7 @@ from .cluster import ClusterSpec
 from .communication import (INTRA_LATENCY_US, allreduce_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
+from .memory import gathered_weight_bytes
 from .plan import Shape
 from .specs import GPUSpec, JobSpec, ModelSpec, Options
 
@@ -59,6 +61,8 @@ class LayerTimes:
     head_bwd_ms: float
     tp_comm_fwd_ms: float = 0.0  # exposed tensor-parallel communication inside fwd_ms
     tp_comm_bwd_ms: float = 0.0  # ... and inside bwd_ms (without recompute)
+    shard_fill_fwd_ms: float = 0.0  # ZeRO-3: a chunk's first gather, per micro-batch
+    shard_fill_bwd_ms: float = 0.0  # ... its first gather and last reduce-scatter
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,13 @@ class CostModel:
             self._compute_cache[gpu.name] = hit
         return hit
 
-    def layer_times(self, gpu: GPUSpec, tp_ring_gb_per_s: float) -> LayerTimes:
-        key = (gpu.name, tp_ring_gb_per_s)
+    def layer_times(self, gpu: GPUSpec, tp_ring_gb_per_s: float,
+                    shard_ring_gb_per_s: float = math.inf) -> LayerTimes:
+        """Per layer and micro-batch. `shard_ring_gb_per_s`: the ring of the stage's ZeRO-3 /
+        FSDP shard group (its per-layer gathers and reduce-scatters); unused otherwise."""
+        if self.shape.zero < 3:
+            shard_ring_gb_per_s = math.inf
+        key = (gpu.name, tp_ring_gb_per_s, shard_ring_gb_per_s)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
@@ -113,10 +122,35 @@ class CostModel:
         ef, eb = cm.embedding()
         hf, hb = cm.head()
         (emb_f, emb_b), (head_f, head_b) = self._edge_tp_comm(hb, tp_ring_gb_per_s)
-        out = LayerTimes(fwd, bwd, ef.total_ms + emb_f, eb.total_ms + emb_b,
-                         hf.total_ms + head_f, hb.total_ms + head_b, f_comm, b_comm)
+        emb_f, emb_b = ef.total_ms + emb_f, eb.total_ms + emb_b
+        head_f, head_b = hf.total_ms + head_f, hb.total_ms + head_b
+        fill_f = fill_b = 0.0
+        if sh.zero >= 3:
+            ag, rs = self._shard_collectives(self.model.params_per_layer / sh.tp,
+                                             shard_ring_gb_per_s)
+            # prefetch: the next layer's gather runs during this layer's compute (and in the
+            # backward the previous layer's reduce-scatter too); only what outlasts it shows,
+            # plus the first gather (and last reduce-scatter) of every chunk: `fill`
+            fwd += exposed_async_ms(ag, fwd)
+            bwd += exposed_async_ms(ag + rs, bwd)
+            fill_f, fill_b = ag, ag + rs
+            # the embedding and output layer are units of their own, gathered when reached
+            e_ag, e_rs = self._shard_collectives(self.model.vocab_size * self.model.hidden_size
+                                                 / sh.tp, shard_ring_gb_per_s)
+            emb_f, emb_b = emb_f + e_ag, emb_b + e_ag + e_rs
+            head_f, head_b = head_f + e_ag, head_b + e_ag + e_rs
+        out = LayerTimes(fwd, bwd, emb_f, emb_b, head_f, head_b, f_comm, b_comm, fill_f,
+                         fill_b)
         self._layer_cache[key] = out
         return out
+
+    def _shard_collectives(self, params: float, ring_gb_per_s: float) -> tuple[float, float]:
+        """(all-gather of the weights, reduce-scatter of the gradients) of `params` parameters
+        over the shard group (ZeRO-3 / FSDP, per micro-batch)."""
+        d = self.shape.shard_group
+        lat = min(self.cluster.latency_us, INTRA_LATENCY_US)
+        return (gather_ms(params * gathered_weight_bytes(self.job), d, ring_gb_per_s, lat),
+                gather_ms(params * self.job.reduce_bytes, d, ring_gb_per_s, lat))
 
     def _tp(self, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-reduce, all-gather or reduce-scatter) of one activation over the TP ring."""
@@ -184,10 +218,12 @@ class CostModel:
         return emb, head
 
     def virtual_stage_ms(self, gpu: GPUSpec, tp_ring_gb_per_s: float, j: int,
-                         layers: int) -> tuple[float, float]:
+                         layers: int, shard_ring_gb_per_s: float = math.inf
+                         ) -> tuple[float, float]:
         """Forward and backward time of virtual stage j holding `layers` layers."""
-        lt = self.layer_times(gpu, tp_ring_gb_per_s)
-        f, b = layers * lt.fwd_ms, layers * lt.bwd_ms
+        lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s)
+        f, b = layers * lt.fwd_ms + lt.shard_fill_fwd_ms, layers * lt.bwd_ms + \
+            lt.shard_fill_bwd_ms
         if j == 0:
             f, b = f + lt.emb_fwd_ms, b + lt.emb_bwd_ms
         if j == self.shape.num_virtual - 1:
@@ -267,22 +303,36 @@ class CostModel:
     # -- data parallel -------------------------------------------------------------------------
 
     def sync_bytes(self, params: float) -> tuple[float, float]:
-        """(gradient bytes reduced, parameter bytes gathered) per GPU per iteration."""
+        """(gradient bytes reduced, parameter bytes gathered) per GPU per iteration at the end
+        of the iteration (ZeRO-3 reduces and gathers per layer instead, in layer_times; with
+        HSDP its shards are all-reduced across the replicas here)."""
+        sh = self.shape
+        if sh.zero >= 3:
+            return (params / sh.shard_group * self.job.reduce_bytes if sh.shard_size else
+                    0.0), 0.0
         grad = params * self.job.reduce_bytes
-        gather = params * self.job.weight_bytes if self.shape.distributed_optimizer else 0.0
+        gather = params * self.job.weight_bytes if sh.zero >= 1 else 0.0
         return grad, gather
+
+    def sync_group(self) -> int:
+        """Ranks of the end-of-iteration synchronization: the data-parallel group, or with
+        HSDP the replicas of one shard."""
+        sh = self.shape
+        return sh.dp // sh.shard_group if sh.zero >= 3 else sh.dp
 
     def sync_parts_ms(self, params: float, dp_ring_gb_per_s: float,
                       inter_node: bool) -> tuple[float, float]:
-        """(gradient reduction, parameter all-gather) over the data-parallel ring: an
-        all-reduce, or reduce-scatter + all-gather with the distributed optimizer (Rajbhandari
-        et al. 2020, ZeRO-1)."""
-        d = self.shape.dp
+        """(gradient reduction, parameter all-gather) at the end of the iteration, over the
+        synchronization group's ring: an all-reduce; reduce-scatter + all-gather with the
+        distributed optimizer, ZeRO-1 and ZeRO-2 (Rajbhandari et al. 2020); with HSDP the
+        all-reduce of each shard across the replicas."""
+        sh = self.shape
+        d = self.sync_group()
         if d <= 1:
             return 0.0, 0.0
         lat = self.cluster.latency_us if inter_node else INTRA_LATENCY_US
         grad, gather = self.sync_bytes(params)
-        if self.shape.distributed_optimizer:
+        if sh.zero in (1, 2):
             return (gather_ms(grad, d, dp_ring_gb_per_s, lat),
                     gather_ms(gather, d, dp_ring_gb_per_s, lat))
         return allreduce_ms(grad, d, dp_ring_gb_per_s, lat), 0.0
@@ -299,7 +349,7 @@ class CostModel:
         the first forward (`fwd_window_ms`)."""
         sh = self.shape
         red, gat = self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node)
-        last = min(params, bucket_params(sh.dp))
+        last = min(params, bucket_params(self.sync_group()))
         red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node)
         ex_red = max(red_b, red - bwd_window_ms) if sh.overlap_grad_reduce else red
         ex_gat = max(gat_b, gat - fwd_window_ms) if sh.overlap_param_gather else gat
@@ -308,7 +358,7 @@ class CostModel:
     def optimizer_ms(self, params: float, gpu: GPUSpec, linear_params: float = 0.0) -> float:
         """Adam step over this GPU's shard: memory-bound, bytes / HBM bandwidth (+ the FP8
         weight copies' refresh)."""
-        shard = params / (self.shape.dp if self.shape.distributed_optimizer else 1)
+        shard = params / (self.shape.shard_group if self.shape.zero else 1)
         nbytes = shard * adam_bytes_per_param(self.job)
         if self.shape.fp8:
             nbytes += linear_params * FP8_RECAST_BYTES_PER_PARAM

@@ -89,16 +89,35 @@ class Evaluator:
 
     # -- durations ---------------------------------------------------------------------------
 
+    def shard_ring(self, pl: Placement, s: int) -> float:
+        """ZeRO-3 / FSDP: the slowest ring of stage s's shard groups (every TP rank's), which
+        every layer's gathers use; inf without parameter sharding."""
+        sh = self.shape
+        if sh.zero < 3:
+            return float("inf")
+        key = ("shard", s, pl.node[s], pl.gpus[s])
+        hit = self._tail_cache.get(key)
+        if hit is None:
+            hit = float("inf")
+            g = sh.shard_group
+            for i in range(sh.tp):
+                for first in range(0, sh.dp, g):
+                    members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in range(first, first + g)]
+                    hit = min(hit, dp_ring(self.cluster, members)[0])
+            self._tail_cache[key] = hit
+        return hit
+
     def replica_durations(self, pl: Placement, r: int, tails: np.ndarray) -> np.ndarray:
         sh, K, c = self.shape, self.kinds, self.cluster
         d = np.zeros(K.size)
         for s in range(sh.pp):
             node = c.nodes[pl.node[s][r]]
             ring = node.ring_gb_per_s(pl.gpus[s][r])
+            shard = self.shard_ring(pl, s)
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 d[K.F(j)], d[K.B(j)] = self.costs.virtual_stage_ms(node.gpu, ring, j,
-                                                                   sh.layers[j])
+                                                                   sh.layers[j], shard)
         hops = sh.pp if sh.chunks > 1 else sh.pp - 1
         for h in range(hops):
             a, b = h, (h + 1) % sh.pp
@@ -123,13 +142,20 @@ class Evaluator:
         """(full synchronization, exposed part) of stage s: the slowest of its TP ranks' data
         parallel rings (costs.exposed_sync_ms says what the overlaps hide)."""
         worst_full, worst_exposed = 0.0, 0.0
-        for i in range(self.shape.tp):
-            members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in range(self.shape.dp)]
-            bw, inter = dp_ring(self.cluster, members)
-            red, gat, exposed = self.costs.exposed_sync_ms(self.params[s], bw, inter,
-                                                           bwd_window_ms, fwd_window_ms)
-            worst_full = max(worst_full, red + gat)
-            worst_exposed = max(worst_exposed, exposed)
+        sh = self.shape
+        # the synchronization's groups: the data-parallel group, or with HSDP the replicas of
+        # each shard (ranks i, i + g, i + 2g, ... of the data-parallel order)
+        g = sh.shard_group if sh.zero >= 3 else sh.dp
+        groups = [list(range(i, sh.dp, g)) for i in range(g)] if sh.zero >= 3 else \
+            [list(range(sh.dp))]
+        for i in range(sh.tp):
+            for reps in groups:
+                members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in reps]
+                bw, inter = dp_ring(self.cluster, members)
+                red, gat, exposed = self.costs.exposed_sync_ms(self.params[s], bw, inter,
+                                                               bwd_window_ms, fwd_window_ms)
+                worst_full = max(worst_full, red + gat)
+                worst_exposed = max(worst_exposed, exposed)
         return worst_full, worst_exposed
 
     def stage_windows_ms(self, pl: Placement, s: int) -> tuple[float, float]:
@@ -139,10 +165,11 @@ class Evaluator:
         during the first forward) can hide in."""
         gpu_nodes = {pl.node[s][r] for r in range(self.shape.dp)}
         bwd, fwd = float("inf"), float("inf")
+        shard = self.shard_ring(pl, s)
         for n in gpu_nodes:
             node = self.cluster.nodes[n]
             ring = node.ring_gb_per_s(tuple(range(self.shape.tp)))
-            f, b = self.costs.virtual_stage_ms(node.gpu, ring, s, self.shape.layers[s])
+            f, b = self.costs.virtual_stage_ms(node.gpu, ring, s, self.shape.layers[s], shard)
             bwd, fwd = min(bwd, b), min(fwd, f)
         return bwd, fwd
 
@@ -196,8 +223,11 @@ class Evaluator:
         zeros = np.zeros(sh.pp)
         cols = []
         todo: dict[bytes, np.ndarray] = {}
+        # ZeRO-3: a replica's layers also depend on its stages' shard rings (the whole row)
+        rings = tuple(self.shard_ring(pl, s) for s in rng_s) if sh.zero >= 3 else ()
         for r in range(sh.dp):
-            key = (tuple(pl.node[s][r] for s in rng_s), tuple(pl.gpus[s][r] for s in rng_s))
+            key = (tuple(pl.node[s][r] for s in rng_s), tuple(pl.gpus[s][r] for s in rng_s),
+                   rings)
             starts = cache.get(key)
             if starts is None:
                 d = self.replica_durations(pl, r, zeros)
@@ -334,6 +364,7 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
               dp: int | None = None, micro_batch: int = 1, schedule: str = "1f1b",
               chunks: int = 1, layers: tuple[int, ...] | None = None, recompute: str = "none",
               sequence_parallel: bool = False, distributed_optimizer: bool | None = None,
+              zero: int | None = None, shard_size: int = 0,
               fp8: bool | None = None, tp_comm_overlap: bool = False,
               overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
               placement: Placement | None = None, options: Options | None = None) -> Plan:
@@ -341,14 +372,15 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
     Megatron-LM's placement; the distributed optimizer and FP8 as the job fixes them."""
     if dp is None:
         dp = max(1, cluster.num_gpus // (tp * pp))
-    if distributed_optimizer is None:
-        distributed_optimizer = bool(job.distributed_optimizer)
+    if zero is None:  # explicit stage, else the distributed-optimizer flag, else the job's
+        zero = (int(distributed_optimizer) if distributed_optimizer is not None
+                else (job.zero or 0))
     if fp8 is None:
         fp8 = bool(job.fp8)
     shape = Shape(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                   chunks=chunks, layers=(), recompute=recompute,
-                  sequence_parallel=sequence_parallel,
-                  distributed_optimizer=distributed_optimizer, fp8=fp8,
+                  sequence_parallel=sequence_parallel, zero=zero, shard_size=shard_size,
+                  fp8=fp8,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                   overlap_param_gather=overlap_param_gather)
     if layers is None:

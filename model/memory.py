@@ -1,7 +1,9 @@
 """Per-stage GPU memory (GiB, 2**30 bytes).
 
-- Weights, gradients, optimizer state: bytes per parameter from Megatron-LM's distributed
-  optimizer table (see `JobSpec`), optimizer state divided by DP with the distributed optimizer.
+- Weights, gradients, optimizer state: bytes per parameter from the framework's table
+  (`param_bytes`: Megatron-LM's distributed-optimizer table, DeepSpeed's ZeRO table, FSDP2's fp32
+  shards), divided by the shard group as the ZeRO stage says; ZeRO-3 adds the gathered layer,
+  the prefetched one and a layer's full gradient.
   FP8 adds Transformer Engine's cached FP8 weight and its transpose, 1 byte each per
   linear-layer weight (transformer_engine/pytorch/module/linear.py: weight_fp8, weight_t_fp8).
 - Activations per layer per micro-batch: Korthikanti et al. 2022, Sec. 4 and Table 2, tensor by
@@ -38,6 +40,33 @@ from .specs import JobSpec, ModelSpec, Options
 
 GIB = float(2 ** 30)
 FP8_WEIGHT_COPY_BYTES = 2  # FP8 weight + its transpose, per linear-layer weight
+
+
+def param_bytes(job: JobSpec, shape: Shape) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes per parameter on one GPU.
+
+    - Megatron-LM and DeepSpeed: the framework's mixed-precision table (`JobSpec`).
+    - torchtitan (FSDP2 with bf16 compute): the sharded parameters are the fp32 master copy,
+      gradients are fp32 (reduce_dtype float32), Adam keeps two fp32 moments: 4 + 4 + 8
+      (PyTorch FSDP2 fully_shard with MixedPrecisionPolicy; torchtitan's defaults).
+    - Sharding (ZeRO, Rajbhandari et al. 2020 Sec. 5; FSDP): stage 1 divides the optimizer
+      state by the shard group, stage 2 also the gradients, stage 3 also the weights; the
+      shard group is the whole data-parallel group, or `shard_size` ranks with HSDP.
+    """
+    if job.framework == "torchtitan":
+        w, g, o = 4.0, 4.0, 8.0
+    else:
+        w, g, o = float(job.weight_bytes), float(job.grad_bytes), float(job.optimizer_bytes)
+    d = shape.shard_group if shape.zero else 1
+    return (w / d if shape.zero >= 3 else w, g / d if shape.zero >= 2 else g,
+            o / d if shape.zero >= 1 else o)
+
+
+def gathered_weight_bytes(job: JobSpec) -> int:
+    """Bytes per parameter a ZeRO-3 / FSDP all-gather moves and materializes: the compute
+    precision (FSDP2's param_dtype bf16; Megatron-FSDP and DeepSpeed gather 16-bit weights),
+    4 for fp32 training."""
+    return 4 if job.precision == "fp32" else 2
 
 
 def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[str, float, bool]]:
@@ -144,19 +173,24 @@ class MemoryModel:
             self.work = attention_score_bytes(model, job, shape)
         else:
             self.work = 0.0
-        opt_div = shape.dp if shape.distributed_optimizer else 1
-        self.bytes_per_param = (job.weight_bytes, job.grad_bytes, job.optimizer_bytes / opt_div)
+        self.bytes_per_param = param_bytes(job, shape)
         per_param = sum(self.bytes_per_param)
         fp8 = FP8_WEIGHT_COPY_BYTES if shape.fp8 else 0
         # weights, grads, optimizer state (and FP8 copies) of one layer on one GPU
         self.layer_static_bytes = (model.params_per_layer * per_param
                                    + model.linear_params_per_layer * fp8) / t
         self._per_param = per_param
+        # ZeRO-3 / FSDP: the layer being computed and the one prefetched are gathered whole,
+        # and a layer's full gradient exists until it is reduce-scattered
+        self.transient = (model.params_per_layer / t * (2 * gathered_weight_bytes(job)
+                                                        + job.reduce_bytes)
+                          if shape.zero >= 3 else 0.0)
 
     def const_static_bytes(self, params_without_layers: float) -> float:
-        """Static bytes of a stage's parameters outside its layers (embedding, output layer,
-        final norm), given their count on one GPU."""
-        return params_without_layers * self._per_param
+        """Bytes of a stage that do not grow with its layers: the parameters outside its
+        layers (embedding, output layer, final norm; their count on one GPU given) and the
+        ZeRO-3 gathering buffers."""
+        return params_without_layers * self._per_param + self.transient
 
     def chunk_act_bytes(self, j: int, layers: int) -> float:
         a = layers * self.act_layer
@@ -183,8 +217,9 @@ class MemoryModel:
         n_layers = sum(layers[c * sh.pp + s] for c in range(sh.chunks))
         fp8_bytes = (n_layers * m.linear_params_per_layer / sh.tp * FP8_WEIGHT_COPY_BYTES
                      if sh.fp8 else 0.0)
-        tensors = params * (wb + gb + ob) + fp8_bytes + best
+        tensors = params * (wb + gb + ob) + fp8_bytes + best + self.transient
         o = self.options.overheads
         return StageMemory((params * wb + fp8_bytes) / GIB, params * gb / GIB, params * ob / GIB,
-                           (best - best_work) / GIB, best_counts, best_work / GIB,
+                           (best - best_work) / GIB, best_counts,
+                           (best_work + self.transient) / GIB,
                            o.context_gib + o.fragmentation * tensors / GIB)

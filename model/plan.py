@@ -52,6 +52,26 @@ class Shape:
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    # data-parallel sharding (Rajbhandari et al. 2020): 0 none, 1 optimizer state (Megatron's
+    # distributed optimizer, ZeRO-1), 2 + gradients (ZeRO-2), 3 + parameters (ZeRO-3, FSDP);
+    # shard_size > 0 shards inside groups of that many data-parallel ranks and replicates
+    # across them (HSDP); 0 shards over the whole data-parallel group
+    zero: int = 0
+    shard_size: int = 0
+
+    def __post_init__(self):
+        # `distributed_optimizer` is the ZeRO-1 flag of the code that predates `zero`: the two
+        # always agree (zero >= 1 shards the optimizer state)
+        zero = self.zero if isinstance(self.zero, int) else 0
+        if self.distributed_optimizer is True and zero == 0:
+            zero = 1
+        object.__setattr__(self, "zero", zero)
+        object.__setattr__(self, "distributed_optimizer", zero >= 1)
+
+    @property
+    def shard_group(self) -> int:
+        """Data-parallel ranks one shard of the sharded state spans."""
+        return self.shard_size if self.shard_size else self.dp
 
     @property
     def num_virtual(self) -> int:
@@ -67,8 +87,11 @@ class Shape:
         s += f" recompute={self.recompute}"
         if self.sequence_parallel:
             s += " SP"
-        if self.distributed_optimizer:
+        if self.zero == 1 and not self.shard_size:
             s += " distopt"
+        elif self.zero:
+            s += f" zero{self.zero}" if not self.shard_size else \
+                f" hsdp{self.shard_size}x{self.dp // self.shard_size}"
         if self.fp8:
             s += " fp8"
         for f, tag in (("tp_comm_overlap", "tp-overlap"), ("overlap_grad_reduce", "grad-overlap"),
@@ -138,10 +161,34 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if shape.sequence_parallel and shape.tp == 1:
         raise SpecError("sequence parallelism needs TP > 1", source=src,
                         field="sequence_parallel")
-    if job.distributed_optimizer is not None and \
-            shape.distributed_optimizer != job.distributed_optimizer:
-        raise SpecError(f"the job fixes distributed_optimizer={job.distributed_optimizer}",
-                        source=src, field="distributed_optimizer")
+    if job.zero is not None and shape.zero != job.zero:
+        raise SpecError(f"the job fixes ZeRO stage {job.zero} (distributed optimizer "
+                        f"{'on' if job.zero else 'off'})", source=src, field="zero")
+    if shape.zero not in (0, 1, 2, 3):
+        raise SpecError(f"ZeRO stage must be 0, 1, 2 or 3, got {shape.zero!r}", source=src,
+                        field="zero")
+    if shape.shard_size:
+        if not isinstance(shape.shard_size, int) or shape.shard_size < 1 or \
+                shape.dp % shape.shard_size:
+            raise SpecError(f"shard_size {shape.shard_size!r} must divide DP={shape.dp} (HSDP: "
+                            "shard inside groups of that many replicas)", source=src,
+                            field="shard_size")
+        if shape.zero == 0:
+            raise SpecError("a shard group needs sharding (ZeRO stage 1 to 3)", source=src,
+                            field="shard_size")
+    if shape.shard_size and shape.zero < 3:
+        raise SpecError("a shard group smaller than the data-parallel group is HSDP: ZeRO "
+                        "stage 3", source=src, field="shard_size")
+    if shape.zero >= 3 and (shape.overlap_grad_reduce or shape.overlap_param_gather):
+        raise SpecError("ZeRO-3 prefetches and overlaps its per-layer collectives itself; the "
+                        "bucket overlaps (--overlap-grad-reduce / --overlap-param-gather) are "
+                        "for ZeRO-0 to 2", source=src, field="overlap_grad_reduce")
+    if job.framework == "torchtitan" and shape.zero not in (0, 3):
+        raise SpecError("torchtitan shards with FSDP2 (ZeRO-3) or replicates (DDP); ZeRO-1/2 "
+                        "are not among its options", source=src, field="zero")
+    if job.framework == "deepspeed" and shape.zero >= 2 and shape.pp > 1:
+        raise SpecError("DeepSpeed's pipeline engine supports ZeRO-1 only (ZeRO-2/3 are "
+                        "incompatible with pipeline parallelism)", source=src, field="zero")
     if job.fp8 is not None and shape.fp8 != job.fp8:
         raise SpecError(f"the job's precision fixes fp8={job.fp8}; choose the precision "
                         "bf16,fp8 to let the plan decide", source=src, field="fp8")
@@ -154,10 +201,11 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         raise SpecError("tensor-parallel communication overlap needs sequence parallelism "
                         "(Megatron-LM --tp-comm-overlap requires it), and so TP > 1",
                         source=src, field="tp_comm_overlap")
-    if shape.overlap_param_gather and not (shape.distributed_optimizer and
+    if shape.overlap_param_gather and not (shape.zero in (1, 2) and
                                            shape.overlap_grad_reduce):
         raise SpecError("overlapping the parameter all-gather needs the distributed optimizer "
-                        "and gradient-reduce overlap (Megatron-LM --overlap-param-gather)",
+                        "(ZeRO-1/2) and gradient-reduce overlap (Megatron-LM "
+                        "--overlap-param-gather; ZeRO-3 prefetches its gathers anyway)",
                         source=src, field="overlap_param_gather")
     if model.num_layers < shape.num_virtual:
         raise SpecError(f"{model.name} has {model.num_layers} layers, fewer than the "

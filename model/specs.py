@@ -14,7 +14,7 @@ from .errors import SpecError
 PRECISIONS = ("fp16", "bf16", "fp32")  # the job's base (parameter and activation) precision
 PEAK_KINDS = ("fp16", "bf16", "fp32", "fp8")  # tensor-core peaks a GPU preset may list
 ATTENTION = ("flash", "eager")
-FRAMEWORKS = ("megatron", "deepspeed")  # whose precision and optimizer byte rules apply
+FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")  # whose byte rules apply
 POSITION_EMBEDDINGS = ("learned", "rope", "alibi")
 NORMS = ("layernorm", "rmsnorm")
 RECOMPUTE = ("none", "selective", "full")
@@ -218,11 +218,12 @@ class JobSpec:
     - `attention`: "flash" (FlashAttention / cuDNN fused attention: the s x s scores are never
       stored) or "eager" (scores, softmax and its dropout materialized, as Megatron-LM's fused
       softmax kernels did before FlashAttention).
-    - `distributed_optimizer`: True/False forces it (Megatron-LM's distributed optimizer, or
-      DeepSpeed's ZeRO stage 1); None lets the solver choose.
+    - `zero`: the data-parallel sharding stage (0-3) the job fixes, or None to let the solver
+      choose; `distributed_optimizer` True / False is the same as zero 1 / 0 (Megatron-LM's
+      distributed optimizer is ZeRO-1).
     - `framework`: whose byte rules the weights, gradients and optimizer state follow
-      (Megatron-LM's mixed-precision optimizer, or DeepSpeed's) and how pipeline transfers
-      are sent (model/costs.py).
+      (Megatron-LM's mixed-precision optimizer, DeepSpeed's, or torchtitan's FSDP2 with fp32
+      sharded parameters) and how pipeline transfers are sent (model/costs.py).
     """
 
     global_batch: int
@@ -232,9 +233,17 @@ class JobSpec:
     fp8: bool | None = False
     attention: str = "flash"
     framework: str = "megatron"
+    zero: int | None = None
     source: str = "job"
 
     def __post_init__(self):
+        if self.zero is None and self.distributed_optimizer is not None:
+            object.__setattr__(self, "zero", int(bool(self.distributed_optimizer)))
+        if self.zero is not None:
+            if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+                raise SpecError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}",
+                                source=self.source, field="zero")
+            object.__setattr__(self, "distributed_optimizer", self.zero >= 1)
         _positive(self.global_batch, "global_batch", self.source, integer=True)
         _positive(self.seq_length, "seq_length", self.source, integer=True)
         if self.precision not in PRECISIONS:
@@ -278,7 +287,10 @@ class JobSpec:
     @property
     def reduce_bytes(self) -> int:
         """Bytes per parameter the data-parallel gradient reduction moves: the buffer it
-        reduces (fp32 for bf16 in both frameworks, fp16 for fp16)."""
+        reduces (fp32 for bf16 in Megatron-LM and DeepSpeed, fp16 for fp16; torchtitan reduces
+        in float32, its default reduce_dtype)."""
+        if self.framework == "torchtitan":
+            return 4
         return 2 if self.precision == "fp16" else 4
 
     @property

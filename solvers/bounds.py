@@ -36,33 +36,40 @@ from model.specs import JobSpec, ModelSpec, Options
 from .space import blocks_for
 
 
-def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int):
-    """Per GPU type, its layer times on its fastest TP ring; the type with the fastest layer."""
+def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int,
+                         shard_ring: float = math.inf):
+    """Per GPU type, its layer times on its fastest TP ring (and ZeRO-3 shard ring); the type
+    with the fastest layer."""
     best = None
     for gpu in {nd.gpu.name: nd.gpu for nd in cluster.nodes}.values():
         rings = [nd.ring_gb_per_s(tuple(range(tp))) for nd in cluster.nodes
                  if nd.gpu.name == gpu.name and tp <= nd.num_gpus]
         if not rings:
             continue
-        lt = costs.layer_times(gpu, max(rings))
+        lt = costs.layer_times(gpu, max(rings), shard_ring)
         if best is None or lt.fwd_ms + lt.bwd_ms < best[1].fwd_ms + best[1].bwd_ms:
             best = (gpu, lt)
     return best
 
 
-def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape) -> float:
-    """The fastest data-parallel ring any block layout could give (an upper bound on every
-    placement's ring): inside one node its intra-node ring, across nodes at most k x the
-    fastest inter-node stream with k replicas per node."""
+def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape, group: int | None = None
+                          ) -> float:
+    """The fastest ring a group of `group` data-parallel ranks (default: all of them) could
+    get in any block layout (an upper bound on every placement's): inside one node its
+    intra-node ring, across nodes at most k x the fastest inter-node stream with k of its
+    members per node."""
+    g = shape.dp if group is None else group
     blocks = blocks_for(cluster, shape)
     nd = max(cluster.nodes, key=lambda n: n.intra_gb_per_s)
     off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
     top = float(off.max()) if off.size else 0.0
     if not blocks:  # no block layout: the loosest ring
-        return max(nd.ring_gb_per_s(tuple(range(min(nd.num_gpus, shape.dp)))),
-                   nd.num_gpus * top)
+        return max(nd.ring_gb_per_s(tuple(range(min(nd.num_gpus, g)))), nd.num_gpus * top)
     out = 0.0
     for blk in blocks:
+        if g <= blk.k:  # the group can sit in one node
+            out = max(out, nd.ring_gb_per_s(tuple(range(g))) if g > 1 else math.inf)
+            continue
         intra = nd.ring_gb_per_s(tuple(range(blk.k))) if blk.k > 1 else math.inf
         out = max(out, intra if blk.D == 1 else min(intra, blk.k * top))
     return out
@@ -97,13 +104,17 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     """Lower bound on the iteration time of every placement and split of `shape` that the
     solvers consider (module docstring); inf if no split fits in memory."""
     costs = CostModel(model, job, cluster, shape, options)
-    fastest = _fastest_layer_times(costs, cluster, shape.tp)
+    shard_ring = (best_dp_ring_gb_per_s(cluster, shape, shape.shard_group)
+                  if shape.zero >= 3 else math.inf)
+    fastest = _fastest_layer_times(costs, cluster, shape.tp, shard_ring)
     if fastest is None:
         return math.inf
     gpu, lt = fastest
     m = num_microbatches(job, shape)
     p, v, L = shape.pp, shape.chunks, model.num_layers
     c = lt.fwd_ms + lt.bwd_ms
+    # every chunk's ZeRO-3 fill (its first gather, last reduce-scatter) is a per-chunk extra
+    fill = lt.shard_fill_fwd_ms + lt.shard_fill_bwd_ms
     e_first, e_last = lt.emb_fwd_ms + lt.emb_bwd_ms, lt.head_fwd_ms + lt.head_bwd_ms
     hop = 0.0
     if p > 1:
@@ -134,9 +145,12 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     caps = _memory_caps(model, job, cluster, shape, options, costs) or [L] * p
     if any(x < v for x in caps) or sum(caps) < L:
         return math.inf
-    extra = [0.0] * p
+    extra = [v * fill] * p  # per micro-batch, on top of the layers
     extra[0] += e_first
     extra[p - 1] += e_last
+    before = [0.0] * (p + 1)  # extras of stages 0..k-1 (v == 1: all of them pass first)
+    for k in range(p):
+        before[k + 1] = before[k] + extra[k]
     t_min = tail0(v)
     # stage 0's own inequality for n = 0..cap layers (increasing in n): the most layers it
     # takes at T is a bisection in this table
@@ -158,7 +172,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                 lo, hi = v, a0
                 continue
             if v == 1:  # the stages before k all pass micro-batch 0 first: `used` layers
-                rhs = T - e_first - 2 * k * hop - t_min - m * extra[k]
+                rhs = T - before[k] - 2 * k * hop - t_min - m * extra[k]
 
                 def a_k(u: int) -> int:
                     return min(caps[k], int(math.floor((rhs - u * c) / (m * c) + 1e-12)))
@@ -169,7 +183,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                     u -= 1
                 lo, hi = lo + 1, u + a_k(u)
             else:  # interleaved: at least one layer of chunk 0 per stage before k
-                rhs = T - (k * c + e_first) - 2 * k * hop - t_min - m * extra[k]
+                rhs = T - (k * (c + fill) + e_first) - 2 * k * hop - t_min - m * extra[k]
                 a = min(caps[k], int(math.floor(rhs / (m * c) + 1e-12)))
                 if a < v:
                     return False
@@ -178,7 +192,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
 
     # the continuous form (no transfers, no tail) is also valid, and can be the larger for
     # interleaved schedules; the bisection starts from it
-    W = L * c + e_first + e_last
+    W = L * c + sum(extra)
     smooth = m * W / p if (v > 1 or p == 1) else W / (1 - (1 - 1 / m) ** p)
     if feasible(smooth):
         return smooth

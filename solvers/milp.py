@@ -86,6 +86,26 @@ LOAD_GAP = 0.10
 PATH_VARIANTS = 16
 
 
+def _sync_ring(ev, pl) -> float:
+    """The slowest end-of-iteration synchronization ring of stage 0 (HSDP's replica groups)."""
+    from model.communication import dp_ring
+    sh = ev.shape
+    g = sh.shard_group
+    out = math.inf
+    for i in range(sh.tp):
+        for first in range(g):
+            members = [(pl.node[0][r], pl.gpus[0][r][i]) for r in range(first, sh.dp, g)]
+            out = min(out, dp_ring(ev.cluster, members)[0])
+    return out
+
+
+def lat_us_for(cl, ev, pl) -> float:
+    """Latency of the HSDP replica ring: inter-node when its members sit on several nodes."""
+    sh = ev.shape
+    nodes = {pl.node[0][r] for r in range(0, sh.dp, sh.shard_group)}
+    return cl.latency_us if len(nodes) > 1 else INTRA_LATENCY_US
+
+
 def milp_supported(prob: PlacementProblem) -> str | None:
     """None if the MILP applies, else why not (the caller falls back to annealing)."""
     c = prob.cluster
@@ -93,6 +113,9 @@ def milp_supported(prob: PlacementProblem) -> str | None:
         return "mixed GPU types or GPU counts (the annealer handles them)"
     if any(nd.intra_matrix_gb_per_s is not None for nd in c.nodes):
         return "non-uniform intra-node links (the annealer handles them)"
+    if prob.shape.zero >= 3 and not c.uniform():
+        return ("ZeRO-3 / FSDP gathers every layer over its shard group, whose ring depends on "
+                "the placement (the annealer searches it; the bound is the closed form)")
     return None
 
 
@@ -112,14 +135,23 @@ class _Data:
         node0 = cl.nodes[0]
         gpu = node0.gpu
         ring_tp = node0.ring_gb_per_s(tuple(range(sh.tp)))
-        lt = costs.layer_times(gpu, ring_tp)
+        # ZeRO-3 (MILP only on uniform clusters, where every placement's rings are the node
+        # order's): the per-layer gathers' ring, and the end-of-iteration ring of HSDP
+        self.shard_ring = math.inf
+        ident = None
+        if sh.zero >= 3:
+            ident = prob.placement(list(range(blk.A * blk.D)))
+            self.shard_ring = ev0.shard_ring(ident, 0)
+        lt = costs.layer_times(gpu, ring_tp, self.shard_ring)
         self.cap_gib = (gpu.memory_gib - prob.options.overheads.context_gib) / (
             1 + prob.options.overheads.fragmentation)
         V, p = self.V, self.p
         # per virtual stage: F_j = fF l_j + eF_j, B_j = fB l_j + eB_j (costs.py)
         self.fF, self.fB = [lt.fwd_ms] * V, [lt.bwd_ms] * V
-        self.eF = [costs.virtual_stage_ms(gpu, ring_tp, j, 0)[0] for j in range(V)]
-        self.eB = [costs.virtual_stage_ms(gpu, ring_tp, j, 0)[1] for j in range(V)]
+        self.eF = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring)[0]
+                   for j in range(V)]
+        self.eB = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring)[1]
+                   for j in range(V)]
         self.hop_C = costs.hop_matrix_ms()
         self.intra_hop = costs.node_hop_ms(0, 0)
         self.n_hops = p if self.v > 1 else p - 1
@@ -142,7 +174,17 @@ class _Data:
         self.inter_ring = self.D > 1
         lat_us = cl.latency_us if self.inter_ring else INTRA_LATENCY_US
         lat = (d - 1) * lat_us / 1e3 if d > 1 else 0.0
-        if sh.distributed_optimizer:
+        if sh.zero >= 3:
+            # per-layer gathers live in F and B; HSDP all-reduces each shard across the
+            # replicas at the end, over a ring fixed on a uniform cluster (u is set below)
+            r = costs.sync_group()
+            if sh.shard_size and r > 1:
+                self.sig_r = 2 * grad_b / sh.shard_group * (r - 1) / r / 1e6
+                self.lam_r = 2 * (r - 1) * lat_us_for(cl, ev0, ident) / 1e3
+            else:
+                self.sig_r, self.lam_r = 0.0, 0.0
+            self.sig_g, self.lam_g = 0.0, 0.0
+        elif sh.distributed_optimizer:
             self.sig_r, self.lam_r = grad_b * f, lat
             self.sig_g, self.lam_g = weight_b * f, lat
         else:
@@ -160,7 +202,7 @@ class _Data:
                                     "params" if hi <= self.bucket else "mixed")
         self.needs_loads = (self.ogr or self.opg) and d > 1 and "mixed" in self.bucket_case
         self.opt_coef = adam_bytes_per_param(prob.job) / (
-            (d if sh.distributed_optimizer else 1) * gpu.hbm_bytes_per_ms)
+            (sh.shard_group if sh.zero else 1) * gpu.hbm_bytes_per_ms)
         self.fp8_coef = FP8_RECAST_BYTES_PER_PARAM / gpu.hbm_bytes_per_ms if sh.fp8 else 0.0
         self.ovh = prob.options.overheads.latency_overhead_ms
         k = self.k
@@ -175,6 +217,9 @@ class _Data:
         self.hop_max_inter = float(self.hop_C[off].max()) if N > 1 else 0.0
         self.u_min = (max(self.inv_intra, float(self.inv_ring[off].min())) if self.inter_ring
                       else self.inv_intra)
+        self.zero3 = sh.zero >= 3
+        if self.zero3:  # uniform: the end-of-iteration ring is the node order's (HSDP)
+            self.u_min = 1.0 / _sync_ring(ev0, ident) if sh.shard_size else 0.0
 
     def stage_of(self, j: int) -> int:
         return j % self.p
@@ -203,7 +248,7 @@ class _Formulation:
         self.D = D
         k, K = dat.k, dat.K
         u_const = None
-        if relax:
+        if relax or dat.zero3:  # ZeRO-3 runs here only on uniform clusters: a fixed ring
             u_const = dat.u_min
         elif not dat.inter_ring:
             u_const = dat.inv_intra

@@ -74,6 +74,12 @@ class SearchSpace:
     schedules: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved", 2))
     recompute: tuple[str, ...] = ("none", "selective", "full")
     distributed_optimizer: tuple[bool, ...] = (False, True)
+    # ZeRO stages to consider; None: what the job's framework offers (`framework_zero`),
+    # restricted by `distributed_optimizer` (False: stage 0 allowed, True: stages >= 1)
+    zero: tuple[int, ...] | None = None
+    # HSDP shard groups (data-parallel ranks per shard) for ZeRO-3; None: the whole group and,
+    # where it is a proper divisor of DP, the replicas that fit in one node
+    shard_sizes: tuple[int, ...] | None = None
     # overlaps, off by default as in Megatron-LM; where a value cannot apply to a shape
     # (TP overlap without TP, parameter-gather overlap without the distributed optimizer)
     # the shape takes it off
@@ -115,16 +121,13 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         continue
                     if sched != "interleaved" and pp == 1 and sched != "1f1b":
                         continue
-                    if job.distributed_optimizer is not None:
-                        dos = (job.distributed_optimizer,)
-                    else:  # with DP = 1 the distributed optimizer changes nothing
-                        dos = space.distributed_optimizer if dp > 1 else (False,)
+                    shardings = _shardings(job, space, tp, pp, dp, G)
                     for rc in space.recompute:
-                        for do, f8, ovl in itertools.product(dos, fp8s, overlaps):
+                        for (zero, ss), f8, ovl in itertools.product(shardings, fp8s, overlaps):
                             sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=mbs, schedule=sched,
                                        chunks=v, layers=(), recompute=rc,
-                                       sequence_parallel=tp > 1, distributed_optimizer=do,
-                                       fp8=f8, **_overlaps(ovl, tp, dp, do))
+                                       sequence_parallel=tp > 1, zero=zero, shard_size=ss,
+                                       fp8=f8, **_overlaps(ovl, tp, dp, zero))
                             if sh in seen:
                                 continue
                             seen.add(sh)
@@ -135,13 +138,48 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                             yield sh
 
 
-def _overlaps(ovl: tuple[bool, bool, bool], tp: int, dp: int, distopt: bool) -> dict:
+# ZeRO stages each framework runs: Megatron-LM's DDP and distributed optimizer (and
+# Megatron-FSDP's optim_grads / optim_grads_params strategies), DeepSpeed's stages 0-3,
+# torchtitan's DDP replicate or FSDP2 shard
+FRAMEWORK_ZERO = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "torchtitan": (0, 3)}
+# Megatron-LM's default search: DDP or the distributed optimizer (its FSDP is opt-in)
+DEFAULT_ZERO = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "torchtitan": (0, 3)}
+
+
+def _shardings(job: JobSpec, space: SearchSpace, tp: int, pp: int, dp: int,
+               gpus_per_node: int | None) -> list[tuple[int, int]]:
+    """(ZeRO stage, HSDP shard size) pairs to enumerate for one degree combination."""
+    if dp <= 1:
+        return [(0, 0)]
+    if job.zero is not None:
+        zeros = (job.zero,)
+    elif space.zero is not None:
+        zeros = space.zero
+    else:
+        zeros = tuple(z for z in DEFAULT_ZERO[job.framework]
+                      if (z >= 1) in space.distributed_optimizer)
+    out = []
+    for z in zeros:
+        if z < 3:
+            out.append((z, 0))
+            continue
+        if space.shard_sizes is not None:
+            sizes = space.shard_sizes
+        else:
+            per_node = (gpus_per_node or 0) // tp
+            sizes = (0,) + ((per_node,) if 1 < per_node < dp and dp % per_node == 0 else ())
+        out += [(3, 0 if s in (0, dp) else s) for s in sizes if s == 0 or dp % s == 0]
+    return list(dict.fromkeys(out))
+
+
+def _overlaps(ovl: tuple[bool, bool, bool], tp: int, dp: int, zero: int) -> dict:
     """The overlaps asked for, as far as the shape can use them: TP overlap needs TP > 1 (with
-    sequence parallelism), gradient and parameter overlap need DP > 1, parameter-gather overlap
-    the distributed optimizer and gradient-reduce overlap (Megatron-LM's rules)."""
+    sequence parallelism), gradient and parameter overlap need DP > 1 and ZeRO-0 to 2 (ZeRO-3
+    overlaps per layer), parameter-gather overlap the distributed optimizer and gradient-reduce
+    overlap (Megatron-LM's rules)."""
     tpo, ogr, opg = ovl
-    ogr = ogr and dp > 1
-    opg = opg and dp > 1 and distopt
+    ogr = ogr and dp > 1 and zero < 3
+    opg = opg and dp > 1 and zero in (1, 2)
     return {"tp_comm_overlap": tpo and tp > 1, "overlap_grad_reduce": ogr or opg,
             "overlap_param_gather": opg}
 

@@ -157,6 +157,9 @@ ZeroListOpt = Annotated[Optional[str], typer.Option(
 ShardListOpt = Annotated[Optional[str], typer.Option(
     "--shard-size", help="HSDP: data-parallel ranks per shard group for ZeRO-3, a value or a "
     "list; 0 shards over the whole group [0 and one node's replicas].")]
+CpListOpt = Annotated[Optional[str], typer.Option(
+    "--cp", help="Context-parallel degrees to search: a value or a list [1; for sequences of "
+    "16k tokens or more, every power of two the sequence admits].")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset of every node (see `presets`).")]
 GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 IntraTopologyOpt = Annotated[Optional[str], typer.Option(
@@ -276,7 +279,7 @@ def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
 def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
            tp: str | None = None, pp: str | None = None, mbs: str | None = None,
            schedule: str | None = None, recompute: str | None = None,
-           zero: str | None = None, shard_size: str | None = None):
+           zero: str | None = None, shard_size: str | None = None, cp: str | None = None):
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
@@ -291,6 +294,7 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
                        or base.recompute,
                        zero=_zero_list(zero),
                        shard_sizes=_int_list(shard_size, "--shard-size", allow_zero=True),
+                       cp=_int_list(cp, "--cp"),
                        tp_comm_overlap=(tp_comm_overlap,),
                        overlap_grad_reduce=(overlap_grad_reduce,),
                        overlap_param_gather=(overlap_param_gather,))
@@ -324,7 +328,9 @@ def estimate(
     framework: FrameworkOpt = JobFramework.megatron,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 4,
-    dp: Annotated[Optional[int], typer.Option(help="Data-parallel degree [GPUs/(TP*PP)].")] = None,
+    dp: Annotated[Optional[int], typer.Option(
+        help="Data-parallel degree [GPUs/(TP*PP*CP)].")] = None,
+    cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
     mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option(help="Model chunks per stage (interleaved).")] = 1,
@@ -372,7 +378,7 @@ def estimate(
             raise SpecError("must be comma-separated integers, e.g. 20,20,20,20",
                             source="options", field="--layers") from None
     opts = _options(blocking)
-    plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, micro_batch=mbs, schedule=schedule.value,
+    plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs, schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
                      sequence_parallel=sp, distributed_optimizer=distopt, zero=zero,
                      shard_size=shard_size,
@@ -443,6 +449,7 @@ def solve(
     recompute: RecomputeListOpt = None,
     zero: ZeroListOpt = None,
     shard_size: ShardListOpt = None,
+    cp: CpListOpt = None,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
@@ -462,7 +469,7 @@ def solve(
                         allow_list=True, framework=framework.value)
     opts = _options(blocking)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
-                   schedule, recompute, zero, shard_size)
+                   schedule, recompute, zero, shard_size, cp)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
@@ -504,6 +511,7 @@ def compare(
     recompute: RecomputeListOpt = None,
     zero: ZeroListOpt = None,
     shard_size: ShardListOpt = None,
+    cp: CpListOpt = None,
     sharding: Annotated[bool, typer.Option(
         "--sharding", help="Instead: the best plan under ZeRO-1, ZeRO-3 and HSDP, side by "
         "side (time and memory).")] = False,
@@ -518,7 +526,8 @@ def compare(
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value)
-    space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size)
+    space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
+                   cp)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     prog = render.Progress(not as_json)
@@ -676,7 +685,7 @@ def cluster_synth(
 # plan files, framework launch files and pictures (formats/planfile.py, launch/)
 
 _PLAN_OPTION_PARAMS = ("model", "cluster", "gbs", "seq", "precision", "attention", "framework",
-                       "zero", "shard_size", "tp", "pp",
+                       "zero", "shard_size", "cp", "tp", "pp",
                        "dp", "mbs", "schedule", "chunks", "layers", "recompute", "sp", "distopt",
                        "blocking", "tp_comm_overlap", "overlap_grad_reduce",
                        "overlap_param_gather")

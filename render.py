@@ -179,6 +179,40 @@ def print_solve(res, c) -> None:
         for x in sorted(misfits, key=need)[:6]:
             t.add_row(x.describe, escape(x.status))
         con.print(t)
+    if res.plan.shape.cp > 1:
+        print_without_cp(res, need)
+
+
+def print_without_cp(res, need) -> None:
+    """Why no plan without context parallelism won: per TP x PP x DP, how many variants
+    (micro-batch, schedule, recompute, sharding) do not fit, with the closest one's
+    overflowing stage, and the best of those that fit (every one is in --json)."""
+    groups: dict = {}
+    for x in res.candidates:
+        if x.shape is not None and x.shape.cp == 1:
+            groups.setdefault((x.shape.tp, x.shape.pp, x.shape.dp), []).append(x)
+    if not groups:
+        return
+    t = Table(title="Plans without context parallelism (CP = 1) and why each lost")
+    for col in ("TP x PP x DP", "variants", "do not fit (closest: stage that overflows)",
+                "fit (best: time or lower bound, s)"):
+        t.add_column(col)
+    for (tp, pp, dp), xs in sorted(groups.items()):
+        mis = [x for x in xs if x.status.startswith("does not fit")]
+        ok = [x for x in xs if not x.status.startswith("does not fit")]
+        if mis:
+            c = min(mis, key=need)
+            why = f"{len(mis)}; {c.describe.split(' ', 3)[3]}: " + c.status.removeprefix(
+                "does not fit: ").split(" even")[0]
+        else:
+            why = "0"
+        fit = "-"
+        if ok:
+            best = min(ok, key=lambda x: x.best_ms or x.lower_bound_ms)
+            fit = (f"{len(ok)}; {best.best_ms / 1e3:.3f}" if best.best_ms else
+                   f"{len(ok)}; >= {best.lower_bound_ms / 1e3:.3f} ({best.status.split(':')[0]})")
+        t.add_row(f"{tp} x {pp} x {dp}", str(len(xs)), escape(why), escape(fit))
+    console().print(t)
 
 
 def print_compare(rows, title: str, csv_path=None) -> None:

@@ -116,7 +116,7 @@ def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
         "options": options_to_dict(options),
         "cluster": cluster_to_dict(cluster),
         "plan": {"shape": shape_to_dict(plan.shape),
-                 "placement": placement_to_dict(plan.placement, cluster)},
+                 "placement": placement_to_dict(plan.placement, cluster, plan.shape.cp)},
         "estimate": estimate_to_dict(estimate) if estimate is not None else None,
         "solver": dict(solver) if solver is not None else None,
     })
@@ -314,7 +314,8 @@ def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
     if any(not isinstance(x, int) or isinstance(x, bool) for x in layers):
         raise rd.err(f"{sw}.layers", "must be a list of integers (layers per virtual stage)")
     shape = Shape(tp=rd.get(sd, "tp", sw, int), pp=rd.get(sd, "pp", sw, int),
-                  dp=rd.get(sd, "dp", sw, int), micro_batch=rd.get(sd, "micro_batch", sw, int),
+                  dp=rd.get(sd, "dp", sw, int), cp=rd.get(sd, "cp", sw, int, 1),
+                  micro_batch=rd.get(sd, "micro_batch", sw, int),
                   schedule=rd.get(sd, "schedule", sw, str), chunks=rd.get(sd, "chunks", sw, int),
                   layers=tuple(layers), recompute=rd.get(sd, "recompute", sw, str),
                   sequence_parallel=rd.get(sd, "sequence_parallel", sw, bool),
@@ -328,9 +329,9 @@ def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
         raise rd.wrap(e, sw) from None
     pw = "plan.placement"
     rows = rd.get(d, "placement", "plan", list)
-    pp, dp = shape.pp, shape.dp
-    node = [[None] * dp for _ in range(pp)]
-    gpus = [[None] * dp for _ in range(pp)]
+    pp, dp, cp = shape.pp, shape.dp, shape.cp
+    node = [[None] * (dp * cp) for _ in range(pp)]
+    gpus = [[None] * (dp * cp) for _ in range(pp)]
     names = {nd.name: i for i, nd in enumerate(cluster.nodes)}
     for k, row in enumerate(rows):
         w = f"{pw}[{k}]"
@@ -339,6 +340,10 @@ def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
         s, r = rd.get(row, "stage", w, int), rd.get(row, "replica", w, int)
         if not (0 <= s < pp and 0 <= r < dp):
             raise rd.err(w, f"stage {s} replica {r} is outside {pp} stages x {dp} replicas")
+        c = rd.get(row, "cp_rank", w, int, 0)
+        if not 0 <= c < cp:
+            raise rd.err(f"{w}.cp_rank", f"must be 0..{cp - 1} (CP = {cp})")
+        r = r * cp + c  # the placement's column
         if node[s][r] is not None:
             raise rd.err(w, f"stage {s} replica {r} is listed twice; list it once")
         nname = rd.get(row, "node", w, str)
@@ -350,10 +355,11 @@ def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
             raise rd.err(f"{w}.gpus", "must be a list of local GPU ids (integers)")
         node[s][r], gpus[s][r] = names[nname], tuple(g)
     for s in range(pp):
-        for r in range(dp):
+        for r in range(dp * cp):
             if node[s][r] is None:
-                raise rd.err(pw, f"stage {s} replica {r} is missing; list every (stage, "
-                             "replica) once")
+                where = f"replica {r // cp}" + (f" CP rank {r % cp}" if cp > 1 else "")
+                raise rd.err(pw, f"stage {s} {where} is missing; list every (stage, "
+                             "replica" + (", cp_rank" if cp > 1 else "") + ") once")
     pl = Placement(tuple(map(tuple, node)), tuple(map(tuple, gpus)))
     try:
         validate_placement(cluster, shape, pl, src=rd.src)

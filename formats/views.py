@@ -16,18 +16,28 @@ def shape_to_dict(shape: Shape) -> dict:
     return d
 
 
-def placement_to_dict(pl: Placement, cluster: ClusterSpec) -> list[dict]:
-    """One row per (stage, replica): node name and local GPU ids, tensor rank order."""
-    return [{"stage": s, "replica": r, "node": cluster.nodes[pl.node[s][r]].name,
-             "gpus": list(pl.gpus[s][r])}
-            for s in range(pl.pp) for r in range(pl.dp)]
+def placement_to_dict(pl: Placement, cluster: ClusterSpec, cp: int = 1) -> list[dict]:
+    """One row per (stage, replica[, CP rank]): node name and local GPU ids, tensor rank
+    order. With context parallelism a row also names its CP rank (column = replica x cp +
+    cp_rank in model.plan's terms)."""
+    rows = []
+    for s in range(pl.pp):
+        for col in range(pl.dp):
+            row = {"stage": s, "replica": col // cp}
+            if cp > 1:
+                row["cp_rank"] = col % cp
+            row.update(node=cluster.nodes[pl.node[s][col]].name, gpus=list(pl.gpus[s][col]))
+            rows.append(row)
+    return rows
 
 
-def placement_from_dict(rows: list[dict], cluster: ClusterSpec, pp: int, dp: int) -> Placement:
-    node = [[-1] * dp for _ in range(pp)]
-    gpus = [[()] * dp for _ in range(pp)]
+def placement_from_dict(rows: list[dict], cluster: ClusterSpec, pp: int, dp: int,
+                        cp: int = 1) -> Placement:
+    cols = dp * cp
+    node = [[-1] * cols for _ in range(pp)]
+    gpus = [[()] * cols for _ in range(pp)]
     for row in rows:
-        s, r = int(row["stage"]), int(row["replica"])
+        s, r = int(row["stage"]), int(row["replica"]) * cp + int(row.get("cp_rank", 0))
         node[s][r] = cluster.node_index(str(row["node"]))
         gpus[s][r] = tuple(int(g) for g in row["gpus"])
     return Placement(tuple(map(tuple, node)), tuple(map(tuple, gpus)))
@@ -35,7 +45,7 @@ def placement_from_dict(rows: list[dict], cluster: ClusterSpec, pp: int, dp: int
 
 def plan_to_dict(plan: Plan, cluster: ClusterSpec) -> dict:
     return {"shape": shape_to_dict(plan.shape),
-            "placement": placement_to_dict(plan.placement, cluster)}
+            "placement": placement_to_dict(plan.placement, cluster, plan.shape.cp)}
 
 
 def estimate_to_dict(e: Estimate) -> dict:

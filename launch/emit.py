@@ -88,6 +88,8 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
     # arguments.py _add_distributed_args
     a = ["--tensor-model-parallel-size", str(sh.tp),
          "--pipeline-model-parallel-size", str(sh.pp)]
+    if sh.cp > 1:  # ring attention through Transformer Engine (--cp-comm-type p2p default)
+        a += ["--context-parallel-size", str(sh.cp)]
     split, why = megatron_split(sh)
     if why:
         warn.append(f"megatron: layer split not expressible: {why}. Megatron-LM would split "
@@ -108,8 +110,22 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
               "--recompute-num-layers", "1"]
     elif sh.recompute == "selective":  # core attention only (Korthikanti et al. 2022)
         a += ["--recompute-granularity", "selective"]
-    if sh.distributed_optimizer:
+    if sh.zero == 1:
         a.append("--use-distributed-optimizer")
+    elif sh.zero >= 2:
+        # Megatron-FSDP (Megatron-Core developer guide, "Megatron FSDP"): ZeRO-2 is the
+        # optim_grads strategy, ZeRO-3 optim_grads_params; it needs the distributed optimizer
+        # and no gradient-accumulation fusion, and saves fsdp_dtensor checkpoints
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+              "optim_grads" if sh.zero == 2 else "optim_grads_params",
+              "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
+              "--ckpt-format", "fsdp_dtensor"]
+        if sh.shard_size:
+            warn.append(f"megatron: HSDP (shard over {sh.shard_size} data-parallel ranks, "
+                        f"{sh.dp // sh.shard_size} replicas) has no flag emitted here; "
+                        "Megatron-FSDP would shard over the whole data-parallel group, with "
+                        "less memory and more inter-node traffic than the estimate; "
+                        "torchtitan expresses it (data_parallel_replicate_degree)")
     # overlaps (arguments.py _add_distributed_args): what the estimate assumed hidden
     if sh.overlap_grad_reduce:
         a.append("--overlap-grad-reduce")
@@ -207,6 +223,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         "global_batch_size": job.global_batch,
         "tensor_model_parallel_size": sh.tp,
         "pipeline_model_parallel_size": sh.pp,
+        "context_parallel_size": sh.cp,
         "virtual_pipeline_model_parallel_size": sh.chunks if sh.chunks > 1 else None,
         "sequence_parallel": sh.sequence_parallel,
         "megatron_amp_O2": job.precision != "fp32",
@@ -233,8 +250,19 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         m.update(activations_checkpoint_granularity=None, activations_checkpoint_method=None,
                  activations_checkpoint_num_layers=None)
     # NeMo's distributed optimizer is the optim name distributed_fused_adam
-    m["optim"] = {"name": "distributed_fused_adam" if sh.distributed_optimizer
-                  else "fused_adam"}
+    m["optim"] = {"name": "distributed_fused_adam" if sh.zero == 1 else "fused_adam"}
+    if sh.zero >= 2:
+        # NeMo 1.x PyTorch-FSDP strategy (nlp_overrides.NLPFSDPStrategy): sharding_strategy
+        # 'grad' (SHARD_GRAD_OP, ZeRO-2), 'full' (FULL_SHARD, ZeRO-3), 'hybrid' (HSDP)
+        m["fsdp"] = True
+        m["fsdp_sharding_strategy"] = ("grad" if sh.zero == 2 else
+                                       "hybrid" if sh.shard_size else "full")
+        m["megatron_amp_O2"] = False  # FSDP keeps its own fp32 shards
+        if sh.shard_size and G and sh.shard_size * sh.tp != G:
+            warn.append(f"nemo: hybrid FSDP shards inside a node ({G} GPUs), the plan shards "
+                        f"over {sh.shard_size} data-parallel ranks")
+        if sh.pp > 1:
+            warn.append("nemo: NeMo 1.x FSDP does not combine with pipeline parallelism")
     if sh.overlap_grad_reduce:
         m["optim"]["overlap_grad_sync"] = True
     if sh.overlap_param_gather:
@@ -298,18 +326,21 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     else:
         warn.append("torchtitan: fp16 is not a torchtitan mixed_precision_param "
                     "(bfloat16 or float32)")
-    par: dict = {"tensor_parallel_degree": sh.tp, "pipeline_parallel_degree": sh.pp}
-    # torchtitan applies DDP only to 1-D meshes; with TP or PP it shards data-parallel
-    # replicas with FSDP (ZeRO-3), which also shards weights and gradients
-    if sh.tp * sh.pp == 1 and not sh.distributed_optimizer:
+    par: dict = {"tensor_parallel_degree": sh.tp, "pipeline_parallel_degree": sh.pp,
+                 "context_parallel_degree": sh.cp}
+    # FSDP2 shards over data_parallel_shard_degree ranks and replicates over
+    # data_parallel_replicate_degree (HSDP when both > 1); DDP only on 1-D meshes
+    if sh.zero >= 3:
+        g = sh.shard_size or sh.dp
+        par.update(data_parallel_replicate_degree=sh.dp // g, data_parallel_shard_degree=g)
+    elif sh.tp * sh.pp * sh.cp == 1 and sh.zero == 0:
         par.update(data_parallel_replicate_degree=sh.dp, data_parallel_shard_degree=1)
     else:
         par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=sh.dp)
         if sh.dp > 1:
             warn.append("torchtitan: data parallelism becomes FSDP (shards weights, gradients "
                         "and optimizer state); the plan's estimate assumes "
-                        + ("Megatron's distributed optimizer (ZeRO-1)" if
-                           sh.distributed_optimizer else "replicated DDP") +
+                        + (f"ZeRO-{sh.zero}" if sh.zero else "replicated DDP") +
                         ", so memory is lower and communication differs")
     if sh.pp > 1:
         # torch.distributed.pipelining schedule names
@@ -366,10 +397,17 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         "gradient_accumulation_steps": num_microbatches(job, sh),
         "bf16": {"enabled": job.precision == "bf16"},
         "fp16": {"enabled": job.precision == "fp16"},
-        # ZeRO stage 1 shards optimizer state over data-parallel ranks, like Megatron's
-        # distributed optimizer
-        "zero_optimization": {"stage": 1 if sh.distributed_optimizer else 0},
+        # ZeRO stage 1 shards optimizer state over data-parallel ranks (Megatron's
+        # distributed optimizer), 2 also gradients, 3 also parameters
+        "zero_optimization": {"stage": sh.zero},
     }
+    if sh.shard_size:
+        # ZeRO++ hierarchical partitioning (hpZ): a secondary copy of the weights sharded
+        # inside groups of this many ranks, so gathers stay inside them
+        cfg["zero_optimization"]["zero_hpz_partition_size"] = sh.shard_size
+        warn.append("deepspeed: HSDP maps to ZeRO++ hpZ (zero_hpz_partition_size), which keeps "
+                    "the primary shards over the whole group: optimizer state and gradients "
+                    "use less memory than the estimate, weights slightly more")
     if sh.overlap_grad_reduce:
         cfg["zero_optimization"]["overlap_comm"] = True
     if sh.fp8:

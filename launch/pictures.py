@@ -32,11 +32,12 @@ def schedule_timeline(evaluator, placement: Placement, replica: int | None = Non
     sh = evaluator.shape
     cs = evaluator.cs
     tails, _ = evaluator.tails(placement)
-    durs = [evaluator.replica_durations(placement, r, tails) for r in range(sh.dp)]
+    durs = [evaluator.replica_durations(placement, r, tails) for r in range(sh.cols)]
     if replica is None:
         replica = int(np.argmax([cs.longest_path(d) for d in durs]))
-    if not 0 <= replica < sh.dp:
-        raise SpecError(f"replica {replica} does not exist; the plan has {sh.dp} replicas",
+    if not 0 <= replica < sh.cols:
+        raise SpecError(f"replica {replica} does not exist; the plan has {sh.cols} "
+                        "(replicas x CP ranks)",
                         source="options", field="replica")
     d = durs[replica]
     start = cs.start_times(d)
@@ -162,7 +163,7 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
                                   gridspec_kw={"width_ratios": [Gmax + 2, max(N, 4)]})
     owner = {}
     for s in range(sh.pp):
-        for r in range(sh.dp):
+        for r in range(sh.cols):
             for i, g in enumerate(pl.gpus[s][r]):
                 owner[(pl.node[s][r], g)] = (s, r, i)
     slow = slow_links(cluster)
@@ -201,7 +202,7 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
                                 linewidth=2))
     used = set()
     hops = sh.pp if sh.chunks > 1 else sh.pp - 1
-    for r in range(sh.dp):
+    for r in range(sh.cols):
         for hh in range(hops):
             a, b = pl.node[hh][r], pl.node[(hh + 1) % sh.pp][r]
             if a != b:

@@ -2,10 +2,12 @@
 physical node gets so that the framework's process groups land where the plan put them.
 
 Rank order. Megatron-LM builds its groups from global ranks with tensor parallelism fastest,
-then data, then pipeline (megatron/core/parallel_state.py, `initialize_model_parallel`, default
-order "tp-cp-ep-dp-pp"; Narayanan et al. 2021 Sec. 3):
+then context, then data, then pipeline (megatron/core/parallel_state.py,
+`initialize_model_parallel`, default order "tp-cp-ep-dp-pp"; Narayanan et al. 2021 Sec. 3):
 
-    rank = stage * (tp * dp) + replica * tp + tensor_rank
+    rank = stage * (tp * cp * dp) + (replica * cp + cp_rank) * tp + tensor_rank
+
+(replica * cp + cp_rank is the placement's column, model.plan).
 
 The same order holds for NeMo (it calls Megatron-Core's parallel_state), torchtitan (its device
 mesh is ["pp", "dp_replicate", "dp_shard", "cp", "tp"], row-major, tp fastest:
@@ -34,10 +36,11 @@ from model.cluster import ClusterSpec
 from model.plan import Plan
 
 
-def megatron_rank(tp: int, dp: int, stage: int, replica: int, tensor_rank: int) -> int:
-    """Global rank of (stage, replica, tensor rank): tensor fastest, then data, then pipeline
-    (Megatron-LM parallel_state rank order, see module docstring)."""
-    return stage * (tp * dp) + replica * tp + tensor_rank
+def megatron_rank(tp: int, cols: int, stage: int, col: int, tensor_rank: int) -> int:
+    """Global rank of (stage, column, tensor rank), column = replica * cp + cp_rank and cols =
+    dp * cp: tensor fastest, then context, then data, then pipeline (Megatron-LM parallel_state
+    rank order, see module docstring)."""
+    return stage * (tp * cols) + col * tp + tensor_rank
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,14 @@ class RankMapping:
 
 
 def rank_locations(plan: Plan) -> dict[int, tuple[int, int, int, int, int]]:
-    """global rank -> (node index, physical GPU, stage, replica, tensor rank) the plan wants."""
+    """global rank -> (node index, physical GPU, stage, column, tensor rank) the plan wants."""
     sh, pl = plan.shape, plan.placement
     out = {}
     for s in range(sh.pp):
-        for r in range(sh.dp):
+        for r in range(sh.cols):
             for i in range(sh.tp):
-                out[megatron_rank(sh.tp, sh.dp, s, r, i)] = (pl.node[s][r], pl.gpus[s][r][i],
-                                                            s, r, i)
+                out[megatron_rank(sh.tp, sh.cols, s, r, i)] = (
+                    pl.node[s][r], pl.gpus[s][r][i], s, r, i)
     return out
 
 
@@ -81,7 +84,7 @@ def rank_mapping(cluster: ClusterSpec, plan: Plan) -> tuple[RankMapping | None, 
         return None, (f"nodes have different GPU counts ({counts}); torchrun gives every node "
                       "the same --nproc_per_node, so contiguous rank blocks cannot match them")
     sh = plan.shape
-    world = sh.tp * sh.pp * sh.dp
+    world = sh.tp * sh.pp * sh.cols
     if world != cluster.num_gpus:
         return None, (f"the plan uses {world} GPUs but the cluster has {cluster.num_gpus}; "
                       "every GPU must run one rank")
@@ -140,7 +143,8 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
            f"# Plan: {sh.describe()}  layers={list(sh.layers)}",
            "# Run this same script on every node. Each node gets the torchrun --node_rank and",
            "# the CUDA_VISIBLE_DEVICES order that put Megatron's rank order",
-           "# (rank = stage*TP*DP + replica*TP + tensor_rank) where the plan placed it.",
+           "# (rank = stage*TP*CP*DP + (replica*CP + cp_rank)*TP + tensor_rank) where the plan",
+           "# placed it.",
            "set -euo pipefail",
            'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
            f'MASTER_ADDR="${{MASTER_ADDR:-{first}}}"  # the node with node_rank 0',
@@ -156,8 +160,8 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
             'case "$NODE" in']
     for n in mapping.order:
         nd = cluster.nodes[n]
-        hosts = sorted({f"s{s}/r{r}" for s in range(sh.pp) for r in range(sh.dp)
-                        if pl.node[s][r] == n})
+        hosts = sorted({f"s{s}/r{r // sh.cp}" + (f"c{r % sh.cp}" if sh.cp > 1 else "")
+                        for s in range(sh.pp) for r in range(sh.cols) if pl.node[s][r] == n})
         k = mapping.node_rank[n]
         out.append(f"  # {nd.name}: ranks {k * G}..{k * G + G - 1} = {' '.join(hosts)}")
         dev = ",".join(map(str, mapping.visible_devices[n]))
@@ -178,7 +182,10 @@ def mapping_table(cluster: ClusterSpec, plan: Plan, mapping: RankMapping) -> lis
         rows.append({"node": cluster.nodes[n].name, "node_rank": k,
                      "cuda_visible_devices": list(mapping.visible_devices[n]),
                      "ranks": [{"rank": q, "local_rank": q - k * G, "gpu": loc[q][1],
-                                "stage": loc[q][2], "replica": loc[q][3], "tensor": loc[q][4]}
+                                "stage": loc[q][2], "replica": loc[q][3] // plan.shape.cp,
+                                **({"cp_rank": loc[q][3] % plan.shape.cp}
+                                   if plan.shape.cp > 1 else {}),
+                                "tensor": loc[q][4]}
                                for q in range(k * G, (k + 1) * G)]})
     return rows
 
@@ -203,7 +210,8 @@ def write_launch(out_dir: Path, cluster: ClusterSpec, plan: Plan, train_cmd: lis
     p.write_text(hostfile_text(cluster, mapping))
     files.append(p)
     p = out_dir / "ranks.json"
-    p.write_text(json.dumps({"rank_order": "rank = stage*tp*dp + replica*tp + tensor_rank",
+    p.write_text(json.dumps({"rank_order": "rank = stage*tp*cp*dp + (replica*cp + cp_rank)*tp"
+                                           " + tensor_rank",
                              "nproc_per_node": mapping.nproc_per_node,
                              "nodes": mapping_table(cluster, plan, mapping)}, indent=1) + "\n")
     files.append(p)

@@ -74,3 +74,22 @@ def dp_ring(cluster: ClusterSpec, members: list[tuple[int, int]]) -> tuple[float
             nxt = order[(i + 1) % len(order)]
             bw = min(bw, k * float(cluster.inter_gb_per_s[n, nxt]))
     return bw, len(order) > 1
+
+
+def p2p_ring(cluster: ClusterSpec, members: list[tuple[int, int]]) -> float:
+    """Bandwidth of a point-to-point ring through `members` [(node, local GPU)] in their given
+    order (no reordering: context parallelism sends K and V from CP rank i to rank i + 1, as
+    Transformer Engine's ring attention does): every member sends one stream to the next at
+    once, so a step lasts as long as the slowest hop (NVLink between two GPUs of a node, one
+    GPU's network stream between nodes)."""
+    n = len(members)
+    if n <= 1:
+        return float("inf")
+    bw = float("inf")
+    for i, (na, ga) in enumerate(members):
+        nb, gb = members[(i + 1) % n]
+        if na == nb:
+            bw = min(bw, cluster.nodes[na].link_gb_per_s(ga, gb))
+        else:
+            bw = min(bw, float(cluster.inter_gb_per_s[na, nb]))
+    return bw

@@ -100,11 +100,12 @@ class ComputeModel:
     micro-batch, fp8) on one GPU type."""
 
     def __init__(self, model: ModelSpec, job: JobSpec, gpu: GPUSpec, *, tp: int,
-                 micro_batch: int, sequence_parallel: bool, fp8: bool):
+                 micro_batch: int, sequence_parallel: bool, fp8: bool, cp: int = 1):
         self.model, self.job, self.gpu = model, job, gpu
-        self.t, self.b, self.sp, self.fp8 = tp, micro_batch, sequence_parallel, fp8
+        self.t, self.b, self.sp, self.fp8, self.cp = tp, micro_batch, sequence_parallel, fp8, cp
         self.s = job.seq_length
-        self.T = micro_batch * job.seq_length  # tokens per micro-batch
+        # tokens of a micro-batch on this GPU: context parallelism keeps 1/cp of each sequence
+        self.T = micro_batch * job.seq_length // cp
         self.act_b = float(job.activation_bytes)
         self.peak = gpu.peak_flops(job.precision)
         self.peak_fp8 = gpu.peak_flops("fp8") if fp8 else self.peak
@@ -183,12 +184,16 @@ class ComputeModel:
         g, h = self.gpu, m.hidden_size
         heads = m.num_heads // t
         d = m.head_dim
-        full_flops = 4.0 * T * s * h / t  # QK^T and PV over the full s x s (eq. 3)
+        # QK^T and PV of this GPU's T queries against all s keys (eq. 3; with context
+        # parallelism T = b s / cp, so each rank does 1/cp of the s x s work)
+        full_flops = 4.0 * T * s * h / t
         if self.job.attention == "flash":
             work = full_flops * 0.5 * (1 + min(1.0, FLASH_BLOCK / s))
             rate = self.peak * g.attention_efficiency
-            f_ms = work / rate * 1e3 + g.kernel_overhead_us / 1e3
-            b_ms = FLASH_BWD_FACTOR * work / rate * 1e3 + g.kernel_overhead_us / 1e3
+            # ring attention runs one kernel per ring step (cp of them)
+            launch_ms = self.cp * g.kernel_overhead_us / 1e3
+            f_ms = work / rate * 1e3 + launch_ms
+            b_ms = FLASH_BWD_FACTOR * work / rate * 1e3 + launch_ms
             fwd.add("attention", f_ms, full_flops)
             bwd.add("attention", b_ms, 2 * full_flops)
             return f_ms

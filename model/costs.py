@@ -61,6 +61,8 @@ class LayerTimes:
     head_bwd_ms: float
     tp_comm_fwd_ms: float = 0.0  # exposed tensor-parallel communication inside fwd_ms
     tp_comm_bwd_ms: float = 0.0  # ... and inside bwd_ms (without recompute)
+    cp_comm_fwd_ms: float = 0.0  # exposed context-parallel K/V ring exchange inside fwd_ms
+    cp_comm_bwd_ms: float = 0.0  # ... and of K/V and their gradients inside bwd_ms
     shard_fill_fwd_ms: float = 0.0  # ZeRO-3: a chunk's first gather, per micro-batch
     shard_fill_bwd_ms: float = 0.0  # ... its first gather and last reduce-scatter
 
@@ -83,7 +85,8 @@ class CostModel:
                  options: Options):
         self.model, self.job, self.cluster, self.shape, self.options = (
             model, job, cluster, shape, options)
-        self.tokens = shape.micro_batch * job.seq_length  # tokens per micro-batch
+        # tokens per micro-batch on one GPU (1/cp of each sequence with context parallelism)
+        self.tokens = shape.micro_batch * job.seq_length // shape.cp
         self.act_msg_bytes = self.tokens * model.hidden_size * job.activation_bytes
         self._layer_cache: dict = {}
         self._compute_cache: dict = {}
@@ -95,17 +98,21 @@ class CostModel:
         if hit is None:
             sh = self.shape
             hit = ComputeModel(self.model, self.job, gpu, tp=sh.tp, micro_batch=sh.micro_batch,
-                               sequence_parallel=sh.sequence_parallel, fp8=sh.fp8)
+                               sequence_parallel=sh.sequence_parallel, fp8=sh.fp8, cp=sh.cp)
             self._compute_cache[gpu.name] = hit
         return hit
 
     def layer_times(self, gpu: GPUSpec, tp_ring_gb_per_s: float,
-                    shard_ring_gb_per_s: float = math.inf) -> LayerTimes:
+                    shard_ring_gb_per_s: float = math.inf,
+                    cp_ring_gb_per_s: float = math.inf) -> LayerTimes:
         """Per layer and micro-batch. `shard_ring_gb_per_s`: the ring of the stage's ZeRO-3 /
-        FSDP shard group (its per-layer gathers and reduce-scatters); unused otherwise."""
+        FSDP shard group (its per-layer gathers and reduce-scatters); unused otherwise.
+        `cp_ring_gb_per_s`: the slowest hop of the context-parallel ring (CP > 1)."""
         if self.shape.zero < 3:
             shard_ring_gb_per_s = math.inf
-        key = (gpu.name, tp_ring_gb_per_s, shard_ring_gb_per_s)
+        if self.shape.cp <= 1:
+            cp_ring_gb_per_s = math.inf
+        key = (gpu.name, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
@@ -113,8 +120,9 @@ class CostModel:
         cm = self.compute(gpu)
         lc = cm.layer()
         f_comm, b_comm = self._layer_tp_comm(lc, tp_ring_gb_per_s)
-        fwd = lc.fwd.total_ms + f_comm
-        bwd = lc.bwd.total_ms + b_comm
+        cp_f, cp_b = self._cp_exchange_ms(lc, cp_ring_gb_per_s)
+        fwd = lc.fwd.total_ms + f_comm + cp_f
+        bwd = lc.bwd.total_ms + b_comm + cp_b
         if sh.recompute == "full":
             bwd += fwd  # the forward runs again, collectives included
         elif sh.recompute == "selective":
@@ -139,10 +147,34 @@ class CostModel:
                                                  / sh.tp, shard_ring_gb_per_s)
             emb_f, emb_b = emb_f + e_ag, emb_b + e_ag + e_rs
             head_f, head_b = head_f + e_ag, head_b + e_ag + e_rs
-        out = LayerTimes(fwd, bwd, emb_f, emb_b, head_f, head_b, f_comm, b_comm, fill_f,
-                         fill_b)
+        out = LayerTimes(fwd, bwd, emb_f, emb_b, head_f, head_b, f_comm, b_comm, cp_f, cp_b,
+                         fill_f, fill_b)
         self._layer_cache[key] = out
         return out
+
+    def cp_step_bytes(self) -> float:
+        """Bytes one CP rank sends per ring step of one layer's forward: its K and V chunk
+        (b s / cp tokens, kv_dim / t channels each, activation precision)."""
+        return 2.0 * self.tokens * self.model.kv_dim / self.shape.tp * self.job.activation_bytes
+
+    def _cp_exchange_ms(self, lc, ring_gb_per_s: float) -> tuple[float, float]:
+        """Exposed ring exchange of context parallelism in one layer (forward, backward).
+
+        Ring attention (Liu et al. 2023; Megatron-LM / Transformer Engine's p2p context
+        parallelism): the attention core runs in cp steps, one per K/V chunk; while step i
+        computes, chunk i + 1 travels from the previous rank, so each of the cp - 1 transfers
+        hides behind one step's compute (1/cp of the core) and only what outlasts it shows. The
+        backward sends the K/V chunk and its gradient (twice the bytes) beside the backward
+        core's steps."""
+        cp = self.shape.cp
+        if cp <= 1:
+            return 0.0, 0.0
+        lat = self.cluster.latency_us / 1e3
+        step = self.cp_step_bytes() / (ring_gb_per_s * 1e6) + lat
+        f_core, b_core = lc.fwd.ms["attention"], lc.bwd.ms["attention"]
+        fwd = (cp - 1) * exposed_async_ms(step, f_core / cp)
+        bwd = (cp - 1) * exposed_async_ms(2 * step, b_core / cp)
+        return fwd, bwd
 
     def _shard_collectives(self, params: float, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-gather of the weights, reduce-scatter of the gradients) of `params` parameters
@@ -218,10 +250,10 @@ class CostModel:
         return emb, head
 
     def virtual_stage_ms(self, gpu: GPUSpec, tp_ring_gb_per_s: float, j: int,
-                         layers: int, shard_ring_gb_per_s: float = math.inf
-                         ) -> tuple[float, float]:
+                         layers: int, shard_ring_gb_per_s: float = math.inf,
+                         cp_ring_gb_per_s: float = math.inf) -> tuple[float, float]:
         """Forward and backward time of virtual stage j holding `layers` layers."""
-        lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s)
+        lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s)
         f, b = layers * lt.fwd_ms + lt.shard_fill_fwd_ms, layers * lt.bwd_ms + \
             lt.shard_fill_bwd_ms
         if j == 0:
@@ -315,10 +347,11 @@ class CostModel:
         return grad, gather
 
     def sync_group(self) -> int:
-        """Ranks of the end-of-iteration synchronization: the data-parallel group, or with
-        HSDP the replicas of one shard."""
+        """Ranks of the end-of-iteration synchronization: the data x context parallel group
+        (CP ranks' gradients are partial sums of one replica's), or with HSDP the replicas of
+        one shard."""
         sh = self.shape
-        return sh.dp // sh.shard_group if sh.zero >= 3 else sh.dp
+        return sh.cols // sh.shard_group if sh.zero >= 3 else sh.cols
 
     def sync_parts_ms(self, params: float, dp_ring_gb_per_s: float,
                       inter_node: bool) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """The estimator: for a model, job, cluster and plan, per-stage memory and iteration time.
 
-Iteration time = max over data-parallel replicas of the longest path through that replica's
-schedule graph (model.schedule), where each stage's path ends with its tail: the exposed part of
+Iteration time = max over columns (data-parallel replica x context-parallel rank) of the longest
+path through that column's schedule graph (model.schedule), where each stage's path ends with its tail: the exposed part of
 the gradient synchronization plus the optimizer step. Synchronization is collective across
 replicas, so every replica sees the same tail. This is the single definition of iteration time;
 the solvers use `Evaluator` and are tested to agree with it.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .cluster import ClusterSpec
-from .communication import dp_ring
+from .communication import dp_ring, p2p_ring
 from .costs import CostModel
 from .memory import MemoryModel, StageMemory
 from .plan import (Placement, Plan, Shape, megatron_placement, num_microbatches,
@@ -99,25 +99,43 @@ class Evaluator:
         hit = self._tail_cache.get(key)
         if hit is None:
             hit = float("inf")
-            g = sh.shard_group
+            g = sh.shard_group  # consecutive columns: shard_size replicas x their CP ranks
             for i in range(sh.tp):
-                for first in range(0, sh.dp, g):
+                for first in range(0, sh.cols, g):
                     members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in range(first, first + g)]
                     hit = min(hit, dp_ring(self.cluster, members)[0])
             self._tail_cache[key] = hit
         return hit
 
+    def cp_ring(self, pl: Placement, s: int, r: int) -> float:
+        """Context parallelism: the slowest hop of column r's CP ring at stage s (every TP
+        rank's ring, in CP rank order); inf without CP."""
+        sh = self.shape
+        if sh.cp <= 1:
+            return float("inf")
+        first = r - r % sh.cp
+        cols = range(first, first + sh.cp)
+        key = ("cp", s, tuple(pl.node[s][q] for q in cols), tuple(pl.gpus[s][q] for q in cols))
+        hit = self._tail_cache.get(key)
+        if hit is None:
+            hit = min(p2p_ring(self.cluster, [(pl.node[s][q], pl.gpus[s][q][i]) for q in cols])
+                      for i in range(sh.tp))
+            self._tail_cache[key] = hit
+        return hit
+
     def replica_durations(self, pl: Placement, r: int, tails: np.ndarray) -> np.ndarray:
+        """Durations of column r's schedule graph (its operations, transfers and tails)."""
         sh, K, c = self.shape, self.kinds, self.cluster
         d = np.zeros(K.size)
         for s in range(sh.pp):
             node = c.nodes[pl.node[s][r]]
             ring = node.ring_gb_per_s(pl.gpus[s][r])
             shard = self.shard_ring(pl, s)
+            cpr = self.cp_ring(pl, s, r)
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 d[K.F(j)], d[K.B(j)] = self.costs.virtual_stage_ms(node.gpu, ring, j,
-                                                                   sh.layers[j], shard)
+                                                                   sh.layers[j], shard, cpr)
         hops = sh.pp if sh.chunks > 1 else sh.pp - 1
         for h in range(hops):
             a, b = h, (h + 1) % sh.pp
@@ -143,11 +161,11 @@ class Evaluator:
         parallel rings (costs.exposed_sync_ms says what the overlaps hide)."""
         worst_full, worst_exposed = 0.0, 0.0
         sh = self.shape
-        # the synchronization's groups: the data-parallel group, or with HSDP the replicas of
-        # each shard (ranks i, i + g, i + 2g, ... of the data-parallel order)
-        g = sh.shard_group if sh.zero >= 3 else sh.dp
-        groups = [list(range(i, sh.dp, g)) for i in range(g)] if sh.zero >= 3 else \
-            [list(range(sh.dp))]
+        # the synchronization's groups: the data x context parallel group (every column), or
+        # with HSDP the replicas of each shard (columns i, i + g, i + 2g, ...)
+        g = sh.shard_group if sh.zero >= 3 else sh.cols
+        groups = [list(range(i, sh.cols, g)) for i in range(g)] if sh.zero >= 3 else \
+            [list(range(sh.cols))]
         for i in range(sh.tp):
             for reps in groups:
                 members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in reps]
@@ -163,13 +181,15 @@ class Evaluator:
         slowest node: the windows the gradient reduction (--overlap-grad-reduce, during the
         last micro-batch's backward) and the parameter all-gather (--overlap-param-gather,
         during the first forward) can hide in."""
-        gpu_nodes = {pl.node[s][r] for r in range(self.shape.dp)}
+        gpu_nodes = {pl.node[s][r] for r in range(self.shape.cols)}
         bwd, fwd = float("inf"), float("inf")
         shard = self.shard_ring(pl, s)
+        cpr = self.cp_ring(pl, s, 0)
         for n in gpu_nodes:
             node = self.cluster.nodes[n]
             ring = node.ring_gb_per_s(tuple(range(self.shape.tp)))
-            f, b = self.costs.virtual_stage_ms(node.gpu, ring, s, self.shape.layers[s], shard)
+            f, b = self.costs.virtual_stage_ms(node.gpu, ring, s, self.shape.layers[s], shard,
+                                               cpr)
             bwd, fwd = min(bwd, b), min(fwd, f)
         return bwd, fwd
 
@@ -185,7 +205,7 @@ class Evaluator:
             sync, exposed = self.stage_sync_ms(pl, s, *windows)
             lin = self.costs.stage_linear_params(s)
             opt = max(self.costs.optimizer_ms(self.params[s], self.cluster.nodes[
-                pl.node[s][r]].gpu, lin) for r in range(sh.dp))
+                pl.node[s][r]].gpu, lin) for r in range(sh.cols))
             hit = (exposed + opt + self.options.overheads.latency_overhead_ms,
                    (sync, exposed, opt))
             if len(self._tail_cache) >= 200_000:
@@ -223,11 +243,13 @@ class Evaluator:
         zeros = np.zeros(sh.pp)
         cols = []
         todo: dict[bytes, np.ndarray] = {}
-        # ZeRO-3: a replica's layers also depend on its stages' shard rings (the whole row)
+        # ZeRO-3: a column's layers also depend on its stages' shard rings (the whole row);
+        # CP: on its CP rings
         rings = tuple(self.shard_ring(pl, s) for s in rng_s) if sh.zero >= 3 else ()
-        for r in range(sh.dp):
+        for r in range(sh.cols):
+            cpr = tuple(self.cp_ring(pl, s, r) for s in rng_s) if sh.cp > 1 else ()
             key = (tuple(pl.node[s][r] for s in rng_s), tuple(pl.gpus[s][r] for s in rng_s),
-                   rings)
+                   rings, cpr)
             starts = cache.get(key)
             if starts is None:
                 d = self.replica_durations(pl, r, zeros)
@@ -275,7 +297,7 @@ class Evaluator:
         sh, K, c = self.shape, self.kinds, self.cluster
         validate_placement(c, sh, pl)
         tails, parts = self.tails(pl)
-        durs = [self.replica_durations(pl, r, tails) for r in range(sh.dp)]
+        durs = [self.replica_durations(pl, r, tails) for r in range(sh.cols)]
         lengths = [self.cs.longest_path(d) for d in durs]
         worst = int(np.argmax(lengths))
         length, counts, path = self.cs.critical_path(durs[worst])
@@ -294,7 +316,7 @@ class Evaluator:
             f = max(sum(d[K.F(ch * sh.pp + s)] for ch in range(sh.chunks)) for d in durs)
             b = max(sum(d[K.B(ch * sh.pp + s)] for ch in range(sh.chunks)) for d in durs)
             stage_work.append(self.m * (f + b))
-            limit = min(c.nodes[pl.node[s][r]].gpu.memory_gib for r in range(sh.dp))
+            limit = min(c.nodes[pl.node[s][r]].gpu.memory_gib for r in range(sh.cols))
             stages.append(StageReport(s, sh.stage_layers(s), f, b, parts[s][0], parts[s][1],
                                       parts[s][2], self.memory[s], limit))
         hops = []
@@ -361,7 +383,7 @@ def default_layers(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
 
 
 def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, pp: int,
-              dp: int | None = None, micro_batch: int = 1, schedule: str = "1f1b",
+              dp: int | None = None, cp: int = 1, micro_batch: int = 1, schedule: str = "1f1b",
               chunks: int = 1, layers: tuple[int, ...] | None = None, recompute: str = "none",
               sequence_parallel: bool = False, distributed_optimizer: bool | None = None,
               zero: int | None = None, shard_size: int = 0,
@@ -371,13 +393,13 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
     """A plan with defaults filled in: DP from the GPU count, the balanced layer split,
     Megatron-LM's placement; the distributed optimizer and FP8 as the job fixes them."""
     if dp is None:
-        dp = max(1, cluster.num_gpus // (tp * pp))
+        dp = max(1, cluster.num_gpus // (tp * pp * cp))
     if zero is None:  # explicit stage, else the distributed-optimizer flag, else the job's
         zero = (int(distributed_optimizer) if distributed_optimizer is not None
                 else (job.zero or 0))
     if fp8 is None:
         fp8 = bool(job.fp8)
-    shape = Shape(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+    shape = Shape(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=micro_batch, schedule=schedule,
                   chunks=chunks, layers=(), recompute=recompute,
                   sequence_parallel=sequence_parallel, zero=zero, shard_size=shard_size,
                   fp8=fp8,
@@ -389,5 +411,5 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
     shape = replace(shape, layers=tuple(layers))
     validate_shape(model, job, cluster, shape)
     if placement is None:
-        placement = megatron_placement(cluster, tp, pp, dp)
+        placement = megatron_placement(cluster, tp, pp, dp * cp)
     return Plan(shape, placement)

@@ -104,7 +104,7 @@ def attention_score_bytes(model: ModelSpec, job: JobSpec, shape: Shape) -> float
     if job.attention == "flash":
         return 0.0
     per_score = job.activation_bytes / 2 * (5 if model.dropout else 2)
-    s, b = job.seq_length, shape.micro_batch
+    s, b = job.seq_length, shape.micro_batch  # (context parallelism requires flash)
     return per_score * model.num_heads * s * s * b / shape.tp
 
 
@@ -112,7 +112,8 @@ def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
                            recompute: str | None = None) -> float:
     """Stored activations of one transformer layer for one micro-batch on one GPU."""
     recompute = shape.recompute if recompute is None else recompute
-    s, b, h, t = job.seq_length, shape.micro_batch, model.hidden_size, shape.tp
+    # context parallelism keeps 1/cp of every sequence's tokens (and their activations)
+    s, b, h, t = job.seq_length // shape.cp, shape.micro_batch, model.hidden_size, shape.tp
     sp = shape.sequence_parallel
     tokens = s * b
     if recompute == "full":  # only the layer's input
@@ -153,7 +154,7 @@ class MemoryModel:
     def __init__(self, model: ModelSpec, job: JobSpec, shape: Shape, cs: CompiledSchedule,
                  options: Options):
         self.model, self.job, self.shape, self.cs, self.options = model, job, shape, cs, options
-        s, b, h, t = job.seq_length, shape.micro_batch, model.hidden_size, shape.tp
+        s, b, h, t = job.seq_length // shape.cp, shape.micro_batch, model.hidden_size, shape.tp
         sp_div = t if shape.sequence_parallel else 1
         a16 = job.activation_bytes
         self.act_layer = layer_activation_bytes(model, job, shape)

@@ -1,9 +1,12 @@
 """A parallel plan: degrees, micro-batch, schedule, layer split, recompute and placement.
 
-Placement maps every (pipeline stage, data-parallel replica) to one node and the local GPU ids
-of its tensor-parallel group (tensor rank i runs on `gpus[i]`). The default is Megatron-LM's
-rank order: global rank = stage * (tp * dp) + replica * tp + tensor_rank (tensor fastest, then
-data, then pipeline), and ranks fill nodes in order, `gpus_per_node` at a time.
+Placement maps every (pipeline stage, column) to one node and the local GPU ids of its
+tensor-parallel group (tensor rank i runs on `gpus[i]`). A column is one (data-parallel replica,
+context-parallel rank) pair, column = replica * cp + cp_rank, so a stage has dp * cp columns and
+the cp columns of one replica form its context-parallel group. The default is Megatron-LM's rank
+order tp-cp-dp-pp (megatron/core/parallel_state.py, order "tp-cp-ep-dp-pp"):
+global rank = stage * (tp * cp * dp) + column * tp + tensor_rank, and ranks fill nodes in
+order, `gpus_per_node` at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from .topology import best_tp_groups
 
 @dataclass(frozen=True)
 class Placement:
-    """`node[s][r]`: node index of stage s, replica r; `gpus[s][r]`: its local GPU ids."""
+    """`node[s][r]`: node index of stage s, column r; `gpus[s][r]`: its local GPU ids."""
 
     node: tuple[tuple[int, ...], ...]
     gpus: tuple[tuple[tuple[int, ...], ...], ...]
@@ -58,6 +61,10 @@ class Shape:
     # across them (HSDP); 0 shards over the whole data-parallel group
     zero: int = 0
     shard_size: int = 0
+    # context parallelism (Megatron-LM --context-parallel-size; Liu et al. 2023 ring attention):
+    # each of cp ranks holds 1/cp of every sequence (2 * cp chunks, rank i the i-th and the
+    # (2cp-1-i)-th, which balances causal attention) and passes K and V around a ring
+    cp: int = 1
 
     def __post_init__(self):
         # `distributed_optimizer` is the ZeRO-1 flag of the code that predates `zero`: the two
@@ -69,9 +76,16 @@ class Shape:
         object.__setattr__(self, "distributed_optimizer", zero >= 1)
 
     @property
+    def cols(self) -> int:
+        """Columns per stage: data-parallel replicas x context-parallel ranks."""
+        return self.dp * self.cp
+
+    @property
     def shard_group(self) -> int:
-        """Data-parallel ranks one shard of the sharded state spans."""
-        return self.shard_size if self.shard_size else self.dp
+        """Ranks one shard of the sharded state spans: the data-parallel group (or HSDP's
+        `shard_size` replicas) times CP, as Megatron-LM's distributed optimizer and FSDP2 shard
+        over data x context parallel ranks (both hold the same weights)."""
+        return (self.shard_size if self.shard_size else self.dp) * self.cp
 
     @property
     def num_virtual(self) -> int:
@@ -81,7 +95,10 @@ class Shape:
         return sum(self.layers[c * self.pp + stage] for c in range(self.chunks))
 
     def describe(self) -> str:
-        s = f"TP={self.tp} PP={self.pp} DP={self.dp} mbs={self.micro_batch} {self.schedule}"
+        s = f"TP={self.tp} PP={self.pp} DP={self.dp}"
+        if self.cp > 1:
+            s += f" CP={self.cp}"
+        s += f" mbs={self.micro_batch} {self.schedule}"
         if self.schedule == "interleaved":
             s += f" v={self.chunks}"
         s += f" recompute={self.recompute}"
@@ -119,7 +136,7 @@ def num_microbatches(job: JobSpec, shape: Shape) -> int:
 def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                    src: str = "plan", check_layers: bool = True) -> None:
     """Raise SpecError with the field and the fix for anything Megatron-LM could not run."""
-    for f in ("tp", "pp", "dp", "micro_batch", "chunks"):
+    for f in ("tp", "pp", "dp", "cp", "micro_batch", "chunks"):
         v = getattr(shape, f)
         if not isinstance(v, int) or v < 1:
             raise SpecError(f"must be a positive integer, got {v!r}", source=src, field=f)
@@ -130,11 +147,31 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if model.ffn_hidden_size % shape.tp:
         raise SpecError(f"TP={shape.tp} does not divide ffn_hidden_size "
                         f"{model.ffn_hidden_size}", source=src, field="tp")
-    if shape.tp * shape.pp * shape.dp != cluster.num_gpus:
-        raise SpecError(f"TP x PP x DP = {shape.tp}x{shape.pp}x{shape.dp} = "
-                        f"{shape.tp * shape.pp * shape.dp} but the cluster has "
-                        f"{cluster.num_gpus} GPUs; make the product equal", source=src,
-                        field="tp/pp/dp")
+    n = shape.tp * shape.pp * shape.dp * shape.cp
+    if n != cluster.num_gpus:
+        names = "TP x PP x DP" + (" x CP" if shape.cp > 1 else "")
+        vals = f"{shape.tp}x{shape.pp}x{shape.dp}" + (f"x{shape.cp}" if shape.cp > 1 else "")
+        raise SpecError(f"{names} = {vals} = {n} but the cluster has {cluster.num_gpus} GPUs; "
+                        "make the product equal", source=src, field="tp/pp/dp/cp")
+    if shape.cp > 1:
+        # Megatron-LM splits each sequence into 2 * cp chunks, and sequence parallelism
+        # splits a chunk further over the TP ranks (arguments.py checks seq % (2 * cp) and
+        # seq % tp; the chunk must split evenly)
+        div = 2 * shape.cp * (shape.tp if shape.sequence_parallel else 1)
+        if job.seq_length % div:
+            raise SpecError(f"sequence length {job.seq_length} is not divisible by 2 x CP"
+                            + (" x TP" if shape.sequence_parallel else "") + f" = {div}; "
+                            "choose a CP (and TP) whose product divides it", source=src,
+                            field="cp")
+        if job.attention != "flash":
+            raise SpecError("context parallelism needs a fused attention kernel (Megatron-LM "
+                            "runs it through Transformer Engine's flash/fused attention); use "
+                            "attention = flash", source=src, field="cp")
+        if job.framework == "deepspeed":
+            raise SpecError("DeepSpeed's pipeline engine has no ring context parallelism "
+                            "(its Ulysses sequence parallelism is a different scheme); use "
+                            "framework megatron, nemo or torchtitan, or CP = 1", source=src,
+                            field="cp")
     if job.global_batch % (shape.micro_batch * shape.dp):
         raise SpecError(f"global batch {job.global_batch} is not divisible by micro-batch "
                         f"{shape.micro_batch} x DP {shape.dp}; choose values whose product "
@@ -226,12 +263,12 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
 
 def validate_placement(cluster: ClusterSpec, shape: Shape, pl: Placement,
                        src: str = "plan") -> None:
-    if pl.pp != shape.pp or any(len(row) != shape.dp for row in pl.node):
-        raise SpecError(f"placement must list {shape.pp} stages x {shape.dp} replicas",
-                        source=src, field="placement")
+    if pl.pp != shape.pp or any(len(row) != shape.cols for row in pl.node):
+        raise SpecError(f"placement must list {shape.pp} stages x {shape.cols} columns "
+                        "(DP x CP)", source=src, field="placement")
     used = set()
     for s in range(shape.pp):
-        for r in range(shape.dp):
+        for r in range(shape.cols):
             n = pl.node[s][r]
             g = pl.gpus[s][r]
             if not 0 <= n < cluster.num_nodes:

@@ -37,16 +37,16 @@ from .space import blocks_for
 
 
 def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int,
-                         shard_ring: float = math.inf):
-    """Per GPU type, its layer times on its fastest TP ring (and ZeRO-3 shard ring); the type
-    with the fastest layer."""
+                         shard_ring: float = math.inf, cp_ring: float = math.inf):
+    """Per GPU type, its layer times on its fastest TP ring (and ZeRO-3 shard ring, CP ring);
+    the type with the fastest layer."""
     best = None
     for gpu in {nd.gpu.name: nd.gpu for nd in cluster.nodes}.values():
         rings = [nd.ring_gb_per_s(tuple(range(tp))) for nd in cluster.nodes
                  if nd.gpu.name == gpu.name and tp <= nd.num_gpus]
         if not rings:
             continue
-        lt = costs.layer_times(gpu, max(rings), shard_ring)
+        lt = costs.layer_times(gpu, max(rings), shard_ring, cp_ring)
         if best is None or lt.fwd_ms + lt.bwd_ms < best[1].fwd_ms + best[1].bwd_ms:
             best = (gpu, lt)
     return best
@@ -58,7 +58,7 @@ def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape, group: int | None 
     get in any block layout (an upper bound on every placement's): inside one node its
     intra-node ring, across nodes at most k x the fastest inter-node stream with k of its
     members per node."""
-    g = shape.dp if group is None else group
+    g = shape.cols if group is None else group
     blocks = blocks_for(cluster, shape)
     nd = max(cluster.nodes, key=lambda n: n.intra_gb_per_s)
     off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
@@ -73,6 +73,22 @@ def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape, group: int | None 
         intra = nd.ring_gb_per_s(tuple(range(blk.k))) if blk.k > 1 else math.inf
         out = max(out, intra if blk.D == 1 else min(intra, blk.k * top))
     return out
+
+
+def best_cp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape) -> float:
+    """An upper bound on every placement's context-parallel ring (inf without CP): its
+    slowest hop is at most the fastest GPU-to-GPU link of a node if the group (cp x tp GPUs)
+    fits in one, else one of its hops leaves a node: at most the fastest inter-node stream."""
+    if shape.cp <= 1:
+        return math.inf
+    intra = max(max(nd.link_gb_per_s(a, b) for a in range(nd.num_gpus)
+                    for b in range(nd.num_gpus) if a != b) if nd.num_gpus > 1 else 0.0
+                for nd in cluster.nodes)
+    if shape.cp * shape.tp <= max(nd.num_gpus for nd in cluster.nodes):
+        off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
+        return max(intra, float(off.max()) if off.size else 0.0)
+    off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
+    return float(off.max()) if off.size else math.inf
 
 
 def _memory_caps(model, job, cluster, shape, options, costs) -> list[int] | None:
@@ -106,7 +122,8 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     costs = CostModel(model, job, cluster, shape, options)
     shard_ring = (best_dp_ring_gb_per_s(cluster, shape, shape.shard_group)
                   if shape.zero >= 3 else math.inf)
-    fastest = _fastest_layer_times(costs, cluster, shape.tp, shard_ring)
+    fastest = _fastest_layer_times(costs, cluster, shape.tp, shard_ring,
+                                   best_cp_ring_gb_per_s(cluster, shape))
     if fastest is None:
         return math.inf
     gpu, lt = fastest
@@ -126,7 +143,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     e0_params = costs.stage_params(0, zero)
     per_layer = model.params_per_layer / shape.tp
     lin_layer = model.linear_params_per_layer / shape.tp
-    ring = best_dp_ring_gb_per_s(cluster, shape) if shape.dp > 1 else math.inf
+    ring = best_dp_ring_gb_per_s(cluster, shape) if shape.cols > 1 else math.inf
 
     def sync(params: float) -> tuple[float, float]:  # the cheaper latency of the two
         a, b = costs.sync_parts_ms(params, ring, False), costs.sync_parts_ms(params, ring, True)
@@ -135,9 +152,9 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     def tail0(n: int) -> float:
         params = e0_params + per_layer * n
         t = costs.optimizer_ms(params, gpu, lin_layer * n) + options.overheads.latency_overhead_ms
-        if shape.dp > 1:
+        if shape.cols > 1:
             red, gat = sync(params)
-            last_red, last_gat = sync(min(params, bucket_params(shape.dp)))
+            last_red, last_gat = sync(min(params, bucket_params(costs.sync_group())))
             t += (last_red if shape.overlap_grad_reduce else red) + (
                 last_gat if shape.overlap_param_gather else gat)
         return t

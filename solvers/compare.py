@@ -43,7 +43,7 @@ def amp_style_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         return None
     best = min(infos, key=lambda i: i.quick_ms)
     return Plan(with_layers(best.shape, best.layers),
-                megatron_placement(cluster, best.shape.tp, best.shape.pp, best.shape.dp))
+                megatron_placement(cluster, best.shape.tp, best.shape.pp, best.shape.cols))
 
 
 def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
@@ -76,7 +76,7 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     blk = blocks_for(cluster, sh)
     lay = PlacementProblem(model, job, cluster, sh, blk[0], options).start_layers() if blk \
         else sh.layers
-    meg = Plan(with_layers(sh, lay), megatron_placement(cluster, sh.tp, sh.pp, sh.dp))
+    meg = Plan(with_layers(sh, lay), megatron_placement(cluster, sh.tp, sh.pp, sh.cols))
     ms = Evaluator(model, job, cluster, meg.shape, options).iteration_ms(meg.placement)
     rows.append(row("megatron", meg, ms, time.perf_counter() - t0, "baseline"))
     t0 = time.perf_counter()

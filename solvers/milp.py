@@ -94,7 +94,7 @@ def _sync_ring(ev, pl) -> float:
     out = math.inf
     for i in range(sh.tp):
         for first in range(g):
-            members = [(pl.node[0][r], pl.gpus[0][r][i]) for r in range(first, sh.dp, g)]
+            members = [(pl.node[0][r], pl.gpus[0][r][i]) for r in range(first, sh.cols, g)]
             out = min(out, dp_ring(ev.cluster, members)[0])
     return out
 
@@ -102,7 +102,7 @@ def _sync_ring(ev, pl) -> float:
 def lat_us_for(cl, ev, pl) -> float:
     """Latency of the HSDP replica ring: inter-node when its members sit on several nodes."""
     sh = ev.shape
-    nodes = {pl.node[0][r] for r in range(0, sh.dp, sh.shard_group)}
+    nodes = {pl.node[0][r] for r in range(0, sh.cols, sh.shard_group)}
     return cl.latency_us if len(nodes) > 1 else INTRA_LATENCY_US
 
 
@@ -116,6 +116,10 @@ def milp_supported(prob: PlacementProblem) -> str | None:
     if prob.shape.zero >= 3 and not c.uniform():
         return ("ZeRO-3 / FSDP gathers every layer over its shard group, whose ring depends on "
                 "the placement (the annealer searches it; the bound is the closed form)")
+    if prob.shape.cp > 1 and not c.uniform():
+        return ("context parallelism exchanges K and V every layer over its CP ring, whose "
+                "links depend on the placement (the annealer searches it; the bound is the "
+                "closed form)")
     return None
 
 
@@ -137,20 +141,22 @@ class _Data:
         ring_tp = node0.ring_gb_per_s(tuple(range(sh.tp)))
         # ZeRO-3 (MILP only on uniform clusters, where every placement's rings are the node
         # order's): the per-layer gathers' ring, and the end-of-iteration ring of HSDP
-        self.shard_ring = math.inf
+        # (and the context-parallel ring, the same for every group there)
+        self.shard_ring = self.cp_ring = math.inf
         ident = None
-        if sh.zero >= 3:
+        if sh.zero >= 3 or sh.cp > 1:
             ident = prob.placement(list(range(blk.A * blk.D)))
             self.shard_ring = ev0.shard_ring(ident, 0)
-        lt = costs.layer_times(gpu, ring_tp, self.shard_ring)
+            self.cp_ring = ev0.cp_ring(ident, 0, 0)
+        lt = costs.layer_times(gpu, ring_tp, self.shard_ring, self.cp_ring)
         self.cap_gib = (gpu.memory_gib - prob.options.overheads.context_gib) / (
             1 + prob.options.overheads.fragmentation)
         V, p = self.V, self.p
         # per virtual stage: F_j = fF l_j + eF_j, B_j = fB l_j + eB_j (costs.py)
         self.fF, self.fB = [lt.fwd_ms] * V, [lt.bwd_ms] * V
-        self.eF = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring)[0]
+        self.eF = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring, self.cp_ring)[0]
                    for j in range(V)]
-        self.eB = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring)[1]
+        self.eB = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring, self.cp_ring)[1]
                    for j in range(V)]
         self.hop_C = costs.hop_matrix_ms()
         self.intra_hop = costs.node_hop_ms(0, 0)
@@ -166,7 +172,7 @@ class _Data:
         self.E_s = [costs.stage_params(s, zero) for s in range(p)]
         # static memory: bytes outside the layers, and per layer (memory.MemoryModel)
         self.const_bytes = [self.mem.const_static_bytes(e) for e in self.E_s]
-        self.d = d = sh.dp
+        self.d = d = sh.cols  # the synchronization spans data x context parallel ranks
         grad_b, weight_b = prob.job.reduce_bytes, prob.job.weight_bytes
         # data-parallel synchronization, linear in params x (1 / ring bandwidth) = params x u:
         # reduction sig_r params u + lam_r, all-gather sig_g params u + lam_g (costs.py)
@@ -622,7 +628,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         pl = prob.placement(perm)
         tails, _ = ev.tails(pl)
         rng = np.random.default_rng(len(cut_list))
-        for r in range(prob.shape.dp):
+        for r in range(prob.shape.cols):
             dur = ev.replica_durations(pl, r, tails)
             counts = ev.cs.critical_path(dur)[1]
             cut_list.append(counts)

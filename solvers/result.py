@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from model.estimator import Estimate
-from model.plan import Plan
+from model.plan import Plan, Shape
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Candidate:
     best_ms: float | None = None
     status: str = ""  # "best", "slower", "does not fit: ...", "pruned by bound", ...
     plan: Plan | None = None
+    shape: Shape | None = None
 
 
 @dataclass

@@ -116,7 +116,7 @@ def _round_split(layers, total: int) -> tuple[int, ...]:
 
 def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None:
     try:
-        pl = megatron_placement(cluster, shape.tp, shape.pp, shape.dp)
+        pl = megatron_placement(cluster, shape.tp, shape.pp, shape.cols)
     except Exception:
         return None
     if ev is None or tuple(ev.shape.layers) != tuple(layers):
@@ -152,10 +152,12 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
         if peak > cap:
             lay2, peak2, worst = min_max_memory_split(model, job, cluster, sh, options)
             if peak2 > cap:
+                # one decimal, or two where one would round up to the limit
+                need = f"{peak2:.1f}" if round(peak2, 1) > cap else f"{peak2:.2f}"
                 rejected.append((i, Candidate(
                     sh.describe(), bound, status=f"does not fit: stage {worst} needs "
-                    f"{peak2:.1f} GiB > {cap:.0f} GiB even with the most memory-balanced "
-                    "split")))
+                    f"{need} GiB > {cap:g} GiB even with the most memory-balanced "
+                    "split", shape=sh)))
                 continue
             lay, peak = lay2, peak2
         info = ShapeInfo(sh, bound, lay, peak)
@@ -203,8 +205,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         if i.quick_ms is not None and i.quick_ms < best_ms:
             best_ms = i.quick_ms
             best_plan = Plan(with_layers(i.shape, i.layers),
-                             megatron_placement(cluster, i.shape.tp, i.shape.pp, i.shape.dp))
-    candidates = {id(i): Candidate(i.shape.describe(), i.bound_ms, i.quick_ms) for i in infos}
+                             megatron_placement(cluster, i.shape.tp, i.shape.pp, i.shape.cols))
+    candidates = {id(i): Candidate(i.shape.describe(), i.bound_ms, i.quick_ms, shape=i.shape)
+                  for i in infos}
     bounds_left: dict[int, float] = {id(i): i.bound_ms for i in infos}
     solved = 0
     all_exact = True

@@ -49,9 +49,9 @@ def blocks_for(cluster: ClusterSpec, shape: Shape) -> list[Block]:
     units = G // shape.tp
     for j in divisors(units):
         k = units // j
-        if shape.pp % j or shape.dp % k:
+        if shape.pp % j or shape.cols % k:
             continue
-        A, D = shape.pp // j, shape.dp // k
+        A, D = shape.pp // j, shape.cols // k
         if A * D == cluster.num_nodes:
             out.append(Block(j, k, A, D))
     return out
@@ -60,8 +60,13 @@ def blocks_for(cluster: ClusterSpec, shape: Shape) -> list[Block]:
 def decode(cluster: ClusterSpec, shape: Shape, block: Block, perm) -> Placement:
     """perm[i] = node in slot i, slots ordered (node-stage a, node-replica b), b fastest."""
     slots = [(a, b) for a in range(block.A) for b in range(block.D)]
-    return block_placement(cluster, shape.tp, shape.pp, shape.dp, block.j,
+    return block_placement(cluster, shape.tp, shape.pp, shape.cols, block.j,
                            node_order=list(int(x) for x in perm), slots=slots)
+
+
+# Context parallelism is enumerated from this sequence length on (or when the user lists CP
+# degrees): below it a sequence's activations fit without it and its ring exchange only costs.
+CP_MIN_SEQ = 16384
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,9 @@ class SearchSpace:
     # HSDP shard groups (data-parallel ranks per shard) for ZeRO-3; None: the whole group and,
     # where it is a proper divisor of DP, the replicas that fit in one node
     shard_sizes: tuple[int, ...] | None = None
+    # context-parallel degrees; None: 1, and for sequences of at least CP_MIN_SEQ tokens every
+    # power of two up to the GPU count that the sequence admits (validate_shape)
+    cp: tuple[int, ...] | None = None
     # overlaps, off by default as in Megatron-LM; where a value cannot apply to a shape
     # (TP overlap without TP, parameter-gather overlap without the distributed optimizer)
     # the shape takes it off
@@ -106,13 +114,15 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     overlaps = list(itertools.product(space.tp_comm_overlap, space.overlap_grad_reduce,
                                       space.overlap_param_gather))
     seen: set[Shape] = set()
-    for tp in tps:
-        if total % tp:
+    cps = space.cp or ((1,) + tuple(2 ** i for i in range(1, 12) if 2 ** i <= total)
+                       if job.seq_length >= CP_MIN_SEQ else (1,))
+    for tp, cp in itertools.product(tps, cps):
+        if total % (tp * cp):
             continue
-        for pp in (space.pp or tuple(divisors(total // tp))):
-            if (total // tp) % pp or pp > model.num_layers:
+        for pp in (space.pp or tuple(divisors(total // (tp * cp)))):
+            if (total // (tp * cp)) % pp or pp > model.num_layers:
                 continue
-            dp = total // (tp * pp)
+            dp = total // (tp * pp * cp)
             for mbs in space.micro_batch:
                 if job.global_batch % (mbs * dp):
                     continue
@@ -121,13 +131,14 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         continue
                     if sched != "interleaved" and pp == 1 and sched != "1f1b":
                         continue
-                    shardings = _shardings(job, space, tp, pp, dp, G)
+                    shardings = _shardings(job, space, tp, pp, dp, cp, G)
                     for rc in space.recompute:
                         for (zero, ss), f8, ovl in itertools.product(shardings, fp8s, overlaps):
-                            sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=mbs, schedule=sched,
+                            sh = Shape(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs,
+                                       schedule=sched,
                                        chunks=v, layers=(), recompute=rc,
                                        sequence_parallel=tp > 1, zero=zero, shard_size=ss,
-                                       fp8=f8, **_overlaps(ovl, tp, dp, zero))
+                                       fp8=f8, **_overlaps(ovl, tp, dp * cp, zero))
                             if sh in seen:
                                 continue
                             seen.add(sh)
@@ -146,10 +157,11 @@ FRAMEWORK_ZERO = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "torchtit
 DEFAULT_ZERO = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "torchtitan": (0, 3)}
 
 
-def _shardings(job: JobSpec, space: SearchSpace, tp: int, pp: int, dp: int,
+def _shardings(job: JobSpec, space: SearchSpace, tp: int, pp: int, dp: int, cp: int,
                gpus_per_node: int | None) -> list[tuple[int, int]]:
-    """(ZeRO stage, HSDP shard size) pairs to enumerate for one degree combination."""
-    if dp <= 1:
+    """(ZeRO stage, HSDP shard size) pairs to enumerate for one degree combination (CP ranks
+    hold the same weights, so they shard and synchronize like data-parallel ones)."""
+    if dp * cp <= 1:
         return [(0, 0)]
     if job.zero is not None:
         zeros = (job.zero,)
@@ -166,7 +178,7 @@ def _shardings(job: JobSpec, space: SearchSpace, tp: int, pp: int, dp: int,
         if space.shard_sizes is not None:
             sizes = space.shard_sizes
         else:
-            per_node = (gpus_per_node or 0) // tp
+            per_node = (gpus_per_node or 0) // (tp * cp)
             sizes = (0,) + ((per_node,) if 1 < per_node < dp and dp % per_node == 0 else ())
         out += [(3, 0 if s in (0, dp) else s) for s in sizes if s == 0 or dp % s == 0]
     return list(dict.fromkeys(out))

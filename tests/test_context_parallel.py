@@ -1,0 +1,230 @@
+"""Context parallelism: the split of compute and memory, the ring exchange, the rules, the
+search, the emitted configurations and the rank groups."""
+
+import json
+import tomllib
+
+import numpy as np
+import pytest
+
+from formats import presets
+from formats.clusters import uniform_cluster
+from launch.emit import emit, megatron_args, nemo_config, torchtitan_config
+from launch.ranks import rank_mapping
+from model.cluster import ClusterSpec
+from model.errors import SpecError
+from model.estimator import Evaluator, estimate, make_plan
+from model.memory import layer_activation_bytes
+from model.plan import Plan, block_placement
+from model.specs import JobSpec
+from solvers.search import solve
+from solvers.space import SearchSpace, enumerate_shapes
+
+
+def h100(nodes=8, inter=45.0):
+    return uniform_cluster(nodes, 8, "H100-SXM-80GB", 360.0, inter)
+
+
+@pytest.fixture(scope="module")
+def l3():
+    return presets.model("llama3-8b")
+
+
+# Iteration time and peak memory of four plans, computed before context parallelism existed
+# (commit db018df); CP = 1 must reproduce them to the last digit.
+BEFORE_CP = [
+    ("llama2-70b", dict(global_batch=64, seq_length=4096), ("A100-80GB", 4, 8, 240.0, 23.0),
+     dict(tp=8, pp=4, sequence_parallel=True, distributed_optimizer=True),
+     22947.681938765, 57.265472412),
+    ("llama3-8b", dict(global_batch=32, seq_length=8192), ("H100-SXM-80GB", 2, 8, 360.0, 45.0),
+     dict(tp=2, pp=2, sequence_parallel=True, zero=3, recompute="selective"),
+     2025.877159881, 34.294820404),
+    ("llama3-8b", dict(global_batch=32, seq_length=8192, framework="torchtitan"),
+     ("H100-SXM-80GB", 2, 8, 360.0, 45.0), dict(tp=1, pp=1, zero=3, shard_size=8,
+                                                recompute="full"),
+     2215.032387554, 29.42215271),
+    ("gpt3-175b", dict(global_batch=96, seq_length=2048, attention="eager"),
+     ("A100-80GB", 4, 8, 240.0, 23.0), dict(tp=8, pp=4, micro_batch=1, schedule="interleaved",
+                                            chunks=2, recompute="full"),
+     57776.092693836, 120.301828003),
+]
+
+
+@pytest.mark.parametrize("name,jk,cl,pk,ms,gib", BEFORE_CP)
+def test_cp1_reproduces_the_numbers_before_cp(name, jk, cl, pk, ms, gib):
+    m, job = presets.model(name), JobSpec(**jk)
+    gpu, n, g, intra, inter = cl
+    c = uniform_cluster(n, g, gpu, intra, inter)
+    e = estimate(m, job, c, make_plan(m, job, c, cp=1, **pk))
+    assert e.iteration_ms == pytest.approx(ms, rel=1e-11)
+    assert e.peak_memory_gib == pytest.approx(gib, rel=1e-11)
+
+
+def test_cp_splits_activations_and_attention_work(l3):
+    job = JobSpec(global_batch=8, seq_length=65536)
+    c = h100(1)
+    p1 = make_plan(l3, job, c, tp=4, pp=1, dp=2, cp=1, sequence_parallel=True)
+    p2 = make_plan(l3, job, c, tp=4, pp=1, dp=1, cp=2, sequence_parallel=True)
+    # each CP rank stores half of every sequence's activations
+    assert layer_activation_bytes(l3, job, p2.shape) == pytest.approx(
+        layer_activation_bytes(l3, job, p1.shape) / 2)
+    ev1, ev2 = Evaluator(l3, job, c, p1.shape), Evaluator(l3, job, c, p2.shape)
+    # every GEMM of the layer, the attention core included (queries of half the sequence
+    # against all keys), does half the work
+    for p in ("fwd", "bwd"):
+        f1 = getattr(ev1.costs.compute(c.nodes[0].gpu).layer(), p).flops
+        f2 = getattr(ev2.costs.compute(c.nodes[0].gpu).layer(), p).flops
+        assert f2 == pytest.approx(f1 / 2)
+    # and inside one node the K/V ring hides behind the attention steps
+    lt = ev2.costs.layer_times(c.nodes[0].gpu, 360.0, cp_ring_gb_per_s=360.0)
+    assert lt.cp_comm_fwd_ms == 0.0 and lt.cp_comm_bwd_ms == 0.0
+
+
+def test_cp_ring_exchange_shows_when_links_are_slow(l3):
+    """CP=8 across 8 nodes: as the inter-node streams slow down, each ring step outlasts its
+    attention step and the exchange lands on the critical path."""
+    job = JobSpec(global_batch=8, seq_length=32768)
+    times = []
+    for inter in (45.0, 0.5, 0.05):
+        c = h100(8, inter)
+        plan = make_plan(l3, job, c, tp=8, pp=1, dp=1, cp=8, sequence_parallel=True, zero=1)
+        ev = Evaluator(l3, job, c, plan.shape)
+        ring = ev.cp_ring(plan.placement, 0, 0)
+        assert ring == pytest.approx(inter)  # every hop leaves a node
+        times.append(ev.estimate(plan.placement).iteration_ms)
+        lt = ev.costs.layer_times(c.nodes[0].gpu, 360.0, cp_ring_gb_per_s=ring)
+        step_ms = ev.costs.cp_step_bytes() / (ring * 1e6) + c.latency_us / 1e3
+        core = ev.costs.compute(c.nodes[0].gpu).layer().fwd.ms["attention"]
+        assert lt.cp_comm_fwd_ms == pytest.approx(7 * max(0.0, step_ms - core / 8))
+    assert times[0] < times[1] < times[2]
+
+
+@pytest.mark.parametrize("jk,pk,msg", [
+    (dict(seq_length=32768 + 8), dict(tp=2, cp=4, sequence_parallel=True), "2 x CP x TP"),
+    (dict(seq_length=32768, attention="eager"), dict(tp=2, cp=4), "attention = flash"),
+    (dict(seq_length=32768, framework="deepspeed"), dict(tp=2, cp=4), "framework"),
+])
+def test_cp_rules_are_clear_errors(l3, jk, pk, msg):
+    job = JobSpec(global_batch=8, **jk)
+    with pytest.raises(SpecError) as e:
+        make_plan(l3, job, h100(1), pp=1, **pk)
+    assert msg in str(e.value) and e.value.field == "cp"
+
+
+def test_cp_enumerated_only_for_long_sequences(l3):
+    c = h100(2)
+    short = {sh.cp for sh in enumerate_shapes(l3, JobSpec(global_batch=16, seq_length=8192), c)}
+    long_ = {sh.cp for sh in enumerate_shapes(l3, JobSpec(global_batch=16, seq_length=32768),
+                                              c, SearchSpace(tp=(8,)))}
+    assert short == {1} and {1, 2} <= long_
+    # the user may ask for it at any length
+    asked = {sh.cp for sh in enumerate_shapes(l3, JobSpec(global_batch=16, seq_length=8192), c,
+                                              SearchSpace(cp=(2,)))}
+    assert asked == {2}
+
+
+def test_long_context_solve_picks_cp_and_lists_every_rejected_plan_without_it(l3):
+    """Llama-3 8B, 128k tokens, 8 sequences, 64 H100: the chosen plan has CP > 1 and fits;
+    every plan without context parallelism is either listed with the stage that overflows or
+    bounded above the chosen plan's time."""
+    job = JobSpec(global_batch=8, seq_length=131072)
+    c = h100(8)
+    space = SearchSpace(micro_batch=(1,), schedules=(("1f1b", 1),), recompute=("none", "full"),
+                        zero=(1,))
+    res = solve(l3, job, c, time_limit_s=60, space=space)
+    assert res.plan.shape.cp > 1 and res.estimate.fits
+    no_cp = [s for s in enumerate_shapes(l3, job, c, space) if s.cp == 1]
+    status = {x.describe: x for x in res.candidates}
+    misfits = 0
+    for sh in no_cp:
+        x = status[sh.describe()]
+        if x.status.startswith("does not fit"):
+            misfits += 1
+            assert "stage" in x.status and "GiB" in x.status
+        else:
+            assert max(x.lower_bound_ms, x.best_ms or 0.0) >= res.objective_ms * (1 - 1e-9)
+    assert misfits >= len(no_cp) // 3
+
+
+# ---------------------------------------------------------------------------------------------
+# emitted configurations and rank groups
+
+
+def test_frameworks_get_the_cp_degree(l3):
+    job = JobSpec(global_batch=8, seq_length=65536)
+    c = h100(2)
+    plan = make_plan(l3, job, c, tp=4, pp=1, dp=1, cp=4, sequence_parallel=True, zero=1)
+    a = megatron_args(l3, job, plan)[0]
+    assert a[a.index("--context-parallel-size") + 1] == "4"
+    assert nemo_config(l3, job, c, plan)[0]["model"]["context_parallel_size"] == 4
+    job_tt = JobSpec(global_batch=8, seq_length=65536, framework="torchtitan")
+    plan_tt = make_plan(l3, job_tt, c, tp=4, pp=1, dp=1, cp=4, sequence_parallel=True, zero=3)
+    par = torchtitan_config(l3, job_tt, c, plan_tt)[0]["parallelism"]
+    assert par["context_parallel_degree"] == 4 and par["data_parallel_shard_degree"] == 1
+
+
+def megatron_groups(world: int, sizes: dict, order: str, dim: str) -> list[list[int]]:
+    """Megatron-LM's rule (parallel_state.RankGenerator): ranks are laid out over the
+    dimensions of `order`, the first fastest; a `dim` group holds the ranks that differ only in
+    that dimension's index."""
+    names = order.split("-")
+    shape = [sizes[n] for n in names]
+    assert int(np.prod(shape)) == world
+    coords = np.array(np.unravel_index(np.arange(world), shape, order="F")).T
+    k = names.index(dim)
+    groups: dict[tuple, list[int]] = {}
+    for rank, co in enumerate(coords):
+        key = tuple(int(x) for i, x in enumerate(co) if i != k)
+        groups.setdefault(key, []).append(rank)
+    return list(groups.values())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rank_mapping_realises_cp_and_dp_groups(l3, seed, tmp_path):
+    """Ranks from the emitted ranks.json, grouped by Megatron's rule (order tp-cp-ep-dp-pp),
+    land on exactly the GPUs of the plan's CP groups and data-parallel groups, for shuffled
+    node orders."""
+    job = JobSpec(global_batch=16, seq_length=32768)
+    c = h100(8)
+    tp, pp, dp, cp = 2, 2, 4, 4
+    rng = np.random.default_rng(seed)
+    order = [int(x) for x in rng.permutation(8)]
+    pl = block_placement(c, tp, pp, dp * cp, 1, node_order=order)
+    base = make_plan(l3, job, c, tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=True, zero=1)
+    plan = Plan(base.shape, pl)
+    estimate(l3, job, c, plan)  # a valid plan
+    emit("megatron", l3, job, c, plan, tmp_path)
+    doc = json.loads((tmp_path / "ranks.json").read_text())
+    names = {nd.name: i for i, nd in enumerate(c.nodes)}
+    where = {}
+    for row in doc["nodes"]:
+        for r in row["ranks"]:
+            where[r["rank"]] = (names[row["node"]], r["gpu"])
+    world = tp * pp * dp * cp
+    sizes = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+    got_cp = {frozenset(where[q] for q in g)
+              for g in megatron_groups(world, sizes, "tp-cp-ep-dp-pp", "cp")}
+    got_dp = {frozenset(where[q] for q in g)
+              for g in megatron_groups(world, sizes, "tp-cp-ep-dp-pp", "dp")}
+    want_cp, want_dp = set(), set()
+    for s in range(pp):
+        for i in range(tp):
+            for d in range(dp):
+                want_cp.add(frozenset((pl.node[s][d * cp + k], pl.gpus[s][d * cp + k][i])
+                                      for k in range(cp)))
+            for k in range(cp):
+                want_dp.add(frozenset((pl.node[s][d * cp + k], pl.gpus[s][d * cp + k][i])
+                                      for d in range(dp)))
+    assert got_cp == want_cp and got_dp == want_dp
+    assert rank_mapping(c, plan)[0] is not None
+
+
+def test_torchtitan_emits_hsdp_degrees(l3):
+    job = JobSpec(global_batch=32, seq_length=8192, framework="torchtitan")
+    c = h100(4)
+    plan = make_plan(l3, job, c, tp=1, pp=1, zero=3, shard_size=8)
+    par = torchtitan_config(l3, job, c, plan)[0]["parallelism"]
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (8, 4)
+    toml = tomllib.loads("\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in par.items()
+                                   if not isinstance(v, list)))
+    assert toml["data_parallel_shard_degree"] == 8

@@ -2,14 +2,16 @@
 citations from shared/reference; see data/published_runs.README.md).
 
 Each usable run is turned into a model, a job, a uniform cluster and a plan. Where the source is
-silent, the assumption used is listed per run in `assumptions`; runs we cannot model (ZeRO-3 or
-FSDP sharding, missing shapes or timings) are listed as skipped with the reason.
+silent, the assumption used is listed per run in `assumptions`; runs we cannot model (missing
+shapes, batch sizes, timings or interconnects) are listed as skipped with the reason.
 
 Cluster bandwidths per source group (per GPU, one direction):
 - Selene (Narayanan et al. 2021, MT-NLG): 8 HDR InfiniBand 200 Gb/s HCAs per node, one per GPU:
   25 GB/s line rate per GPU stream.
 - Jean Zay (BLOOM): 4 Omni-Path 100 Gb/s links per 8-GPU node: 50 GB/s per node, 6.25 GB/s per
   GPU stream.
+- torchtitan's Grand Teton H100 cluster: RDMA 400 Gb/s per GPU: 50 GB/s per GPU stream; H100
+  NVLink4 450 GB/s per direction times NVLINK_ACHIEVED.
 - Intra-node: NVLink3/NVSwitch A100, 300 GB/s per direction per GPU (datasheet) times
   NVLINK_ACHIEVED = 0.8 (the all-reduce bus bandwidth nccl-tests reports on DGX A100 is about
   230-240 GB/s).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 
@@ -34,6 +37,7 @@ NETWORKS_GB_PER_S = {  # source_group prefix -> (inter-node GB/s per GPU stream,
     "narayanan_sc21": (25.0, "Selene: HDR 200 Gb/s per GPU"),
     "bloom": (6.25, "Jean Zay: 4x OPA 100 Gb/s per 8 GPUs"),
     "mt_nlg": (25.0, "Selene: HDR 200 Gb/s per GPU"),
+    "torchtitan": (50.0, "Grand Teton: RDMA 400 Gb/s per GPU"),
 }
 
 
@@ -79,9 +83,6 @@ def load_runs() -> list[dict]:
 
 
 def _skip_reason(r: dict) -> str | None:
-    sharding = (r.get("dp_sharding") or "").lower()
-    if "zero-3" in sharding or "fsdp" in sharding:
-        return "fully sharded data parallelism (ZeRO-3/FSDP) is outside the cost model"
     for k in ("num_layers", "hidden_size", "num_attention_heads", "global_batch_size", "tp",
               "pp", "dp", "num_gpus", "gpus_per_node"):
         if r.get(k) is None:
@@ -100,9 +101,17 @@ def with_gpu(cluster, gpu):
     return dataclasses.replace(cluster, nodes=nodes)
 
 
+def _local_batch(r: dict) -> int | None:
+    """torchtitan rows state "Local batch size N per FSDP rank" in their notes."""
+    m = re.search(r"Local batch size (\d+) per FSDP rank", r.get("notes") or "")
+    return int(m.group(1)) if m else None
+
+
 def run_to_inputs(r: dict, gpu_params: dict | None = None):
     """(model, job, cluster, plan, assumptions) for one published run; `gpu_params` replaces
     fields of the GPU preset (bench/fit_compute.py fits them)."""
+    if r["source_group"].startswith("torchtitan"):
+        return _torchtitan_inputs(r, gpu_params)
     notes = []
     vocab = r.get("vocab_size")
     if vocab is None:
@@ -125,15 +134,14 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     prec = r.get("precision") or ""
     precision = "bf16" if prec.startswith("bf16") else "fp16"
     sharding = (r.get("dp_sharding") or "none").lower()
-    distopt = "zero-1" in sharding
+    zero = 3 if ("zero-3" in sharding or "fsdp" in sharding) else int("zero-1" in sharding)
     # these runs (2021-2022) predate FlashAttention in Megatron: Megatron-LM's fused
     # scale-mask-softmax kernels store the scores (the attention Korthikanti et al. count)
-    # DeepSpeed's pipeline engine and optimizers (BLOOM's Megatron-DeepSpeed, MT-NLG) follow
-    # DeepSpeed's byte rules and pipeline transfers
+    # DeepSpeed's pipeline engine and optimizers (BLOOM's Megatron-DeepSpeed, MT-NLG) and
+    # its ZeRO-3 (Narayanan et al. Table 2) follow DeepSpeed's byte rules
     framework = "deepspeed" if "deepspeed" in (r.get("framework") or "").lower() else "megatron"
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
-                  precision=precision, distributed_optimizer=distopt, attention="eager",
-                  framework=framework)
+                  precision=precision, zero=zero, attention="eager", framework=framework)
     inter, desc = next(v for g, v in NETWORKS_GB_PER_S.items()
                        if r["source_group"].startswith(g))
     gpu = "A100-80GB" if "80" in (r.get("gpu_type") or "") else "A100-40GB"
@@ -165,8 +173,59 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
             notes.append(f"interleaved with {chunks} model chunks per stage (the smallest "
                          "count that divides the layers per stage; unpublished)")
     plan = make_plan(model, job, cluster, tp=r["tp"], pp=r["pp"], dp=r["dp"], micro_batch=mbs,
-                     schedule=sched, chunks=chunks, recompute=recompute,
-                     distributed_optimizer=distopt)
+                     schedule=sched, chunks=chunks, recompute=recompute, zero=zero)
+    return model, job, cluster, plan, notes
+
+
+def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
+    """A torchtitan Llama 3.1 benchmark row (FSDP2, TP with sequence parallelism, PP, CP,
+    Float8, async TP): Llama architecture, FSDP2's byte table, flash attention (SDPA)."""
+    notes = []
+    model = ModelSpec(name=r["model_name"], num_layers=r["num_layers"],
+                      hidden_size=r["hidden_size"], num_heads=r["num_attention_heads"],
+                      num_kv_heads=r["num_kv_heads"], ffn_hidden_size=r["ffn_hidden_size"],
+                      vocab_size=r["vocab_size"], seq_length=r["seq_length"], gated_mlp=True,
+                      tied_embeddings=False, position_embedding="rope", norm="rmsnorm",
+                      bias=False, dropout=False)
+    other = r.get("other_settings") or ""
+    fp8 = "Float8" in other
+    job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
+                  precision="bf16", fp8=fp8, zero=3, attention="flash", framework="torchtitan")
+    if "compile" in other:
+        notes.append("torch.compile's kernel fusions are not modelled (elementwise kernels "
+                     "counted as eager PyTorch runs them)")
+    gpu = "H100-96GB-500W"
+    g = presets.gpu(gpu)
+    inter, desc = NETWORKS_GB_PER_S["torchtitan"]
+    G = r["gpus_per_node"]
+    cluster = uniform_cluster(r["num_gpus"] // G, G, gpu, g.nvlink_gb_per_s * NVLINK_ACHIEVED,
+                              inter, name=desc)
+    if gpu_params:
+        cluster = with_gpu(cluster, dataclasses.replace(g, **gpu_params))
+    tp, pp, cp = r["tp"], r["pp"], r.get("cp") or 1
+    dp = r["dp"]
+    local = _local_batch(r) or r["global_batch_size"] // dp
+    if pp > 1:
+        # torchtitan (2024-12): pipeline_parallel_microbatches unset = one micro-batch per
+        # stage, so the local batch is cut into pp micro-batches
+        mbs = max(1, local // pp)
+        notes.append(f"{pp} micro-batches of {mbs} per step (torchtitan's default of one per "
+                     "pipeline stage; unpublished)")
+    else:
+        mbs = local  # no gradient accumulation: the local batch is one micro-batch
+    rc = (r.get("recompute") or "").lower()
+    recompute = "full" if rc.startswith("full") else "selective"
+    if recompute == "selective":
+        notes.append("per-op selective activation checkpointing counted as Megatron's "
+                     "attention-core recompute")
+    sched, chunks = "1f1b", 1
+    if pp > 1 and "interleaved" in (r.get("pipeline_schedule") or "").lower():
+        sched, chunks = "interleaved", 2
+        notes.append("interleaved with 2 stages per rank (unpublished)")
+    plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs,
+                     schedule=sched, chunks=chunks, recompute=recompute, zero=3,
+                     sequence_parallel=tp > 1, tp_comm_overlap=tp > 1 and "AsyncTP" in other,
+                     fp8=fp8)
     return model, job, cluster, plan, notes
 
 
@@ -187,9 +246,11 @@ def compare_run(r: dict, options: Options | None = None,
     elif r.get("iteration_time_s_derived") is not None:
         c.published_s, c.time_source = r["iteration_time_s_derived"], "derived from TFLOP/s"
     if r.get("peak_memory") is not None:
-        # BLOOM: nvidia-smi on the first node, which holds stage 0 (see the README of the data)
+        # BLOOM: nvidia-smi on the first node, which holds stage 0 (see the README of the
+        # data); torchtitan: the maximum over all GPUs
         c.published_gib = float(r["peak_memory"])
-        c.predicted_gib = est.stages[0].memory.total_gib
+        c.predicted_gib = (est.peak_memory_gib if r["source_group"].startswith("torchtitan")
+                           else est.stages[0].memory.total_gib)
     c.oom_published = r.get("oom")
     c.predicted_fits = est.fits
     c.limit_gib = min(s.limit_gib for s in est.stages)

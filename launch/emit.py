@@ -372,8 +372,10 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     ac = {"mode": sh.recompute}  # "none" | "selective" | "full"
     if sh.recompute == "selective":
         ac["selective_ac_option"] = "op"
-        warn.append("torchtitan: selective recompute is op-level SAC, not Megatron's "
-                    "attention-core recompute; memory and time differ from the estimate")
+        if job.framework != "torchtitan":
+            warn.append("torchtitan: selective recompute is op-level SAC, not Megatron's "
+                        "attention-core recompute the estimate assumed (estimate with "
+                        "framework torchtitan to model it); memory and time differ")
     warn.append(f"torchtitan: the architecture comes from [model] name/flavor; choose the "
                 f"flavor matching {model.name} (layers={model.num_layers}, "
                 f"hidden={model.hidden_size}, heads={model.num_heads}/{model.num_kv_heads}, "
@@ -410,6 +412,9 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "use less memory than the estimate, weights slightly more")
     if sh.overlap_grad_reduce:
         cfg["zero_optimization"]["overlap_comm"] = True
+    elif sh.zero >= 3:
+        # the estimate has each layer's gradient reduce-scatter wait in line (costs.py)
+        cfg["zero_optimization"]["overlap_comm"] = False
     if sh.fp8:
         warn.append("deepspeed: FP8 is not a DeepSpeed config key; enable Transformer Engine "
                     "FP8 in the model code (Megatron-DeepSpeed) or run bf16")

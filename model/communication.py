@@ -48,7 +48,8 @@ def exposed_pipelined_ms(comm_ms: float, gemm_ms: float, chunks: int) -> float:
     return step + max(0.0, comm_ms - step - gemm_ms * (chunks - 1) / chunks)
 
 
-def dp_ring(cluster: ClusterSpec, members: list[tuple[int, int]]) -> tuple[float, bool]:
+def dp_ring(cluster: ClusterSpec, members: list[tuple[int, int]],
+            channels_per_node: bool = True) -> tuple[float, bool]:
     """Bandwidth of the data-parallel ring through `members` [(node, local GPU)], in replica
     order, and whether it leaves a node.
 
@@ -69,7 +70,9 @@ def dp_ring(cluster: ClusterSpec, members: list[tuple[int, int]]) -> tuple[float
         if len(per_node[n]) > 1:
             bw = min(bw, cluster.nodes[n].ring_gb_per_s(tuple(per_node[n])))
     if len(order) > 1:
-        k = min(len(v) for v in per_node.values())
+        # channels_per_node=False: one stream per node boundary (a flat ring; see
+        # costs.CostModel._shard_collectives for where that is what was measured)
+        k = min(len(v) for v in per_node.values()) if channels_per_node else 1
         for i, n in enumerate(order):
             nxt = order[(i + 1) % len(order)]
             bw = min(bw, k * float(cluster.inter_gb_per_s[n, nxt]))

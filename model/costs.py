@@ -90,6 +90,9 @@ class CostModel:
         self.act_msg_bytes = self.tokens * model.hidden_size * job.activation_bytes
         self._layer_cache: dict = {}
         self._compute_cache: dict = {}
+        # whether ZeRO-3's per-layer collectives get NCCL's hierarchical rings (one channel per
+        # member of a node): not for DeepSpeed's ZeRO-3 (_shard_collectives)
+        self.shard_ring_channels = job.framework != "deepspeed"
 
     # -- compute -----------------------------------------------------------------------------
 
@@ -125,6 +128,8 @@ class CostModel:
         bwd = lc.bwd.total_ms + b_comm + cp_b
         if sh.recompute == "full":
             bwd += fwd  # the forward runs again, collectives included
+        elif sh.recompute == "selective" and self.job.framework == "torchtitan":
+            bwd += self._op_sac_recompute_ms(lc, f_comm)
         elif sh.recompute == "selective":
             bwd += lc.attention_fwd_ms  # the attention core (Korthikanti et al. Sec. 5)
         ef, eb = cm.embedding()
@@ -140,7 +145,13 @@ class CostModel:
             # backward the previous layer's reduce-scatter too); only what outlasts it shows,
             # plus the first gather (and last reduce-scatter) of every chunk: `fill`
             fwd += exposed_async_ms(ag, fwd)
-            bwd += exposed_async_ms(ag + rs, bwd)
+            if self.job.framework == "deepspeed":
+                # DeepSpeed reduces gradients beside the backward only with overlap_comm,
+                # off by default (DeepSpeed config reference, zero_optimization); the emitted
+                # config sets it off: each layer's reduce-scatter waits in line
+                bwd += exposed_async_ms(ag, bwd) + rs
+            else:
+                bwd += exposed_async_ms(ag + rs, bwd)
             fill_f, fill_b = ag, ag + rs
             # the embedding and output layer are units of their own, gathered when reached
             e_ag, e_rs = self._shard_collectives(self.model.vocab_size * self.model.hidden_size
@@ -151,6 +162,19 @@ class CostModel:
                          fill_f, fill_b)
         self._layer_cache[key] = out
         return out
+
+    def _op_sac_recompute_ms(self, lc, tp_comm_fwd_ms: float) -> float:
+        """torchtitan's per-op selective checkpointing reruns in the backward every forward
+        operation whose output it did not keep (memory.op_sac_tensors): the k, o and w3
+        multiplies, the norms, rotary and activation kernels, and the tensor-parallel
+        all-gathers (half of the forward's collectives; the reduce-scatter outputs are kept)."""
+        m, F = self.model, lc.fwd.ms
+        h, kv = m.hidden_size, m.kv_dim
+        kept = F["attention"] + F["qkv"] * (h + kv) / (h + 2 * kv) + F["fc2"] + (
+            F["fc1"] / 2 if m.gated_mlp else F["fc1"])
+        kept += sum(v for k, v in F.items() if k.endswith(".cast") and k.split(".")[0] in
+                    ("qkv", "fc1", "fc2")) / 2
+        return max(0.0, lc.fwd.total_ms - kept) + tp_comm_fwd_ms / 2
 
     def cp_step_bytes(self) -> float:
         """Bytes one CP rank sends per ring step of one layer's forward: its K and V chunk
@@ -178,11 +202,25 @@ class CostModel:
 
     def _shard_collectives(self, params: float, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-gather of the weights, reduce-scatter of the gradients) of `params` parameters
-        over the shard group (ZeRO-3 / FSDP, per micro-batch)."""
+        over the shard group (ZeRO-3 / FSDP, per micro-batch).
+
+        FSDP2 and Megatron-FSDP gather a unit's parameters as one flat buffer (one collective
+        per layer); DeepSpeed's ZeRO-3 partitions and gathers every parameter tensor on its
+        own (deepspeed/runtime/zero/partition_parameters.py), so a layer pays the ring's
+        per-step latency once per tensor (`ModelSpec.tensors_per_layer`).
+
+        DeepSpeed's ZeRO-3 rings are taken flat, one network stream per GPU rather than
+        NCCL's hierarchical k-channel rings (`shard_ring_channels`). This is a measurement,
+        not a derivation: Narayanan et al. 2021 Table 2's ZeRO-3 runs of the 175B model take
+        the same 66.75 s on 768 and 1,536 GPUs (per-GPU traffic is constant, compute halves),
+        i.e. they are communication-bound at about one 25 GB/s HDR stream per GPU."""
         d = self.shape.shard_group
         lat = min(self.cluster.latency_us, INTRA_LATENCY_US)
-        return (gather_ms(params * gathered_weight_bytes(self.job), d, ring_gb_per_s, lat),
-                gather_ms(params * self.job.reduce_bytes, d, ring_gb_per_s, lat))
+        extra = 0.0
+        if self.job.framework == "deepspeed" and d > 1:
+            extra = (self.model.tensors_per_layer - 1) * (d - 1) * lat / 1e3
+        return (gather_ms(params * gathered_weight_bytes(self.job), d, ring_gb_per_s, lat)
+                + extra, gather_ms(params * self.job.reduce_bytes, d, ring_gb_per_s, lat) + extra)
 
     def _tp(self, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-reduce, all-gather or reduce-scatter) of one activation over the TP ring."""

@@ -103,7 +103,8 @@ class Evaluator:
             for i in range(sh.tp):
                 for first in range(0, sh.cols, g):
                     members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in range(first, first + g)]
-                    hit = min(hit, dp_ring(self.cluster, members)[0])
+                    hit = min(hit, dp_ring(self.cluster, members,
+                                           self.costs.shard_ring_channels)[0])
             self._tail_cache[key] = hit
         return hit
 

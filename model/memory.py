@@ -58,8 +58,29 @@ def param_bytes(job: JobSpec, shape: Shape) -> tuple[float, float, float]:
     else:
         w, g, o = float(job.weight_bytes), float(job.grad_bytes), float(job.optimizer_bytes)
     d = shape.shard_group if shape.zero else 1
-    return (w / d if shape.zero >= 3 else w, g / d if shape.zero >= 2 else g,
-            o / d if shape.zero >= 1 else o)
+    w, g, o = (w / d if shape.zero >= 3 else w, g / d if shape.zero >= 2 else g,
+               o / d if shape.zero >= 1 else o)
+    if keeps_unsharded(job, shape):
+        # ... plus the gathered bf16 weights and their unsharded gradients, accumulated over
+        # the micro-batches in the reduce dtype (fp32; FSDP2's FSDPParam accumulates unsharded
+        # gradients in reduce_dtype when gradient sync is off)
+        w, g = w + gathered_weight_bytes(job), g + job.reduce_bytes
+    return w, g, o
+
+
+def keeps_unsharded(job: JobSpec, shape: Shape) -> bool:
+    """torchtitan with FSDP2 and pipeline parallelism does not reshard after the forward
+    (reshard_after_forward off when PP is on: torchtitan/models/llama/parallelize_llama.py,
+    apply_fsdp), so each stage gathers its weights once per step and keeps them, and their
+    gradients, unsharded until the step's single reduce-scatter."""
+    return job.framework == "torchtitan" and shape.zero >= 3 and shape.pp > 1
+
+
+def fp8_weight_copy_bytes(job: JobSpec, shape: Shape) -> float:
+    """Per linear-layer weight: Transformer Engine caches the FP8 weight and its transpose
+    (Megatron-LM, NeMo); torchao's float8 (torchtitan) casts each weight when used, caching
+    nothing across micro-batches."""
+    return FP8_WEIGHT_COPY_BYTES if shape.fp8 and job.framework != "torchtitan" else 0.0
 
 
 def gathered_weight_bytes(job: JobSpec) -> int:
@@ -108,6 +129,30 @@ def attention_score_bytes(model: ModelSpec, job: JobSpec, shape: Shape) -> float
     return per_score * model.num_heads * s * s * b / shape.tp
 
 
+def op_sac_tensors(model: ModelSpec, job: JobSpec, shape: Shape
+                   ) -> list[tuple[str, float, bool]]:
+    """What torchtitan's per-op selective activation checkpointing keeps of one layer (its
+    "selective" mode, selective_ac_option "op"; torchtitan/models/llama/parallelize_llama.py,
+    _apply_ac_to_transformer_block): the block's input, the outputs of the attention kernel
+    (and its log-sum-exp) and of every other matrix multiply, counted in call order q, k, v,
+    o, w1, w3, w2 (the 1st, 3rd, 5th and 7th are kept: q, v, w1, w2), and the outputs of TP's
+    reduce-scatters. A row-parallel multiply's output is the full hidden size on every TP rank
+    (partial sums before the reduce-scatter)."""
+    h, kv, ffn = model.hidden_size, model.kv_dim, model.ffn_hidden_size
+    a = float(job.activation_bytes)
+    out = [("block input", a * h, False), ("q", a * h, True), ("v", a * kv, True),
+           ("attention output", a * h, True), ("attention lse", 4.0 * model.num_heads, True),
+           ("w1 output", a * ffn, True)]
+    mm_out = [("w2 output", a * h, False)] if model.gated_mlp else []
+    if shape.tp > 1:
+        out += [("reduce-scatter outputs", 2 * a * h, False)]
+        # the row-parallel output before its reduce-scatter is not split by sequence
+        # parallelism either
+        mm_out = [(n, b * shape.tp if shape.sequence_parallel else b, f)
+                  for n, b, f in mm_out]
+    return out + mm_out
+
+
 def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
                            recompute: str | None = None) -> float:
     """Stored activations of one transformer layer for one micro-batch on one GPU."""
@@ -118,6 +163,9 @@ def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
     tokens = s * b
     if recompute == "full":  # only the layer's input
         return job.activation_bytes * tokens * h / (t if sp else 1)
+    if recompute == "selective" and job.framework == "torchtitan":
+        return sum(per_token * tokens / (t if (split or sp) else 1)
+                   for _n, per_token, split in op_sac_tensors(model, job, shape))
     total = 0.0
     for name, per_token, split in layer_tensors(model, job, shape):
         if recompute == "selective" and name == "attention lse":
@@ -168,7 +216,16 @@ class MemoryModel:
         # whole on every tensor rank; Megatron-LM frees it once sent
         self.pipe_out = (a16 * s * b * h if job.framework == "deepspeed" and shape.pp > 1
                          else 0.0)
-        if shape.recompute == "full":
+        # torchtitan's loss: F.cross_entropy(logits.float()) on the bf16 logits materializes
+        # the logits, their fp32 copy and the fp32 log-softmax it keeps (the last is in
+        # head_act): 2 + 4 bytes per logit more at the end of the last stage's forward
+        # (vocabulary-parallel with TP's loss_parallel)
+        self.loss_work = (6.0 * s * b * model.vocab_size / t
+                          if job.framework == "torchtitan" else 0.0)
+        if shape.recompute == "full" or (shape.recompute == "selective"
+                                         and job.framework == "torchtitan"):
+            # the backward rebuilds one layer's activations (per-op SAC: all but what it
+            # kept, counted whole here)
             self.work = layer_activation_bytes(model, job, shape, "none")
         elif shape.recompute == "selective":
             self.work = attention_score_bytes(model, job, shape)
@@ -176,16 +233,25 @@ class MemoryModel:
             self.work = 0.0
         self.bytes_per_param = param_bytes(job, shape)
         per_param = sum(self.bytes_per_param)
-        fp8 = FP8_WEIGHT_COPY_BYTES if shape.fp8 else 0
+        fp8 = fp8_weight_copy_bytes(job, shape)
         # weights, grads, optimizer state (and FP8 copies) of one layer on one GPU
         self.layer_static_bytes = (model.params_per_layer * per_param
                                    + model.linear_params_per_layer * fp8) / t
         self._per_param = per_param
         # ZeRO-3 / FSDP: the layer being computed and the one prefetched are gathered whole,
         # and a layer's full gradient exists until it is reduce-scattered
-        self.transient = (model.params_per_layer / t * (2 * gathered_weight_bytes(job)
-                                                        + job.reduce_bytes)
-                          if shape.zero >= 3 else 0.0)
+        # (DeepSpeed gathers module by module, so its unit is the largest weight matrix:
+        # partition_parameters.py gathers each submodule's parameters when it runs)
+        unit = model.params_per_layer if job.framework != "deepspeed" else max(
+            model.hidden_size * (model.hidden_size + 2 * model.kv_dim),
+            model.ffn_hidden_size * model.hidden_size * (2 if model.gated_mlp else 1))
+        self.transient = (unit / t * (2 * gathered_weight_bytes(job) + job.reduce_bytes)
+                          if shape.zero >= 3 and not keeps_unsharded(job, shape) else 0.0)
+
+    def stage_work(self, s: int) -> float:
+        """Transient bytes at a backward moment of stage s: a layer's recompute, and on the
+        last stage the loss's (torchtitan), whichever is larger (they do not overlap)."""
+        return max(self.work, self.loss_work) if s == self.shape.pp - 1 else self.work
 
     def const_static_bytes(self, params_without_layers: float) -> float:
         """Bytes of a stage that do not grow with its layers: the parameters outside its
@@ -209,15 +275,16 @@ class MemoryModel:
                                 for c in range(sh.chunks)])
         # the peak over every moment of the schedule that can be one (first one on ties)
         is_b, counts = self.cs.inflight_arrays(s)
-        total = counts @ chunk_bytes + np.where(is_b, self.work, 0.0)
+        work = self.stage_work(s)
+        total = counts @ chunk_bytes + np.where(is_b, work, 0.0)
         i = int(np.argmax(total))
         best = float(total[i])
         best_counts = tuple(int(x) for x in counts[i])
-        best_work = self.work if is_b[i] else 0.0
+        best_work = work if is_b[i] else 0.0
         wb, gb, ob = self.bytes_per_param
         n_layers = sum(layers[c * sh.pp + s] for c in range(sh.chunks))
-        fp8_bytes = (n_layers * m.linear_params_per_layer / sh.tp * FP8_WEIGHT_COPY_BYTES
-                     if sh.fp8 else 0.0)
+        fp8_bytes = (n_layers * m.linear_params_per_layer / sh.tp
+                     * fp8_weight_copy_bytes(self.job, sh))
         tensors = params * (wb + gb + ob) + fp8_bytes + best + self.transient
         o = self.options.overheads
         return StageMemory((params * wb + fp8_bytes) / GIB, params * gb / GIB, params * ob / GIB,

@@ -161,6 +161,13 @@ class ModelSpec:
         return self.linear_params_per_layer + norms + biases
 
     @property
+    def tensors_per_layer(self) -> int:
+        """Parameter tensors of one block as Megatron-style code declares them: fused QKV,
+        output projection, fused MLP up (and gate), MLP down; a bias each; two norms (weight,
+        and bias for LayerNorm)."""
+        return 4 + (4 if self.bias else 0) + 2 * (2 if self.norm == "layernorm" else 1)
+
+    @property
     def embedding_params(self) -> int:
         """Input embedding: the vocabulary table, plus the position table when learned, plus
         the embedding norm."""

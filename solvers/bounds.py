@@ -108,7 +108,7 @@ def _memory_caps(model, job, cluster, shape, options, costs) -> list[int] | None
         base = mm.const_static_bytes(costs.stage_params(s, zero))
         is_b, counts = cs.inflight_arrays(s)
         n = counts[:, 0]
-        const = base + np.where(is_b, mm.work, 0.0) + n * mm.chunk_act_bytes(s, 0)
+        const = base + np.where(is_b, mm.stage_work(s), 0.0) + n * mm.chunk_act_bytes(s, 0)
         per = n * mm.act_layer + mm.layer_static_bytes
         caps.append(min(model.num_layers, int(np.floor(np.min((budget - const) / per)
                                                        + 1e-9))))

@@ -431,7 +431,7 @@ class _Formulation:
                         jj = c * p + s
                         act = act + int(cnt) * (mem.act_layer * M.l[jj] +
                                                 mem.chunk_act_bytes(jj, 0))
-                work = mem.work if kind == "B" else 0.0
+                work = mem.stage_work(s) if kind == "B" else 0.0
                 static = dat.const_bytes[s] + mem.layer_static_bytes * stage_layers(s)
                 M.memory.add((static + act + work) / GIB <= dat.cap_gib)
 

@@ -231,7 +231,7 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
         base = mm.const_static_bytes(costs.stage_params(s, zero))
         is_b, counts = cs.inflight_arrays(s)
         chunk0 = np.array([mm.chunk_act_bytes(c * p + s, 0) for c in range(shape.chunks)])
-        ev_const.append(base + np.where(is_b, mm.work, 0.0) + counts @ chunk0)
+        ev_const.append(base + np.where(is_b, mm.stage_work(s), 0.0) + counts @ chunk0)
         coef = np.zeros((len(is_b), V))
         for c in range(shape.chunks):
             # weights, grads and optimizer state grow with every layer, stored or not

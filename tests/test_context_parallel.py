@@ -30,8 +30,9 @@ def l3():
     return presets.model("llama3-8b")
 
 
-# Iteration time and peak memory of four plans, computed before context parallelism existed
-# (commit db018df); CP = 1 must reproduce them to the last digit.
+# Iteration time and peak memory of three plans, computed before context parallelism existed
+# (commit db018df); CP = 1 must reproduce them to the last digit. (torchtitan plans are not
+# among them: their memory model changed after, with the torchtitan validation rows.)
 BEFORE_CP = [
     ("llama2-70b", dict(global_batch=64, seq_length=4096), ("A100-80GB", 4, 8, 240.0, 23.0),
      dict(tp=8, pp=4, sequence_parallel=True, distributed_optimizer=True),
@@ -39,10 +40,6 @@ BEFORE_CP = [
     ("llama3-8b", dict(global_batch=32, seq_length=8192), ("H100-SXM-80GB", 2, 8, 360.0, 45.0),
      dict(tp=2, pp=2, sequence_parallel=True, zero=3, recompute="selective"),
      2025.877159881, 34.294820404),
-    ("llama3-8b", dict(global_batch=32, seq_length=8192, framework="torchtitan"),
-     ("H100-SXM-80GB", 2, 8, 360.0, 45.0), dict(tp=1, pp=1, zero=3, shard_size=8,
-                                                recompute="full"),
-     2215.032387554, 29.42215271),
     ("gpt3-175b", dict(global_batch=96, seq_length=2048, attention="eager"),
      ("A100-80GB", 4, 8, 240.0, 23.0), dict(tp=8, pp=4, micro_batch=1, schedule="interleaved",
                                             chunks=2, recompute="full"),

@@ -35,7 +35,8 @@ def megatron_parser() -> argparse.ArgumentParser:
               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
               "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
               "--seq-length", "--max-position-embeddings", "--num-layers", "--hidden-size",
-              "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups"):
+              "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+              "--context-parallel-size"):
         p.add_argument(f, type=int, default=None)
     p.add_argument("--recompute-granularity", type=str, default=None,
                    choices=["full", "selective"])
@@ -44,6 +45,13 @@ def megatron_parser() -> argparse.ArgumentParser:
               "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
               "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap"):
         p.add_argument(f, action="store_true")
+    p.add_argument("--use-megatron-fsdp", action="store_true")
+    p.add_argument("--data-parallel-sharding-strategy", default="no_shard",
+                   choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    p.add_argument("--no-gradient-accumulation-fusion", action="store_false",
+                   dest="gradient_accumulation_fusion")
+    p.add_argument("--ckpt-format", default="torch_dist",
+                   choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"])
     p.add_argument("--attention-backend", default="auto",
                    choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"])
@@ -359,3 +367,29 @@ def test_emit_reports_inexpressible_placement(llama, c32, tmp_path):
     files, warn = emit("megatron", llama, job, c32, plan, tmp_path)
     assert not (tmp_path / "launch.sh").exists()
     assert any("cannot be expressed" in w for w in warn)
+
+
+@pytest.mark.parametrize("zero,strategy", [(2, "optim_grads"), (3, "optim_grads_params")])
+def test_megatron_fsdp_flags_parse(llama, c32, zero, strategy):
+    """ZeRO-2/3 plans run on Megatron-FSDP, with the distributed optimizer it requires."""
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(llama, job, c32, tp=8, pp=1, sequence_parallel=True, zero=zero)
+    a = parse_megatron(megatron_args(llama, job, plan)[0])
+    assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == strategy
+    assert a.use_distributed_optimizer and not a.gradient_accumulation_fusion
+    assert a.ckpt_format == "fsdp_dtensor"
+    plan1 = make_plan(llama, job, c32, tp=8, pp=2, sequence_parallel=True, zero=1)
+    a1 = parse_megatron(megatron_args(llama, job, plan1)[0])
+    assert a1.use_distributed_optimizer and not a1.use_megatron_fsdp
+
+
+def test_deepspeed_gets_the_zero_stage(c32, tmp_path):
+    m = presets.model("llama2-7b")
+    job = JobSpec(global_batch=64, seq_length=4096, framework="deepspeed")
+    for zero in (0, 1, 2, 3):
+        plan = make_plan(m, job, c32, tp=1, pp=1, zero=zero)
+        emit("deepspeed", m, job, c32, plan, tmp_path)
+        cfg = json.loads((tmp_path / "ds_config.json").read_text())
+        assert cfg["zero_optimization"]["stage"] == zero
+        if zero == 3:  # the estimate's reduce-scatters wait in line; so must DeepSpeed's
+            assert cfg["zero_optimization"]["overlap_comm"] is False

@@ -51,7 +51,7 @@ def test_zero3_moves_three_passes_of_the_parameters_zero1_two():
     2 Psi vs 3 Psi), the same bytes per element on a 16-bit all-gather."""
     m = presets.model("llama2-7b")
     c = uniform_cluster(8, 8, "A100-80GB", 240.0, 25.0)
-    job = JobSpec(global_batch=64, seq_length=2048, precision="fp16", framework="deepspeed")
+    job = JobSpec(global_batch=64, seq_length=2048, precision="fp16", framework="megatron")
     P = m.params_per_layer
     z1 = CostModel(m, job, c, Shape(tp=1, pp=1, dp=64, micro_batch=1, zero=1), Options())
     red, gat = z1.sync_bytes(P)
@@ -70,6 +70,12 @@ def test_zero3_moves_three_passes_of_the_parameters_zero1_two():
     # the gathers and the reduce-scatter each move (d - 1) / d of those elements
     per_elem = (64 - 1) / 64 / (ring * 1e6)
     assert ag == pytest.approx(P * 2 * per_elem + 63 * min(c.latency_us, 10.0) / 1e3)
+    # DeepSpeed gathers tensor by tensor: the same bytes, the ring's latency once per tensor
+    ds = JobSpec(global_batch=64, seq_length=2048, precision="fp16", framework="deepspeed")
+    z3d = CostModel(m, ds, c, Shape(tp=1, pp=1, dp=64, micro_batch=1, zero=3), Options())
+    ag_d, rs_d = z3d._shard_collectives(P, ring)
+    extra = (m.tensors_per_layer - 1) * 63 * min(c.latency_us, 10.0) / 1e3
+    assert ag_d == pytest.approx(ag + extra) and rs_d == pytest.approx(rs + extra)
 
 
 def test_zero3_prefetch_hides_what_the_compute_covers():
@@ -99,7 +105,7 @@ def test_sharding_ordering_flips_as_links_slow_down():
     hide behind compute; ZeRO-1 synchronizes at the end); with the matrix scaled down 50x the
     order flips (ZeRO-3's three passes per micro-batch no longer hide)."""
     m = presets.model("llama2-7b")
-    job = JobSpec(global_batch=256, seq_length=4096, framework="deepspeed")
+    job = JobSpec(global_batch=256, seq_length=4096, framework="megatron")
     order = []
     for bw in (25.0, 0.5):
         c = uniform_cluster(8, 8, "A100-80GB", 240.0, bw)

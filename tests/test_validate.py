@@ -1,17 +1,25 @@
-"""The estimator against published runs: the goals of the cost-model issue, held by a test.
+"""The estimator against published runs: the goals of the cost-model and sharding issues, held
+by a test.
 
-Time (A100 runs): median |error| at most 7%, no source group's median above 12%, and no trend
-with model size over Narayanan et al. Table 1 (slope within 3 points per decade). Memory (BLOOM
-nvidia-smi readings of stage 0): every published OOM predicted above the GPU's memory and every
-run that ran within it; median at most 5%; worst error as measured (13.4%, above the issue's
-10% goal: see bench/README.md), held here so that it cannot grow unnoticed.
+A100 runs (Megatron-LM, DeepSpeed): median |time error| at most 7%, no source group's median
+above 12%, and no trend with model size over Narayanan et al. Table 1 (slope within 3 points
+per decade). Memory (BLOOM nvidia-smi readings of stage 0): every published OOM predicted above
+the GPU's memory and every run that ran within it; median at most 5%; worst error as measured
+(13.4%, above the issue's 10% goal: see bench/README.md), held here so that it cannot grow
+unnoticed. ZeRO-3 runs of Narayanan et al. Table 2: each within 15%. torchtitan's H100 runs
+(FSDP2, Float8, async TP, PP, CP): at least 16 of the 18 modelled, median |time error| at most
+12% and median |memory error| at most 10%.
 """
 
-from formats.published import validate
+import dataclasses
+
+from formats.published import Summary, load_runs, run_to_inputs, validate
+from model.estimator import estimate
 
 
 def test_published_runs_within_goals():
-    s = validate()
+    everything = validate()
+    s = Summary([x for x in everything.rows if not x.group.startswith("torchtitan")])
     assert len(s._errs("time_err")) >= 30
     assert s.time_median <= 0.07, f"median iteration-time error {s.time_median:.3f}"
     for group, (med, n) in s.group_medians().items():
@@ -24,3 +32,35 @@ def test_published_runs_within_goals():
     assert max(bloom_mem) <= 0.135, f"BLOOM memory errors {sorted(bloom_mem)}"
     ok, n = s.oom_correct
     assert n >= 15 and ok == n, f"fits/OOM correct {ok}/{n}"
+
+
+def test_zero3_rows_of_narayanan_table2():
+    """Their throughput is far below PTD-P's on the same GPUs; the model has to say why:
+    every layer's weights are gathered twice and its gradients reduce-scattered over all the
+    data-parallel GPUs, and at 768 GPUs and more that traffic, not compute, sets the time."""
+    rows = [x for x in validate().rows if "_zero3_" in x.id]
+    assert len(rows) == 6 and all(x.skipped is None for x in rows)
+    for x in rows:
+        assert x.time_err <= 0.15, f"{x.id}: {x.predicted_s:.1f} s vs {x.published_s:.1f} s"
+    # why: with the network 1000x faster the same plans would take at least 30% less time at
+    # 768 GPUs and more (the all-gathers and reduce-scatters outlast the layers' compute)
+    runs = {r["id"]: r for r in load_runs()}
+    for x in rows:
+        if int(x.id.rsplit("_", 1)[1].removesuffix("gpu")) < 768:
+            continue
+        model, job, cluster, plan, _ = run_to_inputs(runs[x.id])
+        fast = dataclasses.replace(cluster, inter_gb_per_s=cluster.inter_gb_per_s * 1000)
+        assert estimate(model, job, fast, plan).iteration_ms < 0.7 * x.estimate.iteration_ms
+
+
+def test_torchtitan_rows():
+    s = Summary([x for x in validate().rows if x.group.startswith("torchtitan")])
+    modelled = [x for x in s.rows if x.skipped is None]
+    assert len(modelled) >= 16
+    assert s.time_median <= 0.12, f"torchtitan time median {s.time_median:.3f}"
+    assert s.mem_median <= 0.10, f"torchtitan memory median {s.mem_median:.3f}"
+    # the rows' context parallelism and FSDP2 are in the plans they became
+    runs = {r["id"]: r for r in load_runs()}
+    for x in modelled:
+        plan = run_to_inputs(runs[x.id])[3]
+        assert plan.shape.cp == (runs[x.id]["cp"] or 1) and plan.shape.zero == 3

@@ -299,8 +299,11 @@ def print_validate(s, verbose: bool) -> None:
     if slope is not None:
         con.print(f"  error vs model size (Narayanan et al. Table 1): {slope:+.1f} points per "
                   "decade of parameters")
-    con.print(f"memory |error| (BLOOM, stage 0): median {s.mem_median * 100:.1f}%, max "
-              f"{s.mem_max * 100:.1f}% over {len(s._errs('mem_err'))} runs")
+    con.print(f"memory |error|: median {s.mem_median * 100:.1f}%, max "
+              f"{s.mem_max * 100:.1f}% over {len(s._errs('mem_err'))} runs (BLOOM: nvidia-smi of "
+              "stage 0; torchtitan: the largest over all GPUs)")
+    con.print("  median by source group: " + ", ".join(
+        f"{g} {100 * m:.1f}% ({n})" for g, (m, n) in s.group_medians("mem_err").items()))
     con.print(f"fits/OOM predicted correctly: {ok}/{n}")
 
 

@@ -284,12 +284,13 @@ class Summary:
         e = self._errs("mem_err")
         return max(e) if e else None
 
-    def group_medians(self) -> dict[str, tuple[float, int]]:
-        """Median |iteration-time error| and run count per source group."""
+    def group_medians(self, attr: str = "time_err") -> dict[str, tuple[float, int]]:
+        """Median |iteration-time error| (or `attr`, e.g. "mem_err") and run count per source
+        group."""
         groups: dict[str, list[float]] = {}
         for x in self.rows:
-            if x.time_err is not None:
-                groups.setdefault(x.group, []).append(x.time_err)
+            if getattr(x, attr) is not None:
+                groups.setdefault(x.group, []).append(getattr(x, attr))
         return {g: (statistics.median(v), len(v)) for g, v in sorted(groups.items())}
 
     def size_trend(self, group: str = "narayanan_sc21_table1") -> float | None:

@@ -161,8 +161,9 @@ def _shardings(job: JobSpec, space: SearchSpace, tp: int, pp: int, dp: int, cp: 
                gpus_per_node: int | None) -> list[tuple[int, int]]:
     """(ZeRO stage, HSDP shard size) pairs to enumerate for one degree combination (CP ranks
     hold the same weights, so they shard and synchronize like data-parallel ones)."""
-    if dp * cp <= 1:
-        return [(0, 0)]
+    if dp * cp <= 1:  # nothing to shard over: unsharded, unless only ZeRO-2/3 was asked for
+        asked = (job.zero,) if job.zero is not None else space.zero
+        return [(0, 0)] if asked is None or min(asked) <= 1 else []
     if job.zero is not None:
         zeros = (job.zero,)
     elif space.zero is not None:

@@ -156,6 +156,9 @@ def print_solve(res, c) -> None:
     for e in res.errors:
         con.print(f"[yellow]solver error caught (search went on):[/yellow] {escape(e)}",
                   highlight=False)
+    for why, n in res.not_covered.items():
+        con.print(f"certificate: {n} placement problem(s) annealed and bounded in closed form, "
+                  f"not by the MILP: {escape(why)}", highlight=False)
     others = [x for x in res.candidates if x.status != "best" and
               (x.best_ms is not None or x.quick_ms is not None)]
     t = Table(title="Next best plans and why they lost")

@@ -415,6 +415,13 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     elif sh.zero >= 3:
         # the estimate has each layer's gradient reduce-scatter wait in line (costs.py)
         cfg["zero_optimization"]["overlap_comm"] = False
+    if sh.cp > 1:
+        warn.append(f"deepspeed: context parallelism (CP={sh.cp}) cannot be expressed: "
+                    "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
+                    "the ring exchange the estimate assumed")
+    if sh.zero >= 2 and sh.pp > 1:
+        warn.append(f"deepspeed: its pipeline engine runs ZeRO-1 only; ZeRO-{sh.zero} with "
+                    f"PP={sh.pp} cannot be expressed")
     if sh.fp8:
         warn.append("deepspeed: FP8 is not a DeepSpeed config key; enable Transformer Engine "
                     "FP8 in the model code (Megatron-DeepSpeed) or run bf16")

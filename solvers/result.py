@@ -56,6 +56,9 @@ class SolveResult:
     shapes_total: int = 0
     shapes_solved: int = 0
     errors: list[str] = field(default_factory=list)  # solver failures caught, per shape
+    # shapes the exact method could not cover with the MILP: annealed, and bounded by the
+    # closed form (solvers.bounds) instead of a MILP bound; reason -> shapes
+    not_covered: dict[str, int] = field(default_factory=dict)
 
     @property
     def gap(self) -> float:
@@ -67,4 +70,5 @@ class SolveResult:
         return {"method": self.method, "termination": self.termination,
                 "objective_ms": self.objective_ms, "bound_ms": self.bound_ms, "gap": self.gap,
                 "wall_s": self.wall_s, "shapes_total": self.shapes_total,
-                "shapes_solved": self.shapes_solved, "errors": list(self.errors)}
+                "shapes_solved": self.shapes_solved, "errors": list(self.errors),
+                "annealed_with_closed_form_bound": dict(self.not_covered)}

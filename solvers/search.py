@@ -212,6 +212,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     solved = 0
     all_exact = True
     errors: list[str] = []  # solver failures caught per shape; the search goes on without them
+    not_covered: dict[str, int] = {}  # blocks the MILP does not cover, by reason
 
     def failed(info, e: Exception) -> None:
         nonlocal all_exact
@@ -261,7 +262,10 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 progress(f"{label} {info.shape.describe()}, {blk.describe()}; best "
                          f"{best_ms / 1e3:.3f} s, bound {min(bounds_left.values()) / 1e3:.3f} s")
             res = None
-            if method == "exact" and milp_supported(prob) is None:
+            why_not = milp_supported(prob) if method == "exact" else None
+            if why_not is not None:
+                not_covered[why_not] = not_covered.get(why_not, 0) + 1
+            if method == "exact" and why_not is None:
                 t_block = time.perf_counter()
                 warm = anneal(prob, seed=seed, iters=min(anneal_iters, 1500),
                               time_limit_s=min(per_block / 4, WARM_START_S), restarts=2)
@@ -430,4 +434,4 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             c.status = "best"
     return SolveResult(best_plan, est, best_ms, bound, termination, method,
                        time.perf_counter() - t0, ordered + rejected, total, solved,
-                       errors=errors)
+                       errors=errors, not_covered=not_covered)

@@ -225,3 +225,13 @@ def test_torchtitan_emits_hsdp_degrees(l3):
     toml = tomllib.loads("\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in par.items()
                                    if not isinstance(v, list)))
     assert toml["data_parallel_shard_degree"] == 8
+
+
+def test_deepspeed_reports_what_it_cannot_express(l3, tmp_path):
+    """A plan made for Megatron-LM with CP, emitted for DeepSpeed: the CP is reported, not
+    dropped."""
+    job = JobSpec(global_batch=8, seq_length=65536)
+    c = h100(2)
+    plan = make_plan(l3, job, c, tp=4, pp=1, dp=1, cp=4, sequence_parallel=True, zero=1)
+    _files, warn = emit("deepspeed", l3, job, c, plan, tmp_path)
+    assert any("context parallelism (CP=4)" in w for w in warn)

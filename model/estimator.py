@@ -84,10 +84,34 @@ class Evaluator:
         # that stage's row of the placement, a replica's path up to the tails only on that
         # replica's column. Pure memoization: every number is computed as without them.
         self._tail_cache: dict = {}
+        self._ring_cache: dict = {}
         self._replica_cache: dict = {}
         self._path_cache: dict = {}
 
     # -- durations ---------------------------------------------------------------------------
+
+    def ring(self, members: list[tuple[int, int]], channels_per_node: bool = True
+             ) -> tuple[float, bool]:
+        """`communication.dp_ring`, memoized on what it depends on: the order of the nodes,
+        how many members each holds, and which GPUs only where a node's links differ by GPU
+        (the TP ranks of a stage usually share one ring)."""
+        c = self.cluster
+        sig = []
+        for n, g in members:
+            if sig and sig[-1][0] == n:
+                sig[-1][1].append(g)
+            else:
+                sig.append((n, [g]))
+        key = (channels_per_node, tuple(
+            (n, tuple(gs) if c.nodes[n].intra_matrix_gb_per_s is not None else len(gs))
+            for n, gs in sig))
+        hit = self._ring_cache.get(key)
+        if hit is None:
+            if len(self._ring_cache) > 100_000:
+                self._ring_cache.clear()
+            hit = dp_ring(c, members, channels_per_node)
+            self._ring_cache[key] = hit
+        return hit
 
     def shard_ring(self, pl: Placement, s: int) -> float:
         """ZeRO-3 / FSDP: the slowest ring of stage s's shard groups (every TP rank's), which
@@ -103,8 +127,7 @@ class Evaluator:
             for i in range(sh.tp):
                 for first in range(0, sh.cols, g):
                     members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in range(first, first + g)]
-                    hit = min(hit, dp_ring(self.cluster, members,
-                                           self.costs.shard_ring_channels)[0])
+                    hit = min(hit, self.ring(members, self.costs.shard_ring_channels)[0])
             self._tail_cache[key] = hit
         return hit
 
@@ -170,7 +193,7 @@ class Evaluator:
         for i in range(sh.tp):
             for reps in groups:
                 members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in reps]
-                bw, inter = dp_ring(self.cluster, members)
+                bw, inter = self.ring(members)
                 red, gat, exposed = self.costs.exposed_sync_ms(self.params[s], bw, inter,
                                                                bwd_window_ms, fwd_window_ms)
                 worst_full = max(worst_full, red + gat)

@@ -1,10 +1,15 @@
 """Simulated annealing over placements and layer splits (Kirkpatrick et al. 1983), as Pipette
 does for its node-to-stage assignment, extended to the layer split.
 
-Moves on the permutation of nodes over slots: swap two slots, 2-opt (reverse a segment), insert
-(move one node elsewhere, shifting the rest); on the split: move one layer from one virtual stage to another. Metropolis acceptance, geometric cooling from `t0_frac` to `t_end_frac` of the
-starting cost over the iteration budget. Same seed, same answer; the best plan seen is returned
-whenever the time limit or iteration budget ends the search.
+Moves on the permutation of nodes over slots: with clock cooling, the moves of Pipette's SA
+(Yim et al. 2024: swap two slots, 2-opt (reverse a segment), insert (move one node elsewhere),
+insert-route (move a run of nodes elsewhere), insert-reversed (the same, reversed)); with an
+iteration budget (the exact method's warm starts) swap, 2-opt and insert, as before; on the
+split: move one layer from one virtual stage to another. Metropolis acceptance, geometric cooling from `t0_frac` to
+`t_end_frac` of the starting cost, spread over the iteration budget when one is given (the same
+seed then gives the same answer) or over the clock (`iters=None`: the temperature follows the
+elapsed share of the time limit, so a short budget cools fast and a long one explores). The
+best plan seen is returned whenever the time limit or the iteration budget ends the search.
 """
 
 from __future__ import annotations
@@ -18,26 +23,34 @@ from .problem import PlacementProblem
 from .result import PlacementResult
 
 
-def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int = 6000, restarts: int = 4,
-           time_limit_s: float = 10.0, polish: bool = True, **kw) -> PlacementResult:
+def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
+           restarts: int = 4, time_limit_s: float = 10.0, polish: bool = True,
+           **kw) -> PlacementResult:
     """Best of `restarts` seeded chains (the first from the given or identity start, the others
     from random permutations), then a descent polish over all swaps, single-layer moves and,
     where that neighbourhood is small, a swap and a layer move together, until none improves
-    (stopped by the time limit)."""
+    (stopped by the time limit). `iters=None`: each chain cools over its share of the clock
+    (POLISH_SHARE of the limit is kept for the polish)."""
     t_start = time.perf_counter()
     rng = np.random.default_rng(seed)
     best: PlacementResult | None = None
     done = 0
+    chains_s = time_limit_s * (1 - POLISH_SHARE) if polish else time_limit_s
     for i in range(restarts):
         left = time_limit_s - (time.perf_counter() - t_start)
         if left <= 0 and best is not None:
             break
+        if iters is None:  # this chain's share of the clock left for the chains
+            left = max(0.0, chains_s - (time.perf_counter() - t_start)) / (restarts - i)
+            if left <= 0 and best is not None:
+                break
         if i > 0:  # later chains start from a random permutation, odd ones also reversed split
             kw = dict(kw, init_perm=list(rng.permutation(prob.num_slots)))
             if i % 2 == 1:
                 rev = tuple(reversed(prob.start_layers()))
                 kw["init_layers"] = rev if prob.fits(rev) else None
-        r = _chain(prob, seed=int(rng.integers(2**31)), iters=max(1, iters // restarts),
+        r = _chain(prob, seed=int(rng.integers(2**31)),
+                   iters=None if iters is None else max(1, iters // restarts),
                    time_limit_s=max(left, 0.0), **kw)
         done += r.iterations
         if best is None or r.objective_ms < best.objective_ms:
@@ -109,7 +122,34 @@ def _perm_of(prob: PlacementProblem, plan) -> list[int]:
     return perm
 
 
-def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int = 4000,
+# with clock cooling, the share of the time limit kept for the final descent polish
+POLISH_SHARE = 0.1
+
+
+def perm_move(rng, perm: list[int], r: float) -> list[int]:
+    """One random move of Pipette's SA on the node permutation, chosen by r in [0, 1): swap,
+    2-opt, insert, insert-route, insert-reversed (a fifth of the range each)."""
+    n = len(perm)
+    a, b = sorted(int(x) for x in rng.choice(n, 2, replace=False))
+    p = list(perm)
+    if r < 0.2:  # swap
+        p[a], p[b] = p[b], p[a]
+    elif r < 0.4:  # 2-opt: reverse the segment a..b
+        p[a:b + 1] = p[a:b + 1][::-1]
+    elif r < 0.6:  # insert: move one node to another position
+        x = p.pop(a)
+        p.insert(b, x)
+    else:  # insert-route / insert-reversed: move the run a..b (reversed) elsewhere
+        run = p[a:b + 1]
+        rest = p[:a] + p[b + 1:]
+        if r >= 0.8:
+            run = run[::-1]
+        at = int(rng.integers(len(rest) + 1))
+        p = rest[:at] + run + rest[at:]
+    return p
+
+
+def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
            time_limit_s: float = 10.0, t0_frac: float = 0.02, t_end_frac: float = 1e-5,
            init_perm=None, init_layers=None, move_layers: bool = True,
            progress=None) -> PlacementResult:
@@ -124,15 +164,22 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int = 4000,
         return PlacementResult(None, float("inf"), 0.0, "infeasible", "anneal",
                                time.perf_counter() - t_start)
     t0 = t0_frac * cur
-    alpha = (t_end_frac / t0_frac) ** (1.0 / max(1, iters))
+    clock = iters is None
+    alpha = 1.0 if clock else (t_end_frac / t0_frac) ** (1.0 / max(1, iters))
+    ratio = t_end_frac / t0_frac
     temp = t0
     V = len(layers)
     done = 0
-    for it in range(iters):
-        done = it + 1
+    it = 0
+    while clock or it < iters:
+        it += 1
+        done = it
         # every move: one evaluation can take tens of ms on large clusters (new split)
-        if time.perf_counter() - t_start > time_limit_s:
+        elapsed = time.perf_counter() - t_start
+        if elapsed > time_limit_s:
             break
+        if clock:  # geometric in the elapsed share of the budget
+            temp = t0 * ratio ** (elapsed / max(time_limit_s, 1e-9))
         new_perm, new_layers = perm, layers
         r = rng.random()
         if move_layers and V > 1 and (r < 0.35 or n == 1):
@@ -143,16 +190,20 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int = 4000,
                 lay[dst] += 1
                 new_layers = tuple(lay)
         elif n > 1:
-            a, b = sorted(int(x) for x in rng.choice(n, 2, replace=False))
-            p = list(perm)
-            if r < 0.5:
-                p[a], p[b] = p[b], p[a]
-            elif r < 0.75:
-                p[a:b + 1] = p[a:b + 1][::-1]
-            else:
-                x = p.pop(a)
-                p.insert(b, x)
-            new_perm = p
+            if clock:  # Pipette's five moves
+                new_perm = perm_move(rng, perm, rng.random())
+            else:  # the iteration-budget mode (warm starts) keeps its three, for
+                # reproducible answers across versions: swap, 2-opt, insert
+                a, b = sorted(int(x) for x in rng.choice(n, 2, replace=False))
+                p = list(perm)
+                if r < 0.5:
+                    p[a], p[b] = p[b], p[a]
+                elif r < 0.75:
+                    p[a:b + 1] = p[a:b + 1][::-1]
+                else:
+                    x = p.pop(a)
+                    p.insert(b, x)
+                new_perm = p
         if new_perm is perm and new_layers is layers:
             temp *= alpha
             continue

@@ -205,6 +205,28 @@ def test_annealing_same_seed_same_answer():
     assert a.plan == b.plan and a.objective_ms == b.objective_ms
 
 
+def test_clock_annealing_keeps_its_time_and_matches_the_paper_sa():
+    """Cooling by the clock: the annealer returns within its budget (plus one evaluation's
+    slack), its plan re-evaluates to its objective, and it is no worse than Pipette's SA as
+    published (solvers.paper_sa) given the same time; the SA's plan also re-evaluates."""
+    import time
+
+    from model.estimator import estimate
+    from solvers.paper_sa import paper_sa
+    c = tiny_cluster(6, 1)
+    sh = Shape(tp=2, pp=6, dp=1, micro_batch=1, sequence_parallel=True)
+    job = JobSpec(global_batch=24, seq_length=2048)
+    prob = PlacementProblem(TINY, job, c, sh, blocks_for(c, sh)[0], Options())
+    t = time.perf_counter()
+    ours = anneal(prob, seed=1, iters=None, time_limit_s=0.6)
+    assert time.perf_counter() - t < 0.6 + 0.3
+    paper = paper_sa(prob, seed=1, time_limit_s=0.6)
+    for r in (ours, paper):
+        assert estimate(TINY, job, c, r.plan).iteration_ms == pytest.approx(r.objective_ms)
+    assert paper.plan.shape.layers == prob.start_layers()  # the paper anneals nodes only
+    assert ours.objective_ms <= paper.objective_ms * (1 + 1e-9)
+
+
 def test_memory_split_is_the_min_max_split():
     m = ModelSpec("m", 10, 4096, 32, 32, 16384, 32000, 4096)
     c = uniform_cluster(1, 4, "A100-40GB", 240, 20)

@@ -36,6 +36,8 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
     best: PlacementResult | None = None
     done = 0
     chains_s = time_limit_s * (1 - POLISH_SHARE) if polish else time_limit_s
+    if iters is None:  # clock mode: one chain per CLOCK_CHAIN_S of budget, at most `restarts`
+        restarts = max(1, min(restarts, int(time_limit_s // CLOCK_CHAIN_S)))
     for i in range(restarts):
         left = time_limit_s - (time.perf_counter() - t_start)
         if left <= 0 and best is not None:
@@ -124,6 +126,11 @@ def _perm_of(prob: PlacementProblem, plan) -> list[int]:
 
 # with clock cooling, the share of the time limit kept for the final descent polish
 POLISH_SHARE = 0.1
+# with clock cooling, the budget one chain needs to be worth a restart: a chain cooled in less
+# ends worse than one chain given the whole budget (bench/anneal_vs_paper.py)
+CLOCK_CHAIN_S = 5.0
+# moves a chain needs to use the full start temperature (t0_frac of the cost)
+CLOCK_FULL_MOVES = 5000
 
 
 def perm_move(rng, perm: list[int], r: float) -> list[int]:
@@ -165,6 +172,13 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
                                time.perf_counter() - t_start)
     t0 = t0_frac * cur
     clock = iters is None
+    if clock:
+        # a budget that buys few moves starts colder: scale the start temperature by the moves
+        # the budget allows (timed on one evaluation of a neighbour) over CLOCK_FULL_MOVES
+        t_eval = time.perf_counter()
+        prob.cost(perm_move(rng, perm, 0.0) if n > 1 else perm, layers)
+        per_move_s = max(time.perf_counter() - t_eval, 1e-6)
+        t0 *= min(1.0, time_limit_s / per_move_s / CLOCK_FULL_MOVES)
     alpha = 1.0 if clock else (t_end_frac / t0_frac) ** (1.0 / max(1, iters))
     ratio = t_end_frac / t0_frac
     temp = t0

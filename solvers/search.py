@@ -143,6 +143,29 @@ def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None
     return ev.iteration_ms(pl)
 
 
+def screen_shape(model, job, cluster, options, sh: Shape, bound: float, best_quick: float):
+    """(ShapeInfo, None) with the split that fits (time-balanced, else memory-balanced) and,
+    unless `bound` already fails to beat `best_quick`, the quick score; or (None, Candidate)
+    naming the stage that overflows even with the most memory-balanced split."""
+    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+    lay = default_layers(model, job, cluster, sh, options)
+    ev = Evaluator(model, job, cluster, with_layers(sh, lay), options)
+    peak = max(mm.total_gib for mm in ev.memory)
+    if peak > cap:
+        lay2, peak2, worst = min_max_memory_split(model, job, cluster, sh, options)
+        if peak2 > cap:
+            # one decimal, or two where one would round up to the limit
+            need = f"{peak2:.1f}" if round(peak2, 1) > cap else f"{peak2:.2f}"
+            return None, Candidate(sh.describe(), bound, status=f"does not fit: stage {worst} "
+                                   f"needs {need} GiB > {cap:g} GiB even with the most "
+                                   "memory-balanced split", shape=sh)
+        lay, peak = lay2, peak2
+    info = ShapeInfo(sh, bound, lay, peak)
+    if bound < best_quick * (1 + 1e-9):  # else the bound prunes it: quick >= bound
+        info.quick_ms = _quick(model, job, cluster, sh, lay, options, ev)
+    return info, None
+
+
 def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None):
     """Every shape: its cheap lower bound, whether it fits (and the split that makes it fit),
     and its quick score (Megatron-LM placement, that split). Shapes are screened in order of
@@ -151,7 +174,6 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
     (time.perf_counter()), once some shape has a quick score, the remaining shapes are left
     unscreened (`screened=False`, only their bound known). Lists keep enumeration order."""
     infos, rejected = [], []
-    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
     shapes = list(enumerate_shapes(model, job, cluster, space))
     bounds = [shape_bound_ms(model, job, cluster, sh, options) for sh in shapes]
     order = sorted(range(len(shapes)), key=lambda i: bounds[i])
@@ -165,25 +187,12 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
                 time.perf_counter() > deadline:
             found.append((i, ShapeInfo(sh, bound, None, math.nan, screened=False)))
             continue
-        lay = default_layers(model, job, cluster, sh, options)
-        ev = Evaluator(model, job, cluster, with_layers(sh, lay), options)
-        peak = max(mm.total_gib for mm in ev.memory)
-        if peak > cap:
-            lay2, peak2, worst = min_max_memory_split(model, job, cluster, sh, options)
-            if peak2 > cap:
-                # one decimal, or two where one would round up to the limit
-                need = f"{peak2:.1f}" if round(peak2, 1) > cap else f"{peak2:.2f}"
-                rejected.append((i, Candidate(
-                    sh.describe(), bound, status=f"does not fit: stage {worst} needs "
-                    f"{need} GiB > {cap:g} GiB even with the most memory-balanced "
-                    "split", shape=sh)))
-                continue
-            lay, peak = lay2, peak2
-        info = ShapeInfo(sh, bound, lay, peak)
-        if bound < best_quick * (1 + 1e-9):  # else the bound prunes it: quick >= bound
-            info.quick_ms = _quick(model, job, cluster, sh, lay, options, ev)
-            if info.quick_ms is not None:
-                best_quick = min(best_quick, info.quick_ms)
+        info, misfit = screen_shape(model, job, cluster, options, sh, bound, best_quick)
+        if misfit is not None:
+            rejected.append((i, misfit))
+            continue
+        if info.quick_ms is not None:
+            best_quick = min(best_quick, info.quick_ms)
         found.append((i, info))
     infos = [info for _i, info in sorted(found, key=lambda x: x[0])]
     return infos, [c for _i, c in sorted(rejected, key=lambda x: x[0])], len(shapes)
@@ -459,6 +468,30 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             blocks_left = min(blocks_left, ANNEAL_SHARES)
         optimize(info, budget(left / max(1, blocks_left)),
                  f"shape {n_done + 1}/{len(survivors)}")
+    # anytime: time left over (the phases ended early) screens the shapes the screening's
+    # deadline skipped, smallest bound first; a better quick score becomes the plan (its
+    # bound stays the closed form: not a proof)
+    late = sorted((i for i in infos if not i.screened), key=lambda i: i.bound_ms)
+    for info in late:
+        cand = candidates[id(info)]
+        if time_limit_s - (time.perf_counter() - t0) < 2 * MIN_CALL_S:
+            break
+        if pruned(info, cand):
+            continue
+        new, misfit = screen_shape(model, job, cluster, options, info.shape, info.bound_ms,
+                                   best_ms)
+        if misfit is not None:
+            cand.status = misfit.status
+            bounds_left[id(info)] = math.inf
+            continue
+        info.screened, info.layers, info.quick_ms = True, new.layers, new.quick_ms
+        cand.quick_ms = new.quick_ms
+        cand.status = "screened late (Megatron placement, balanced split)"
+        if new.quick_ms is not None and new.quick_ms < best_ms:
+            best_ms = new.quick_ms
+            best_plan = Plan(with_layers(info.shape, new.layers), megatron_placement(
+                cluster, info.shape.tp, info.shape.pp, info.shape.cols))
+            cand.best_ms, cand.plan = new.quick_ms, best_plan
     for info in infos:
         c = candidates[id(info)]
         if c.best_ms is not None and c.status == "":

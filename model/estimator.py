@@ -322,7 +322,14 @@ class Evaluator:
         validate_placement(c, sh, pl)
         tails, parts = self.tails(pl)
         durs = [self.replica_durations(pl, r, tails) for r in range(sh.cols)]
-        lengths = [self.cs.longest_path(d) for d in durs]
+        # columns on equal links have equal durations: one longest path per distinct vector
+        by_bytes: dict[bytes, float] = {}
+        lengths = []
+        for d in durs:
+            key = d.tobytes()
+            if key not in by_bytes:
+                by_bytes[key] = self.cs.longest_path(d)
+            lengths.append(by_bytes[key])
         worst = int(np.argmax(lengths))
         length, counts, path = self.cs.critical_path(durs[worst])
         dw = durs[worst]

@@ -96,7 +96,8 @@ def test_zero3_prefetch_hides_what_the_compute_covers():
 
 def _best(m, job, c, zero, shard):
     sp = SearchSpace(zero=(zero,), shard_sizes=(shard,) if zero == 3 else None,
-                     micro_batch=(1, 2, 4), schedules=(("1f1b", 1),))
+                     micro_batch=(1, 2, 4), schedules=(("1f1b", 1),), tp=(1, 2),
+                     recompute=("none", "full"))
     return solve(m, job, c, time_limit_s=30, space=sp)
 
 

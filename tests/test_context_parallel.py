@@ -130,6 +130,8 @@ def test_long_context_solve_picks_cp_and_lists_every_rejected_plan_without_it(l3
                         zero=(1,))
     res = solve(l3, job, c, time_limit_s=60, space=space)
     assert res.plan.shape.cp > 1 and res.estimate.fits
+    # one cost model: the solver's objective is the estimator's time of its plan
+    assert estimate(l3, job, c, res.plan).iteration_ms == pytest.approx(res.objective_ms)
     no_cp = [s for s in enumerate_shapes(l3, job, c, space) if s.cp == 1]
     status = {x.describe: x for x in res.candidates}
     misfits = 0
@@ -235,3 +237,19 @@ def test_deepspeed_reports_what_it_cannot_express(l3, tmp_path):
     plan = make_plan(l3, job, c, tp=4, pp=1, dp=1, cp=4, sequence_parallel=True, zero=1)
     _files, warn = emit("deepspeed", l3, job, c, plan, tmp_path)
     assert any("context parallelism (CP=4)" in w for w in warn)
+
+
+def test_cp_on_a_measured_cluster_is_annealed_with_a_valid_bound(l3):
+    """On a cluster whose links differ the MILP does not cover CP: the annealer searches where
+    the CP groups sit, the closed-form bound certifies, and the status names the reason."""
+    from formats.clusters import SynthParams, synth_cluster
+    c = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=8, gpu="H100-SXM-80GB",
+                                  nic_gb_per_s=5.0, seed=3))
+    job = JobSpec(global_batch=4, seq_length=32768)
+    res = solve(l3, job, c, method="exact", time_limit_s=20,
+                space=SearchSpace(tp=(4,), cp=(2, 4), micro_batch=(1,),
+                                  schedules=(("1f1b", 1),), recompute=("none",), zero=(1,)))
+    assert res.plan.shape.cp in (2, 4)
+    assert 0 < res.bound_ms <= res.objective_ms * (1 + 1e-9)
+    assert estimate(l3, job, c, res.plan).iteration_ms == pytest.approx(res.objective_ms)
+    assert any("context parallelism" in why for why in res.not_covered)

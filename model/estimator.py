@@ -17,6 +17,7 @@ import numpy as np
 from .cluster import ClusterSpec
 from .communication import dp_ring, p2p_ring
 from .costs import CostModel
+from .errors import SpecError
 from .memory import MemoryModel, StageMemory
 from .plan import (Placement, Plan, Shape, megatron_placement, num_microbatches,
                    validate_placement, validate_shape)
@@ -423,6 +424,9 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
               placement: Placement | None = None, options: Options | None = None) -> Plan:
     """A plan with defaults filled in: DP from the GPU count, the balanced layer split,
     Megatron-LM's placement; the distributed optimizer and FP8 as the job fixes them."""
+    for f, val in (("tp", tp), ("pp", pp), ("cp", cp)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise SpecError(f"must be a positive integer, got {val!r}", source="plan", field=f)
     if dp is None:
         dp = max(1, cluster.num_gpus // (tp * pp * cp))
     if zero is None:  # explicit stage, else the distributed-optimizer flag, else the job's

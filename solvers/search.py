@@ -231,6 +231,18 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     # screening may take up to 40% of the time limit once some shape has a quick score
     infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress,
                                             deadline=t0 + SCREEN_FRACTION * time_limit_s)
+    if total == 0:
+        given = {f: getattr(space, f) for f in ("tp", "pp", "cp", "micro_batch", "zero",
+                                                  "shard_sizes")
+                 if getattr(space, f) is not None and getattr(space, f) != getattr(
+                     SearchSpace(), f)}
+        limits = (" The lists given: " + ", ".join(f"{k} {list(v)}" for k, v in given.items())
+                  + "; widen them.") if given else ""
+        raise InfeasibleError(
+            f"no plan in the search space is valid for {model.name} on {cluster.num_gpus} "
+            "GPUs: TP x PP x DP x CP must equal the GPU count, TP divide the attention heads "
+            "and fit in a node, the global batch divide by micro-batch x DP, and the sequence "
+            "by 2 x CP (x TP with sequence parallelism)." + limits)
     if not infos:
         closest = min(rejected, key=lambda c: float(c.status.split("needs ")[1].split(" ")[0])
                       ) if rejected else None

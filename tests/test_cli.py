@@ -42,6 +42,9 @@ def test_estimate_json_on_builtin_example():
     (["--tp", "8", "--pp", "4", "--dp", "3"], "TP x PP x DP"),
     (["--gbs", "100", "--mbs", "3"], "not divisible"),
     (["--layers", "1,2"], "layers"),
+    (["--tp", "0"], "tp: must be a positive integer"),
+    (["--cp", "0"], "cp: must be a positive integer"),
+    (["--tp", "8", "--pp", "1", "--cp", "4", "--seq", "4100", "--sp"], "2 x CP x TP"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     r = run("estimate", *args)
@@ -118,3 +121,9 @@ def test_one_spelling_per_concept_old_ones_hidden_but_accepted(tmp_path):
                 "--intra-gb-per-s", "240", flag, names, "--json")
         assert r.exit_code == 0, r.output
         assert ",".join(n["name"] for n in json.loads(r.stdout)["nodes"]) == names
+
+
+def test_solve_names_an_empty_search_space():
+    r = run("solve", "--cp", "3", "--time-limit", "5")
+    assert r.exit_code == 2 and "no plan in the search space" in r.output
+    assert "cp [3]" in r.output and "Traceback" not in r.output

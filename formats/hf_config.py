@@ -1,4 +1,5 @@
-"""Hugging Face `config.json` files (llama, mistral, qwen2, gpt2, gpt_neox) as model specs."""
+"""Hugging Face `config.json` files (llama, mistral, qwen2, gpt2, gpt_neox; mixture-of-experts
+mixtral and qwen2_moe / qwen3_moe) as model specs."""
 
 from __future__ import annotations
 
@@ -19,13 +20,25 @@ _HF_KEYS = {
     "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
 }
 _GATED = {"llama": True, "mistral": True, "qwen2": True, "mixtral": True, "gpt2": False,
-          "gpt_neox": False}
+          "gpt_neox": False, "qwen2_moe": True, "qwen3_moe": True}
+# mixture-of-experts keys (transformers' MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig):
+# routed experts, experts per token, one expert's FFN width (Mixtral's is intermediate_size)
+_MOE_KEYS = {"mixtral": ("num_local_experts", "num_experts_per_tok", None),
+             "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+             "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size")}
+_UNSUPPORTED = {
+    "deepseek_v3": "DeepSeek-V3's multi-head latent attention and its first dense layers "
+                   "(first_k_dense_replace) are not modelled yet",
+    "deepseek_v2": "DeepSeek-V2's multi-head latent attention and its first dense layers "
+                   "(first_k_dense_replace) are not modelled yet",
+}
 # Architecture per family (the transformers modeling file of each): position embedding, norm,
 # linear-layer biases. Qwen2 has biases on QKV only; the bias flag is for all four linear
 # layers, so it is counted as bias-free (4h of the ~12h^2 weights per layer are missed).
 _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", False),
          "qwen2": ("rope", "rmsnorm", False), "mixtral": ("rope", "rmsnorm", False),
-         "gpt2": ("learned", "layernorm", True), "gpt_neox": ("rope", "layernorm", True)}
+         "gpt2": ("learned", "layernorm", True), "gpt_neox": ("rope", "layernorm", True),
+         "qwen2_moe": ("rope", "rmsnorm", False), "qwen3_moe": ("rope", "rmsnorm", False)}
 
 
 def _dropout(cfg: dict, mtype: str) -> bool:
@@ -47,6 +60,9 @@ def load_hf_config(path: Path) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as e:
         raise SpecError(f"cannot read JSON ({e})", source=src) from None
     mtype = cfg.get("model_type")
+    if mtype in _UNSUPPORTED:
+        raise SpecError(f"model_type {mtype!r}: {_UNSUPPORTED[mtype]}", source=src,
+                        field="model_type")
     if mtype not in _GATED:
         raise SpecError(f"unsupported model_type {mtype!r}; supported: {', '.join(_GATED)}",
                         source=src, field="model_type")
@@ -66,6 +82,36 @@ def load_hf_config(path: Path) -> ModelSpec:
     tied = cfg.get("tie_word_embeddings", mtype == "gpt2")
     name = cfg.get("_name_or_path") or Path(path).parent.name or mtype
     pos, norm, bias = _ARCH[mtype]
+    vals.update(_moe_fields(cfg, mtype, src))
     return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=bool(tied),
                      position_embedding=pos, norm=norm, bias=bias, dropout=_dropout(cfg, mtype),
                      source=src, **vals)
+
+
+def _moe_fields(cfg: dict, mtype: str, src: str) -> dict:
+    """num_experts, moe_topk, moe_ffn_hidden_size, moe_shared_experts of a MoE config; {} for
+    dense ones. Every layer must be a MoE layer (the cost model has one layer type)."""
+    if mtype not in _MOE_KEYS:
+        return {}
+    ek, kk, fk = _MOE_KEYS[mtype]
+    for key in (ek, kk) + ((fk,) if fk else ()):
+        if not isinstance(cfg.get(key), int):
+            raise SpecError(f"missing or not an integer; a {mtype} config has it", source=src,
+                            field=key)
+    if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
+        raise SpecError("some layers are dense (decoder_sparse_step != 1 or mlp_only_layers); "
+                        "the cost model needs every layer to be a MoE layer", source=src,
+                        field="decoder_sparse_step")
+    out = {"num_experts": cfg[ek], "moe_topk": cfg[kk]}
+    if fk:
+        out["moe_ffn_hidden_size"] = cfg[fk]
+    shared = cfg.get("shared_expert_intermediate_size") or 0
+    if shared:
+        fe = cfg[fk]
+        if shared % fe:
+            raise SpecError(f"shared_expert_intermediate_size {shared} is not a multiple of "
+                            f"moe_intermediate_size {fe}; shared experts are counted in "
+                            "experts' widths", source=src,
+                            field="shared_expert_intermediate_size")
+        out["moe_shared_experts"] = shared // fe
+    return out

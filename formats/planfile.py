@@ -35,7 +35,9 @@ GENERATOR = "pipette-configurator 0.1.0"
 
 _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
                  "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "tied_embeddings",
-                 "position_embedding", "norm", "bias", "dropout", "embedding_norm", "source")
+                 "position_embedding", "norm", "bias", "dropout", "embedding_norm",
+                 "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
+                 "source")
 _GPU_FLOATS = ("memory_gib", "hbm_gb_per_s", "nvlink_gb_per_s", "gemm_efficiency",
                "attention_efficiency", "hbm_efficiency", "kernel_overhead_us")
 _SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wall_s")
@@ -217,6 +219,8 @@ def _read_model(rd: _Reader, d: dict) -> ModelSpec:
     kw["bias"] = rd.get(d, "bias", w, bool)
     kw["dropout"] = rd.get(d, "dropout", w, bool)
     kw["embedding_norm"] = rd.get(d, "embedding_norm", w, bool)
+    for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts"):
+        kw[f] = rd.get(d, f, w, int, 0)
     kw["source"] = rd.get(d, "source", w, str, "")
     try:
         return ModelSpec(**kw)

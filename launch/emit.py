@@ -155,6 +155,15 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
         a += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
     if model.gated_mlp:
         a.append("--swiglu")
+    if model.is_moe:
+        # arguments.py _add_moe_args: every expert on each GPU (expert parallelism 1), the
+        # expert FFN split over the TP ranks like a dense MLP
+        a += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_topk),
+              "--moe-ffn-hidden-size", str(model.expert_ffn),
+              "--expert-model-parallel-size", "1"]
+        if model.moe_shared_experts:
+            a += ["--moe-shared-expert-intermediate-size",
+                  str(model.moe_shared_experts * model.expert_ffn)]
     if not model.tied_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     return a, warn
@@ -239,6 +248,12 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     }
     if model.gated_mlp:
         m["activation"] = "fast-swiglu"  # NeMo llama configs
+    if model.is_moe:  # NeMo (Megatron-Core) MoE keys, expert parallelism 1
+        m.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
+                 expert_model_parallel_size=1)
+        if model.expert_ffn != model.ffn_hidden_size or model.moe_shared_experts:
+            warn.append("nemo: the expert FFN width and shared experts have no NeMo 1.x key "
+                        "here; set them in the model config")
     # activations_checkpoint_* keys: granularity 'selective' | 'full', method 'uniform'
     if sh.recompute == "full":
         m.update(activations_checkpoint_granularity="full",
@@ -376,6 +391,10 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
             warn.append("torchtitan: selective recompute is op-level SAC, not Megatron's "
                         "attention-core recompute the estimate assumed (estimate with "
                         "framework torchtitan to model it); memory and time differ")
+    if model.is_moe:
+        warn.append(f"torchtitan: {model.num_experts}-expert top-{model.moe_topk} MoE comes from "
+                    "the model flavor (e.g. its DeepSeek-V3 / Llama 4 models); expert "
+                    "parallelism 1 as the estimate assumed")
     warn.append(f"torchtitan: the architecture comes from [model] name/flavor; choose the "
                 f"flavor matching {model.name} (layers={model.num_layers}, "
                 f"hidden={model.hidden_size}, heads={model.num_heads}/{model.num_kv_heads}, "

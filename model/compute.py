@@ -160,6 +160,10 @@ class ComputeModel:
         # MLP block: norm, up (and gate), activation, down, bias-dropout-add
         self._elementwise(fwd, "norm2", hs, 1, 1)
         self._elementwise(bwd, "norm2", hs, 2, 1)
+        if m.is_moe:
+            self._moe(fwd, bwd)
+            self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
+            return LayerCompute(fwd, bwd, attn_fwd)
         self._linear(fwd, bwd, "fc1", T, gated * f // t, h)
         if m.gated_mlp:  # SwiGLU: reads gate and up, writes their product
             self._elementwise(fwd, "act", T * f / t, 2, 1)
@@ -170,6 +174,42 @@ class ComputeModel:
         self._linear(fwd, bwd, "fc2", T, h, f // t)
         self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
         return LayerCompute(fwd, bwd, attn_fwd)
+
+    def _moe(self, fwd: Pass, bwd: Pass) -> None:
+        """A mixture-of-experts MLP with every expert on this GPU (expert parallelism 1),
+        each expert's FFN split over the TP ranks as a dense MLP is (Megatron-LM's MoE layer:
+        router, token permutation, grouped expert GEMMs, unpermutation; Fedus et al. 2022).
+
+        The router is a T x E GEMM and an fp32 softmax / top-k over its logits; each token is
+        copied to its top-k experts; tokens spread evenly, so each expert multiplies
+        T k / E tokens (a perfectly balanced router: load imbalance is not modelled); the
+        weighted sum of the k outputs brings them back. Shared experts run on every token as a
+        dense MLP of their combined width. Names "fc1" / "fc2" sum over the experts, so the
+        tensor-parallel overlaps read them as for a dense MLP."""
+        m, t, T = self.model, self.t, self.T
+        h, E, k, fe = m.hidden_size, m.num_experts, m.moe_topk, m.expert_ffn
+        gated = 2 if m.gated_mlp else 1
+        self._linear(fwd, bwd, "router", T, E, h)
+        self._elementwise(fwd, "router_topk", T * E, 1, 1, T * E * 4.0)
+        self._elementwise(bwd, "router_topk", T * E, 2, 1, T * E * 4.0)
+        self._elementwise(fwd, "permute", T * k * h, 1, 1)
+        self._elementwise(bwd, "permute", T * k * h, 1, 1)
+        per_expert = max(1, -(-T * k // E))
+        for _ in range(E):
+            self._linear(fwd, bwd, "fc1", per_expert, gated * fe // t, h)
+        act = T * k * fe / t
+        self._elementwise(fwd, "act", act, gated, 1)
+        self._elementwise(bwd, "act", act, gated + 1, gated)
+        for _ in range(E):
+            self._linear(fwd, bwd, "fc2", per_expert, h, fe // t)
+        self._elementwise(fwd, "unpermute", T * k * h, 1, 0, T * h * self.act_b)
+        self._elementwise(bwd, "unpermute", T * k * h, 1, 1)
+        if m.moe_shared_experts:
+            fs = m.moe_shared_experts * fe
+            self._linear(fwd, bwd, "shared_fc1", T, gated * fs // t, h)
+            self._elementwise(fwd, "shared_act", T * fs / t, gated, 1)
+            self._elementwise(bwd, "shared_act", T * fs / t, gated + 1, gated)
+            self._linear(fwd, bwd, "shared_fc2", T, h, fs // t)
 
     def _bias_dropout_add(self, fwd: Pass, bwd: Pass, name: str, hs: float, mask: float):
         """Megatron's fused bias + dropout + residual add: reads the branch and the residual,

@@ -100,6 +100,7 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[st
     lin = 1.0 if shape.fp8 else a16  # what a linear layer keeps of its input
     kv = model.kv_dim
     ffn = model.ffn_hidden_size
+    gated = 2 if model.gated_mlp else 1
     out = [
         ("norm1 input", a16 * h, False),
         ("qkv input", lin * h, False),
@@ -107,10 +108,24 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[st
         ("k, v", a16 * 2 * kv, True),
         ("attention output", a16 * h + (lin * h if shape.fp8 else 0.0), True),
         ("norm2 input", a16 * h, False),
-        ("fc1 input", lin * h, False),
-        ("activation input", a16 * ffn * (2 if model.gated_mlp else 1), True),
-        ("fc2 input", lin * ffn, True),
     ]
+    if model.is_moe:  # per token: the router's input and fp32 probabilities, and k copies
+        k, fe, fs = model.moe_topk, model.expert_ffn, model.moe_shared_experts * model.expert_ffn
+        out += [("router input", lin * h, False),
+                ("router probabilities", 4.0 * model.num_experts, False),
+                ("expert inputs", lin * h * k, False),
+                ("expert activation inputs", a16 * gated * fe * k, True),
+                ("expert fc2 inputs", lin * fe * k, True),
+                ("expert outputs", a16 * h * k, False)]
+        if fs:
+            out += [("shared activation input", a16 * gated * fs, True),
+                    ("shared fc2 input", lin * fs, True)]
+    else:
+        out += [
+            ("fc1 input", lin * h, False),
+            ("activation input", a16 * ffn * gated, True),
+            ("fc2 input", lin * ffn, True),
+        ]
     if model.dropout:
         out += [("dropout masks", 2.0 * h, False)]  # 1 byte each, after attention and MLP
     if job.attention == "flash":

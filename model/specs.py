@@ -111,10 +111,33 @@ class ModelSpec:
     bias: bool = True
     dropout: bool = True
     embedding_norm: bool = False
+    # mixture of experts (every layer's MLP; 0 experts = dense): routed experts, experts per
+    # token (top-k), each expert's FFN width (0: ffn_hidden_size), shared experts always run
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_shared_experts: int = 0
     source: str = ""
 
     def __post_init__(self):
         src = f"model '{self.name}'" if not self.source.endswith(".json") else self.source
+        for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts"):
+            _positive(getattr(self, f), f, src, integer=True, allow_zero=True)
+        if self.num_experts == 1 and (self.moe_shared_experts or self.moe_topk > 1 or (
+                self.moe_ffn_hidden_size and self.moe_ffn_hidden_size != self.ffn_hidden_size)):
+            raise SpecError("a single expert is the dense MLP: give ffn_hidden_size, no shared "
+                            "experts, top-k 1", source=src, field="num_experts")
+        if self.num_experts:
+            if not 1 <= self.moe_topk <= self.num_experts:
+                raise SpecError(f"moe_topk {self.moe_topk} must be between 1 and num_experts "
+                                f"{self.num_experts}", source=src, field="moe_topk")
+            if self.bias:
+                raise SpecError("mixture-of-experts layers with linear biases are not "
+                                "modelled; set bias false (Mixtral, Qwen MoE, DeepSeek have "
+                                "none)", source=src, field="bias")
+        elif self.moe_topk or self.moe_shared_experts:
+            raise SpecError("moe_topk and moe_shared_experts need num_experts > 0", source=src,
+                            field="num_experts")
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
                   "vocab_size", "seq_length"):
             _positive(getattr(self, f), f, src, integer=True)
@@ -142,13 +165,41 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def is_moe(self) -> bool:
+        """Routed experts: more than one (a single expert needs no router: it is the dense
+        MLP, of width `expert_ffn`)."""
+        return self.num_experts > 1
+
+    @property
+    def expert_ffn(self) -> int:
+        """One expert's FFN width (Mixtral's intermediate_size; Qwen/DeepSeek's
+        moe_intermediate_size)."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def _mlp_params(self, ffn: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * ffn
+
+    @property
     def linear_params_per_layer(self) -> int:
-        """Weights of the four linear layers of one block (QKV, output projection, MLP up
-        (and gate), MLP down): the GEMM weights, which FP8 caches a copy of."""
+        """Weights of the linear layers of one block (QKV, output projection, MLP up (and
+        gate), MLP down; with experts: every routed and shared expert's MLP and the router):
+        the GEMM weights, which FP8 caches a copy of."""
         h = self.hidden_size
         attn = h * (h + 2 * self.kv_dim) + h * h
-        mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size
-        return attn + mlp
+        if self.is_moe:
+            return (attn + h * self.num_experts + (self.num_experts + self.moe_shared_experts)
+                    * self._mlp_params(self.expert_ffn))
+        return attn + self._mlp_params(self.ffn_hidden_size)
+
+    @property
+    def active_linear_params_per_layer(self) -> int:
+        """The linear weights one token passes through: attention, the router, its top-k
+        experts and the shared ones (= linear_params_per_layer for a dense model)."""
+        if not self.is_moe:
+            return self.linear_params_per_layer
+        h = self.hidden_size
+        return (h * (h + 2 * self.kv_dim) + h * h + h * self.num_experts
+                + (self.moe_topk + self.moe_shared_experts) * self._mlp_params(self.expert_ffn))
 
     @property
     def params_per_layer(self) -> int:
@@ -165,7 +216,8 @@ class ModelSpec:
         """Parameter tensors of one block as Megatron-style code declares them: fused QKV,
         output projection, fused MLP up (and gate), MLP down; a bias each; two norms (weight,
         and bias for LayerNorm)."""
-        return 4 + (4 if self.bias else 0) + 2 * (2 if self.norm == "layernorm" else 1)
+        mlp = 2 if not self.is_moe else 1 + 2 * (self.num_experts + self.moe_shared_experts)
+        return 2 + mlp + (4 if self.bias else 0) + 2 * (2 if self.norm == "layernorm" else 1)
 
     @property
     def embedding_params(self) -> int:
@@ -189,6 +241,12 @@ class ModelSpec:
         return (self.num_layers * self.params_per_layer + self.embedding_params
                 + self.output_params + self.final_norm_params)
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (a mixture of experts' 'active' count)."""
+        return self.total_params - self.num_layers * (self.linear_params_per_layer
+                                                      - self.active_linear_params_per_layer)
+
     def layer_flops_fwd(self, tokens: int, seq: int) -> float:
         """Forward FLOPs of one block for `tokens` tokens in sequences of length `seq`.
 
@@ -200,7 +258,11 @@ class ModelSpec:
         h = self.hidden_size
         proj = 2 * tokens * h * (2 * h + 2 * self.kv_dim)
         attn = 4 * tokens * seq * h
-        mlp = 2 * tokens * h * self.ffn_hidden_size * (3 if self.gated_mlp else 2)
+        if self.is_moe:  # the router, then each token's top-k and the shared experts
+            mlp = 2 * tokens * (h * self.num_experts + (self.moe_topk + self.moe_shared_experts)
+                                * self._mlp_params(self.expert_ffn))
+        else:
+            mlp = 2 * tokens * self._mlp_params(self.ffn_hidden_size)
         return float(proj + attn + mlp)
 
     def attention_core_flops_fwd(self, tokens: int, seq: int) -> float:

@@ -1,0 +1,104 @@
+"""Mixture of experts, expert parallelism 1: parameter counts, FLOPs, memory, one expert =
+dense, the Hugging Face loader and the emitted flags."""
+
+import dataclasses
+import json
+
+import pytest
+
+from formats import presets
+from formats.clusters import uniform_cluster
+from formats.hf_config import load_hf_config
+from launch.emit import megatron_args
+from model.compute import ComputeModel
+from model.errors import SpecError
+from model.estimator import estimate, make_plan
+from model.specs import JobSpec
+
+
+@pytest.mark.parametrize("name,total_b,active_b", [
+    ("mixtral-8x7b", 46.7, 12.9),   # Jiang et al. 2024, Sec. 2
+    ("mixtral-8x22b", 141.0, 39.0),  # Mistral AI's announcement
+])
+def test_published_total_and_active_parameters(name, total_b, active_b):
+    m = presets.model(name)
+    assert m.total_params / 1e9 == pytest.approx(total_b, rel=0.01)
+    assert m.active_params / 1e9 == pytest.approx(active_b, rel=0.01)
+
+
+def test_one_expert_is_the_dense_model():
+    dense = presets.model("llama3-8b")
+    one = dataclasses.replace(dense, num_experts=1, moe_topk=1)
+    job = JobSpec(global_batch=32, seq_length=8192)
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    for kw in (dict(tp=2, pp=2, sequence_parallel=True), dict(tp=1, pp=1, zero=3)):
+        a = estimate(dense, job, c, make_plan(dense, job, c, **kw))
+        b = estimate(one, job, c, make_plan(one, job, c, **kw))
+        assert a.iteration_ms == b.iteration_ms and a.peak_memory_gib == b.peak_memory_gib
+
+
+def test_moe_layer_flops_per_gpu():
+    """The router (replicated on every TP rank), each token's top-k experts and the attention,
+    split over TP: the per-operation model's FLOPs add up to eq. (3) with active experts."""
+    m = presets.model("mixtral-8x7b")
+    job = JobSpec(global_batch=8, seq_length=4096)
+    gpu = presets.gpu("H100-SXM-80GB")
+    t, T = 4, 4096
+    cm = ComputeModel(m, job, gpu, tp=t, micro_batch=1, sequence_parallel=True, fp8=False)
+    router = 2 * T * m.hidden_size * m.num_experts
+    expected = (m.layer_flops_fwd(T, 4096) - router) / t + router
+    assert cm.layer().fwd.flops == pytest.approx(expected, rel=1e-12)
+
+
+def test_moe_memory_holds_every_expert():
+    """Weights, gradients and optimizer state of all experts sit on each GPU (EP = 1), so a
+    Mixtral stage holds about 3.6x the parameters of its active count."""
+    m = presets.model("mixtral-8x7b")
+    job = JobSpec(global_batch=64, seq_length=4096)
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
+    plan = make_plan(m, job, c, tp=8, pp=4, sequence_parallel=True, zero=1, recompute="full")
+    e = estimate(m, job, c, plan)
+    per_gpu = sum(s.layers for s in e.stages[1:2]) * m.params_per_layer / 8
+    assert e.stages[1].memory.weights_gib == pytest.approx(per_gpu * 2 / 2**30, rel=1e-9)
+    assert m.params_per_layer / (m.params_per_layer - m.linear_params_per_layer
+                                 + m.active_linear_params_per_layer) > 3.5
+
+
+def _write(tmp_path, cfg):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def test_hf_loader_reads_moe_configs(tmp_path):
+    mixtral = {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+               "vocab_size": 32000, "max_position_embeddings": 32768, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "tie_word_embeddings": False}
+    m = load_hf_config(_write(tmp_path, mixtral))
+    assert (m.num_experts, m.moe_topk) == (8, 2)
+    assert m.total_params == presets.model("mixtral-8x7b").total_params
+    qwen = {"model_type": "qwen2_moe", "num_hidden_layers": 24, "hidden_size": 2048,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632,
+            "vocab_size": 151936, "max_position_embeddings": 8192, "num_experts": 60,
+            "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+            "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
+            "mlp_only_layers": []}
+    q = load_hf_config(_write(tmp_path, qwen))
+    assert (q.num_experts, q.moe_topk, q.expert_ffn, q.moe_shared_experts) == (60, 4, 1408, 4)
+    with pytest.raises(SpecError) as e:
+        load_hf_config(_write(tmp_path, {**qwen, "mlp_only_layers": [0]}))
+    assert e.value.field == "decoder_sparse_step"
+    with pytest.raises(SpecError) as e:
+        load_hf_config(_write(tmp_path, {"model_type": "deepseek_v3"}))
+    assert "not modelled yet" in str(e.value) and e.value.field == "model_type"
+
+
+def test_megatron_gets_the_expert_flags():
+    m = presets.model("mixtral-8x7b")
+    job = JobSpec(global_batch=64, seq_length=4096)
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
+    a = megatron_args(m, job, make_plan(m, job, c, tp=8, pp=4, sequence_parallel=True))[0]
+    for flag, val in (("--num-experts", "8"), ("--moe-router-topk", "2"),
+                      ("--moe-ffn-hidden-size", "14336"), ("--expert-model-parallel-size", "1")):
+        assert a[a.index(flag) + 1] == val

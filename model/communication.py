@@ -96,3 +96,42 @@ def p2p_ring(cluster: ClusterSpec, members: list[tuple[int, int]]) -> float:
         else:
             bw = min(bw, float(cluster.inter_gb_per_s[na, nb]))
     return bw
+
+
+def alltoall_ms(cluster: ClusterSpec, members: list[tuple[int, int]], nbytes: float,
+                latency_us: float) -> float:
+    """An all-to-all among `members` [(node, local GPU)] in which each member holds `nbytes`,
+    split evenly into one chunk per member (the dispatch and combine of expert parallelism).
+
+    NCCL runs it as grouped point-to-point sends and receives, all at once. A member's chunks
+    for the other nodes leave through its own NIC, one after another at the measured stream to
+    each peer node. Its chunks for GPUs of its own node leave over NVLink, whose bandwidth is
+    shared by those chunks, in parallel with the network. Receiving is the same, in the other
+    direction. The all-to-all ends when the busiest member has sent and received everything,
+    plus one latency per peer:
+
+        t = max_i max(sum over off-node j of chunk / bw(n_i, n_j),
+                      sum over on-node j of chunk / link(g_i, g_j),  and the receive sums)
+
+    With one member per node on a uniform matrix this is (n-1)/n x nbytes / bw, the
+    closed form of a balanced all-to-all.
+    """
+    n = len(members)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    chunk = nbytes / n
+    worst = 0.0
+    for i, (ni, gi) in enumerate(members):
+        send_net = recv_net = send_nv = recv_nv = 0.0
+        for j, (nj, gj) in enumerate(members):
+            if i == j:
+                continue
+            if ni == nj:
+                node = cluster.nodes[ni]
+                send_nv += chunk / (node.link_gb_per_s(gi, gj) * 1e6)
+                recv_nv += chunk / (node.link_gb_per_s(gj, gi) * 1e6)
+            else:
+                send_net += chunk / (float(cluster.inter_gb_per_s[ni, nj]) * 1e6)
+                recv_net += chunk / (float(cluster.inter_gb_per_s[nj, ni]) * 1e6)
+        worst = max(worst, send_net, recv_net, send_nv, recv_nv)
+    return worst + (n - 1) * latency_us / 1e3

@@ -109,7 +109,7 @@ def print_placement(plan, cluster) -> None:
     t.add_column("hosts")
     by_node: dict[int, list[str]] = {}
     for s in range(pl.pp):
-        for r in range(pl.dp):
+        for r in range(pl.cols):
             by_node.setdefault(pl.node[s][r], []).append(
                 f"s{s}/r{r}[{','.join(map(str, pl.gpus[s][r]))}]")
     for n, nd in enumerate(cluster.nodes):
@@ -205,7 +205,7 @@ def print_without_cp(res, need) -> None:
         ok = [x for x in xs if not x.status.startswith("does not fit")]
         if mis:
             c = min(mis, key=need)
-            why = f"{len(mis)}; {c.describe.split(' ', 3)[3]}: " + c.status.removeprefix(
+            why = f"{len(mis)}; {c.shape.describe(degrees=False)}: " + c.status.removeprefix(
                 "does not fit: ").split(" even")[0]
         else:
             why = "0"

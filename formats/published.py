@@ -107,6 +107,18 @@ def _local_batch(r: dict) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _cluster(r: dict, gpu: str, gpu_params: dict | None):
+    """The run's uniform cluster: its GPU preset (fields replaced by `gpu_params`), NVLink at
+    NVLINK_ACHIEVED of the datasheet, the source group's network stream per GPU."""
+    g = presets.gpu(gpu)
+    inter, desc = next(v for k, v in NETWORKS_GB_PER_S.items()
+                       if r["source_group"].startswith(k))
+    G = r["gpus_per_node"]
+    cluster = uniform_cluster(r["num_gpus"] // G, G, gpu, g.nvlink_gb_per_s * NVLINK_ACHIEVED,
+                              inter, name=desc)
+    return with_gpu(cluster, dataclasses.replace(g, **gpu_params)) if gpu_params else cluster
+
+
 def run_to_inputs(r: dict, gpu_params: dict | None = None):
     """(model, job, cluster, plan, assumptions) for one published run; `gpu_params` replaces
     fields of the GPU preset (bench/fit_compute.py fits them)."""
@@ -142,15 +154,8 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     framework = "deepspeed" if "deepspeed" in (r.get("framework") or "").lower() else "megatron"
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
                   precision=precision, zero=zero, attention="eager", framework=framework)
-    inter, desc = next(v for g, v in NETWORKS_GB_PER_S.items()
-                       if r["source_group"].startswith(g))
     gpu = "A100-80GB" if "80" in (r.get("gpu_type") or "") else "A100-40GB"
-    g = presets.gpu(gpu)
-    G = r["gpus_per_node"]
-    cluster = uniform_cluster(r["num_gpus"] // G, G, gpu, g.nvlink_gb_per_s * NVLINK_ACHIEVED,
-                              inter, name=desc)
-    if gpu_params:
-        cluster = with_gpu(cluster, dataclasses.replace(g, **gpu_params))
+    cluster = _cluster(r, gpu, gpu_params)
     mbs = r.get("micro_batch_size")
     if mbs is None:
         mbs = 1
@@ -194,14 +199,7 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
     if "compile" in other:
         notes.append("torch.compile's kernel fusions are not modelled (elementwise kernels "
                      "counted as eager PyTorch runs them)")
-    gpu = "H100-96GB-500W"
-    g = presets.gpu(gpu)
-    inter, desc = NETWORKS_GB_PER_S["torchtitan"]
-    G = r["gpus_per_node"]
-    cluster = uniform_cluster(r["num_gpus"] // G, G, gpu, g.nvlink_gb_per_s * NVLINK_ACHIEVED,
-                              inter, name=desc)
-    if gpu_params:
-        cluster = with_gpu(cluster, dataclasses.replace(g, **gpu_params))
+    cluster = _cluster(r, "H100-96GB-500W", gpu_params)
     tp, pp, cp = r["tp"], r["pp"], r.get("cp") or 1
     dp = r["dp"]
     local = _local_batch(r) or r["global_batch_size"] // dp

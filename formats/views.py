@@ -22,7 +22,7 @@ def placement_to_dict(pl: Placement, cluster: ClusterSpec, cp: int = 1) -> list[
     cp_rank in model.plan's terms)."""
     rows = []
     for s in range(pl.pp):
-        for col in range(pl.dp):
+        for col in range(pl.cols):
             row = {"stage": s, "replica": col // cp}
             if cp > 1:
                 row["cp_rank"] = col % cp

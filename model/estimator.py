@@ -229,8 +229,10 @@ class Evaluator:
                        or sh.overlap_param_gather else (0.0, 0.0))
             sync, exposed = self.stage_sync_ms(pl, s, *windows)
             lin = self.costs.stage_linear_params(s)
-            opt = max(self.costs.optimizer_ms(self.params[s], self.cluster.nodes[
-                pl.node[s][r]].gpu, lin) for r in range(sh.cols))
+            # the slowest GPU type of the row (one Adam time per type, not per column)
+            gpus = {self.cluster.nodes[n].gpu.name: self.cluster.nodes[n].gpu
+                    for n in set(pl.node[s])}
+            opt = max(self.costs.optimizer_ms(self.params[s], g, lin) for g in gpus.values())
             hit = (exposed + opt + self.options.overheads.latency_overhead_ms,
                    (sync, exposed, opt))
             if len(self._tail_cache) >= 200_000:

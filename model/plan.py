@@ -31,7 +31,8 @@ class Placement:
         return len(self.node)
 
     @property
-    def dp(self) -> int:
+    def cols(self) -> int:
+        """Columns per stage: data-parallel replicas x context-parallel ranks."""
         return len(self.node[0]) if self.node else 0
 
 
@@ -94,9 +95,10 @@ class Shape:
     def stage_layers(self, stage: int) -> int:
         return sum(self.layers[c * self.pp + stage] for c in range(self.chunks))
 
-    def describe(self) -> str:
-        s = f"TP={self.tp} PP={self.pp} DP={self.dp}"
-        if self.cp > 1:
+    def describe(self, degrees: bool = True) -> str:
+        """One line; `degrees=False` leaves out TP, PP, DP and CP (the variant within them)."""
+        s = f"TP={self.tp} PP={self.pp} DP={self.dp}" if degrees else ""
+        if self.cp > 1 and degrees:
             s += f" CP={self.cp}"
         s += f" mbs={self.micro_batch} {self.schedule}"
         if self.schedule == "interleaved":
@@ -115,7 +117,7 @@ class Shape:
                        ("overlap_param_gather", "param-overlap")):
             if getattr(self, f):
                 s += f" {tag}"
-        return s
+        return s.strip()
 
 
 @dataclass(frozen=True)

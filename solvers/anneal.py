@@ -133,23 +133,29 @@ CLOCK_CHAIN_S = 5.0
 CLOCK_FULL_MOVES = 5000
 
 
-def perm_move(rng, perm: list[int], r: float) -> list[int]:
-    """One random move of Pipette's SA on the node permutation, chosen by r in [0, 1): swap,
-    2-opt, insert, insert-route, insert-reversed (a fifth of the range each)."""
+def perm_move(rng, perm: list[int], r: float, moves: int = 5) -> list[int]:
+    """One random move on the node permutation, chosen by r in [0, 1). `moves=5`: Pipette's
+    SA, a fifth of the range each: swap, 2-opt, insert, insert-route, insert-reversed.
+    `moves=3` (the iteration-budget mode, as before): swap below 0.5, 2-opt below 0.75,
+    insert above."""
+    if moves == 3:
+        kind = 0 if r < 0.5 else (1 if r < 0.75 else 2)
+    else:
+        kind = min(4, int(r * 5))
     n = len(perm)
     a, b = sorted(int(x) for x in rng.choice(n, 2, replace=False))
     p = list(perm)
-    if r < 0.2:  # swap
+    if kind == 0:  # swap
         p[a], p[b] = p[b], p[a]
-    elif r < 0.4:  # 2-opt: reverse the segment a..b
+    elif kind == 1:  # 2-opt: reverse the segment a..b
         p[a:b + 1] = p[a:b + 1][::-1]
-    elif r < 0.6:  # insert: move one node to another position
+    elif kind == 2:  # insert: move one node to another position
         x = p.pop(a)
         p.insert(b, x)
     else:  # insert-route / insert-reversed: move the run a..b (reversed) elsewhere
         run = p[a:b + 1]
         rest = p[:a] + p[b + 1:]
-        if r >= 0.8:
+        if kind == 4:
             run = run[::-1]
         at = int(rng.integers(len(rest) + 1))
         p = rest[:at] + run + rest[at:]
@@ -204,20 +210,10 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
                 lay[dst] += 1
                 new_layers = tuple(lay)
         elif n > 1:
-            if clock:  # Pipette's five moves
-                new_perm = perm_move(rng, perm, rng.random())
-            else:  # the iteration-budget mode (warm starts) keeps its three, for
-                # reproducible answers across versions: swap, 2-opt, insert
-                a, b = sorted(int(x) for x in rng.choice(n, 2, replace=False))
-                p = list(perm)
-                if r < 0.5:
-                    p[a], p[b] = p[b], p[a]
-                elif r < 0.75:
-                    p[a:b + 1] = p[a:b + 1][::-1]
-                else:
-                    x = p.pop(a)
-                    p.insert(b, x)
-                new_perm = p
+            # clock mode: Pipette's five moves; the iteration-budget mode (warm starts) keeps
+            # its three, so that its answers stay as they were
+            new_perm = (perm_move(rng, perm, rng.random()) if clock
+                        else perm_move(rng, perm, r, moves=3))
         if new_perm is perm and new_layers is layers:
             temp *= alpha
             continue

@@ -160,6 +160,12 @@ ShardListOpt = Annotated[Optional[str], typer.Option(
 CpListOpt = Annotated[Optional[str], typer.Option(
     "--cp", help="Context-parallel degrees to search: a value or a list [1; for sequences of "
     "16k tokens or more, every power of two the sequence admits].")]
+GradBf16Opt = Annotated[bool, typer.Option(
+    "--grad-reduce-in-bf16", help="Megatron-LM: bf16 main gradients, reduced in bf16 (2 bytes "
+    "per parameter instead of fp32's 4).")]
+EpListOpt = Annotated[Optional[str], typer.Option(
+    "--ep", help="Expert-parallel degrees to search (mixture-of-experts models): a value or a "
+    "list [every degree dividing the experts and DP x CP].")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset of every node (see `presets`).")]
 GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 IntraTopologyOpt = Annotated[Optional[str], typer.Option(
@@ -196,7 +202,7 @@ def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
 
 def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             distopt: bool | None = None, attention: str = "flash", allow_list: bool = False,
-            framework: str = "megatron"):
+            framework: str = "megatron", grad_reduce_in_bf16: bool = False):
     from formats import presets
     from formats.clusters import cluster as load_cluster
     from model.specs import JobSpec
@@ -206,7 +212,7 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     c = load_cluster(cluster)
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
-                  source="options")
+                  grad_reduce_in_bf16=grad_reduce_in_bf16, source="options")
     return m, job, c
 
 
@@ -279,7 +285,8 @@ def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
 def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
            tp: str | None = None, pp: str | None = None, mbs: str | None = None,
            schedule: str | None = None, recompute: str | None = None,
-           zero: str | None = None, shard_size: str | None = None, cp: str | None = None):
+           zero: str | None = None, shard_size: str | None = None, cp: str | None = None,
+           ep: str | None = None):
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
@@ -295,6 +302,7 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
                        zero=_zero_list(zero),
                        shard_sizes=_int_list(shard_size, "--shard-size", allow_zero=True),
                        cp=_int_list(cp, "--cp"),
+                       ep=_int_list(ep, "--ep"),
                        tp_comm_overlap=(tp_comm_overlap,),
                        overlap_grad_reduce=(overlap_grad_reduce,),
                        overlap_param_gather=(overlap_param_gather,))
@@ -326,11 +334,13 @@ def estimate(
     precision: PrecOpt = "bf16",
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
+    grad_reduce_in_bf16: GradBf16Opt = False,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 4,
     dp: Annotated[Optional[int], typer.Option(
         help="Data-parallel degree [GPUs/(TP*PP*CP)].")] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option(help="Expert-parallel degree (mixture of experts).")] = 1,
     mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option(help="Model chunks per stage (interleaved).")] = 1,
@@ -369,7 +379,7 @@ def estimate(
         _write_and_report(m, job, c, plan, est, opts, as_json, **outputs)
         return
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
-                        framework=framework.value)
+                        framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16)
     lay = None
     if layers:
         try:
@@ -378,7 +388,8 @@ def estimate(
             raise SpecError("must be comma-separated integers, e.g. 20,20,20,20",
                             source="options", field="--layers") from None
     opts = _options(blocking)
-    plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs, schedule=schedule.value,
+    plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mbs,
+                     schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
                      sequence_parallel=sp, distributed_optimizer=distopt, zero=zero,
                      shard_size=shard_size,
@@ -398,14 +409,16 @@ def estimate(
 def validate(as_json: JsonOpt = False,
              verbose: Annotated[bool, typer.Option("--verbose", "-v",
                                                    help="Show assumptions per run.")] = False):
-    """Compare the estimator with published training runs (data/published_runs.json)."""
-    from formats.published import validate as run_validate
+    """Compare the estimator with published training runs (data/published_runs.json, and the
+    mixture-of-experts runs of data/published_moe_runs.json)."""
+    from formats.published import validate as run_validate, validate_moe
 
-    s = run_validate()
+    s, moe = run_validate(), validate_moe()
     if as_json:
-        render.echo_json(render.validate_json(s))
+        render.echo_json({**render.validate_json(s), "moe": render.validate_moe_json(moe)})
         return
     render.print_validate(s, verbose)
+    render.print_validate_moe(moe, verbose)
 
 
 @command()
@@ -436,6 +449,7 @@ def solve(
     precision: PrecOpt = "bf16",
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
+    grad_reduce_in_bf16: GradBf16Opt = False,
     method: MethodOpt = Method.auto,
     time_limit: TimeOpt = 120.0,
     seed: SeedOpt = 0,
@@ -450,6 +464,7 @@ def solve(
     zero: ZeroListOpt = None,
     shard_size: ShardListOpt = None,
     cp: CpListOpt = None,
+    ep: EpListOpt = None,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
@@ -466,10 +481,11 @@ def solve(
     from solvers.search import solve as run_solve
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
-                        allow_list=True, framework=framework.value)
+                        allow_list=True, framework=framework.value,
+                        grad_reduce_in_bf16=grad_reduce_in_bf16)
     opts = _options(blocking)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
-                   schedule, recompute, zero, shard_size, cp)
+                   schedule, recompute, zero, shard_size, cp, ep)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
@@ -495,6 +511,7 @@ def compare(
     precision: PrecOpt = "bf16",
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
+    grad_reduce_in_bf16: GradBf16Opt = False,
     generated: Annotated[int, typer.Option(
         help="Instead of --cluster, compare on this many synthetic clusters "
         "(cluster synth's model; see --nodes).")] = 0,
@@ -512,6 +529,7 @@ def compare(
     zero: ZeroListOpt = None,
     shard_size: ShardListOpt = None,
     cp: CpListOpt = None,
+    ep: EpListOpt = None,
     sharding: Annotated[bool, typer.Option(
         "--sharding", help="Instead: the best plan under ZeRO-1, ZeRO-3 and HSDP, side by "
         "side (time and memory).")] = False,
@@ -525,9 +543,10 @@ def compare(
     from solvers.compare import compare_instance
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
-                        allow_list=True, framework=framework.value)
+                        allow_list=True, framework=framework.value,
+                        grad_reduce_in_bf16=grad_reduce_in_bf16)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
-                   cp)
+                   cp, ep)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     prog = render.Progress(not as_json)

@@ -271,6 +271,40 @@ def validate_json(s) -> dict:
         "oom_correct": list(s.oom_correct)}
 
 
+def validate_moe_json(s) -> dict:
+    return {
+        "runs": [{"id": x.id, "predicted_s": x.predicted_s, "published_s": x.published_s,
+                  "time_signed_pct_err": 100 * (x.predicted_s / x.published_s - 1),
+                  "alltoall_share": (x.estimate.breakdown_ms.get("ep_alltoall_ms", 0.0)
+                                     / x.estimate.iteration_ms),
+                  "predicted_peak_gib": x.estimate.peak_memory_gib, "ran_published": True,
+                  "predicted_fits": x.predicted_fits, "assumptions": x.assumptions}
+                 for x in s.rows if not x.skipped],
+        "time_median_pct": 100 * s.time_median, "oom_correct": list(s.oom_correct)}
+
+
+def print_validate_moe(s, verbose: bool) -> None:
+    t = Table(title="Mixture-of-experts runs (held out: nothing is fitted to them)")
+    for col in ("run", "pred s", "pub s", "err", "all-to-all", "pred peak GiB", "ran/pred"):
+        t.add_column(col, justify="right" if col != "run" else "left")
+    for x in s.rows:
+        if x.skipped:
+            continue
+        e = x.estimate
+        t.add_row(x.id, f"{x.predicted_s:.2f}", f"{x.published_s:.2f}",
+                  f"{100 * (x.predicted_s / x.published_s - 1):+.1f}%",
+                  f"{100 * e.breakdown_ms.get('ep_alltoall_ms', 0.0) / e.iteration_ms:.0f}%",
+                  f"{e.peak_memory_gib:.1f}",
+                  "ran/" + ("fits" if x.predicted_fits else "[red]OOM[/red]"))
+        if verbose and x.assumptions:
+            t.add_row("  assumed: " + "; ".join(x.assumptions), *[""] * 6)
+    con = console()
+    con.print(t)
+    ok, n = s.oom_correct
+    con.print(f"mixture of experts: iteration time |error| median {s.time_median * 100:.1f}% "
+              f"over {len(s._errs('time_err'))} runs; fits predicted correctly: {ok}/{n}")
+
+
 def print_validate(s, verbose: bool) -> None:
     t = Table(title="Estimator vs published runs")
     for col in ("run", "pred s", "pub s", "err", "pred GiB", "pub GiB", "err", "OOM pub/pred"):

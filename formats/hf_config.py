@@ -83,6 +83,11 @@ def load_hf_config(path: Path) -> ModelSpec:
     name = cfg.get("_name_or_path") or Path(path).parent.name or mtype
     pos, norm, bias = _ARCH[mtype]
     vals.update(_moe_fields(cfg, mtype, src))
+    # an explicit head width (Qwen3: head_dim 128 on hidden 2048 with 32 heads)
+    hd = cfg.get("head_dim")
+    if isinstance(hd, int) and not isinstance(hd, bool) and hd > 0 and \
+            hd * vals["num_heads"] != vals["hidden_size"]:
+        vals["kv_channels"] = hd
     return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=bool(tied),
                      position_embedding=pos, norm=norm, bias=bias, dropout=_dropout(cfg, mtype),
                      source=src, **vals)

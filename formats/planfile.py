@@ -37,7 +37,7 @@ _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads
                  "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "tied_embeddings",
                  "position_embedding", "norm", "bias", "dropout", "embedding_norm",
                  "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
-                 "source")
+                 "kv_channels", "source")
 _GPU_FLOATS = ("memory_gib", "hbm_gb_per_s", "nvlink_gb_per_s", "gemm_efficiency",
                "attention_efficiency", "hbm_efficiency", "kernel_overhead_us")
 _SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wall_s")
@@ -73,7 +73,8 @@ def job_to_dict(j: JobSpec) -> dict:
     return {"global_batch": j.global_batch, "seq_length": j.seq_length,
             "precision": j.precision, "fp8": j.fp8, "attention": j.attention,
             "framework": j.framework, "zero": j.zero,
-            "distributed_optimizer": j.distributed_optimizer}
+            "distributed_optimizer": j.distributed_optimizer,
+            "grad_reduce_in_bf16": j.grad_reduce_in_bf16}
 
 
 def options_to_dict(o: Options) -> dict:
@@ -219,7 +220,8 @@ def _read_model(rd: _Reader, d: dict) -> ModelSpec:
     kw["bias"] = rd.get(d, "bias", w, bool)
     kw["dropout"] = rd.get(d, "dropout", w, bool)
     kw["embedding_norm"] = rd.get(d, "embedding_norm", w, bool)
-    for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts"):
+    for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
+              "kv_channels"):
         kw[f] = rd.get(d, f, w, int, 0)
     kw["source"] = rd.get(d, "source", w, str, "")
     try:
@@ -240,6 +242,7 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
                        zero=rd.get(d, "zero", w, int, None, nullable=True),
                        distributed_optimizer=rd.get(d, "distributed_optimizer", w, bool, None,
                                                     nullable=True),
+                       grad_reduce_in_bf16=rd.get(d, "grad_reduce_in_bf16", w, bool, False),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None
@@ -319,6 +322,7 @@ def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
         raise rd.err(f"{sw}.layers", "must be a list of integers (layers per virtual stage)")
     shape = Shape(tp=rd.get(sd, "tp", sw, int), pp=rd.get(sd, "pp", sw, int),
                   dp=rd.get(sd, "dp", sw, int), cp=rd.get(sd, "cp", sw, int, 1),
+                  ep=rd.get(sd, "ep", sw, int, 1), etp=rd.get(sd, "etp", sw, int, 0),
                   micro_batch=rd.get(sd, "micro_batch", sw, int),
                   schedule=rd.get(sd, "schedule", sw, str), chunks=rd.get(sd, "chunks", sw, int),
                   layers=tuple(layers), recompute=rd.get(sd, "recompute", sw, str),

@@ -38,6 +38,7 @@ NETWORKS_GB_PER_S = {  # source_group prefix -> (inter-node GB/s per GPU stream,
     "bloom": (6.25, "Jean Zay: 4x OPA 100 Gb/s per 8 GPUs"),
     "mt_nlg": (25.0, "Selene: HDR 200 Gb/s per GPU"),
     "torchtitan": (50.0, "Grand Teton: RDMA 400 Gb/s per GPU"),
+    "megatron_bridge": (50.0, "DGX H100: ConnectX-7 400 Gb/s per GPU"),
 }
 
 
@@ -79,6 +80,13 @@ class Comparison:
 
 def load_runs() -> list[dict]:
     with open(presets.data_path("published_runs.json")) as f:
+        return json.load(f)
+
+
+def load_moe_runs() -> list[dict]:
+    """Published mixture-of-experts runs (data/published_moe_runs.json): kept apart from the
+    reference set, to judge the model with; nothing is fitted to them."""
+    with open(presets.data_path("published_moe_runs.json")) as f:
         return json.load(f)
 
 
@@ -124,6 +132,8 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     fields of the GPU preset (bench/fit_compute.py fits them)."""
     if r["source_group"].startswith("torchtitan"):
         return _torchtitan_inputs(r, gpu_params)
+    if r["source_group"].startswith("megatron_bridge"):
+        return _bridge_moe_inputs(r, gpu_params)
     notes = []
     vocab = r.get("vocab_size")
     if vocab is None:
@@ -227,6 +237,44 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
     return model, job, cluster, plan, notes
 
 
+def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
+    """A Megatron-Bridge mixture-of-experts benchmark row on DGX H100: Qwen3 MoE architecture
+    (RoPE, RMSNorm, SwiGLU, no biases; QK-norm not counted), FP8 linear layers, flash
+    attention, the distributed optimizer, expert TP 1 where EP exceeds the data-parallel
+    ranks (Megatron-LM's expert grid), the alltoall dispatcher's all-to-all counted exposed."""
+    notes = ["all-to-all counted exposed (the cost model has no dispatcher overlap; see "
+             "other_settings for what the recipe enables)"]
+    model = ModelSpec(name=r["model_name"], num_layers=r["num_layers"],
+                      hidden_size=r["hidden_size"], num_heads=r["num_attention_heads"],
+                      num_kv_heads=r["num_kv_heads"], kv_channels=r.get("kv_channels") or 0,
+                      ffn_hidden_size=r["ffn_hidden_size"], vocab_size=r["vocab_size"],
+                      seq_length=r["seq_length"], gated_mlp=True, tied_embeddings=False,
+                      position_embedding="rope", norm="rmsnorm", bias=False, dropout=False,
+                      num_experts=r["num_experts"], moe_topk=r["moe_topk"],
+                      moe_ffn_hidden_size=r["moe_ffn_hidden_size"])
+    fp8 = (r.get("precision") or "").upper().startswith("FP8")
+    # the performance recipes reduce gradients in bf16 (perf_recipes/_common.py:
+    # grad_reduce_in_fp32 False)
+    job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
+                  precision="bf16", fp8=fp8, zero=1, attention="flash", framework="megatron",
+                  grad_reduce_in_bf16="grad_reduce_in_fp32 False" in (r.get("other_settings")
+                                                                      or ""))
+    cluster = _cluster(r, "H100-SXM-80GB", gpu_params)
+    tp, pp, dp, ep = r["tp"], r["pp"], r["dp"], r["ep"]
+    rc = r.get("recompute")
+    if rc is None:
+        notes.append("no recompute (unpublished)")
+    etp = 0 if ep <= dp else 1
+    if etp:
+        notes.append("expert TP 1 (EP exceeds DP; the recipes leave expert TP at 1)")
+    vp = r.get("vp")
+    plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, ep=ep, etp=etp,
+                     micro_batch=r["micro_batch_size"],
+                     schedule="interleaved" if vp else "1f1b", chunks=vp or 1,
+                     recompute="none", zero=1, sequence_parallel=tp > 1, fp8=fp8)
+    return model, job, cluster, plan, notes
+
+
 def compare_run(r: dict, options: Options | None = None,
                 gpu_params: dict | None = None) -> Comparison:
     c = Comparison(id=r["id"], group=r["source_group"])
@@ -311,3 +359,9 @@ class Summary:
 
 def validate(options: Options | None = None, gpu_params: dict | None = None) -> Summary:
     return Summary([compare_run(r, options, gpu_params) for r in load_runs()])
+
+
+def validate_moe(options: Options | None = None) -> Summary:
+    """The mixture-of-experts runs, judged with the model as calibrated on the reference set
+    (no GPU parameters of their own)."""
+    return Summary([compare_run(r, options) for r in load_moe_runs()])

@@ -136,6 +136,8 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
     # arguments.py _add_mixed_precision_args; fp32 is Megatron's default (no flag)
     if job.precision == "bf16":
         a.append("--bf16")
+        if job.grad_reduce_in_bf16:  # bf16 main gradients (the estimate's 2 bytes each)
+            a.append("--grad-reduce-in-bf16")
     elif job.precision == "fp16":
         a.append("--fp16")
     if sh.fp8:
@@ -151,16 +153,21 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
           "--num-attention-heads", str(model.num_heads),
           "--seq-length", str(job.seq_length),
           "--max-position-embeddings", str(max(model.seq_length, job.seq_length))]
+    if model.kv_channels:
+        a += ["--kv-channels", str(model.kv_channels)]
     if model.num_kv_heads != model.num_heads:
         a += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
     if model.gated_mlp:
         a.append("--swiglu")
     if model.is_moe:
-        # arguments.py _add_moe_args: every expert on each GPU (expert parallelism 1), the
-        # expert FFN split over the TP ranks like a dense MLP
+        # arguments.py _add_moe_args: the experts split over EP ranks, each expert's FFN over
+        # the plan's expert-TP ranks; the alltoall token dispatcher the cost model times
+        # (costs.ep_alltoall_bytes); grouped GEMMs for the local experts
         a += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_topk),
               "--moe-ffn-hidden-size", str(model.expert_ffn),
-              "--expert-model-parallel-size", "1"]
+              "--expert-model-parallel-size", str(sh.ep),
+              "--expert-tensor-parallel-size", str(sh.expert_tp),
+              "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
         if model.moe_shared_experts:
             a += ["--moe-shared-expert-intermediate-size",
                   str(model.moe_shared_experts * model.expert_ffn)]
@@ -248,9 +255,12 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     }
     if model.gated_mlp:
         m["activation"] = "fast-swiglu"  # NeMo llama configs
-    if model.is_moe:  # NeMo (Megatron-Core) MoE keys, expert parallelism 1
+    if model.kv_channels:
+        m["kv_channels"] = model.kv_channels
+    if model.is_moe:  # NeMo (Megatron-Core) MoE keys
         m.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
-                 expert_model_parallel_size=1)
+                 expert_model_parallel_size=sh.ep, expert_tensor_parallel_size=sh.expert_tp,
+                 moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
         if model.expert_ffn != model.ffn_hidden_size or model.moe_shared_experts:
             warn.append("nemo: the expert FFN width and shared experts have no NeMo 1.x key "
                         "here; set them in the model config")
@@ -393,8 +403,10 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         "framework torchtitan to model it); memory and time differ")
     if model.is_moe:
         warn.append(f"torchtitan: {model.num_experts}-expert top-{model.moe_topk} MoE comes from "
-                    "the model flavor (e.g. its DeepSeek-V3 / Llama 4 models); expert "
-                    "parallelism 1 as the estimate assumed")
+                    "the model flavor (e.g. its DeepSeek-V3 / Llama 4 models)"
+                    + (f"; the plan's expert parallelism (EP={sh.ep}) was estimated for "
+                       "Megatron-LM's dispatcher, not torchtitan's" if sh.ep > 1 else
+                       "; expert parallelism 1 as the estimate assumed"))
     warn.append(f"torchtitan: the architecture comes from [model] name/flavor; choose the "
                 f"flavor matching {model.name} (layers={model.num_layers}, "
                 f"hidden={model.hidden_size}, heads={model.num_heads}/{model.num_kv_heads}, "

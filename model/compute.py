@@ -100,9 +100,11 @@ class ComputeModel:
     micro-batch, fp8) on one GPU type."""
 
     def __init__(self, model: ModelSpec, job: JobSpec, gpu: GPUSpec, *, tp: int,
-                 micro_batch: int, sequence_parallel: bool, fp8: bool, cp: int = 1):
+                 micro_batch: int, sequence_parallel: bool, fp8: bool, cp: int = 1,
+                 ep: int = 1, etp: int | None = None):
         self.model, self.job, self.gpu = model, job, gpu
         self.t, self.b, self.sp, self.fp8, self.cp = tp, micro_batch, sequence_parallel, fp8, cp
+        self.ep, self.etp = ep, (tp if etp is None else etp)
         self.s = job.seq_length
         # tokens of a micro-batch on this GPU: context parallelism keeps 1/cp of each sequence
         self.T = micro_batch * job.seq_length // cp
@@ -149,12 +151,13 @@ class ComputeModel:
         # attention block: norm, QKV, rotary, core, output projection, bias-dropout-add
         self._elementwise(fwd, "norm1", hs, 1, 1)
         self._elementwise(bwd, "norm1", hs, 2, 1)
-        self._linear(fwd, bwd, "qkv", T, (h + 2 * kv) // t, h)
+        q = m.q_dim  # = h unless the heads are not h / a wide
+        self._linear(fwd, bwd, "qkv", T, (q + 2 * kv) // t, h)
         if m.position_embedding == "rope":
-            self._elementwise(fwd, "rope", T * (h + kv) / t, 1, 1)
-            self._elementwise(bwd, "rope", T * (h + kv) / t, 1, 1)
+            self._elementwise(fwd, "rope", T * (q + kv) / t, 1, 1)
+            self._elementwise(bwd, "rope", T * (q + kv) / t, 1, 1)
         attn_fwd = self._attention(fwd, bwd)
-        self._linear(fwd, bwd, "proj", T, h, h // t)
+        self._linear(fwd, bwd, "proj", T, h, q // t)
         self._bias_dropout_add(fwd, bwd, "bda1", hs, mask)
 
         # MLP block: norm, up (and gate), activation, down, bias-dropout-add
@@ -176,14 +179,18 @@ class ComputeModel:
         return LayerCompute(fwd, bwd, attn_fwd)
 
     def _moe(self, fwd: Pass, bwd: Pass) -> None:
-        """A mixture-of-experts MLP with every expert on this GPU (expert parallelism 1),
-        each expert's FFN split over the TP ranks as a dense MLP is (Megatron-LM's MoE layer:
-        router, token permutation, grouped expert GEMMs, unpermutation; Fedus et al. 2022).
+        """A mixture-of-experts MLP: E / ep experts on this GPU, each expert's FFN split over
+        the TP ranks as a dense MLP is (Megatron-LM's MoE layer: router, token permutation,
+        grouped expert GEMMs, unpermutation; Fedus et al. 2022).
 
         The router is a T x E GEMM and an fp32 softmax / top-k over its logits; each token is
         copied to its top-k experts; tokens spread evenly, so each expert multiplies
-        T k / E tokens (a perfectly balanced router: load imbalance is not modelled); the
-        weighted sum of the k outputs brings them back. Shared experts run on every token as a
+        T_e k / E tokens of each of the ep ranks of its expert-parallel group, ep T_e k / E
+        in all, T_e being the tokens one expert-TP group sees: the micro-batch's T with
+        expert TP = TP (sequence parallelism's shares gathered), its 1 / t share with expert
+        TP 1 (whole experts, each FFN unsplit) (a perfectly balanced router: load imbalance is not modelled); the weighted sum
+        of the k outputs brings them back. The all-to-all that carries tokens between the
+        ep ranks is communication (costs.CostModel.ep_alltoall_ms). Shared experts run on every token as a
         dense MLP of their combined width. Names "fc1" / "fc2" sum over the experts, so the
         tensor-parallel overlaps read them as for a dense MLP."""
         m, t, T = self.model, self.t, self.T
@@ -192,18 +199,20 @@ class ComputeModel:
         self._linear(fwd, bwd, "router", T, E, h)
         self._elementwise(fwd, "router_topk", T * E, 1, 1, T * E * 4.0)
         self._elementwise(bwd, "router_topk", T * E, 2, 1, T * E * 4.0)
-        self._elementwise(fwd, "permute", T * k * h, 1, 1)
-        self._elementwise(bwd, "permute", T * k * h, 1, 1)
-        per_expert = max(1, -(-T * k // E))
-        for _ in range(E):
-            self._linear(fwd, bwd, "fc1", per_expert, gated * fe // t, h)
-        act = T * k * fe / t
+        ep, et = self.ep, self.etp
+        Te = T * et // t if self.sp else T
+        self._elementwise(fwd, "permute", Te * k * h, 1, 1)
+        self._elementwise(bwd, "permute", Te * k * h, 1, 1)
+        per_expert = max(1, -(-ep * Te * k // E))
+        for _ in range(E // ep):
+            self._linear(fwd, bwd, "fc1", per_expert, gated * fe // et, h)
+        act = Te * k * fe / et
         self._elementwise(fwd, "act", act, gated, 1)
         self._elementwise(bwd, "act", act, gated + 1, gated)
-        for _ in range(E):
-            self._linear(fwd, bwd, "fc2", per_expert, h, fe // t)
-        self._elementwise(fwd, "unpermute", T * k * h, 1, 0, T * h * self.act_b)
-        self._elementwise(bwd, "unpermute", T * k * h, 1, 1)
+        for _ in range(E // ep):
+            self._linear(fwd, bwd, "fc2", per_expert, h, fe // et)
+        self._elementwise(fwd, "unpermute", Te * k * h, 1, 0, Te * h * self.act_b)
+        self._elementwise(bwd, "unpermute", Te * k * h, 1, 1)
         if m.moe_shared_experts:
             fs = m.moe_shared_experts * fe
             self._linear(fwd, bwd, "shared_fc1", T, gated * fs // t, h)
@@ -221,7 +230,7 @@ class ComputeModel:
     def _attention(self, fwd: Pass, bwd: Pass) -> float:
         """The attention core; returns its forward time (what selective recompute reruns)."""
         m, t, T, s, b = self.model, self.t, self.T, self.s, self.b
-        g, h = self.gpu, m.hidden_size
+        g, h = self.gpu, m.q_dim
         heads = m.num_heads // t
         d = m.head_dim
         # QK^T and PV of this GPU's T queries against all s keys (eq. 3; with context

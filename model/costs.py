@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster import ClusterSpec
-from .communication import (INTRA_LATENCY_US, allreduce_ms, exposed_async_ms,
+from .communication import (INTRA_LATENCY_US, allreduce_ms, alltoall_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
 from .memory import gathered_weight_bytes
@@ -65,6 +65,8 @@ class LayerTimes:
     cp_comm_bwd_ms: float = 0.0  # ... and of K/V and their gradients inside bwd_ms
     shard_fill_fwd_ms: float = 0.0  # ZeRO-3: a chunk's first gather, per micro-batch
     shard_fill_bwd_ms: float = 0.0  # ... its first gather and last reduce-scatter
+    ep_comm_fwd_ms: float = 0.0  # expert parallelism: dispatch + combine all-to-all in fwd_ms
+    ep_comm_bwd_ms: float = 0.0  # ... and their gradients' inside bwd_ms (without recompute)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,20 @@ class CostModel:
         # whether ZeRO-3's per-layer collectives get NCCL's hierarchical rings (one channel per
         # member of a node): not for DeepSpeed's ZeRO-3 (_shard_collectives)
         self.shard_ring_channels = job.framework != "deepspeed"
+        # parameters of one layer on one GPU: the routed experts are split over EP and expert
+        # TP, the rest over TP (Megatron-LM's MoELayer: E / ep local experts)
+        ep, et, t = shape.ep, shape.expert_tp, shape.tp
+        pe = model.expert_params_per_layer
+        self.layer_expert_params = pe / (ep * et)
+        if ep == 1 and et == t:  # (as before expert parallelism, bit for bit)
+            self.layer_params = model.params_per_layer / t
+            self.layer_linear_params = model.linear_params_per_layer / t
+        else:
+            self.layer_params = (model.params_per_layer - pe) / t + pe / (ep * et)
+            self.layer_linear_params = (model.linear_params_per_layer - pe) / t + pe / (ep * et)
+        # how many times finer than the data-parallel shard the experts' optimizer state is
+        # sharded: over the expert-data-parallel group, tp x cols / (ep x etp) ranks
+        self.expert_shard_factor = ep * et / t
 
     # -- compute -----------------------------------------------------------------------------
 
@@ -101,21 +117,28 @@ class CostModel:
         if hit is None:
             sh = self.shape
             hit = ComputeModel(self.model, self.job, gpu, tp=sh.tp, micro_batch=sh.micro_batch,
-                               sequence_parallel=sh.sequence_parallel, fp8=sh.fp8, cp=sh.cp)
+                               sequence_parallel=sh.sequence_parallel, fp8=sh.fp8, cp=sh.cp,
+                               ep=sh.ep, etp=sh.expert_tp)
             self._compute_cache[gpu.name] = hit
         return hit
 
     def layer_times(self, gpu: GPUSpec, tp_ring_gb_per_s: float,
                     shard_ring_gb_per_s: float = math.inf,
-                    cp_ring_gb_per_s: float = math.inf) -> LayerTimes:
+                    cp_ring_gb_per_s: float = math.inf,
+                    ep_alltoall_ms: float = 0.0) -> LayerTimes:
         """Per layer and micro-batch. `shard_ring_gb_per_s`: the ring of the stage's ZeRO-3 /
         FSDP shard group (its per-layer gathers and reduce-scatters); unused otherwise.
-        `cp_ring_gb_per_s`: the slowest hop of the context-parallel ring (CP > 1)."""
+        `cp_ring_gb_per_s`: the slowest hop of the context-parallel ring (CP > 1).
+        `ep_alltoall_ms`: one all-to-all of the expert-parallel group (`ep_alltoall_ms`, on
+        the group's links; EP > 1)."""
         if self.shape.zero < 3:
             shard_ring_gb_per_s = math.inf
         if self.shape.cp <= 1:
             cp_ring_gb_per_s = math.inf
-        key = (gpu.name, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s)
+        if self.shape.ep <= 1:
+            ep_alltoall_ms = 0.0
+        key = (gpu.name, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s,
+               ep_alltoall_ms)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
@@ -124,8 +147,13 @@ class CostModel:
         lc = cm.layer()
         f_comm, b_comm = self._layer_tp_comm(lc, tp_ring_gb_per_s)
         cp_f, cp_b = self._cp_exchange_ms(lc, cp_ring_gb_per_s)
-        fwd = lc.fwd.total_ms + f_comm + cp_f
-        bwd = lc.bwd.total_ms + b_comm + cp_b
+        # expert parallelism: dispatch and combine in the forward, their gradients' in the
+        # backward, each on the critical path (Megatron-LM's alltoall token dispatcher waits
+        # for them; its overlap of one micro-batch's all-to-all with another's compute,
+        # --overlap-moe-expert-parallel-comm, is not modelled and not emitted)
+        ep_f = ep_b = 2 * ep_alltoall_ms
+        fwd = lc.fwd.total_ms + f_comm + cp_f + ep_f
+        bwd = lc.bwd.total_ms + b_comm + cp_b + ep_b
         if sh.recompute == "full":
             bwd += fwd  # the forward runs again, collectives included
         elif sh.recompute == "selective" and self.job.framework == "torchtitan":
@@ -159,7 +187,7 @@ class CostModel:
             emb_f, emb_b = emb_f + e_ag, emb_b + e_ag + e_rs
             head_f, head_b = head_f + e_ag, head_b + e_ag + e_rs
         out = LayerTimes(fwd, bwd, emb_f, emb_b, head_f, head_b, f_comm, b_comm, cp_f, cp_b,
-                         fill_f, fill_b)
+                         fill_f, fill_b, ep_f, ep_b)
         self._layer_cache[key] = out
         return out
 
@@ -169,8 +197,8 @@ class CostModel:
         multiplies, the norms, rotary and activation kernels, and the tensor-parallel
         all-gathers (half of the forward's collectives; the reduce-scatter outputs are kept)."""
         m, F = self.model, lc.fwd.ms
-        h, kv = m.hidden_size, m.kv_dim
-        kept = F["attention"] + F["qkv"] * (h + kv) / (h + 2 * kv) + F["fc2"] + (
+        q, kv = m.q_dim, m.kv_dim
+        kept = F["attention"] + F["qkv"] * (q + kv) / (q + 2 * kv) + F["fc2"] + (
             F["fc1"] / 2 if m.gated_mlp else F["fc1"])
         kept += sum(v for k, v in F.items() if k.endswith(".cast") and k.split(".")[0] in
                     ("qkv", "fc1", "fc2")) / 2
@@ -199,6 +227,26 @@ class CostModel:
         fwd = (cp - 1) * exposed_async_ms(step, f_core / cp)
         bwd = (cp - 1) * exposed_async_ms(2 * step, b_core / cp)
         return fwd, bwd
+
+    def ep_alltoall_bytes(self) -> float:
+        """Bytes one GPU holds for one all-to-all of expert parallelism: its tokens (1/tp of
+        the micro-batch's with sequence parallelism, which EP with TP requires), each copied
+        to its top-k experts, hidden-size wide in the activation precision (Megatron-LM's
+        alltoall token dispatcher: permute, all-to-all over the EP group, then an all-gather
+        over the expert-TP ranks, which `_layer_tp_comm` counts)."""
+        m, sh = self.model, self.shape
+        return (self.tokens / (sh.tp if sh.sequence_parallel else 1) * m.moe_topk
+                * m.hidden_size * self.job.activation_bytes)
+
+    def ep_alltoall_ms(self, cluster: ClusterSpec, members: list[tuple[int, int]]) -> float:
+        """One dispatch (or combine) all-to-all among `members` [(node, GPU)], an EP group of
+        one TP rank: `communication.alltoall_ms` on the measured links, with the network's
+        latency per peer once the group leaves a node."""
+        if len(members) <= 1:
+            return 0.0
+        inter = len({n for n, _ in members}) > 1
+        lat = cluster.latency_us if inter else INTRA_LATENCY_US
+        return alltoall_ms(cluster, members, self.ep_alltoall_bytes(), lat)
 
     def _shard_collectives(self, params: float, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-gather of the weights, reduce-scatter of the gradients) of `params` parameters
@@ -253,16 +301,24 @@ class CostModel:
             bwd = (exposed_async_ms(ar, B["qkv.wgrad"]) + exposed_async_ms(ar, B["fc1.wgrad"]))
             return fwd, bwd
 
-        def serial(gemm):
-            if sh.tp_comm_overlap:
-                return exposed_pipelined_ms(ag, gemm, t)
-            return ag
+        # the MLP's collectives: a mixture of experts gathers (and reduce-scatters) each
+        # token's k routed copies over the expert-TP ranks after the dispatch (Megatron-LM's
+        # alltoall dispatcher), and its shared experts their own input and output
+        m = self.model
+        mlp = ((m.moe_topk if sh.expert_tp == t else 0) + (1 if m.moe_shared_experts else 0)
+               if m.is_moe else 1)  # expert TP 1: whole experts, no collective of their own
 
-        fwd = serial(F["qkv"]) + serial(F["proj"]) + serial(F["fc1"]) + serial(F["fc2"])
-        bwd = serial(B["fc2.dgrad"]) + serial(B["proj.dgrad"])
-        for lin in ("qkv", "fc1"):
-            bwd += exposed_async_ms(ag, B[f"{lin}.dgrad"]) + exposed_async_ms(
-                ag, B[f"{lin}.wgrad"])
+        def serial(gemm, scale=1):
+            if sh.tp_comm_overlap:
+                return exposed_pipelined_ms(scale * ag, gemm, t)
+            return scale * ag
+
+        fwd = serial(F["qkv"]) + serial(F["proj"]) + serial(F["fc1"], mlp) + serial(
+            F["fc2"], mlp)
+        bwd = serial(B["fc2.dgrad"], mlp) + serial(B["proj.dgrad"])
+        for lin, scale in (("qkv", 1), ("fc1", mlp)):
+            bwd += exposed_async_ms(scale * ag, B[f"{lin}.dgrad"]) + exposed_async_ms(
+                scale * ag, B[f"{lin}.wgrad"])
         return fwd, bwd
 
     def _edge_tp_comm(self, head_bwd, ring_gb_per_s: float):
@@ -289,9 +345,11 @@ class CostModel:
 
     def virtual_stage_ms(self, gpu: GPUSpec, tp_ring_gb_per_s: float, j: int,
                          layers: int, shard_ring_gb_per_s: float = math.inf,
-                         cp_ring_gb_per_s: float = math.inf) -> tuple[float, float]:
+                         cp_ring_gb_per_s: float = math.inf,
+                         ep_alltoall_ms: float = 0.0) -> tuple[float, float]:
         """Forward and backward time of virtual stage j holding `layers` layers."""
-        lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s)
+        lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s,
+                              ep_alltoall_ms)
         f, b = layers * lt.fwd_ms + lt.shard_fill_fwd_ms, layers * lt.bwd_ms + \
             lt.shard_fill_bwd_ms
         if j == 0:
@@ -350,10 +408,12 @@ class CostModel:
         """Parameters held by one GPU of `stage` (its TP shard)."""
         m, sh = self.model, self.shape
         layers = layers if layers is not None else sh.layers
+        per_layer = self.layer_params * sh.tp if self.layer_expert_params and (
+            sh.ep > 1 or sh.expert_tp != sh.tp) else m.params_per_layer
         n = 0.0
         for c in range(sh.chunks):
             j = c * sh.pp + stage
-            n += layers[j] * m.params_per_layer
+            n += layers[j] * per_layer
             if j == 0:
                 n += m.embedding_params
             if j == sh.num_virtual - 1:
@@ -363,12 +423,25 @@ class CostModel:
                     n += m.vocab_size * m.hidden_size
         return n / sh.tp
 
+    def stage_expert_params(self, stage: int, layers: tuple[int, ...] | None = None) -> float:
+        """Routed-expert weights among `stage_params` (0 unless EP > 1 or expert TP differs
+        from TP: otherwise every parameter synchronizes over the same group, and none is told
+        apart)."""
+        sh = self.shape
+        if sh.ep == 1 and sh.expert_tp == sh.tp:
+            return 0.0
+        layers = layers if layers is not None else sh.layers
+        return sum(layers[c * sh.pp + stage] for c in range(sh.chunks)) * \
+            self.layer_expert_params
+
     def stage_linear_params(self, stage: int, layers: tuple[int, ...] | None = None) -> float:
         """Linear-layer weights of one GPU of `stage` (those FP8 keeps copies of)."""
         sh = self.shape
         layers = layers if layers is not None else sh.layers
         n = sum(layers[c * sh.pp + stage] for c in range(sh.chunks))
-        return n * self.model.linear_params_per_layer / sh.tp
+        if sh.ep == 1 and sh.expert_tp == sh.tp:
+            return n * self.model.linear_params_per_layer / sh.tp
+        return n * self.layer_linear_params
 
     # -- data parallel -------------------------------------------------------------------------
 
@@ -391,14 +464,22 @@ class CostModel:
         sh = self.shape
         return sh.cols // sh.shard_group if sh.zero >= 3 else sh.cols
 
+    def expert_sync_group(self) -> int:
+        """Ranks that hold the same experts: Megatron-LM's expert-data-parallel group
+        (tp x cols / (ep x expert TP) ranks of a stage), which synchronize the expert
+        gradients."""
+        sh = self.shape
+        return sh.tp * sh.cols // (sh.ep * sh.expert_tp)
+
     def sync_parts_ms(self, params: float, dp_ring_gb_per_s: float,
-                      inter_node: bool) -> tuple[float, float]:
+                      inter_node: bool, group: int | None = None) -> tuple[float, float]:
         """(gradient reduction, parameter all-gather) at the end of the iteration, over the
         synchronization group's ring: an all-reduce; reduce-scatter + all-gather with the
         distributed optimizer, ZeRO-1 and ZeRO-2 (Rajbhandari et al. 2020); with HSDP the
-        all-reduce of each shard across the replicas."""
+        all-reduce of each shard across the replicas. `group`: another group than the
+        synchronization group (the routed experts' expert-data-parallel group)."""
         sh = self.shape
-        d = self.sync_group()
+        d = self.sync_group() if group is None else group
         if d <= 1:
             return 0.0, 0.0
         lat = self.cluster.latency_us if inter_node else INTRA_LATENCY_US
@@ -412,24 +493,35 @@ class CostModel:
         return sum(self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node))
 
     def exposed_sync_ms(self, params: float, dp_ring_gb_per_s: float, inter_node: bool,
-                        bwd_window_ms: float, fwd_window_ms: float) -> tuple[float, float, float]:
+                        bwd_window_ms: float, fwd_window_ms: float, group: int | None = None
+                        ) -> tuple[float, float, float]:
         """(reduction, all-gather, exposed part of both). With --overlap-grad-reduce the
         reduction runs bucket by bucket during the last micro-batch's backward of the stage
         (`bwd_window_ms`): what shows is the larger of the last bucket's reduction and what
         outlasts the window. --overlap-param-gather does the same for the all-gather against
         the first forward (`fwd_window_ms`)."""
         sh = self.shape
-        red, gat = self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node)
-        last = min(params, bucket_params(self.sync_group()))
-        red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node)
+        red, gat = self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node, group)
+        last = min(params, bucket_params(self.sync_group() if group is None else group))
+        red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node, group)
         ex_red = max(red_b, red - bwd_window_ms) if sh.overlap_grad_reduce else red
         ex_gat = max(gat_b, gat - fwd_window_ms) if sh.overlap_param_gather else gat
         return red, gat, ex_red + ex_gat
 
-    def optimizer_ms(self, params: float, gpu: GPUSpec, linear_params: float = 0.0) -> float:
+    def optimizer_shard(self, params: float, expert_params: float = 0.0) -> float:
+        """Parameters whose Adam step this GPU runs: all it holds, or with sharding its
+        shard group's share; the routed experts among them (`expert_params`) are sharded
+        over the expert-data-parallel group, `expert_shard_factor` times smaller."""
+        sh = self.shape
+        if not sh.zero:
+            return params
+        return (params + expert_params * (self.expert_shard_factor - 1)) / sh.shard_group
+
+    def optimizer_ms(self, params: float, gpu: GPUSpec, linear_params: float = 0.0,
+                     expert_params: float = 0.0) -> float:
         """Adam step over this GPU's shard: memory-bound, bytes / HBM bandwidth (+ the FP8
         weight copies' refresh)."""
-        shard = params / (self.shape.shard_group if self.shape.zero else 1)
+        shard = self.optimizer_shard(params, expert_params)
         nbytes = shard * adam_bytes_per_param(self.job)
         if self.shape.fp8:
             nbytes += linear_params * FP8_RECAST_BYTES_PER_PARAM

@@ -19,8 +19,8 @@ from .communication import dp_ring, p2p_ring
 from .costs import CostModel
 from .errors import SpecError
 from .memory import MemoryModel, StageMemory
-from .plan import (Placement, Plan, Shape, megatron_placement, num_microbatches,
-                   validate_placement, validate_shape)
+from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, megatron_placement,
+                   num_microbatches, validate_placement, validate_shape)
 from .schedule import compile_schedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -88,6 +88,9 @@ class Evaluator:
         self._ring_cache: dict = {}
         self._replica_cache: dict = {}
         self._path_cache: dict = {}
+        self._ep_groups = ep_groups(shape) if shape.ep > 1 else []
+        self._expert_dp_groups = (expert_dp_groups(shape) if self.costs.stage_expert_params(
+            0, (1,) * shape.num_virtual) else [])
 
     # -- durations ---------------------------------------------------------------------------
 
@@ -148,6 +151,24 @@ class Evaluator:
             self._tail_cache[key] = hit
         return hit
 
+    def ep_alltoall(self, pl: Placement, s: int, r: int) -> float:
+        """Expert parallelism: one all-to-all at stage s as column r sees it, the slowest of
+        the EP groups its GPUs belong to (all run at once); 0 without EP."""
+        sh = self.shape
+        if sh.ep <= 1:
+            return 0.0
+        key = ("ep", s, pl.node[s], pl.gpus[s])
+        per_col = self._tail_cache.get(key)
+        if per_col is None:
+            per_col = [0.0] * sh.cols
+            for grp in self._ep_groups:
+                ms = self.costs.ep_alltoall_ms(self.cluster, [(pl.node[s][c], pl.gpus[s][c][t])
+                                                              for c, t in grp])
+                for c, _t in grp:
+                    per_col[c] = max(per_col[c], ms)
+            self._tail_cache[key] = per_col
+        return per_col[r]
+
     def replica_durations(self, pl: Placement, r: int, tails: np.ndarray) -> np.ndarray:
         """Durations of column r's schedule graph (its operations, transfers and tails)."""
         sh, K, c = self.shape, self.kinds, self.cluster
@@ -157,10 +178,11 @@ class Evaluator:
             ring = node.ring_gb_per_s(pl.gpus[s][r])
             shard = self.shard_ring(pl, s)
             cpr = self.cp_ring(pl, s, r)
+            a2a = self.ep_alltoall(pl, s, r)
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 d[K.F(j)], d[K.B(j)] = self.costs.virtual_stage_ms(node.gpu, ring, j,
-                                                                   sh.layers[j], shard, cpr)
+                                                                   sh.layers[j], shard, cpr, a2a)
         hops = sh.pp if sh.chunks > 1 else sh.pp - 1
         for h in range(hops):
             a, b = h, (h + 1) % sh.pp
@@ -191,14 +213,31 @@ class Evaluator:
         g = sh.shard_group if sh.zero >= 3 else sh.cols
         groups = [list(range(i, sh.cols, g)) for i in range(g)] if sh.zero >= 3 else \
             [list(range(sh.cols))]
+        experts = self.costs.stage_expert_params(s)
+        dense = self.params[s] - experts
         for i in range(sh.tp):
             for reps in groups:
                 members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in reps]
                 bw, inter = self.ring(members)
-                red, gat, exposed = self.costs.exposed_sync_ms(self.params[s], bw, inter,
+                red, gat, exposed = self.costs.exposed_sync_ms(dense, bw, inter,
                                                                bwd_window_ms, fwd_window_ms)
                 worst_full = max(worst_full, red + gat)
                 worst_exposed = max(worst_exposed, exposed)
+        if experts:
+            # EP > 1 (or expert TP != TP): the routed experts' gradients (and parameters)
+            # synchronize over their expert-data-parallel groups (plan.expert_dp_groups) after
+            # the dense ones (Megatron-LM keeps them in buffers of their own), in what is left
+            # of the backward window
+            full_e = exposed_e = 0.0
+            for grp in self._expert_dp_groups:
+                members = [(pl.node[s][c], pl.gpus[s][c][t]) for c, t in grp]
+                bw, inter = self.ring(members)
+                red, gat, exposed = self.costs.exposed_sync_ms(
+                    experts, bw, inter, max(0.0, bwd_window_ms - worst_full),
+                    max(0.0, fwd_window_ms - worst_full), self.costs.expert_sync_group())
+                full_e, exposed_e = max(full_e, red + gat), max(exposed_e, exposed)
+            worst_full += full_e
+            worst_exposed += exposed_e
         return worst_full, worst_exposed
 
     def stage_windows_ms(self, pl: Placement, s: int) -> tuple[float, float]:
@@ -210,11 +249,12 @@ class Evaluator:
         bwd, fwd = float("inf"), float("inf")
         shard = self.shard_ring(pl, s)
         cpr = self.cp_ring(pl, s, 0)
+        a2a = self.ep_alltoall(pl, s, 0)
         for n in gpu_nodes:
             node = self.cluster.nodes[n]
             ring = node.ring_gb_per_s(tuple(range(self.shape.tp)))
             f, b = self.costs.virtual_stage_ms(node.gpu, ring, s, self.shape.layers[s], shard,
-                                               cpr)
+                                               cpr, a2a)
             bwd, fwd = min(bwd, b), min(fwd, f)
         return bwd, fwd
 
@@ -232,7 +272,9 @@ class Evaluator:
             # the slowest GPU type of the row (one Adam time per type, not per column)
             gpus = {self.cluster.nodes[n].gpu.name: self.cluster.nodes[n].gpu
                     for n in set(pl.node[s])}
-            opt = max(self.costs.optimizer_ms(self.params[s], g, lin) for g in gpus.values())
+            experts = self.costs.stage_expert_params(s)
+            opt = max(self.costs.optimizer_ms(self.params[s], g, lin, experts)
+                      for g in gpus.values())
             hit = (exposed + opt + self.options.overheads.latency_overhead_ms,
                    (sync, exposed, opt))
             if len(self._tail_cache) >= 200_000:
@@ -275,8 +317,9 @@ class Evaluator:
         rings = tuple(self.shard_ring(pl, s) for s in rng_s) if sh.zero >= 3 else ()
         for r in range(sh.cols):
             cpr = tuple(self.cp_ring(pl, s, r) for s in rng_s) if sh.cp > 1 else ()
+            a2a = tuple(self.ep_alltoall(pl, s, r) for s in rng_s) if sh.ep > 1 else ()
             key = (tuple(pl.node[s][r] for s in rng_s), tuple(pl.gpus[s][r] for s in rng_s),
-                   rings, cpr)
+                   rings, cpr, a2a)
             starts = cache.get(key)
             if starts is None:
                 d = self.replica_durations(pl, r, zeros)
@@ -320,6 +363,25 @@ class Evaluator:
             extra = m.num_layers * m.attention_core_flops_fwd(tokens, job.seq_length)
         return model_flops, extra
 
+    def alltoall_on_path(self, pl: Placement, r: int, counts: np.ndarray) -> float:
+        """Milliseconds of column r's critical path (`counts`: times it visits each
+        operation) spent in expert-parallel all-to-alls: each forward of a layer carries a
+        dispatch and a combine, each backward their gradients' (and a full recompute's
+        forward ones again)."""
+        sh, K = self.shape, self.kinds
+        total = 0.0
+        for s in range(sh.pp):
+            node = self.cluster.nodes[pl.node[s][r]]
+            lt = self.costs.layer_times(node.gpu, node.ring_gb_per_s(pl.gpus[s][r]),
+                                        self.shard_ring(pl, s), self.cp_ring(pl, s, r),
+                                        self.ep_alltoall(pl, s, r))
+            per_b = lt.ep_comm_bwd_ms + (lt.ep_comm_fwd_ms if sh.recompute == "full" else 0.0)
+            for ch in range(sh.chunks):
+                j = ch * sh.pp + s
+                total += sh.layers[j] * (counts[K.F(j)] * lt.ep_comm_fwd_ms
+                                         + counts[K.B(j)] * per_b)
+        return float(total)
+
     def estimate(self, pl: Placement) -> Estimate:
         sh, K, c = self.shape, self.kinds, self.cluster
         validate_placement(c, sh, pl)
@@ -356,8 +418,15 @@ class Evaluator:
         hops = []
         for h in range(sh.pp if sh.chunks > 1 else sh.pp - 1):
             hops.append((max(d[K.xf(h)] for d in durs), max(d[K.xb(h)] for d in durs)))
+        breakdown = {}
+        if sh.ep > 1:
+            # the expert-parallel all-to-all on the critical path (inside each F and B)
+            a2a = self.alltoall_on_path(pl, worst, counts)
+            compute -= a2a
+            breakdown["ep_alltoall_ms"] = a2a
         breakdown = {
             "compute_ms": compute,
+            **breakdown,
             "pipeline_p2p_ms": p2p,
             "dp_sync_exposed_ms": sync_exposed,
             "optimizer_ms": opt,
@@ -417,7 +486,9 @@ def default_layers(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
 
 
 def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, pp: int,
-              dp: int | None = None, cp: int = 1, micro_batch: int = 1, schedule: str = "1f1b",
+              dp: int | None = None, cp: int = 1, ep: int = 1, etp: int = 0,
+              micro_batch: int = 1,
+              schedule: str = "1f1b",
               chunks: int = 1, layers: tuple[int, ...] | None = None, recompute: str = "none",
               sequence_parallel: bool = False, distributed_optimizer: bool | None = None,
               zero: int | None = None, shard_size: int = 0,
@@ -426,7 +497,7 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
               placement: Placement | None = None, options: Options | None = None) -> Plan:
     """A plan with defaults filled in: DP from the GPU count, the balanced layer split,
     Megatron-LM's placement; the distributed optimizer and FP8 as the job fixes them."""
-    for f, val in (("tp", tp), ("pp", pp), ("cp", cp)):
+    for f, val in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise SpecError(f"must be a positive integer, got {val!r}", source="plan", field=f)
     if dp is None:
@@ -436,7 +507,8 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
                 else (job.zero or 0))
     if fp8 is None:
         fp8 = bool(job.fp8)
-    shape = Shape(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=micro_batch, schedule=schedule,
+    shape = Shape(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=micro_batch,
+                  schedule=schedule,
                   chunks=chunks, layers=(), recompute=recompute,
                   sequence_parallel=sequence_parallel, zero=zero, shard_size=shard_size,
                   fp8=fp8,

@@ -104,19 +104,23 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[st
     out = [
         ("norm1 input", a16 * h, False),
         ("qkv input", lin * h, False),
-        ("q", a16 * h, True),
+        ("q", a16 * model.q_dim, True),
         ("k, v", a16 * 2 * kv, True),
-        ("attention output", a16 * h + (lin * h if shape.fp8 else 0.0), True),
+        ("attention output", a16 * model.q_dim + (lin * model.q_dim if shape.fp8 else 0.0),
+         True),
         ("norm2 input", a16 * h, False),
     ]
     if model.is_moe:  # per token: the router's input and fp32 probabilities, and k copies
         k, fe, fs = model.moe_topk, model.expert_ffn, model.moe_shared_experts * model.expert_ffn
+        # the routed copies an expert-TP group holds: with expert TP = TP and sequence
+        # parallelism each TP rank gathers its group's tokens (etp x its 1/t share)
+        g = shape.expert_tp if shape.sequence_parallel else 1
         out += [("router input", lin * h, False),
                 ("router probabilities", 4.0 * model.num_experts, False),
-                ("expert inputs", lin * h * k, False),
+                ("expert inputs", lin * h * k * g, False),
                 ("expert activation inputs", a16 * gated * fe * k, True),
                 ("expert fc2 inputs", lin * fe * k, True),
-                ("expert outputs", a16 * h * k, False)]
+                ("expert outputs", a16 * h * k * g, False)]
         if fs:
             out += [("shared activation input", a16 * gated * fs, True),
                     ("shared fc2 input", lin * fs, True)]
@@ -155,8 +159,9 @@ def op_sac_tensors(model: ModelSpec, job: JobSpec, shape: Shape
     (partial sums before the reduce-scatter)."""
     h, kv, ffn = model.hidden_size, model.kv_dim, model.ffn_hidden_size
     a = float(job.activation_bytes)
-    out = [("block input", a * h, False), ("q", a * h, True), ("v", a * kv, True),
-           ("attention output", a * h, True), ("attention lse", 4.0 * model.num_heads, True),
+    q = model.q_dim
+    out = [("block input", a * h, False), ("q", a * q, True), ("v", a * kv, True),
+           ("attention output", a * q, True), ("attention lse", 4.0 * model.num_heads, True),
            ("w1 output", a * ffn, True)]
     mm_out = [("w2 output", a * h, False)] if model.gated_mlp else []
     if shape.tp > 1:
@@ -249,9 +254,29 @@ class MemoryModel:
         self.bytes_per_param = param_bytes(job, shape)
         per_param = sum(self.bytes_per_param)
         fp8 = fp8_weight_copy_bytes(job, shape)
+        # expert parallelism: a layer's routed experts are split over EP (and TP), and their
+        # sharded gradients / optimizer state over the expert-data-parallel group, ep times
+        # smaller than the data-parallel one: (ep - 1) x the sharded bytes more per expert
+        # parameter (Megatron-LM's distributed optimizer shards expert buffers over that group)
+        ep, et = shape.ep, shape.expert_tp
+        pe = model.expert_params_per_layer
+        self._plain = ep == 1 and et == t  # every parameter split and sharded alike
+        self.layer_expert_params = 0.0 if self._plain else pe / (ep * et)
+        self.layer_linear_params = (model.linear_params_per_layer / t if self._plain else
+                                    (model.linear_params_per_layer - pe) / t + pe / (ep * et))
+        wb, gb, ob = self.bytes_per_param
+        factor = ep * et / t - 1  # costs.CostModel.expert_shard_factor - 1
+        self.expert_grad_extra = factor * gb if shape.zero >= 2 else 0.0
+        self.expert_opt_extra = factor * ob if shape.zero >= 1 else 0.0
         # weights, grads, optimizer state (and FP8 copies) of one layer on one GPU
-        self.layer_static_bytes = (model.params_per_layer * per_param
-                                   + model.linear_params_per_layer * fp8) / t
+        if self._plain:
+            self.layer_static_bytes = (model.params_per_layer * per_param
+                                       + model.linear_params_per_layer * fp8) / t
+        else:
+            self.layer_static_bytes = (
+                ((model.params_per_layer - pe) / t + pe / (ep * et)) * per_param
+                + self.layer_linear_params * fp8 + self.layer_expert_params
+                * (self.expert_grad_extra + self.expert_opt_extra))
         self._per_param = per_param
         # ZeRO-3 / FSDP: the layer being computed and the one prefetched are gathered whole,
         # and a layer's full gradient exists until it is reduce-scattered
@@ -298,11 +323,18 @@ class MemoryModel:
         best_work = work if is_b[i] else 0.0
         wb, gb, ob = self.bytes_per_param
         n_layers = sum(layers[c * sh.pp + s] for c in range(sh.chunks))
-        fp8_bytes = (n_layers * m.linear_params_per_layer / sh.tp
-                     * fp8_weight_copy_bytes(self.job, sh))
-        tensors = params * (wb + gb + ob) + fp8_bytes + best + self.transient
+        if self._plain:
+            fp8_bytes = (n_layers * m.linear_params_per_layer / sh.tp
+                         * fp8_weight_copy_bytes(self.job, sh))
+        else:
+            fp8_bytes = n_layers * self.layer_linear_params * fp8_weight_copy_bytes(self.job, sh)
+        experts = n_layers * self.layer_expert_params
+        grads = params * gb + experts * self.expert_grad_extra
+        opt = params * ob + experts * self.expert_opt_extra
+        tensors = (params * (wb + gb + ob) if self._plain else params * wb + grads + opt) + \
+            fp8_bytes + best + self.transient
         o = self.options.overheads
-        return StageMemory((params * wb + fp8_bytes) / GIB, params * gb / GIB, params * ob / GIB,
+        return StageMemory((params * wb + fp8_bytes) / GIB, grads / GIB, opt / GIB,
                            (best - best_work) / GIB, best_counts,
                            (best_work + self.transient) / GIB,
                            o.context_gib + o.fragmentation * tensors / GIB)

@@ -66,6 +66,15 @@ class Shape:
     # each of cp ranks holds 1/cp of every sequence (2 * cp chunks, rank i the i-th and the
     # (2cp-1-i)-th, which balances causal attention) and passes K and V around a ring
     cp: int = 1
+    # expert parallelism (Megatron-LM --expert-model-parallel-size): the routed experts of
+    # every MoE layer are split over ep consecutive columns of a stage (rank order
+    # tp-cp-ep-dp-pp: the EP group sits inside the data x context parallel ranks), and each
+    # token goes to its experts' ranks and back by all-to-all
+    ep: int = 1
+    # expert tensor parallelism (--expert-tensor-parallel-size): 0 = TP (each expert's FFN
+    # split like a dense MLP), or 1 (whole experts; the expert grid etp-ep-edp then fills a
+    # stage's tp x columns ranks in order, so EP groups can span the TP ranks)
+    etp: int = 0
 
     def __post_init__(self):
         # `distributed_optimizer` is the ZeRO-1 flag of the code that predates `zero`: the two
@@ -80,6 +89,10 @@ class Shape:
     def cols(self) -> int:
         """Columns per stage: data-parallel replicas x context-parallel ranks."""
         return self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     @property
     def shard_group(self) -> int:
@@ -100,6 +113,10 @@ class Shape:
         s = f"TP={self.tp} PP={self.pp} DP={self.dp}" if degrees else ""
         if self.cp > 1 and degrees:
             s += f" CP={self.cp}"
+        if self.ep > 1 and degrees:
+            s += f" EP={self.ep}"
+        if self.expert_tp != self.tp and degrees:
+            s += f" ETP={self.expert_tp}"
         s += f" mbs={self.micro_batch} {self.schedule}"
         if self.schedule == "interleaved":
             s += f" v={self.chunks}"
@@ -120,6 +137,56 @@ class Shape:
         return s.strip()
 
 
+def ep_groups(shape: Shape) -> list[list[tuple[int, int]]]:
+    """The expert-parallel groups of one stage as lists of (column, tensor rank): Megatron-LM
+    numbers a stage's ranks column * tp + tensor rank and lays the expert grid etp-ep-edp over
+    them (parallel_state.py, expert rank generator "tp-ep-dp-pp"); a group is the ep ranks of
+    one (expert-TP rank, expert-data-parallel rank)."""
+    tp, et, ep = shape.tp, shape.expert_tp, shape.ep
+    edp = tp * shape.cols // (et * ep)
+    return [[divmod(e_t + et * (e + ep * d), tp) for e in range(ep)]
+            for d in range(edp) for e_t in range(et)]
+
+
+def expert_dp_groups(shape: Shape) -> list[list[tuple[int, int]]]:
+    """The expert-data-parallel groups of one stage (the ranks holding the same experts,
+    which synchronize their gradients), as lists of (column, tensor rank)."""
+    tp, et, ep = shape.tp, shape.expert_tp, shape.ep
+    edp = tp * shape.cols // (et * ep)
+    return [[divmod(e_t + et * (e + ep * d), tp) for d in range(edp)]
+            for e in range(ep) for e_t in range(et)]
+
+
+def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None:
+    """What Megatron-LM needs of expert parallelism, and what the cost model covers."""
+    if not model.is_moe:
+        raise SpecError(f"EP={shape.ep} / expert TP needs a mixture-of-experts model; "
+                        f"{model.name} is dense: use ep 1", source=src, field="ep")
+    if shape.etp not in (0, 1, shape.tp):
+        raise SpecError(f"expert TP {shape.etp!r} must be 1 or TP={shape.tp} (other values "
+                        "are not modelled)", source=src, field="etp")
+    if (shape.tp * shape.cols) % (shape.ep * shape.expert_tp):
+        raise SpecError(f"EP x expert TP = {shape.ep} x {shape.expert_tp} must divide TP x DP x "
+                        f"CP = {shape.tp * shape.cols} (the expert grid fills a stage's ranks)",
+                        source=src, field="ep")
+    if model.num_experts % shape.ep:
+        raise SpecError(f"EP={shape.ep} does not divide the {model.num_experts} experts of "
+                        f"{model.name}; choose an EP that divides it", source=src, field="ep")
+    if job.framework not in ("megatron", "nemo"):
+        raise SpecError(f"expert parallelism is modelled for Megatron-LM and NeMo, not "
+                        f"{job.framework}; use framework megatron or nemo, or ep 1",
+                        source=src, field="ep")
+    if shape.zero >= 3:
+        raise SpecError("expert parallelism with ZeRO-3 / FSDP is not modelled; use the "
+                        "distributed optimizer (zero 1) or zero 0, or ep 1", source=src,
+                        field="ep")
+    if shape.tp > 1 and not shape.sequence_parallel:
+        raise SpecError("Megatron-LM needs sequence parallelism when expert and tensor "
+                        "parallelism are combined (model_parallel_config.py: 'sequence "
+                        "parallelism must be used'); set sequence_parallel true", source=src,
+                        field="sequence_parallel")
+
+
 @dataclass(frozen=True)
 class Plan:
     shape: Shape
@@ -138,7 +205,7 @@ def num_microbatches(job: JobSpec, shape: Shape) -> int:
 def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                    src: str = "plan", check_layers: bool = True) -> None:
     """Raise SpecError with the field and the fix for anything Megatron-LM could not run."""
-    for f in ("tp", "pp", "dp", "cp", "micro_batch", "chunks"):
+    for f in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "chunks"):
         v = getattr(shape, f)
         if not isinstance(v, int) or v < 1:
             raise SpecError(f"must be a positive integer, got {v!r}", source=src, field=f)
@@ -174,6 +241,8 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                             "(its Ulysses sequence parallelism is a different scheme); use "
                             "framework megatron, nemo or torchtitan, or CP = 1", source=src,
                             field="cp")
+    if shape.ep > 1 or shape.etp:
+        _validate_ep(model, job, shape, src)
     if job.global_batch % (shape.micro_batch * shape.dp):
         raise SpecError(f"global batch {job.global_batch} is not divisible by micro-batch "
                         f"{shape.micro_batch} x DP {shape.dp}; choose values whose product "

@@ -117,11 +117,16 @@ class ModelSpec:
     moe_topk: int = 0
     moe_ffn_hidden_size: int = 0
     moe_shared_experts: int = 0
+    # one attention head's width when it is not hidden_size / num_heads (Megatron-LM
+    # --kv-channels, Hugging Face head_dim; Qwen3 has 128-wide heads on a 2048 or 4096 hidden
+    # size); 0: hidden_size / num_heads
+    kv_channels: int = 0
     source: str = ""
 
     def __post_init__(self):
         src = f"model '{self.name}'" if not self.source.endswith(".json") else self.source
-        for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts"):
+        for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
+                  "kv_channels"):
             _positive(getattr(self, f), f, src, integer=True, allow_zero=True)
         if self.num_experts == 1 and (self.moe_shared_experts or self.moe_topk > 1 or (
                 self.moe_ffn_hidden_size and self.moe_ffn_hidden_size != self.ffn_hidden_size)):
@@ -141,7 +146,7 @@ class ModelSpec:
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
                   "vocab_size", "seq_length"):
             _positive(getattr(self, f), f, src, integer=True)
-        if self.hidden_size % self.num_heads:
+        if self.hidden_size % self.num_heads and not self.kv_channels:
             raise SpecError(f"hidden_size {self.hidden_size} is not a multiple of num_heads "
                             f"{self.num_heads}", source=src, field="num_heads")
         if self.num_heads % self.num_kv_heads:
@@ -158,7 +163,13 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.kv_channels or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries (and of the attention output): heads x head width, the hidden
+        size unless `kv_channels` says otherwise."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -184,12 +195,19 @@ class ModelSpec:
         """Weights of the linear layers of one block (QKV, output projection, MLP up (and
         gate), MLP down; with experts: every routed and shared expert's MLP and the router):
         the GEMM weights, which FP8 caches a copy of."""
-        h = self.hidden_size
-        attn = h * (h + 2 * self.kv_dim) + h * h
+        h, q = self.hidden_size, self.q_dim
+        attn = h * (q + 2 * self.kv_dim) + q * h
         if self.is_moe:
             return (attn + h * self.num_experts + (self.num_experts + self.moe_shared_experts)
                     * self._mlp_params(self.expert_ffn))
         return attn + self._mlp_params(self.ffn_hidden_size)
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        """Weights of one block's routed experts (0 for a dense model): the part expert
+        parallelism divides (the router and shared experts are replicated like the dense
+        layers; Megatron-LM's MoELayer)."""
+        return self.num_experts * self._mlp_params(self.expert_ffn) if self.is_moe else 0
 
     @property
     def active_linear_params_per_layer(self) -> int:
@@ -197,8 +215,8 @@ class ModelSpec:
         experts and the shared ones (= linear_params_per_layer for a dense model)."""
         if not self.is_moe:
             return self.linear_params_per_layer
-        h = self.hidden_size
-        return (h * (h + 2 * self.kv_dim) + h * h + h * self.num_experts
+        h, q = self.hidden_size, self.q_dim
+        return (h * (q + 2 * self.kv_dim) + q * h + h * self.num_experts
                 + (self.moe_topk + self.moe_shared_experts) * self._mlp_params(self.expert_ffn))
 
     @property
@@ -207,7 +225,7 @@ class ModelSpec:
         eq. 2 has 12h^2 + 13h for a GPT block: 4h of LayerNorm, 9h of biases)."""
         h = self.hidden_size
         norms = 2 * (2 * h if self.norm == "layernorm" else h)
-        biases = (h + 2 * self.kv_dim) + h + (2 if self.gated_mlp else 1) * self.ffn_hidden_size \
+        biases = (self.q_dim + 2 * self.kv_dim) + h + (2 if self.gated_mlp else 1) * self.ffn_hidden_size \
             + h if self.bias else 0
         return self.linear_params_per_layer + norms + biases
 
@@ -254,10 +272,12 @@ class ModelSpec:
         projections 2*T*h*(2h + 2*kv_dim), attention scores and values 4*T*s*h, MLP
         2*T*h*ffn*(3 if gated else 2). For MHA with ffn = 4h this is 24*T*h^2 + 4*T*s*h.
         The attention term counts the full s x s product, as eq. (3) does, also where a causal
-        kernel skips the masked half (model/compute.py times that separately)."""
-        h = self.hidden_size
-        proj = 2 * tokens * h * (2 * h + 2 * self.kv_dim)
-        attn = 4 * tokens * seq * h
+        kernel skips the masked half (model/compute.py times that separately). With heads
+        narrower or wider than h / a (`kv_channels`), the query width q replaces h in the
+        query, output-projection and attention terms."""
+        h, q = self.hidden_size, self.q_dim
+        proj = 2 * tokens * h * (2 * q + 2 * self.kv_dim)
+        attn = 4 * tokens * seq * q
         if self.is_moe:  # the router, then each token's top-k and the shared experts
             mlp = 2 * tokens * (h * self.num_experts + (self.moe_topk + self.moe_shared_experts)
                                 * self._mlp_params(self.expert_ffn))
@@ -268,7 +288,7 @@ class ModelSpec:
     def attention_core_flops_fwd(self, tokens: int, seq: int) -> float:
         """The QK^T and attention-times-V part, which selective recompute redoes
         (Korthikanti et al. 2022 Sec. 5)."""
-        return float(4 * tokens * seq * self.hidden_size)
+        return float(4 * tokens * seq * self.q_dim)
 
     def logits_flops_fwd(self, tokens: int) -> float:
         """Output projection to the vocabulary: 2*T*h*V (Narayanan et al. 2021 eq. 3)."""
@@ -303,6 +323,9 @@ class JobSpec:
     attention: str = "flash"
     framework: str = "megatron"
     zero: int | None = None
+    # Megatron-LM --grad-reduce-in-bf16: bf16 main gradients, accumulated and reduced in bf16
+    # instead of fp32 (the Megatron-Bridge performance recipes' grad_reduce_in_fp32 False)
+    grad_reduce_in_bf16: bool = False
     source: str = "job"
 
     def __post_init__(self):
@@ -328,6 +351,11 @@ class JobSpec:
         if self.framework not in FRAMEWORKS:
             raise SpecError(f"unknown framework '{self.framework}'; use one of "
                             f"{', '.join(FRAMEWORKS)}", source=self.source, field="framework")
+        if self.grad_reduce_in_bf16 and (self.precision != "bf16" or self.framework not in (
+                "megatron", "nemo")):
+            raise SpecError("grad_reduce_in_bf16 is Megatron-LM's (and NeMo's) option for bf16 "
+                            "training; set it false", source=self.source,
+                            field="grad_reduce_in_bf16")
 
     # Bytes per parameter. "replicated" (weights, gradients) stays on every data-parallel rank;
     # "shardable" (optimizer state) is divided by the data-parallel degree with the
@@ -351,7 +379,7 @@ class JobSpec:
             return 4
         if self.framework == "deepspeed":
             return 6 if self.precision == "bf16" else 2
-        return 2 if self.precision == "fp16" else 4
+        return 2 if self.precision == "fp16" or self.grad_reduce_in_bf16 else 4
 
     @property
     def reduce_bytes(self) -> int:
@@ -360,7 +388,7 @@ class JobSpec:
         in float32, its default reduce_dtype)."""
         if self.framework == "torchtitan":
             return 4
-        return 2 if self.precision == "fp16" else 4
+        return 2 if self.precision == "fp16" or self.grad_reduce_in_bf16 else 4
 
     @property
     def optimizer_bytes(self) -> int:

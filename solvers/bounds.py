@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from model.cluster import ClusterSpec
+from model.communication import INTRA_LATENCY_US
 from model.costs import CostModel, bucket_params
 from model.memory import GIB, MemoryModel
 from model.plan import Shape, num_microbatches
@@ -37,7 +38,8 @@ from .space import blocks_for
 
 
 def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int,
-                         shard_ring: float = math.inf, cp_ring: float = math.inf):
+                         shard_ring: float = math.inf, cp_ring: float = math.inf,
+                         ep_alltoall_ms: float = 0.0):
     """Per GPU type, its layer times on its fastest TP ring (and ZeRO-3 shard ring, CP ring);
     the type with the fastest layer."""
     best = None
@@ -46,7 +48,7 @@ def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int,
                  if nd.gpu.name == gpu.name and tp <= nd.num_gpus]
         if not rings:
             continue
-        lt = costs.layer_times(gpu, max(rings), shard_ring, cp_ring)
+        lt = costs.layer_times(gpu, max(rings), shard_ring, cp_ring, ep_alltoall_ms)
         if best is None or lt.fwd_ms + lt.bwd_ms < best[1].fwd_ms + best[1].bwd_ms:
             best = (gpu, lt)
     return best
@@ -91,6 +93,33 @@ def best_cp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape) -> float:
     return float(off.max()) if off.size else math.inf
 
 
+def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape) -> float:
+    """A lower bound on one all-to-all of every placement's EP groups (0 without EP).
+
+    A group has ep members, at most q = min(ep, GPUs per node / expert TP) on one node,
+    so every member has at least ep - q peers on other nodes, whose chunks leave one after
+    another through its network stream (communication.alltoall_ms): at least (ep - q) chunks
+    at the fastest inter-node stream. A group that fits in a node sends its ep - 1 chunks
+    over NVLink at best at the fastest GPU-to-GPU link, or has a peer off the node."""
+    ep = shape.ep
+    if ep <= 1:
+        return 0.0
+    chunk = costs.ep_alltoall_bytes() / ep
+    off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
+    top = float(off.max()) if off.size else 0.0
+    link = max(max(nd.link_gb_per_s(a, b) for a in range(nd.num_gpus)
+                   for b in range(nd.num_gpus) if a != b) if nd.num_gpus > 1 else 0.0
+               for nd in cluster.nodes)
+    q = min(ep, max(nd.num_gpus for nd in cluster.nodes) // shape.expert_tp)
+    lat = min(cluster.latency_us, INTRA_LATENCY_US) * (ep - 1) / 1e3
+    net = (ep - q) * chunk / (top * 1e6) if top > 0 else math.inf
+    if q < ep:
+        return net + lat
+    nv = (ep - 1) * chunk / (link * 1e6) if link > 0 else math.inf
+    one_off = chunk / (top * 1e6) if top > 0 else math.inf
+    return min(nv, one_off) + lat
+
+
 def _memory_caps(model, job, cluster, shape, options, costs) -> list[int] | None:
     """Most layers each stage can hold within the smallest GPU memory (one chunk per stage);
     None for interleaved schedules (not used there)."""
@@ -123,7 +152,8 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     shard_ring = (best_dp_ring_gb_per_s(cluster, shape, shape.shard_group)
                   if shape.zero >= 3 else math.inf)
     fastest = _fastest_layer_times(costs, cluster, shape.tp, shard_ring,
-                                   best_cp_ring_gb_per_s(cluster, shape))
+                                   best_cp_ring_gb_per_s(cluster, shape),
+                                   fastest_ep_alltoall_ms(costs, cluster, shape))
     if fastest is None:
         return math.inf
     gpu, lt = fastest
@@ -141,22 +171,41 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     # the smallest tail of stage 0 with n layers (linear in n: params, bytes)
     zero = (0,) * shape.num_virtual
     e0_params = costs.stage_params(0, zero)
-    per_layer = model.params_per_layer / shape.tp
-    lin_layer = model.linear_params_per_layer / shape.tp
+    per_layer = costs.layer_params
+    lin_layer = costs.layer_linear_params
+    exp_layer = (costs.layer_expert_params if shape.ep > 1 or shape.expert_tp != shape.tp
+                 else 0.0)
     ring = best_dp_ring_gb_per_s(cluster, shape) if shape.cols > 1 else math.inf
+    # the experts' sync ring (EP > 1): no faster than any node's fastest ring or all of a
+    # node's streams across nodes
+    off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
+    ring_e = max([nd.ring_gb_per_s(tuple(range(g))) for nd in cluster.nodes
+                  for g in range(2, nd.num_gpus + 1)]
+                 + [max(nd.num_gpus for nd in cluster.nodes) * float(off.max())
+                    if off.size else 0.0])
 
-    def sync(params: float) -> tuple[float, float]:  # the cheaper latency of the two
-        a, b = costs.sync_parts_ms(params, ring, False), costs.sync_parts_ms(params, ring, True)
+    def sync(params: float, bw: float = ring, group: int | None = None
+             ) -> tuple[float, float]:  # the cheaper latency of the two
+        a = costs.sync_parts_ms(params, bw, False, group)
+        b = costs.sync_parts_ms(params, bw, True, group)
         return min(a[0], b[0]), min(a[1], b[1])
 
     def tail0(n: int) -> float:
         params = e0_params + per_layer * n
-        t = costs.optimizer_ms(params, gpu, lin_layer * n) + options.overheads.latency_overhead_ms
+        t = costs.optimizer_ms(params, gpu, lin_layer * n, exp_layer * n) + \
+            options.overheads.latency_overhead_ms
         if shape.cols > 1:
-            red, gat = sync(params)
-            last_red, last_gat = sync(min(params, bucket_params(costs.sync_group())))
+            dense = params - exp_layer * n
+            red, gat = sync(dense)
+            last_red, last_gat = sync(min(dense, bucket_params(costs.sync_group())))
             t += (last_red if shape.overlap_grad_reduce else red) + (
                 last_gat if shape.overlap_param_gather else gat)
+            if exp_layer:  # all of the experts' sync, or with an overlap its last bucket
+                group = costs.expert_sync_group()
+                ovl = shape.overlap_grad_reduce or shape.overlap_param_gather
+                e_red, e_gat = sync(min(exp_layer * n, bucket_params(group)) if ovl else
+                                    exp_layer * n, ring_e, group)
+                t += e_red + e_gat
         return t
 
     caps = _memory_caps(model, job, cluster, shape, options, costs) or [L] * p

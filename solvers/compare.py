@@ -48,7 +48,9 @@ def amp_style_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
 
 def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      time_limit_s: float = 120.0, seed: int = 0, options: Options | None = None,
-                     progress=None, space: SearchSpace = SearchSpace()) -> list[dict]:
+                     progress=None, space: SearchSpace = SearchSpace(),
+                     plans: dict | None = None) -> list[dict]:
+    """One row per method; `plans`, if given, receives each method's plan object."""
     options = options or Options()
     rows = []
     ex = solve(model, job, cluster, method="exact", time_limit_s=time_limit_s, seed=seed,
@@ -57,6 +59,8 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     ref = ex.objective_ms if proven else ex.bound_ms
 
     def row(method, plan, ms, solve_s, prov):
+        if plans is not None:
+            plans[method] = plan
         return {"cluster": cluster.name, "method": method,
                 "plan": plan.shape.describe() if plan else "-", "iteration_ms": ms,
                 "gap_to_optimum": (ms - ref) / ref if ref else None,

@@ -70,7 +70,7 @@ from model.communication import INTRA_LATENCY_US
 from model.costs import FP8_RECAST_BYTES_PER_PARAM, adam_bytes_per_param, bucket_params
 from model.errors import SolverUnavailableError
 from model.memory import GIB
-from model.plan import Plan
+from model.plan import Plan, expert_dp_groups
 
 from .problem import PlacementProblem
 from .result import PlacementResult
@@ -116,11 +116,48 @@ def milp_supported(prob: PlacementProblem) -> str | None:
     if prob.shape.zero >= 3 and not c.uniform():
         return ("ZeRO-3 / FSDP gathers every layer over its shard group, whose ring depends on "
                 "the placement (the annealer searches it; the bound is the closed form)")
+    if prob.shape.ep > 1 or prob.shape.expert_tp != prob.shape.tp:
+        why = _ep_unsupported(prob)
+        if why:
+            return why
     if prob.shape.cp > 1 and not c.uniform():
         return ("context parallelism exchanges K and V every layer over its CP ring, whose "
                 "links depend on the placement (the annealer searches it; the bound is the "
                 "closed form)")
     return None
+
+
+def _ep_unsupported(prob: PlacementProblem) -> str | None:
+    """Expert parallelism runs in the MILP where its all-to-all and the experts' gradient
+    rings do not depend on the placement: on a uniform cluster (every EP group then costs
+    the same). Elsewhere the annealer searches which nodes share an EP group."""
+    sh = prob.shape
+    if sh.overlap_grad_reduce or sh.overlap_param_gather:
+        return ("expert parallelism with the bucket overlaps (the expert gradients' buckets "
+                "share the backward window; the annealer handles it)")
+    if not prob.cluster.uniform():
+        return ("expert parallelism's all-to-all runs over the links each EP group's nodes "
+                "share, which depend on the placement (the annealer searches them; the bound "
+                "is the closed form)")
+    return None
+
+
+def _ep_constants(ev, pl) -> tuple[float, float, float]:
+    """(one all-to-all, expert-sync slope per layer, its intercept) of a placement whose EP
+    groups all cost the same (a uniform cluster); the sync is affine in the stage's layers
+    (costs.sync_parts_ms over the expert-data-parallel ring)."""
+    sh, costs = ev.shape, ev.costs
+    a2a = max(ev.ep_alltoall(pl, s, r) for s in range(sh.pp) for r in range(sh.cols))
+    de = costs.expert_sync_group()
+    if de <= 1:
+        return a2a, 0.0, 0.0
+    members = [(pl.node[0][c], pl.gpus[0][c][t]) for c, t in expert_dp_groups(sh)[0]]
+    bw, inter = ev.ring(members)
+
+    def val(n):
+        return sum(costs.sync_parts_ms(n * costs.layer_expert_params, bw, inter, de))
+    sig = val(2) - val(1)
+    return a2a, sig, val(1) - sig
 
 
 class _Data:
@@ -144,20 +181,26 @@ class _Data:
         # (and the context-parallel ring, the same for every group there)
         self.shard_ring = self.cp_ring = math.inf
         ident = None
-        if sh.zero >= 3 or sh.cp > 1:
+        self.a2a, self.exp_sig, self.exp_lam = 0.0, 0.0, 0.0
+        split_experts = sh.ep > 1 or sh.expert_tp != sh.tp
+        if sh.zero >= 3 or sh.cp > 1 or split_experts:
             ident = prob.placement(list(range(blk.A * blk.D)))
             self.shard_ring = ev0.shard_ring(ident, 0)
             self.cp_ring = ev0.cp_ring(ident, 0, 0)
-        lt = costs.layer_times(gpu, ring_tp, self.shard_ring, self.cp_ring)
+            # expert parallelism (MILP on uniform clusters only): every EP group's
+            # all-to-all, and the experts' gradient sync, as in the node order
+            self.a2a, self.exp_sig, self.exp_lam = _ep_constants(ev0, ident) if split_experts \
+                else (0.0, 0.0, 0.0)
+        lt = costs.layer_times(gpu, ring_tp, self.shard_ring, self.cp_ring, self.a2a)
         self.cap_gib = (gpu.memory_gib - prob.options.overheads.context_gib) / (
             1 + prob.options.overheads.fragmentation)
         V, p = self.V, self.p
         # per virtual stage: F_j = fF l_j + eF_j, B_j = fB l_j + eB_j (costs.py)
         self.fF, self.fB = [lt.fwd_ms] * V, [lt.bwd_ms] * V
-        self.eF = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring, self.cp_ring)[0]
-                   for j in range(V)]
-        self.eB = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring, self.cp_ring)[1]
-                   for j in range(V)]
+        self.eF = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring, self.cp_ring,
+                                          self.a2a)[0] for j in range(V)]
+        self.eB = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring, self.cp_ring,
+                                          self.a2a)[1] for j in range(V)]
         self.hop_C = costs.hop_matrix_ms()
         self.intra_hop = costs.node_hop_ms(0, 0)
         self.n_hops = p if self.v > 1 else p - 1
@@ -167,8 +210,14 @@ class _Data:
             self.hop_edge[h] = None if a == a2 else (a, a2)
         self.edges = sorted({e for e in self.hop_edge.values() if e is not None})
         zero = tuple([0] * V)
-        self.P_gpu = prob.model.params_per_layer / sh.tp
-        self.P_lin = prob.model.linear_params_per_layer / sh.tp
+        self.P_gpu = costs.layer_params  # a layer's parameters on one GPU
+        self.P_lin = costs.layer_linear_params
+        # with EP > 1 the routed experts synchronize over their own group (exp_sig, exp_lam)
+        # and their optimizer state is sharded ep times finer (costs.optimizer_shard)
+        self.P_exp = costs.layer_expert_params if split_experts else 0.0
+        self.P_sync = self.P_gpu - self.P_exp
+        self.P_opt = self.P_gpu + (self.P_exp * (costs.expert_shard_factor - 1) if sh.zero
+                                   else 0.0)
         self.E_s = [costs.stage_params(s, zero) for s in range(p)]
         # static memory: bytes outside the layers, and per layer (memory.MemoryModel)
         self.const_bytes = [self.mem.const_static_bytes(e) for e in self.E_s]
@@ -202,7 +251,7 @@ class _Data:
         # decides which (then it needs the loads' binaries)
         self.bucket_case = []
         for s_ in range(p):
-            lo, hi = self.E_s[s_] + self.P_gpu * self.v, self.E_s[s_] + self.P_gpu * (
+            lo, hi = self.E_s[s_] + self.P_sync * self.v, self.E_s[s_] + self.P_sync * (
                 self.L - V + self.v)
             self.bucket_case.append("bucket" if lo >= self.bucket else
                                     "params" if hi <= self.bucket else "mixed")
@@ -356,8 +405,8 @@ class _Formulation:
             for q in range(nbits):
                 M.zdef.add(M.z[j, q] >= M.u[a] - U * (1 - M.beta[j, q]))
 
-        def params_expr(s):
-            return dat.E_s[s] + dat.P_gpu * stage_layers(s)
+        def params_expr(s):  # the parameters the optimizer steps (costs.optimizer_shard)
+            return dat.E_s[s] + dat.P_opt * stage_layers(s)
 
         def lu_expr(j):  # l[j] * u[a], exact at the optimum (z minimal)
             if u_const is not None:
@@ -368,9 +417,9 @@ class _Formulation:
         def ua(s):
             return u_const if u_const is not None else M.u[dat.nstage(s)]
 
-        def params_u(s):  # params_s * u[a]
-            return dat.E_s[s] * ua(s) + dat.P_gpu * sum(lu_expr(j) for j in range(V)
-                                                         if j % p == s)
+        def params_u(s):  # params_s * u[a] (the parameters of the data-parallel sync)
+            return dat.E_s[s] * ua(s) + dat.P_sync * sum(lu_expr(j) for j in range(V)
+                                                          if j % p == s)
 
         # the last bucket's min(bucket, params_s) * u[a]: constant cases, or through the loads'
         # binaries (gu[s, c] = g[s, c] u[a]); a model without loads takes the smallest value
@@ -391,8 +440,8 @@ class _Formulation:
             if case == "params":
                 return params_u(s)
             if not (loads and dat.needs_loads):
-                return min(dat.bucket, dat.E_s[s] + dat.P_gpu * dat.v) * ua(s)
-            size = {c: min(dat.bucket, dat.E_s[s] + dat.P_gpu * c) for c in self.counts}
+                return min(dat.bucket, dat.E_s[s] + dat.P_sync * dat.v) * ua(s)
+            size = {c: min(dat.bucket, dat.E_s[s] + dat.P_sync * c) for c in self.counts}
             if u_const is not None:
                 return u_const * sum(size[c] * M.g[s, c] for c in self.counts)
             return sum(size[c] * M.gu[s, c] for c in self.counts)
@@ -401,6 +450,8 @@ class _Formulation:
         for s in range(p):
             opt_s = (dat.opt_coef * params_expr(s) + dat.fp8_coef * dat.P_lin * stage_layers(s)
                      + dat.ovh)
+            if dat.P_exp:  # the experts' gradient sync (EP > 1, a fixed ring)
+                opt_s = opt_s + dat.exp_sig * stage_layers(s) + dat.exp_lam
             if dat.d <= 1:
                 M.tails.add(M.tail[s] >= opt_s)
                 continue
@@ -534,12 +585,15 @@ class _Formulation:
                                            else dat.hop_min_inter)
         for s in range(p):
             n_s = sum(lay[j] for j in range(V) if j % p == s)
-            params = dat.E_s[s] + dat.P_gpu * n_s
-            tail = dat.opt_coef * params + dat.fp8_coef * dat.P_lin * n_s + dat.ovh
+            params = dat.E_s[s] + dat.P_sync * n_s
+            tail = (dat.opt_coef * (dat.E_s[s] + dat.P_opt * n_s) + dat.fp8_coef * dat.P_lin * n_s
+                    + dat.ovh)
+            if dat.P_exp:
+                tail += dat.exp_sig * n_s + dat.exp_lam
             if dat.d > 1:
                 u = dat.u_min
                 if dat.bucket_case[s] == "mixed" and not (self.has_loads and dat.needs_loads):
-                    last = min(dat.bucket, dat.E_s[s] + dat.P_gpu * dat.v)  # as the model
+                    last = min(dat.bucket, dat.E_s[s] + dat.P_sync * dat.v)  # as the model
                 else:
                     last = min(dat.bucket, params)
                 red = dat.sig_r * params * u + dat.lam_r

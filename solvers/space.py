@@ -88,6 +88,11 @@ class SearchSpace:
     # context-parallel degrees; None: 1, and for sequences of at least CP_MIN_SEQ tokens every
     # power of two up to the GPU count that the sequence admits (validate_shape)
     cp: tuple[int, ...] | None = None
+    # expert-parallel degrees (mixture-of-experts models); None: every degree that divides
+    # the experts and the data x context parallel columns (1 for dense models)
+    ep: tuple[int, ...] | None = None
+    # expert tensor-parallel degrees (1 or TP); None: both where TP > 1
+    expert_tp: tuple[int, ...] | None = None
     # overlaps, off by default as in Megatron-LM; where a value cannot apply to a shape
     # (TP overlap without TP, parameter-gather overlap without the distributed optimizer)
     # the shape takes it off
@@ -133,8 +138,10 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         continue
                     shardings = _shardings(job, space, tp, pp, dp, cp, G)
                     for rc in space.recompute:
-                        for (zero, ss), f8, ovl in itertools.product(shardings, fp8s, overlaps):
-                            sh = Shape(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs,
+                        for (zero, ss), f8, ovl, (ep, etp) in itertools.product(
+                                shardings, fp8s, overlaps, _eps(model, space, tp, dp * cp)):
+                            sh = Shape(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp,
+                                       micro_batch=mbs,
                                        schedule=sched,
                                        chunks=v, layers=(), recompute=rc,
                                        sequence_parallel=tp > 1, zero=zero, shard_size=ss,
@@ -147,6 +154,19 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                             except SpecError:
                                 continue
                             yield sh
+
+
+def _eps(model: ModelSpec, space: SearchSpace, tp: int, cols: int
+         ) -> list[tuple[int, int]]:
+    """(EP, expert TP) pairs for one shape, expert TP 0 meaning TP (validate_shape drops
+    what cannot run): every EP dividing the experts and the stage's ranks, with whole experts
+    (expert TP 1) as well as TP-split ones where TP > 1."""
+    if not model.is_moe:
+        return [(1, 0)]
+    eps = space.ep or tuple(e for e in divisors(tp * cols) if model.num_experts % e == 0)
+    etps = (0, 1) if tp > 1 and space.expert_tp is None else (
+        tuple(0 if x == tp else x for x in space.expert_tp or (0,)))
+    return [(e, x) for e in eps for x in dict.fromkeys(etps)]
 
 
 # ZeRO stages each framework runs: Megatron-LM's DDP and distributed optimizer (and

@@ -1,0 +1,312 @@
+"""Expert parallelism (EP, expert TP): groups in Megatron-LM's rank order, memory and compute
+split by EP, the all-to-all on the measured links, the experts' own gradient sync, search,
+MILP and bound agreeing with the estimator, emitted flags, the held-out MoE runs."""
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from formats import presets
+from formats.clusters import SynthParams, synth_cluster, uniform_cluster
+from formats.hf_config import load_hf_config
+from formats.published import load_moe_runs, validate_moe
+from launch.emit import megatron_args, nemo_config
+from launch.ranks import megatron_rank
+from model.communication import alltoall_ms
+from model.errors import SpecError
+from model.estimator import Evaluator, estimate, make_plan
+from model.plan import Shape, ep_groups, expert_dp_groups
+from model.specs import JobSpec, ModelSpec, Options
+from solvers.bounds import shape_bound_ms
+from solvers.milp import _Data, solve_milp
+from solvers.problem import PlacementProblem
+from solvers.space import SearchSpace, blocks_for, enumerate_shapes
+
+MIXTRAL = presets.model("mixtral-8x7b")
+QWEN3 = presets.model("qwen3-30b-a3b")  # 128 experts, top-8
+# a small mixture of experts for the exact solvers: 8 layers, 8 experts, top-2
+TINY_MOE = ModelSpec("tiny-moe", 8, 1024, 8, 8, 2048, 32000, 2048, gated_mlp=True,
+                     tied_embeddings=False, position_embedding="rope", norm="rmsnorm",
+                     bias=False, dropout=False, num_experts=8, moe_topk=2)
+
+
+@pytest.mark.parametrize("name,total_b,active_b,unit", [
+    ("qwen3-30b-a3b", 30.5, 3.3, 0.1),      # Qwen3 Technical Report Table 2
+    ("qwen3-235b-a22b", 235.0, 22.0, 1.0),  # ibid.
+    ("qwen1.5-moe-a2.7b", 14.3, 2.7, 0.1),  # Qwen blog, Qwen1.5-MoE
+    ("dbrx", 132.0, 36.0, 1.0),             # Databricks, Introducing DBRX
+])
+def test_moe_presets_match_their_published_counts(name, total_b, active_b, unit):
+    """Total within 1%; active within 1% plus the rounding of the published figure (half
+    its last digit's `unit`, in billions)."""
+    m = presets.model(name)
+    assert m.total_params / 1e9 == pytest.approx(total_b, rel=0.01)
+    assert m.active_params / 1e9 == pytest.approx(active_b, abs=unit / 2 + 0.01 * active_b)
+
+
+@pytest.mark.parametrize("tp,cols,ep,etp", [(2, 8, 4, 0), (2, 8, 8, 0), (2, 8, 16, 1),
+                                            (4, 4, 8, 1), (1, 16, 8, 0), (2, 4, 2, 1)])
+def test_ep_groups_are_megatron_expert_groups(tp, cols, ep, etp):
+    """Our groups, mapped through Megatron-LM's global rank order, are the groups of its
+    expert rank generator (order tp-ep-dp-pp over etp x ep x edp x pp), computed here
+    independently from the decomposition of every global rank."""
+    pp = 2
+    sh = Shape(tp=tp, pp=pp, dp=cols, micro_batch=1, ep=ep, etp=etp)
+    et = sh.expert_tp
+    edp = tp * cols // (et * ep)
+    world = tp * cols * pp
+    ref_ep: dict = {}
+    ref_edp: dict = {}
+    for rank in range(world):
+        e_t, rest = rank % et, rank // et
+        e, rest = rest % ep, rest // ep
+        d, p = rest % edp, rest // edp
+        ref_ep.setdefault((e_t, d, p), set()).add(rank)
+        ref_edp.setdefault((e_t, e, p), set()).add(rank)
+    ours_ep, ours_edp = set(), set()
+    for s in range(pp):
+        for grp in ep_groups(sh):
+            ours_ep.add(frozenset(megatron_rank(tp, cols, s, c, t) for c, t in grp))
+        for grp in expert_dp_groups(sh):
+            ours_edp.add(frozenset(megatron_rank(tp, cols, s, c, t) for c, t in grp))
+    assert ours_ep == {frozenset(v) for v in ref_ep.values()}
+    assert ours_edp == {frozenset(v) for v in ref_edp.values()}
+
+
+def _plan(m, job, c, **kw):
+    kw.setdefault("sequence_parallel", kw.get("tp", 1) > 1)
+    return make_plan(m, job, c, **kw)
+
+
+def test_ep_splits_the_experts_weights_and_optimizer_state():
+    """Weights: the dense part over TP, the routed experts over EP x expert TP; with the
+    distributed optimizer the experts' state is sharded over the expert-data-parallel group,
+    so per GPU it is the same share as without EP."""
+    job = JobSpec(global_batch=64, seq_length=4096)
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 45.0)
+    m = MIXTRAL
+    base = estimate(m, job, c, _plan(m, job, c, tp=2, pp=4, zero=1, recompute="full"))
+    for ep, etp in ((4, 0), (8, 1)):
+        e = estimate(m, job, c, _plan(m, job, c, tp=2, pp=4, ep=ep, etp=etp, zero=1,
+                                      recompute="full"))
+        s, s0 = e.stages[1], base.stages[1]
+        n = s.layers
+        pe = m.expert_params_per_layer
+        et = etp or 2
+        expect = n * ((m.params_per_layer - pe) / 2 + pe / (ep * et)) * 2 / 2**30
+        assert s.memory.weights_gib == pytest.approx(expect, rel=1e-12)
+        # Adam state: 12 bytes of (dense / (tp dp) + experts / (ep etp edp)) = the same
+        assert s.memory.optimizer_gib == pytest.approx(s0.memory.optimizer_gib, rel=1e-9)
+        assert s.memory.weights_gib < 0.5 * s0.memory.weights_gib
+
+
+def test_ep_keeps_expert_flops_and_grows_their_gemms():
+    """Balanced routing: each GPU runs ep / E of the experts on ep times the tokens each."""
+    from model.compute import ComputeModel
+    gpu = presets.gpu("H100-SXM-80GB")
+    job = JobSpec(global_batch=8, seq_length=4096)
+    one = ComputeModel(MIXTRAL, job, gpu, tp=1, micro_batch=1, sequence_parallel=False,
+                       fp8=False).layer()
+    four = ComputeModel(MIXTRAL, job, gpu, tp=1, micro_batch=1, sequence_parallel=False,
+                        fp8=False, ep=4).layer()
+    assert four.fwd.flops == pytest.approx(one.fwd.flops, rel=1e-12)
+    # larger GEMMs run at a rate at least as good
+    assert four.fwd.ms["fc1"] <= one.fwd.ms["fc1"] * (1 + 1e-9)
+
+
+def test_alltoall_is_on_the_critical_path_and_in_the_breakdown():
+    """PP = 1, no recompute: the path runs every micro-batch's forward and backward, each
+    layer two all-to-alls each way; the breakdown's share is exactly that."""
+    job = JobSpec(global_batch=32, seq_length=4096)
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    plan = _plan(QWEN3, job, c, tp=1, pp=1, ep=16, zero=1)
+    ev = Evaluator(QWEN3, job, c, plan.shape, Options())
+    a2a = ev.ep_alltoall(plan.placement, 0, 0)
+    members = [(plan.placement.node[0][q], plan.placement.gpus[0][q][0]) for q in range(16)]
+    assert a2a == pytest.approx(alltoall_ms(c, members, ev.costs.ep_alltoall_bytes(),
+                                            c.latency_us), rel=1e-12)
+    e = estimate(QWEN3, job, c, plan)
+    m = job.global_batch // 16
+    assert e.breakdown_ms["ep_alltoall_ms"] == pytest.approx(
+        m * QWEN3.num_layers * 4 * a2a, rel=1e-9)
+
+
+def test_an_ep_group_across_a_slow_link_costs_more():
+    """Two nodes joined by a slow link: EP 8 inside a node beats EP 16 across it, and the
+    all-to-all is what differs."""
+    job = JobSpec(global_batch=32, seq_length=4096)
+    fast = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    slow = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 4.0)
+    inside = Evaluator(QWEN3, job, slow, _plan(QWEN3, job, slow, tp=1, pp=1, ep=8,
+                                                  zero=1).shape)
+    across = Evaluator(QWEN3, job, slow, _plan(QWEN3, job, slow, tp=1, pp=1, ep=16,
+                                                  zero=1).shape)
+    pl = _plan(QWEN3, job, slow, tp=1, pp=1, ep=8, zero=1).placement
+    assert across.ep_alltoall(pl, 0, 0) > 10 * inside.ep_alltoall(pl, 0, 0)
+    ev_fast = Evaluator(QWEN3, job, fast, across.shape)
+    assert ev_fast.ep_alltoall(pl, 0, 0) < across.ep_alltoall(pl, 0, 0)
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(tp=1, pp=1, ep=3), "ep"),                          # 3 does not divide 8 experts
+    (dict(tp=2, pp=1, ep=4, sequence_parallel=False), "sequence_parallel"),
+    (dict(tp=1, pp=1, ep=4, zero=3), "ep"),
+    (dict(tp=4, pp=1, ep=2, etp=2), "etp"),
+    (dict(tp=1, pp=8, ep=8, dp=2), "ep"),                     # EP x ETP > TP x DP
+])
+def test_ep_rules_are_one_line_errors(kw, field):
+    job = JobSpec(global_batch=64, seq_length=4096)
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    kw = dict(kw)
+    sp = kw.pop("sequence_parallel", kw["tp"] > 1)
+    with pytest.raises(SpecError) as e:
+        make_plan(MIXTRAL, job, c, sequence_parallel=sp, **kw)
+    assert e.value.field == field
+
+
+def test_ep_refused_for_dense_models_and_other_frameworks():
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    with pytest.raises(SpecError) as e:
+        make_plan(presets.model("llama3-8b"), JobSpec(global_batch=64, seq_length=4096), c,
+                  tp=1, pp=1, ep=2)
+    assert e.value.field == "ep"
+    with pytest.raises(SpecError) as e:
+        make_plan(MIXTRAL, JobSpec(global_batch=64, seq_length=4096, framework="torchtitan"),
+                  c, tp=1, pp=1, ep=2, zero=3)
+    assert e.value.field == "ep"
+
+
+def test_search_enumerates_ep_and_expert_tp():
+    job = JobSpec(global_batch=64, seq_length=4096)
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    shapes = list(enumerate_shapes(MIXTRAL, job, c, SearchSpace(micro_batch=(1,),
+                                                                  recompute=("full",))))
+    seen = {(s.tp, s.ep, s.expert_tp) for s in shapes}
+    assert {(1, 8, 1), (2, 8, 2), (2, 8, 1), (2, 4, 2), (4, 8, 1)} <= seen
+    dense = list(enumerate_shapes(presets.model("llama3-8b"), job, c,
+                                  SearchSpace(micro_batch=(1,), recompute=("full",))))
+    assert {s.ep for s in dense} == {1}
+
+
+def _moe_problems():
+    """Small MoE instances on 2-4 nodes of 2 GPUs: EP groups inside a node and across."""
+    out = []
+    for nodes, tp, pp, ep, etp, uniform in ((2, 1, 2, 2, 0, True), (4, 1, 2, 4, 0, True),
+                                             (4, 2, 2, 2, 0, True), (4, 2, 2, 4, 1, True),
+                                             (4, 1, 2, 4, 0, False), (4, 2, 1, 8, 1, False)):
+        c = (uniform_cluster(nodes, 2, "A100-80GB", 240.0, 3.0) if uniform else
+             synth_cluster(SynthParams(num_nodes=nodes, gpus_per_node=2, nic_gb_per_s=3.0,
+                                       leaf_size=2, oversubscription=4, degraded=1,
+                                       degraded_factor=0.3, noise=0.1, seed=nodes)))
+        dp = c.num_gpus // (tp * pp)
+        sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=1, recompute="none",
+                   sequence_parallel=tp > 1, zero=1, ep=ep, etp=etp)
+        job = JobSpec(global_batch=4 * pp * dp, seq_length=2048)
+        for blk in blocks_for(c, sh):
+            out.append(PlacementProblem(TINY_MOE, job, c, sh, blk, Options()))
+    return out
+
+
+@pytest.mark.parametrize("prob", _moe_problems(), ids=lambda p: (
+    f"n{p.cluster.num_nodes}-{p.shape.describe()}-j{p.block.j}k{p.block.k}"
+    f"{'-uniform' if p.cluster.uniform() else ''}"))
+def test_milp_alltoall_equals_the_estimator_and_brute_force(prob):
+    """Uniform clusters: the MILP runs with EP, its all-to-all is the estimator's for the
+    returned plan (1e-6) and it is optimal against brute force. Uneven ones: the annealer
+    (the search's fallback) reaches brute force; the closed-form bound is below it."""
+    from solvers.anneal import anneal
+    from solvers.brute import brute_force
+    from solvers.milp import milp_supported
+    opt = brute_force(prob)
+    bound = shape_bound_ms(prob.model, prob.job, prob.cluster, prob.shape, prob.options)
+    assert bound <= opt.objective_ms * (1 + 1e-9)
+    if milp_supported(prob) is None:
+        res = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
+        assert res.termination == "optimal"
+        assert res.objective_ms == pytest.approx(opt.objective_ms, rel=1e-7)
+        ev = Evaluator(prob.model, prob.job, prob.cluster, res.plan.shape, prob.options)
+        dat = _Data(prob)
+        for s in range(res.plan.shape.pp):
+            for r in range(res.plan.shape.cols):
+                assert dat.a2a == pytest.approx(ev.ep_alltoall(res.plan.placement, s, r),
+                                                rel=1e-6)
+        assert dat.a2a > 0
+        assert estimate(prob.model, prob.job, prob.cluster, res.plan).iteration_ms == \
+            pytest.approx(res.objective_ms, rel=1e-6)
+    else:
+        assert "expert" in milp_supported(prob)
+        ann = anneal(prob, seed=0, iters=3000)
+        assert ann.objective_ms == pytest.approx(opt.objective_ms, rel=1e-9)
+
+
+def test_emitted_flags_carry_ep_and_expert_tp():
+    job = JobSpec(global_batch=64, seq_length=4096, grad_reduce_in_bf16=True)
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 45.0)
+    plan = _plan(MIXTRAL, job, c, tp=2, pp=2, ep=8, etp=1, zero=1)
+    a = megatron_args(MIXTRAL, job, plan)[0]
+    for flag, val in (("--expert-model-parallel-size", "8"),
+                      ("--expert-tensor-parallel-size", "1"),
+                      ("--moe-token-dispatcher-type", "alltoall")):
+        assert a[a.index(flag) + 1] == val
+    assert "--grad-reduce-in-bf16" in a and "--sequence-parallel" in a
+    cfg = nemo_config(MIXTRAL, job, c, plan)[0]
+    model = cfg["model"]
+    assert (model["expert_model_parallel_size"], model["expert_tensor_parallel_size"]) == (8, 1)
+
+
+def test_grad_reduce_in_bf16_halves_gradient_bytes():
+    assert JobSpec(1, 1).grad_bytes == 4 and JobSpec(1, 1).reduce_bytes == 4
+    j = JobSpec(1, 1, grad_reduce_in_bf16=True)
+    assert (j.grad_bytes, j.reduce_bytes) == (2, 2)
+    with pytest.raises(SpecError) as e:
+        JobSpec(1, 1, precision="fp16", grad_reduce_in_bf16=True)
+    assert e.value.field == "grad_reduce_in_bf16"
+
+
+def test_qwen3_heads_are_wider_than_hidden_over_heads(tmp_path):
+    """Qwen3-30B-A3B: 32 heads of 128 on a 2048 hidden size; the HF loader reads head_dim."""
+    import json
+    m = presets.model("qwen3-30b-a3b")
+    assert (m.head_dim, m.q_dim, m.kv_dim) == (128, 4096, 512)
+    cfg = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
+           "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+           "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+           "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+           "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    loaded = load_hf_config(p)
+    assert loaded.kv_channels == 128 and loaded.total_params == m.total_params
+    job = JobSpec(global_batch=8, seq_length=4096)
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 45.0)
+    a = megatron_args(m, job, _plan(m, job, c, tp=1, pp=1, ep=8, zero=1))[0]
+    assert a[a.index("--kv-channels") + 1] == "128"
+
+
+def test_validate_covers_the_moe_runs():
+    """Every held-out MoE run is modelled (none skipped) with EP as published; the errors
+    themselves are printed by `validate`, not asserted (nothing is fitted to them)."""
+    runs = load_moe_runs()
+    s = validate_moe()
+    assert len(s.rows) == len(runs) >= 4
+    for x, r in zip(s.rows, runs):
+        assert x.skipped is None and math.isfinite(x.predicted_s)
+        assert x.estimate.breakdown_ms["ep_alltoall_ms"] > 0
+        assert r["ep"] > 1
+
+
+def test_plan_file_keeps_ep_expert_tp_and_bf16_gradients(tmp_path):
+    from formats.planfile import load_plan, save_plan
+    m = presets.model("qwen3-30b-a3b")
+    job = JobSpec(global_batch=64, seq_length=4096, grad_reduce_in_bf16=True)
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    plan = _plan(m, job, c, tp=2, pp=2, ep=8, etp=1, zero=1)
+    est = estimate(m, job, c, plan)
+    save_plan(tmp_path / "p.json", m, job, c, plan, est)
+    m2, j2, c2, p2, o2, _meta = load_plan(tmp_path / "p.json")
+    assert (p2, m2, j2.grad_reduce_in_bf16) == (plan, m, True)
+    assert estimate(m2, j2, c2, p2, o2).iteration_ms == pytest.approx(est.iteration_ms,
+                                                                      rel=1e-12)

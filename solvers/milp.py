@@ -127,37 +127,29 @@ def milp_supported(prob: PlacementProblem) -> str | None:
     return None
 
 
+def _ep_inside_node(prob: PlacementProblem) -> bool:
+    """Whether every EP group lies in one node-replica of the block layout (ep x expert TP
+    consecutive ranks of a stage within the k x tp a node holds), so that its all-to-all runs
+    over NVLink whatever the placement."""
+    sh = prob.shape
+    return (prob.block.k * sh.tp) % (sh.ep * sh.expert_tp) == 0
+
+
 def _ep_unsupported(prob: PlacementProblem) -> str | None:
-    """Expert parallelism runs in the MILP where its all-to-all and the experts' gradient
-    rings do not depend on the placement: on a uniform cluster (every EP group then costs
-    the same). Elsewhere the annealer searches which nodes share an EP group."""
+    """Expert parallelism runs in the MILP where its all-to-all does not depend on the
+    placement: on a uniform cluster (every EP group then costs the same), or where every EP
+    group stays inside a node. The experts' gradient rings are then the data-parallel ring's
+    node order with fewer members per node (`_Data._expert_sync`). Elsewhere the annealer
+    searches which nodes share an EP group."""
     sh = prob.shape
     if sh.overlap_grad_reduce or sh.overlap_param_gather:
         return ("expert parallelism with the bucket overlaps (the expert gradients' buckets "
                 "share the backward window; the annealer handles it)")
-    if not prob.cluster.uniform():
+    if not prob.cluster.uniform() and not _ep_inside_node(prob):
         return ("expert parallelism's all-to-all runs over the links each EP group's nodes "
                 "share, which depend on the placement (the annealer searches them; the bound "
                 "is the closed form)")
     return None
-
-
-def _ep_constants(ev, pl) -> tuple[float, float, float]:
-    """(one all-to-all, expert-sync slope per layer, its intercept) of a placement whose EP
-    groups all cost the same (a uniform cluster); the sync is affine in the stage's layers
-    (costs.sync_parts_ms over the expert-data-parallel ring)."""
-    sh, costs = ev.shape, ev.costs
-    a2a = max(ev.ep_alltoall(pl, s, r) for s in range(sh.pp) for r in range(sh.cols))
-    de = costs.expert_sync_group()
-    if de <= 1:
-        return a2a, 0.0, 0.0
-    members = [(pl.node[0][c], pl.gpus[0][c][t]) for c, t in expert_dp_groups(sh)[0]]
-    bw, inter = ev.ring(members)
-
-    def val(n):
-        return sum(costs.sync_parts_ms(n * costs.layer_expert_params, bw, inter, de))
-    sig = val(2) - val(1)
-    return a2a, sig, val(1) - sig
 
 
 class _Data:
@@ -181,16 +173,17 @@ class _Data:
         # (and the context-parallel ring, the same for every group there)
         self.shard_ring = self.cp_ring = math.inf
         ident = None
-        self.a2a, self.exp_sig, self.exp_lam = 0.0, 0.0, 0.0
+        self.a2a = 0.0
         split_experts = sh.ep > 1 or sh.expert_tp != sh.tp
         if sh.zero >= 3 or sh.cp > 1 or split_experts:
             ident = prob.placement(list(range(blk.A * blk.D)))
             self.shard_ring = ev0.shard_ring(ident, 0)
             self.cp_ring = ev0.cp_ring(ident, 0, 0)
-            # expert parallelism (MILP on uniform clusters only): every EP group's
-            # all-to-all, and the experts' gradient sync, as in the node order
-            self.a2a, self.exp_sig, self.exp_lam = _ep_constants(ev0, ident) if split_experts \
-                else (0.0, 0.0, 0.0)
+            # expert parallelism (MILP on uniform clusters, or EP groups inside a node):
+            # every EP group's all-to-all costs the same as in the node order
+            if split_experts:
+                self.a2a = max(ev0.ep_alltoall(ident, s, r) for s in range(sh.pp)
+                               for r in range(sh.cols))
         lt = costs.layer_times(gpu, ring_tp, self.shard_ring, self.cp_ring, self.a2a)
         self.cap_gib = (gpu.memory_gib - prob.options.overheads.context_gib) / (
             1 + prob.options.overheads.fragmentation)
@@ -275,6 +268,43 @@ class _Data:
         self.zero3 = sh.zero >= 3
         if self.zero3:  # uniform: the end-of-iteration ring is the node order's (HSDP)
             self.u_min = 1.0 / _sync_ring(ev0, ident) if sh.shard_size else 0.0
+        self._expert_sync(prob, costs, node0, ev0, ident, split_experts)
+
+    def _expert_sync(self, prob, costs, node0, ev0, ident, split_experts: bool) -> None:
+        """The routed experts' gradient sync over their expert-data-parallel rings (EP > 1 or
+        expert TP != TP): exp_sig x expert params x u_e + exp_lam, u_e[a] the inverse
+        bandwidth of node-stage a's expert ring.
+
+        On a uniform cluster every ring is the node order's: u_e is a constant. Otherwise
+        (EP groups inside a node) the ring's members are the data-parallel ring's, k_e =
+        k x tp / (ep x etp) per node-replica instead of k columns, in the same node order
+        (plan.expert_dp_groups): u_e >= (k / k_e) x the data-parallel ring's link terms and
+        u_e >= 1 / the intra-node ring of k_e GPUs (`u_e_const` None: a variable)."""
+        sh, cl = prob.shape, prob.cluster
+        self.exp_sig = self.exp_lam = 0.0
+        self.exp_factor, self.inv_intra_e, self.u_e_const = 1.0, 0.0, 0.0
+        if not split_experts:
+            return
+        de = costs.expert_sync_group()
+        if de <= 1:
+            return
+        grad_b, weight_b = prob.job.reduce_bytes, prob.job.weight_bytes
+        fe = (de - 1) / de / 1e6
+        # reduce-scatter + all-gather (distributed optimizer) or all-reduce, as
+        # costs.sync_parts_ms; both pay (de - 1) latencies twice
+        self.exp_sig = (grad_b + weight_b) * fe if sh.zero in (1, 2) else 2 * grad_b * fe
+        members = [(ident.node[0][c], ident.gpus[0][c][t]) for c, t in expert_dp_groups(sh)[0]]
+        bw, inter = ev0.ring(members)
+        self.exp_lam = 2 * (de - 1) * (cl.latency_us if inter else INTRA_LATENCY_US) / 1e3
+        if cl.uniform() or not self.inter_ring:
+            self.u_e_const = 1.0 / bw
+            return
+        k_e = self.k * sh.tp // (sh.ep * sh.expert_tp)
+        self.exp_factor = self.k / k_e
+        self.inv_intra_e = 1.0 / node0.ring_gb_per_s(tuple(range(k_e))) if k_e > 1 else 0.0
+        off = ~np.eye(self.N, dtype=bool)
+        self.u_e_min = max(self.inv_intra_e, self.exp_factor * float(self.inv_ring[off].min()))
+        self.u_e_const = None
 
     def stage_of(self, j: int) -> int:
         return j % self.p
@@ -398,12 +428,36 @@ class _Formulation:
                 if k > 1:
                     M.ring.add(M.u[a] >= dat.inv_intra)
 
+        # the experts' ring (EP groups inside a node, uneven links): u_e[a], the data-parallel
+        # ring's link terms with k_e instead of k streams per node (_Data._expert_sync)
+        ue_var = dat.exp_sig > 0 and dat.u_e_const is None and not relax
+        ue_const = None if ue_var else (dat.u_e_min if relax and dat.u_e_const is None
+                                        else dat.u_e_const)
+        M.ue = pyo.Var(range(A) if ue_var else [], domain=pyo.NonNegativeReals)
+        if ue_var:
+            for a in range(A):
+                for b in range(D):
+                    M.ring.add(M.ue[a] >= dat.exp_factor * sum(
+                        dat.inv_ring[n, m] * M.y[n, m, a, b] for n in range(N)
+                        for m in range(N) if n != m))
+                M.ring.add(M.ue[a] >= dat.inv_intra_e)
+        U_e = max(dat.exp_factor * dat.inv_ring.max(), dat.inv_intra_e) if ue_var else 0.0
+
         M.z = pyo.Var(M.J, range(nbits), domain=pyo.NonNegativeReals)
+        M.ze = pyo.Var(M.J, range(nbits) if ue_var else [], domain=pyo.NonNegativeReals)
         M.zdef = pyo.ConstraintList()
         for j in range(V):
             a = dat.nstage(dat.stage_of(j))
             for q in range(nbits):
                 M.zdef.add(M.z[j, q] >= M.u[a] - U * (1 - M.beta[j, q]))
+                if ue_var:
+                    M.zdef.add(M.ze[j, q] >= M.ue[a] - U_e * (1 - M.beta[j, q]))
+
+        def lue_expr(j):  # l[j] * u_e[a], exact at the optimum (ze minimal)
+            if not ue_var:
+                return ue_const * M.l[j]
+            a = dat.nstage(dat.stage_of(j))
+            return M.ue[a] + sum(2 ** q * M.ze[j, q] for q in range(nbits))
 
         def params_expr(s):  # the parameters the optimizer steps (costs.optimizer_shard)
             return dat.E_s[s] + dat.P_opt * stage_layers(s)
@@ -450,8 +504,9 @@ class _Formulation:
         for s in range(p):
             opt_s = (dat.opt_coef * params_expr(s) + dat.fp8_coef * dat.P_lin * stage_layers(s)
                      + dat.ovh)
-            if dat.P_exp:  # the experts' gradient sync (EP > 1, a fixed ring)
-                opt_s = opt_s + dat.exp_sig * stage_layers(s) + dat.exp_lam
+            if dat.exp_sig:  # the experts' gradient sync over their own ring
+                opt_s = opt_s + dat.exp_sig * dat.P_exp * sum(
+                    lue_expr(j) for j in range(V) if j % p == s) + dat.exp_lam
             if dat.d <= 1:
                 M.tails.add(M.tail[s] >= opt_s)
                 continue
@@ -588,8 +643,9 @@ class _Formulation:
             params = dat.E_s[s] + dat.P_sync * n_s
             tail = (dat.opt_coef * (dat.E_s[s] + dat.P_opt * n_s) + dat.fp8_coef * dat.P_lin * n_s
                     + dat.ovh)
-            if dat.P_exp:
-                tail += dat.exp_sig * n_s + dat.exp_lam
+            if dat.exp_sig:
+                ue = dat.u_e_const if dat.u_e_const is not None else dat.u_e_min
+                tail += dat.exp_sig * dat.P_exp * n_s * ue + dat.exp_lam
             if dat.d > 1:
                 u = dat.u_min
                 if dat.bucket_case[s] == "mixed" and not (self.has_loads and dat.needs_loads):

@@ -196,6 +196,8 @@ def _moe_problems():
     out = []
     for nodes, tp, pp, ep, etp, uniform in ((2, 1, 2, 2, 0, True), (4, 1, 2, 4, 0, True),
                                              (4, 2, 2, 2, 0, True), (4, 2, 2, 4, 1, True),
+                                             (4, 1, 2, 2, 0, False), (4, 2, 2, 2, 1, False),
+                                             (4, 1, 1, 2, 0, False), (4, 1, 1, 2, 0, True),
                                              (4, 1, 2, 4, 0, False), (4, 2, 1, 8, 1, False)):
         c = (uniform_cluster(nodes, 2, "A100-80GB", 240.0, 3.0) if uniform else
              synth_cluster(SynthParams(num_nodes=nodes, gpus_per_node=2, nic_gb_per_s=3.0,
@@ -214,9 +216,11 @@ def _moe_problems():
     f"n{p.cluster.num_nodes}-{p.shape.describe()}-j{p.block.j}k{p.block.k}"
     f"{'-uniform' if p.cluster.uniform() else ''}"))
 def test_milp_alltoall_equals_the_estimator_and_brute_force(prob):
-    """Uniform clusters: the MILP runs with EP, its all-to-all is the estimator's for the
-    returned plan (1e-6) and it is optimal against brute force. Uneven ones: the annealer
-    (the search's fallback) reaches brute force; the closed-form bound is below it."""
+    """Where the MILP runs with EP (uniform clusters; EP groups inside a node on uneven
+    links, the experts' rings then part of the placement problem) its all-to-all is the
+    estimator's for the returned plan (1e-6) and it is optimal against brute force. EP
+    groups across uneven links: the annealer (the search's fallback) reaches brute force.
+    The closed-form bound is below the optimum in every case."""
     from solvers.anneal import anneal
     from solvers.brute import brute_force
     from solvers.milp import milp_supported

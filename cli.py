@@ -163,6 +163,10 @@ CpListOpt = Annotated[Optional[str], typer.Option(
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-in-bf16", help="Megatron-LM: bf16 main gradients, reduced in bf16 (2 bytes "
     "per parameter instead of fp32's 4).")]
+CapacityOpt = Annotated[float, typer.Option(
+    "--moe-capacity-factor", help="Mixture of experts: tokens per expert relative to a "
+    "balanced router (1.0: balanced and dropless; c > 1: token dropping at capacity c, inputs "
+    "padded).")]
 EpListOpt = Annotated[Optional[str], typer.Option(
     "--ep", help="Expert-parallel degrees to search (mixture-of-experts models): a value or a "
     "list [every degree dividing the experts and DP x CP].")]
@@ -202,7 +206,8 @@ def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
 
 def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             distopt: bool | None = None, attention: str = "flash", allow_list: bool = False,
-            framework: str = "megatron", grad_reduce_in_bf16: bool = False):
+            framework: str = "megatron", grad_reduce_in_bf16: bool = False,
+            moe_capacity_factor: float = 1.0):
     from formats import presets
     from formats.clusters import cluster as load_cluster
     from model.specs import JobSpec
@@ -212,7 +217,8 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     c = load_cluster(cluster)
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
-                  grad_reduce_in_bf16=grad_reduce_in_bf16, source="options")
+                  grad_reduce_in_bf16=grad_reduce_in_bf16,
+                  moe_capacity_factor=moe_capacity_factor, source="options")
     return m, job, c
 
 
@@ -335,6 +341,7 @@ def estimate(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    moe_capacity_factor: CapacityOpt = 1.0,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 4,
     dp: Annotated[Optional[int], typer.Option(
@@ -379,7 +386,8 @@ def estimate(
         _write_and_report(m, job, c, plan, est, opts, as_json, **outputs)
         return
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
-                        framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16)
+                        framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
+                        moe_capacity_factor=moe_capacity_factor)
     lay = None
     if layers:
         try:
@@ -450,6 +458,7 @@ def solve(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    moe_capacity_factor: CapacityOpt = 1.0,
     method: MethodOpt = Method.auto,
     time_limit: TimeOpt = 120.0,
     seed: SeedOpt = 0,
@@ -482,7 +491,8 @@ def solve(
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value,
-                        grad_reduce_in_bf16=grad_reduce_in_bf16)
+                        grad_reduce_in_bf16=grad_reduce_in_bf16,
+                        moe_capacity_factor=moe_capacity_factor)
     opts = _options(blocking)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep)
@@ -512,6 +522,7 @@ def compare(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    moe_capacity_factor: CapacityOpt = 1.0,
     generated: Annotated[int, typer.Option(
         help="Instead of --cluster, compare on this many synthetic clusters "
         "(cluster synth's model; see --nodes).")] = 0,
@@ -544,7 +555,8 @@ def compare(
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value,
-                        grad_reduce_in_bf16=grad_reduce_in_bf16)
+                        grad_reduce_in_bf16=grad_reduce_in_bf16,
+                        moe_capacity_factor=moe_capacity_factor)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep)
     instances = [c] if generated <= 0 else [

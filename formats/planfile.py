@@ -74,7 +74,8 @@ def job_to_dict(j: JobSpec) -> dict:
             "precision": j.precision, "fp8": j.fp8, "attention": j.attention,
             "framework": j.framework, "zero": j.zero,
             "distributed_optimizer": j.distributed_optimizer,
-            "grad_reduce_in_bf16": j.grad_reduce_in_bf16}
+            "grad_reduce_in_bf16": j.grad_reduce_in_bf16,
+            "moe_capacity_factor": j.moe_capacity_factor}
 
 
 def options_to_dict(o: Options) -> dict:
@@ -243,6 +244,7 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
                        distributed_optimizer=rd.get(d, "distributed_optimizer", w, bool, None,
                                                     nullable=True),
                        grad_reduce_in_bf16=rd.get(d, "grad_reduce_in_bf16", w, bool, False),
+                       moe_capacity_factor=rd.get(d, "moe_capacity_factor", w, float, 1.0),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None

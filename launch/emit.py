@@ -168,6 +168,9 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
               "--expert-model-parallel-size", str(sh.ep),
               "--expert-tensor-parallel-size", str(sh.expert_tp),
               "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        if job.moe_capacity_factor != 1.0:  # token dropping, inputs padded to capacity
+            a += ["--moe-expert-capacity-factor", f"{job.moe_capacity_factor:g}",
+                  "--moe-pad-expert-input-to-capacity"]
         if model.moe_shared_experts:
             a += ["--moe-shared-expert-intermediate-size",
                   str(model.moe_shared_experts * model.expert_ffn)]
@@ -261,6 +264,9 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         m.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
                  expert_model_parallel_size=sh.ep, expert_tensor_parallel_size=sh.expert_tp,
                  moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
+        if job.moe_capacity_factor != 1.0:
+            m.update(moe_expert_capacity_factor=job.moe_capacity_factor,
+                     moe_pad_expert_input_to_capacity=True)
         if model.expert_ffn != model.ffn_hidden_size or model.moe_shared_experts:
             warn.append("nemo: the expert FFN width and shared experts have no NeMo 1.x key "
                         "here; set them in the model config")

@@ -201,18 +201,21 @@ class ComputeModel:
         self._elementwise(bwd, "router_topk", T * E, 2, 1, T * E * 4.0)
         ep, et = self.ep, self.etp
         Te = T * et // t if self.sp else T
-        self._elementwise(fwd, "permute", Te * k * h, 1, 1)
-        self._elementwise(bwd, "permute", Te * k * h, 1, 1)
-        per_expert = max(1, -(-ep * Te * k // E))
+        # routed copies: k per token, times the capacity factor (JobSpec.moe_capacity_factor:
+        # each expert's input padded to c times the balanced share)
+        Tk = Te * k * self.job.moe_capacity_factor
+        self._elementwise(fwd, "permute", Tk * h, 1, 1)
+        self._elementwise(bwd, "permute", Tk * h, 1, 1)
+        per_expert = max(1, math.ceil(ep * Tk / E))
         for _ in range(E // ep):
             self._linear(fwd, bwd, "fc1", per_expert, gated * fe // et, h)
-        act = Te * k * fe / et
+        act = Tk * fe / et
         self._elementwise(fwd, "act", act, gated, 1)
         self._elementwise(bwd, "act", act, gated + 1, gated)
         for _ in range(E // ep):
             self._linear(fwd, bwd, "fc2", per_expert, h, fe // et)
-        self._elementwise(fwd, "unpermute", Te * k * h, 1, 0, Te * h * self.act_b)
-        self._elementwise(bwd, "unpermute", Te * k * h, 1, 1)
+        self._elementwise(fwd, "unpermute", Tk * h, 1, 0, Te * h * self.act_b)
+        self._elementwise(bwd, "unpermute", Tk * h, 1, 1)
         if m.moe_shared_experts:
             fs = m.moe_shared_experts * fe
             self._linear(fwd, bwd, "shared_fc1", T, gated * fs // t, h)

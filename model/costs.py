@@ -236,7 +236,7 @@ class CostModel:
         over the expert-TP ranks, which `_layer_tp_comm` counts)."""
         m, sh = self.model, self.shape
         return (self.tokens / (sh.tp if sh.sequence_parallel else 1) * m.moe_topk
-                * m.hidden_size * self.job.activation_bytes)
+                * self.job.moe_capacity_factor * m.hidden_size * self.job.activation_bytes)
 
     def ep_alltoall_ms(self, cluster: ClusterSpec, members: list[tuple[int, int]]) -> float:
         """One dispatch (or combine) all-to-all among `members` [(node, GPU)], an EP group of
@@ -305,7 +305,8 @@ class CostModel:
         # token's k routed copies over the expert-TP ranks after the dispatch (Megatron-LM's
         # alltoall dispatcher), and its shared experts their own input and output
         m = self.model
-        mlp = ((m.moe_topk if sh.expert_tp == t else 0) + (1 if m.moe_shared_experts else 0)
+        mlp = ((m.moe_topk * self.job.moe_capacity_factor if sh.expert_tp == t else 0)
+               + (1 if m.moe_shared_experts else 0)
                if m.is_moe else 1)  # expert TP 1: whole experts, no collective of their own
 
         def serial(gemm, scale=1):

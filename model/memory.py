@@ -111,7 +111,9 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[st
         ("norm2 input", a16 * h, False),
     ]
     if model.is_moe:  # per token: the router's input and fp32 probabilities, and k copies
-        k, fe, fs = model.moe_topk, model.expert_ffn, model.moe_shared_experts * model.expert_ffn
+        # k routed copies per token, times the capacity factor (padded expert inputs)
+        k = model.moe_topk * job.moe_capacity_factor
+        fe, fs = model.expert_ffn, model.moe_shared_experts * model.expert_ffn
         # the routed copies an expert-TP group holds: with expert TP = TP and sequence
         # parallelism each TP rank gathers its group's tokens (etp x its 1/t share)
         g = shape.expert_tp if shape.sequence_parallel else 1

@@ -6,6 +6,7 @@ frozen dataclass validated at construction; a bad value raises `SpecError` namin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -326,6 +327,13 @@ class JobSpec:
     # Megatron-LM --grad-reduce-in-bf16: bf16 main gradients, accumulated and reduced in bf16
     # instead of fp32 (the Megatron-Bridge performance recipes' grad_reduce_in_fp32 False)
     grad_reduce_in_bf16: bool = False
+    # mixture of experts: tokens each expert processes relative to a perfectly balanced
+    # router's share T k / E. 1.0 (default): balanced, dropless, as the published MoE
+    # benchmarks force (moe_router_force_load_balancing); c > 1: Megatron-LM's token
+    # dropping at capacity factor c with every expert's input padded to capacity
+    # (--moe-expert-capacity-factor c --moe-pad-expert-input-to-capacity), so every expert's
+    # GEMMs, its all-to-all share and its stored activations are c times the balanced ones
+    moe_capacity_factor: float = 1.0
     source: str = "job"
 
     def __post_init__(self):
@@ -351,6 +359,12 @@ class JobSpec:
         if self.framework not in FRAMEWORKS:
             raise SpecError(f"unknown framework '{self.framework}'; use one of "
                             f"{', '.join(FRAMEWORKS)}", source=self.source, field="framework")
+        if isinstance(self.moe_capacity_factor, bool) or not isinstance(
+                self.moe_capacity_factor, (int, float)) or not self.moe_capacity_factor > 0 \
+                or not math.isfinite(self.moe_capacity_factor):
+            raise SpecError(f"moe_capacity_factor must be a positive number (1.0: a balanced "
+                            f"router), got {self.moe_capacity_factor!r}", source=self.source,
+                            field="moe_capacity_factor")
         if self.grad_reduce_in_bf16 and (self.precision != "bf16" or self.framework not in (
                 "megatron", "nemo")):
             raise SpecError("grad_reduce_in_bf16 is Megatron-LM's (and NeMo's) option for bf16 "

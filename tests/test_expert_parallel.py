@@ -314,3 +314,32 @@ def test_plan_file_keeps_ep_expert_tp_and_bf16_gradients(tmp_path):
     assert (p2, m2, j2.grad_reduce_in_bf16) == (plan, m, True)
     assert estimate(m2, j2, c2, p2, o2).iteration_ms == pytest.approx(est.iteration_ms,
                                                                       rel=1e-12)
+
+
+def test_capacity_factor_scales_routed_work_traffic_and_memory():
+    """c = 1.25: every expert's padded input is 1.25 x the balanced share: the experts' GEMM
+    FLOPs, the all-to-all bytes and the routed activations grow by 1.25; flags emitted."""
+    from model.compute import ComputeModel
+    from model.memory import layer_tensors
+    gpu = presets.gpu("H100-SXM-80GB")
+    base, cap = JobSpec(32, 4096), JobSpec(32, 4096, moe_capacity_factor=1.25)
+    kw = dict(tp=1, micro_batch=1, sequence_parallel=False, fp8=False, ep=4)
+    f0 = ComputeModel(MIXTRAL, base, gpu, **kw).layer().fwd
+    f1 = ComputeModel(MIXTRAL, cap, gpu, **kw).layer().fwd
+    # the routed experts' GEMMs: 2 FLOPs x T k tokens x (gate, up, down) h x expert width
+    routed = 2 * 4096 * MIXTRAL.moe_topk * 3 * MIXTRAL.hidden_size * MIXTRAL.expert_ffn
+    assert f1.flops - f0.flops == pytest.approx(0.25 * routed, rel=1e-12)
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    p0 = _plan(MIXTRAL, base, c, tp=1, pp=1, ep=4, zero=1)
+    e0 = Evaluator(MIXTRAL, base, c, p0.shape).costs.ep_alltoall_bytes()
+    e1 = Evaluator(MIXTRAL, cap, c, p0.shape).costs.ep_alltoall_bytes()
+    assert e1 == pytest.approx(1.25 * e0, rel=1e-12)
+    t0 = dict((n, b) for n, b, _ in layer_tensors(MIXTRAL, base, p0.shape))
+    t1 = dict((n, b) for n, b, _ in layer_tensors(MIXTRAL, cap, p0.shape))
+    assert t1["expert fc2 inputs"] == pytest.approx(1.25 * t0["expert fc2 inputs"])
+    a = megatron_args(MIXTRAL, cap, p0)[0]
+    assert a[a.index("--moe-expert-capacity-factor") + 1] == "1.25"
+    assert "--moe-expert-capacity-factor" not in megatron_args(MIXTRAL, base, p0)[0]
+    with pytest.raises(SpecError) as e:
+        JobSpec(8, 4096, moe_capacity_factor=0.0)
+    assert e.value.field == "moe_capacity_factor"

@@ -15,9 +15,10 @@ Megatron-LM, with EP 16 or 32 (an EP group spans 2 or 4 nodes, so its all-to-all
 nodes: the case where placement matters). For each cluster the script runs `compare`
 (solvers/compare.py: the exact search, the annealer, and the exact search's shape under
 Megatron-LM's default rank placement, all scored by the same estimator) and prints the times,
-the ratio Megatron placement / ours, the all-to-all time per stage of both, and how many EP
-groups each placement puts across a leaf boundary or on a degraded uplink ("ours": the better
-of the exact search and the annealer).
+the ratio Megatron placement / ours, the same ratio for our own shape and split placed in
+Megatron-LM's order (the placement alone), the all-to-all time per stage of both, and how many
+EP groups each placement puts across a leaf boundary or on a degraded uplink ("ours": the
+better of the exact search and the annealer).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from formats import presets  # noqa: E402
 from model.cluster import ClusterSpec, NodeSpec  # noqa: E402
 from model.estimator import Evaluator  # noqa: E402
-from model.plan import ep_groups  # noqa: E402
+from model.plan import Plan, ep_groups, megatron_placement  # noqa: E402
 from model.specs import JobSpec, Options  # noqa: E402
 from solvers.compare import compare_instance  # noqa: E402
 from solvers.space import SearchSpace  # noqa: E402
@@ -97,11 +98,11 @@ def main() -> None:
     print(f"Qwen3-30B-A3B, GBS {job.global_batch}, seq {job.seq_length}, EP 16/32; 16 nodes x 8 "
           f"H100, leaves of 4 ({IN_LEAF:g} GB/s), spine {SPINE:g}, leaves {SLOW_LEAVES} "
           f"degraded to {DEGRADED:g}; time limit {args.time_limit:g} s per method\n")
-    head = (f"{'cluster':<11} {'plan (exact)':<44} {'exact s':>8} {'anneal s':>8} "
-            f"{'megatron s':>10} {'meg/ours':>8} {'a2a ours':>9} {'a2a meg':>8} "
+    head = (f"{'cluster':<11} {'plan (ours)':<44} {'exact s':>8} {'anneal s':>8} "
+            f"{'megatron s':>10} {'meg/ours':>8} {'same/ours':>9} {'a2a ours':>9} {'a2a meg':>8} "
             f"{'cross ours':>10} {'cross meg':>9} {'slow ours':>9} {'slow meg':>8} {'status':>22}")
     print(head)
-    ratios = []
+    ratios, same_ratios = [], []
     for cluster, leaf in clusters:
         t0 = time.perf_counter()
         plans: dict = {}
@@ -112,18 +113,29 @@ def main() -> None:
         # ours: the better of the two searches; Megatron's: the exact search's shape in
         # Megatron-LM's rank order (compare's baseline)
         ours = plans["exact"] if ex["iteration_ms"] <= an["iteration_ms"] else plans["anneal"]
+        # Megatron-LM's placement of the same shape and split as ours (the placement alone)
+        same = Plan(ours.shape, megatron_placement(cluster, ours.shape.tp, ours.shape.pp,
+                                                   ours.shape.cols))
+        meg_same = Evaluator(model, job, cluster, ours.shape, Options()).iteration_ms(
+            same.placement)
         a_ours, c_ours, s_ours = ep_report(model, job, cluster, leaf, ours)
-        a_meg, c_meg, s_meg = ep_report(model, job, cluster, leaf, plans["megatron"])
-        ratio = meg["iteration_ms"] / min(ex["iteration_ms"], an["iteration_ms"])
+        a_meg, c_meg, s_meg = ep_report(model, job, cluster, leaf, same)
+        best = min(ex["iteration_ms"], an["iteration_ms"])
+        ratio = meg["iteration_ms"] / best
         ratios.append(ratio)
-        print(f"{cluster.name:<11} {ex['plan'][:44]:<44} {ex['iteration_ms'] / 1e3:8.3f} "
+        same_ratios.append(meg_same / best)
+        print(f"{cluster.name:<11} {ours.shape.describe()[:44]:<44} "
+              f"{ex['iteration_ms'] / 1e3:8.3f} "
               f"{an['iteration_ms'] / 1e3:8.3f} {meg['iteration_ms'] / 1e3:10.3f} "
-              f"{ratio:8.3f} {a_ours:9.3f} {a_meg:8.3f} {c_ours:10d} {c_meg:9d} {s_ours:9d} "
+              f"{ratio:8.3f} {meg_same / best:9.3f} {a_ours:9.3f} {a_meg:8.3f} {c_ours:10d} {c_meg:9d} {s_ours:9d} "
               f"{s_meg:8d} {ex['proven'][:22]:>22}   ({time.perf_counter() - t0:.0f} s)")
     print(f"\nMegatron placement / ours: median {np.median(ratios):.3f}, min {min(ratios):.3f}, "
-          f"max {max(ratios):.3f} over {len(ratios)} clusters (a2a: one all-to-all, ms, "
-          "slowest stage; cross / slow: EP groups across a leaf boundary / over a degraded "
-          "uplink)")
+          f"max {max(ratios):.3f} over {len(ratios)} clusters (compare's baseline: the exact "
+          f"search's shape in Megatron-LM order); same shape and split as ours, Megatron-LM "
+          f"order: median {np.median(same_ratios):.3f}, min {min(same_ratios):.3f}, max "
+          f"{max(same_ratios):.3f}. a2a: one all-to-all, ms, slowest stage, of ours and of the "
+          "same shape in Megatron order; cross / slow: EP groups across a leaf boundary / "
+          "over a degraded uplink")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Hugging Face `config.json` files (llama, mistral, qwen2, gpt2, gpt_neox; mixture-of-experts
-mixtral and qwen2_moe / qwen3_moe) as model specs."""
+mixtral, qwen2_moe / qwen3_moe, and deepseek_v2 / deepseek_v3 with latent attention and leading
+dense layers) as model specs."""
 
 from __future__ import annotations
 
@@ -20,25 +21,24 @@ _HF_KEYS = {
     "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
 }
 _GATED = {"llama": True, "mistral": True, "qwen2": True, "mixtral": True, "gpt2": False,
-          "gpt_neox": False, "qwen2_moe": True, "qwen3_moe": True}
+          "gpt_neox": False, "qwen2_moe": True, "qwen3_moe": True, "deepseek_v2": True,
+          "deepseek_v3": True}
 # mixture-of-experts keys (transformers' MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig):
 # routed experts, experts per token, one expert's FFN width (Mixtral's is intermediate_size)
 _MOE_KEYS = {"mixtral": ("num_local_experts", "num_experts_per_tok", None),
              "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
-             "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size")}
-_UNSUPPORTED = {
-    "deepseek_v3": "DeepSeek-V3's multi-head latent attention and its first dense layers "
-                   "(first_k_dense_replace) are not modelled yet",
-    "deepseek_v2": "DeepSeek-V2's multi-head latent attention and its first dense layers "
-                   "(first_k_dense_replace) are not modelled yet",
-}
+             "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+             "deepseek_v2": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"),
+             "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")}
+_UNSUPPORTED: dict[str, str] = {}
 # Architecture per family (the transformers modeling file of each): position embedding, norm,
 # linear-layer biases. Qwen2 has biases on QKV only; the bias flag is for all four linear
 # layers, so it is counted as bias-free (4h of the ~12h^2 weights per layer are missed).
 _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", False),
          "qwen2": ("rope", "rmsnorm", False), "mixtral": ("rope", "rmsnorm", False),
          "gpt2": ("learned", "layernorm", True), "gpt_neox": ("rope", "layernorm", True),
-         "qwen2_moe": ("rope", "rmsnorm", False), "qwen3_moe": ("rope", "rmsnorm", False)}
+         "qwen2_moe": ("rope", "rmsnorm", False), "qwen3_moe": ("rope", "rmsnorm", False),
+         "deepseek_v2": ("rope", "rmsnorm", False), "deepseek_v3": ("rope", "rmsnorm", False)}
 
 
 def _dropout(cfg: dict, mtype: str) -> bool:
@@ -86,7 +86,7 @@ def load_hf_config(path: Path) -> ModelSpec:
     # an explicit head width (Qwen3: head_dim 128 on hidden 2048 with 32 heads)
     hd = cfg.get("head_dim")
     if isinstance(hd, int) and not isinstance(hd, bool) and hd > 0 and \
-            hd * vals["num_heads"] != vals["hidden_size"]:
+            hd * vals["num_heads"] != vals["hidden_size"] and "kv_channels" not in vals:
         vals["kv_channels"] = hd
     return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=bool(tied),
                      position_embedding=pos, norm=norm, bias=bias, dropout=_dropout(cfg, mtype),
@@ -103,6 +103,8 @@ def _moe_fields(cfg: dict, mtype: str, src: str) -> dict:
         if not isinstance(cfg.get(key), int):
             raise SpecError(f"missing or not an integer; a {mtype} config has it", source=src,
                             field=key)
+    if mtype.startswith("deepseek"):
+        return _deepseek_fields(cfg, src)
     if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
         raise SpecError("some layers are dense (decoder_sparse_step != 1 or mlp_only_layers); "
                         "the cost model needs every layer to be a MoE layer", source=src,
@@ -120,3 +122,30 @@ def _moe_fields(cfg: dict, mtype: str, src: str) -> dict:
                             field="shared_expert_intermediate_size")
         out["moe_shared_experts"] = shared // fe
     return out
+
+
+def _deepseek_fields(cfg: dict, src: str) -> dict:
+    """DeepSeek-V2 / V3 (transformers' DeepseekV3Config): routed and shared experts of
+    moe_intermediate_size, first_k_dense_replace leading dense layers of intermediate_size,
+    multi-head latent attention (kv_lora_rank, q_lora_rank or null, qk_nope_head_dim,
+    qk_rope_head_dim, v_head_dim). Every layer after the dense ones must be a MoE layer."""
+    keys = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    for key in keys:
+        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool):
+            raise SpecError("missing or not an integer; a DeepSeek-V2/V3 config has it",
+                            source=src, field=key)
+    if cfg.get("moe_layer_freq", 1) != 1:
+        raise SpecError("MoE layers every moe_layer_freq > 1 layers are not modelled (only "
+                        "leading dense layers, first_k_dense_replace)", source=src,
+                        field="moe_layer_freq")
+    q_lora = cfg.get("q_lora_rank") or 0
+    if not isinstance(q_lora, int):
+        raise SpecError("must be an integer or null", source=src, field="q_lora_rank")
+    return {"num_experts": cfg["n_routed_experts"], "moe_topk": cfg["num_experts_per_tok"],
+            "moe_ffn_hidden_size": cfg["moe_intermediate_size"],
+            "moe_shared_experts": int(cfg.get("n_shared_experts") or 0),
+            "first_dense_layers": int(cfg.get("first_k_dense_replace") or 0),
+            "kv_channels": cfg["qk_nope_head_dim"], "mla_kv_lora_rank": cfg["kv_lora_rank"],
+            "mla_q_lora_rank": q_lora, "mla_qk_rope_dim": cfg["qk_rope_head_dim"],
+            "mla_v_head_dim": cfg["v_head_dim"]}

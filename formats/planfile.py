@@ -37,7 +37,8 @@ _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads
                  "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "tied_embeddings",
                  "position_embedding", "norm", "bias", "dropout", "embedding_norm",
                  "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
-                 "kv_channels", "source")
+                 "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
+                 "mla_qk_rope_dim", "mla_v_head_dim", "source")
 _GPU_FLOATS = ("memory_gib", "hbm_gb_per_s", "nvlink_gb_per_s", "gemm_efficiency",
                "attention_efficiency", "hbm_efficiency", "kernel_overhead_us")
 _SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wall_s")
@@ -222,7 +223,8 @@ def _read_model(rd: _Reader, d: dict) -> ModelSpec:
     kw["dropout"] = rd.get(d, "dropout", w, bool)
     kw["embedding_norm"] = rd.get(d, "embedding_norm", w, bool)
     for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
-              "kv_channels"):
+              "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
+              "mla_qk_rope_dim", "mla_v_head_dim"):
         kw[f] = rd.get(d, f, w, int, 0)
     kw["source"] = rd.get(d, "source", w, str, "")
     try:

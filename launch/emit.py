@@ -153,7 +153,14 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
           "--num-attention-heads", str(model.num_heads),
           "--seq-length", str(job.seq_length),
           "--max-position-embeddings", str(max(model.seq_length, job.seq_length))]
-    if model.kv_channels:
+    if model.is_mla:  # arguments.py _add_mla_args (qk-head-dim: the non-rotary part)
+        a += ["--multi-latent-attention", "--kv-lora-rank", str(model.mla_kv_lora_rank),
+              "--qk-head-dim", str(model.head_dim),
+              "--qk-pos-emb-head-dim", str(model.mla_qk_rope_dim),
+              "--v-head-dim", str(model.mla_v_head_dim)]
+        if model.mla_q_lora_rank:
+            a += ["--q-lora-rank", str(model.mla_q_lora_rank)]
+    elif model.kv_channels:
         a += ["--kv-channels", str(model.kv_channels)]
     if model.num_kv_heads != model.num_heads:
         a += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
@@ -168,6 +175,9 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
               "--expert-model-parallel-size", str(sh.ep),
               "--expert-tensor-parallel-size", str(sh.expert_tp),
               "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        if model.first_dense_layers:  # leading dense layers (arguments.py: a list pattern)
+            a += ["--moe-layer-freq",
+                  f"([0]*{model.first_dense_layers}+[1]*{model.moe_layers})"]
         if job.moe_capacity_factor != 1.0:  # token dropping, inputs padded to capacity
             a += ["--moe-expert-capacity-factor", f"{job.moe_capacity_factor:g}",
                   "--moe-pad-expert-input-to-capacity"]
@@ -258,12 +268,18 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     }
     if model.gated_mlp:
         m["activation"] = "fast-swiglu"  # NeMo llama configs
-    if model.kv_channels:
+    if model.is_mla:
+        m.update(multi_latent_attention=True, kv_lora_rank=model.mla_kv_lora_rank,
+                 q_lora_rank=model.mla_q_lora_rank or None, qk_head_dim=model.head_dim,
+                 qk_pos_emb_head_dim=model.mla_qk_rope_dim, v_head_dim=model.mla_v_head_dim)
+    elif model.kv_channels:
         m["kv_channels"] = model.kv_channels
     if model.is_moe:  # NeMo (Megatron-Core) MoE keys
         m.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
                  expert_model_parallel_size=sh.ep, expert_tensor_parallel_size=sh.expert_tp,
                  moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
+        if model.first_dense_layers:
+            m["moe_layer_freq"] = [0] * model.first_dense_layers + [1] * model.moe_layers
         if job.moe_capacity_factor != 1.0:
             m.update(moe_expert_capacity_factor=job.moe_capacity_factor,
                      moe_pad_expert_input_to_capacity=True)

@@ -152,12 +152,15 @@ class ComputeModel:
         self._elementwise(fwd, "norm1", hs, 1, 1)
         self._elementwise(bwd, "norm1", hs, 2, 1)
         q = m.q_dim  # = h unless the heads are not h / a wide
-        self._linear(fwd, bwd, "qkv", T, (q + 2 * kv) // t, h)
-        if m.position_embedding == "rope":
-            self._elementwise(fwd, "rope", T * (q + kv) / t, 1, 1)
-            self._elementwise(bwd, "rope", T * (q + kv) / t, 1, 1)
+        if m.is_mla:
+            self._latent_projections(fwd, bwd)
+        else:
+            self._linear(fwd, bwd, "qkv", T, (q + 2 * kv) // t, h)
+            if m.position_embedding == "rope":
+                self._elementwise(fwd, "rope", T * (q + kv) / t, 1, 1)
+                self._elementwise(bwd, "rope", T * (q + kv) / t, 1, 1)
         attn_fwd = self._attention(fwd, bwd)
-        self._linear(fwd, bwd, "proj", T, h, q // t)
+        self._linear(fwd, bwd, "proj", T, h, m.o_dim // t)
         self._bias_dropout_add(fwd, bwd, "bda1", hs, mask)
 
         # MLP block: norm, up (and gate), activation, down, bias-dropout-add
@@ -177,6 +180,31 @@ class ComputeModel:
         self._linear(fwd, bwd, "fc2", T, h, f // t)
         self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
         return LayerCompute(fwd, bwd, attn_fwd)
+
+    def _latent_projections(self, fwd: Pass, bwd: Pass) -> None:
+        """Multi-head latent attention's input projections (DeepSeek-V2 Sec. 2.1; Megatron-LM
+        MultiLatentAttention): the down projections to the query latent (if any) and to the
+        key/value latent plus the shared rotary key run whole on every TP rank (they are not
+        split), each latent is normalized, and the up projections to per-head queries and to
+        per-head keys and values are column-parallel. All are named "qkv" (their sum is what
+        the tensor-parallel overlaps see)."""
+        m, t, T = self.model, self.t, self.T
+        h, ql, kvl, rope = m.hidden_size, m.mla_q_lora_rank, m.mla_kv_lora_rank, m.mla_qk_rope_dim
+        heads = m.num_heads // t
+        if ql:
+            self._linear(fwd, bwd, "qkv", T, ql, h)
+            self._elementwise(fwd, "latent_norm", T * ql, 1, 1)
+            self._elementwise(bwd, "latent_norm", T * ql, 2, 1)
+            self._linear(fwd, bwd, "qkv", T, heads * m.qk_head_dim, ql)
+        else:
+            self._linear(fwd, bwd, "qkv", T, heads * m.qk_head_dim, h)
+        self._linear(fwd, bwd, "qkv", T, kvl + rope, h)
+        self._elementwise(fwd, "latent_norm", T * kvl, 1, 1)
+        self._elementwise(bwd, "latent_norm", T * kvl, 2, 1)
+        self._linear(fwd, bwd, "qkv", T, heads * (m.head_dim + m.mla_v_head_dim), kvl)
+        # rotary on each head's query part and on the shared key part
+        self._elementwise(fwd, "rope", T * rope * (heads + 1), 1, 1)
+        self._elementwise(bwd, "rope", T * rope * (heads + 1), 1, 1)
 
     def _moe(self, fwd: Pass, bwd: Pass) -> None:
         """A mixture-of-experts MLP: E / ep experts on this GPU, each expert's FFN split over
@@ -237,8 +265,10 @@ class ComputeModel:
         heads = m.num_heads // t
         d = m.head_dim
         # QK^T and PV of this GPU's T queries against all s keys (eq. 3; with context
-        # parallelism T = b s / cp, so each rank does 1/cp of the s x s work)
-        full_flops = 4.0 * T * s * h / t
+        # parallelism T = b s / cp, so each rank does 1/cp of the s x s work; latent
+        # attention: qk-wide scores, v-wide values)
+        full_flops = (4.0 * T * s * h / t if not m.is_mla else
+                      2.0 * T * s * heads * (m.qk_head_dim + m.mla_v_head_dim))
         if self.job.attention == "flash":
             work = full_flops * 0.5 * (1 + min(1.0, FLASH_BLOCK / s))
             rate = self.peak * g.attention_efficiency

@@ -109,6 +109,9 @@ class CostModel:
         # how many times finer than the data-parallel shard the experts' optimizer state is
         # sharded: over the expert-data-parallel group, tp x cols / (ep x etp) ranks
         self.expert_shard_factor = ep * et / t
+        # leading dense layers (all in virtual stage 0, plan.validate_shape): their cost model
+        self.first_dense = model.first_dense_layers
+        self._dense: CostModel | None = None
 
     # -- compute -----------------------------------------------------------------------------
 
@@ -206,8 +209,9 @@ class CostModel:
 
     def cp_step_bytes(self) -> float:
         """Bytes one CP rank sends per ring step of one layer's forward: its K and V chunk
-        (b s / cp tokens, kv_dim / t channels each, activation precision)."""
-        return 2.0 * self.tokens * self.model.kv_dim / self.shape.tp * self.job.activation_bytes
+        (b s / cp tokens, kv_dim / t channels each, activation precision; latent attention:
+        its up-projected keys and values)."""
+        return self.tokens * self.model.kv_widths / self.shape.tp * self.job.activation_bytes
 
     def _cp_exchange_ms(self, lc, ring_gb_per_s: float) -> tuple[float, float]:
         """Exposed ring exchange of context parallelism in one layer (forward, backward).
@@ -344,17 +348,32 @@ class CostModel:
             head = (ce, exposed_async_ms(ar, wgrad))
         return emb, head
 
+    def dense_costs(self) -> CostModel:
+        """The cost model of the leading dense layers (model.dense_layer_model, no EP)."""
+        if self._dense is None:
+            from dataclasses import replace
+            self._dense = CostModel(self.model.dense_layer_model, self.job, self.cluster,
+                                    replace(self.shape, ep=1, etp=0), self.options)
+        return self._dense
+
     def virtual_stage_ms(self, gpu: GPUSpec, tp_ring_gb_per_s: float, j: int,
                          layers: int, shard_ring_gb_per_s: float = math.inf,
                          cp_ring_gb_per_s: float = math.inf,
                          ep_alltoall_ms: float = 0.0) -> tuple[float, float]:
-        """Forward and backward time of virtual stage j holding `layers` layers."""
+        """Forward and backward time of virtual stage j holding `layers` layers (virtual
+        stage 0's first `first_dense` of them dense: a constant difference, so the time stays
+        linear in the layer count)."""
         lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s,
                               ep_alltoall_ms)
         f, b = layers * lt.fwd_ms + lt.shard_fill_fwd_ms, layers * lt.bwd_ms + \
             lt.shard_fill_bwd_ms
         if j == 0:
             f, b = f + lt.emb_fwd_ms, b + lt.emb_bwd_ms
+            if self.first_dense:
+                d = self.dense_costs().layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s,
+                                                   cp_ring_gb_per_s)
+                f += self.first_dense * (d.fwd_ms - lt.fwd_ms)
+                b += self.first_dense * (d.bwd_ms - lt.bwd_ms)
         if j == self.shape.num_virtual - 1:
             f, b = f + lt.head_fwd_ms, b + lt.head_bwd_ms
         return f, b
@@ -417,6 +436,8 @@ class CostModel:
             n += layers[j] * per_layer
             if j == 0:
                 n += m.embedding_params
+                if self.first_dense:  # its leading dense layers instead of MoE ones
+                    n += self.first_dense * (m.dense_layer_model.params_per_layer - per_layer)
             if j == sh.num_virtual - 1:
                 n += m.final_norm_params
                 if not m.tied_embeddings or sh.pp > 1:
@@ -432,17 +453,22 @@ class CostModel:
         if sh.ep == 1 and sh.expert_tp == sh.tp:
             return 0.0
         layers = layers if layers is not None else sh.layers
-        return sum(layers[c * sh.pp + stage] for c in range(sh.chunks)) * \
-            self.layer_expert_params
+        n = sum(layers[c * sh.pp + stage] for c in range(sh.chunks))
+        if stage == 0:
+            n -= self.first_dense  # (negative with no layers: the constant part of a stage)
+        return n * self.layer_expert_params
 
     def stage_linear_params(self, stage: int, layers: tuple[int, ...] | None = None) -> float:
         """Linear-layer weights of one GPU of `stage` (those FP8 keeps copies of)."""
         sh = self.shape
         layers = layers if layers is not None else sh.layers
         n = sum(layers[c * sh.pp + stage] for c in range(sh.chunks))
-        if sh.ep == 1 and sh.expert_tp == sh.tp:
-            return n * self.model.linear_params_per_layer / sh.tp
-        return n * self.layer_linear_params
+        per = (self.model.linear_params_per_layer / sh.tp if sh.ep == 1 and sh.expert_tp == sh.tp
+               else self.layer_linear_params)
+        if stage == 0 and self.first_dense:
+            return n * per + self.first_dense * (
+                self.model.dense_layer_model.linear_params_per_layer / sh.tp - per)
+        return n * per
 
     # -- data parallel -------------------------------------------------------------------------
 

@@ -89,8 +89,8 @@ class Evaluator:
         self._replica_cache: dict = {}
         self._path_cache: dict = {}
         self._ep_groups = ep_groups(shape) if shape.ep > 1 else []
-        self._expert_dp_groups = (expert_dp_groups(shape) if self.costs.stage_expert_params(
-            0, (1,) * shape.num_virtual) else [])
+        self._expert_dp_groups = (expert_dp_groups(shape) if model.is_moe and (
+            shape.ep > 1 or shape.expert_tp != shape.tp) else [])
 
     # -- durations ---------------------------------------------------------------------------
 
@@ -354,11 +354,11 @@ class Evaluator:
         every layer, selective the attention core."""
         m, job = self.model, self.job
         tokens = job.global_batch * job.seq_length
-        model_flops = 3 * (m.num_layers * m.layer_flops_fwd(tokens, job.seq_length)
+        model_flops = 3 * (m.model_flops_fwd(tokens, job.seq_length)
                            + m.logits_flops_fwd(tokens))
         extra = 0.0
         if self.shape.recompute == "full":
-            extra = m.num_layers * m.layer_flops_fwd(tokens, job.seq_length)
+            extra = m.model_flops_fwd(tokens, job.seq_length)
         elif self.shape.recompute == "selective":
             extra = m.num_layers * m.attention_core_flops_fwd(tokens, job.seq_length)
         return model_flops, extra
@@ -457,7 +457,8 @@ def default_layers(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     """Balanced split over the p * v virtual stages that accounts for the embedding on the first
     and the output layer and loss on the last: layers go one at a time to the virtual stage with
     the least forward + backward time (ties to the later stage, as Megatron's uneven split keeps
-    the first and last stages lighter)."""
+    the first and last stages lighter). A mixture of experts' leading dense layers start in
+    virtual stage 0, at their own time."""
     options = options or Options()
     V = shape.pp * shape.chunks
     costs = CostModel(model, job, cluster, shape, options)
@@ -469,14 +470,18 @@ def default_layers(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     load[0] += lt.emb_fwd_ms + lt.emb_bwd_ms
     load[-1] += lt.head_fwd_ms + lt.head_bwd_ms
     layers = [0] * V
+    kd = model.first_dense_layers
+    if kd:
+        f0, b0 = costs.virtual_stage_ms(node.gpu, ring, 0, kd)
+        layers[0], load[0] = kd, f0 + b0
     # empty stages first (the later first), then the least loaded (ties: the later)
-    first = min(model.num_layers, V)
+    first = min(model.num_layers - kd, V - (1 if kd else 0))
     for j in range(V - 1, V - 1 - first, -1):
         layers[j] += 1
         load[j] += per
     heap = [(load[i] + per, -i) for i in range(V) if layers[i]]
     heapq.heapify(heap)
-    for _ in range(model.num_layers - first):
+    for _ in range(model.num_layers - kd - first):
         _key, neg = heapq.heappop(heap)
         j = -neg
         layers[j] += 1

@@ -105,11 +105,18 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[st
         ("norm1 input", a16 * h, False),
         ("qkv input", lin * h, False),
         ("q", a16 * model.q_dim, True),
-        ("k, v", a16 * 2 * kv, True),
-        ("attention output", a16 * model.q_dim + (lin * model.q_dim if shape.fp8 else 0.0),
+        ("k, v", a16 * model.kv_widths, True),
+        ("attention output", a16 * model.o_dim + (lin * model.o_dim if shape.fp8 else 0.0),
          True),
         ("norm2 input", a16 * h, False),
     ]
+    if model.is_mla:  # the latents (norm inputs) and the up projections' inputs, whole per rank
+        ql, kvl = model.mla_q_lora_rank, model.mla_kv_lora_rank
+        tp_whole = shape.tp if shape.sequence_parallel else 1  # not split by SP either
+        out += [("kv latent", (a16 * (kvl + model.mla_qk_rope_dim) + lin * kvl) * tp_whole,
+                 False)]
+        if ql:
+            out += [("q latent", (a16 + lin) * ql * tp_whole, False)]
     if model.is_moe:  # per token: the router's input and fp32 probabilities, and k copies
         # k routed copies per token, times the capacity factor (padded expert inputs)
         k = model.moe_topk * job.moe_capacity_factor
@@ -244,11 +251,18 @@ class MemoryModel:
         # (vocabulary-parallel with TP's loss_parallel)
         self.loss_work = (6.0 * s * b * model.vocab_size / t
                           if job.framework == "torchtitan" else 0.0)
+        # leading dense layers (virtual stage 0): their activations instead of MoE ones
+        self.first_dense = model.first_dense_layers
+        self.dense_act_delta = (self.first_dense * (layer_activation_bytes(
+            model.dense_layer_model, job, shape) - self.act_layer) if self.first_dense else 0.0)
         if shape.recompute == "full" or (shape.recompute == "selective"
                                          and job.framework == "torchtitan"):
             # the backward rebuilds one layer's activations (per-op SAC: all but what it
             # kept, counted whole here)
             self.work = layer_activation_bytes(model, job, shape, "none")
+            if self.first_dense:
+                self.work = max(self.work, layer_activation_bytes(model.dense_layer_model, job,
+                                                                  shape, "none"))
         elif shape.recompute == "selective":
             self.work = attention_score_bytes(model, job, shape)
         else:
@@ -280,6 +294,12 @@ class MemoryModel:
                 + self.layer_linear_params * fp8 + self.layer_expert_params
                 * (self.expert_grad_extra + self.expert_opt_extra))
         self._per_param = per_param
+        # stage 0's leading dense layers: FP8 copies of their own linear weights instead of
+        # the MoE layers', and no expert shards (their parameters are in `params`)
+        self.first_dense_static = (self.first_dense * (
+            (model.dense_layer_model.linear_params_per_layer / t - self.layer_linear_params)
+            * fp8 - self.layer_expert_params * (self.expert_grad_extra + self.expert_opt_extra))
+            if self.first_dense else 0.0)
         # ZeRO-3 / FSDP: the layer being computed and the one prefetched are gathered whole,
         # and a layer's full gradient exists until it is reduce-scattered
         # (DeepSpeed gathers module by module, so its unit is the largest weight matrix:
@@ -295,16 +315,17 @@ class MemoryModel:
         last stage the loss's (torchtitan), whichever is larger (they do not overlap)."""
         return max(self.work, self.loss_work) if s == self.shape.pp - 1 else self.work
 
-    def const_static_bytes(self, params_without_layers: float) -> float:
+    def const_static_bytes(self, params_without_layers: float, stage: int = -1) -> float:
         """Bytes of a stage that do not grow with its layers: the parameters outside its
-        layers (embedding, output layer, final norm; their count on one GPU given) and the
-        ZeRO-3 gathering buffers."""
-        return params_without_layers * self._per_param + self.transient
+        layers (embedding, output layer, final norm, stage 0's dense-layer difference; their
+        count on one GPU given) and the ZeRO-3 gathering buffers."""
+        return params_without_layers * self._per_param + self.transient + (
+            self.first_dense_static if stage == 0 else 0.0)
 
     def chunk_act_bytes(self, j: int, layers: int) -> float:
         a = layers * self.act_layer
         if j == 0:
-            a += self.emb_act
+            a += self.emb_act + self.dense_act_delta
         if j == self.shape.num_virtual - 1:
             a += self.head_act
         else:
@@ -330,9 +351,14 @@ class MemoryModel:
                          * fp8_weight_copy_bytes(self.job, sh))
         else:
             fp8_bytes = n_layers * self.layer_linear_params * fp8_weight_copy_bytes(self.job, sh)
-        experts = n_layers * self.layer_expert_params
+        experts = (n_layers - (self.first_dense if s == 0 else 0)) * self.layer_expert_params
         grads = params * gb + experts * self.expert_grad_extra
         opt = params * ob + experts * self.expert_opt_extra
+        if s == 0 and self.first_dense:  # the dense layers' own FP8 copies
+            fp8_bytes += self.first_dense * (m.dense_layer_model.linear_params_per_layer / sh.tp
+                                             - (m.linear_params_per_layer / sh.tp if self._plain
+                                                else self.layer_linear_params)) * \
+                fp8_weight_copy_bytes(self.job, sh)
         tensors = (params * (wb + gb + ob) if self._plain else params * wb + grads + opt) + \
             fp8_bytes + best + self.transient
         o = self.options.overheads

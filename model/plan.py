@@ -243,6 +243,10 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                             field="cp")
     if shape.ep > 1 or shape.etp:
         _validate_ep(model, job, shape, src)
+    if model.is_mla and (job.framework not in ("megatron", "nemo") or job.attention != "flash"):
+        raise SpecError("latent attention (MLA) is modelled as Megatron-LM runs it, with a "
+                        "fused attention kernel; use framework megatron or nemo and attention "
+                        "flash", source=src, field="framework")
     if job.global_batch % (shape.micro_batch * shape.dp):
         raise SpecError(f"global batch {job.global_batch} is not divisible by micro-batch "
                         f"{shape.micro_batch} x DP {shape.dp}; choose values whose product "
@@ -327,6 +331,10 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if any(not isinstance(x, int) or x < 1 for x in shape.layers):
         raise SpecError("every virtual stage needs at least one layer", source=src,
                         field="layers")
+    if shape.layers[0] < model.first_dense_layers:
+        raise SpecError(f"the first virtual stage must hold the {model.first_dense_layers} "
+                        f"leading dense layers of {model.name}; give it at least "
+                        f"{model.first_dense_layers} layers", source=src, field="layers")
     if sum(shape.layers) != model.num_layers:
         raise SpecError(f"layers sum to {sum(shape.layers)} but {model.name} has "
                         f"{model.num_layers}", source=src, field="layers")

@@ -122,13 +122,42 @@ class ModelSpec:
     # --kv-channels, Hugging Face head_dim; Qwen3 has 128-wide heads on a 2048 or 4096 hidden
     # size); 0: hidden_size / num_heads
     kv_channels: int = 0
+    # leading dense layers of a mixture of experts (DeepSeek's first_k_dense_replace): the
+    # first k blocks have a dense MLP of ffn_hidden_size, the rest routed experts; a plan keeps
+    # them in its first virtual stage (plan.validate_shape)
+    first_dense_layers: int = 0
+    # multi-head latent attention (DeepSeek-V2/V3; Megatron-LM MultiLatentAttention): K and
+    # V come from a kv_lora_rank-wide latent (plus a shared qk_rope_head_dim rotary key), the
+    # queries from a q_lora_rank latent (0: directly from the hidden state); kv_channels is
+    # the non-rotary query/key head width, mla_v_head_dim the value head width. 0: ordinary
+    # attention
+    mla_kv_lora_rank: int = 0
+    mla_q_lora_rank: int = 0
+    mla_qk_rope_dim: int = 0
+    mla_v_head_dim: int = 0
     source: str = ""
 
     def __post_init__(self):
         src = f"model '{self.name}'" if not self.source.endswith(".json") else self.source
         for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
-                  "kv_channels"):
+                  "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
+                  "mla_qk_rope_dim", "mla_v_head_dim"):
             _positive(getattr(self, f), f, src, integer=True, allow_zero=True)
+        if self.mla_kv_lora_rank and not (self.kv_channels and self.mla_qk_rope_dim and
+                                          self.mla_v_head_dim and
+                                          self.num_kv_heads == self.num_heads):
+            raise SpecError("latent attention needs kv_channels (the non-rotary head width), "
+                            "mla_qk_rope_dim, mla_v_head_dim and num_kv_heads = num_heads",
+                            source=src, field="mla_kv_lora_rank")
+        if (self.mla_q_lora_rank or self.mla_qk_rope_dim or self.mla_v_head_dim) and \
+                not self.mla_kv_lora_rank:
+            raise SpecError("mla_* fields need mla_kv_lora_rank > 0 (latent attention)",
+                            source=src, field="mla_kv_lora_rank")
+        if self.first_dense_layers and (self.num_experts <= 1 or
+                                        self.first_dense_layers >= self.num_layers):
+            raise SpecError(f"first_dense_layers {self.first_dense_layers} needs a mixture of "
+                            "experts with more layers than that", source=src,
+                            field="first_dense_layers")
         if self.num_experts == 1 and (self.moe_shared_experts or self.moe_topk > 1 or (
                 self.moe_ffn_hidden_size and self.moe_ffn_hidden_size != self.ffn_hidden_size)):
             raise SpecError("a single expert is the dense MLP: give ffn_hidden_size, no shared "
@@ -167,14 +196,53 @@ class ModelSpec:
         return self.kv_channels or self.hidden_size // self.num_heads
 
     @property
+    def is_mla(self) -> bool:
+        return self.mla_kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """A query's (and key's) head width: with latent attention the non-rotary part plus
+        the rotary one."""
+        return self.head_dim + self.mla_qk_rope_dim
+
+    @property
     def q_dim(self) -> int:
-        """Width of the queries (and of the attention output): heads x head width, the hidden
-        size unless `kv_channels` says otherwise."""
-        return self.num_heads * self.head_dim
+        """Width of the queries: heads x head width, the hidden size unless `kv_channels`
+        says otherwise (or latent attention's wider query heads)."""
+        return self.num_heads * self.qk_head_dim
 
     @property
     def kv_dim(self) -> int:
+        """Width of the keys (= of the values) of ordinary attention."""
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_widths(self) -> int:
+        """Keys plus values per token as the attention core reads them (2 kv_dim; latent
+        attention: its up-projected per-head keys and values)."""
+        if self.is_mla:
+            return self.num_heads * (self.qk_head_dim + self.mla_v_head_dim)
+        return 2 * self.kv_dim
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the attention output (the output projection's input)."""
+        return self.num_heads * self.mla_v_head_dim if self.is_mla else self.q_dim
+
+    @property
+    def attention_linear_params(self) -> int:
+        """Weights of one block's attention projections. Ordinary: QKV h (q + 2 kv) and output
+        q h. Latent (Megatron-LM MultiLatentAttention): query down h x q_lora and up
+        q_lora x heads (nope + rope), or directly h x heads (nope + rope); key/value down
+        h x (kv_lora + rope) and up kv_lora x heads (nope + v); output heads v x h."""
+        h = self.hidden_size
+        if not self.is_mla:
+            return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        ql, kvl = self.mla_q_lora_rank, self.mla_kv_lora_rank
+        q = h * ql + ql * self.q_dim if ql else h * self.q_dim
+        kv = h * (kvl + self.mla_qk_rope_dim) + kvl * self.num_heads * (
+            self.head_dim + self.mla_v_head_dim)
+        return q + kv + self.o_dim * h
 
     @property
     def is_moe(self) -> bool:
@@ -196,8 +264,8 @@ class ModelSpec:
         """Weights of the linear layers of one block (QKV, output projection, MLP up (and
         gate), MLP down; with experts: every routed and shared expert's MLP and the router):
         the GEMM weights, which FP8 caches a copy of."""
-        h, q = self.hidden_size, self.q_dim
-        attn = h * (q + 2 * self.kv_dim) + q * h
+        h = self.hidden_size
+        attn = self.attention_linear_params
         if self.is_moe:
             return (attn + h * self.num_experts + (self.num_experts + self.moe_shared_experts)
                     * self._mlp_params(self.expert_ffn))
@@ -216,8 +284,8 @@ class ModelSpec:
         experts and the shared ones (= linear_params_per_layer for a dense model)."""
         if not self.is_moe:
             return self.linear_params_per_layer
-        h, q = self.hidden_size, self.q_dim
-        return (h * (q + 2 * self.kv_dim) + q * h + h * self.num_experts
+        h = self.hidden_size
+        return (self.attention_linear_params + h * self.num_experts
                 + (self.moe_topk + self.moe_shared_experts) * self._mlp_params(self.expert_ffn))
 
     @property
@@ -226,6 +294,8 @@ class ModelSpec:
         eq. 2 has 12h^2 + 13h for a GPT block: 4h of LayerNorm, 9h of biases)."""
         h = self.hidden_size
         norms = 2 * (2 * h if self.norm == "layernorm" else h)
+        if self.is_mla:  # the latents' norms (query latent, key/value latent)
+            norms += self.mla_q_lora_rank + self.mla_kv_lora_rank
         biases = (self.q_dim + 2 * self.kv_dim) + h + (2 if self.gated_mlp else 1) * self.ffn_hidden_size \
             + h if self.bias else 0
         return self.linear_params_per_layer + norms + biases
@@ -256,15 +326,35 @@ class ModelSpec:
         return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
 
     @property
+    def dense_layer_model(self) -> "ModelSpec":
+        """The model whose blocks are this one's leading dense layers (dense MLP of
+        ffn_hidden_size); `params_per_layer` and friends of this one are its MoE layers'."""
+        from dataclasses import replace
+        return replace(self, num_experts=0, moe_topk=0, moe_ffn_hidden_size=0,
+                       moe_shared_experts=0, first_dense_layers=0)
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers
+
+    @property
     def total_params(self) -> int:
-        return (self.num_layers * self.params_per_layer + self.embedding_params
+        k = self.first_dense_layers
+        dense = k * self.dense_layer_model.params_per_layer if k else 0
+        return (self.moe_layers * self.params_per_layer + dense + self.embedding_params
                 + self.output_params + self.final_norm_params)
 
     @property
     def active_params(self) -> int:
         """Parameters one token uses (a mixture of experts' 'active' count)."""
-        return self.total_params - self.num_layers * (self.linear_params_per_layer
+        return self.total_params - self.moe_layers * (self.linear_params_per_layer
                                                       - self.active_linear_params_per_layer)
+
+    def model_flops_fwd(self, tokens: int, seq: int) -> float:
+        """Forward FLOPs of every block (the leading dense ones at their own count)."""
+        k = self.first_dense_layers
+        dense = k * self.dense_layer_model.layer_flops_fwd(tokens, seq) if k else 0.0
+        return self.moe_layers * self.layer_flops_fwd(tokens, seq) + dense
 
     def layer_flops_fwd(self, tokens: int, seq: int) -> float:
         """Forward FLOPs of one block for `tokens` tokens in sequences of length `seq`.
@@ -275,10 +365,14 @@ class ModelSpec:
         The attention term counts the full s x s product, as eq. (3) does, also where a causal
         kernel skips the masked half (model/compute.py times that separately). With heads
         narrower or wider than h / a (`kv_channels`), the query width q replaces h in the
-        query, output-projection and attention terms."""
+        query, output-projection and attention terms; latent attention counts its own
+        projections (2 T x their weights) and scores over qk-wide, values over v-wide heads."""
         h, q = self.hidden_size, self.q_dim
-        proj = 2 * tokens * h * (2 * q + 2 * self.kv_dim)
-        attn = 4 * tokens * seq * q
+        if self.is_mla:
+            proj = 2 * tokens * self.attention_linear_params
+        else:
+            proj = 2 * tokens * h * (2 * q + 2 * self.kv_dim)
+        attn = self.attention_core_flops_fwd(tokens, seq)
         if self.is_moe:  # the router, then each token's top-k and the shared experts
             mlp = 2 * tokens * (h * self.num_experts + (self.moe_topk + self.moe_shared_experts)
                                 * self._mlp_params(self.expert_ffn))
@@ -289,6 +383,9 @@ class ModelSpec:
     def attention_core_flops_fwd(self, tokens: int, seq: int) -> float:
         """The QK^T and attention-times-V part, which selective recompute redoes
         (Korthikanti et al. 2022 Sec. 5)."""
+        if self.is_mla:
+            return float(2 * tokens * seq * self.num_heads * (self.qk_head_dim
+                                                              + self.mla_v_head_dim))
         return float(4 * tokens * seq * self.q_dim)
 
     def logits_flops_fwd(self, tokens: int) -> float:

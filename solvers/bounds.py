@@ -134,7 +134,7 @@ def _memory_caps(model, job, cluster, shape, options, costs) -> list[int] | None
     zero = (0,) * shape.pp
     caps = []
     for s in range(shape.pp):
-        base = mm.const_static_bytes(costs.stage_params(s, zero))
+        base = mm.const_static_bytes(costs.stage_params(s, zero), s)
         is_b, counts = cs.inflight_arrays(s)
         n = counts[:, 0]
         const = base + np.where(is_b, mm.stage_work(s), 0.0) + n * mm.chunk_act_bytes(s, 0)
@@ -190,21 +190,25 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         b = costs.sync_parts_ms(params, bw, True, group)
         return min(a[0], b[0]), min(a[1], b[1])
 
+    kd = model.first_dense_layers  # stage 0's leading dense layers: no experts
+    lin0 = costs.stage_linear_params(0, zero)
+
     def tail0(n: int) -> float:
         params = e0_params + per_layer * n
-        t = costs.optimizer_ms(params, gpu, lin_layer * n, exp_layer * n) + \
+        experts = exp_layer * max(0, n - kd)
+        t = costs.optimizer_ms(params, gpu, lin_layer * n + lin0, experts) + \
             options.overheads.latency_overhead_ms
         if shape.cols > 1:
-            dense = params - exp_layer * n
+            dense = params - experts
             red, gat = sync(dense)
             last_red, last_gat = sync(min(dense, bucket_params(costs.sync_group())))
             t += (last_red if shape.overlap_grad_reduce else red) + (
                 last_gat if shape.overlap_param_gather else gat)
-            if exp_layer:  # all of the experts' sync, or with an overlap its last bucket
+            if experts:  # all of the experts' sync, or with an overlap its last bucket
                 group = costs.expert_sync_group()
                 ovl = shape.overlap_grad_reduce or shape.overlap_param_gather
-                e_red, e_gat = sync(min(exp_layer * n, bucket_params(group)) if ovl else
-                                    exp_layer * n, ring_e, group)
+                e_red, e_gat = sync(min(experts, bucket_params(group)) if ovl else
+                                    experts, ring_e, group)
                 t += e_red + e_gat
         return t
 

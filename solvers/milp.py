@@ -213,7 +213,15 @@ class _Data:
                                    else 0.0)
         self.E_s = [costs.stage_params(s, zero) for s in range(p)]
         # static memory: bytes outside the layers, and per layer (memory.MemoryModel)
-        self.const_bytes = [self.mem.const_static_bytes(e) for e in self.E_s]
+        self.const_bytes = [self.mem.const_static_bytes(e, s) for s, e in enumerate(self.E_s)]
+        # stage 0's leading dense layers (first_dense_layers, all in virtual stage 0): no
+        # expert parameters, so constants shift the sync, optimizer and FP8 terms
+        self.first_dense = kd = prob.model.first_dense_layers
+        self.exp_off = [kd if s == 0 else 0 for s in range(p)]
+        self.E_sync = [e + o * self.P_exp for e, o in zip(self.E_s, self.exp_off)]
+        self.E_opt = [e - (o * self.P_exp * (costs.expert_shard_factor - 1) if sh.zero else 0.0)
+                      for e, o in zip(self.E_s, self.exp_off)]
+        self.lin_const = [costs.stage_linear_params(s, zero) for s in range(p)]
         self.d = d = sh.cols  # the synchronization spans data x context parallel ranks
         grad_b, weight_b = prob.job.reduce_bytes, prob.job.weight_bytes
         # data-parallel synchronization, linear in params x (1 / ring bandwidth) = params x u:
@@ -244,7 +252,7 @@ class _Data:
         # decides which (then it needs the loads' binaries)
         self.bucket_case = []
         for s_ in range(p):
-            lo, hi = self.E_s[s_] + self.P_sync * self.v, self.E_s[s_] + self.P_sync * (
+            lo, hi = self.E_sync[s_] + self.P_sync * self.v, self.E_sync[s_] + self.P_sync * (
                 self.L - V + self.v)
             self.bucket_case.append("bucket" if lo >= self.bucket else
                                     "params" if hi <= self.bucket else "mixed")
@@ -352,6 +360,8 @@ class _Formulation:
             M.x = pyo.Var(M.N, M.S, domain=pyo.Binary)
         integral = integral_layers or not relax
         M.l = pyo.Var(M.J, domain=pyo.Integers if integral else pyo.Reals, bounds=(1, L - V + 1))
+        if dat.first_dense > 1:  # the leading dense layers stay in virtual stage 0
+            M.l[0].setlb(dat.first_dense)
         M.beta = pyo.Var(M.J, range(nbits), domain=pyo.Binary)
         M.tail = pyo.Var(M.P, domain=pyo.NonNegativeReals)
         M.T = pyo.Var(domain=pyo.NonNegativeReals)
@@ -460,7 +470,7 @@ class _Formulation:
             return M.ue[a] + sum(2 ** q * M.ze[j, q] for q in range(nbits))
 
         def params_expr(s):  # the parameters the optimizer steps (costs.optimizer_shard)
-            return dat.E_s[s] + dat.P_opt * stage_layers(s)
+            return dat.E_opt[s] + dat.P_opt * stage_layers(s)
 
         def lu_expr(j):  # l[j] * u[a], exact at the optimum (z minimal)
             if u_const is not None:
@@ -472,7 +482,7 @@ class _Formulation:
             return u_const if u_const is not None else M.u[dat.nstage(s)]
 
         def params_u(s):  # params_s * u[a] (the parameters of the data-parallel sync)
-            return dat.E_s[s] * ua(s) + dat.P_sync * sum(lu_expr(j) for j in range(V)
+            return dat.E_sync[s] * ua(s) + dat.P_sync * sum(lu_expr(j) for j in range(V)
                                                           if j % p == s)
 
         # the last bucket's min(bucket, params_s) * u[a]: constant cases, or through the loads'
@@ -494,19 +504,20 @@ class _Formulation:
             if case == "params":
                 return params_u(s)
             if not (loads and dat.needs_loads):
-                return min(dat.bucket, dat.E_s[s] + dat.P_sync * dat.v) * ua(s)
-            size = {c: min(dat.bucket, dat.E_s[s] + dat.P_sync * c) for c in self.counts}
+                return min(dat.bucket, dat.E_sync[s] + dat.P_sync * dat.v) * ua(s)
+            size = {c: min(dat.bucket, dat.E_sync[s] + dat.P_sync * c) for c in self.counts}
             if u_const is not None:
                 return u_const * sum(size[c] * M.g[s, c] for c in self.counts)
             return sum(size[c] * M.gu[s, c] for c in self.counts)
 
         M.tails = pyo.ConstraintList()
         for s in range(p):
-            opt_s = (dat.opt_coef * params_expr(s) + dat.fp8_coef * dat.P_lin * stage_layers(s)
-                     + dat.ovh)
+            opt_s = (dat.opt_coef * params_expr(s) + dat.fp8_coef * (
+                dat.P_lin * stage_layers(s) + dat.lin_const[s]) + dat.ovh)
             if dat.exp_sig:  # the experts' gradient sync over their own ring
-                opt_s = opt_s + dat.exp_sig * dat.P_exp * sum(
-                    lue_expr(j) for j in range(V) if j % p == s) + dat.exp_lam
+                off = dat.exp_off[s] * (M.ue[dat.nstage(s)] if ue_var else ue_const)
+                opt_s = opt_s + dat.exp_sig * dat.P_exp * (sum(
+                    lue_expr(j) for j in range(V) if j % p == s) - off) + dat.exp_lam
             if dat.d <= 1:
                 M.tails.add(M.tail[s] >= opt_s)
                 continue
@@ -640,16 +651,16 @@ class _Formulation:
                                            else dat.hop_min_inter)
         for s in range(p):
             n_s = sum(lay[j] for j in range(V) if j % p == s)
-            params = dat.E_s[s] + dat.P_sync * n_s
-            tail = (dat.opt_coef * (dat.E_s[s] + dat.P_opt * n_s) + dat.fp8_coef * dat.P_lin * n_s
-                    + dat.ovh)
+            params = dat.E_sync[s] + dat.P_sync * n_s
+            tail = (dat.opt_coef * (dat.E_opt[s] + dat.P_opt * n_s) + dat.fp8_coef * (
+                dat.P_lin * n_s + dat.lin_const[s]) + dat.ovh)
             if dat.exp_sig:
                 ue = dat.u_e_const if dat.u_e_const is not None else dat.u_e_min
-                tail += dat.exp_sig * dat.P_exp * n_s * ue + dat.exp_lam
+                tail += dat.exp_sig * dat.P_exp * (n_s - dat.exp_off[s]) * ue + dat.exp_lam
             if dat.d > 1:
                 u = dat.u_min
                 if dat.bucket_case[s] == "mixed" and not (self.has_loads and dat.needs_loads):
-                    last = min(dat.bucket, dat.E_s[s] + dat.P_sync * dat.v)  # as the model
+                    last = min(dat.bucket, dat.E_sync[s] + dat.P_sync * dat.v)  # as the model
                 else:
                     last = min(dat.bucket, params)
                 red = dat.sig_r * params * u + dat.lam_r

@@ -40,6 +40,8 @@ class PlacementProblem:
     def fits(self, layers: tuple[int, ...]) -> bool:
         """Memory is placement-independent on a cluster with one GPU type."""
         hit = self._fits.get(layers)
+        if hit is None and layers[0] < self.model.first_dense_layers:
+            hit = self._fits[layers] = False  # the leading dense layers belong to stage 0
         if hit is None:
             ev = self.evaluator(layers)
             cap = min(nd.gpu.memory_gib for nd in self.cluster.nodes)

@@ -249,7 +249,7 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     # x V matrix, zero outside the stage's chunks)
     ev_const, ev_coef = [], []
     for s in range(p):
-        base = mm.const_static_bytes(costs.stage_params(s, zero))
+        base = mm.const_static_bytes(costs.stage_params(s, zero), s)
         is_b, counts = cs.inflight_arrays(s)
         chunk0 = np.array([mm.chunk_act_bytes(c * p + s, 0) for c in range(shape.chunks)])
         ev_const.append(base + np.where(is_b, mm.stage_work(s), 0.0) + counts @ chunk0)
@@ -281,9 +281,11 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
         def max_layers(cap):
             return np.floor(np.min((cap - Cm) / Sm, axis=1) + 1e-9).astype(int).tolist()
 
+        kd = model.first_dense_layers  # stage 0 holds the leading dense layers
+
         def ok(cap):
             ml = max_layers(cap)
-            return min(ml) >= 1 and sum(ml) >= model.num_layers
+            return min(ml) >= 1 and ml[0] >= kd and sum(ml) >= model.num_layers
 
         hi = float(max((C[s] + S[s] * model.num_layers).max() for s in range(p)))
         lo = float(max((C[s] + S[s]).max() for s in range(p)))
@@ -295,14 +297,16 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
         ml = max_layers(hi)
         layers = list(ml)
         while sum(layers) > model.num_layers:  # trim the fullest stages first
-            s = max(range(p), key=lambda i: (layers[i], -i))
+            s = max((i for i in range(p) if i or layers[i] > kd),
+                    key=lambda i: (layers[i], -i))
             layers[s] -= 1
         peaks = stage_peaks_gib(layers)
         return tuple(layers), float(max(peaks)), int(np.argmax(peaks))
 
     layers = [1] * V
+    layers[0] = max(1, model.first_dense_layers)
     cur = [ev_const[s] + ev_coef[s] @ np.asarray(layers, dtype=float) for s in range(p)]
-    for _ in range(model.num_layers - V):
+    for _ in range(model.num_layers - sum(layers)):
         best, best_j = None, 0
         for j in range(V):
             s = j % p

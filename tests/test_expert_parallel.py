@@ -192,8 +192,22 @@ def test_search_enumerates_ep_and_expert_tp():
 
 
 def _moe_problems():
-    """Small MoE instances on 2-4 nodes of 2 GPUs: EP groups inside a node and across."""
+    """Small MoE instances on 2-4 nodes of 2 GPUs: EP groups inside a node and across; and
+    with two leading dense layers (DeepSeek's layout), 1F1B and interleaved."""
     out = []
+    fd = dataclasses.replace(TINY_MOE, name="tiny-moe-fd", first_dense_layers=2)
+    for nodes, pp, sched, v, uniform in ((2, 2, "1f1b", 1, True), (4, 2, "1f1b", 1, False),
+                                         (2, 2, "interleaved", 2, True)):
+        c = (uniform_cluster(nodes, 2, "A100-80GB", 240.0, 3.0) if uniform else
+             synth_cluster(SynthParams(num_nodes=nodes, gpus_per_node=2, nic_gb_per_s=3.0,
+                                       leaf_size=2, oversubscription=4, degraded=1,
+                                       degraded_factor=0.3, noise=0.1, seed=nodes)))
+        dp = c.num_gpus // pp
+        sh = Shape(tp=1, pp=pp, dp=dp, micro_batch=1, schedule=sched, chunks=v,
+                   recompute="none", zero=1, ep=2)
+        job = JobSpec(global_batch=4 * pp * dp, seq_length=2048)
+        for blk in blocks_for(c, sh):
+            out.append(PlacementProblem(fd, job, c, sh, blk, Options()))
     for nodes, tp, pp, ep, etp, uniform in ((2, 1, 2, 2, 0, True), (4, 1, 2, 4, 0, True),
                                              (4, 2, 2, 2, 0, True), (4, 2, 2, 4, 1, True),
                                              (4, 1, 2, 2, 0, False), (4, 2, 2, 2, 1, False),
@@ -213,7 +227,7 @@ def _moe_problems():
 
 
 @pytest.mark.parametrize("prob", _moe_problems(), ids=lambda p: (
-    f"n{p.cluster.num_nodes}-{p.shape.describe()}-j{p.block.j}k{p.block.k}"
+    f"{p.model.name}-n{p.cluster.num_nodes}-{p.shape.describe()}-j{p.block.j}k{p.block.k}"
     f"{'-uniform' if p.cluster.uniform() else ''}"))
 def test_milp_alltoall_equals_the_estimator_and_brute_force(prob):
     """Where the MILP runs with EP (uniform clusters; EP groups inside a node on uneven
@@ -343,3 +357,81 @@ def test_capacity_factor_scales_routed_work_traffic_and_memory():
     with pytest.raises(SpecError) as e:
         JobSpec(8, 4096, moe_capacity_factor=0.0)
     assert e.value.field == "moe_capacity_factor"
+
+
+@pytest.mark.parametrize("name,total_b,active_b,unit", [
+    ("deepseek-v3", 671.0, 37.0, 1.0),      # DeepSeek-V3 report Sec. 4.2
+    ("deepseek-v2-lite", 15.7, 2.4, 0.1),   # DeepSeek-V2 paper, Appendix
+])
+def test_deepseek_presets_match_their_published_counts(name, total_b, active_b, unit):
+    """DeepSeek counts activated parameters without the input embedding."""
+    m = presets.model(name)
+    assert m.total_params / 1e9 == pytest.approx(total_b, rel=0.01)
+    assert (m.active_params - m.embedding_params) / 1e9 == pytest.approx(
+        active_b, abs=unit / 2 + 0.01 * active_b)
+
+
+def test_deepseek_hf_config_loads_as_the_preset(tmp_path):
+    import json
+    cfg = {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168,
+           "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432,
+           "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 8,
+           "n_shared_experts": 1, "first_k_dense_replace": 3, "q_lora_rank": 1536,
+           "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128, "head_dim": 64, "vocab_size": 129280,
+           "max_position_embeddings": 163840, "tie_word_embeddings": False, "moe_layer_freq": 1}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_hf_config(p)
+    ref = presets.model("deepseek-v3")
+    assert (m.total_params, m.active_params, m.first_dense_layers, m.kv_channels) == (
+        ref.total_params, ref.active_params, 3, 128)
+    p.write_text(json.dumps({**cfg, "moe_layer_freq": 2}))
+    with pytest.raises(SpecError) as e:
+        load_hf_config(p)
+    assert e.value.field == "moe_layer_freq"
+
+
+def test_latent_attention_flops_add_up_to_its_projections_and_core():
+    """TP = 1: the per-operation FLOPs of a DeepSeek-V2-Lite MoE layer equal
+    layer_flops_fwd (latent projections, qk- and v-wide attention, router, experts)."""
+    from model.compute import ComputeModel
+    m = presets.model("deepseek-v2-lite")
+    job = JobSpec(global_batch=8, seq_length=4096)
+    cm = ComputeModel(m, job, presets.gpu("H100-SXM-80GB"), tp=1, micro_batch=1,
+                      sequence_parallel=False, fp8=False)
+    assert cm.layer().fwd.flops == pytest.approx(m.layer_flops_fwd(4096, 4096), rel=1e-12)
+    # the attention core: 2 T s heads (192 + 128), not 4 T s h
+    assert m.attention_core_flops_fwd(4096, 4096) == 2 * 4096 * 4096 * 16 * (192 + 128)
+
+
+def test_leading_dense_layers_sit_in_stage_zero_at_their_own_cost():
+    m = presets.model("deepseek-v2-lite")
+    job = JobSpec(global_batch=64, seq_length=4096)
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    plan = _plan(m, job, c, tp=1, pp=2, ep=8, zero=1)
+    assert plan.shape.layers[0] >= 1
+    ev = Evaluator(m, job, c, plan.shape)
+    moe_only = dataclasses.replace(m, first_dense_layers=0, name="all-moe")
+    ev2 = Evaluator(moe_only, job, c, plan.shape)
+    gpu, ring = c.nodes[0].gpu, c.nodes[0].ring_gb_per_s((0,))
+    f1, b1 = ev.costs.virtual_stage_ms(gpu, ring, 0, plan.shape.layers[0])
+    f2, b2 = ev2.costs.virtual_stage_ms(gpu, ring, 0, plan.shape.layers[0])
+    dense = ev.costs.dense_costs().layer_times(gpu, ring)
+    moe = ev.costs.layer_times(gpu, ring)
+    assert f1 - f2 == pytest.approx(dense.fwd_ms - moe.fwd_ms, rel=1e-9)
+    assert b1 - b2 == pytest.approx(dense.bwd_ms - moe.bwd_ms, rel=1e-9)
+    # parameters: the dense layer's instead of one MoE layer's (on stage 0 only)
+    per_moe = ev.costs.layer_params
+    assert ev.params[0] - ev2.params[0] == pytest.approx(
+        m.dense_layer_model.params_per_layer - per_moe, rel=1e-12)
+    assert ev.params[1] == ev2.params[1]
+    with pytest.raises(SpecError) as e:
+        make_plan(presets.model("deepseek-v3"), job, uniform_cluster(8, 8, "H100-SXM-80GB",
+                                                                     360.0, 45.0),
+                  tp=1, pp=8, ep=8, zero=1, layers=(2,) + (9,) * 6 + (5,))
+    assert e.value.field == "layers"
+    a = megatron_args(m, job, plan)[0]
+    assert a[a.index("--moe-layer-freq") + 1] == "([0]*1+[1]*26)"
+    assert "--multi-latent-attention" in a and a[a.index("--kv-lora-rank") + 1] == "512"
+    assert "--q-lora-rank" not in a

@@ -423,6 +423,10 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
             warn.append("torchtitan: selective recompute is op-level SAC, not Megatron's "
                         "attention-core recompute the estimate assumed (estimate with "
                         "framework torchtitan to model it); memory and time differ")
+    if model.is_moe and sh.ep > 1:
+        # torchtitan/config/configs.py Parallelism.expert_parallel_degree (EP borrows ranks
+        # from FSDP and TP)
+        par["expert_parallel_degree"] = sh.ep
     if model.is_moe:
         warn.append(f"torchtitan: {model.num_experts}-expert top-{model.moe_topk} MoE comes from "
                     "the model flavor (e.g. its DeepSeek-V3 / Llama 4 models)"

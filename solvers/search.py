@@ -291,10 +291,11 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
 
     optimized: set[int] = set()
 
-    def optimize(info, per_block: float, label: str) -> None:
+    def optimize(info, per_block: float, label: str, clock: bool = False) -> None:
         """Optimize placement and split of every block of one shape (MILP with an annealing
         warm start, or annealing), within `per_block` seconds a block; record its best plan
-        and its bound."""
+        and its bound. `clock`: anneal with cooling planned over the block's time (as the
+        anneal method does) instead of a fixed number of moves."""
         nonlocal best_ms, best_plan, solved
         optimized.add(id(info))
         cand = candidates[id(info)]
@@ -344,7 +345,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                     res = None
             if res is None:
                 res = anneal(prob, seed=seed, time_limit_s=per_block_now,
-                             iters=None if method == "anneal" else (anneal_iters or 3000))
+                             iters=None if method == "anneal" or clock else (
+                                 anneal_iters or 3000))
                 res.bound_ms = info.bound_ms
             # every result's bound is valid (a MILP stopped early keeps at least the shape's
             # closed-form bound; infeasible blocks bound at infinity)
@@ -382,7 +384,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         if n_done == 0 and method == "exact" and not uniform:
             # the best quick score first, solved outright: its optimum is the incumbent every
             # other shape's bound is held against (a better one prunes more, and sooner)
-            optimize(info, budget(left * FIRST_SHAPE_SHARE / len(probs)), "incumbent shape")
+            optimize(info, budget(left * FIRST_SHAPE_SHARE / len(probs)), "incumbent shape",
+                     clock=all(milp_supported(pr) is not None for pr in probs))
             if candidates[id(info)].status == "":
                 survivors.append(info)
             continue
@@ -465,13 +468,20 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             cand.status = "not searched (time limit)"
             continue
         blocks_left = sum(len(probs_of[id(i)]) for i in survivors[n_done:])
-        if method == "anneal":
+        # exact method, a shape no block of which the MILP covers (EP groups or CP rings
+        # across uneven links, ZeRO-3 there): the annealer is its only search, so it is
+        # scheduled as the anneal method schedules shapes (the most promising first, time
+        # shares as if at most ANNEAL_SHARES blocks remained, cooling by the clock); a fixed
+        # move count would leave large placement spaces barely searched
+        clock = method == "exact" and all(milp_supported(pr) is not None
+                                          for pr in probs_of[id(info)])
+        if method == "anneal" or clock:
             # the most promising shapes first: each block gets a share of the time left as
             # if at most ANNEAL_SHARES blocks remained (shapes not reached stay unsearched,
             # with their valid bounds)
             blocks_left = min(blocks_left, ANNEAL_SHARES)
         optimize(info, budget(left / max(1, blocks_left)),
-                 f"shape {n_done + 1}/{len(survivors)}")
+                 f"shape {n_done + 1}/{len(survivors)}", clock=clock)
     # time left with the exact method: shapes whose bound still keeps the gap open get
     # another MILP (their cuts pooled, the incumbent as cutoff), smallest bound first, until
     # the gap closes, the time runs out, or a round raises no bound; bounds only grow

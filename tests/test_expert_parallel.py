@@ -273,6 +273,10 @@ def test_emitted_flags_carry_ep_and_expert_tp():
     cfg = nemo_config(MIXTRAL, job, c, plan)[0]
     model = cfg["model"]
     assert (model["expert_model_parallel_size"], model["expert_tensor_parallel_size"]) == (8, 1)
+    from launch.emit import torchtitan_config
+    tt, warns = torchtitan_config(MIXTRAL, job, c, plan)
+    assert tt["parallelism"]["expert_parallel_degree"] == 8
+    assert any("EP=8" in w for w in warns)
 
 
 def test_grad_reduce_in_bf16_halves_gradient_bytes():

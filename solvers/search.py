@@ -47,8 +47,12 @@ BOUND_FRACTION = 0.5
 ANNEAL_SHARES = 3
 # With the exact method the shape of the best quick score is optimized first, with at most this
 # share of the time limit; the annealing warm start of each MILP takes at most WARM_START_S.
-FIRST_SHAPE_SHARE = 0.3
-WARM_START_S = 2.0
+# Measured on the built-in example (`python cli.py solve`, 2 cores): 0.3 and 2.0 s left its
+# first block short of the proof, and the refinement pass then rebuilt and re-solved it
+# (20.7 s in all); 0.5 and 1.0 s prove it in one pass (16.6 s); 0.5 s of warm start proves it
+# later (24.3 s: the MILP starts from a worse incumbent).
+FIRST_SHAPE_SHARE = 0.5
+WARM_START_S = 1.0
 # "optimal" means a proven relative gap of at most HiGHS's default MIP tolerance; the exact gap
 # is always reported alongside
 OPTIMAL_GAP = 1e-4
@@ -290,6 +294,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         return True
 
     optimized: set[int] = set()
+    # per placement problem: the best (permutation, split) any earlier call found, which seeds
+    # a later MILP of the same block (the refinement pass) instead of a new annealing warm start
+    block_seed: dict[int, tuple] = {}
 
     def optimize(info, per_block: float, label: str, clock: bool = False) -> None:
         """Optimize placement and split of every block of one shape (MILP with an annealing
@@ -329,11 +336,16 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 not_covered[why_not] = not_covered.get(why_not, 0) + 1
             if method == "exact" and why_not is None:
                 t_block = time.perf_counter()
-                warm = anneal(prob, seed=seed, iters=min(anneal_iters or 1500, 1500),
-                              time_limit_s=min(per_block_now / 4, WARM_START_S), restarts=2)
                 seeds = [(list(range(prob.num_slots)), prob.start_layers())]
-                if warm.plan is not None:
-                    seeds.append((_perm_of(prob, warm.plan), tuple(warm.plan.shape.layers)))
+                if id(prob) in block_seed:
+                    seeds.append(block_seed[id(prob)])
+                else:
+                    warm = anneal(prob, seed=seed, iters=min(anneal_iters or 1500, 1500),
+                                  time_limit_s=min(per_block_now / 4, WARM_START_S),
+                                  restarts=2)
+                    if warm.plan is not None:
+                        seeds.append((_perm_of(prob, warm.plan),
+                                      tuple(warm.plan.shape.layers)))
                 try:
                     milp_s = budget(per_block_now - (time.perf_counter() - t_block))
                     res = solve_milp(prob, time_limit_s=milp_s, seed_solutions=seeds,
@@ -353,6 +365,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             shape_bound = min(shape_bound, max(res.bound_ms, prob.lower_bound_ms()))
             if res.plan is not None and res.objective_ms < shape_best:
                 shape_best = res.objective_ms
+            if res.plan is not None:
+                block_seed[id(prob)] = (_perm_of(prob, res.plan), tuple(res.plan.shape.layers))
             if res.plan is not None and res.objective_ms < best_ms:
                 best_ms, best_plan = res.objective_ms, res.plan
                 cand.plan = res.plan

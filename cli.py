@@ -160,6 +160,9 @@ ShardListOpt = Annotated[Optional[str], typer.Option(
 CpListOpt = Annotated[Optional[str], typer.Option(
     "--cp", help="Context-parallel degrees to search: a value or a list [1; for sequences of "
     "16k tokens or more, every power of two the sequence admits].")]
+CalibrationOpt = Annotated[Optional[Path], typer.Option(
+    "--calibration", help="A calibration profile (`calibrate`): its fitted parameters replace "
+    "the presets' for its GPU type, and estimates carry 95% prediction intervals.")]
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-in-bf16", help="Megatron-LM: bf16 main gradients, reduced in bf16 (2 bytes "
     "per parameter instead of fp32's 4).")]
@@ -225,6 +228,17 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
 def _options(blocking: bool):
     from model.specs import Options
     return Options(blocking_p2p=blocking)
+
+
+def _calibrated(c, opts, calibration: Path | None):
+    """(cluster, options, profile, what the plan file records) with the profile applied."""
+    if calibration is None:
+        return c, opts, None, None
+    from model.calibration import apply_profile, load_profile
+    prof = load_profile(calibration)
+    c2, o2 = apply_profile(prof, c, opts)
+    return c2, o2, prof, {"profile": str(calibration), "gpu": prof.gpu,
+                          "parameters": dict(prof.values)}
 
 
 def _int_list(text: str | None, flag: str, allow_zero: bool = False
@@ -314,16 +328,35 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
                        overlap_param_gather=(overlap_param_gather,))
 
 
-def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None, **outputs):
+def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
+                      calibration=None, interval=None, **outputs):
     """Write the outputs asked for, then print the estimate and what was written."""
     from launch.outputs import write_outputs
 
-    files, warnings = write_outputs(m, job, c, plan, est, opts, solver=solver, **outputs)
+    files, warnings = [], []
+    if any(x is not None for x in outputs.values()):
+        files, warnings = write_outputs(m, job, c, plan, est, opts, solver=solver,
+                                        calibration=calibration, **outputs)
     if as_json:
-        render.echo_json(render.estimate_json(m, c, plan, est, files, warnings))
+        d = render.estimate_json(m, c, plan, est, files if files else None,
+                                 warnings if files else None)
+        if interval is not None:
+            d["interval_s"] = {"estimate": interval[0], "low": interval[1], "high": interval[2],
+                               "level": 0.95, "profile": calibration["profile"]}
+        render.echo_json(d)
         return
     render.print_estimate(est, plan, c)
+    if interval is not None:
+        render.print_interval(interval, calibration["profile"])
     render.print_written(files, warnings)
+
+
+def _interval(prof, m, job, c0, plan, opts0):
+    """95% prediction interval (s) of a plan under a calibration profile, or None."""
+    if prof is None:
+        return None
+    from model.calibration import interval_s
+    return interval_s(prof, m, job, c0, plan, opts0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,6 +406,7 @@ def estimate(
     out: LaunchOutOpt = None,
     gantt: GanttOpt = None,
     placement_png: PlacementPngOpt = None,
+    calibration: CalibrationOpt = None,
 ):
     """Per-stage memory and iteration time of one plan (Megatron-LM placement)."""
     from model.errors import SpecError
@@ -381,9 +415,11 @@ def estimate(
     outputs = dict(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
                    placement_png=placement_png)
     if plan_file is not None:  # inputs and decisions from a plan file
-        m, job, c, plan, opts, _meta = _load_plan_only(ctx, plan_file)
+        m, job, c0, plan, opts0, _meta = _load_plan_only(ctx, plan_file)
+        c, opts, prof, cal = _calibrated(c0, opts0, calibration)
         est = run_estimate(m, job, c, plan, opts)
-        _write_and_report(m, job, c, plan, est, opts, as_json, **outputs)
+        _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
+                          interval=_interval(prof, m, job, c0, plan, opts0), **outputs)
         return
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
                         framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
@@ -395,7 +431,8 @@ def estimate(
         except ValueError:
             raise SpecError("must be comma-separated integers, e.g. 20,20,20,20",
                             source="options", field="--layers") from None
-    opts = _options(blocking)
+    c0, opts0 = c, _options(blocking)
+    c, opts, prof, cal = _calibrated(c0, opts0, calibration)
     plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mbs,
                      schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
@@ -404,24 +441,69 @@ def estimate(
                      tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                      overlap_param_gather=overlap_param_gather, options=opts)
     est = run_estimate(m, job, c, plan, opts)
-    if any(x is not None for x in outputs.values()):
-        _write_and_report(m, job, c, plan, est, opts, as_json, **outputs)
-        return
+    _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
+                      interval=_interval(prof, m, job, c0, plan, opts0), **outputs)
+
+
+@command()
+def calibrate(
+    logs: Annotated[list[Path], typer.Argument(help="Training logs (Megatron-LM, torchtitan, "
+                                                "NeMo, DeepSpeed), one per run.")],
+    plan: Annotated[list[Path], typer.Option(
+        "--plan", help="The plan file each log ran (--save-plan): one per log, in order, or one "
+        "for all.")],
+    fit_params: Annotated[str, typer.Option(
+        "--fit", help="Time parameters to fit, comma-separated: gemm_scale, attention_scale, "
+        "network_scale, nvlink_scale.")] = "gemm_scale,network_scale",
+    out: Annotated[Path, typer.Option("--out", help="The profile file to write.")] = Path(
+        "calibration.json"),
+    as_json: JsonOpt = False,
+):
+    """Fit a few named cost-model parameters to your own runs' logs; write a profile for
+    --calibration (fragmentation too, where the logs report reserved memory)."""
+    from formats.logs import read_log
+    from formats.planfile import load_plan
+    from model.calibration import Run, fit, save_profile
+    from model.errors import SpecError
+
+    if len(plan) not in (1, len(logs)):
+        raise SpecError(f"{len(plan)} plan files for {len(logs)} logs; give one per log or one "
+                        "for all", source="options", field="--plan")
+    runs, gpus = [], set()
+    for k, log in enumerate(logs):
+        m, job, c, pl, opts, _meta = load_plan(plan[k if len(plan) > 1 else 0])
+        reading = read_log(log)
+        gpus |= {nd.gpu.name for nd in c.nodes}
+        runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
+            job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
+            reading.memory_kind, label=Path(log).name))
+    if len(gpus) != 1:
+        raise SpecError(f"the plans run on several GPU types ({', '.join(sorted(gpus))}); a "
+                        "profile is for one: calibrate each type apart", source="options",
+                        field="--plan")
+    names = tuple(x.strip() for x in fit_params.split(",") if x.strip())
+    prof, _ = fit(runs, names, gpus.pop())
+    save_profile(out, prof)
     if as_json:
-        render.echo_json(render.estimate_json(m, c, plan, est))
+        render.echo_json({**prof.to_dict(), "written": str(out)})
         return
-    render.print_estimate(est, plan, c)
+    render.print_calibration(prof, out)
 
 
 @command()
 def validate(as_json: JsonOpt = False,
              verbose: Annotated[bool, typer.Option("--verbose", "-v",
-                                                   help="Show assumptions per run.")] = False):
+                                                   help="Show assumptions per run.")] = False,
+             calibration: CalibrationOpt = None):
     """Compare the estimator with published training runs (data/published_runs.json, and the
     mixture-of-experts runs of data/published_moe_runs.json)."""
     from formats.published import validate as run_validate, validate_moe
 
-    s, moe = run_validate(), validate_moe()
+    prof = None
+    if calibration is not None:
+        from model.calibration import load_profile
+        prof = load_profile(calibration)
+    s, moe = run_validate(profile=prof), validate_moe(profile=prof)
     if as_json:
         render.echo_json({**render.validate_json(s), "moe": render.validate_moe_json(moe)})
         return
@@ -484,16 +566,18 @@ def solve(
     out: LaunchOutOpt = None,
     gantt: GanttOpt = None,
     placement_png: PlacementPngOpt = None,
+    calibration: CalibrationOpt = None,
 ):
     """Fastest plan that fits on the cluster as measured (defaults: the built-in example)."""
     from launch.outputs import write_outputs
     from solvers.search import solve as run_solve
 
-    m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
-                        allow_list=True, framework=framework.value,
-                        grad_reduce_in_bf16=grad_reduce_in_bf16,
-                        moe_capacity_factor=moe_capacity_factor)
-    opts = _options(blocking)
+    m, job, c0 = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
+                         allow_list=True, framework=framework.value,
+                         grad_reduce_in_bf16=grad_reduce_in_bf16,
+                         moe_capacity_factor=moe_capacity_factor)
+    opts0 = _options(blocking)
+    c, opts, prof, cal = _calibrated(c0, opts0, calibration)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep)
     prog = render.Progress(not as_json)
@@ -504,11 +588,28 @@ def solve(
         prog.stop()
     files, warnings = write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan=save_plan,
                                     emit=emit, out=out, gantt=gantt,
-                                    placement_png=placement_png, solver=res.status_dict())
+                                    placement_png=placement_png, solver=res.status_dict(),
+                                    calibration=cal)
+    interval = _interval(prof, m, job, c0, res.plan, opts0)
+    runner_up = next((x for x in res.candidates if x.best_ms is not None
+                      and x.status not in ("best",)), None)
+    toss_up = (interval is not None and runner_up is not None
+               and runner_up.best_ms / 1e3 <= interval[2])
     if as_json:
-        render.echo_json(render.solve_json(res, m, c, files, warnings, space))
+        d = render.solve_json(res, m, c, files, warnings, space)
+        if interval is not None:
+            d["interval_s"] = {"estimate": interval[0], "low": interval[1], "high": interval[2],
+                               "level": 0.95, "profile": cal["profile"],
+                               "toss_up_with": runner_up.describe if toss_up else None}
+        render.echo_json(d)
         return
     render.print_solve(res, c)
+    if interval is not None:
+        render.print_interval(interval, cal["profile"])
+        if toss_up:
+            render.console().print(
+                f"toss-up: the next best plan, {runner_up.describe}, at "
+                f"{runner_up.best_ms / 1e3:.3f} s, is inside the best plan's 95% interval")
     render.print_written(files, warnings)
 
 
@@ -546,6 +647,7 @@ def compare(
         "side (time and memory).")] = False,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the table as CSV.")] = None,
     as_json: JsonOpt = False,
+    calibration: CalibrationOpt = None,
 ):
     """Exact solver vs annealer vs baselines (Megatron-LM placement, AMP-style choice), all
     re-evaluated with this cost model; or, with --sharding, ZeRO-1 vs ZeRO-3 vs HSDP."""
@@ -561,6 +663,11 @@ def compare(
                    cp, ep)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
+    opts = None
+    if calibration is not None:
+        calibrated = [_calibrated(inst, _options(True), calibration) for inst in instances]
+        instances = [x[0] for x in calibrated]
+        opts = calibrated[0][1]
     prog = render.Progress(not as_json)
     rows = []
     try:
@@ -569,10 +676,10 @@ def compare(
                 from solvers.compare import compare_sharding
                 rows += [{"cluster": inst.name, **r} for r in compare_sharding(
                     m, job, inst, time_limit_s=time_limit, seed=seed, progress=prog,
-                    space=space)]
+                    space=space, options=opts)]
             else:
                 rows += compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
-                                         progress=prog, space=space)
+                                         progress=prog, space=space, options=opts)
     finally:
         prog.stop()
     if csv is not None:

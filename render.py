@@ -117,6 +117,37 @@ def print_placement(plan, cluster) -> None:
     console().print(t)
 
 
+def print_interval(interval, profile: str) -> None:
+    t, lo, hi = interval
+    console().print(f"calibrated ({profile}): iteration {t:.3f} s ({lo:.3f}-{hi:.3f}, 95% "
+                    "prediction interval)")
+
+
+def print_calibration(prof, out) -> None:
+    con = console()
+    t = Table(title=f"Calibration for {prof.gpu} (written to {out})")
+    for col in ("parameter", "value", "std. error"):
+        t.add_column(col, justify="right" if col != "parameter" else "left")
+    for k, v in prof.values.items():
+        e = prof.stderr.get(k)
+        t.add_row(k, f"{v:.4f}", "-" if e is None else f"{e:.4f}")
+    con.print(t)
+    t = Table(title="Runs: measured and predicted iteration time (s), before and after")
+    for col in ("run", "measured", "before", "err", "after", "err", "memory GiB"):
+        t.add_column(col, justify="right" if col != "run" else "left")
+    for r in prof.runs:
+        m = r["measured_s"]
+        t.add_row(r["label"], f"{m:.3f}", f"{r['before_s']:.3f}",
+                  f"{100 * (r['before_s'] / m - 1):+.1f}%", f"{r['after_s']:.3f}",
+                  f"{100 * (r['after_s'] / m - 1):+.1f}%",
+                  "-" if r["memory_gib"] is None else f"{r['memory_gib']:.1f} "
+                  f"({r['memory_kind']})")
+    con.print(t)
+    sd = prof.residual_sd
+    con.print("residual sd of log time: " + ("not determined (no more runs than parameters)"
+                                             if sd is None else f"{100 * sd:.1f}%"))
+
+
 def print_written(files, warnings) -> None:
     con = console()
     for p in files:

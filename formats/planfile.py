@@ -110,7 +110,9 @@ def cluster_to_dict(c: ClusterSpec) -> dict:
 
 def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
                   estimate: Estimate | None, solver: dict | None = None,
-                  options: Options | None = None) -> dict:
+                  options: Options | None = None, calibration: dict | None = None) -> dict:
+    """The plan file's document. `calibration`: the profile the cluster and options were
+    calibrated with (model.calibration; the cluster written is the calibrated one)."""
     options = options or Options()
     return _clean({
         "schema_version": SCHEMA_VERSION,
@@ -124,15 +126,16 @@ def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                  "placement": placement_to_dict(plan.placement, cluster, plan.shape.cp)},
         "estimate": estimate_to_dict(estimate) if estimate is not None else None,
         "solver": dict(solver) if solver is not None else None,
+        "calibration": calibration,
     })
 
 
 def save_plan(path, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
               estimate: Estimate, solver: dict | None = None,
-              options: Options | None = None) -> None:
+              options: Options | None = None, calibration: dict | None = None) -> None:
     """Write the plan file (schema_version 1) to `path`, creating parent folders."""
     path = Path(path)
-    doc = plan_document(model, job, cluster, plan, estimate, solver, options)
+    doc = plan_document(model, job, cluster, plan, estimate, solver, options, calibration)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -415,5 +418,5 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     solver = rd.obj(doc, "solver", "", optional=True)
     estimate = rd.obj(doc, "estimate", "", optional=True)
     meta = {"schema_version": ver, "generator": doc.get("generator"), "estimate": estimate,
-            "solver": solver}
+            "solver": solver, "calibration": doc.get("calibration")}
     return model, job, cluster, plan, options, meta

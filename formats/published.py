@@ -276,13 +276,19 @@ def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
 
 
 def compare_run(r: dict, options: Options | None = None,
-                gpu_params: dict | None = None) -> Comparison:
+                gpu_params: dict | None = None, profile=None) -> Comparison:
+    """One run against the estimator; `profile` (model.calibration) calibrates the runs on its
+    GPU type, the others are left as they are."""
     c = Comparison(id=r["id"], group=r["source_group"])
     reason = _skip_reason(r)
     if reason:
         c.skipped = reason
         return c
     model, job, cluster, plan, c.assumptions = run_to_inputs(r, gpu_params)
+    if profile is not None and any(nd.gpu.name == profile.gpu for nd in cluster.nodes):
+        from model.calibration import apply_profile
+        cluster, options = apply_profile(profile, cluster, options or Options())
+        c.assumptions.append(f"calibrated with {profile.source}")
     c.params = model.total_params
     est = estimate(model, job, cluster, plan, options)
     c.estimate = est
@@ -357,11 +363,12 @@ class Summary:
         return sum(v), len(v)
 
 
-def validate(options: Options | None = None, gpu_params: dict | None = None) -> Summary:
-    return Summary([compare_run(r, options, gpu_params) for r in load_runs()])
+def validate(options: Options | None = None, gpu_params: dict | None = None,
+             profile=None) -> Summary:
+    return Summary([compare_run(r, options, gpu_params, profile) for r in load_runs()])
 
 
-def validate_moe(options: Options | None = None) -> Summary:
+def validate_moe(options: Options | None = None, profile=None) -> Summary:
     """The mixture-of-experts runs, judged with the model as calibrated on the reference set
     (no GPU parameters of their own)."""
-    return Summary([compare_run(r, options) for r in load_moe_runs()])
+    return Summary([compare_run(r, options, profile=profile) for r in load_moe_runs()])

@@ -15,8 +15,8 @@ from .emit import emit as write_launch
 
 def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
                   emit: str | None = None, out: Path | None = None, gantt: Path | None = None,
-                  placement_png: Path | None = None,
-                  solver: dict | None = None) -> tuple[list[Path], list[str]]:
+                  placement_png: Path | None = None, solver: dict | None = None,
+                  calibration: dict | None = None) -> tuple[list[Path], list[str]]:
     """Plan file, launch files and pictures, as asked; returns (files written, warnings)."""
     if out is not None and emit is None:
         raise SpecError("is the folder for --emit; add --emit FRAMEWORK",
@@ -24,7 +24,7 @@ def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
     files: list[Path] = []
     warnings: list[str] = []
     if save_plan is not None:
-        write_plan(save_plan, m, job, c, plan, est, solver, opts)
+        write_plan(save_plan, m, job, c, plan, est, solver, opts, calibration)
         files.append(save_plan)
     if emit is not None:
         f, w = write_launch(emit, m, job, c, plan, out or Path(f"launch-{emit.lower()}"))

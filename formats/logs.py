@@ -1,0 +1,132 @@
+"""Training logs in their frameworks' own formats: per-iteration time and peak memory.
+
+Each reader mirrors the line its framework prints (file and line cited at each pattern). The
+first WARMUP_READINGS timing readings of a log are skipped (compilation, allocator growth,
+NCCL setup) and the median of the rest is the log's iteration time. A log with no recognized
+line, or with too few readings after warm-up, is refused with one line naming the file.
+
+What each framework reports, and how it becomes an iteration time (s) for the job of the plan
+the log is paired with (global batch B, sequence S, G GPUs):
+- Megatron-LM: `elapsed time per iteration (ms)`, directly; memory: the `[Rank N] (after K
+  iterations) memory (MB)` lines, `max reserved` (the allocator's peak, what the cost model's
+  tensors plus fragmentation allowance predict), the largest over ranks.
+- torchtitan: `tps` (tokens per second per GPU): B S / (tps G); memory: `memory: X GiB`, the
+  peak reserved memory it prints.
+- NeMo (Lightning): `train_step_timing in s`, directly (no memory line).
+- DeepSpeed: `CurrSamplesPerSec` of the ThroughputTimer (global samples per second): B / it;
+  memory: `MaxMemAllocated` (allocated, not reserved: reported, not fitted).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model.errors import SpecError
+
+# readings skipped at the start of every log (documented in the README: warm-up iterations)
+WARMUP_READINGS = 3
+MIN_READINGS = 2
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NUM = r"([0-9][0-9,]*\.?[0-9]*(?:[eE][-+]?\d+)?)"
+
+# megatron/training/training.py (training_log): ' iteration {:8d}/{:8d} |' ... ' elapsed time
+# per iteration (ms): {:.1f} |'
+_MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration "
+                            r"\(ms\):\s*" + _NUM)
+# megatron/training/utils/common_utils.py (report_memory): '[Rank {}] {} memory (MB) |
+# allocated: .. | max allocated: .. | reserved: .. | max reserved: ..'
+_MEGATRON_MEM = re.compile(r"\[Rank (\d+)\].*?memory \(MB\)\s*\|\s*allocated:\s*" + _NUM
+                           + r"\s*\|\s*max allocated:\s*" + _NUM + r"\s*\|\s*reserved:\s*"
+                           + _NUM + r"\s*\|\s*max reserved:\s*" + _NUM)
+# torchtitan/components/metrics.py (MetricsProcessor.log): 'step: {step:2}  loss: ..
+# memory: {max_reserved_gib:5.2f}GiB({pct:.2f}%)  tps: {round(tps):,}  tflops: ..'
+_TITAN = re.compile(r"step:\s*(\d+)\s+loss:.*?memory:\s*" + _NUM + r"GiB\(.*?\)\s+tps:\s*"
+                    + _NUM)
+# nemo/lightning/pytorch/callbacks/progress_printer.py (format_string): '<description> epoch
+# E, iteration N/M | metric: value | ...' with 'train_step_timing in s' from
+# nemo/utils/exp_manager.py (TimingCallback._on_batch_end)
+_NEMO = re.compile(r"iteration\s+(\d+)/\d+\s*\|.*?train_step_timing in s:\s*" + _NUM)
+# deepspeed/utils/timer.py (ThroughputTimer.stop): 'epoch={}/micro_step={}/global_step={},
+# RunningAvgSamplesPerSec={}, CurrSamplesPerSec={}, MemAllocated={}GB, MaxMemAllocated={}GB'
+_DEEPSPEED = re.compile(r"global_step=(\d+),\s*RunningAvgSamplesPerSec=" + _NUM
+                        + r",\s*CurrSamplesPerSec=" + _NUM + r",\s*MemAllocated=" + _NUM
+                        + r"GB,\s*MaxMemAllocated=" + _NUM + "GB")
+
+
+def _f(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+@dataclass
+class LogReading:
+    """What one log says, before it is paired with its plan."""
+
+    path: str
+    framework: str
+    # per reading after warm-up: seconds per iteration (megatron, nemo), tokens/s per GPU
+    # (torchtitan) or global samples/s (deepspeed)
+    values: list[float] = field(default_factory=list)
+    unit: str = "s"
+    memory_gib: float | None = None
+    memory_kind: str = ""  # "reserved" (fitted) or "allocated" (reported only)
+    skipped: int = 0
+
+    def iteration_s(self, global_batch: int, seq_length: int, num_gpus: int) -> float:
+        """The median iteration time in seconds for the job of the paired plan."""
+        v = statistics.median(self.values)
+        if self.unit == "s":
+            return v
+        if self.unit == "tokens/s/gpu":
+            return global_batch * seq_length / (v * num_gpus)
+        return global_batch / v  # samples/s (global)
+
+
+def read_log(path) -> LogReading:
+    """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
+    src = str(path)
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise SpecError(f"cannot read the log ({e.strerror})", source=src, field="log") from None
+    text = _ANSI.sub("", text)
+    found = []
+    mem = {}
+    for line in text.splitlines():
+        if (m := _MEGATRON_ITER.search(line)):
+            found.append(("megatron", int(m.group(1)), _f(m.group(2)) / 1e3))
+        elif (m := _TITAN.search(line)):
+            found.append(("torchtitan", int(m.group(1)), _f(m.group(3))))
+            mem.setdefault("torchtitan", []).append(_f(m.group(2)))
+        elif (m := _NEMO.search(line)):
+            found.append(("nemo", int(m.group(1)), _f(m.group(2))))
+        elif (m := _DEEPSPEED.search(line)):
+            found.append(("deepspeed", int(m.group(1)), _f(m.group(3))))
+            mem.setdefault("deepspeed", []).append(_f(m.group(5)))
+        if (m := _MEGATRON_MEM.search(line)):
+            mem.setdefault("megatron", []).append(_f(m.group(5)) / 1024)
+    if not found:
+        raise SpecError("no training-step line of Megatron-LM (elapsed time per iteration), "
+                        "torchtitan (step: .. tps:), NeMo (train_step_timing in s) or "
+                        "DeepSpeed (CurrSamplesPerSec) found; give the log the framework "
+                        "printed", source=src, field="log")
+    frameworks = {f for f, _i, _v in found}
+    if len(frameworks) > 1:
+        raise SpecError(f"lines of several frameworks ({', '.join(sorted(frameworks))}) in one "
+                        "log; give one run's log per file", source=src, field="log")
+    fw = frameworks.pop()
+    values = [v for _f_, _i, v in found]
+    if len(values) - WARMUP_READINGS < MIN_READINGS:
+        raise SpecError(f"{len(values)} timing readings; at least {WARMUP_READINGS + MIN_READINGS}"
+                        f" are needed (the first {WARMUP_READINGS} are warm-up); log more "
+                        "iterations", source=src, field="log")
+    unit = {"megatron": "s", "nemo": "s", "torchtitan": "tokens/s/gpu",
+            "deepspeed": "samples/s"}[fw]
+    reading = LogReading(src, fw, values[WARMUP_READINGS:], unit, skipped=WARMUP_READINGS)
+    if mem.get(fw):
+        reading.memory_gib = max(mem[fw])
+        reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"
+    return reading

@@ -1,0 +1,165 @@
+"""Calibration to the user's cluster: log readers on excerpts in each framework's own format,
+the fit recovering known parameters from synthetic logs, prediction intervals, the profile
+file and the CLI."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from formats import presets
+from formats.clusters import uniform_cluster
+from formats.logs import WARMUP_READINGS, read_log
+from model.calibration import (Run, _predict, apply_profile, fit, interval_s, load_profile,
+                               save_profile)
+from model.errors import SpecError
+from model.estimator import make_plan
+from model.specs import JobSpec, Options
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+@pytest.mark.parametrize("name,framework,median_s,mem", [
+    ("megatron", "megatron", 43.48, 75.0),       # max reserved over ranks, MB / 1024
+    ("torchtitan", "torchtitan", 256 * 4096 / (6005.5 * 128), 61.27),
+    ("nemo", "nemo", 43.52, None),
+    ("deepspeed", "deepspeed", 256 / 5.86, 61.4),
+])
+def test_readers_on_each_frameworks_format(name, framework, median_s, mem):
+    """Warm-up readings are skipped; the median of the rest is the iteration time for the
+    paired job (here global batch 256, sequence 4096, 128 GPUs)."""
+    r = read_log(LOGS / f"{name}.log")
+    assert r.framework == framework and r.skipped == WARMUP_READINGS
+    assert r.iteration_s(256, 4096, 128) == pytest.approx(median_s, rel=1e-3)
+    assert r.memory_gib == (pytest.approx(mem) if mem is not None else None)
+
+
+def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_text("hello\nnot a training log\n")
+    with pytest.raises(SpecError) as e:
+        read_log(p)
+    assert e.value.field == "log" and str(p) in str(e.value)
+    lines = (LOGS / "megatron.log").read_text().splitlines()
+    p.write_text("\n".join(lines[:6]))  # three timing lines: all warm-up
+    with pytest.raises(SpecError) as e:
+        read_log(p)
+    assert "warm-up" in str(e.value)
+    mixed = (LOGS / "megatron.log").read_text() + (LOGS / "nemo.log").read_text()
+    p.write_text(mixed)
+    with pytest.raises(SpecError) as e:
+        read_log(p)
+    assert "several frameworks" in str(e.value)
+
+
+def _runs(truth: dict, noise: float, seed: int, n: int):
+    """Plans of different shapes on 4 nodes with slow links, their times predicted with the
+    true parameters, times log-normal noise."""
+    model = presets.model("gpt-3.6b")
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 6.0)
+    rng = np.random.default_rng(seed)
+    shapes = [dict(tp=1, pp=1, micro_batch=4), dict(tp=2, pp=1, micro_batch=4),
+              dict(tp=8, pp=1, micro_batch=8), dict(tp=1, pp=4, micro_batch=2),
+              dict(tp=2, pp=2, micro_batch=4), dict(tp=4, pp=2, micro_batch=8),
+              dict(tp=8, pp=4, micro_batch=4), dict(tp=1, pp=2, micro_batch=8),
+              dict(tp=4, pp=1, micro_batch=2), dict(tp=2, pp=4, micro_batch=8),
+              dict(tp=8, pp=2, micro_batch=2), dict(tp=4, pp=4, micro_batch=4)]
+    out = []
+    for k in range(n):
+        kw = shapes[k % len(shapes)]
+        job = JobSpec(global_batch=128 * (1 + k // len(shapes)), seq_length=2048)
+        plan = make_plan(model, job, c, sequence_parallel=kw["tp"] > 1,
+                         distributed_optimizer=True, recompute="full", **kw)
+        run = Run(model, job, c, plan, Options(), 1.0, label=f"run{k}")
+        run.measured_s = _predict(run, truth, "A100-80GB") * math.exp(noise * rng.normal())
+        out.append(run)
+    return out
+
+
+def test_synthetic_round_trip_recovers_the_parameters():
+    """Logs from the estimator with known parameters and 2% noise calibrate back to them within
+    their reported uncertainty (3 standard errors), and 95% intervals on held-out plans
+    cover their true times."""
+    truth = {"gemm_scale": 0.85, "network_scale": 0.6}
+    runs = _runs(truth, 0.02, seed=1, n=12)
+    prof, _ = fit(runs, ("gemm_scale", "network_scale"), "A100-80GB")
+    for k, v in truth.items():
+        assert prof.stderr[k] is not None and prof.stderr[k] > 0
+        assert abs(prof.values[k] - v) <= 3 * prof.stderr[k] + 1e-9, (k, prof.values[k])
+    assert 0.005 < prof.residual_sd < 0.05
+    held = _runs(truth, 0.0, seed=2, n=24)[12:]
+    covered = 0
+    for r in held:
+        t, lo, hi = interval_s(prof, r.model, r.job, r.cluster, r.plan, r.options)
+        assert lo < t < hi
+        covered += lo <= r.measured_s <= hi
+    assert covered >= 10  # of 12 held-out plans (95% nominal)
+    # before the fit the presets are off by the true scales; after, within the noise
+    med_before = np.median([abs(x["before_s"] / x["measured_s"] - 1) for x in prof.runs])
+    med_after = np.median([abs(x["after_s"] / x["measured_s"] - 1) for x in prof.runs])
+    assert med_after < 0.03 < med_before
+
+
+def test_profile_file_round_trip_and_errors(tmp_path):
+    runs = _runs({"gemm_scale": 0.9, "network_scale": 0.8}, 0.01, seed=3, n=4)
+    prof, _ = fit(runs, ("gemm_scale",), "A100-80GB")
+    p = tmp_path / "cal.json"
+    save_profile(p, prof)
+    again = load_profile(p)
+    assert again.values == prof.values and again.gpu == "A100-80GB"
+    c, _ = apply_profile(again, runs[0].cluster, Options())
+    assert c.nodes[0].gpu.gemm_efficiency == pytest.approx(
+        min(1.0, runs[0].cluster.nodes[0].gpu.gemm_efficiency * prof.values["gemm_scale"]))
+    doc = json.loads(p.read_text())
+    doc["parameters"]["gemm_scale"]["value"] = 9.0
+    p.write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as e:
+        load_profile(p)
+    assert e.value.field == "parameters.gemm_scale.value"
+    with pytest.raises(SpecError) as e:
+        apply_profile(again, uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0), Options())
+    assert e.value.field == "gpu"
+
+
+def _megatron_log(path: Path, seconds: float, n: int = 8) -> None:
+    """A log in Megatron-LM's training_log format (megatron/training/training.py)."""
+    lines = [f" [2026-11-30 10:00:{k:02d}.000000] iteration {k + 1:8d}/{100:8d} | consumed "
+             f"samples: {256 * (k + 1):12d} | elapsed time per iteration (ms): "
+             f"{seconds * 1e3 * (1.3 if k == 0 else 1.0):.1f} | learning rate: 1.0E-04 |"
+             for k in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_cli_calibrate_then_estimate_with_intervals(tmp_path):
+    runner = CliRunner()
+    plans, logs = [], []
+    truth = {"gemm_scale": 0.8, "network_scale": 0.7}
+    for k, r in enumerate(_runs(truth, 0.01, seed=4, n=5)):
+        pf = tmp_path / f"p{k}.json"
+        from formats.planfile import save_plan
+        from model.estimator import estimate
+        save_plan(pf, r.model, r.job, r.cluster, r.plan, estimate(r.model, r.job, r.cluster,
+                                                                  r.plan))
+        lf = tmp_path / f"run{k}.log"
+        _megatron_log(lf, r.measured_s)
+        plans += ["--plan", str(pf)]
+        logs.append(str(lf))
+    out = tmp_path / "cal.json"
+    res = runner.invoke(app, ["calibrate", *logs, *plans, "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["parameters"]["gemm_scale"]["value"] == pytest.approx(0.8, abs=0.08)
+    res = runner.invoke(app, ["estimate", "--plan", str(tmp_path / "p0.json"),
+                              "--calibration", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    iv = json.loads(res.output)["interval_s"]
+    assert iv["low"] < iv["estimate"] < iv["high"]
+    # a foreign log: one line, exit 2
+    bad = tmp_path / "bad.log"
+    bad.write_text("nothing here\n")
+    res = runner.invoke(app, ["calibrate", str(bad), "--plan", str(tmp_path / "p0.json")])
+    assert res.exit_code == 2 and "bad.log" in res.output and "Traceback" not in res.output

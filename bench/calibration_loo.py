@@ -1,0 +1,75 @@
+"""Calibration on a few runs of a group, judged on the group's other runs.
+
+    python bench/calibration_loo.py [--k 3] [--fit gemm_scale,network_scale] [--draws 5]
+
+For every source group of data/published_runs.json with at least 5 runs that have a time: draw
+k runs (seeded, `--draws` times), fit the named parameters on them (model/calibration.py, the
+same fit as `python cli.py calibrate`, with the published times as the measurements), and
+predict the group's other runs. Prints per group the median |time error| of the held-out runs
+before (presets) and after, the median over the draws, and the fitted values of the first
+draw. The issue's goal: after, at most 5% for every group with 5+ runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from formats.published import _skip_reason, load_runs, run_to_inputs  # noqa: E402
+from model.calibration import Run, _predict, fit  # noqa: E402
+from model.specs import Options  # noqa: E402
+
+
+def group_runs() -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = {}
+    for r in load_runs():
+        if _skip_reason(r) or r.get("oom"):
+            continue
+        pub = r.get("iteration_time_s") or r.get("iteration_time_s_derived")
+        if pub is None:
+            continue
+        model, job, cluster, plan, _notes = run_to_inputs(r)
+        groups.setdefault(r["source_group"], []).append(
+            Run(model, job, cluster, plan, Options(), float(pub), label=r["id"]))
+    return {g: v for g, v in groups.items() if len(v) >= 5}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--fit", default="gemm_scale,network_scale")
+    ap.add_argument("--draws", type=int, default=5)
+    args = ap.parse_args()
+    names = tuple(args.fit.split(","))
+    print(f"calibrate on {args.k} runs of a group ({', '.join(names)}), predict the others; "
+          f"{args.draws} seeded draws\n")
+    print(f"{'group':<34} {'runs':>4} {'before':>8} {'after':>8} {'after range':>16}  "
+          f"fitted (first draw)")
+    for g, runs in sorted(group_runs().items()):
+        gpu = runs[0].cluster.nodes[0].gpu.name
+        befores, afters, first = [], [], None
+        for d in range(args.draws):
+            rng = np.random.default_rng(d)
+            pick = set(rng.choice(len(runs), size=args.k, replace=False).tolist())
+            train = [r for i, r in enumerate(runs) if i in pick]
+            test = [r for i, r in enumerate(runs) if i not in pick]
+            prof, _ = fit(train, names, gpu, fit_fragmentation=False)
+            first = first or prof
+            befores.append(statistics.median(abs(_predict(r, {}, gpu) / r.measured_s - 1)
+                                             for r in test))
+            afters.append(statistics.median(abs(_predict(r, prof.values, gpu) / r.measured_s
+                                                - 1) for r in test))
+        fitted = ", ".join(f"{k}={v:.3f}" for k, v in first.values.items())
+        print(f"{g:<34} {len(runs):4d} {100 * statistics.median(befores):7.1f}% "
+              f"{100 * statistics.median(afters):7.1f}% "
+              f"{100 * min(afters):7.1f}-{100 * max(afters):5.1f}%  {fitted}")
+
+
+if __name__ == "__main__":
+    main()

@@ -234,7 +234,8 @@ def _calibrated(c, opts, calibration: Path | None):
     """(cluster, options, profile, what the plan file records) with the profile applied."""
     if calibration is None:
         return c, opts, None, None
-    from model.calibration import apply_profile, load_profile
+    from formats.profile import load_profile
+    from model.calibration import apply_profile
     prof = load_profile(calibration)
     c2, o2 = apply_profile(prof, c, opts)
     return c2, o2, prof, {"profile": str(calibration), "gpu": prof.gpu,
@@ -463,7 +464,8 @@ def calibrate(
     --calibration (fragmentation too, where the logs report reserved memory)."""
     from formats.logs import read_log
     from formats.planfile import load_plan
-    from model.calibration import Run, fit, save_profile
+    from formats.profile import save_profile
+    from model.calibration import Run, fit
     from model.errors import SpecError
 
     if len(plan) not in (1, len(logs)):
@@ -491,6 +493,57 @@ def calibrate(
 
 
 @command()
+def sweep(
+    spec: Annotated[str, typer.Argument(help="A sweep spec (TOML; data/sweeps/example.toml), "
+                                        "or `report` followed by a results store.")],
+    rest: Annotated[Optional[list[str]], typer.Argument(help="With `report`: the results "
+                                                        "store.")] = None,
+    results: Annotated[Optional[Path], typer.Option(
+        "--results", help="The results store (SQLite) [sweeps/<name>.sqlite].")] = None,
+    jobs: Annotated[Optional[int], typer.Option(
+        "--jobs", help="Worker processes [all cores].")] = None,
+    ray: Annotated[Optional[str], typer.Option(
+        "--ray", help="Run on Ray: a cluster address, or `local` for ray.init() here.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="With `report`: the folder for tables "
+                                      "and plots.")] = Path("sweep-report"),
+):
+    """Run a sweep of solves, resumable (a rerun skips the tasks the store holds); or
+    `sweep report RESULTS`: tables (CSV, Markdown) and plots (PNG)."""
+    from formats.results import Store, report
+    from formats.sweepspec import build_inputs, load_spec
+    from model.errors import SpecError
+    from solvers.sweep import run_sweep
+
+    if spec == "report":
+        if not rest or not Path(rest[0]).exists():
+            raise SpecError("give the results store: sweep report RESULTS.sqlite",
+                            source="options", field="RESULTS")
+        store = Store(rest[0])
+        rows = store.rows()
+        for w in store.warnings:
+            typer.echo(f"warning: {w}", err=True)
+        if not rows:
+            raise SpecError("no finished task in the store", source=rest[0], field="tasks")
+        files = report(rows, out)
+        render.print_written(files, [])
+        return
+    name, tasks = load_spec(spec)
+    store = Store(results or Path("sweeps") / f"{name}.sqlite")
+    done_before = len(store.done_ids())
+    for w in store.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    bar = render.SweepProgress(len(tasks), done_before)
+    try:
+        counts = run_sweep(tasks, store, build_inputs, jobs=jobs, progress=bar.update,
+                           executor="ray" if ray else "local",
+                           ray_address=None if ray in (None, "local") else ray)
+    finally:
+        bar.stop()
+    render.console().print(f"sweep {name}: {counts['total']} tasks, {counts['skipped']} already "
+                           f"in {store.path}, {counts['done']} done, {counts['failed']} failed")
+
+
+@command()
 def validate(as_json: JsonOpt = False,
              verbose: Annotated[bool, typer.Option("--verbose", "-v",
                                                    help="Show assumptions per run.")] = False,
@@ -501,7 +554,7 @@ def validate(as_json: JsonOpt = False,
 
     prof = None
     if calibration is not None:
-        from model.calibration import load_profile
+        from formats.profile import load_profile
         prof = load_profile(calibration)
     s, moe = run_validate(profile=prof), validate_moe(profile=prof)
     if as_json:

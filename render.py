@@ -148,6 +148,27 @@ def print_calibration(prof, out) -> None:
                                              if sd is None else f"{100 * sd:.1f}%"))
 
 
+class SweepProgress:
+    """A live bar for sweeps: done / failed / running, with rich's ETA."""
+
+    def __init__(self, total: int, already: int):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RP, TextColumn,
+                                   TimeRemainingColumn)
+        self.p = RP(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                    console=console(), transient=True)
+        self.p.start()
+        self.t = self.p.add_task("sweep", total=total, completed=already, info="")
+        self.already = already
+
+    def update(self, counts: dict, running: int) -> None:
+        self.p.update(self.t, completed=self.already + counts["done"] + counts["failed"],
+                      info=f"failed {counts['failed']}, running {running}")
+
+    def stop(self) -> None:
+        self.p.stop()
+
+
 def print_written(files, warnings) -> None:
     con = console()
     for p in files:

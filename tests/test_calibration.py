@@ -14,8 +14,8 @@ from cli import app
 from formats import presets
 from formats.clusters import uniform_cluster
 from formats.logs import WARMUP_READINGS, read_log
-from model.calibration import (Run, _predict, apply_profile, fit, interval_s, load_profile,
-                               save_profile)
+from formats.profile import load_profile, save_profile
+from model.calibration import Run, _predict, apply_profile, fit, interval_s
 from model.errors import SpecError
 from model.estimator import make_plan
 from model.specs import JobSpec, Options

@@ -1,0 +1,192 @@
+"""The sweep results store (SQLite) and its report.
+
+SQLite, not Parquet: it is in the standard library, every task's row is one committed
+transaction (a kill at any moment leaves the committed rows whole and the one in flight absent),
+and a rerun can query which task ids are done. Each row carries the SHA-256 of its JSON payload;
+a row whose payload does not match (a damaged file) is reported and dropped, never read
+silently. Tables: `tasks` (one row per finished task), `starts` (every dispatch, for auditing
+that no recorded task runs again).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import sqlite3
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+class Store:
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        with self.conn:
+            self.conn.execute("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, "
+                              "payload TEXT NOT NULL, sha TEXT NOT NULL, recorded REAL)")
+            self.conn.execute("CREATE TABLE IF NOT EXISTS starts (id TEXT, t REAL)")
+        self.warnings: list[str] = []
+
+    def record(self, result: dict) -> None:
+        payload = json.dumps(result, sort_keys=True, allow_nan=True)
+        sha = hashlib.sha256(payload.encode()).hexdigest()
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?)",
+                              (result["id"], payload, sha, time.time()))
+
+    def started(self, task_id: str) -> None:
+        with self.conn:
+            self.conn.execute("INSERT INTO starts VALUES (?, ?)", (task_id, time.time()))
+
+    def rows(self) -> list[dict]:
+        out = []
+        bad = []
+        for tid, payload, sha in self.conn.execute("SELECT id, payload, sha FROM tasks"):
+            if hashlib.sha256(payload.encode()).hexdigest() != sha:
+                bad.append(tid)
+                continue
+            try:
+                out.append(json.loads(payload))
+            except json.JSONDecodeError:
+                bad.append(tid)
+        if bad:
+            self.warnings.append(f"{self.path}: {len(bad)} damaged row(s) dropped (checksum "
+                                 f"mismatch): {', '.join(bad[:5])}; they will run again")
+            with self.conn:
+                self.conn.executemany("DELETE FROM tasks WHERE id = ?", [(b,) for b in bad])
+        return out
+
+    def done_ids(self) -> set[str]:
+        """Tasks finished successfully (a failed task runs again on the next run)."""
+        return {r["id"] for r in self.rows() if r.get("status") == "done"}
+
+    def starts(self) -> list[tuple[str, float]]:
+        return list(self.conn.execute("SELECT id, t FROM starts"))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _instance(r: dict) -> str:
+    i = r["inputs"]
+    return json.dumps({"model": i["model"], "cluster": i["cluster"], "job": i["job"]},
+                      sort_keys=True)
+
+
+def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
+    """Per (method, nodes): median and worst gap to the best known plan of the instance,
+    median gap to the instance's best bound, and the median smallest budget within 0.5%."""
+    ok = [r for r in rows if r.get("status") == "done" and r.get("iteration_ms")]
+    best = defaultdict(lambda: math.inf)
+    bound = defaultdict(lambda: 0.0)
+    for r in ok:
+        k = _instance(r)
+        best[k] = min(best[k], r["iteration_ms"])
+        if r.get("bound_ms"):
+            bound[k] = max(bound[k], r["bound_ms"])
+    groups = defaultdict(list)
+    for r in ok:
+        groups[(r["inputs"]["method"], r["nodes"])].append(r)
+    table = []
+    for (method, nodes), rs in sorted(groups.items()):
+        gaps = [r["iteration_ms"] / best[_instance(r)] - 1 for r in rs]
+        bgaps = [r["iteration_ms"] / bound[_instance(r)] - 1 for r in rs
+                 if bound[_instance(r)] > 0]
+        within = defaultdict(lambda: math.inf)
+        for r in rs:
+            if r["iteration_ms"] <= best[_instance(r)] * 1.005:
+                within[_instance(r)] = min(within[_instance(r)], r["inputs"]["budget_s"])
+        insts = {_instance(r) for r in rs}
+        t05 = [within[i] for i in insts]
+        table.append({"method": method, "nodes": nodes, "tasks": len(rs),
+                      "median_gap_to_best": statistics.median(gaps),
+                      "worst_gap_to_best": max(gaps),
+                      "median_gap_to_bound": statistics.median(bgaps) if bgaps else None,
+                      "median_budget_within_0.5pct_s": statistics.median(t05)
+                      if all(math.isfinite(x) for x in t05) else None,
+                      "median_wall_s": statistics.median(r["wall_s"] for r in rs)})
+    return table, {"best": dict(best), "bound": dict(bound)}
+
+
+def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path,
+            legend: bool = True) -> Path:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def report(rows: list[dict], out_dir) -> list[Path]:
+    """Tables (CSV and Markdown) and three PNGs: gap vs nodes per method, quality vs budget,
+    placement gain (Megatron placement / best) vs the bandwidth spread of the cluster."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table, ref = summarize(rows)
+    files = []
+    cols = list(table[0]) if table else []
+    p = out / "summary.csv"
+    with p.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(table)
+    files.append(p)
+
+    def fmt(v):
+        return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+    p = out / "summary.md"
+    p.write_text("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n" + "".join(
+        "| " + " | ".join(fmt(r[c]) for c in cols) + " |\n" for r in table))
+    files.append(p)
+    ok = [r for r in rows if r.get("status") == "done" and r.get("iteration_ms")]
+    methods = sorted({r["inputs"]["method"] for r in ok})
+    # 1. median gap to the best known vs nodes, per method
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in methods:
+        pts = sorted((r["nodes"], r["median_gap_to_best"]) for r in table if r["method"] == m)
+        ax.plot([x for x, _ in pts], [100 * y for _, y in pts], marker="o", label=m)
+    files.append(_finish(plt, fig, ax, "nodes", "median gap to the best known plan (%)",
+                         "Gap vs cluster size", out / "gap_vs_nodes.png"))
+    # 2. quality vs budget
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in methods:
+        by_b = defaultdict(list)
+        for r in ok:
+            if r["inputs"]["method"] == m:
+                by_b[r["inputs"]["budget_s"]].append(
+                    r["iteration_ms"] / ref["best"][_instance(r)] - 1)
+        bs = sorted(by_b)
+        ax.plot(bs, [100 * statistics.median(by_b[b]) for b in bs], marker="o", label=m)
+    ax.set_xscale("log")
+    files.append(_finish(plt, fig, ax, "time budget (s)", "median gap to the best known plan (%)",
+                         "Quality vs budget", out / "quality_vs_budget.png"))
+    # 3. placement gain vs bandwidth spread
+    fig, ax = plt.subplots(figsize=(6, 4))
+    meg = {}
+    for r in ok:
+        if r["inputs"]["method"] == "megatron":
+            meg[_instance(r)] = r
+    xs, ys = [], []
+    for k, r in meg.items():
+        xs.append(r["bw_spread"])
+        ys.append(r["iteration_ms"] / ref["best"][k])
+    ax.scatter(xs, ys)
+    files.append(_finish(plt, fig, ax, "bandwidth spread (fastest / slowest inter-node stream)",
+                         "Megatron placement / best plan", "Placement gain vs link spread",
+                         out / "gain_vs_spread.png", legend=False))
+    return files

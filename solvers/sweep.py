@@ -1,0 +1,145 @@
+"""Research sweeps: a grid of (model, cluster, job, method, budget, seed) tasks, each one solve,
+run in worker processes, each finished task appended to a results store that survives being
+killed (formats/results.py), and a rerun that skips what is done.
+
+Spec (TOML; data/sweeps/example.toml):
+
+    [sweep]
+    name = "example"
+    methods = ["exact", "anneal", "megatron"]   # the task's solver (below)
+    budgets = [2.0, 5.0]                         # time limits, s
+    seeds = [0]
+    [[models]]   name = "gpt-3.6b"  (a preset or a Hugging Face config.json)
+    [[jobs]]     global_batch = 256, seq_length = 2048, precision = "bf16"
+    [[clusters]] preset = "example"  |  file = "path.toml"  |
+                 synth = {num_nodes = [4, 8], seed = [0, 1], ...}   (lists expand as a grid)
+
+Methods: "exact" and "anneal" are `solve` with that method; "megatron" is the best plan the
+screening scores, every shape with Megatron-LM's default placement and balanced split (what a
+user gets by choosing the best degrees and launching plainly; it needs no other task).
+
+Specs and task ids live in formats/sweepspec.py. A task's id is the SHA-256 of its inputs in canonical JSON (model spec, cluster spec or synth
+parameters, job, method, budget, seed): the same spec gives the same ids, so a rerun skips the
+tasks the store holds. Only the driver writes the store; workers return results.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import platform
+import time
+
+from model.errors import SpecError
+
+
+def run_task(t, build) -> dict:
+    """One task in a worker: its plan, times, bound and status (never raises: a failure is
+    a result with its error). `build(t)` gives (model, cluster, job) (formats.sweepspec)."""
+    import numpy as np
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = {"id": t.id, "inputs": t.inputs(), "status": "done", "error": None}
+    try:
+        model, cluster, job = build(t)
+        off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
+        out["nodes"] = cluster.num_nodes
+        out["bw_spread"] = float(off.max() / off.min()) if off.size and off.min() > 0 else 1.0
+        if t.method == "megatron":
+            from model.specs import Options
+            from solvers.search import prepare_shapes
+            from solvers.space import SearchSpace
+            infos, _rej, _n = prepare_shapes(model, job, cluster, Options(), SearchSpace())
+            scored = [i for i in infos if i.quick_ms is not None]
+            best = min(scored, key=lambda i: i.quick_ms)
+            out.update(plan=best.shape.describe(), iteration_ms=best.quick_ms, bound_ms=None,
+                       gap=None, termination="baseline")
+        else:
+            from solvers.search import solve
+            r = solve(model, job, cluster, method=t.method, time_limit_s=t.budget_s,
+                      seed=t.seed)
+            out.update(plan=r.plan.shape.describe(), iteration_ms=r.objective_ms,
+                       bound_ms=r.bound_ms, gap=r.gap, termination=r.termination)
+    except Exception as e:  # noqa: BLE001  (recorded with the task; the sweep goes on)
+        out.update(status="failed", error=f"{type(e).__name__}: {e}")
+    out["wall_s"] = time.perf_counter() - t0
+    out["cpu_s"] = time.process_time() - c0
+    out["versions"] = {"python": platform.python_version(), "pipette": _version()}
+    return out
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("pipette-configurator")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
+              executor: str = "local", ray_address: str | None = None) -> dict:
+    """Run the tasks (formats.sweepspec.Task) the store does not hold; returns counts.
+    `store` (formats.results.Store) is written by this process only, one committed row per
+    finished task; `build` (formats.sweepspec.build_inputs, a module-level function the
+    workers can import) turns a task into its inputs."""
+    done = store.done_ids()
+    todo = [t for t in tasks if t.id not in done]
+    counts = {"total": len(tasks), "skipped": len(tasks) - len(todo), "done": 0, "failed": 0}
+    if not todo:
+        return counts
+    if executor == "ray":
+        return _run_ray(todo, store, build, counts, progress, ray_address)
+    jobs = jobs or os.cpu_count() or 1
+    retried: set[str] = set()
+    queue = list(todo)
+    while queue:
+        with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {}
+            for t in queue:
+                store.started(t.id)
+                futures[pool.submit(run_task, t, build)] = t
+            queue = []
+            for fut in cf.as_completed(futures):
+                t = futures[fut]
+                try:
+                    res = fut.result()
+                except cf.process.BrokenProcessPool as e:  # a worker died
+                    if t.id in retried:
+                        res = {"id": t.id, "inputs": t.inputs(), "status": "failed",
+                               "error": f"worker died twice: {e}"}
+                    else:
+                        retried.add(t.id)
+                        queue.append(t)
+                        continue
+                store.record(res)
+                counts["done" if res["status"] == "done" else "failed"] += 1
+                if progress:
+                    progress(counts, len(futures) - counts["done"] - counts["failed"])
+    return counts
+
+
+def _run_ray(todo, store, build, counts, progress, address):
+    try:
+        import ray
+    except ImportError:
+        raise SpecError("--ray needs ray: pip install -e '.[sweep]'", source="options",
+                        field="--ray") from None
+    ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    remote = ray.remote(max_retries=1)(run_task)
+    pending = {}
+    for t in todo:
+        store.started(t.id)
+        pending[remote.remote(t, build)] = t
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        ref = ready[0]
+        t = pending.pop(ref)
+        try:
+            res = ray.get(ref)
+        except Exception as e:  # noqa: BLE001  (the task failed twice: recorded)
+            res = {"id": t.id, "inputs": t.inputs(), "status": "failed",
+                   "error": f"{type(e).__name__}: {e}"}
+        store.record(res)
+        counts["done" if res["status"] == "done" else "failed"] += 1
+        if progress:
+            progress(counts, len(pending))
+    return counts

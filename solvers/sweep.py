@@ -26,6 +26,7 @@ tasks the store holds. Only the driver writes the store; workers return results.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import multiprocessing
 import os
 import platform
 import time
@@ -92,7 +93,13 @@ def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
     retried: set[str] = set()
     queue = list(todo)
     while queue:
-        with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+        # workers start from a fresh forkserver process, not by forking this one: a fork of a
+        # process whose HiGHS threads are running can leave the child waiting on a lock
+        # forever (observed in the test suite)
+        ctx = multiprocessing.get_context(
+            "forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+            else "spawn")
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             futures = {}
             for t in queue:
                 store.started(t.id)

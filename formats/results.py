@@ -109,6 +109,7 @@ def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
                       "median_gap_to_best": statistics.median(gaps),
                       "worst_gap_to_best": max(gaps),
                       "median_gap_to_bound": statistics.median(bgaps) if bgaps else None,
+                      "worst_gap_to_bound": max(bgaps) if bgaps else None,
                       "median_budget_within_0.5pct_s": statistics.median(t05)
                       if all(math.isfinite(x) for x in t05) else None,
                       "median_wall_s": statistics.median(r["wall_s"] for r in rs)})

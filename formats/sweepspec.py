@@ -13,7 +13,7 @@ from pathlib import Path
 
 from model.errors import SpecError
 
-METHODS = ("exact", "anneal", "megatron")
+METHODS = ("exact", "anneal", "megatron", "amp-style")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ Spec (TOML; data/sweeps/example.toml):
 
 Methods: "exact" and "anneal" are `solve` with that method; "megatron" is the best plan the
 screening scores, every shape with Megatron-LM's default placement and balanced split (what a
-user gets by choosing the best degrees and launching plainly; it needs no other task).
+user gets by choosing the best degrees and launching plainly; it needs no other task);
+"amp-style" is the plan an AMP-style model picks (uniform links at the mean, transfers
+overlapped; solvers.compare.amp_style_plan), scored on the cluster as measured.
 
 Specs and task ids live in formats/sweepspec.py. A task's id is the SHA-256 of its inputs in canonical JSON (model spec, cluster spec or synth
 parameters, job, method, budget, seed): the same spec gives the same ids, so a rerun skips the
@@ -45,7 +47,16 @@ def run_task(t, build) -> dict:
         off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
         out["nodes"] = cluster.num_nodes
         out["bw_spread"] = float(off.max() / off.min()) if off.size and off.min() > 0 else 1.0
-        if t.method == "megatron":
+        if t.method == "amp-style":
+            from model.estimator import Evaluator
+            from model.specs import Options
+            from solvers.compare import amp_style_plan
+            plan = amp_style_plan(model, job, cluster)
+            ms = Evaluator(model, job, cluster, plan.shape, Options()).iteration_ms(
+                plan.placement)
+            out.update(plan=plan.shape.describe(), iteration_ms=ms, bound_ms=None, gap=None,
+                       termination="baseline")
+        elif t.method == "megatron":
             from model.specs import Options
             from solvers.search import prepare_shapes
             from solvers.space import SearchSpace

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = """
 [sweep]
 name = "tiny"
-methods = ["exact", "megatron"]
+methods = ["exact", "megatron", "amp-style"]
 budgets = [1.0, 2.0]
 seeds = [0]
 [[models]]
@@ -43,9 +43,9 @@ def _spec(tmp_path, model="gpt-1.7b"):
 def test_task_ids_are_stable_and_distinct(tmp_path):
     name, tasks = load_spec(_spec(tmp_path))
     again = load_spec(_spec(tmp_path))[1]
-    assert name == "tiny" and len(tasks) == 12
+    assert name == "tiny" and len(tasks) == 18
     assert [t.id for t in tasks] == [t.id for t in again]
-    assert len({t.id for t in tasks}) == 12
+    assert len({t.id for t in tasks}) == 18
 
 
 def test_bad_specs_name_the_field(tmp_path):
@@ -68,7 +68,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     spec = _spec(tmp_path)
     ref = Store(tmp_path / "ref.sqlite")
     counts = run_sweep(load_spec(spec)[1], ref, build_inputs, jobs=2)
-    assert counts["done"] == 12
+    assert counts["done"] == 18
     killed_db = tmp_path / "killed.sqlite"
     cmd = [sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--results",
            str(killed_db), "--jobs", "1"]
@@ -91,7 +91,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     proc.wait()
     s = Store(killed_db)
     before = s.done_ids()
-    assert 3 <= len(before) < 12
+    assert 3 <= len(before) < 18
     kill_t = max(t for _i, t in s.starts())
     counts = run_sweep(load_spec(spec)[1], s, build_inputs, jobs=2)
     assert counts["skipped"] == len(before)
@@ -130,4 +130,4 @@ def test_report_writes_tables_and_three_plots(tmp_path):
     assert names == ["gain_vs_spread.png", "gap_vs_nodes.png", "quality_vs_budget.png",
                      "summary.csv", "summary.md"]
     md = (tmp_path / "rep" / "summary.md").read_text()
-    assert "| exact | 2 |" in md and "| megatron | 2 |" in md
+    assert "| exact | 2 |" in md and "| megatron | 2 |" in md and "| amp-style | 2 |" in md

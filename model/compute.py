@@ -141,7 +141,7 @@ class ComputeModel:
     # -- one transformer layer ----------------------------------------------------------------
 
     def layer(self) -> LayerCompute:
-        m, t, T, s = self.model, self.t, self.T, self.s
+        m, t, T = self.model, self.t, self.T
         h, kv, f = m.hidden_size, m.kv_dim, m.ffn_hidden_size
         gated = 2 if m.gated_mlp else 1
         hs = T * h / (t if self.sp else 1)  # elements of a norm / residual region

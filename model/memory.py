@@ -98,7 +98,6 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[st
     h = model.hidden_size
     a16 = float(job.activation_bytes)  # 2 bytes in Korthikanti et al.'s count
     lin = 1.0 if shape.fp8 else a16  # what a linear layer keeps of its input
-    kv = model.kv_dim
     ffn = model.ffn_hidden_size
     gated = 2 if model.gated_mlp else 1
     out = [

@@ -339,7 +339,7 @@ class _Formulation:
         p, V, L, A, N = dat.p, dat.V, dat.L, dat.A, dat.N
         D = 1 if relax else dat.D  # relaxed: one representative pipeline
         self.D = D
-        k, K = dat.k, dat.K
+        k = dat.k
         u_const = None
         if relax or dat.zero3:  # ZeRO-3 runs here only on uniform clusters: a fixed ring
             u_const = dat.u_min

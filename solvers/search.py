@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 
 from model.cluster import ClusterSpec
-from model.costs import CostModel
 from model.errors import InfeasibleError
 from model.estimator import Evaluator, default_layers
 from model.plan import Plan, Shape, megatron_placement, num_microbatches

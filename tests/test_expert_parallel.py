@@ -3,10 +3,8 @@ split by EP, the all-to-all on the measured links, the experts' own gradient syn
 MILP and bound agreeing with the estimator, emitted flags, the held-out MoE runs."""
 
 import dataclasses
-import itertools
 import math
 
-import numpy as np
 import pytest
 
 from formats import presets

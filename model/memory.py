@@ -121,14 +121,16 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[st
         k = model.moe_topk * job.moe_capacity_factor
         fe, fs = model.expert_ffn, model.moe_shared_experts * model.expert_ffn
         # the routed copies an expert-TP group holds: with expert TP = TP and sequence
-        # parallelism each TP rank gathers its group's tokens (etp x its 1/t share)
+        # parallelism each TP rank gathers its group's tokens (etp x its 1/t share). The
+        # router's probabilities multiply the activation's output inside the expert MLP
+        # (megatron/core/transformer/moe/experts.py, TEGroupedMLP bias_act_func), so the
+        # combine keeps no copy of the experts' outputs for their gradient
         g = shape.expert_tp if shape.sequence_parallel else 1
         out += [("router input", lin * h, False),
                 ("router probabilities", 4.0 * model.num_experts, False),
                 ("expert inputs", lin * h * k * g, False),
                 ("expert activation inputs", a16 * gated * fe * k, True),
-                ("expert fc2 inputs", lin * fe * k, True),
-                ("expert outputs", a16 * h * k * g, False)]
+                ("expert fc2 inputs", lin * fe * k, True)]
         if fs:
             out += [("shared activation input", a16 * gated * fs, True),
                     ("shared fc2 input", lin * fs, True)]

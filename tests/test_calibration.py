@@ -163,3 +163,36 @@ def test_cli_calibrate_then_estimate_with_intervals(tmp_path):
     bad.write_text("nothing here\n")
     res = runner.invoke(app, ["calibrate", str(bad), "--plan", str(tmp_path / "p0.json")])
     assert res.exit_code == 2 and "bad.log" in res.output and "Traceback" not in res.output
+
+
+def test_solve_with_a_profile_gives_an_interval_and_names_a_toss_up(tmp_path):
+    """`solve --calibration`: the profile's GPU-type scales apply, the best plan carries a 95%
+    interval, and a runner-up inside it is named; the plan file records the profile."""
+    from formats.clusters import SynthParams, cluster_to_toml, synth_cluster
+    from model.calibration import Profile
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2816,
+           "vocab_size": 8000, "max_position_embeddings": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    c = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=2, nic_gb_per_s=2.0, leaf_size=2,
+                                  oversubscription=3, degraded=1, degraded_factor=0.3,
+                                  noise=0.1, seed=0))
+    (tmp_path / "c.toml").write_text(cluster_to_toml(c))
+    # a wide interval (20% residual spread): the runner-up is a toss-up
+    prof = Profile("A100-80GB", {"gemm_scale": 0.9, "network_scale": 0.8},
+                   {"gemm_scale": 0.02, "network_scale": 0.05},
+                   ("gemm_scale", "network_scale"), [[4e-4, 0.0], [0.0, 2.5e-3]], 0.2)
+    save_profile(tmp_path / "cal.json", prof)
+    plan = tmp_path / "plan.json"
+    res = CliRunner().invoke(app, ["solve", "--model", str(tmp_path / "config.json"),
+                                   "--cluster", str(tmp_path / "c.toml"), "--gbs", "8",
+                                   "--seq", "1024", "--time-limit", "30", "--json",
+                                   "--calibration", str(tmp_path / "cal.json"),
+                                   "--save-plan", str(plan)])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    iv = d["interval_s"]
+    assert iv["low"] < iv["estimate"] < iv["high"]
+    assert iv["estimate"] == pytest.approx(d["solver"]["objective_ms"] / 1e3, rel=1e-9)
+    assert iv["toss_up_with"] is not None
+    assert json.loads(plan.read_text())["calibration"]["gpu"] == "A100-80GB"

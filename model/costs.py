@@ -20,7 +20,7 @@ from .communication import (INTRA_LATENCY_US, allreduce_ms, alltoall_ms, exposed
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
 from .memory import gathered_weight_bytes
-from .plan import Shape
+from .plan import Shape, layer_params
 from .specs import GPUSpec, JobSpec, ModelSpec, Options
 
 # Megatron-LM's DDP buckets gradients (and, with the distributed optimizer, parameters) in
@@ -97,18 +97,14 @@ class CostModel:
         self.shard_ring_channels = job.framework != "deepspeed"
         # parameters of one layer on one GPU: the routed experts are split over EP and expert
         # TP, the rest over TP (Megatron-LM's MoELayer: E / ep local experts)
-        ep, et, t = shape.ep, shape.expert_tp, shape.tp
-        pe = model.expert_params_per_layer
-        self.layer_expert_params = pe / (ep * et)
-        if ep == 1 and et == t:  # (as before expert parallelism, bit for bit)
-            self.layer_params = model.params_per_layer / t
-            self.layer_linear_params = model.linear_params_per_layer / t
-        else:
-            self.layer_params = (model.params_per_layer - pe) / t + pe / (ep * et)
-            self.layer_linear_params = (model.linear_params_per_layer - pe) / t + pe / (ep * et)
+        lp = layer_params(model, shape)
+        self.layer_expert_params = lp.experts
+        self.layer_params = lp.total
+        self.layer_linear_params = lp.linear
+        self.experts_split = lp.split
         # how many times finer than the data-parallel shard the experts' optimizer state is
         # sharded: over the expert-data-parallel group, tp x cols / (ep x etp) ranks
-        self.expert_shard_factor = ep * et / t
+        self.expert_shard_factor = lp.expert_shard_factor
         # leading dense layers (all in virtual stage 0, plan.validate_shape): their cost model
         self.first_dense = model.first_dense_layers
         self._dense: CostModel | None = None
@@ -428,8 +424,7 @@ class CostModel:
         """Parameters held by one GPU of `stage` (its TP shard)."""
         m, sh = self.model, self.shape
         layers = layers if layers is not None else sh.layers
-        per_layer = self.layer_params * sh.tp if self.layer_expert_params and (
-            sh.ep > 1 or sh.expert_tp != sh.tp) else m.params_per_layer
+        per_layer = self.layer_params * sh.tp if self.experts_split else m.params_per_layer
         n = 0.0
         for c in range(sh.chunks):
             j = c * sh.pp + stage
@@ -450,7 +445,7 @@ class CostModel:
         from TP: otherwise every parameter synchronizes over the same group, and none is told
         apart)."""
         sh = self.shape
-        if sh.ep == 1 and sh.expert_tp == sh.tp:
+        if not self.experts_split:
             return 0.0
         layers = layers if layers is not None else sh.layers
         n = sum(layers[c * sh.pp + stage] for c in range(sh.chunks))
@@ -463,8 +458,7 @@ class CostModel:
         sh = self.shape
         layers = layers if layers is not None else sh.layers
         n = sum(layers[c * sh.pp + stage] for c in range(sh.chunks))
-        per = (self.model.linear_params_per_layer / sh.tp if sh.ep == 1 and sh.expert_tp == sh.tp
-               else self.layer_linear_params)
+        per = self.layer_linear_params
         if stage == 0 and self.first_dense:
             return n * per + self.first_dense * (
                 self.model.dense_layer_model.linear_params_per_layer / sh.tp - per)

@@ -89,8 +89,7 @@ class Evaluator:
         self._replica_cache: dict = {}
         self._path_cache: dict = {}
         self._ep_groups = ep_groups(shape) if shape.ep > 1 else []
-        self._expert_dp_groups = (expert_dp_groups(shape) if model.is_moe and (
-            shape.ep > 1 or shape.expert_tp != shape.tp) else [])
+        self._expert_dp_groups = expert_dp_groups(shape) if self.costs.experts_split else []
 
     # -- durations ---------------------------------------------------------------------------
 
@@ -154,9 +153,13 @@ class Evaluator:
     def ep_alltoall(self, pl: Placement, s: int, r: int) -> float:
         """Expert parallelism: one all-to-all at stage s as column r sees it, the slowest of
         the EP groups its GPUs belong to (all run at once); 0 without EP."""
-        sh = self.shape
-        if sh.ep <= 1:
+        if self.shape.ep <= 1:
             return 0.0
+        return self.ep_alltoall_row(pl, s)[r]
+
+    def ep_alltoall_row(self, pl: Placement, s: int) -> list[float]:
+        """`ep_alltoall` of every column of stage s, memoized on the stage's row."""
+        sh = self.shape
         key = ("ep", s, pl.node[s], pl.gpus[s])
         per_col = self._tail_cache.get(key)
         if per_col is None:
@@ -167,7 +170,7 @@ class Evaluator:
                 for c, _t in grp:
                     per_col[c] = max(per_col[c], ms)
             self._tail_cache[key] = per_col
-        return per_col[r]
+        return per_col
 
     def replica_durations(self, pl: Placement, r: int, tails: np.ndarray) -> np.ndarray:
         """Durations of column r's schedule graph (its operations, transfers and tails)."""
@@ -315,9 +318,11 @@ class Evaluator:
         # ZeRO-3: a column's layers also depend on its stages' shard rings (the whole row);
         # CP: on its CP rings
         rings = tuple(self.shard_ring(pl, s) for s in rng_s) if sh.zero >= 3 else ()
+        # EP: each stage's all-to-alls looked up once (the row's key), not once per column
+        a2a_rows = [self.ep_alltoall_row(pl, s) for s in rng_s] if sh.ep > 1 else []
         for r in range(sh.cols):
             cpr = tuple(self.cp_ring(pl, s, r) for s in rng_s) if sh.cp > 1 else ()
-            a2a = tuple(self.ep_alltoall(pl, s, r) for s in rng_s) if sh.ep > 1 else ()
+            a2a = tuple(row[r] for row in a2a_rows)
             key = (tuple(pl.node[s][r] for s in rng_s), tuple(pl.gpus[s][r] for s in rng_s),
                    rings, cpr, a2a)
             starts = cache.get(key)
@@ -418,15 +423,15 @@ class Evaluator:
         hops = []
         for h in range(sh.pp if sh.chunks > 1 else sh.pp - 1):
             hops.append((max(d[K.xf(h)] for d in durs), max(d[K.xb(h)] for d in durs)))
-        breakdown = {}
+        ep_part = {}
         if sh.ep > 1:
             # the expert-parallel all-to-all on the critical path (inside each F and B)
             a2a = self.alltoall_on_path(pl, worst, counts)
             compute -= a2a
-            breakdown["ep_alltoall_ms"] = a2a
+            ep_part["ep_alltoall_ms"] = a2a
         breakdown = {
             "compute_ms": compute,
-            **breakdown,
+            **ep_part,
             "pipeline_p2p_ms": p2p,
             "dp_sync_exposed_ms": sync_exposed,
             "optimizer_ms": opt,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import Shape
+from .plan import Shape, layer_params
 from .schedule import CompiledSchedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -271,36 +271,34 @@ class MemoryModel:
         self.bytes_per_param = param_bytes(job, shape)
         per_param = sum(self.bytes_per_param)
         fp8 = fp8_weight_copy_bytes(job, shape)
-        # expert parallelism: a layer's routed experts are split over EP (and TP), and their
-        # sharded gradients / optimizer state over the expert-data-parallel group, ep times
-        # smaller than the data-parallel one: (ep - 1) x the sharded bytes more per expert
-        # parameter (Megatron-LM's distributed optimizer shards expert buffers over that group)
-        ep, et = shape.ep, shape.expert_tp
-        pe = model.expert_params_per_layer
-        self._plain = ep == 1 and et == t  # every parameter split and sharded alike
-        self.layer_expert_params = 0.0 if self._plain else pe / (ep * et)
-        self.layer_linear_params = (model.linear_params_per_layer / t if self._plain else
-                                    (model.linear_params_per_layer - pe) / t + pe / (ep * et))
+        # expert parallelism: a layer's routed experts are split over EP (and expert TP), and
+        # their sharded gradients / optimizer state over the expert-data-parallel group,
+        # `expert_shard_factor` times finer than the data-parallel shard (Megatron-LM's
+        # distributed optimizer shards expert buffers over that group)
+        lp = layer_params(model, shape)  # the split the cost model uses
+        self._plain = not lp.split  # every parameter split and sharded alike
+        self.layer_expert_params = lp.experts if lp.split else 0.0
+        self.layer_linear_params = lp.linear
         wb, gb, ob = self.bytes_per_param
-        factor = ep * et / t - 1  # costs.CostModel.expert_shard_factor - 1
+        factor = lp.expert_shard_factor - 1
         self.expert_grad_extra = factor * gb if shape.zero >= 2 else 0.0
         self.expert_opt_extra = factor * ob if shape.zero >= 1 else 0.0
         # weights, grads, optimizer state (and FP8 copies) of one layer on one GPU
-        if self._plain:
+        if self._plain:  # (the arithmetic as before expert parallelism)
             self.layer_static_bytes = (model.params_per_layer * per_param
                                        + model.linear_params_per_layer * fp8) / t
         else:
             self.layer_static_bytes = (
-                ((model.params_per_layer - pe) / t + pe / (ep * et)) * per_param
-                + self.layer_linear_params * fp8 + self.layer_expert_params
+                lp.total * per_param + lp.linear * fp8 + self.layer_expert_params
                 * (self.expert_grad_extra + self.expert_opt_extra))
         self._per_param = per_param
         # stage 0's leading dense layers: FP8 copies of their own linear weights instead of
         # the MoE layers', and no expert shards (their parameters are in `params`)
-        self.first_dense_static = (self.first_dense * (
-            (model.dense_layer_model.linear_params_per_layer / t - self.layer_linear_params)
-            * fp8 - self.layer_expert_params * (self.expert_grad_extra + self.expert_opt_extra))
+        self.first_dense_fp8 = (self.first_dense * fp8 * (
+            model.dense_layer_model.linear_params_per_layer / t - lp.linear)
             if self.first_dense else 0.0)
+        self.first_dense_static = self.first_dense_fp8 - self.first_dense * \
+            self.layer_expert_params * (self.expert_grad_extra + self.expert_opt_extra)
         # ZeRO-3 / FSDP: the layer being computed and the one prefetched are gathered whole,
         # and a layer's full gradient exists until it is reduce-scattered
         # (DeepSpeed gathers module by module, so its unit is the largest weight matrix:
@@ -334,7 +332,7 @@ class MemoryModel:
         return a
 
     def stage(self, s: int, params: float, layers: tuple[int, ...]) -> StageMemory:
-        sh, m = self.shape, self.model
+        sh = self.shape
         chunk_bytes = np.array([self.chunk_act_bytes(c * sh.pp + s, layers[c * sh.pp + s])
                                 for c in range(sh.chunks)])
         # the peak over every moment of the schedule that can be one (first one on ties)
@@ -347,19 +345,12 @@ class MemoryModel:
         best_work = work if is_b[i] else 0.0
         wb, gb, ob = self.bytes_per_param
         n_layers = sum(layers[c * sh.pp + s] for c in range(sh.chunks))
-        if self._plain:
-            fp8_bytes = (n_layers * m.linear_params_per_layer / sh.tp
-                         * fp8_weight_copy_bytes(self.job, sh))
-        else:
-            fp8_bytes = n_layers * self.layer_linear_params * fp8_weight_copy_bytes(self.job, sh)
+        fp8_bytes = n_layers * self.layer_linear_params * fp8_weight_copy_bytes(self.job, sh)
+        if s == 0:  # the leading dense layers' own FP8 copies
+            fp8_bytes += self.first_dense_fp8
         experts = (n_layers - (self.first_dense if s == 0 else 0)) * self.layer_expert_params
         grads = params * gb + experts * self.expert_grad_extra
         opt = params * ob + experts * self.expert_opt_extra
-        if s == 0 and self.first_dense:  # the dense layers' own FP8 copies
-            fp8_bytes += self.first_dense * (m.dense_layer_model.linear_params_per_layer / sh.tp
-                                             - (m.linear_params_per_layer / sh.tp if self._plain
-                                                else self.layer_linear_params)) * \
-                fp8_weight_copy_bytes(self.job, sh)
         tensors = (params * (wb + gb + ob) if self._plain else params * wb + grads + opt) + \
             fp8_bytes + best + self.transient
         o = self.options.overheads

@@ -137,6 +137,34 @@ class Shape:
         return s.strip()
 
 
+@dataclass(frozen=True)
+class LayerParams:
+    """One layer's parameters on one GPU of a shape, the one split the cost and memory models
+    share. The routed experts are divided by EP x expert TP, the rest by TP (Megatron-LM's
+    MoELayer: E / ep local experts); the experts' sharded state is `expert_shard_factor`
+    times finer than the data-parallel shard (their expert-data-parallel group has
+    tp x cols / (ep x etp) ranks). `split`: the experts are told apart (EP > 1 or expert TP
+    != TP); otherwise every parameter is split and sharded alike, as before EP."""
+
+    total: float
+    linear: float
+    experts: float
+    expert_shard_factor: float
+    split: bool
+
+
+def layer_params(model: ModelSpec, shape: Shape) -> LayerParams:
+    ep, et, t = shape.ep, shape.expert_tp, shape.tp
+    pe = model.expert_params_per_layer
+    split = model.is_moe and (ep > 1 or et != t)
+    if not split:  # (the arithmetic as before expert parallelism, bit for bit)
+        return LayerParams(model.params_per_layer / t, model.linear_params_per_layer / t,
+                           pe / (ep * et), ep * et / t, False)
+    return LayerParams((model.params_per_layer - pe) / t + pe / (ep * et),
+                       (model.linear_params_per_layer - pe) / t + pe / (ep * et),
+                       pe / (ep * et), ep * et / t, True)
+
+
 def ep_groups(shape: Shape) -> list[list[tuple[int, int]]]:
     """The expert-parallel groups of one stage as lists of (column, tensor rank): Megatron-LM
     numbers a stage's ranks column * tp + tensor rank and lays the expert grid etp-ep-edp over

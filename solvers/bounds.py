@@ -173,8 +173,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     e0_params = costs.stage_params(0, zero)
     per_layer = costs.layer_params
     lin_layer = costs.layer_linear_params
-    exp_layer = (costs.layer_expert_params if shape.ep > 1 or shape.expert_tp != shape.tp
-                 else 0.0)
+    exp_layer = costs.layer_expert_params if costs.experts_split else 0.0
     ring = best_dp_ring_gb_per_s(cluster, shape) if shape.cols > 1 else math.inf
     # the experts' sync ring (EP > 1): no faster than any node's fastest ring or all of a
     # node's streams across nodes

@@ -174,7 +174,7 @@ class _Data:
         self.shard_ring = self.cp_ring = math.inf
         ident = None
         self.a2a = 0.0
-        split_experts = sh.ep > 1 or sh.expert_tp != sh.tp
+        split_experts = costs.experts_split
         if sh.zero >= 3 or sh.cp > 1 or split_experts:
             ident = prob.placement(list(range(blk.A * blk.D)))
             self.shard_ring = ev0.shard_ring(ident, 0)

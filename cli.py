@@ -130,6 +130,12 @@ LaunchOutOpt = Annotated[Optional[Path], typer.Option(
     "--out", "-o", help="Folder for the launch files [launch-<framework>].")]
 FileOutOpt = Annotated[Optional[Path], typer.Option("--out", "-o",
                                                    help="Write the TOML here [stdout].")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Emit a plan that does not fit in memory (every file then says so), and "
+    "write into an --out folder holding files this tool did not write.")]
+TokenizerOpt = Annotated[Optional[str], typer.Option(
+    "--tokenizer", help="Hugging Face tokenizer (name or path) for the emitted Megatron-LM "
+    "arguments [NullTokenizer of the model's vocabulary].")]
 GanttOpt = Annotated[Optional[Path], typer.Option(
     "--gantt", help="Write the schedule's Gantt chart to this PNG.")]
 PlacementPngOpt = Annotated[Optional[Path], typer.Option(
@@ -335,7 +341,8 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     from launch.outputs import write_outputs
 
     files, warnings = [], []
-    if any(x is not None for x in outputs.values()):
+    if any(outputs.get(k) is not None
+           for k in ("save_plan", "emit", "out", "gantt", "placement_png")):
         files, warnings = write_outputs(m, job, c, plan, est, opts, solver=solver,
                                         calibration=calibration, **outputs)
     if as_json:
@@ -408,13 +415,17 @@ def estimate(
     gantt: GanttOpt = None,
     placement_png: PlacementPngOpt = None,
     calibration: CalibrationOpt = None,
+    force: ForceOpt = False,
+    tokenizer: TokenizerOpt = None,
 ):
     """Per-stage memory and iteration time of one plan (Megatron-LM placement)."""
+    from launch.outputs import check_outputs
     from model.errors import SpecError
     from model.estimator import estimate as run_estimate, make_plan
 
     outputs = dict(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
-                   placement_png=placement_png)
+                   placement_png=placement_png, force=force, tokenizer=tokenizer)
+    check_outputs(**outputs)
     if plan_file is not None:  # inputs and decisions from a plan file
         m, job, c0, plan, opts0, _meta = _load_plan_only(ctx, plan_file)
         c, opts, prof, cal = _calibrated(c0, opts0, calibration)
@@ -620,10 +631,15 @@ def solve(
     gantt: GanttOpt = None,
     placement_png: PlacementPngOpt = None,
     calibration: CalibrationOpt = None,
+    force: ForceOpt = False,
+    tokenizer: TokenizerOpt = None,
 ):
     """Fastest plan that fits on the cluster as measured (defaults: the built-in example)."""
-    from launch.outputs import write_outputs
+    from launch.outputs import check_outputs, write_outputs
     from solvers.search import solve as run_solve
+
+    check_outputs(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
+                  placement_png=placement_png, force=force, tokenizer=tokenizer)
 
     m, job, c0 = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                          allow_list=True, framework=framework.value,
@@ -642,7 +658,7 @@ def solve(
     files, warnings = write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan=save_plan,
                                     emit=emit, out=out, gantt=gantt,
                                     placement_png=placement_png, solver=res.status_dict(),
-                                    calibration=cal)
+                                    calibration=cal, force=force, tokenizer=tokenizer)
     interval = _interval(prof, m, job, c0, res.plan, opts0)
     runner_up = next((x for x in res.candidates if x.best_ms is not None
                       and x.status not in ("best",)), None)
@@ -911,14 +927,19 @@ def emit_cmd(
     gantt: GanttOpt = None,
     placement_png: PlacementPngOpt = None,
     as_json: JsonOpt = False,
+    force: ForceOpt = False,
+    tokenizer: TokenizerOpt = None,
 ):
     """Write a saved plan's framework arguments, launch script and hostfile."""
     from formats.planfile import load_plan
-    from launch.outputs import write_outputs
+    from launch.outputs import check_outputs, write_outputs
 
+    check_outputs(emit=framework, out=out, gantt=gantt, placement_png=placement_png,
+                  force=force, tokenizer=tokenizer)
     m, job, c, plan, opts, _meta = load_plan(plan_file)
     files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
-                                    gantt=gantt, placement_png=placement_png)
+                                    gantt=gantt, placement_png=placement_png, force=force,
+                                    tokenizer=tokenizer)
     if as_json:
         render.echo_json({"plan": str(plan_file), "framework": framework.lower(),
                           "files": [str(p) for p in files], "warnings": warnings})

@@ -88,6 +88,12 @@ def load_hf_config(path: Path) -> ModelSpec:
     if isinstance(hd, int) and not isinstance(hd, bool) and hd > 0 and \
             hd * vals["num_heads"] != vals["hidden_size"] and "kv_channels" not in vals:
         vals["kv_channels"] = hd
+    if pos == "rope":  # rotary base and rotated fraction (GPT-NeoX: rotary_emb_base, rotary_pct)
+        for ours, keys in (("rope_base", ("rope_theta", "rotary_emb_base")),
+                           ("rotary_percent", ("partial_rotary_factor", "rotary_pct"))):
+            got = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+            if got is not None:
+                vals[ours] = got
     return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=bool(tied),
                      position_embedding=pos, norm=norm, bias=bias, dropout=_dropout(cfg, mtype),
                      source=src, **vals)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from formats.atomic import write_atomic
 from model.cluster import ClusterSpec, NodeSpec
 from model.errors import SpecError
 from model.estimator import Estimate
@@ -38,7 +39,7 @@ _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads
                  "position_embedding", "norm", "bias", "dropout", "embedding_norm",
                  "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
                  "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
-                 "mla_qk_rope_dim", "mla_v_head_dim", "source")
+                 "mla_qk_rope_dim", "mla_v_head_dim", "rope_base", "rotary_percent", "source")
 _GPU_FLOATS = ("memory_gib", "hbm_gb_per_s", "nvlink_gb_per_s", "gemm_efficiency",
                "attention_efficiency", "hbm_efficiency", "kernel_overhead_us")
 _SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wall_s")
@@ -136,12 +137,7 @@ def save_plan(path, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: 
     """Write the plan file (schema_version 1) to `path`, creating parent folders."""
     path = Path(path)
     doc = plan_document(model, job, cluster, plan, estimate, solver, options, calibration)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=1) + "\n")
-    except OSError as e:
-        raise SpecError(f"cannot write the plan file ({e.strerror}); choose a writable path",
-                        source=str(path)) from None
+    write_atomic(path, json.dumps(doc, indent=1) + "\n", field="--save-plan")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +225,8 @@ def _read_model(rd: _Reader, d: dict) -> ModelSpec:
               "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
               "mla_qk_rope_dim", "mla_v_head_dim"):
         kw[f] = rd.get(d, f, w, int, 0)
+    kw["rope_base"] = rd.get(d, "rope_base", w, float, 0.0)
+    kw["rotary_percent"] = rd.get(d, "rotary_percent", w, float, 1.0)
     kw["source"] = rd.get(d, "source", w, str, "")
     try:
         return ModelSpec(**kw)

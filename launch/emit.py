@@ -16,6 +16,7 @@ Sources of the names (each mapping below cites its own):
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from model.cluster import ClusterSpec
@@ -23,7 +24,19 @@ from model.errors import SpecError
 from model.plan import Plan, Shape, num_microbatches
 from model.specs import JobSpec, ModelSpec
 
+from .ranks import DEFAULT_ORDER, ORDERS, TP_PP_DP_ORDER, launch_files, rank_mapping
+
 FRAMEWORKS = ("megatron", "nemo", "torchtitan", "deepspeed")
+# what a warning says changes from the plan: the pipeline schedule, the layer split, the model
+# built, the parallel layout, the placement, precision, overlaps, recompute, memory
+WARNING_KINDS = ("schedule", "split", "model", "parallelism", "placement", "precision",
+                 "overlap", "recompute", "memory")
+
+
+def tagged(framework: str, kind: str, text: str) -> str:
+    """A warning line: 'framework [kind]: text'."""
+    assert kind in WARNING_KINDS, kind
+    return f"{framework} [{kind}]: {text}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -35,36 +48,33 @@ def _chunks_equal_per_stage(sh: Shape) -> bool:
                for s in range(sh.pp))
 
 
-def megatron_split(sh: Shape) -> tuple[list[str], str | None]:
-    """Megatron-LM flags for the layer split, or a reason it cannot be expressed.
+def megatron_split(sh: Shape) -> list[str]:
+    """Megatron-LM flags that build the plan's layers per virtual stage exactly.
 
-    Megatron splits layers evenly, or takes the first and last stage counts
-    (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, arguments.py
-    `_add_distributed_args`) and splits the rest evenly; with a virtual pipeline each stage's
-    layers are split evenly over its chunks (--num-virtual-stages-per-pipeline-rank; uniform
-    splits may use --num-layers-per-virtual-pipeline-stage)."""
+    An even split needs no flag (with a virtual pipeline, the layers per virtual stage:
+    --num-layers-per-virtual-pipeline-stage). Uneven first and last stages with even middle
+    stages, each stage's layers even over its model chunks, use
+    --decoder-first/last-pipeline-num-layers (arguments.py `_add_distributed_args`; with a
+    virtual pipeline together with --num-virtual-stages-per-pipeline-rank). Any other split
+    is given as --pipeline-model-parallel-layout (Megatron-Core >= 0.13), which names every
+    virtual stage's layers."""
     L, p, v = list(sh.layers), sh.pp, sh.chunks
     if len(set(L)) == 1:
-        return (["--num-layers-per-virtual-pipeline-stage", str(L[0])] if v > 1 else []), None
-    if not _chunks_equal_per_stage(sh):
-        return [], (f"the model chunks of a stage hold different layer counts ({L}); Megatron "
-                    "splits each stage's layers evenly over its virtual stages")
+        return ["--num-layers-per-virtual-pipeline-stage", str(L[0])] if v > 1 else []
     T = [sh.stage_layers(s) for s in range(p)]
-    flags = ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
-    if p == 2:
-        return flags + ["--decoder-first-pipeline-num-layers", str(T[0]),
-                        "--decoder-last-pipeline-num-layers", str(T[1])], None
     mid = set(T[1:-1])
-    if len(mid) != 1:
-        return [], (f"the split {T} (layers per stage) is uneven between middle stages; "
-                    "--decoder-first/last-pipeline-num-layers only set the first and last "
-                    "stage and split the rest evenly")
-    m = mid.pop()
-    if T[0] != m:
-        flags += ["--decoder-first-pipeline-num-layers", str(T[0])]
-    if T[-1] != m:
-        flags += ["--decoder-last-pipeline-num-layers", str(T[-1])]
-    return flags, None
+    if _chunks_equal_per_stage(sh) and len(mid) <= 1:
+        flags = ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
+        if p == 2:
+            return flags + ["--decoder-first-pipeline-num-layers", str(T[0]),
+                            "--decoder-last-pipeline-num-layers", str(T[1])]
+        m = mid.pop()
+        if T[0] != m:
+            flags += ["--decoder-first-pipeline-num-layers", str(T[0])]
+        if T[-1] != m:
+            flags += ["--decoder-last-pipeline-num-layers", str(T[-1])]
+        return flags
+    return ["--pipeline-model-parallel-layout", pipeline_layout(sh)]
 
 
 def pipeline_layout(sh: Shape) -> str:
@@ -81,8 +91,80 @@ def pipeline_layout(sh: Shape) -> str:
 # Megatron-LM
 
 
-def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str], list[str]]:
-    """Megatron-LM command-line arguments for the plan, and the warnings."""
+# The Megatron-LM these arguments target, and the oldest Megatron-Core release that has each
+# flag emitted here that is younger than core_r0.8.0: the first commit adding the flag to
+# megatron/training/arguments.py and the earliest core tag containing it (git log -S on the
+# NVIDIA/Megatron-LM history).
+MEGATRON_TARGET = "Megatron-LM main of 2026-08-22 (d98e8a6), Megatron-Core 0.19 generation"
+MEGATRON_MIN_CORE = {
+    "--pipeline-model-parallel-layout": "0.13.0",
+    "--use-megatron-fsdp": "0.15.0",
+    "--data-parallel-sharding-strategy": "0.12.0",
+    "--grad-reduce-in-bf16": "0.12.0",
+    "--attention-backend": "0.11.0",
+    "--num-virtual-stages-per-pipeline-rank": "0.11.0",
+    "--expert-tensor-parallel-size": "0.10.0",
+    "--multi-latent-attention": "0.10.0",
+    "--moe-shared-expert-intermediate-size": "0.10.0",
+    "--decoder-first-pipeline-num-layers": "0.9.0",
+    "--decoder-last-pipeline-num-layers": "0.9.0",
+}
+
+
+def _cuda_major(gpu_name: str) -> int | None:
+    """CUDA compute capability major of a GPU preset (NVIDIA CUDA GPUs list: V100 7.0, A100
+    8.0, H100/H200 9.0, B200/GB200 10.0); None for others (MI300X runs ROCm)."""
+    for prefix, major in (("V100", 7), ("A100", 8), ("H100", 9), ("H200", 9), ("B200", 10),
+                          ("GB200", 10)):
+        if gpu_name.upper().startswith(prefix):
+            return major
+    return None
+
+
+def megatron_env(cluster: ClusterSpec, plan: Plan) -> dict[str, tuple[str | None, str]]:
+    """Environment launch.sh sets for Megatron-Core (megatron/training/arguments.py
+    validate_args): with TP or CP > 1 before Blackwell, CUDA_DEVICE_MAX_CONNECTIONS=1 (TP/CP
+    communication kernels must be queued ahead of the compute they overlap); Megatron-FSDP
+    instead requires it unset or > 1."""
+    sh = plan.shape
+    if sh.zero >= 2:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": (
+            None, "Megatron-FSDP requires CUDA_DEVICE_MAX_CONNECTIONS unset or > 1")}
+    majors = {_cuda_major(nd.gpu.name) for nd in cluster.nodes}
+    if (sh.tp > 1 or sh.cp > 1) and any(m is None or m < 10 for m in majors):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": (
+            "1", "Megatron-LM requires 1 with tensor or context parallelism before Blackwell "
+                 "(communication queued ahead of the compute it overlaps)")}
+    return {}
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def megatron_vocab(model: ModelSpec, sh: Shape) -> tuple[list[str], str | None]:
+    """Flags that make Megatron-LM build the plan's vocabulary size, or a warning.
+
+    Megatron pads the tokenizer's vocabulary up to a multiple of make_vocab_size_divisible_by
+    x TP (megatron/core/tokenizers/utils/build_tokenizer.py `vocab_size_with_padding`,
+    default 128). The plan's vocab_size is already the padded size the model trains with, so
+    the divisor is chosen (the largest <= 128) that leaves it unchanged; a vocabulary that TP
+    does not divide must grow to the next multiple of TP."""
+    V, tp = model.vocab_size, sh.tp
+    if V % tp:
+        padded = -(-V // tp) * tp
+        return (["--make-vocab-size-divisible-by", "1"],
+                f"vocabulary {V} is not divisible by TP={tp}: Megatron-LM pads the embedding "
+                f"and output layer to {padded} rows ({padded - V} more than planned)")
+    d = _divisor_at_most(V // tp, 128)
+    return (["--make-vocab-size-divisible-by", str(d)] if d != 128 else []), None
+
+
+def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
+                  rank_order: str = DEFAULT_ORDER,
+                  tokenizer: str | None = None) -> tuple[list[str], list[str]]:
+    """Megatron-LM command-line arguments for the plan (a complete set for pretrain_gpt.py but
+    the data and optimizer hyperparameters), and the warnings."""
     sh = plan.shape
     warn: list[str] = []
     # arguments.py _add_distributed_args
@@ -90,16 +172,14 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
          "--pipeline-model-parallel-size", str(sh.pp)]
     if sh.cp > 1:  # ring attention through Transformer Engine (--cp-comm-type p2p default)
         a += ["--context-parallel-size", str(sh.cp)]
-    split, why = megatron_split(sh)
-    if why:
-        warn.append(f"megatron: layer split not expressible: {why}. Megatron-LM would split "
-                    "evenly instead. Newer Megatron-LM (experimental) accepts "
-                    f"--pipeline-model-parallel-layout \"{pipeline_layout(sh)}\"")
-    a += split
+    if rank_order == TP_PP_DP_ORDER:  # the placement needs pipeline-before-data rank order
+        a.append("--use-tp-pp-dp-mapping")
+    a += megatron_split(sh)
     if sh.schedule == "gpipe":
-        warn.append("megatron: Megatron-LM has no GPipe schedule; it runs 1F1B "
-                    "(forward_backward_pipelining_without_interleaving), which the estimate "
-                    "did not model")
+        warn.append(tagged("megatron", "schedule", (
+            "Megatron-LM has no GPipe schedule; it runs 1F1B "
+            "(forward_backward_pipelining_without_interleaving), which the estimate did not "
+            "model")))
     # arguments.py _add_training_args
     a += ["--micro-batch-size", str(sh.micro_batch), "--global-batch-size",
           str(job.global_batch)]
@@ -121,11 +201,12 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
               "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
               "--ckpt-format", "fsdp_dtensor"]
         if sh.shard_size:
-            warn.append(f"megatron: HSDP (shard over {sh.shard_size} data-parallel ranks, "
-                        f"{sh.dp // sh.shard_size} replicas) has no flag emitted here; "
-                        "Megatron-FSDP would shard over the whole data-parallel group, with "
-                        "less memory and more inter-node traffic than the estimate; "
-                        "torchtitan expresses it (data_parallel_replicate_degree)")
+            warn.append(tagged("megatron", "parallelism", (
+                f"HSDP (shard over {sh.shard_size} data-parallel ranks, "
+                f"{sh.dp // sh.shard_size} replicas) has no flag emitted here; Megatron-FSDP "
+                "would shard over the whole data-parallel group, with less memory and more "
+                "inter-node traffic than the estimate; torchtitan expresses it "
+                "(data_parallel_replicate_degree)")))
     # overlaps (arguments.py _add_distributed_args): what the estimate assumed hidden
     if sh.overlap_grad_reduce:
         a.append("--overlap-grad-reduce")
@@ -147,12 +228,57 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
     # attention kernel the estimate assumed (--attention-backend: flash, fused, unfused, local,
     # auto; auto picks a fused / flash kernel, neither stores the scores)
     a += ["--attention-backend", "auto" if job.attention == "flash" else "unfused"]
-    # arguments.py _add_network_size_args
-    a += ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
-          "--ffn-hidden-size", str(model.ffn_hidden_size),
-          "--num-attention-heads", str(model.num_heads),
-          "--seq-length", str(job.seq_length),
-          "--max-position-embeddings", str(max(model.seq_length, job.seq_length))]
+    a += _megatron_model(model, job, sh, warn)
+    # the vocabulary: a Hugging Face tokenizer when given, else the NullTokenizer of the
+    # plan's size (pre-tokenized data); the padding rule keeps the planned size
+    if tokenizer:
+        a += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer]
+    else:
+        a += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size)]
+    vflags, vwhy = megatron_vocab(model, sh)
+    a += vflags
+    if vwhy:
+        warn.append(tagged("megatron", "model", vwhy))
+    return a, warn
+
+
+def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
+                    warn: list[str]) -> list[str]:
+    """The architecture (arguments.py _add_network_size_args, _add_regularization_args,
+    _add_moe_args, _add_mla_args)."""
+    a = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+         "--ffn-hidden-size", str(model.ffn_hidden_size),
+         "--num-attention-heads", str(model.num_heads),
+         "--seq-length", str(job.seq_length),
+         "--max-position-embeddings", str(max(model.seq_length, job.seq_length))]
+    if model.position_embedding == "rope":
+        a += ["--position-embedding-type", "rope"]
+        if model.rope_base:  # an integer flag (arguments.py --rotary-base type=int)
+            a += ["--rotary-base", str(round(model.rope_base))]
+            if model.rope_base != round(model.rope_base):
+                warn.append(tagged("megatron", "model", (
+                    f"rotary base {model.rope_base:g} rounded to {round(model.rope_base)} "
+                    "(Megatron-LM's --rotary-base is an integer)")))
+        if model.rotary_percent != 1.0:
+            a += ["--rotary-percent", f"{model.rotary_percent:g}"]
+    elif model.position_embedding == "learned":
+        a += ["--position-embedding-type", "learned_absolute"]
+    else:  # ALiBi: a bias on the scores, no weights; Megatron-LM has no such choice
+        a += ["--position-embedding-type", "none"]
+        warn.append(tagged("megatron", "model", (
+            f"{model.position_embedding} positions have no Megatron-LM choice "
+            "(--position-embedding-type learned_absolute, rope, mrope, relative, none); the "
+            "arguments build a model without position embedding (same weights and cost); "
+            "BLOOM's ALiBi needs Megatron-DeepSpeed")))
+    if model.embedding_norm:
+        warn.append(tagged("megatron", "model", (
+            "the LayerNorm after the embedding has no Megatron-LM flag; the model built "
+            "lacks it (2h weights)")))
+    a += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
+    if not model.bias:
+        a.append("--disable-bias-linear")
+    if not model.dropout:  # Megatron's defaults are 0.1 each
+        a += ["--hidden-dropout", "0", "--attention-dropout", "0"]
     if model.is_mla:  # arguments.py _add_mla_args (qk-head-dim: the non-rotary part)
         a += ["--multi-latent-attention", "--kv-lora-rank", str(model.mla_kv_lora_rank),
               "--qk-head-dim", str(model.head_dim),
@@ -186,13 +312,22 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str]
                   str(model.moe_shared_experts * model.expert_ffn)]
     if not model.tied_embeddings:
         a.append("--untie-embeddings-and-output-weights")
-    return a, warn
+    return a
 
 
-def megatron_args_text(args: list[str], plan: Plan) -> str:
-    """One flag (and its value) per line; '#' lines are comments (launch.sh skips them)."""
-    lines = [f"# Megatron-LM arguments for {plan.shape.describe()}",
-             f"# layers per virtual stage: {list(plan.shape.layers)}"]
+def megatron_args_text(args: list[str], plan: Plan, notices: list[str] = ()) -> str:
+    """One flag (and its value) per line; '#' lines are comments (launch.sh skips them). The
+    header names the Megatron-LM the flags target and the minimum release of the newer ones."""
+    newer = [f"{f} {MEGATRON_MIN_CORE[f]}" for f in args if f in MEGATRON_MIN_CORE]
+    lines = [f"# {n}" for n in notices]
+    lines += [f"# Megatron-LM arguments for {plan.shape.describe()}",
+              f"# layers per virtual stage: {list(plan.shape.layers)}",
+              f"# target: {MEGATRON_TARGET}",
+              "# minimum Megatron-Core release of the newer flags used here: "
+              + (", ".join(newer) if newer else "none") + "; the others are in 0.8.0",
+              "# data, optimizer and run length are yours: launch.sh passes its own arguments on,",
+              "# e.g. bash launch.sh --data-path PREFIX --lr 3e-4 --train-iters 1000",
+              "# (or --mock-data to try the plan)"]
     cur: list[str] = []
     for x in args:
         if x.startswith("--") and cur:
@@ -241,7 +376,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     warn = []
     G = cluster.gpus_per_node
     if G is None:
-        warn.append("nemo: trainer.devices is one count for every node, but the nodes have "
+        warn.append("nemo [placement]: trainer.devices is one count for every node, but the nodes have "
                     "different GPU counts")
         G = max(nd.num_gpus for nd in cluster.nodes)
     # Lightning 2 precision strings; megatron_amp_O2 keeps fp32 main weights in the optimizer
@@ -284,7 +419,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
             m.update(moe_expert_capacity_factor=job.moe_capacity_factor,
                      moe_pad_expert_input_to_capacity=True)
         if model.expert_ffn != model.ffn_hidden_size or model.moe_shared_experts:
-            warn.append("nemo: the expert FFN width and shared experts have no NeMo 1.x key "
+            warn.append("nemo [model]: the expert FFN width and shared experts have no NeMo 1.x key "
                         "here; set them in the model config")
     # activations_checkpoint_* keys: granularity 'selective' | 'full', method 'uniform'
     if sh.recompute == "full":
@@ -306,10 +441,10 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                                        "hybrid" if sh.shard_size else "full")
         m["megatron_amp_O2"] = False  # FSDP keeps its own fp32 shards
         if sh.shard_size and G and sh.shard_size * sh.tp != G:
-            warn.append(f"nemo: hybrid FSDP shards inside a node ({G} GPUs), the plan shards "
+            warn.append(f"nemo [parallelism]: hybrid FSDP shards inside a node ({G} GPUs), the plan shards "
                         f"over {sh.shard_size} data-parallel ranks")
         if sh.pp > 1:
-            warn.append("nemo: NeMo 1.x FSDP does not combine with pipeline parallelism")
+            warn.append("nemo [parallelism]: NeMo 1.x FSDP does not combine with pipeline parallelism")
     if sh.overlap_grad_reduce:
         m["optim"]["overlap_grad_sync"] = True
     if sh.overlap_param_gather:
@@ -321,10 +456,10 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                  fp8_amax_compute_algo="max")
     m["use_flash_attention"] = job.attention == "flash"
     if len(set(sh.layers)) != 1:
-        warn.append(f"nemo: the uneven layer split {list(sh.layers)} has no NeMo 1.x YAML key; "
+        warn.append(f"nemo [split]: the uneven layer split {list(sh.layers)} has no NeMo 1.x YAML key; "
                     "NeMo splits layers evenly")
     if sh.schedule == "gpipe":
-        warn.append("nemo: NeMo (Megatron-Core) has no GPipe schedule; it runs 1F1B")
+        warn.append("nemo [schedule]: NeMo (Megatron-Core) has no GPipe schedule; it runs 1F1B")
     cfg = {"trainer": {"num_nodes": cluster.num_nodes, "devices": G, "accelerator": "gpu",
                        "precision": prec},
            "model": m}
@@ -371,7 +506,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     elif job.precision == "fp32":
         training["mixed_precision_param"] = "float32"
     else:
-        warn.append("torchtitan: fp16 is not a torchtitan mixed_precision_param "
+        warn.append("torchtitan [precision]: fp16 is not a torchtitan mixed_precision_param "
                     "(bfloat16 or float32)")
     par: dict = {"tensor_parallel_degree": sh.tp, "pipeline_parallel_degree": sh.pp,
                  "context_parallel_degree": sh.cp}
@@ -385,7 +520,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     else:
         par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=sh.dp)
         if sh.dp > 1:
-            warn.append("torchtitan: data parallelism becomes FSDP (shards weights, gradients "
+            warn.append("torchtitan [parallelism]: data parallelism becomes FSDP (shards weights, gradients "
                         "and optimizer state); the plan's estimate assumes "
                         + (f"ZeRO-{sh.zero}" if sh.zero else "replicated DDP") +
                         ", so memory is lower and communication differs")
@@ -402,7 +537,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
             pts.append(f"layers.{cum}")
         par["pipeline_parallel_split_points"] = pts
     if sh.tp > 1 and not sh.sequence_parallel:
-        warn.append("torchtitan: its tensor-parallel plan always shards norms along the "
+        warn.append("torchtitan [parallelism]: its tensor-parallel plan always shards norms along the "
                     "sequence (sequence parallelism); the plan has it off")
     if sh.tp_comm_overlap:
         par["enable_async_tensor_parallel"] = True
@@ -411,16 +546,16 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # torchao float8 training of the linear layers (torchtitan's float8 converter)
         extra["model"] = {"converters": ["float8"]}
     if job.attention != "flash":
-        warn.append("torchtitan: attention is scaled_dot_product_attention (FlashAttention on "
+        warn.append("torchtitan [model]: attention is scaled_dot_product_attention (FlashAttention on "
                     "GPUs that have it); the estimate assumed eager attention")
     if sh.overlap_grad_reduce or sh.overlap_param_gather:
-        warn.append("torchtitan: FSDP2 prefetches and overlaps its own collectives; the "
+        warn.append("torchtitan [overlap]: FSDP2 prefetches and overlaps its own collectives; the "
                     "Megatron bucket overlaps the estimate assumed have no switch here")
     ac = {"mode": sh.recompute}  # "none" | "selective" | "full"
     if sh.recompute == "selective":
         ac["selective_ac_option"] = "op"
         if job.framework != "torchtitan":
-            warn.append("torchtitan: selective recompute is op-level SAC, not Megatron's "
+            warn.append("torchtitan [recompute]: selective recompute is op-level SAC, not Megatron's "
                         "attention-core recompute the estimate assumed (estimate with "
                         "framework torchtitan to model it); memory and time differ")
     if model.is_moe and sh.ep > 1:
@@ -428,12 +563,12 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # from FSDP and TP)
         par["expert_parallel_degree"] = sh.ep
     if model.is_moe:
-        warn.append(f"torchtitan: {model.num_experts}-expert top-{model.moe_topk} MoE comes from "
+        warn.append(f"torchtitan [model]: {model.num_experts}-expert top-{model.moe_topk} MoE comes from "
                     "the model flavor (e.g. its DeepSeek-V3 / Llama 4 models)"
                     + (f"; the plan's expert parallelism (EP={sh.ep}) was estimated for "
                        "Megatron-LM's dispatcher, not torchtitan's" if sh.ep > 1 else
                        "; expert parallelism 1 as the estimate assumed"))
-    warn.append(f"torchtitan: the architecture comes from [model] name/flavor; choose the "
+    warn.append(f"torchtitan [model]: the architecture comes from [model] name/flavor; choose the "
                 f"flavor matching {model.name} (layers={model.num_layers}, "
                 f"hidden={model.hidden_size}, heads={model.num_heads}/{model.num_kv_heads}, "
                 f"ffn={model.ffn_hidden_size})")
@@ -464,7 +599,7 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # ZeRO++ hierarchical partitioning (hpZ): a secondary copy of the weights sharded
         # inside groups of this many ranks, so gathers stay inside them
         cfg["zero_optimization"]["zero_hpz_partition_size"] = sh.shard_size
-        warn.append("deepspeed: HSDP maps to ZeRO++ hpZ (zero_hpz_partition_size), which keeps "
+        warn.append("deepspeed [parallelism]: HSDP maps to ZeRO++ hpZ (zero_hpz_partition_size), which keeps "
                     "the primary shards over the whole group: optimizer state and gradients "
                     "use less memory than the estimate, weights slightly more")
     if sh.overlap_grad_reduce:
@@ -473,38 +608,38 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # the estimate has each layer's gradient reduce-scatter wait in line (costs.py)
         cfg["zero_optimization"]["overlap_comm"] = False
     if sh.cp > 1:
-        warn.append(f"deepspeed: context parallelism (CP={sh.cp}) cannot be expressed: "
+        warn.append(f"deepspeed [parallelism]: context parallelism (CP={sh.cp}) cannot be expressed: "
                     "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
                     "the ring exchange the estimate assumed")
     if sh.zero >= 2 and sh.pp > 1:
-        warn.append(f"deepspeed: its pipeline engine runs ZeRO-1 only; ZeRO-{sh.zero} with "
+        warn.append(f"deepspeed [parallelism]: its pipeline engine runs ZeRO-1 only; ZeRO-{sh.zero} with "
                     f"PP={sh.pp} cannot be expressed")
     if sh.fp8:
-        warn.append("deepspeed: FP8 is not a DeepSpeed config key; enable Transformer Engine "
+        warn.append("deepspeed [precision]: FP8 is not a DeepSpeed config key; enable Transformer Engine "
                     "FP8 in the model code (Megatron-DeepSpeed) or run bf16")
     if sh.tp_comm_overlap or sh.overlap_param_gather:
-        warn.append("deepspeed: tensor-parallel and parameter-gather overlap are Megatron-LM "
+        warn.append("deepspeed [overlap]: tensor-parallel and parameter-gather overlap are Megatron-LM "
                     "features with no DeepSpeed config key")
     if sh.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False,
                                            "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}
-        warn.append(f"deepspeed: the config only tunes activation checkpointing; {sh.recompute} "
+        warn.append(f"deepspeed [recompute]: the config only tunes activation checkpointing; {sh.recompute} "
                     "recompute must be enabled in the model code "
                     "(deepspeed.checkpointing.checkpoint) or by Megatron-DeepSpeed flags")
     if sh.tp > 1 or sh.pp > 1 or sh.sequence_parallel:
-        warn.append(f"deepspeed: TP={sh.tp}, PP={sh.pp}"
+        warn.append(f"deepspeed [parallelism]: TP={sh.tp}, PP={sh.pp}"
                     + (", sequence parallelism" if sh.sequence_parallel else "")
                     + " are not DeepSpeed config keys: give them to the model code "
                     "(PipelineModule(num_stages=PP) and a model-parallel mpu, or "
                     "Megatron-DeepSpeed's --tensor-model-parallel-size / "
                     "--pipeline-model-parallel-size)")
     if sh.pp > 1:
-        warn.append(f"deepspeed: the layer split {list(sh.layers)} cannot be given to "
+        warn.append(f"deepspeed [split]: the layer split {list(sh.layers)} cannot be given to "
                     "PipelineModule, whose partition_method is 'parameters', 'uniform' or "
                     "'type:...'")
     if sh.schedule != "1f1b" and sh.pp > 1:
-        warn.append(f"deepspeed: the pipeline engine runs its own 1F1B-style TrainSchedule; "
+        warn.append(f"deepspeed [schedule]: the pipeline engine runs its own 1F1B-style TrainSchedule; "
                     f"the plan's {sh.schedule} schedule cannot be expressed")
     return cfg, warn
 
@@ -513,59 +648,102 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
 # entry point
 
 
-def emit(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
-         out_dir: Path) -> tuple[list[Path], list[str]]:
-    """Write `framework`'s configuration and the launch files into `out_dir`."""
-    from .ranks import write_launch
+def not_fit_reason(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
+                   est=None, options=None) -> str | None:
+    """Why the plan would run out of GPU memory (the estimator's memory model), or None."""
+    if est is None:
+        from model.estimator import estimate
+        est = estimate(model, job, cluster, plan, options)
+    if est.fits:
+        return None
+    worst = max(est.stages, key=lambda st: st.memory.total_gib - st.limit_gib)
+    return (f"the plan needs {worst.memory.total_gib:,.1f} GiB per GPU on stage {worst.stage} "
+            f"against {worst.limit_gib:,.0f} GiB")
 
+
+@dataclass
+class LaunchSet:
+    """A framework's files for one plan, in memory: {file name: text}, the executable ones,
+    and the warnings (also in warnings.txt when any)."""
+
+    files: dict[str, str]
+    executable: set[str]
+    warnings: list[str]
+
+
+def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+               plan: Plan, *, est=None, options=None, force: bool = False,
+               tokenizer: str | None = None) -> LaunchSet:
+    """Everything `emit` writes, built and checked before a byte is written. A plan that does
+    not fit in memory is refused unless `force`; then every file says so."""
     fw = framework.lower()
     if fw not in FRAMEWORKS:
         raise SpecError(f"unknown framework '{framework}'; use one of {', '.join(FRAMEWORKS)}",
                         source="options", field="--emit/--framework")
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SpecError(f"cannot create the output folder ({e.strerror})", source=str(out_dir),
-                        field="--out") from None
-    files: list[Path] = []
+    notices: list[str] = []
+    warn: list[str] = []
+    why = not_fit_reason(model, job, cluster, plan, est, options)
+    if why and not force:
+        raise SpecError(f"{why}: it would run out of memory; emit a plan that fits (solve), or "
+                        "add --force to write it anyway", source="plan", field="--emit")
+    if why:
+        notices.append(f"WARNING: written with --force although it does not fit: {why}")
+        warn.append(tagged(fw, "memory", f"does not fit: {why}; written with --force"))
+    mapping, reason = rank_mapping(cluster, plan, ORDERS[fw])
+    order = mapping.rank_order if mapping else DEFAULT_ORDER
+    files: dict[str, str] = {}
     title = f"{model.name} on {cluster.name}, {framework}"
+    env: dict = {}
+    args_file = None
     if fw == "megatron":
-        args, warn = megatron_args(model, job, plan)
-        p = out_dir / "megatron_args.txt"
-        p.write_text(megatron_args_text(args, plan))
-        files.append(p)
-        cmd, args_file = ["pretrain_gpt.py"], p.name
+        args, w = megatron_args(model, job, plan, rank_order=order, tokenizer=tokenizer)
+        files["megatron_args.txt"] = megatron_args_text(args, plan, notices)
+        cmd, args_file = ["pretrain_gpt.py"], "megatron_args.txt"
+        env = megatron_env(cluster, plan)
     elif fw == "nemo":
-        cfg, warn = nemo_config(model, job, cluster, plan)
-        p = out_dir / "nemo_config.yaml"
-        p.write_text(f"# NeMo Megatron GPT overrides for {plan.shape.describe()}\n"
-                     + to_yaml(cfg))
-        files.append(p)
-        cmd, args_file = ["megatron_gpt_pretraining.py", "--config-path=$HERE",
-                          "--config-name=nemo_config"], None
+        cfg, w = nemo_config(model, job, cluster, plan)
+        if order == TP_PP_DP_ORDER:
+            cfg["model"]["use_tp_pp_dp_mapping"] = True
+        head = "".join(f"# {n}\n" for n in notices)
+        files["nemo_config.yaml"] = (head + "# NeMo Megatron GPT overrides for "
+                                     f"{plan.shape.describe()}\n" + to_yaml(cfg))
+        cmd = ["megatron_gpt_pretraining.py", "--config-path=$HERE", "--config-name=nemo_config"]
+        env = megatron_env(cluster, plan)
     elif fw == "torchtitan":
-        cfg, warn = torchtitan_config(model, job, cluster, plan)
-        p = out_dir / "torchtitan.toml"
-        p.write_text(to_toml(cfg, [f"torchtitan job config for {plan.shape.describe()}",
-                                   f"model {model.name}: set [model] name/flavor to match"]))
-        files.append(p)
-        cmd, args_file = ["-m", "torchtitan.train", "--job.config_file",
-                          "$HERE/torchtitan.toml"], None
+        cfg, w = torchtitan_config(model, job, cluster, plan)
+        files["torchtitan.toml"] = to_toml(cfg, list(notices) + [
+            f"torchtitan job config for {plan.shape.describe()}",
+            f"model {model.name}: set [model] name/flavor to match"])
+        cmd = ["-m", "torchtitan.train", "--job.config_file", "$HERE/torchtitan.toml"]
     else:
-        cfg, warn = deepspeed_config(model, job, cluster, plan)
-        p = out_dir / "ds_config.json"
-        p.write_text(json.dumps(cfg, indent=1) + "\n")
-        files.append(p)
-        cmd, args_file = ["train.py", "--deepspeed", "--deepspeed_config",
-                          "$HERE/ds_config.json"], None
-    lf, lw = write_launch(out_dir, cluster, plan, cmd, args_file, title)
-    files += lf
-    warn = warn + lw
-    wp = out_dir / "warnings.txt"
+        cfg, w = deepspeed_config(model, job, cluster, plan)
+        if notices:  # JSON has no comments; DeepSpeed ignores keys it does not know
+            cfg = {"_notice": " ".join(notices), **cfg}
+        files["ds_config.json"] = json.dumps(cfg, indent=1) + "\n"
+        cmd = ["train.py", "--deepspeed", "--deepspeed_config", "$HERE/ds_config.json"]
+    warn += w
+    executable: set[str] = set()
+    if mapping is None:
+        warn.append(tagged(fw, "placement", (
+            f"placement cannot be expressed with torchrun node ranks: {reason}; launch.sh and "
+            "hostfile were not written")))
+    else:
+        files.update(launch_files(cluster, plan, mapping, cmd, args_file, title, env, notices))
+        executable.add("launch.sh")
     if warn:
-        wp.write_text("".join(f"- {w}\n" for w in warn))
-        files.append(wp)
-    elif wp.exists():
-        wp.unlink()
-    return files, warn
+        files["warnings.txt"] = "".join(f"- {x}\n" for x in warn)
+    return LaunchSet(files, executable, warn)
+
+
+def emit(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
+         out_dir: Path, *, est=None, options=None, force: bool = False,
+         tokenizer: str | None = None) -> tuple[list[Path], list[str]]:
+    """Write `framework`'s configuration and the launch files into `out_dir`, as a whole or
+    not at all (formats.atomic.write_set): returns the files written and the warnings."""
+    from formats.atomic import write_set
+
+    ls = launch_set(framework, model, job, cluster, plan, est=est, options=options,
+                    force=force, tokenizer=tokenizer)
+    paths = write_set(Path(out_dir), ls.files, modes={n: 0o755 for n in ls.executable},
+                      force=force)
+    return paths, ls.warnings

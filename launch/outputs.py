@@ -1,35 +1,75 @@
 """The files a plan can be turned into, as one call: the plan file, a framework's launch set and
-the pictures. Used by `estimate`, `solve` and `emit`."""
+the pictures. Used by `estimate`, `solve` and `emit`.
+
+Everything is checked and built before the first byte is written (formats.atomic): a bad later
+option, a plan that does not fit, or a target that cannot be written leaves no output behind
+and no earlier file changed; each file is then written through a temporary file and a rename,
+and the launch set as a whole."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from formats.atomic import check_set, check_target, write_set
 from formats.planfile import save_plan as write_plan
 from model.errors import SpecError
 from model.estimator import Evaluator
 
 from . import pictures
-from .emit import emit as write_launch
+from .emit import launch_set
+
+
+def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
+                  out: Path | None = None, gantt: Path | None = None,
+                  placement_png: Path | None = None, force: bool = False,
+                  tokenizer: str | None = None) -> None:
+    """The output options, checked before any work: combinations, the framework name, and
+    targets that cannot be written (a folder as a file, a file as a folder, a folder of
+    someone else's files without --force)."""
+    from formats.atomic import check_set
+
+    from .emit import FRAMEWORKS
+
+    if out is not None and emit is None:
+        raise SpecError("is the folder for --emit; add --emit FRAMEWORK",
+                        source="options", field="--out")
+    if tokenizer is not None and emit is None:
+        raise SpecError("is for --emit; add --emit FRAMEWORK", source="options",
+                        field="--tokenizer")
+    if emit is not None and emit.lower() not in FRAMEWORKS:
+        raise SpecError(f"unknown framework '{emit}'; use one of {', '.join(FRAMEWORKS)}",
+                        source="options", field="--emit/--framework")
+    for path, field in ((save_plan, "--save-plan"), (gantt, "--gantt"),
+                        (placement_png, "--placement-png")):
+        if path is not None:
+            check_target(Path(path), field)
+    if emit is not None:
+        check_set(Path(out or f"launch-{emit.lower()}"), (), force=force)
 
 
 def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
                   emit: str | None = None, out: Path | None = None, gantt: Path | None = None,
                   placement_png: Path | None = None, solver: dict | None = None,
-                  calibration: dict | None = None) -> tuple[list[Path], list[str]]:
+                  calibration: dict | None = None, force: bool = False,
+                  tokenizer: str | None = None) -> tuple[list[Path], list[str]]:
     """Plan file, launch files and pictures, as asked; returns (files written, warnings)."""
-    if out is not None and emit is None:
-        raise SpecError("is the folder for --emit; add --emit FRAMEWORK",
-                        source="options", field="--out")
+    check_outputs(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
+                  placement_png=placement_png, force=force, tokenizer=tokenizer)
+    ls = None
+    if emit is not None:
+        ls = launch_set(emit, m, job, c, plan, est=est, options=opts, force=force,
+                        tokenizer=tokenizer)
+        folder = Path(out or f"launch-{emit.lower()}")
+        check_set(folder, ls.files, force=force)
     files: list[Path] = []
     warnings: list[str] = []
     if save_plan is not None:
         write_plan(save_plan, m, job, c, plan, est, solver, opts, calibration)
-        files.append(save_plan)
-    if emit is not None:
-        f, w = write_launch(emit, m, job, c, plan, out or Path(f"launch-{emit.lower()}"))
-        files += f
-        warnings += w
+        files.append(Path(save_plan))
+    if ls is not None:
+        files += write_set(folder, ls.files, modes={n: 0o755 for n in ls.executable},
+                           force=force)
+        warnings += ls.warnings
     if gantt is not None:
         files.append(pictures.gantt_png(Evaluator(m, job, c, plan.shape, opts), plan.placement,
                                         gantt))

@@ -126,15 +126,21 @@ def gantt_png(evaluator, placement: Placement, path, replica: int | None = None)
     return _save(fig, path)
 
 
-def _save(fig, path) -> Path:
-    """Lay out, write (creating the folder) and close a figure."""
+def _save(fig, path, field: str = "--gantt/--placement-png", dpi: int = 110) -> Path:
+    """Lay out, render, write (creating the folder; formats.atomic: the previous file stays
+    whole if writing fails) and close a figure."""
+    import io
+
+    from formats.atomic import write_atomic
+
     plt = _plt()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    try:
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return write_atomic(Path(path), buf.getvalue(), field=field)
 
 
 def slow_links(cluster: ClusterSpec, factor: float = SLOW_FACTOR) -> list[tuple[int, int]]:
@@ -238,10 +244,4 @@ def heatmap_png(c, path: str | Path) -> None:
     ax.set_xlabel("to node")
     ax.set_ylabel("from node")
     ax.set_title(f"{c.name}: inter-node bandwidth")
-    fig.tight_layout()
-    try:
-        fig.savefig(str(path), dpi=100)
-    except OSError as e:
-        raise SpecError(f"cannot write ({e.strerror})", source=str(path), field="--png") from None
-    finally:
-        plt.close(fig)
+    _save(fig, path, field="--png", dpi=100)

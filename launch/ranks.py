@@ -24,22 +24,44 @@ is physical GPU CUDA_VISIBLE_DEVICES[l].
 So a placement is expressible iff every block of G consecutive ranks lies on one node, and every
 node has G GPUs; then node n gets node_rank = its block and CUDA_VISIBLE_DEVICES[l] = the
 physical GPU the plan gives rank k*G + l.
+
+Megatron-LM (and NeMo through it) also takes the order "tp-cp-ep-pp-dp" with
+`--use-tp-pp-dp-mapping` (megatron/training/initialize.py, `initialize_model_parallel(order=...)`):
+pipeline before data, so one replica's stages are consecutive ranks,
+
+    rank = replica * (tp * cp * pp) + stage * (tp * cp) + cp_rank * tp + tensor_rank.
+
+A placement that puts several stages of one replica on a node (and not several replicas of one
+stage) needs that order. `rank_mapping` tries the default order first, then this one where the
+framework has it (ORDERS).
 """
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from model.cluster import ClusterSpec
 from model.plan import Plan
 
 
-def megatron_rank(tp: int, cols: int, stage: int, col: int, tensor_rank: int) -> int:
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"  # Megatron-LM --use-tp-pp-dp-mapping
+# the rank orders each framework can be told to use: torchtitan's device mesh and DeepSpeed's
+# PipeModelDataParallelTopology put the pipeline dimension outermost, always
+ORDERS = {"megatron": (DEFAULT_ORDER, TP_PP_DP_ORDER), "nemo": (DEFAULT_ORDER, TP_PP_DP_ORDER),
+          "torchtitan": (DEFAULT_ORDER,), "deepspeed": (DEFAULT_ORDER,)}
+
+
+def megatron_rank(tp: int, cols: int, stage: int, col: int, tensor_rank: int,
+                  order: str = DEFAULT_ORDER, pp: int = 1, cp: int = 1) -> int:
     """Global rank of (stage, column, tensor rank), column = replica * cp + cp_rank and cols =
-    dp * cp: tensor fastest, then context, then data, then pipeline (Megatron-LM parallel_state
-    rank order, see module docstring)."""
+    dp * cp. Default order: tensor fastest, then context, then data, then pipeline; the
+    tp-pp-dp order puts the pipeline before data (Megatron-LM parallel_state rank orders, see
+    module docstring; `pp` and `cp` are needed only for it)."""
+    if order == TP_PP_DP_ORDER:
+        replica, cp_rank = divmod(col, cp)
+        return replica * (tp * cp * pp) + stage * (tp * cp) + cp_rank * tp + tensor_rank
     return stage * (tp * cols) + col * tp + tensor_rank
 
 
@@ -52,6 +74,7 @@ class RankMapping:
     world_size: int
     node_rank: tuple[int, ...]
     visible_devices: tuple[tuple[int, ...], ...]
+    rank_order: str = DEFAULT_ORDER
 
     @property
     def order(self) -> list[int]:
@@ -64,20 +87,41 @@ class RankMapping:
         return n, self.visible_devices[n][rank % G]
 
 
-def rank_locations(plan: Plan) -> dict[int, tuple[int, int, int, int, int]]:
+def rank_locations(plan: Plan, order: str = DEFAULT_ORDER
+                   ) -> dict[int, tuple[int, int, int, int, int]]:
     """global rank -> (node index, physical GPU, stage, column, tensor rank) the plan wants."""
     sh, pl = plan.shape, plan.placement
     out = {}
     for s in range(sh.pp):
         for r in range(sh.cols):
             for i in range(sh.tp):
-                out[megatron_rank(sh.tp, sh.cols, s, r, i)] = (
+                out[megatron_rank(sh.tp, sh.cols, s, r, i, order, sh.pp, sh.cp)] = (
                     pl.node[s][r], pl.gpus[s][r][i], s, r, i)
     return out
 
 
-def rank_mapping(cluster: ClusterSpec, plan: Plan) -> tuple[RankMapping | None, str | None]:
-    """The torchrun node ranks and device orders realizing `plan`, or (None, reason)."""
+def rank_mapping(cluster: ClusterSpec, plan: Plan, orders: tuple[str, ...] = (DEFAULT_ORDER,)
+                 ) -> tuple[RankMapping | None, str | None]:
+    """The torchrun node ranks and device orders realizing `plan` under the first rank order
+    of `orders` that can, or (None, the reason under the first order).
+
+    The tp-pp-dp order is tried only without expert parallelism: the expert groups
+    (plan.ep_groups) are derived for the default order."""
+    first_reason = None
+    for order in orders:
+        if order != DEFAULT_ORDER and plan.shape.ep > 1:
+            continue
+        mp, why = _rank_mapping(cluster, plan, order)
+        if mp is not None:
+            return mp, None
+        first_reason = first_reason or why
+    if len(orders) > 1 and plan.shape.ep == 1:
+        first_reason += " (nor in the tp-pp-dp order of --use-tp-pp-dp-mapping)"
+    return None, first_reason
+
+
+def _rank_mapping(cluster: ClusterSpec, plan: Plan, order: str
+                  ) -> tuple[RankMapping | None, str | None]:
     G = cluster.gpus_per_node
     if G is None:
         counts = ", ".join(f"{nd.name}={nd.num_gpus}" for nd in cluster.nodes)
@@ -88,7 +132,7 @@ def rank_mapping(cluster: ClusterSpec, plan: Plan) -> tuple[RankMapping | None, 
     if world != cluster.num_gpus:
         return None, (f"the plan uses {world} GPUs but the cluster has {cluster.num_gpus}; "
                       "every GPU must run one rank")
-    loc = rank_locations(plan)
+    loc = rank_locations(plan, order)
     node_rank = [-1] * cluster.num_nodes
     devices: list[tuple[int, ...]] = [()] * cluster.num_nodes
     for k in range(world // G):
@@ -111,7 +155,7 @@ def rank_mapping(cluster: ClusterSpec, plan: Plan) -> tuple[RankMapping | None, 
     missing = [cluster.nodes[n].name for n in range(cluster.num_nodes) if node_rank[n] < 0]
     if missing:
         return None, f"nodes {', '.join(missing)} get no ranks"
-    return RankMapping(G, world, tuple(node_rank), tuple(devices)), None
+    return RankMapping(G, world, tuple(node_rank), tuple(devices), order), None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,34 +170,51 @@ def hostfile_text(cluster: ClusterSpec, mapping: RankMapping) -> str:
     return "\n".join(lines) + "\n"
 
 
+ORDER_FORMULA = {
+    DEFAULT_ORDER: "rank = stage*TP*CP*DP + (replica*CP + cp_rank)*TP + tensor_rank",
+    TP_PP_DP_ORDER: "rank = replica*TP*CP*PP + stage*TP*CP + cp_rank*TP + tensor_rank",
+}
+
+
 def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
                   train_cmd: list[str], args_file: str | None = None,
-                  title: str = "") -> str:
+                  title: str = "", env: dict[str, str | None] | None = None,
+                  notices: list[str] = ()) -> str:
     """A bash script to run on every node: it picks its own torchrun line by host name
     ($NODE_NAME or `hostname -s`), with the node_rank and CUDA_VISIBLE_DEVICES order the
     plan needs. Flags are torchrun's (torch.distributed.run): --nnodes, --nproc_per_node,
-    --node_rank, --master_addr, --master_port."""
+    --node_rank, --master_addr, --master_port. `env` names the variables the framework needs
+    exported (None: unset); `notices` become comment lines at the top. The arguments file is
+    read one line at a time into an array (no word splitting of values, no globbing), and the
+    script's own arguments are passed on after it (data, learning rate, ...)."""
     first = cluster.nodes[mapping.order[0]].name
     N = cluster.num_nodes
     G = mapping.nproc_per_node
     sh, pl = plan.shape, plan.placement
     cmd = " ".join(train_cmd)  # simple tokens; "$HERE" expands when the script runs
     out = ["#!/usr/bin/env bash",
-           "# Generated by pipette-configurator" + (f": {title}" if title else ""),
-           f"# Plan: {sh.describe()}  layers={list(sh.layers)}",
-           "# Run this same script on every node. Each node gets the torchrun --node_rank and",
-           "# the CUDA_VISIBLE_DEVICES order that put Megatron's rank order",
-           "# (rank = stage*TP*CP*DP + (replica*CP + cp_rank)*TP + tensor_rank) where the plan",
-           "# placed it.",
-           "set -euo pipefail",
-           'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-           f'MASTER_ADDR="${{MASTER_ADDR:-{first}}}"  # the node with node_rank 0',
-           'MASTER_PORT="${MASTER_PORT:-29500}"',
-           'NODE="${NODE_NAME:-$(hostname -s)}"']
+           "# Generated by pipette-configurator" + (f": {title}" if title else "")]
+    out += [f"# {n}" for n in notices]
+    out += [f"# Plan: {sh.describe()}  layers={list(sh.layers)}",
+            "# Run this same script on every node; arguments given to it are passed on to the",
+            "# training script. Each node gets the torchrun --node_rank and the",
+            "# CUDA_VISIBLE_DEVICES order that put the framework's rank order",
+            f"# ({ORDER_FORMULA[mapping.rank_order]}) where the plan placed it.",
+            "set -euo pipefail",
+            'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+            f'MASTER_ADDR="${{MASTER_ADDR:-{first}}}"  # the node with node_rank 0',
+            'MASTER_PORT="${MASTER_PORT:-29500}"',
+            'NODE="${NODE_NAME:-$(hostname -s)}"']
+    for k, (v, why) in (env or {}).items():
+        out.append(f"# {why}")
+        out.append(f"unset {k}" if v is None else f"export {k}={shlex.quote(v)}")
+    out.append("TRAIN_ARGS=()")
     if args_file:
-        out.append(f'TRAIN_ARGS=$(grep -v "^#" "$HERE/{args_file}" | tr "\\n" " ")')
-    else:
-        out.append('TRAIN_ARGS=""')
+        out += ['while read -r line || [ -n "$line" ]; do',
+                '  case "$line" in ""|"#"*) continue ;; esac',
+                '  read -ra words <<< "$line"',
+                '  TRAIN_ARGS+=("${words[@]}")',
+                f'done < "$HERE/{args_file}"']
     out += [f'TRAIN_CMD="${{TRAIN_CMD:-{cmd}}}"',
             f"TORCHRUN=\"torchrun --nnodes={N} --nproc_per_node={G} "
             "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT\"",
@@ -166,7 +227,8 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
         out.append(f"  # {nd.name}: ranks {k * G}..{k * G + G - 1} = {' '.join(hosts)}")
         dev = ",".join(map(str, mapping.visible_devices[n]))
         out.append(f"  {shlex.quote(nd.name)}) CUDA_VISIBLE_DEVICES={dev} exec $TORCHRUN "
-                   f"--node_rank={k} $TRAIN_CMD $TRAIN_ARGS \"$@\" ;;")
+                   f"--node_rank={k} $TRAIN_CMD ${{TRAIN_ARGS[@]+\"${{TRAIN_ARGS[@]}}\"}} "
+                   "\"$@\" ;;")
     out += ['  *) echo "launch.sh: host $NODE is not in this plan (set NODE_NAME)" >&2; exit 1 ;;',
             "esac", ""]
     return "\n".join(out)
@@ -174,7 +236,7 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
 
 def mapping_table(cluster: ClusterSpec, plan: Plan, mapping: RankMapping) -> list[dict]:
     """Per node: node_rank, CUDA_VISIBLE_DEVICES, and (rank, stage, replica, tensor) per slot."""
-    loc = rank_locations(plan)
+    loc = rank_locations(plan, mapping.rank_order)
     G = mapping.nproc_per_node
     rows = []
     for n in mapping.order:
@@ -190,29 +252,22 @@ def mapping_table(cluster: ClusterSpec, plan: Plan, mapping: RankMapping) -> lis
     return rows
 
 
-def write_launch(out_dir: Path, cluster: ClusterSpec, plan: Plan, train_cmd: list[str],
-                 args_file: str | None = None,
-                 title: str = "") -> tuple[list[Path], list[str]]:
-    """launch.sh, hostfile and ranks.json in `out_dir`; or a warning saying why not."""
+def launch_files(cluster: ClusterSpec, plan: Plan, mapping: RankMapping, train_cmd: list[str],
+                 args_file: str | None = None, title: str = "",
+                 env: dict[str, tuple[str | None, str]] | None = None,
+                 notices: list[str] = ()) -> dict[str, str]:
+    """launch.sh, hostfile and ranks.json as {file name: text} (nothing written here)."""
     import json
 
-    mapping, reason = rank_mapping(cluster, plan)
-    if mapping is None:
-        return [], [f"placement cannot be expressed with torchrun node ranks: {reason}; "
-                    "launch.sh and hostfile were not written"]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = []
-    p = out_dir / "launch.sh"
-    p.write_text(launch_script(cluster, plan, mapping, train_cmd, args_file, title))
-    p.chmod(0o755)
-    files.append(p)
-    p = out_dir / "hostfile"
-    p.write_text(hostfile_text(cluster, mapping))
-    files.append(p)
-    p = out_dir / "ranks.json"
-    p.write_text(json.dumps({"rank_order": "rank = stage*tp*cp*dp + (replica*cp + cp_rank)*tp"
-                                           " + tensor_rank",
-                             "nproc_per_node": mapping.nproc_per_node,
-                             "nodes": mapping_table(cluster, plan, mapping)}, indent=1) + "\n")
-    files.append(p)
-    return files, []
+    doc = {"rank_order": ORDER_FORMULA[mapping.rank_order],
+           "framework_order": mapping.rank_order,
+           **({"notices": list(notices)} if notices else {}),
+           "nproc_per_node": mapping.nproc_per_node,
+           "nodes": mapping_table(cluster, plan, mapping)}
+    host = hostfile_text(cluster, mapping)
+    if notices:
+        host = "".join(f"# {n}\n" for n in notices) + host
+    return {"launch.sh": launch_script(cluster, plan, mapping, train_cmd, args_file, title,
+                                       env, notices),
+            "hostfile": host,
+            "ranks.json": json.dumps(doc, indent=1) + "\n"}

@@ -25,8 +25,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 def _positive(value, name: str, source: str | None, *, integer: bool = False, allow_zero=False):
     ok_type = isinstance(value, int) and not isinstance(value, bool) if integer else isinstance(
         value, (int, float)) and not isinstance(value, bool)
-    if not ok_type or value != value or (value < 0 if allow_zero else value <= 0):
-        kind = "a positive integer" if integer else "a positive number"
+    if (not ok_type or value != value or abs(value) == float("inf")
+            or (value < 0 if allow_zero else value <= 0)):
+        kind = "a positive integer" if integer else "a positive, finite number"
         raise SpecError(f"must be {kind}, got {value!r}", source=source, field=name)
 
 
@@ -135,6 +136,11 @@ class ModelSpec:
     mla_q_lora_rank: int = 0
     mla_qk_rope_dim: int = 0
     mla_v_head_dim: int = 0
+    # rotary embeddings: the base (Hugging Face rope_theta; 0 = not given, the framework's
+    # default 10000 applies) and the fraction of each head's width rotated (GPT-NeoX 0.25);
+    # they change neither weights nor cost, only what the emitted arguments build
+    rope_base: float = 0.0
+    rotary_percent: float = 1.0
     source: str = ""
 
     def __post_init__(self):
@@ -143,6 +149,11 @@ class ModelSpec:
                   "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
                   "mla_qk_rope_dim", "mla_v_head_dim"):
             _positive(getattr(self, f), f, src, integer=True, allow_zero=True)
+        _positive(self.rope_base, "rope_base", src, allow_zero=True)
+        if not 0 < self.rotary_percent <= 1:
+            raise SpecError(f"rotary_percent is {self.rotary_percent}; it is the fraction of "
+                            "a head's width that is rotated, in (0, 1]", source=src,
+                            field="rotary_percent")
         if self.mla_kv_lora_rank and not (self.kv_channels and self.mla_qk_rope_dim and
                                           self.mla_v_head_dim and
                                           self.num_kv_heads == self.num_heads):

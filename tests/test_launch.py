@@ -58,6 +58,22 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-amax-history-len", type=int, default=1)
     p.add_argument("--fp8-amax-compute-algo", default="most_recent",
                    choices=["most_recent", "max"])
+    # architecture and vocabulary (_add_network_size_args, _add_regularization_args,
+    # _add_tokenizer_args)
+    p.add_argument("--position-embedding-type", default="learned_absolute",
+                   choices=["learned_absolute", "rope", "yarn", "mrope", "relative", "none"])
+    p.add_argument("--rotary-base", type=int, default=10000)
+    p.add_argument("--rotary-percent", type=float, default=1.0)
+    p.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
+    p.add_argument("--hidden-dropout", type=float, default=0.1)
+    p.add_argument("--attention-dropout", type=float, default=0.1)
+    p.add_argument("--tokenizer-type", default=None)
+    p.add_argument("--tokenizer-model", default=None)
+    p.add_argument("--vocab-size", type=int, default=None)
+    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    p.add_argument("--pipeline-model-parallel-layout", default=None)
+    p.add_argument("--use-tp-pp-dp-mapping", action="store_true")
     return p
 
 
@@ -111,14 +127,17 @@ def test_megatron_uneven_first_last(llama, c32):
     assert [19, rest, rest, 19] == [plan.shape.stage_layers(s) for s in range(4)]
 
 
-def test_megatron_uneven_middle_warns(llama, c32):
+def test_megatron_uneven_middle_uses_layout(llama, c32):
+    """A split uneven between middle stages is given to Megatron-LM as
+    --pipeline-model-parallel-layout, which builds it exactly: no warning."""
     job = JobSpec(global_batch=64, seq_length=4096, precision="fp32")
     plan = make_plan(llama, job, c32, tp=8, pp=4, layers=(20, 21, 19, 20))
     args, warn = megatron_args(llama, job, plan)
     ns = parse_megatron(args)
     assert ns.decoder_first_pipeline_num_layers is None and not ns.bf16 and not ns.fp16
-    assert len(warn) == 1 and "pipeline-model-parallel-layout" in warn[0]
-    layout = pipeline_layout(plan.shape)
+    assert warn == []
+    layout = ns.pipeline_model_parallel_layout
+    assert layout == pipeline_layout(plan.shape)
     assert [s.count("t") for s in layout.split("|")] == [20, 21, 19, 20]
     assert layout.startswith("E") and layout.endswith("L")
 
@@ -156,9 +175,14 @@ def test_megatron_interleaved(llama, c32):
     assert warn == []
     assert ns.num_virtual_stages_per_pipeline_rank == 2
     assert (ns.decoder_first_pipeline_num_layers, ns.decoder_last_pipeline_num_layers) == (18, 18)
+    # chunks of a stage uneven: only the layout string says it; the schedule stays interleaved
     bad = make_plan(llama, job, c32, tp=8, pp=4, schedule="interleaved", chunks=2,
                     layers=(9, 11, 11, 9, 10, 10, 10, 10))
-    assert megatron_args(llama, job, bad)[1]
+    args, warn = megatron_args(llama, job, bad)
+    ns = parse_megatron(args)
+    assert warn == [] and ns.num_virtual_stages_per_pipeline_rank is None
+    assert [x.count("t") for x in ns.pipeline_model_parallel_layout.split("|")] == list(
+        bad.shape.layers)
 
 
 def test_gpipe_warns(llama, c32):
@@ -360,13 +384,30 @@ def test_inexpressible_placements(c32):
     assert mp is None and "different GPU counts" in why
 
 
+def _cross_placement(c32) -> Placement:
+    """tp=2, pp=2, dp=8 with (stage s, replica r) on node (r + s) % 4: a node holds one stage
+    of four replicas, and no replica's two stages share a node, so neither Megatron rank order
+    gives any node a contiguous block of ranks."""
+    nxt = [0] * 4
+    node, gpus = [], []
+    for s in range(2):
+        node.append(tuple((r + s) % 4 for r in range(8)))
+        row = []
+        for r in range(8):
+            n = (r + s) % 4
+            row.append((nxt[n], nxt[n] + 1))
+            nxt[n] += 2
+        gpus.append(tuple(row))
+    return Placement(tuple(node), tuple(gpus))
+
+
 def test_emit_reports_inexpressible_placement(llama, c32, tmp_path):
     job = JobSpec(global_batch=64, seq_length=4096)
-    pl = block_placement(c32, 2, 2, 8, 2, slots=[(0, b) for b in range(4)])
-    plan = make_plan(llama, job, c32, tp=2, pp=2, dp=8, placement=pl)
-    files, warn = emit("megatron", llama, job, c32, plan, tmp_path)
+    plan = make_plan(llama, job, c32, tp=2, pp=2, dp=8, placement=_cross_placement(c32))
+    files, warn = emit("megatron", llama, job, c32, plan, tmp_path, force=True)
     assert not (tmp_path / "launch.sh").exists()
-    assert any("cannot be expressed" in w for w in warn)
+    assert any(w.startswith("megatron [placement]") and "cannot be expressed" in w
+               for w in warn)
 
 
 @pytest.mark.parametrize("zero,strategy", [(2, "optim_grads"), (3, "optim_grads_params")])
@@ -388,8 +429,264 @@ def test_deepspeed_gets_the_zero_stage(c32, tmp_path):
     job = JobSpec(global_batch=64, seq_length=4096, framework="deepspeed")
     for zero in (0, 1, 2, 3):
         plan = make_plan(m, job, c32, tp=1, pp=1, zero=zero)
-        emit("deepspeed", m, job, c32, plan, tmp_path)
+        emit("deepspeed", m, job, c32, plan, tmp_path, force=True)  # ZeRO-0 needs 123 GiB
         cfg = json.loads((tmp_path / "ds_config.json").read_text())
         assert cfg["zero_optimization"]["stage"] == zero
         if zero == 3:  # the estimate's reduce-scatters wait in line; so must DeepSpeed's
             assert cfg["zero_optimization"]["overlap_comm"] is False
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 16: complete Megatron-LM argument sets, run as launch.sh runs them
+
+
+FAKE_TORCHRUN = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["RECORD"], "w") as f:
+    json.dump({"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in
+               ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_VISIBLE_DEVICES")}}, f)
+"""
+
+
+def run_launch_sh(folder, node, tmp_path, extra=(), env_extra=None):
+    """Run launch.sh for `node` with torchrun replaced by a recorder; returns the record."""
+    import os
+    import subprocess
+    shim = tmp_path / "shim"
+    shim.mkdir(exist_ok=True)
+    tr = shim / "torchrun"
+    tr.write_text(FAKE_TORCHRUN)
+    tr.chmod(0o755)
+    rec = tmp_path / f"rec-{node}.json"
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "NODE_NAME": node,
+           "RECORD": str(rec), **(env_extra or {})}
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None) if not env_extra else None
+    subprocess.run(["bash", str(folder / "launch.sh"), *extra], env=env, check=True)
+    return json.loads(rec.read_text())
+
+
+def _args_file_tokens(folder):
+    return [t for line in (folder / "megatron_args.txt").read_text().splitlines()
+            if line and not line.startswith("#") for t in line.split()]
+
+
+def test_launch_sh_hands_over_every_argument_verbatim(tmp_path):
+    """launch.sh passes the arguments file word for word (a layout string with '|', a MoE layer
+    pattern with brackets and '*' that a shell would glob) and then its own arguments, and
+    exports CUDA_DEVICE_MAX_CONNECTIONS=1 for TP > 1 on A100s."""
+    ds = presets.model("deepseek-v2-lite")
+    c = uniform_cluster(2, 8, "A100-80GB", 240.0, 23.0)
+    job = JobSpec(global_batch=32, seq_length=4096)
+    plan = make_plan(ds, job, c, tp=2, pp=2, ep=4, layers=(12, 15), sequence_parallel=True,
+                     distributed_optimizer=True)
+    out = tmp_path / "set"
+    emit("megatron", ds, job, c, plan, out)
+    (tmp_path / "[0]").write_text("a file a glob would match")
+    rec = run_launch_sh(out, "node01", tmp_path, extra=["--mock-data", "--lr", "1e-4"])
+    argv = rec["argv"]
+    toks = _args_file_tokens(out)
+    i = argv.index("pretrain_gpt.py")
+    assert argv[i + 1:] == toks + ["--mock-data", "--lr", "1e-4"]
+    assert "([0]*1+[1]*26)" in argv and "--node_rank=1" in argv
+    assert rec["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    k = toks.index("--decoder-first-pipeline-num-layers")
+    assert toks[k + 1] == "12"
+
+
+def ns_of(folder):
+    return parse_megatron(_args_file_tokens(folder))
+
+
+def test_cuda_device_max_connections_rule(llama, tmp_path):
+    """Set to 1 with TP or CP > 1 before Blackwell (Megatron-LM validate_args), not set on
+    B200, unset for Megatron-FSDP (which requires it unset or > 1)."""
+    job = JobSpec(global_batch=64, seq_length=4096)
+    for gpu, kw, want in [("A100-80GB", dict(tp=8, pp=4), "export CUDA_DEVICE_MAX_CONNECTIONS=1"),
+                          ("H100-SXM-80GB", dict(tp=8, pp=4), "export CUDA_DEVICE_MAX_CONNECTIONS=1"),
+                          ("B200", dict(tp=8, pp=4), None),
+                          ("A100-80GB", dict(tp=1, pp=4), None),
+                          ("A100-80GB", dict(tp=8, pp=1, zero=3, recompute="full"),
+                           "unset CUDA_DEVICE_MAX_CONNECTIONS")]:
+        c = uniform_cluster(4, 8, gpu, 240.0, 23.0)
+        plan = make_plan(llama, job, c, sequence_parallel=kw["tp"] > 1, **kw)
+        out = tmp_path / f"{gpu}-{kw['tp']}-{kw.get('zero', 0)}"
+        emit("megatron", llama, job, c, plan, out, force=True)
+        script = (out / "launch.sh").read_text()
+        if want:
+            assert want in script, (gpu, kw)
+        else:
+            assert "CUDA_DEVICE_MAX_CONNECTIONS" not in script, (gpu, kw)
+
+
+def test_megatron_builds_the_planned_architecture(llama, c32):
+    job = JobSpec(global_batch=64, seq_length=4096)
+    ns = parse_megatron(megatron_args(llama, job, make_plan(llama, job, c32, tp=8, pp=4))[0])
+    assert ns.position_embedding_type == "rope" and ns.rotary_base == 10000
+    assert ns.normalization == "RMSNorm" and ns.swiglu and not ns.add_bias_linear
+    assert ns.hidden_dropout == 0 and ns.attention_dropout == 0
+    assert ns.untie_embeddings_and_output_weights
+    assert ns.tokenizer_type == "NullTokenizer" and ns.vocab_size == 32000
+    # Megatron pads to a multiple of divisor x TP: the divisor keeps 32,000 as planned
+    d, tp = ns.make_vocab_size_divisible_by, 8
+    assert -(-32000 // (d * tp)) * d * tp == 32000
+    l3 = presets.model("llama3-8b")
+    a3 = parse_megatron(megatron_args(l3, job, make_plan(l3, job, c32, tp=4, pp=1))[0])
+    assert a3.rotary_base == 500000 and a3.num_query_groups == 8
+    gpt = presets.model("gpt-7.5b")
+    ag = parse_megatron(megatron_args(gpt, job, make_plan(gpt, job, c32, tp=8, pp=1))[0])
+    assert ag.position_embedding_type == "learned_absolute" and ag.normalization == "LayerNorm"
+    assert ag.add_bias_linear and ag.hidden_dropout == 0.1 and not ag.swiglu
+    assert not ag.untie_embeddings_and_output_weights
+    hf = megatron_args(llama, job, make_plan(llama, job, c32, tp=8, pp=4),
+                       tokenizer="meta-llama/Llama-2-70b-hf")[0]
+    ah = parse_megatron(hf)
+    assert ah.tokenizer_type == "HuggingFaceTokenizer"
+    assert ah.tokenizer_model == "meta-llama/Llama-2-70b-hf"
+
+
+def test_vocabulary_tp_does_not_divide_is_a_model_warning(c32):
+    from dataclasses import replace
+    m = replace(presets.model("gpt-1.7b"), vocab_size=50257)
+    job = JobSpec(global_batch=64, seq_length=2048)
+    args, warn = megatron_args(m, job, make_plan(m, job, c32, tp=2, pp=1))
+    assert parse_megatron(args).make_vocab_size_divisible_by == 1
+    assert any(w.startswith("megatron [model]") and "50258" in w for w in warn)
+
+
+def test_tp_pp_dp_order_places_every_rank(llama, tmp_path):
+    """Two stages of one replica per node: not expressible in Megatron's default rank order,
+    expressible with --use-tp-pp-dp-mapping; Megatron's group rule for that order
+    (tp-cp-ep-pp-dp, tp fastest) puts every rank on the planned node and GPU. torchtitan has
+    no such order and says so."""
+    from launch.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER
+    from tests.test_context_parallel import megatron_groups as groups
+    c = uniform_cluster(8, 8, "A100-80GB", 240.0, 23.0)
+    job = JobSpec(global_batch=64, seq_length=4096)
+    tp, pp, dp = 4, 4, 4
+    pl = block_placement(c, tp, pp, dp, 2, node_order=[3, 1, 0, 2, 7, 5, 4, 6])
+    plan = make_plan(llama, job, c, tp=tp, pp=pp, dp=dp, recompute="full",
+                     sequence_parallel=True, distributed_optimizer=True, placement=pl)
+    assert rank_mapping(c, plan)[0] is None
+    mp, why = rank_mapping(c, plan, (DEFAULT_ORDER, TP_PP_DP_ORDER))
+    assert mp is not None and mp.rank_order == TP_PP_DP_ORDER, why
+    out = tmp_path / "m"
+    emit("megatron", llama, job, c, plan, out)
+    assert ns_of(out).use_tp_pp_dp_mapping
+    doc = json.loads((out / "ranks.json").read_text())
+    where = {r["rank"]: (c.nodes.index(next(nd for nd in c.nodes if nd.name == n["node"])),
+                         r["gpu"]) for n in doc["nodes"] for r in n["ranks"]}
+    sizes = {"tp": tp, "cp": 1, "ep": 1, "pp": pp, "dp": dp}
+    world = tp * pp * dp
+    coord = {}
+    for dim in ("tp", "pp", "dp"):
+        for g in groups(world, sizes, "tp-cp-ep-pp-dp", dim):
+            for i, q in enumerate(g):
+                coord.setdefault(q, {})[dim] = i
+    for q, co in coord.items():
+        s, r, t = co["pp"], co["dp"], co["tp"]
+        assert where[q] == (pl.node[s][r], pl.gpus[s][r][t]), q
+    _f, warn = emit("torchtitan", llama, job, c, plan, tmp_path / "t")
+    assert any(w.startswith("torchtitan [placement]") for w in warn)
+    assert not (tmp_path / "t" / "launch.sh").exists()
+
+
+def test_plan_that_does_not_fit_is_refused_unless_forced(tmp_path):
+    """estimate --tp 1 --pp 1 --dp 64 --emit megatron for Llama-2 70B: one line, exit 2, no
+    file; with --force every file says it does not fit."""
+    from typer.testing import CliRunner
+    from cli import app
+    out = tmp_path / "l"
+    r = CliRunner().invoke(app, ["estimate", "--tp", "1", "--pp", "1", "--dp", "64",
+                                 "--emit", "megatron", "--out", str(out)])
+    assert r.exit_code == 2
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "GiB" in lines[0] and "--force" in lines[0]
+    assert not out.exists()
+    for fw in FRAMEWORKS:
+        o = tmp_path / fw
+        r = CliRunner().invoke(app, ["estimate", "--tp", "1", "--pp", "1", "--dp", "64",
+                                     "--emit", fw, "--out", str(o), "--force"])
+        assert r.exit_code == 0, r.output
+        for p in o.iterdir():
+            if not p.name.startswith("."):
+                assert "does not fit" in p.read_text(), (fw, p.name)
+
+
+@pytest.mark.parametrize("fw,kind,plan_kw", [
+    ("megatron", "schedule", dict(schedule="gpipe")),
+    ("deepspeed", "schedule", dict(schedule="interleaved", chunks=2)),
+    ("nemo", "split", dict(layers=(19, 21, 20, 20))),
+    ("deepspeed", "split", dict(layers=(19, 21, 20, 20))),
+    ("torchtitan", "model", dict()),
+])
+def test_warnings_name_every_change(fw, kind, plan_kw, llama, c32, tmp_path):
+    """A change of schedule, split or model is announced in warnings.txt under its kind."""
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(llama, job, c32, tp=8, pp=4, recompute="full", sequence_parallel=True,
+                     distributed_optimizer=True, **plan_kw)
+    _files, warn = emit(fw, llama, job, c32, plan, tmp_path)
+    text = (tmp_path / "warnings.txt").read_text()
+    assert any(w.startswith(f"{fw} [{kind}]") for w in warn)
+    assert f"{fw} [{kind}]" in text
+
+
+def test_model_change_warned_for_alibi_and_embedding_norm(c32):
+    bl = presets.model("bloom-176b")
+    job = JobSpec(global_batch=64, seq_length=2048)
+    args, warn = megatron_args(bl, job, make_plan(bl, job, c32, tp=8, pp=4))
+    assert parse_megatron(args).position_embedding_type == "none"
+    assert sum(w.startswith("megatron [model]") for w in warn) == 2
+
+
+def test_output_folder_of_someone_else_is_refused(llama, c32, tmp_path):
+    """An --out folder holding files the tool did not write is refused (nothing written)
+    unless forced; the tool's own earlier files are replaced, stale ones removed, and a user's
+    file beside them is never deleted."""
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(llama, job, c32, tp=8, pp=4, recompute="full", sequence_parallel=True,
+                     distributed_optimizer=True)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "launch.sh").write_text("my own script\n")
+    with pytest.raises(SpecError, match="did not write"):
+        emit("megatron", llama, job, c32, plan, out)
+    assert (out / "launch.sh").read_text() == "my own script\n"
+    assert sorted(p.name for p in out.iterdir()) == ["launch.sh"]
+    fresh = tmp_path / "f"
+    gp = make_plan(llama, job, c32, tp=8, pp=4, schedule="gpipe", recompute="full",
+                   sequence_parallel=True, distributed_optimizer=True)
+    emit("megatron", llama, job, c32, gp, fresh)
+    assert (fresh / "warnings.txt").exists()
+    emit("megatron", llama, job, c32, plan, fresh)  # no warning now: the stale file goes
+    assert not (fresh / "warnings.txt").exists()
+    (fresh / "notes.md").write_text("mine")
+    emit("nemo", llama, job, c32, plan, fresh, force=True)
+    assert (fresh / "notes.md").read_text() == "mine"
+    assert not (fresh / "megatron_args.txt").exists() and (fresh / "nemo_config.yaml").exists()
+
+
+def test_failed_write_leaves_the_previous_launch_set(llama, c32, tmp_path, monkeypatch):
+    """A write that fails midway (disk full on the third file) changes nothing."""
+    import os
+    import formats.atomic as atomic
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(llama, job, c32, tp=8, pp=4, recompute="full", sequence_parallel=True,
+                     distributed_optimizer=True)
+    out = tmp_path / "o"
+    emit("megatron", llama, job, c32, plan, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    calls = {"n": 0}
+    real = atomic._write_temp
+
+    def full_disk(path, data, mode):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, os.strerror(28))
+        return real(path, data, mode)
+
+    monkeypatch.setattr(atomic, "_write_temp", full_disk)
+    plan2 = make_plan(llama, job, c32, tp=8, pp=4, schedule="gpipe", recompute="full",
+                      sequence_parallel=True, distributed_optimizer=True)
+    with pytest.raises(SpecError, match="nothing was changed"):
+        emit("megatron", llama, job, c32, plan2, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

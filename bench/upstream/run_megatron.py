@@ -1,0 +1,164 @@
+"""Megatron-LM's own argument handling on launch records (run by bench/upstream_check.py with the
+Python that has torch, from the root of a Megatron-LM checkout; imports nothing of this project).
+
+For each record written by fake_torchrun (the arguments and environment an emitted launch.sh
+gives pretrain_gpt.py) it runs, as pretrain_gpt.py would before touching a GPU:
+`parse_args` -> `validate_args` -> the tokenizer's vocabulary padding -> `core_transformer_config_
+from_args`, and prints what Megatron built as JSON: accepted or the error, the architecture,
+parallel sizes, layers per virtual stage (Megatron's own `get_num_layers_to_build` per pipeline
+rank and virtual stage), schedule, recompute and optimizer settings.
+
+usage: python run_megatron.py RECORDS.json RESULTS.json  (RECORDS: a list of {"record": ...,
+"world_size": N, "gpu_arch": 8|9|10}); writes a JSON list of results.
+"""
+
+import io
+import json
+import os
+import sys
+import traceback
+import typing
+from contextlib import redirect_stdout
+
+# Megatron-LM main uses typing.override (Python 3.12); on 3.11 it is a no-op decorator
+# (PEP 698: override only marks the method)
+if not hasattr(typing, "override"):
+    typing.override = lambda f: f
+
+
+def _fn_name(f):
+    return getattr(f, "__name__", str(f)) if f is not None else None
+
+
+def megatron_view(item):
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.training import arguments as A
+    from megatron.training.argument_utils import core_transformer_config_from_args
+
+    rec = item["record"]
+    env_keys = ("CUDA_DEVICE_MAX_CONNECTIONS",)
+    for k in env_keys:
+        os.environ.pop(k, None)
+    os.environ.update(rec["env"])
+    os.environ["RANK"] = "0"
+    os.environ["WORLD_SIZE"] = str(item["world_size"])
+    os.environ["LOCAL_RANK"] = "0"
+    # Stand-ins for the GPU machine this check does not run on (CPU torch, no Transformer
+    # Engine): the GPU generation validate_args reads (CUDA_DEVICE_MAX_CONNECTIONS rule,
+    # grouped-GEMM capability), and Transformer Engine's fused RoPE kernel, whose presence
+    # TransformerConfig checks when apply_rope_fusion is on (its default)
+    import torch
+
+    from megatron.core.models.common.embeddings import rope_utils
+
+    A.get_device_arch_version = lambda: item["gpu_arch"]
+    torch.cuda.get_device_capability = lambda *a, **k: (item["gpu_arch"], 0)
+    if rope_utils.fused_apply_rotary_pos_emb is None:
+        rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+    sys.argv = [rec["script"] or "pretrain_gpt.py"] + rec["args"]
+    log = io.StringIO()
+    try:
+        with redirect_stdout(log):
+            args = A.parse_args()
+            A.validate_args(args, {})
+            build_tokenizer(args)
+            cfg = core_transformer_config_from_args(args)
+    except BaseException as e:  # AssertionError, SystemExit from argparse, anything
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f"{tb[-1].filename.split('megatron-lm/')[-1]}:{tb[-1].lineno}" if tb else ""
+        return {"accepted": False, "error": f"{type(e).__name__}: {e}"[:600], "where": where}
+    pp = cfg.pipeline_model_parallel_size
+    vp = cfg.virtual_pipeline_model_parallel_size or 1
+    layers = []  # per virtual stage in model order: chunk-major, then pipeline rank
+    for c in range(vp):
+        for r in range(pp):
+            if cfg.pipeline_model_parallel_layout is not None:
+                n = cfg.pipeline_model_parallel_layout.layout[r][c].count(LayerType.decoder)
+            else:
+                n = get_num_layers_to_build(cfg, vp_stage=c if vp > 1 else None, pp_rank=r)
+            layers.append(n)
+    if vp > 1:
+        schedule = "interleaved"
+    elif pp > 1:
+        schedule = "1f1b"
+    else:
+        schedule = "none"
+    out = {
+        "accepted": True,
+        "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+        "ffn_hidden_size": cfg.ffn_hidden_size, "num_attention_heads": cfg.num_attention_heads,
+        "num_query_groups": cfg.num_query_groups, "kv_channels": cfg.kv_channels,
+        "normalization": cfg.normalization, "gated_linear_unit": cfg.gated_linear_unit,
+        "activation": _fn_name(cfg.activation_func), "add_bias_linear": cfg.add_bias_linear,
+        "hidden_dropout": cfg.hidden_dropout, "attention_dropout": cfg.attention_dropout,
+        "position_embedding_type": args.position_embedding_type,
+        "rotary_base": args.rotary_base, "rotary_percent": args.rotary_percent,
+        "untie_embeddings": args.untie_embeddings_and_output_weights,
+        "padded_vocab_size": args.padded_vocab_size, "seq_length": args.seq_length,
+        "multi_latent_attention": bool(getattr(cfg, "multi_latent_attention", False)),
+        "num_moe_experts": cfg.num_moe_experts, "moe_router_topk": cfg.moe_router_topk,
+        "moe_ffn_hidden_size": cfg.moe_ffn_hidden_size,
+        "moe_shared_expert_intermediate_size": cfg.moe_shared_expert_intermediate_size,
+        "moe_layer_freq": cfg.moe_layer_freq,
+        "tp": cfg.tensor_model_parallel_size, "pp": pp, "vp": vp,
+        "cp": cfg.context_parallel_size, "dp": args.data_parallel_size,
+        "ep": cfg.expert_model_parallel_size, "etp": cfg.expert_tensor_parallel_size,
+        "layers": layers, "schedule": schedule,
+        "micro_batch": args.micro_batch_size, "global_batch": args.global_batch_size,
+        "sequence_parallel": cfg.sequence_parallel,
+        "recompute_granularity": cfg.recompute_granularity,
+        "recompute_method": cfg.recompute_method,
+        "recompute_num_layers": cfg.recompute_num_layers,
+        "distributed_optimizer": args.use_distributed_optimizer,
+        "megatron_fsdp": bool(getattr(args, "use_megatron_fsdp", False)),
+        "fsdp_strategy": getattr(args, "data_parallel_sharding_strategy", None),
+        "overlap_grad_reduce": args.overlap_grad_reduce,
+        "overlap_param_gather": args.overlap_param_gather,
+        "tp_comm_overlap": cfg.tp_comm_overlap,
+        "bf16": cfg.bf16, "fp16": cfg.fp16, "fp8": cfg.fp8,
+        "grad_reduce_in_bf16": bool(getattr(args, "grad_reduce_in_bf16", False)),
+        "attention_backend": str(cfg.attention_backend),
+        "use_tp_pp_dp_mapping": bool(getattr(args, "use_tp_pp_dp_mapping", False)),
+        "order": "tp-cp-ep-pp-dp" if getattr(args, "use_tp_pp_dp_mapping", False)
+        else "tp-cp-ep-dp-pp",
+    }
+    out["groups"] = megatron_groups(out)
+    return out
+
+
+def megatron_groups(v: dict) -> dict:
+    """The process groups Megatron-Core would build for these sizes and this rank order, by
+    its own RankGenerator (megatron/core/parallel_state.py initialize_model_parallel: the
+    dense grid tp-cp-dp-pp and the expert grid etp-ep-edp-pp in the chosen order)."""
+    from megatron.core import parallel_state as ps
+
+    order = v["order"]
+    inject = getattr(ps, "_inject_gtp_remat_axis", None)
+    dense_order = inject(order, after="tp") if inject else order
+    expert_order = inject(order, after="ep") if inject else order
+    world = v["tp"] * v["pp"] * v["cp"] * v["dp"]
+    dense = ps.RankGenerator(tp=v["tp"], ep=1, dp=v["dp"], pp=v["pp"], cp=v["cp"],
+                             order=dense_order)
+    etp = v["etp"] or v["tp"]
+    edp = world // (etp * v["ep"] * v["pp"])
+    expert = ps.RankGenerator(tp=etp, ep=v["ep"], dp=edp, pp=v["pp"], cp=1, order=expert_order)
+    return {"tp": dense.get_ranks("tp"), "pp": dense.get_ranks("pp"),
+            "dp": dense.get_ranks("dp"), "cp": dense.get_ranks("cp"),
+            "ep": expert.get_ranks("ep"), "expert_dp": expert.get_ranks("dp")}
+
+
+def main():
+    items = json.load(open(sys.argv[1]))
+    dest = sys.argv[2]  # megatron_view replaces sys.argv
+    out = []
+    for it in items:
+        with redirect_stdout(io.StringIO()):
+            out.append(megatron_view(it))
+    with open(dest, "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

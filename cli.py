@@ -136,6 +136,9 @@ ForceOpt = Annotated[bool, typer.Option(
 TokenizerOpt = Annotated[Optional[str], typer.Option(
     "--tokenizer", help="Hugging Face tokenizer (name or path) for the emitted Megatron-LM "
     "arguments [NullTokenizer of the model's vocabulary].")]
+FwVersionOpt = Annotated[Optional[str], typer.Option(
+    "--framework-version", help="The framework release to emit for: torchtitan 0.2 (v0.2.x, "
+    "the current release) or 0.1 (v0.1.0 to the 2025-10 main) [the current one].")]
 GanttOpt = Annotated[Optional[Path], typer.Option(
     "--gantt", help="Write the schedule's Gantt chart to this PNG.")]
 PlacementPngOpt = Annotated[Optional[Path], typer.Option(
@@ -417,6 +420,7 @@ def estimate(
     calibration: CalibrationOpt = None,
     force: ForceOpt = False,
     tokenizer: TokenizerOpt = None,
+    framework_version: FwVersionOpt = None,
 ):
     """Per-stage memory and iteration time of one plan (Megatron-LM placement)."""
     from launch.outputs import check_outputs
@@ -424,7 +428,8 @@ def estimate(
     from model.estimator import estimate as run_estimate, make_plan
 
     outputs = dict(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
-                   placement_png=placement_png, force=force, tokenizer=tokenizer)
+                   placement_png=placement_png, force=force, tokenizer=tokenizer,
+                   version=framework_version)
     check_outputs(**outputs)
     if plan_file is not None:  # inputs and decisions from a plan file
         m, job, c0, plan, opts0, _meta = _load_plan_only(ctx, plan_file)
@@ -633,13 +638,15 @@ def solve(
     calibration: CalibrationOpt = None,
     force: ForceOpt = False,
     tokenizer: TokenizerOpt = None,
+    framework_version: FwVersionOpt = None,
 ):
     """Fastest plan that fits on the cluster as measured (defaults: the built-in example)."""
     from launch.outputs import check_outputs, write_outputs
     from solvers.search import solve as run_solve
 
     check_outputs(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
-                  placement_png=placement_png, force=force, tokenizer=tokenizer)
+                  placement_png=placement_png, force=force, tokenizer=tokenizer,
+                  version=framework_version)
 
     m, job, c0 = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                          allow_list=True, framework=framework.value,
@@ -658,7 +665,8 @@ def solve(
     files, warnings = write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan=save_plan,
                                     emit=emit, out=out, gantt=gantt,
                                     placement_png=placement_png, solver=res.status_dict(),
-                                    calibration=cal, force=force, tokenizer=tokenizer)
+                                    calibration=cal, force=force, tokenizer=tokenizer,
+                                    version=framework_version)
     interval = _interval(prof, m, job, c0, res.plan, opts0)
     runner_up = next((x for x in res.candidates if x.best_ms is not None
                       and x.status not in ("best",)), None)
@@ -929,17 +937,18 @@ def emit_cmd(
     as_json: JsonOpt = False,
     force: ForceOpt = False,
     tokenizer: TokenizerOpt = None,
+    framework_version: FwVersionOpt = None,
 ):
     """Write a saved plan's framework arguments, launch script and hostfile."""
     from formats.planfile import load_plan
     from launch.outputs import check_outputs, write_outputs
 
     check_outputs(emit=framework, out=out, gantt=gantt, placement_png=placement_png,
-                  force=force, tokenizer=tokenizer)
+                  force=force, tokenizer=tokenizer, version=framework_version)
     m, job, c, plan, opts, _meta = load_plan(plan_file)
     files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
                                     gantt=gantt, placement_png=placement_png, force=force,
-                                    tokenizer=tokenizer)
+                                    tokenizer=tokenizer, version=framework_version)
     if as_json:
         render.echo_json({"plan": str(plan_file), "framework": framework.lower(),
                           "files": [str(p) for p in files], "warnings": warnings})

@@ -17,11 +17,23 @@ built with the plan:
   announced it (a difference nobody was warned about is a failure);
 - every rank on the planned node and GPU under Megatron's own groups (tp, pp, dp, cp, ep).
 
-Setup (nothing here is a dependency of the project):
+The same plans go to NeMo 1.x (Hydra composes NeMo's megatron_gpt_config.yaml with the
+emitted YAML and the arguments launch.sh hands over, as NeMo's hydra_runner does:
+bench/upstream/run_nemo.py), and a set of torchtitan plans to torchtitan v0.2.x and v0.1.0
+(their ConfigManager, then the model from their registry built on the meta device:
+bench/upstream/run_torchtitan.py).
+
+Setup (nothing here is a dependency of the project; any subset of the checkouts will do):
     python3 -m venv /tmp/upstream && /tmp/upstream/bin/pip install torch==2.13.0 numpy \
-        pyyaml packaging triton
+        pyyaml packaging triton hydra-core tyro tokenizers torchdata tensorboard datasets \
+        tiktoken blobfile && DS_BUILD_OPS=0 /tmp/upstream/bin/pip install deepspeed
     git clone https://github.com/NVIDIA/Megatron-LM /tmp/megatron-lm   # main; d98e8a6 checked
-    python bench/upstream_check.py --python /tmp/upstream/bin/python --megatron /tmp/megatron-lm
+    git clone https://github.com/NVIDIA/NeMo /tmp/nemo                  # 8cfedd7 checked
+    git clone -b v0.2.2 https://github.com/pytorch/torchtitan /tmp/torchtitan-v0.2.2
+    git clone -b v0.1.0 https://github.com/pytorch/torchtitan /tmp/torchtitan-v0.1.0
+    python bench/upstream_check.py --python /tmp/upstream/bin/python --megatron /tmp/megatron-lm \
+        --nemo /tmp/nemo --torchtitan-0.2 /tmp/torchtitan-v0.2.2 \
+        --torchtitan-0.1 /tmp/torchtitan-v0.1.0 --deepspeed
 
 Prints one row per plan and the totals; exits 1 when any plan is rejected, any difference is
 unwarned or any rank is misplaced.
@@ -117,17 +129,19 @@ def _cases():
     return out
 
 
-def run_launch(folder: Path, cluster) -> dict[str, dict]:
-    """Run launch.sh once per node with the fake torchrun; node name -> record."""
+def run_launch(folder: Path, cluster, env_extra: dict | None = None,
+               extra: list[str] = ()) -> dict[str, dict]:
+    """Run launch.sh once per node with the fake torchrun (and `extra` as the user's own
+    arguments); node name -> record."""
     shim = Path(tempfile.mkdtemp())
     (shim / "torchrun").symlink_to(HERE / "fake_torchrun")
     recs = {}
     for nd in cluster.nodes:
         rec_path = shim / f"{nd.name}.json"
         env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "NODE_NAME": nd.name,
-               "UPSTREAM_RECORD": str(rec_path)}
+               "UPSTREAM_RECORD": str(rec_path), **(env_extra or {})}
         env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-        subprocess.run(["bash", str(folder / "launch.sh")], env=env, check=True)
+        subprocess.run(["bash", str(folder / "launch.sh"), *extra], env=env, check=True)
         recs[nd.name] = json.loads(rec_path.read_text())
     return recs
 
@@ -176,17 +190,31 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
     ]
 
 
-def compare(model, job, plan, got: dict, warnings: list[str]) -> tuple[list, list]:
-    """(warned differences, unwarned differences) as (field, planned, built, kind)."""
-    warned, unwarned = [], []
-    kinds = {w.split("[", 1)[1].split("]", 1)[0] for w in warnings if "[" in w}
+def compare(model, job, plan, got: dict) -> list[tuple]:
+    """Differences between what Megatron built and the plan: (field, planned, built, kind)."""
+    diffs = []
     for f, want, kind in expected(model, job, plan):
         have = got.get(f)
         if f == "gated_linear_unit" and not model.gated_mlp:
             have = bool(have)
         if have != want:
-            (warned if kind in kinds else unwarned).append((f, want, have, kind))
-    return warned, unwarned
+            diffs.append((f, want, have, kind))
+    return diffs
+
+
+def report(name: str, fits: bool, framework: str, diffs: list[tuple], warns: list[str],
+           ranks: str = "") -> int:
+    """Print one accepted plan's row and its differences (field, planned, built, kind), each
+    marked warned when a warning of its kind was emitted; 1 if any is unwarned."""
+    kinds = {w.split("[", 1)[1].split("]", 1)[0] for w in warns if "[" in w}
+    warned = [d for d in diffs if d[3] in kinds]
+    unwarned = [d for d in diffs if d[3] not in kinds]
+    print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'accepted':>10s} {len(warned):>11d} "
+          f"{len(unwarned):>8d} {ranks:>10s}")
+    for d in warned + unwarned:
+        tag = "warned" if d in warned else "UNWARNED"
+        print(f"    {tag} [{d[3]}] {d[0]}: planned {d[1]}, {framework} builds {d[2]}")
+    return int(bool(unwarned))
 
 
 def check_ranks(cluster, plan, recs: dict, groups: dict) -> tuple[int, int]:
@@ -223,19 +251,304 @@ def check_ranks(cluster, plan, recs: dict, groups: dict) -> tuple[int, int]:
     return good, len(coord)
 
 
+def _titan_cases():
+    """(name, model, job, cluster, plan) for torchtitan: the Llama-3 and Qwen3 flavors it has,
+    FSDP2 and HSDP, interleaved and uneven splits, CP, Float8, a mixture of experts, and a
+    Llama-2 plan (no torchtitan flavor: a warned model change)."""
+    h100 = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    l3, l70 = presets.model("llama3-8b"), presets.model("llama3-70b")
+    job = JobSpec(global_batch=128, seq_length=8192, framework="torchtitan")
+    out = [
+        ("Llama-3 8B FSDP2 (ZeRO-3) DP=32", l3, job, h100,
+         make_plan(l3, job, h100, tp=1, pp=1, zero=3, recompute="selective")),
+        ("Llama-3 8B HSDP 8x4, TP=1", l3, job, h100,
+         make_plan(l3, job, h100, tp=1, pp=1, zero=3, shard_size=8, recompute="full")),
+        ("Llama-3 70B TP=8 PP=4 interleaved, FSDP", l70, job, h100,
+         make_plan(l70, job, h100, tp=8, pp=4, schedule="interleaved", chunks=2, zero=3,
+                   sequence_parallel=True, recompute="full")),
+        ("Llama-3 70B TP=8 PP=4 uneven 1F1B", l70, job, h100,
+         make_plan(l70, job, h100, tp=8, pp=4, zero=3, sequence_parallel=True,
+                   recompute="full", layers=(19, 21, 21, 19))),
+    ]
+    jcp = JobSpec(global_batch=32, seq_length=32768, framework="torchtitan")
+    out.append(("Llama-3 8B CP=4 TP=2 seq 32k", l3, jcp, h100,
+                make_plan(l3, jcp, h100, tp=2, pp=1, cp=4, zero=3, sequence_parallel=True)))
+    jf8 = JobSpec(global_batch=128, seq_length=8192, fp8=True, framework="torchtitan")
+    out.append(("Llama-3 70B Float8, async TP", l70, jf8, h100,
+                make_plan(l70, jf8, h100, tp=8, pp=1, zero=3, sequence_parallel=True,
+                          recompute="full", tp_comm_overlap=True)))
+    qw = presets.model("qwen3-30b-a3b")
+    out.append(("Qwen3-30B-A3B MoE, FSDP2", qw, job, h100,
+                make_plan(qw, job, h100, tp=1, pp=1, zero=3, recompute="full")))
+    l2 = presets.model("llama2-7b")
+    out.append(("Llama-2 7B (no torchtitan flavor)", l2, job, h100,
+                make_plan(l2, job, h100, tp=1, pp=1, zero=3, recompute="full")))
+    return out
+
+
+def titan_expected(model, job, plan, version) -> list[tuple[str, object, str]]:
+    from launch.emit import torchtitan_flavor
+    sh = plan.shape
+    match = torchtitan_flavor(model, version)
+    rows = [
+        ("flavor", match[1] if match else None, "model"),
+        ("n_layers", model.num_layers, "model"), ("dim", model.hidden_size, "model"),
+        ("n_heads", model.num_heads, "model"), ("n_kv_heads", model.num_kv_heads, "model"),
+        ("ffn", model.ffn_hidden_size if not model.is_moe else None, "model"),
+        ("params", model.total_params, "model"),
+        ("tp", sh.tp, "parallelism"), ("pp", sh.pp, "parallelism"), ("cp", sh.cp, "parallelism"),
+        ("dp", sh.dp, "parallelism"), ("fsdp", sh.zero >= 3 and sh.dp > 1, "parallelism"),
+        ("hsdp_replicas", sh.dp // sh.shard_size if sh.zero >= 3 and sh.shard_size else 1,
+         "parallelism"),
+        ("schedule", {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}[
+            sh.schedule] if sh.pp > 1 else None, "schedule"),
+        ("layers", list(sh.layers) if sh.pp > 1 else None, "split"),
+        ("tokens_per_step", job.global_batch * job.seq_length, "parallelism"),
+        ("micro_batch", sh.micro_batch, "parallelism"),
+        ("ac_mode", sh.recompute, "recompute"),
+        ("float8", sh.fp8, "precision"), ("async_tp", sh.tp_comm_overlap, "overlap"),
+    ]
+    return rows
+
+
+def titan_built(v: dict) -> dict:
+    m = v.get("model") or {}
+    rep, shard = v["dp_replicate"], v["dp_shard"]
+    return {"flavor": v["flavor"] if m else None, **{k: m.get(k) for k in (
+        "n_layers", "dim", "n_heads", "n_kv_heads", "params")},
+        "ffn": m.get("ffn") if not m.get("experts") else None,
+        "tp": v["tp"], "pp": v["pp"], "cp": v["cp"], "dp": rep * shard,
+        "fsdp": shard > 1, "hsdp_replicas": rep if shard > 1 else 1,
+        "schedule": v["schedule"] if v["pp"] > 1 else None,
+        "layers": v["layers"] if v["pp"] > 1 else None,
+        "tokens_per_step": v["global_batch"] * v["seq_len"],
+        "micro_batch": v["microbatch"] if v["pp"] > 1 else v["local_batch"],
+        "ac_mode": v["ac_mode"], "float8": "float8" in v["converters"],
+        "async_tp": v["async_tp"]}
+
+
+def check_torchtitan(python: str, version: str, root: str, work: Path) -> int:
+    """Emit every torchtitan case for `version`, parse with that release's ConfigManager,
+    build the model; print the table; return the number of failures."""
+    cases = _titan_cases()
+    items, meta = [], []
+    for k, (name, m, job, c, plan) in enumerate(cases):
+        est = estimate(m, job, c, plan)
+        folder = work / f"titan{version}-{k}"
+        _f, warns = emit("torchtitan", m, job, c, plan, folder, est=est, force=not est.fits,
+                         version=version)
+        items.append({"path": str(folder / "torchtitan.toml"), "vocab": m.vocab_size})
+        meta.append((name, m, job, plan, warns, est.fits))
+    (work / f"titan{version}.json").write_text(json.dumps(items))
+    out = work / f"titan{version}-views.json"
+    run = subprocess.run([python, str(HERE / "run_torchtitan.py"),
+                          str(work / f"titan{version}.json"), str(out)],
+                         cwd=root, env={**os.environ, "PYTHONPATH": root},
+                         capture_output=True, text=True)
+    if run.returncode:
+        print(run.stderr[-3000:])
+        return len(cases)
+    views = json.loads(out.read_text())
+    print(f"\ntorchtitan {version} at {root}: {len(cases)} plans, ConfigManager + model "
+          "built on the meta device\n")
+    print(f"{'plan':40s} {'fits':>4s} {'torchtitan':>10s} {'warned diff':>11s} "
+          f"{'unwarned':>8s}")
+    bad = 0
+    for (name, m, job, plan, warns, fits), v in zip(meta, views):
+        if not v["accepted"]:
+            bad += 1
+            print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'REJECTED':>10s}  {v['error']}")
+            continue
+        got = titan_built(v)
+        diffs = [(f, want, got.get(f), kind)
+                 for f, want, kind in titan_expected(m, job, plan, version)
+                 if got.get(f) != want]
+        bad += report(name, fits, "torchtitan", diffs, warns)
+        if "model_error" in v:
+            print(f"    model lookup: {v['model_error']}")
+    return bad
+
+
+def _nemo_layers(m: dict, pp: int, vp: int) -> list[int]:
+    """Layers per virtual stage Megatron-Core builds from NeMo's keys (first/last stage counts,
+    the rest even; each stage even over its chunks: transformer_block.get_num_layers_to_build)."""
+    first, last = m.get("num_layers_in_first_pipeline_stage"), m.get(
+        "num_layers_in_last_pipeline_stage")
+    rest, left = m["num_layers"], pp
+    for x in (first, last):
+        if x is not None:
+            rest, left = rest - x, left - 1
+    per = [rest // left if left else 0] * pp
+    if first is not None:
+        per[0] = first
+    if last is not None:
+        per[-1] = last
+    return [per[s] // vp for c in range(vp) for s in range(pp)]
+
+
+def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple]:
+    """(field, planned, built, kind) for every difference."""
+    sh = plan.shape
+    m, t = cfg["model"], cfg["trainer"]
+    vp = m.get("virtual_pipeline_model_parallel_size") or 1
+    built = {
+        "exp_manager": "exp_manager" in cfg, "world": t["num_nodes"] * t["devices"],
+        "tp": m["tensor_model_parallel_size"], "pp": m["pipeline_model_parallel_size"],
+        "vp": vp, "cp": m.get("context_parallel_size", 1),
+        "sequence_parallel": m["sequence_parallel"], "micro_batch": m["micro_batch_size"],
+        "global_batch": m["global_batch_size"], "seq_length": m["encoder_seq_length"],
+        "num_layers": m["num_layers"], "hidden_size": m["hidden_size"],
+        "ffn_hidden_size": m["ffn_hidden_size"], "heads": m["num_attention_heads"],
+        "query_groups": m.get("num_query_groups") or m["num_attention_heads"],
+        "normalization": m["normalization"], "gated": "glu" in m["activation"],
+        "bias": m["bias"], "position": m["position_embedding_type"],
+        "rotary_base": m.get("rotary_base", 10000),
+        "dropout": m["hidden_dropout"] > 0, "layers": _nemo_layers(m, sh.pp, vp),
+        "recompute": m.get("activations_checkpoint_granularity") or "none",
+        "optimizer": m["optim"]["name"], "fp8": bool(m.get("fp8", False)),
+        "tokenizer": m["tokenizer"]["library"],
+        "rank_order": "tp-cp-ep-pp-dp" if m.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp",
+        "experts": m.get("num_moe_experts") or 0, "ep": m.get("expert_model_parallel_size", 1),
+        "schedule": "interleaved" if vp > 1 else "1f1b" if m["pipeline_model_parallel_size"] > 1
+        else "none",
+        "fsdp": bool(m.get("fsdp", False)),
+    }
+    want = {
+        "exp_manager": True, "world": cluster.num_gpus, "tp": sh.tp, "pp": sh.pp,
+        "vp": sh.chunks, "cp": sh.cp, "sequence_parallel": sh.sequence_parallel,
+        "micro_batch": sh.micro_batch, "global_batch": job.global_batch,
+        "seq_length": job.seq_length, "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size, "ffn_hidden_size": model.ffn_hidden_size,
+        "heads": model.num_heads, "query_groups": model.num_kv_heads,
+        "normalization": model.norm, "gated": model.gated_mlp, "bias": model.bias,
+        "position": {"learned": "learned_absolute"}.get(model.position_embedding,
+                                                        model.position_embedding),
+        "rotary_base": model.rope_base or 10000, "dropout": model.dropout,
+        "layers": list(sh.layers), "recompute": sh.recompute,
+        "optimizer": "distributed_fused_adam" if sh.zero == 1 else "fused_adam",
+        "fp8": sh.fp8, "tokenizer": "huggingface", "rank_order": order,
+        "experts": model.num_experts, "ep": sh.ep,
+        "schedule": sh.schedule if sh.pp > 1 else "none", "fsdp": sh.zero >= 2,
+    }
+    kinds = {"layers": "split", "vp": "schedule", "num_layers": "model",
+             "hidden_size": "model", "ffn_hidden_size": "model", "heads": "model",
+             "query_groups": "model", "normalization": "model", "gated": "model",
+             "bias": "model", "position": "model", "rotary_base": "model",
+             "dropout": "model", "tokenizer": "model", "experts": "model",
+             "recompute": "recompute", "fp8": "precision", "rank_order": "placement",
+             "schedule": "schedule"}
+    return [(f, want[f], built[f], kinds.get(f, "parallelism")) for f in want
+            if want[f] != built[f]]
+
+
+def check_nemo(python: str, nemo: str, work: Path) -> int:
+    """The Megatron-LM cases emitted for NeMo 1.x: launch.sh run per node, the arguments given
+    to Hydra as NeMo's script would (bench/upstream/run_nemo.py); print the table."""
+    cases = _cases()
+    print(f"\nNeMo 1.x at {nemo} (megatron_gpt_config.yaml, Hydra composition as NeMo's "
+          f"hydra_runner does); {len(cases)} plans\n")
+    print(f"{'plan':40s} {'fits':>4s} {'NeMo':>10s} {'warned diff':>11s} {'unwarned':>8s}")
+    bad = 0
+    for k, (name, m, job, c, plan) in enumerate(cases):
+        est = estimate(m, job, c, plan)
+        folder = work / f"nemo{k}"
+        _f, warns = emit("nemo", m, job, c, plan, folder, est=est, force=not est.fits)
+        if not (folder / "launch.sh").exists():
+            print(f"{name:40s} no launch.sh: {warns[-1]}")
+            bad += 1
+            continue
+        rec = run_launch(folder, c, {"NEMO_DIR": nemo},
+                         extra=["model.data.data_prefix=[1.0,/data/corpus_text_document]"])
+        first = rec[c.nodes[0].name]
+        out = work / f"nemo{k}.json"
+        subprocess.run([python, str(HERE / "run_nemo.py"), str(out), *first["args"]],
+                       env={**os.environ, "HYDRA_FULL_ERROR": "1"}, capture_output=True,
+                       text=True, cwd=work)
+        v = json.loads(out.read_text()) if out.exists() else {"accepted": False,
+                                                               "error": "no result"}
+        if not v["accepted"]:
+            bad += 1
+            print(f"{name:40s} {'yes' if est.fits else 'NO':>4s} {'REJECTED':>9s}  {v['error']}")
+            continue
+        order = json.loads((folder / "ranks.json").read_text())["framework_order"]
+        diffs = nemo_compare(m, job, c, plan, v["config"], order)
+        bad += report(name, est.fits, "NeMo", diffs, warns)
+    return bad
+
+
+def check_deepspeed(python: str, work: Path) -> int:
+    """The Megatron-LM cases emitted for DeepSpeed, parsed by DeepSpeedConfig
+    (bench/upstream/run_deepspeed.py); print the table."""
+    cases = _cases()
+    items, meta = [], []
+    for k, (name, m, job, c, plan) in enumerate(cases):
+        est = estimate(m, job, c, plan)
+        folder = work / f"ds{k}"
+        emit("deepspeed", m, job, c, plan, folder, est=est, force=not est.fits)
+        items.append({"path": str(folder / "ds_config.json"), "dp": plan.shape.dp})
+        meta.append((name, job, plan))
+    (work / "ds.json").write_text(json.dumps(items))
+    run = subprocess.run([python, str(HERE / "run_deepspeed.py"), str(work / "ds.json"),
+                          str(work / "ds-views.json")], capture_output=True, text=True)
+    if run.returncode:
+        print(run.stderr[-3000:])
+        return len(cases)
+    views = json.loads((work / "ds-views.json").read_text())
+    print(f"\nDeepSpeed (DeepSpeedConfig); {len(cases)} plans\n")
+    print(f"{'plan':40s} {'DeepSpeed':>9s}  batch / micro / accumulation / ZeRO")
+    bad = 0
+    for (name, job, plan), v in zip(meta, views):
+        sh = plan.shape
+        if not v["accepted"]:
+            bad += 1
+            print(f"{name:40s} {'REJECTED':>9s}  {v['error']}")
+            continue
+        want = (job.global_batch, sh.micro_batch, job.global_batch // (sh.micro_batch * sh.dp),
+                sh.zero)
+        got = (v["train_batch_size"], v["micro_batch"], v["grad_accum"], v["zero_stage"])
+        bad += want != got
+        print(f"{name:40s} {'accepted':>9s}  {got}" + ("" if want == got else
+                                                        f"  planned {want}"))
+    return bad
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--python", default=os.environ.get("UPSTREAM_PYTHON"),
                     help="a Python with torch (see the module docstring)")
     ap.add_argument("--megatron", default=os.environ.get("MEGATRON_LM"),
                     help="a Megatron-LM checkout")
+    ap.add_argument("--nemo", default=None,
+                    help="a NeMo 1.x checkout (examples/nlp/language_modeling is used)")
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="also check ds_config.json with DeepSpeedConfig (deepspeed installed "
+                    "in --python)")
+    ap.add_argument("--torchtitan-0.1", dest="titan01", default=None,
+                    help="a torchtitan v0.1.0 checkout")
+    ap.add_argument("--torchtitan-0.2", dest="titan02", default=None,
+                    help="a torchtitan v0.2.x checkout (v0.2.2 checked)")
     a = ap.parse_args()
-    if not a.python or not a.megatron:
-        print("upstream_check: give --python and --megatron (see the docstring)")
+    if not a.python or not (a.megatron or a.nemo or a.titan01 or a.titan02 or a.deepspeed):
+        print("upstream_check: give --python and at least one checkout (see the docstring)")
         return 2
+    work = Path(tempfile.mkdtemp(prefix="upstream-"))
+    bad = check_megatron(a.python, a.megatron, work) if a.megatron else 0
+    if a.nemo:
+        bad += check_nemo(a.python, a.nemo, work)
+    if a.deepspeed:
+        bad += check_deepspeed(a.python, work)
+    for ver, root in (("0.2", a.titan02), ("0.1", a.titan01)):
+        if root:
+            bad += check_torchtitan(a.python, ver, root, work)
+    print(f"\n{'all plans accepted, every difference warned' if not bad else f'{bad} failures'}")
+    return 1 if bad else 0
+
+
+def check_megatron(python: str, megatron: str, work: Path) -> int:
+    """The Megatron-LM cases: emit, run launch.sh per node, parse with Megatron; print the
+    table; return the number of failures."""
     cases = _cases()
     items, meta = [], []
-    work = Path(tempfile.mkdtemp(prefix="upstream-"))
     for k, (name, m, job, c, plan) in enumerate(cases):
         est = estimate(m, job, c, plan)
         folder = work / f"case{k}"
@@ -248,16 +561,16 @@ def main() -> int:
         items.append({"record": first, "world_size": c.num_gpus, "gpu_arch": arch})
         meta.append((name, m, job, c, plan, warns, recs, est.fits))
     (work / "items.json").write_text(json.dumps(items))
-    env = {**os.environ, "PYTHONPATH": a.megatron}
-    run = subprocess.run([a.python, str(HERE / "run_megatron.py"), str(work / "items.json"),
+    env = {**os.environ, "PYTHONPATH": megatron}
+    run = subprocess.run([python, str(HERE / "run_megatron.py"), str(work / "items.json"),
                           str(work / "views.json")],
-                         cwd=a.megatron, env=env, capture_output=True, text=True)
+                         cwd=megatron, env=env, capture_output=True, text=True)
     if run.returncode:
         print(run.stderr[-3000:])
-        return 1
+        return len(cases)
     views = json.loads((work / "views.json").read_text())
-    print(f"Megatron-LM at {a.megatron}; {len(cases)} plans; launch.sh run per node\n")
-    print(f"{'plan':40s} {'fits':>4s} {'Megatron':>9s} {'warned diff':>11s} "
+    print(f"Megatron-LM at {megatron}; {len(cases)} plans; launch.sh run per node\n")
+    print(f"{'plan':40s} {'fits':>4s} {'Megatron':>10s} {'warned diff':>11s} "
           f"{'unwarned':>8s} {'ranks ok':>10s}")
     bad = 0
     for (name, m, job, c, plan, warns, recs, fits), v in zip(meta, views):
@@ -266,19 +579,15 @@ def main() -> int:
             print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'REJECTED':>9s}  {v['error']} "
                   f"({v['where']})")
             continue
-        warned, unwarned = compare(m, job, plan, v, warns)
         good, total = check_ranks(c, plan, recs, v["groups"])
-        bad += bool(unwarned) + (good != total)
-        print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'accepted':>9s} {len(warned):>11d} "
-              f"{len(unwarned):>8d} {f'{good}/{total}':>10s}")
-        for f, want, have, kind in warned + unwarned:
-            tag = "warned" if (f, want, have, kind) in warned else "UNWARNED"
-            print(f"    {tag} [{kind}] {f}: planned {want}, Megatron builds {have}")
+        bad += report(name, fits, "Megatron", compare(m, job, plan, v), warns,
+                      f"{good}/{total}")
+        bad += good != total
         if v["order"] != "tp-cp-ep-dp-pp":
             print(f"    rank order {v['order']} (--use-tp-pp-dp-mapping)")
     print(f"\n{len(cases) - bad}/{len(cases)} plans accepted with every difference warned "
           "and every rank placed")
-    return 1 if bad else 0
+    return bad
 
 
 if __name__ == "__main__":

@@ -352,6 +352,8 @@ def _yaml_scalar(v) -> str:
         return repr(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_yaml_scalar(x)}" for k, x in v.items()) + "}"
     s = str(v)
     return json.dumps(s)  # a JSON string is a valid YAML double-quoted scalar
 
@@ -369,9 +371,64 @@ def to_yaml(d: dict, indent: int = 0) -> str:
     return "\n".join(out) + "\n"
 
 
+def _first_last_split(sh: Shape) -> dict | None:
+    """NeMo 1.x keys for the split ({} when even), or None when they cannot express it: NeMo
+    passes num_layers_in_first/last_pipeline_stage to Megatron-Core's TransformerConfig
+    (megatron_gpt_model.py build_transformer_config), which splits the rest evenly and each
+    stage's layers evenly over its model chunks."""
+    if len(set(sh.layers)) == 1:
+        return {}
+    T = [sh.stage_layers(s) for s in range(sh.pp)]
+    mid = set(T[1:-1])
+    if not _chunks_equal_per_stage(sh) or len(mid) > 1:
+        return None
+    m = mid.pop() if mid else None
+    out = {}
+    if m is None or T[0] != m:
+        out["num_layers_in_first_pipeline_stage"] = T[0]
+    if m is None or T[-1] != m:
+        out["num_layers_in_last_pipeline_stage"] = T[-1]
+    return out
+
+
+def _nemo_architecture(model: ModelSpec, sh: Shape, tokenizer: str | None,
+                       warn: list[str]) -> dict:
+    """The model as NeMo 1.x builds it (megatron_gpt_config.yaml keys: normalization, bias,
+    activation, position_embedding_type with rotary_base / rotary_percentage, dropouts,
+    make_vocab_size_divisible_by, tokenizer)."""
+    m: dict = {"normalization": "rmsnorm" if model.norm == "rmsnorm" else "layernorm",
+               "bias": model.bias,
+               "activation": "fast-swiglu" if model.gated_mlp else "gelu",
+               "position_embedding_type": {"rope": "rope", "learned": "learned_absolute",
+                                           "alibi": "alibi"}[model.position_embedding]}
+    if model.position_embedding == "rope":
+        if model.rope_base:
+            m["rotary_base"] = model.rope_base
+        m["rotary_percentage"] = model.rotary_percent
+    if not model.dropout:
+        m.update(hidden_dropout=0.0, attention_dropout=0.0)
+    if model.embedding_norm:
+        warn.append("nemo [model]: the LayerNorm after the embedding has no NeMo 1.x key; the "
+                    "model built lacks it (2h weights)")
+    vflags, vwhy = megatron_vocab(model, sh)  # NeMo pads as Megatron-LM does
+    m["make_vocab_size_divisible_by"] = int(vflags[1]) if vflags else 128
+    if vwhy:
+        warn.append(f"nemo [model]: {vwhy}")
+    if tokenizer:
+        m["tokenizer"] = {"library": "huggingface", "type": tokenizer, "model": None,
+                          "vocab_file": None, "merge_file": None}
+    else:
+        warn.append(f"nemo [model]: the vocabulary comes from model.tokenizer (GPT-2 BPE by "
+                    f"default); give a tokenizer with {model.vocab_size} entries (--tokenizer "
+                    "NAME) or the embedding differs from the plan")
+    return m
+
+
 def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
-                plan: Plan) -> tuple[dict, list[str]]:
-    """NeMo 1.x (Megatron GPT) config keys for the plan (megatron_gpt_config.yaml names)."""
+                plan: Plan, tokenizer: str | None = None) -> tuple[dict, list[str]]:
+    """NeMo 1.x (Megatron GPT) config for the plan: a full config, megatron_gpt_config.yaml
+    from NeMo's examples as the default it overrides (a Hydra defaults list), with the
+    architecture, split, parallel and precision keys of the plan."""
     sh = plan.shape
     warn = []
     G = cluster.gpus_per_node
@@ -455,12 +512,19 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         m.update(fp8=True, fp8_hybrid=True, fp8_amax_history_len=1024,
                  fp8_amax_compute_algo="max")
     m["use_flash_attention"] = job.attention == "flash"
-    if len(set(sh.layers)) != 1:
-        warn.append(f"nemo [split]: the uneven layer split {list(sh.layers)} has no NeMo 1.x YAML key; "
-                    "NeMo splits layers evenly")
+    first_last = _first_last_split(sh)
+    if first_last is None:
+        warn.append(f"nemo [split]: the layer split {list(sh.layers)} has no NeMo 1.x YAML key "
+                    "(num_layers_in_first/last_pipeline_stage set only the first and last "
+                    "stage, each stage's layers even over its model chunks); NeMo splits "
+                    "evenly instead")
+    else:
+        m.update(first_last)
+    m.update(_nemo_architecture(model, sh, tokenizer, warn))
     if sh.schedule == "gpipe":
         warn.append("nemo [schedule]: NeMo (Megatron-Core) has no GPipe schedule; it runs 1F1B")
-    cfg = {"trainer": {"num_nodes": cluster.num_nodes, "devices": G, "accelerator": "gpu",
+    cfg = {"defaults": ["megatron_gpt_config", "_self_"],
+           "trainer": {"num_nodes": cluster.num_nodes, "devices": G, "accelerator": "gpu",
                        "precision": prec},
            "model": m}
     return cfg, warn
@@ -488,9 +552,58 @@ def to_toml(d: dict, comments: list[str] = ()) -> str:
     return "\n".join(out).lstrip("\n") + "\n"
 
 
+# torchtitan releases whose TOML job config the emitter writes: "0.2" (v0.2.x, the current
+# release: torchtitan/config/job_config.py, layers per pipeline part as
+# module_fqns_per_model_part) and "0.1" (v0.1.0 .. the 2025-10 main: torchtitan/config_manager.py,
+# pipeline_parallel_split_points). torchtitan main after v0.2.2 replaced the TOML by Python
+# configurations (--module/--config), not targeted here.
+TORCHTITAN_VERSIONS = ("0.2", "0.1")
+# torchtitan model flavors by their dimensions: (name, flavor, layers, hidden, heads, kv heads,
+# dense FFN, routed experts, vocabulary, oldest version). From torchtitan/models/<name>/
+# __init__.py and model/args.py at v0.2.2 (llama3 also at v0.1.0, where the vocabulary comes
+# from the Llama-3 tokenizer); the FFN is llama3's rounding of ffn_dim_multiplier x 8/3 dim up
+# to multiple_of, the others' hidden_dim / inter_dim. Llama-2 70B has Llama-3 70B's layers but
+# a 32,000 vocabulary: no flavor.
+TORCHTITAN_FLAVORS = (
+    ("llama3", "8B", 32, 4096, 32, 8, 14336, 0, 128256, "0.1"),
+    ("llama3", "70B", 80, 8192, 64, 8, 28672, 0, 128256, "0.1"),
+    ("llama3", "405B", 126, 16384, 128, 8, 53248, 0, 128256, "0.1"),
+    ("qwen3", "30B-A3B", 48, 2048, 32, 4, 6144, 128, 151936, "0.2"),
+    ("qwen3", "235B-A22B", 94, 4096, 64, 4, 12288, 128, 151936, "0.2"),
+    ("deepseek_v3", "671B", 61, 7168, 128, 128, 18432, 256, 129280, "0.2"),
+)
+
+
+def torchtitan_flavor(model: ModelSpec, version: str) -> tuple[str, str] | None:
+    """The torchtitan (name, flavor) with the model's dimensions in that release, if any."""
+    dims = (model.num_layers, model.hidden_size, model.num_heads, model.num_kv_heads,
+            model.ffn_hidden_size, model.num_experts, model.vocab_size)
+    for name, flavor, *d, oldest in TORCHTITAN_FLAVORS:
+        if tuple(d) == dims and float(version) >= float(oldest):
+            return name, flavor
+    return None
+
+
+def torchtitan_parts(sh: Shape) -> list[list[str]]:
+    """Module names of each (virtual) pipeline part in model order: the embedding with the first
+    part, the final norm and output layer with the last (torchtitan's module names:
+    tok_embeddings, layers.<i>, norm, output)."""
+    parts, cum = [], 0
+    for i, n in enumerate(sh.layers):
+        mods = [f"layers.{j}" for j in range(cum, cum + n)]
+        cum += n
+        if i == 0:
+            mods = ["tok_embeddings"] + mods
+        if i == len(sh.layers) - 1:
+            mods = mods + ["norm", "output"]
+        parts.append(mods)
+    return parts
+
+
 def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
-                      plan: Plan) -> tuple[dict, list[str]]:
-    """torchtitan TOML sections (names from torchtitan/config/job_config.py)."""
+                      plan: Plan, version: str = TORCHTITAN_VERSIONS[0]
+                      ) -> tuple[dict, list[str]]:
+    """torchtitan TOML sections for the release `version` (TORCHTITAN_VERSIONS)."""
     sh = plan.shape
     warn = []
     local = job.global_batch // sh.dp  # per data-parallel rank
@@ -529,22 +642,39 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         par["pipeline_parallel_schedule"] = {"gpipe": "GPipe", "1f1b": "1F1B",
                                              "interleaved": "Interleaved1F1B"}[sh.schedule]
         par["pipeline_parallel_microbatch_size"] = sh.micro_batch
-        # split points name the first module of every (virtual) stage after the first;
-        # torchtitan's llama models name their blocks layers.<i>
-        cum, pts = 0, []
-        for n in sh.layers[:-1]:
-            cum += n
-            pts.append(f"layers.{cum}")
-        par["pipeline_parallel_split_points"] = pts
+        if version == "0.1":
+            # split points name the first module of every (virtual) stage after the first;
+            # torchtitan's models name their blocks layers.<i>
+            cum, pts = 0, []
+            for n in sh.layers[:-1]:
+                cum += n
+                pts.append(f"layers.{cum}")
+            par["pipeline_parallel_split_points"] = pts
+        else:  # v0.2: the modules of every model part, in model order
+            par["module_fqns_per_model_part"] = torchtitan_parts(sh)
     if sh.tp > 1 and not sh.sequence_parallel:
         warn.append("torchtitan [parallelism]: its tensor-parallel plan always shards norms along the "
                     "sequence (sequence parallelism); the plan has it off")
     if sh.tp_comm_overlap:
         par["enable_async_tensor_parallel"] = True
     extra: dict = {}
+    match = torchtitan_flavor(model, version)
+    if match:
+        extra["model"] = {"name": match[0], "flavor": match[1]}
+    else:
+        # a flavor torchtitan does not have: the run stops at the model lookup instead of
+        # training torchtitan's default debug model
+        extra["model"] = {"name": "llama3", "flavor": model.name}
+        warn.append(tagged("torchtitan", "model", (
+            f"torchtitan {version} has no model flavor with {model.name}'s dimensions "
+            f"(layers={model.num_layers}, hidden={model.hidden_size}, "
+            f"heads={model.num_heads}/{model.num_kv_heads}, ffn={model.ffn_hidden_size}"
+            + (f", experts={model.num_experts}" if model.num_experts else "")
+            + f"); [model] names flavor '{model.name}', which must be registered first, "
+            "or the run stops at the model lookup")))
     if sh.fp8:
         # torchao float8 training of the linear layers (torchtitan's float8 converter)
-        extra["model"] = {"converters": ["float8"]}
+        extra["model"]["converters"] = ["float8"]
     if job.attention != "flash":
         warn.append("torchtitan [model]: attention is scaled_dot_product_attention (FlashAttention on "
                     "GPUs that have it); the estimate assumed eager attention")
@@ -568,10 +698,6 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     + (f"; the plan's expert parallelism (EP={sh.ep}) was estimated for "
                        "Megatron-LM's dispatcher, not torchtitan's" if sh.ep > 1 else
                        "; expert parallelism 1 as the estimate assumed"))
-    warn.append(f"torchtitan [model]: the architecture comes from [model] name/flavor; choose the "
-                f"flavor matching {model.name} (layers={model.num_layers}, "
-                f"hidden={model.hidden_size}, heads={model.num_heads}/{model.num_kv_heads}, "
-                f"ffn={model.ffn_hidden_size})")
     return {**extra, "training": training, "parallelism": par, "activation_checkpoint": ac}, warn
 
 
@@ -671,15 +797,26 @@ class LaunchSet:
     warnings: list[str]
 
 
-def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
-               plan: Plan, *, est=None, options=None, force: bool = False,
-               tokenizer: str | None = None) -> LaunchSet:
-    """Everything `emit` writes, built and checked before a byte is written. A plan that does
-    not fit in memory is refused unless `force`; then every file says so."""
+def check_framework(framework: str, version: str | None = None) -> str:
+    """The framework's name, lower case; a version it is not emitted for is refused."""
     fw = framework.lower()
     if fw not in FRAMEWORKS:
         raise SpecError(f"unknown framework '{framework}'; use one of {', '.join(FRAMEWORKS)}",
                         source="options", field="--emit/--framework")
+    known = {"torchtitan": TORCHTITAN_VERSIONS}.get(fw, ())
+    if version is not None and version not in known:
+        raise SpecError(f"{fw} is emitted for " + (
+            f"versions {', '.join(known)}" if known else "one version only (see the README)")
+            + f", not '{version}'", source="options", field="--framework-version")
+    return fw
+
+
+def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+               plan: Plan, *, est=None, options=None, force: bool = False,
+               tokenizer: str | None = None, version: str | None = None) -> LaunchSet:
+    """Everything `emit` writes, built and checked before a byte is written. A plan that does
+    not fit in memory is refused unless `force`; then every file says so."""
+    fw = check_framework(framework, version)
     notices: list[str] = []
     warn: list[str] = []
     why = not_fit_reason(model, job, cluster, plan, est, options)
@@ -694,6 +831,7 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
     files: dict[str, str] = {}
     title = f"{model.name} on {cluster.name}, {framework}"
     env: dict = {}
+    requires: dict = {}
     args_file = None
     if fw == "megatron":
         args, w = megatron_args(model, job, plan, rank_order=order, tokenizer=tokenizer)
@@ -701,19 +839,25 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         cmd, args_file = ["pretrain_gpt.py"], "megatron_args.txt"
         env = megatron_env(cluster, plan)
     elif fw == "nemo":
-        cfg, w = nemo_config(model, job, cluster, plan)
+        cfg, w = nemo_config(model, job, cluster, plan, tokenizer)
         if order == TP_PP_DP_ORDER:
             cfg["model"]["use_tp_pp_dp_mapping"] = True
         head = "".join(f"# {n}\n" for n in notices)
-        files["nemo_config.yaml"] = (head + "# NeMo Megatron GPT overrides for "
-                                     f"{plan.shape.describe()}\n" + to_yaml(cfg))
-        cmd = ["megatron_gpt_pretraining.py", "--config-path=$HERE", "--config-name=nemo_config"]
+        files["nemo_config.yaml"] = (
+            head + f"# NeMo 1.x Megatron GPT config for {plan.shape.describe()}: NeMo's\n"
+            "# examples/nlp/language_modeling/conf/megatron_gpt_config.yaml with these keys over\n"
+            "# it (launch.sh adds that folder to Hydra's search path from $NEMO_DIR); give the\n"
+            "# data as model.data.data_prefix=[...] to launch.sh\n" + to_yaml(cfg))
+        cmd = ["$NEMO_DIR/examples/nlp/language_modeling/megatron_gpt_pretraining.py",
+               "--config-path=$HERE", "--config-name=nemo_config",
+               "hydra.searchpath=[file://$NEMO_DIR/examples/nlp/language_modeling/conf]"]
         env = megatron_env(cluster, plan)
+        requires = {"NEMO_DIR": "a NeMo 1.x checkout (its examples/nlp/language_modeling)"}
     elif fw == "torchtitan":
-        cfg, w = torchtitan_config(model, job, cluster, plan)
+        ver = version or TORCHTITAN_VERSIONS[0]
+        cfg, w = torchtitan_config(model, job, cluster, plan, ver)
         files["torchtitan.toml"] = to_toml(cfg, list(notices) + [
-            f"torchtitan job config for {plan.shape.describe()}",
-            f"model {model.name}: set [model] name/flavor to match"])
+            f"torchtitan {ver}.x job config for {plan.shape.describe()}, model {model.name}"])
         cmd = ["-m", "torchtitan.train", "--job.config_file", "$HERE/torchtitan.toml"]
     else:
         cfg, w = deepspeed_config(model, job, cluster, plan)
@@ -728,7 +872,8 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
             f"placement cannot be expressed with torchrun node ranks: {reason}; launch.sh and "
             "hostfile were not written")))
     else:
-        files.update(launch_files(cluster, plan, mapping, cmd, args_file, title, env, notices))
+        files.update(launch_files(cluster, plan, mapping, cmd, args_file, title, env, notices,
+                                  requires))
         executable.add("launch.sh")
     if warn:
         files["warnings.txt"] = "".join(f"- {x}\n" for x in warn)
@@ -737,13 +882,14 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
 
 def emit(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
          out_dir: Path, *, est=None, options=None, force: bool = False,
-         tokenizer: str | None = None) -> tuple[list[Path], list[str]]:
+         tokenizer: str | None = None, version: str | None = None
+         ) -> tuple[list[Path], list[str]]:
     """Write `framework`'s configuration and the launch files into `out_dir`, as a whole or
     not at all (formats.atomic.write_set): returns the files written and the warnings."""
     from formats.atomic import write_set
 
     ls = launch_set(framework, model, job, cluster, plan, est=est, options=options,
-                    force=force, tokenizer=tokenizer)
+                    force=force, tokenizer=tokenizer, version=version)
     paths = write_set(Path(out_dir), ls.files, modes={n: 0o755 for n in ls.executable},
                       force=force)
     return paths, ls.warnings

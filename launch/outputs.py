@@ -22,13 +22,13 @@ from .emit import launch_set
 def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
                   out: Path | None = None, gantt: Path | None = None,
                   placement_png: Path | None = None, force: bool = False,
-                  tokenizer: str | None = None) -> None:
+                  tokenizer: str | None = None, version: str | None = None) -> None:
     """The output options, checked before any work: combinations, the framework name, and
     targets that cannot be written (a folder as a file, a file as a folder, a folder of
     someone else's files without --force)."""
     from formats.atomic import check_set
 
-    from .emit import FRAMEWORKS
+    from .emit import check_framework
 
     if out is not None and emit is None:
         raise SpecError("is the folder for --emit; add --emit FRAMEWORK",
@@ -36,9 +36,11 @@ def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
     if tokenizer is not None and emit is None:
         raise SpecError("is for --emit; add --emit FRAMEWORK", source="options",
                         field="--tokenizer")
-    if emit is not None and emit.lower() not in FRAMEWORKS:
-        raise SpecError(f"unknown framework '{emit}'; use one of {', '.join(FRAMEWORKS)}",
-                        source="options", field="--emit/--framework")
+    if version is not None and emit is None:
+        raise SpecError("is for --emit; add --emit FRAMEWORK", source="options",
+                        field="--framework-version")
+    if emit is not None:
+        check_framework(emit, version)
     for path, field in ((save_plan, "--save-plan"), (gantt, "--gantt"),
                         (placement_png, "--placement-png")):
         if path is not None:
@@ -51,14 +53,16 @@ def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
                   emit: str | None = None, out: Path | None = None, gantt: Path | None = None,
                   placement_png: Path | None = None, solver: dict | None = None,
                   calibration: dict | None = None, force: bool = False,
-                  tokenizer: str | None = None) -> tuple[list[Path], list[str]]:
+                  tokenizer: str | None = None,
+                  version: str | None = None) -> tuple[list[Path], list[str]]:
     """Plan file, launch files and pictures, as asked; returns (files written, warnings)."""
     check_outputs(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
-                  placement_png=placement_png, force=force, tokenizer=tokenizer)
+                  placement_png=placement_png, force=force, tokenizer=tokenizer,
+                  version=version)
     ls = None
     if emit is not None:
         ls = launch_set(emit, m, job, c, plan, est=est, options=opts, force=force,
-                        tokenizer=tokenizer)
+                        tokenizer=tokenizer, version=version)
         folder = Path(out or f"launch-{emit.lower()}")
         check_set(folder, ls.files, force=force)
     files: list[Path] = []

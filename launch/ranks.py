@@ -179,7 +179,7 @@ ORDER_FORMULA = {
 def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
                   train_cmd: list[str], args_file: str | None = None,
                   title: str = "", env: dict[str, str | None] | None = None,
-                  notices: list[str] = ()) -> str:
+                  notices: list[str] = (), requires: dict[str, str] | None = None) -> str:
     """A bash script to run on every node: it picks its own torchrun line by host name
     ($NODE_NAME or `hostname -s`), with the node_rank and CUDA_VISIBLE_DEVICES order the
     plan needs. Flags are torchrun's (torch.distributed.run): --nnodes, --nproc_per_node,
@@ -205,6 +205,8 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
             f'MASTER_ADDR="${{MASTER_ADDR:-{first}}}"  # the node with node_rank 0',
             'MASTER_PORT="${MASTER_PORT:-29500}"',
             'NODE="${NODE_NAME:-$(hostname -s)}"']
+    for k, what in (requires or {}).items():
+        out.append(f': "${{{k}:?set {k} to {what}}}"')
     for k, (v, why) in (env or {}).items():
         out.append(f"# {why}")
         out.append(f"unset {k}" if v is None else f"export {k}={shlex.quote(v)}")
@@ -255,7 +257,8 @@ def mapping_table(cluster: ClusterSpec, plan: Plan, mapping: RankMapping) -> lis
 def launch_files(cluster: ClusterSpec, plan: Plan, mapping: RankMapping, train_cmd: list[str],
                  args_file: str | None = None, title: str = "",
                  env: dict[str, tuple[str | None, str]] | None = None,
-                 notices: list[str] = ()) -> dict[str, str]:
+                 notices: list[str] = (), requires: dict[str, str] | None = None
+                 ) -> dict[str, str]:
     """launch.sh, hostfile and ranks.json as {file name: text} (nothing written here)."""
     import json
 
@@ -268,6 +271,6 @@ def launch_files(cluster: ClusterSpec, plan: Plan, mapping: RankMapping, train_c
     if notices:
         host = "".join(f"# {n}\n" for n in notices) + host
     return {"launch.sh": launch_script(cluster, plan, mapping, train_cmd, args_file, title,
-                                       env, notices),
+                                       env, notices, requires),
             "hostfile": host,
             "ranks.json": json.dumps(doc, indent=1) + "\n"}

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from formats import presets
@@ -23,3 +24,25 @@ def small_uniform():
 @pytest.fixture
 def job175():
     return JobSpec(global_batch=1536, seq_length=2048, precision="fp16")
+
+
+def _megatron_groups(world: int, sizes: dict, order: str, dim: str) -> list[list[int]]:
+    """Megatron-LM's rule (parallel_state.RankGenerator): ranks are laid out over the
+    dimensions of `order`, the first fastest; a `dim` group holds the ranks that differ only in
+    that dimension's index."""
+    names = order.split("-")
+    shape = [sizes[n] for n in names]
+    assert int(np.prod(shape)) == world
+    coords = np.array(np.unravel_index(np.arange(world), shape, order="F")).T
+    k = names.index(dim)
+    groups: dict[tuple, list[int]] = {}
+    for rank, co in enumerate(coords):
+        key = tuple(int(x) for i, x in enumerate(co) if i != k)
+        groups.setdefault(key, []).append(rank)
+    return list(groups.values())
+
+
+@pytest.fixture
+def megatron_groups():
+    """Megatron-LM's RankGenerator rule as a function (world, sizes, order, dim) -> groups."""
+    return _megatron_groups

@@ -11,7 +11,6 @@ from formats import presets
 from formats.clusters import uniform_cluster
 from launch.emit import emit, megatron_args, nemo_config, torchtitan_config
 from launch.ranks import rank_mapping
-from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import Evaluator, estimate, make_plan
 from model.memory import layer_activation_bytes
@@ -162,24 +161,8 @@ def test_frameworks_get_the_cp_degree(l3):
     assert par["context_parallel_degree"] == 4 and par["data_parallel_shard_degree"] == 1
 
 
-def megatron_groups(world: int, sizes: dict, order: str, dim: str) -> list[list[int]]:
-    """Megatron-LM's rule (parallel_state.RankGenerator): ranks are laid out over the
-    dimensions of `order`, the first fastest; a `dim` group holds the ranks that differ only in
-    that dimension's index."""
-    names = order.split("-")
-    shape = [sizes[n] for n in names]
-    assert int(np.prod(shape)) == world
-    coords = np.array(np.unravel_index(np.arange(world), shape, order="F")).T
-    k = names.index(dim)
-    groups: dict[tuple, list[int]] = {}
-    for rank, co in enumerate(coords):
-        key = tuple(int(x) for i, x in enumerate(co) if i != k)
-        groups.setdefault(key, []).append(rank)
-    return list(groups.values())
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_rank_mapping_realises_cp_and_dp_groups(l3, seed, tmp_path):
+def test_rank_mapping_realises_cp_and_dp_groups(l3, seed, tmp_path, megatron_groups):
     """Ranks from the emitted ranks.json, grouped by Megatron's rule (order tp-cp-ep-dp-pp),
     land on exactly the GPUs of the plan's CP groups and data-parallel groups, for shuffled
     node orders."""

@@ -244,7 +244,11 @@ def test_emit_files_parse(fw, llama, c32, tmp_path):
         par = cfg["parallelism"]
         assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (8, 4)
         assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
-        assert len(par["pipeline_parallel_split_points"]) == 7
+        parts = par["module_fqns_per_model_part"]  # torchtitan 0.2: modules of each part
+        assert [sum(m.startswith("layers.") for m in p) for p in parts] == list(
+            plan.shape.layers)
+        assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+        assert cfg["model"]["flavor"] == "llama2-70b"  # no torchtitan flavor: stops at lookup
         assert cfg["training"]["global_batch_size"] == 64
         assert cfg["activation_checkpoint"]["mode"] == "selective"
         assert warn  # the architecture flavor at least
@@ -553,13 +557,13 @@ def test_vocabulary_tp_does_not_divide_is_a_model_warning(c32):
     assert any(w.startswith("megatron [model]") and "50258" in w for w in warn)
 
 
-def test_tp_pp_dp_order_places_every_rank(llama, tmp_path):
+def test_tp_pp_dp_order_places_every_rank(llama, tmp_path, megatron_groups):
     """Two stages of one replica per node: not expressible in Megatron's default rank order,
     expressible with --use-tp-pp-dp-mapping; Megatron's group rule for that order
     (tp-cp-ep-pp-dp, tp fastest) puts every rank on the planned node and GPU. torchtitan has
     no such order and says so."""
     from launch.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER
-    from tests.test_context_parallel import megatron_groups as groups
+    groups = megatron_groups
     c = uniform_cluster(8, 8, "A100-80GB", 240.0, 23.0)
     job = JobSpec(global_batch=64, seq_length=4096)
     tp, pp, dp = 4, 4, 4
@@ -690,3 +694,60 @@ def test_failed_write_leaves_the_previous_launch_set(llama, c32, tmp_path, monke
     with pytest.raises(SpecError, match="nothing was changed"):
         emit("megatron", llama, job, c32, plan2, out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_torchtitan_versions_and_flavors(tmp_path):
+    """torchtitan 0.2 (current release) names each pipeline part's modules, 0.1 gives split
+    points; a model with a torchtitan flavor gets [model] name/flavor (Llama-2 70B, with
+    Llama-3 70B's layers but another vocabulary, does not); other versions are refused."""
+    from launch.emit import torchtitan_config
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    l70 = presets.model("llama3-70b")
+    job = JobSpec(global_batch=128, seq_length=8192, framework="torchtitan")
+    plan = make_plan(l70, job, c, tp=8, pp=4, zero=3, sequence_parallel=True,
+                     recompute="full", layers=(19, 21, 21, 19))
+    new, _ = torchtitan_config(l70, job, c, plan, "0.2")
+    old, _ = torchtitan_config(l70, job, c, plan, "0.1")
+    assert new["model"] == {"name": "llama3", "flavor": "70B"} == old["model"]
+    assert "pipeline_parallel_split_points" not in new["parallelism"]
+    assert old["parallelism"]["pipeline_parallel_split_points"] == [
+        "layers.19", "layers.40", "layers.61"]
+    assert [len(p) for p in new["parallelism"]["module_fqns_per_model_part"]] == [
+        20, 21, 21, 21]
+    l2 = presets.model("llama2-70b")
+    cfg, warn = torchtitan_config(l2, job, c, make_plan(l2, job, c, tp=8, pp=4, zero=3,
+                                                        sequence_parallel=True), "0.2")
+    assert cfg["model"]["flavor"] == "llama2-70b"
+    assert any(w.startswith("torchtitan [model]") and "no model flavor" in w for w in warn)
+    with pytest.raises(SpecError, match="versions 0.2, 0.1"):
+        emit("torchtitan", l70, job, c, plan, tmp_path / "x", version="0.3")
+    with pytest.raises(SpecError, match="one version"):
+        emit("megatron", l70, job, c, plan, tmp_path / "y", version="0.2")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_nemo_yaml_is_a_full_config(llama, c32, tmp_path):
+    """NeMo 1.x: NeMo's megatron_gpt_config.yaml as the default (Hydra defaults list, found
+    through $NEMO_DIR), the architecture keys, and uneven first/last stages as
+    num_layers_in_first/last_pipeline_stage."""
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(llama, job, c32, tp=8, pp=4, layers=(19, 21, 21, 19), recompute="full",
+                     sequence_parallel=True, distributed_optimizer=True)
+    _f, warn = emit("nemo", llama, job, c32, plan, tmp_path, tokenizer="meta-llama/Llama-2-70b-hf")
+    cfg = _mini_yaml((tmp_path / "nemo_config.yaml").read_text())
+    assert cfg["defaults"] == ["megatron_gpt_config", "_self_"]
+    m = cfg["model"]
+    assert (m["normalization"], m["bias"], m["activation"], m["position_embedding_type"]) == (
+        "rmsnorm", False, "fast-swiglu", "rope")
+    assert m["rotary_base"] == 10000 and m["hidden_dropout"] == 0
+    assert (m["num_layers_in_first_pipeline_stage"], m["num_layers_in_last_pipeline_stage"]) == (
+        19, 19)
+    assert m["tokenizer"]["library"] == "huggingface"
+    assert warn == []
+    script = (tmp_path / "launch.sh").read_text()
+    assert 'NEMO_DIR:?' in script and "hydra.searchpath=" in script
+    mid = make_plan(llama, job, c32, tp=8, pp=4, layers=(19, 21, 20, 20), recompute="full",
+                    sequence_parallel=True, distributed_optimizer=True)
+    _f, warn = emit("nemo", llama, job, c32, mid, tmp_path / "mid")
+    assert any(w.startswith("nemo [split]") for w in warn)
+    assert any(w.startswith("nemo [model]") and "tokenizer" in w for w in warn)

@@ -1,0 +1,103 @@
+"""torchtitan's own config handling on emitted TOML files (run by bench/upstream_check.py with
+the Python that has torch, from the root of a torchtitan checkout of one release; imports
+nothing of this project).
+
+For each file: torchtitan's ConfigManager parses it as `--job.config_file FILE` would at launch
+(unknown keys are errors), then the model named by [model] name/flavor is looked up in
+torchtitan's train-spec registry and built on the meta device, and what torchtitan would run is
+written as JSON: parallel degrees, schedule, micro-batch, layers per pipeline part, batch,
+activation checkpointing, converters, and the model's layers, width, heads, FFN width, experts
+and parameter count.
+
+usage: python run_torchtitan.py ITEMS.json RESULTS.json  (ITEMS: a list of {"path": TOML,
+"vocab": the tokenizer's vocabulary, which v0.1 takes at launch})
+"""
+
+import json
+import re
+import sys
+import traceback
+
+
+def _layers_per_part(par, n_layers):
+    fqns = getattr(par, "module_fqns_per_model_part", None)
+    if fqns:
+        return [sum(1 for m in part if re.fullmatch(r"layers\.\d+", m)) for part in fqns]
+    pts = list(getattr(par, "pipeline_parallel_split_points", []) or [])
+    if pts and n_layers:
+        cuts = [int(p.split(".")[1]) for p in pts]
+        edges = [0] + cuts + [n_layers]
+        return [b - a for a, b in zip(edges, edges[1:])]
+    return None
+
+
+def _model_view(name, flavor, vocab):
+    import dataclasses
+
+    import torch
+
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    spec = get_train_spec(name)
+    table = getattr(spec, "model_args", None) or getattr(spec, "config")
+    args = table[flavor]
+    if getattr(args, "vocab_size", 0) <= 0:  # v0.1 takes it from the tokenizer at launch
+        args = dataclasses.replace(args, vocab_size=vocab)
+    cls = getattr(spec, "model_cls", None) or getattr(spec, "cls")
+    with torch.device("meta"):
+        model = cls(args)
+    layers = list(model.layers.values()) if hasattr(model.layers, "values") else list(
+        model.layers)
+    dense = next((b for b in layers if getattr(b, "feed_forward", None) is not None
+                  and hasattr(b.feed_forward, "w1")), None)
+    moe = next((b for b in layers if getattr(b, "moe", None) is not None), None)
+    return {"n_layers": len(layers), "dim": args.dim, "n_heads": args.n_heads,
+            "n_kv_heads": getattr(args, "n_kv_heads", None) or args.n_heads,
+            "ffn": dense.feed_forward.w1.out_features if dense is not None else None,
+            "experts": (moe.moe.experts.num_experts if moe is not None and
+                        hasattr(moe.moe.experts, "num_experts") else 0),
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def titan_view(item):
+    path, vocab = item["path"], item["vocab"]
+    try:
+        try:
+            from torchtitan.config.manager import ConfigManager  # v0.2
+        except ImportError:
+            from torchtitan.config_manager import ConfigManager  # v0.1
+        cfg = ConfigManager().parse_args(["--job.config_file", path])
+    except BaseException as e:
+        return {"accepted": False, "error": f"{type(e).__name__}: {e}"[:600]}
+    par, tr = cfg.parallelism, cfg.training
+    out = {"accepted": True, "model_name": cfg.model.name, "flavor": cfg.model.flavor,
+           "converters": list(getattr(cfg.model, "converters", []) or []),
+           "tp": par.tensor_parallel_degree, "pp": par.pipeline_parallel_degree,
+           "cp": par.context_parallel_degree,
+           "dp_replicate": par.data_parallel_replicate_degree,
+           "dp_shard": par.data_parallel_shard_degree,
+           "ep": getattr(par, "expert_parallel_degree", 1),
+           "schedule": par.pipeline_parallel_schedule,
+           "microbatch": par.pipeline_parallel_microbatch_size,
+           "local_batch": tr.local_batch_size, "global_batch": tr.global_batch_size,
+           "seq_len": tr.seq_len, "ac_mode": cfg.activation_checkpoint.mode,
+           "async_tp": par.enable_async_tensor_parallel}
+    try:
+        out["model"] = _model_view(cfg.model.name, cfg.model.flavor, vocab)
+    except BaseException as e:
+        out["model_error"] = f"{type(e).__name__}: {e}"[:300]
+        out["model_where"] = traceback.format_exc().splitlines()[-3][:200]
+    n = out.get("model", {}).get("n_layers")
+    out["layers"] = _layers_per_part(par, n) if par.pipeline_parallel_degree > 1 else None
+    return out
+
+
+def main():
+    items = json.load(open(sys.argv[1]))
+    dest = sys.argv[2]
+    with open(dest, "w") as f:
+        json.dump([titan_view(p) for p in items], f)
+
+
+if __name__ == "__main__":
+    main()

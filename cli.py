@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperCommand
 
+from model.specs import MAX_GLOBAL_BATCH, MAX_SEQ_LENGTH
+
 import render
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -62,7 +64,9 @@ def command(name: str | None = None, aliases: dict[str, str] | None = None, pare
 
 
 def fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
+    from model.errors import one_line
+
+    typer.echo(f"error: {one_line(msg)}", err=True)
     raise typer.Exit(2)
 
 
@@ -100,8 +104,26 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m",
                                        help="Model preset name or a Hugging Face config.json.")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c",
                                          help="Cluster preset name or a cluster .toml file.")]
-GbsOpt = Annotated[int, typer.Option("--gbs", help="Global batch (sequences).")]
-SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length [model's].")]
+def _bounded(flag: str, lo: float, hi: float, why: str = ""):
+    """A typer callback: the value must be finite and within [lo, hi], or one error line and
+    exit 2 (the command's own error handling does not run during option parsing)."""
+    import math
+
+    def check(value):
+        if value is None:
+            return value
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
+            fail(f"options: {flag}: {value!r} is out of range; give {lo:g} to {hi:g}"
+                 + (f" ({why})" if why else ""))
+        return value
+    return check
+
+
+# bounds of the job options, with the reason (model.specs)
+GbsOpt = Annotated[int, typer.Option("--gbs", help="Global batch (sequences).",
+                                     callback=_bounded("--gbs", 1, MAX_GLOBAL_BATCH))]
+SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length [model's].",
+                                               callback=_bounded("--seq", 1, MAX_SEQ_LENGTH))]
 PrecOpt = Annotated[str, typer.Option(
     "--precision", help="fp32, fp16, bf16 or fp8 (FP8 linear layers over bf16); solve and "
     "compare also take a list, e.g. bf16,fp8, and choose.")]
@@ -146,8 +168,12 @@ PlacementPngOpt = Annotated[Optional[Path], typer.Option(
 MethodOpt = Annotated[Method, typer.Option(
     "--method", help="exact (MILP on HiGHS), anneal, or auto (exact up to "
     "solvers.search.AUTO_EXACT_MAX_NODES nodes).")]
-TimeOpt = Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+TimeOpt = Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.",
+                                        callback=_bounded("--time-limit", 0.01, 7 * 86400,
+                                                          "at most a week"))]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.",
+                                      callback=_bounded("--seed", 0, 2**32 - 1,
+                                                        "numpy seeds are 32-bit"))]
 TpListOpt = Annotated[Optional[str], typer.Option(
     "--tp", help="Tensor-parallel degrees to search: a value or a list, e.g. 4,8 [all].")]
 PpListOpt = Annotated[Optional[str], typer.Option(
@@ -442,7 +468,7 @@ def estimate(
                         framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
                         moe_capacity_factor=moe_capacity_factor)
     lay = None
-    if layers:
+    if layers is not None:
         try:
             lay = tuple(int(x) for x in layers.split(","))
         except ValueError:
@@ -830,13 +856,14 @@ def cluster_import(
     node_list = [x.strip() for x in node_names.split(",")] if node_names else None
     names, m, warnings = check_and_fill(meas, nodes=node_list, fill=tuple(fill or ()),
                                         strict=strict, asym_ratio=asym_ratio)
+    c = build_cluster(names, m, gpu=gpu, gpus_per_node=gpus_per_node,
+                      intra_gb_per_s=intra_gb_per_s, intra_topology=intra_topology,
+                      latency_us=latency_us, name=name, source=meas.source)
+    # what was read and the warnings, once the cluster is built (an error stays one line)
     for note in meas.notes:
         typer.echo(f"read: {note}", err=True)
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
-    c = build_cluster(names, m, gpu=gpu, gpus_per_node=gpus_per_node,
-                      intra_gb_per_s=intra_gb_per_s, intra_topology=intra_topology,
-                      latency_us=latency_us, name=name, source=meas.source)
     _emit_cluster(c, out, as_json, warnings)
 
 

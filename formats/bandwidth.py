@@ -24,6 +24,8 @@ import numpy as np
 
 from model.errors import SpecError
 
+from .reading import read_text
+
 from .clusters import cluster_from_dict
 
 ASYMMETRY_WARN_RATIO = 1.5  # max(m_ij, m_ji) / min(...) above this is reported
@@ -711,12 +713,7 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
 
 
 def _read_text(path: str | Path) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError:
-        raise SpecError("file not found", source=str(path)) from None
-    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as e:
-        raise SpecError(f"cannot read as text ({type(e).__name__})", source=str(path)) from None
+    return read_text(path, what="the measurement file")
 
 
 def _check_names(names: list[str], src: str, fld: str) -> None:

@@ -16,50 +16,74 @@ File format (TOML), nodes in matrix order (the bandwidth convention is model/clu
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from model.cluster import ClusterSpec, NodeSpec
+from model.cluster import (MAX_GPUS_PER_NODE, MAX_NODES, ClusterSpec, NodeSpec,
+                           check_name)
 from model.errors import SpecError
 
 from . import presets
+from .reading import read_text
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
     """Read a cluster TOML; every problem names the file and field."""
     path = Path(path)
     src = str(path)
-    if not path.exists():
-        raise SpecError("file not found", source=src)
+    text = read_text(path, what="the cluster file")
     try:
-        raw = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not valid TOML ({e})", source=src) from None
     return cluster_from_dict(raw, src)
+
+
+def _number(v, src: str, fld: str, what: str) -> float:
+    """A finite number (not a bool), or one line naming the field."""
+    try:
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and np.isfinite(float(v))
+    except OverflowError:  # an integer beyond any float
+        ok = False
+    if not ok:
+        raise SpecError(f"must be {what}, got {str(v)[:40]}", source=src, field=fld)
+    return float(v)
 
 
 def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
     nodes_raw = raw.get("nodes")
     if not isinstance(nodes_raw, list) or not nodes_raw:
         raise SpecError("missing; add one [[nodes]] table per node", source=src, field="nodes")
+    if len(nodes_raw) > MAX_NODES:
+        raise SpecError(f"{len(nodes_raw)} nodes; at most {MAX_NODES} are supported (the "
+                        "node-by-node matrix grows with the square)", source=src, field="nodes")
     nodes = []
     for i, nd in enumerate(nodes_raw):
         where = f"nodes[{i}]"
-        topo_name = nd.get("intra_topology") if isinstance(nd, dict) else None
+        if not isinstance(nd, dict):
+            raise SpecError(f"must be a table ([[nodes]] with name, gpu, gpus, "
+                            f"intra_gb_per_s), got {nd!r}", source=src, field=where)
+        topo_name = nd.get("intra_topology")
         for key in ("name", "gpu", "gpus", "intra_gb_per_s"):
             if key not in nd and not (key == "intra_gb_per_s" and topo_name is not None):
                 raise SpecError("missing", source=src, field=f"{where}.{key}")
+        if not isinstance(nd["gpu"], str):
+            raise SpecError(f"must be a GPU preset name, got {nd['gpu']!r}", source=src,
+                            field=f"{where}.gpu")
+        check_name(nd["name"], "the node name", src, f"{where}.name")
         try:
-            gpu = presets.gpu(str(nd["gpu"]))
+            gpu = presets.gpu(nd["gpu"])
         except SpecError as e:
             raise SpecError(e.problem, source=src, field=f"{where}.gpu") from None
         gpus = nd["gpus"]
-        if not isinstance(gpus, int) or gpus <= 0:
-            raise SpecError(f"must be a positive integer, got {gpus!r}", source=src,
-                            field=f"{where}.gpus")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not (
+                0 < gpus <= MAX_GPUS_PER_NODE):
+            raise SpecError(f"must be an integer from 1 to {MAX_GPUS_PER_NODE}, got {gpus!r}",
+                            source=src, field=f"{where}.gpus")
         intra = nd.get("intra_gb_per_s")
         if topo_name is not None:
             # intra_topology = "<preset>" (data/topologies/) fills the GPU-by-GPU matrix;
@@ -67,7 +91,8 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
             intra, mat = _topology_matrix(nd, topo_name, gpus, src, where)
         else:
             mat = None
-        if not isinstance(intra, (int, float)) or not intra > 0:
+        if not _number(intra, src, f"{where}.intra_gb_per_s",
+                       "a positive number of GB/s") > 0:
             raise SpecError(f"must be a positive number of GB/s, got {intra!r}", source=src,
                             field=f"{where}.intra_gb_per_s")
         if "intra_matrix_gb_per_s" in nd:
@@ -75,15 +100,17 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
                           f"{where}.intra_matrix_gb_per_s")
         nodes.append(NodeSpec(str(nd["name"]), gpu, gpus, float(intra), mat))
     inter = raw.get("inter", {})
-    if "gb_per_s" not in inter:
+    if not isinstance(inter, dict) or "gb_per_s" not in inter:
         raise SpecError("missing; give the node-by-node matrix in GB/s", source=src,
                         field="inter.gb_per_s")
     mat = _matrix(inter["gb_per_s"], len(nodes), src, "inter.gb_per_s")
-    lat = raw.get("latency_us", 5.0)
-    if not isinstance(lat, (int, float)) or lat < 0:
+    lat = _number(raw.get("latency_us", 5.0), src, "latency_us", "a number >= 0")
+    if lat < 0:
         raise SpecError(f"must be a number >= 0, got {lat!r}", source=src, field="latency_us")
-    return ClusterSpec(name=str(raw.get("name", Path(src).stem)), nodes=tuple(nodes),
-                       inter_gb_per_s=mat, latency_us=float(lat), source=src)
+    name = raw.get("name", Path(src).stem)
+    check_name(name, "the cluster name", src, "name")
+    return ClusterSpec(name=name, nodes=tuple(nodes), inter_gb_per_s=mat, latency_us=lat,
+                       source=src)
 
 
 def _topology_matrix(nd: dict, topo_name, gpus: int, src: str, where: str):
@@ -114,10 +141,12 @@ def _matrix(rows, n: int, src: str, fld: str) -> np.ndarray:
             not isinstance(r, list) or len(r) != n for r in rows):
         raise SpecError(f"must be a {n}x{n} list of rows (one per node, in [[nodes]] order)",
                         source=src, field=fld)
-    try:
-        m = np.array(rows, dtype=float)
-    except (TypeError, ValueError):
-        raise SpecError("entries must be numbers (GB/s)", source=src, field=fld) from None
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for r in rows for v in r):
+        raise SpecError("entries must be numbers (GB/s)", source=src, field=fld)
+    m = np.array(rows, dtype=float)
+    if not np.isfinite(np.diag(m)).all():
+        raise SpecError("the diagonal must hold finite numbers (it is unused: write 0)",
+                        source=src, field=fld)
     off = ~np.eye(n, dtype=bool)
     bad = off & ~(np.isfinite(m) & (m > 0))
     if bad.any():
@@ -127,31 +156,40 @@ def _matrix(rows, n: int, src: str, fld: str) -> np.ndarray:
     return m
 
 
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a TOML basic string (same escapes)
+
+
+def _toml_num(v) -> str:
+    """A plain float (numpy scalars included) that reads back exactly."""
+    return repr(float(v))
+
+
 def cluster_to_toml(c: ClusterSpec) -> str:
-    """Serialize a cluster to the TOML format `load_cluster` reads."""
-    out = [f'name = "{c.name}"', f"latency_us = {c.latency_us}", ""]
+    """Serialize a cluster to the TOML format `load_cluster` reads (names escaped, numbers
+    written in full so that the file reads back to the same cluster)."""
+    out = [f"name = {_toml_str(c.name)}", f"latency_us = {_toml_num(c.latency_us)}", ""]
     for nd in c.nodes:
-        out += ["[[nodes]]", f'name = "{nd.name}"', f'gpu = "{nd.gpu.name}"',
-                f"gpus = {nd.num_gpus}", f"intra_gb_per_s = {nd.intra_gb_per_s}"]
+        out += ["[[nodes]]", f"name = {_toml_str(nd.name)}", f"gpu = {_toml_str(nd.gpu.name)}",
+                f"gpus = {int(nd.num_gpus)}", f"intra_gb_per_s = {_toml_num(nd.intra_gb_per_s)}"]
         if nd.intra_matrix_gb_per_s is not None:
             out.append("intra_matrix_gb_per_s = [")
-            out += ["  [" + ", ".join(f"{v:.1f}" for v in row) + "],"
+            out += ["  [" + ", ".join(_toml_num(v) for v in row) + "],"
                     for row in nd.intra_matrix_gb_per_s]
             out.append("]")
         out.append("")
     out += ["[inter]", "# GB/s of one GPU-to-GPU stream from the row node to the column node",
             "gb_per_s = ["]
-    out += ["  [" + ", ".join(f"{v:.2f}" for v in row) + "]," for row in c.inter_gb_per_s]
+    out += ["  [" + ", ".join(_toml_num(v) for v in row) + "]," for row in c.inter_gb_per_s]
     out += ["]", ""]
     return "\n".join(out)
 
 
 def save_cluster(c: ClusterSpec, path: str | Path) -> None:
-    """Write `cluster_to_toml(c)` to `path`."""
-    try:
-        Path(path).write_text(cluster_to_toml(c))
-    except OSError as e:
-        raise SpecError(f"cannot write ({e.strerror})", source=str(path)) from None
+    """Write `cluster_to_toml(c)` to `path` (formats.atomic: whole or not at all)."""
+    from .atomic import write_atomic
+
+    write_atomic(Path(path), cluster_to_toml(c), field="--out")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,8 +227,18 @@ class SynthParams:
 def synth_cluster(p: SynthParams) -> ClusterSpec:
     n = p.num_nodes
     src = "synth"
-    if n < 1:
-        raise SpecError("num_nodes must be >= 1", source=src, field="num_nodes")
+    for f, lo, hi in (("num_nodes", 1, MAX_NODES), ("gpus_per_node", 1, MAX_GPUS_PER_NODE),
+                      ("leaf_size", 1, MAX_NODES), ("degraded", 0, MAX_NODES),
+                      ("seed", 0, 2**32 - 1)):
+        v = getattr(p, f)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise SpecError(f"is {v!r}; give an integer from {lo} to {hi}", source=src,
+                            field=f)
+    for f in ("intra_gb_per_s", "nic_gb_per_s", "oversubscription", "degraded_factor",
+              "noise", "latency_us"):
+        _number(getattr(p, f), src, f, "a finite number")
+    if not (0 < p.nic_gb_per_s and 0 < p.intra_gb_per_s):
+        raise SpecError("link rates must be positive GB/s", source=src, field="nic_gb_per_s")
     if p.leaf_size < 1:
         raise SpecError("leaf_size must be >= 1", source=src, field="leaf_size")
     if p.oversubscription < 1:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from model.errors import SpecError
 from model.specs import ModelSpec
+from .reading import read_text
 
 # Field names per Hugging Face architecture family. Each entry: our field -> candidate keys.
 _HF_KEYS = {
@@ -55,11 +56,20 @@ def _dropout(cfg: dict, mtype: str) -> bool:
 def load_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face `config.json` (llama, mistral, qwen2, gpt2, gpt_neox)."""
     src = str(path)
+    text = read_text(path, what="the config.json")
     try:
-        cfg = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SpecError(f"cannot read JSON ({e})", source=src) from None
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError(f"not valid JSON ({e.msg} at line {e.lineno})", source=src) from None
+    except RecursionError:
+        raise SpecError("nested too deeply to be a config.json", source=src) from None
+    if not isinstance(cfg, dict):
+        raise SpecError(f"the top level is {type(cfg).__name__}, not an object; give a "
+                        "Hugging Face config.json", source=src)
     mtype = cfg.get("model_type")
+    if not isinstance(mtype, str):
+        raise SpecError(f"must be a string naming the architecture, got {str(mtype)[:40]}",
+                        source=src, field="model_type")
     if mtype in _UNSUPPORTED:
         raise SpecError(f"model_type {mtype!r}: {_UNSUPPORTED[mtype]}", source=src,
                         field="model_type")

@@ -22,9 +22,9 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from model.errors import SpecError
+from .reading import read_text
 
 # readings skipped at the start of every log (documented in the README: warm-up iterations)
 WARMUP_READINGS = 3
@@ -88,10 +88,7 @@ class LogReading:
 def read_log(path) -> LogReading:
     """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
     src = str(path)
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as e:
-        raise SpecError(f"cannot read the log ({e.strerror})", source=src, field="log") from None
+    text = read_text(path, field="log", what="the log", errors="replace")
     text = _ANSI.sub("", text)
     found = []
     mem = {}

@@ -29,6 +29,7 @@ from model.plan import Placement, Plan, Shape, validate_placement, validate_shap
 from model.specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
 
 from .views import estimate_to_dict, placement_to_dict, shape_to_dict
+from formats.reading import read_text
 
 SCHEMA_VERSION = 2  # 2: the per-operation cost model (GPU curve, FP8, attention, overlaps)
 KIND = "pipette-plan"
@@ -387,16 +388,14 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     path = Path(path)
     src = str(path)
     rd = _Reader(src)
-    if not path.exists():
-        raise SpecError("file not found; give the path of a plan file written by "
-                        "--save-plan or solve", source=src)
+    text = read_text(path, what="the plan file (written by --save-plan or solve)")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise SpecError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
                         "the file is damaged, re-create it", source=src) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"cannot read the file ({e})", source=src) from None
+    except RecursionError:
+        raise SpecError("nested too deeply to be a plan file", source=src) from None
     if not isinstance(doc, dict):
         raise SpecError("must hold one JSON object (a plan file)", source=src)
     if "schema_version" not in doc:

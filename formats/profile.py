@@ -9,21 +9,27 @@ from pathlib import Path
 from model.calibration import (FRAGMENTATION_BOUNDS, KIND, SCHEMA_VERSION, TIME_PARAMETERS,
                                Profile)
 from model.errors import SpecError
+from .reading import read_text
 
 
 def save_profile(path, prof: Profile) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(prof.to_dict(), indent=1, allow_nan=False) + "\n")
+    """Write the profile (formats.atomic: whole or not at all; non-finite values refused)."""
+    from .atomic import write_atomic
+
+    try:
+        text = json.dumps(prof.to_dict(), indent=1, allow_nan=False) + "\n"
+    except ValueError:
+        raise SpecError("the fit gave a non-finite parameter; nothing was written",
+                        source=str(path), field="--out") from None
+    write_atomic(Path(path), text, field="--out")
 
 
 def load_profile(path) -> Profile:
     """Read a profile file; every problem is one SpecError naming the file and the field."""
     src = str(path)
+    text = read_text(path, field="calibration", what="the calibration profile")
     try:
-        d = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise SpecError(f"cannot read the calibration profile ({e.strerror})", source=src,
-                        field="calibration") from None
+        d = json.loads(text)
     except json.JSONDecodeError as e:
         raise SpecError(f"not JSON ({e.msg} at line {e.lineno})", source=src,
                         field="calibration") from None

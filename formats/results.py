@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import sqlite3
@@ -19,6 +20,8 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from .atomic import write_atomic
 
 
 class Store:
@@ -124,8 +127,10 @@ def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path,
     if legend:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    write_atomic(Path(path), buf.getvalue(), field="report")
     return path
 
 
@@ -142,17 +147,18 @@ def report(rows: list[dict], out_dir) -> list[Path]:
     files = []
     cols = list(table[0]) if table else []
     p = out / "summary.csv"
-    with p.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(table)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    w.writerows(table)
+    write_atomic(p, buf.getvalue(), field="report")
     files.append(p)
 
     def fmt(v):
         return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
     p = out / "summary.md"
-    p.write_text("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n" + "".join(
-        "| " + " | ".join(fmt(r[c]) for c in cols) + " |\n" for r in table))
+    write_atomic(p, "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n" + "".join(
+        "| " + " | ".join(fmt(r[c]) for c in cols) + " |\n" for r in table), field="report")
     files.append(p)
     ok = [r for r in rows if r.get("status") == "done" and r.get("iteration_ms")]
     methods = sorted({r["inputs"]["method"] for r in ok})

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.errors import SpecError
+from .reading import read_text
 
 METHODS = ("exact", "anneal", "megatron", "amp-style")
 
@@ -45,11 +46,9 @@ def _grid(d: dict) -> list[dict]:
 def load_spec(path) -> tuple[str, list[Task]]:
     """Read a sweep spec; every problem is one SpecError naming the file and the field."""
     src = str(path)
+    text = read_text(path, field="spec", what="the sweep spec")
     try:
-        spec = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise SpecError(f"cannot read the sweep spec ({e.strerror})", source=src,
-                        field="spec") from None
+        spec = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not TOML ({e})", source=src, field="spec") from None
     sw = spec.get("sweep", {})

@@ -30,6 +30,7 @@ from model.errors import SpecError
 from model.topology import best_ring_gb_per_s
 
 from . import presets
+from .reading import read_text
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,11 +68,10 @@ def load_topology(name_or_path: str) -> Topology:
 @lru_cache(maxsize=64)
 def _load_file(path: str) -> Topology:
     src = path
-    if not Path(path).exists():
-        raise SpecError("file not found", source=src)
+    text = read_text(path, what="the topology file")
     try:
-        raw = tomllib.loads(Path(path).read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not valid TOML ({e})", source=src) from None
     n = raw.get("gpus")
     if not isinstance(n, int) or n <= 0:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from model.cluster import ClusterSpec
-from model.errors import SpecError
 from model.estimator import Estimate
 from model.plan import Placement, Plan, Shape
 
@@ -78,10 +77,12 @@ def write_csv(path, rows: list[dict]) -> None:
     """Rows of one table (e.g. `compare`'s) as CSV, header from the first row's keys."""
     import csv
 
-    try:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
-            w.writeheader()
-            w.writerows(rows)
-    except OSError as e:
-        raise SpecError(f"cannot write ({e.strerror})", source=str(path), field="--csv") from None
+    import io
+
+    from .atomic import write_atomic
+
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [])
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(path, buf.getvalue(), field="--csv")

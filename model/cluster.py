@@ -47,6 +47,28 @@ class NodeSpec:
         return best_ring_gb_per_s(self.intra_matrix_gb_per_s, tuple(gpus))
 
 
+# Sane upper bounds, with their reasons: the node-by-node matrix grows with the square of the
+# node count (4,096 nodes: 128 MiB); no server holds more than 128 GPUs in one NVLink domain
+# that this model treats as one node; 1e12 GB/s is an idealized link for experiments (no
+# communication cost), anything beyond is a unit error; a latency above 1 s per message is a
+# measurement error.
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 128
+MAX_LINK_GB_PER_S = 1e12
+MAX_LATENCY_US = 1e6
+
+
+def check_name(name, what: str, src: str, fld: str) -> None:
+    """A name is a non-empty string without control characters (it ends up in hostfiles,
+    shell scripts and TOML)."""
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError(f"{what} must be a non-empty string, got {name!r}", source=src,
+                        field=fld)
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise SpecError(f"{what} {name!r} holds a control character (a newline, tab, ...); "
+                        "use a plain name", source=src, field=fld)
+
+
 @dataclass(frozen=True, eq=False)
 class ClusterSpec:
     name: str
@@ -60,6 +82,12 @@ class ClusterSpec:
         src = self.source
         if n == 0:
             raise SpecError("no nodes; add [[nodes]] entries", source=src, field="nodes")
+        if n > MAX_NODES:
+            raise SpecError(f"{n} nodes; at most {MAX_NODES} are supported (the node-by-node "
+                            "matrix grows with the square)", source=src, field="nodes")
+        check_name(self.name, "the cluster name", src, "name")
+        for nd in self.nodes:
+            check_name(nd.name, "a node name", src, "nodes.name")
         names = [nd.name for nd in self.nodes]
         dup = sorted({x for x in names if names.count(x) > 1})
         if dup:
@@ -71,21 +99,35 @@ class ClusterSpec:
                             f"there are {n} nodes; give one row and column per node",
                             source=src, field="inter.gb_per_s")
         off = ~np.eye(n, dtype=bool)
-        bad = off & ~(np.isfinite(m) & (m > 0))
+        bad = off & ~(np.isfinite(m) & (m > 0) & (m <= MAX_LINK_GB_PER_S))
         if bad.any():
             i, j = map(int, np.argwhere(bad)[0])
-            raise SpecError(f"bandwidth from {names[i]} to {names[j]} is {m[i, j]!r}; every "
-                            "off-diagonal entry must be a positive number of GB/s",
-                            source=src, field="inter.gb_per_s")
-        if not (self.latency_us >= 0):
-            raise SpecError("must be >= 0 microseconds", source=src, field="latency_us")
+            raise SpecError(f"bandwidth from {names[i]} to {names[j]} is {float(m[i, j])!r}; "
+                            "every off-diagonal entry must be a positive number of GB/s, at "
+                            f"most {MAX_LINK_GB_PER_S:g}", source=src, field="inter.gb_per_s")
+        lat = self.latency_us
+        if isinstance(lat, bool) or not (0 <= lat <= MAX_LATENCY_US):
+            raise SpecError(f"is {lat!r}; give 0 to {MAX_LATENCY_US:g} microseconds",
+                            source=src, field="latency_us")
         for nd in self.nodes:
-            if nd.num_gpus <= 0:
-                raise SpecError(f"node {nd.name}: gpus must be positive", source=src,
-                                field="nodes.gpus")
-            if not (nd.intra_gb_per_s > 0):
-                raise SpecError(f"node {nd.name}: intra_gb_per_s must be a positive number "
-                                "of GB/s", source=src, field="nodes.intra_gb_per_s")
+            g = nd.num_gpus
+            if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or not (
+                    0 < g <= MAX_GPUS_PER_NODE):
+                raise SpecError(f"node {nd.name}: gpus is {g!r}; give 1 to "
+                                f"{MAX_GPUS_PER_NODE}", source=src, field="nodes.gpus")
+            b = nd.intra_gb_per_s
+            if isinstance(b, bool) or not (0 < b <= MAX_LINK_GB_PER_S):
+                raise SpecError(f"node {nd.name}: intra_gb_per_s is {b!r}; give a positive "
+                                f"number of GB/s, at most {MAX_LINK_GB_PER_S:g}", source=src,
+                                field="nodes.intra_gb_per_s")
+            im = nd.intra_matrix_gb_per_s
+            if im is not None:
+                offg = ~np.eye(g, dtype=bool)
+                if im.shape != (g, g) or (offg & ~(np.isfinite(im) & (im > 0) & (
+                        im <= MAX_LINK_GB_PER_S))).any():
+                    raise SpecError(f"node {nd.name}: the GPU-by-GPU matrix must be {g}x{g} "
+                                    "with positive, finite GB/s off the diagonal", source=src,
+                                    field="nodes.intra_matrix_gb_per_s")
 
     @property
     def num_nodes(self) -> int:

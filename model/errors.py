@@ -1,6 +1,12 @@
 """A small error hierarchy. The CLI turns each into one line and exit code 2."""
 
 
+def one_line(text: str) -> str:
+    """The message on one line: control characters a user's input brought in (a newline in a
+    name) are shown escaped."""
+    return "".join(ch if ch >= " " or ch == "\t" else repr(ch)[1:-1] for ch in text)
+
+
 class PipetteError(Exception):
     """Base class for every error a user can cause."""
 
@@ -17,7 +23,7 @@ class SpecError(PipetteError):
         self.source = source
         self.field = field
         parts = [p for p in (source, field) if p]
-        super().__init__(": ".join(parts + [problem]))
+        super().__init__(one_line(": ".join(parts + [problem])))
 
 
 class InfeasibleError(PipetteError):

@@ -10,6 +10,7 @@ the solvers use `Evaluator` and are tested to agree with it.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -443,6 +444,12 @@ class Evaluator:
         model_flops, extra = self.model_flops()
         # MFU against the base precision's dense peak (bf16 for FP8 runs, as torchtitan does)
         peak = sum(nd.gpu.peak_flops(self.job.precision) * nd.num_gpus for nd in c.nodes)
+        if not (math.isfinite(length) and length > 0 and all(
+                math.isfinite(st.memory.total_gib) for st in stages)):
+            # valid inputs always give finite times and memory; refuse rather than print NaN
+            raise SpecError(f"the estimate is not finite (iteration {length!r} ms, memory "
+                            f"{[st.memory.total_gib for st in stages]} GiB); the inputs are "
+                            "out of the model's range", source="plan", field="estimate")
         return Estimate(
             iteration_ms=float(length), replica_ms=tuple(float(x) for x in lengths),
             stages=tuple(stages), hops_ms=tuple(hops), breakdown_ms=breakdown,

@@ -88,6 +88,27 @@ class GPUSpec:
         return self.hbm_gb_per_s * self.hbm_efficiency * 1e6
 
 
+# Upper bounds of a job: sequences per step (frameworks count samples in 32 bits) and tokens
+# per sequence
+MAX_GLOBAL_BATCH = 2**31
+MAX_SEQ_LENGTH = 2**24
+
+# Upper bounds of a model's sizes, with the reason: far beyond any trained model, small enough
+# that the estimator's arithmetic and loops stay exact and quick
+MODEL_BOUNDS = {
+    "num_layers": (10_000, "the largest trained models have a few hundred"),
+    "hidden_size": (1 << 20, "the largest trained models have ~25,000"),
+    "num_heads": (1 << 16, "the largest trained models have a few hundred"),
+    "num_kv_heads": (1 << 16, "at most num_heads"),
+    "ffn_hidden_size": (1 << 22, "the largest trained models have ~100,000"),
+    "vocab_size": (10_000_000, "the largest tokenizers have ~260,000 entries"),
+    "seq_length": (1 << 24, "16M tokens, beyond any trained context"),
+    "num_experts": (1 << 16, "the largest mixtures have a few hundred experts"),
+    "moe_ffn_hidden_size": (1 << 22, "as ffn_hidden_size"),
+    "kv_channels": (1 << 16, "heads are at most a few hundred wide"),
+}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer. Parameter counts follow Narayanan et al. 2021 eq. (2),
@@ -145,11 +166,21 @@ class ModelSpec:
 
     def __post_init__(self):
         src = f"model '{self.name}'" if not self.source.endswith(".json") else self.source
+        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+                  "vocab_size", "seq_length"):
+            _positive(getattr(self, f), f, src, integer=True)
         for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
                   "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
                   "mla_qk_rope_dim", "mla_v_head_dim"):
             _positive(getattr(self, f), f, src, integer=True, allow_zero=True)
+        for f, hi in MODEL_BOUNDS.items():
+            if getattr(self, f) > hi[0]:
+                raise SpecError(f"is {getattr(self, f):,}; at most {hi[0]:,} ({hi[1]})",
+                                source=src, field=f)
         _positive(self.rope_base, "rope_base", src, allow_zero=True)
+        _positive(self.rotary_percent, "rotary_percent", src)
+        if not isinstance(self.name, str) or not isinstance(self.source, str):
+            raise SpecError("the model name must be a string", source=src, field="name")
         if not 0 < self.rotary_percent <= 1:
             raise SpecError(f"rotary_percent is {self.rotary_percent}; it is the fraction of "
                             "a head's width that is rotated, in (0, 1]", source=src,
@@ -184,9 +215,6 @@ class ModelSpec:
         elif self.moe_topk or self.moe_shared_experts:
             raise SpecError("moe_topk and moe_shared_experts need num_experts > 0", source=src,
                             field="num_experts")
-        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-                  "vocab_size", "seq_length"):
-            _positive(getattr(self, f), f, src, integer=True)
         if self.hidden_size % self.num_heads and not self.kv_channels:
             raise SpecError(f"hidden_size {self.hidden_size} is not a multiple of num_heads "
                             f"{self.num_heads}", source=src, field="num_heads")
@@ -454,6 +482,11 @@ class JobSpec:
             object.__setattr__(self, "distributed_optimizer", self.zero >= 1)
         _positive(self.global_batch, "global_batch", self.source, integer=True)
         _positive(self.seq_length, "seq_length", self.source, integer=True)
+        for f, hi, why in (("global_batch", MAX_GLOBAL_BATCH, "a 32-bit sample counter"),
+                           ("seq_length", MAX_SEQ_LENGTH, "16M tokens, beyond any context")):
+            if getattr(self, f) > hi:
+                raise SpecError(f"is {getattr(self, f):,}; at most {hi:,} ({why})",
+                                source=self.source, field=f)
         if self.precision not in PRECISIONS:
             raise SpecError(f"unknown precision '{self.precision}'; use one of "
                             f"{', '.join(PRECISIONS)} (FP8 linear layers are the fp8 field, "

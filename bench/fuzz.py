@@ -11,6 +11,8 @@ Families of generated inputs (each case: files written to a scratch folder and a
 - profile: mutated calibration profiles given to `estimate --calibration`;
 - options: option values from pools of valid and invalid ones (sizes, batch, sequence, time
   limit, seed, precision, layer lists, synth parameters, names);
+- logs, sweep, topology: mutated training logs for `calibrate`, sweep specs for `sweep`
+  (tiny: a valid one runs one baseline task), intra-node topology files named by a cluster;
 - paths: special paths as inputs (FIFO, folder, missing file, empty file, NUL bytes) and as
   outputs (a folder, a file standing where a folder should be, a later invalid option), with a
   pre-existing target that must survive a failing command.
@@ -422,8 +424,48 @@ def fam_paths(rng: random.Random) -> Case:
     return case
 
 
-FAMILIES = {"hf": 0.22, "cluster": 0.18, "bandwidth": 0.16, "plan": 0.14, "profile": 0.06,
-            "options": 0.16, "paths": 0.08}
+def fam_logs(rng: random.Random, tmp: Path) -> Case:
+    """A mutated training log (Megatron-LM, torchtitan, NeMo, DeepSpeed) with a valid plan."""
+    name = rng.choice(sorted(p.name for p in (FIX / "logs").iterdir()))
+    data = (FIX / "logs" / name).read_bytes()
+    for _ in range(rng.randint(1, 3)):
+        data = byte_noise(data, rng)
+    return Case("logs", ["calibrate", "{run.log}", "--plan", "{plan.json}"],
+                {"run.log": data, "plan.json": json.dumps(_valid_plan(tmp))})
+
+
+_SWEEP = {"sweep": {"name": "f", "methods": ["megatron"], "budgets": [1.0], "seeds": [0]},
+          "models": [{"name": "gpt-1.7b"}],
+          "jobs": [{"global_batch": 8, "seq_length": 256, "precision": "bf16"}],
+          "clusters": [{"synth": {"num_nodes": 2, "seed": 0, "gpus_per_node": 2}}]}
+
+
+def fam_sweep(rng: random.Random) -> Case:
+    """A mutated sweep spec (tiny: when it stays valid it runs one Megatron-baseline task)."""
+    if rng.random() < 0.1:
+        text: bytes | str = byte_noise(to_toml(_SWEEP).encode(), rng)
+    else:
+        doc = mutate(_SWEEP, rng, rng.randint(1, 2))
+        text = to_toml(doc) if isinstance(doc, dict) else _toml_val(doc)
+    return Case("sweep", ["sweep", "{spec.toml}", "--results", "{out}/s.sqlite", "--jobs", "1"],
+                {"spec.toml": text})
+
+
+def fam_topology(rng: random.Random) -> Case:
+    """A mutated intra-node topology file named by a cluster's node."""
+    name = rng.choice(sorted(p.name for p in (ROOT / "data/topologies").iterdir()))
+    doc = tomllib.loads((ROOT / "data/topologies" / name).read_text())
+    text = (byte_noise(to_toml(doc).encode(), rng) if rng.random() < 0.2
+            else to_toml(mutate(doc, rng, rng.randint(1, 2))))
+    gpus = doc.get("gpus", 8)
+    cl = ('name = "t"\n[[nodes]]\nname = "a"\ngpu = "A100-80GB"\n'
+          f'gpus = {gpus}\nintra_topology = "{{topo.toml}}"\n[inter]\ngb_per_s = [[0]]\n')
+    return Case("topology", ["cluster", "show", "{cl.toml}", "--json"],
+                {"topo.toml": text, "cl.toml": cl})
+
+
+FAMILIES = {"hf": 0.2, "cluster": 0.16, "bandwidth": 0.14, "plan": 0.12, "profile": 0.05,
+            "options": 0.14, "paths": 0.07, "logs": 0.05, "sweep": 0.03, "topology": 0.04}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,6 +484,8 @@ def materialize(case: Case, d: Path) -> list[str]:
     for name, data in case.files.items():
         p = d / name
         p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, str):  # a file may name another of the case's files
+            data = data.replace("{topo.toml}", str(d / "topo.toml"))
         p.write_bytes(data.encode() if isinstance(data, str) else data)
     for name, kind in case.special.items():
         p = d / name
@@ -540,7 +584,7 @@ def main() -> int:
     for k in range(a.cases):
         fam = rng.choices(fams, weights)[0]
         gen = globals()[f"fam_{fam}"]
-        case = gen(rng, tmp) if fam == "plan" else gen(rng)
+        case = gen(rng, tmp) if fam in ("plan", "logs") else gen(rng)
         d = tmp / f"c{k}"
         d.mkdir()
         cwd = os.getcwd()

@@ -234,6 +234,9 @@ def synth_cluster(p: SynthParams) -> ClusterSpec:
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise SpecError(f"is {v!r}; give an integer from {lo} to {hi}", source=src,
                             field=f)
+    if not isinstance(p.gpu, str):
+        raise SpecError(f"must be a GPU preset name, got {str(p.gpu)[:40]}", source=src,
+                        field="gpu")
     for f in ("intra_gb_per_s", "nic_gb_per_s", "oversubscription", "degraded_factor",
               "noise", "latency_us"):
         _number(getattr(p, f), src, f, "a finite number")

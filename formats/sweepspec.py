@@ -36,11 +36,42 @@ class Task:
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _grid(d: dict) -> list[dict]:
+# bounds of a spec, with the reason: a study of a million tasks is past any machine's run;
+# budgets as solve's --time-limit
+MAX_TASKS = 1_000_000
+MAX_BUDGET_S = 7 * 86400
+
+
+def _grid(d: dict, src: str, fld: str) -> list[dict]:
     """Expand every list value of a flat dict into the grid of its combinations."""
+    if not isinstance(d, dict) or not d:
+        raise SpecError("must be a table of parameters (lists expand into a grid)", source=src,
+                        field=fld)
     keys = sorted(d)
     vals = [d[k] if isinstance(d[k], list) else [d[k]] for k in keys]
+    if any(not v for v in vals):
+        raise SpecError("an empty list expands into no cluster", source=src, field=fld)
+    n = 1
+    for v in vals:
+        n *= len(v)
+        if n > MAX_TASKS:
+            raise SpecError(f"expands into more than {MAX_TASKS:,} clusters", source=src,
+                            field=fld)
     return [dict(zip(keys, combo)) for combo in itertools.product(*vals)]
+
+
+def _list(spec: dict, key: str, default, src: str, fld: str) -> list:
+    v = spec.get(key, default)
+    if not isinstance(v, list) or not v:
+        raise SpecError("must be a non-empty list", source=src, field=fld)
+    return v
+
+
+def _tables(spec: dict, key: str, src: str) -> list[dict]:
+    v = spec.get(key, [])
+    if not isinstance(v, list) or any(not isinstance(x, dict) for x in v):
+        raise SpecError(f"must be [[{key}]] tables", source=src, field=key)
+    return v
 
 
 def load_spec(path) -> tuple[str, list[Task]]:
@@ -52,42 +83,62 @@ def load_spec(path) -> tuple[str, list[Task]]:
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not TOML ({e})", source=src, field="spec") from None
     sw = spec.get("sweep", {})
-    methods = sw.get("methods", list(METHODS))
+    if not isinstance(sw, dict):
+        raise SpecError("must be a [sweep] table", source=src, field="sweep")
+    methods = _list(sw, "methods", list(METHODS), src, "sweep.methods")
     for m in methods:
         if m not in METHODS:
-            raise SpecError(f"unknown method {m!r}; use {', '.join(METHODS)}", source=src,
-                            field="sweep.methods")
-    budgets = sw.get("budgets", [10.0])
-    if not budgets or any(not isinstance(b, (int, float)) or b <= 0 for b in budgets):
-        raise SpecError("budgets must be positive numbers (seconds)", source=src,
-                        field="sweep.budgets")
-    seeds = sw.get("seeds", [0])
-    models = [m.get("name") for m in spec.get("models", [])]
+            raise SpecError(f"unknown method {str(m)[:40]!r}; use {', '.join(METHODS)}",
+                            source=src, field="sweep.methods")
+    budgets = _list(sw, "budgets", [10.0], src, "sweep.budgets")
+    if any(isinstance(b, bool) or not isinstance(b, (int, float)) or not
+           0 < b <= MAX_BUDGET_S for b in budgets):
+        raise SpecError(f"budgets must be seconds, above 0 and at most {MAX_BUDGET_S:,}",
+                        source=src, field="sweep.budgets")
+    seeds = _list(sw, "seeds", [0], src, "sweep.seeds")
+    if any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**32
+           for x in seeds):
+        raise SpecError("seeds must be integers from 0 to 2^32 - 1", source=src,
+                        field="sweep.seeds")
+    name = sw.get("name", Path(path).stem)
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError("must be a non-empty string", source=src, field="sweep.name")
+    models = [m.get("name") for m in _tables(spec, "models", src)]
     if not models or any(not isinstance(m, str) for m in models):
         raise SpecError("give at least one [[models]] with a name", source=src, field="models")
-    jobs = spec.get("jobs", [])
+    jobs = _tables(spec, "jobs", src)
     if not jobs:
         raise SpecError("give at least one [[jobs]] (global_batch, seq_length)", source=src,
                         field="jobs")
     clusters: list[dict] = []
-    for k, c in enumerate(spec.get("clusters", [])):
+    for k, c in enumerate(_tables(spec, "clusters", src)):
+        fld = f"clusters[{k}]"
         if "preset" in c:
+            if not isinstance(c["preset"], str):
+                raise SpecError("must be a cluster preset name", source=src,
+                                field=f"{fld}.preset")
             clusters.append({"preset": c["preset"]})
         elif "file" in c:
+            if not isinstance(c["file"], str):
+                raise SpecError("must be a path", source=src, field=f"{fld}.file")
             clusters.append({"file": str((Path(path).parent / c["file"]).resolve())})
         elif "synth" in c:
-            clusters += [{"synth": g} for g in _grid(c["synth"])]
+            clusters += [{"synth": g} for g in _grid(c["synth"], src, f"{fld}.synth")]
         else:
             raise SpecError("a [[clusters]] entry needs preset, file or synth", source=src,
-                            field=f"clusters[{k}]")
+                            field=fld)
     if not clusters:
         raise SpecError("give at least one [[clusters]]", source=src, field="clusters")
+    count = len(models) * len(clusters) * len(jobs) * len(methods) * len(budgets) * len(seeds)
+    if count > MAX_TASKS:
+        raise SpecError(f"{count:,} tasks; at most {MAX_TASKS:,}", source=src, field="sweep")
     tasks = [Task(m, c, dict(j), meth, float(b), int(s))
              for m, c, j, meth, b, s in itertools.product(models, clusters, jobs, methods,
                                                            budgets, seeds)]
-    for t in tasks[:1]:  # the inputs must build (one clear error before any work)
+    for t in {(t.model, json.dumps(t.cluster, sort_keys=True), json.dumps(t.job, sort_keys=True)):
+              t for t in tasks}.values():  # every input builds: one clear error before any work
         build_inputs(t, src)
-    return sw.get("name", Path(path).stem), tasks
+    return name, tasks
 
 
 def build_inputs(t: Task, src: str = "sweep"):
@@ -104,6 +155,9 @@ def build_inputs(t: Task, src: str = "sweep"):
             c = synth_cluster(SynthParams(**t.cluster["synth"]))
         except TypeError as e:
             raise SpecError(f"synth parameters: {e}", source=src, field="clusters.synth") \
+                from None
+        except SpecError as e:
+            raise SpecError(f"{e.field}: {e.problem}", source=src, field="clusters.synth") \
                 from None
     try:
         job = JobSpec(**t.job, source=src)

@@ -341,3 +341,67 @@ def test_cluster_fields_of_any_type(tmp_path, path, value):
         assert "\n" not in str(e)
         return
     assert all(math.isfinite(x) for x in c.inter_gb_per_s.flat)
+
+
+JOB = '[[models]]\nname = "gpt-1.7b"\n[[jobs]]\nglobal_batch = 8\nseq_length = 256\n'
+
+
+@pytest.mark.parametrize("text", [
+    'sweep = 5\n',
+    '[sweep]\nmethods = "exact"\n',
+    '[sweep]\nbudgets = [inf]\n' + JOB,
+    '[sweep]\nseeds = [-1]\n',
+    'models = [1, 2]\n',
+    JOB + '[[clusters]]\nsynth = 5\n',
+    JOB + '[[clusters]]\nsynth = { num_nodes = [], seed = 0 }\n',
+    JOB + '[[clusters]]\nsynth = { num_nodes = 2, gpu = 5 }\n',
+    JOB + '[[clusters]]\nsynth = { num_nodes = 2, seed = [0, 1], noise = 5.0 }\n',
+])
+def test_sweep_specs_of_the_wrong_shape(tmp_path, text):
+    """Sweep specs whose tables or values have the wrong type: one line, before any task."""
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    one_error_line(RUN.invoke(app, ["sweep", str(p), "--results", str(tmp_path / "r.sqlite"),
+                                    "--jobs", "1"]))
+
+
+def _disk_full_after(monkeypatch, ok_writes: int):
+    """formats.atomic's temporary files fail (ENOSPC) after `ok_writes` succeed."""
+    import formats.atomic as atomic
+    real, calls = atomic._write_temp, {"n": 0}
+
+    def full(path, data, mode):
+        calls["n"] += 1
+        if calls["n"] > ok_writes:
+            raise OSError(28, os.strerror(28))
+        return real(path, data, mode)
+    monkeypatch.setattr(atomic, "_write_temp", full)
+
+
+def test_profile_writer_keeps_the_previous_file(tmp_path, monkeypatch):
+    from formats.profile import load_profile, save_profile
+    from model.calibration import Profile
+    p = tmp_path / "prof.json"
+    prof = Profile(gpu="A100-80GB", values={"gemm_scale": 0.9}, stderr={"gemm_scale": 0.01},
+                   names=("gemm_scale",), covariance=[[1e-4]], residual_sd=0.02)
+    save_profile(p, prof)
+    before = p.read_bytes()
+    _disk_full_after(monkeypatch, 0)
+    with pytest.raises(SpecError, match="previous file"):
+        save_profile(p, prof)
+    assert p.read_bytes() == before and load_profile(p).gpu == "A100-80GB"
+
+
+def test_sweep_report_keeps_the_previous_tables(tmp_path, monkeypatch):
+    from formats.results import report
+    rows = [{"status": "done", "iteration_ms": 100.0 + k, "bound_ms": 90.0, "wall_s": 1.0,
+             "nodes": 2, "bw_spread": 1.2,
+             "inputs": {"method": m, "budget_s": 1.0, "model": "gpt-1.7b", "seed": 0,
+                        "cluster": {"synth": {"num_nodes": 2, "seed": 0}}, "job": {}}}
+            for k, m in enumerate(["exact", "anneal", "megatron"])]
+    report(rows, tmp_path)
+    before = (tmp_path / "summary.csv").read_bytes()
+    _disk_full_after(monkeypatch, 0)
+    with pytest.raises(SpecError):
+        report(rows, tmp_path)
+    assert (tmp_path / "summary.csv").read_bytes() == before

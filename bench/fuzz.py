@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import json
 import math
 import os
@@ -92,7 +93,7 @@ def mutate(doc, rng: random.Random, n: int = 1):
     for _ in range(n):
         paths = [p for p in _paths(doc) if p]
         if not paths:
-            return rng.choice(WEIRD)
+            return copy.deepcopy(rng.choice(WEIRD))
         p = rng.choice(paths)
         parent = doc
         for k in p[:-1]:
@@ -103,7 +104,7 @@ def mutate(doc, rng: random.Random, n: int = 1):
         elif op < 0.3 and isinstance(parent[p[-1]], list) and parent[p[-1]]:
             parent[p[-1]] = parent[p[-1]][:-1] if rng.random() < 0.5 else parent[p[-1]] * 2
         else:
-            parent[p[-1]] = rng.choice(WEIRD)
+            parent[p[-1]] = copy.deepcopy(rng.choice(WEIRD))  # never one list in two places
     return doc
 
 

@@ -405,3 +405,20 @@ def test_sweep_report_keeps_the_previous_tables(tmp_path, monkeypatch):
     with pytest.raises(SpecError):
         report(rows, tmp_path)
     assert (tmp_path / "summary.csv").read_bytes() == before
+
+
+def test_path_that_cannot_be_stated_and_unknown_gpu(tmp_path):
+    (tmp_path / "f").write_text("a file")
+    one_error_line(est("-c", str(tmp_path / "f" / "c.toml")))
+    one_error_line(est("--plan", str(tmp_path / "f" / "p.json")))
+    p = tmp_path / "c.toml"
+    p.write_text('name = "c"\n[[nodes]]\nname = "a"\ngpu = "Z100"\ngpus = 8\n'
+                 "intra_gb_per_s = 240.0\n[inter]\ngb_per_s = [[0]]\n")
+    assert "Z100" in one_error_line(est("-c", str(p)))
+
+
+@pytest.mark.parametrize("args", [["--dp", "0"], ["--chunks", "0"], ["--cp", "0"],
+                                  ["--mbs", "0"], ["--dp", "1000000"], ["--tp", "3"],
+                                  ["--layers", "0,80"], ["--ep", "0"]])
+def test_plan_option_combinations(args):
+    one_error_line(est(*args))

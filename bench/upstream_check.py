@@ -476,6 +476,23 @@ def check_nemo(python: str, nemo: str, work: Path) -> int:
     return bad
 
 
+def ds_ranks(folder: Path, cluster, plan, coords: list) -> str:
+    """Ranks that DeepSpeed's topology (stage, replica, tensor rank) puts on the node and GPU
+    the plan gives that (stage, replica, tensor rank), the physical place of each rank being
+    the one launch.sh realizes (ranks.json): 'k/k', or why not."""
+    if not (folder / "ranks.json").exists():
+        return "no launch set ([placement] warned)"
+    doc = json.loads((folder / "ranks.json").read_text())
+    index = {nd.name: i for i, nd in enumerate(cluster.nodes)}
+    pl, good, total = plan.placement, 0, 0
+    for nd in doc["nodes"]:
+        for r in nd["ranks"]:
+            s, col, t = coords[r["rank"]]
+            total += 1
+            good += (index[nd["node"]], r["gpu"]) == (pl.node[s][col], pl.gpus[s][col][t])
+    return f"ranks {good}/{total}" if good == total else f"MISPLACED {total - good}/{total}"
+
+
 def check_deepspeed(python: str, work: Path) -> int:
     """The Megatron-LM cases emitted for DeepSpeed, parsed by DeepSpeedConfig
     (bench/upstream/run_deepspeed.py); print the table."""
@@ -485,8 +502,12 @@ def check_deepspeed(python: str, work: Path) -> int:
         est = estimate(m, job, c, plan)
         folder = work / f"ds{k}"
         emit("deepspeed", m, job, c, plan, folder, est=est, force=not est.fits)
-        items.append({"path": str(folder / "ds_config.json"), "dp": plan.shape.dp})
-        meta.append((name, job, plan))
+        sh = plan.shape
+        # the config's data-parallel size is the plan's DP; DeepSpeed has no context
+        # parallelism (warned), so its topology's data axis spans DP x CP columns
+        items.append({"path": str(folder / "ds_config.json"), "dp": sh.dp,
+                      "topo_dp": sh.dp * sh.cp, "pp": sh.pp, "tp": sh.tp})
+        meta.append((name, job, c, plan, folder))
     (work / "ds.json").write_text(json.dumps(items))
     run = subprocess.run([python, str(HERE / "run_deepspeed.py"), str(work / "ds.json"),
                           str(work / "ds-views.json")], capture_output=True, text=True)
@@ -495,9 +516,9 @@ def check_deepspeed(python: str, work: Path) -> int:
         return len(cases)
     views = json.loads((work / "ds-views.json").read_text())
     print(f"\nDeepSpeed (DeepSpeedConfig); {len(cases)} plans\n")
-    print(f"{'plan':40s} {'DeepSpeed':>9s}  batch / micro / accumulation / ZeRO")
+    print(f"{'plan':40s} {'DeepSpeed':>9s}  batch / micro / accumulation / ZeRO; ranks ok")
     bad = 0
-    for (name, job, plan), v in zip(meta, views):
+    for (name, job, c, plan, folder), v in zip(meta, views):
         sh = plan.shape
         if not v["accepted"]:
             bad += 1
@@ -507,8 +528,10 @@ def check_deepspeed(python: str, work: Path) -> int:
                 sh.zero)
         got = (v["train_batch_size"], v["micro_batch"], v["grad_accum"], v["zero_stage"])
         bad += want != got
-        print(f"{name:40s} {'accepted':>9s}  {got}" + ("" if want == got else
-                                                        f"  planned {want}"))
+        ranks = ds_ranks(folder, c, plan, v["coords"])
+        bad += ranks.startswith("MISPLACED")
+        print(f"{name:40s} {'accepted':>9s}  {got}; {ranks}" + ("" if want == got else
+                                                                 f"  planned {want}"))
     return bad
 
 

@@ -7,8 +7,11 @@ checks train_batch_size = micro batch x accumulation x data-parallel size agains
 the process group of rank 0, and the
 batch, ZeRO and precision settings it ends up with are written as JSON.
 
+It also lists each rank's (stage, replica, tensor rank) under DeepSpeed's pipeline topology,
+for the rank check.
+
 usage: python run_deepspeed.py ITEMS.json RESULTS.json  (ITEMS: a list of {"path": JSON,
-"dp": data-parallel size})
+"dp": data-parallel size, "pp": ..., "tp": ...})
 """
 
 import json
@@ -26,6 +29,16 @@ class _DataParallelOnly:
 
     def get_model_parallel_world_size(self):
         return 1
+
+
+def ds_coords(pp, dp, tp):
+    """rank -> (stage, replica, tensor rank) under DeepSpeed's own pipeline topology
+    (deepspeed/runtime/pipe/topology.py PipeModelDataParallelTopology, axes pipe, data,
+    model)."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+    return [[c.pipe, c.data, c.model] for c in (topo.get_coord(r) for r in range(pp * dp * tp))]
 
 
 def ds_view(item):
@@ -51,7 +64,12 @@ def ds_view(item):
 
 def main():
     items = json.load(open(sys.argv[1]))
-    out = [ds_view(it) for it in items]
+    out = []
+    for it in items:
+        v = ds_view(it)
+        if v["accepted"]:
+            v["coords"] = ds_coords(it["pp"], it.get("topo_dp", it["dp"]), it["tp"])
+        out.append(v)
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from model.cluster import ClusterSpec, NodeSpec
+from model.cluster import MAX_GPUS_PER_NODE, MAX_LINK_GB_PER_S
 from model.errors import SpecError
 from model.topology import best_ring_gb_per_s
 
@@ -74,15 +75,16 @@ def _load_file(path: str) -> Topology:
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not valid TOML ({e})", source=src) from None
     n = raw.get("gpus")
-    if not isinstance(n, int) or n <= 0:
-        raise SpecError(f"must be a positive integer, got {n!r}", source=src, field="gpus")
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_GPUS_PER_NODE:
+        raise SpecError(f"must be an integer from 1 to {MAX_GPUS_PER_NODE}, got "
+                        f"{str(n)[:40]}", source=src, field="gpus")
     kinds = [k for k in ("uniform_gb_per_s", "nvlinks", "matrix_gb_per_s") if k in raw]
     if len(kinds) != 1:
         raise SpecError("give exactly one of uniform_gb_per_s, nvlinks (+ link_gb_per_s, "
                         f"other_gb_per_s) or matrix_gb_per_s; found {kinds or 'none'}",
                         source=src, field="gpus")
     eff = raw.get("efficiency", 1.0)
-    if not isinstance(eff, (int, float)) or not 0 < eff <= 1:
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
         raise SpecError(f"must be in (0, 1], got {eff!r}", source=src, field="efficiency")
     kind = kinds[0]
     if kind == "uniform_gb_per_s":
@@ -99,6 +101,9 @@ def _load_file(path: str) -> Topology:
         if (counts != np.round(counts)).any():
             raise SpecError("link counts must be integers", source=src, field="nvlinks")
         per_gpu = raw.get("links_per_gpu")
+        if per_gpu is not None and (isinstance(per_gpu, bool) or not isinstance(per_gpu, int)):
+            raise SpecError(f"must be an integer, got {str(per_gpu)[:40]}", source=src,
+                            field="links_per_gpu")
         if per_gpu is not None:
             np.fill_diagonal(counts, 0)
             tot = counts.sum(axis=1)
@@ -120,8 +125,9 @@ def _load_file(path: str) -> Topology:
 
 def _positive(raw: dict, key: str, src: str) -> float:
     v = raw.get(key)
-    if not isinstance(v, (int, float)) or not v > 0:
-        raise SpecError(f"must be a positive number of GB/s, got {v!r}", source=src, field=key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_LINK_GB_PER_S:
+        raise SpecError(f"must be a positive number of GB/s, at most {MAX_LINK_GB_PER_S:g}, "
+                        f"got {str(v)[:40]}", source=src, field=key)
     return float(v)
 
 

@@ -422,3 +422,13 @@ def test_path_that_cannot_be_stated_and_unknown_gpu(tmp_path):
                                   ["--layers", "0,80"], ["--ep", "0"]])
 def test_plan_option_combinations(args):
     one_error_line(est(*args))
+
+
+@pytest.mark.parametrize("gpus", ["1000000000000", "true", "0"])
+def test_topology_file_sizes(tmp_path, gpus):
+    topo = tmp_path / "t.toml"
+    topo.write_text(f"gpus = {gpus}\nuniform_gb_per_s = 100.0\n")
+    p = tmp_path / "c.toml"
+    p.write_text(f'name = "c"\n[[nodes]]\nname = "a"\ngpu = "A100-80GB"\ngpus = 8\n'
+                 f'intra_topology = "{topo}"\n[inter]\ngb_per_s = [[0]]\n')
+    one_error_line(RUN.invoke(app, ["cluster", "show", str(p)]))

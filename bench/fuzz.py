@@ -508,8 +508,10 @@ def _has_nonfinite(text: str) -> bool:
     bad = []
     try:
         json.loads(text, parse_constant=lambda c: bad.append(c))
-    except ValueError:
-        return bool(re.search(r"(?<![A-Za-z])(NaN|-?Infinity|nan|-?inf)(?![A-Za-z])", text))
+    except ValueError:  # a table or text: a non-finite value where a number is printed
+        return bool(re.search(r"(?i)(?:[:=|(]\s*(?:nan|-?inf(?:inity)?)(?![a-z]))|"
+                              r"(?:(?<![a-z])(?:nan|-?inf(?:inity)?)\s*(?:ms|s|gib|gb/s|%)\b)",
+                              text))
     return bool(bad)
 
 

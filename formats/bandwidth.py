@@ -78,7 +78,10 @@ def read_csv(path: str | Path, units: str = "gb_per_s") -> Measured:
     """
     src = str(path)
     text = _read_text(path)
-    rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
+    try:
+        rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
+    except csv.Error as e:
+        raise SpecError(f"not CSV ({e})", source=src) from None
     if len(rows) < 2:
         raise SpecError("needs a header row of node names and one row per node", source=src)
     header = [c.strip() for c in rows[0][1:]]

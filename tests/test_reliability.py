@@ -432,3 +432,10 @@ def test_topology_file_sizes(tmp_path, gpus):
     p.write_text(f'name = "c"\n[[nodes]]\nname = "a"\ngpu = "A100-80GB"\ngpus = 8\n'
                  f'intra_topology = "{topo}"\n[inter]\ngb_per_s = [[0]]\n')
     one_error_line(RUN.invoke(app, ["cluster", "show", str(p)]))
+
+
+def test_csv_the_csv_module_cannot_parse(tmp_path):
+    p = tmp_path / "m.csv"
+    p.write_text('from\\to,a,b\na,,"1.0\nb,2.0,\n' + "x" * 200_000 + '"\n')
+    one_error_line(RUN.invoke(app, ["cluster", "import", str(p), "--gpu", "A100-80GB",
+                                    "--gpus-per-node", "8", "--intra-gb-per-s", "240"]))

@@ -269,6 +269,10 @@ def _titan_cases():
         ("Llama-3 70B TP=8 PP=4 uneven 1F1B", l70, job, h100,
          make_plan(l70, job, h100, tp=8, pp=4, zero=3, sequence_parallel=True,
                    recompute="full", layers=(19, 21, 21, 19))),
+        ("Llama-3 8B TP=2 PP=2, nodes shuffled", l3, job, h100,
+         make_plan(l3, job, h100, tp=2, pp=2, zero=3, sequence_parallel=True,
+                   recompute="full", placement=block_placement(h100, 2, 2, 8, 1,
+                                                               node_order=[2, 0, 3, 1]))),
     ]
     jcp = JobSpec(global_batch=32, seq_length=32768, framework="torchtitan")
     out.append(("Llama-3 8B CP=4 TP=2 seq 32k", l3, jcp, h100,
@@ -338,7 +342,7 @@ def check_torchtitan(python: str, version: str, root: str, work: Path) -> int:
         _f, warns = emit("torchtitan", m, job, c, plan, folder, est=est, force=not est.fits,
                          version=version)
         items.append({"path": str(folder / "torchtitan.toml"), "vocab": m.vocab_size})
-        meta.append((name, m, job, plan, warns, est.fits))
+        meta.append((name, m, job, c, plan, warns, est.fits, folder))
     (work / f"titan{version}.json").write_text(json.dumps(items))
     out = work / f"titan{version}-views.json"
     run = subprocess.run([python, str(HERE / "run_torchtitan.py"),
@@ -352,9 +356,9 @@ def check_torchtitan(python: str, version: str, root: str, work: Path) -> int:
     print(f"\ntorchtitan {version} at {root}: {len(cases)} plans, ConfigManager + model "
           "built on the meta device\n")
     print(f"{'plan':40s} {'fits':>4s} {'torchtitan':>10s} {'warned diff':>11s} "
-          f"{'unwarned':>8s}")
+          f"{'unwarned':>8s} {'ranks ok':>10s}")
     bad = 0
-    for (name, m, job, plan, warns, fits), v in zip(meta, views):
+    for (name, m, job, c, plan, warns, fits, folder), v in zip(meta, views):
         if not v["accepted"]:
             bad += 1
             print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'REJECTED':>10s}  {v['error']}")
@@ -363,7 +367,13 @@ def check_torchtitan(python: str, version: str, root: str, work: Path) -> int:
         diffs = [(f, want, got.get(f), kind)
                  for f, want, kind in titan_expected(m, job, plan, version)
                  if got.get(f) != want]
-        bad += report(name, fits, "torchtitan", diffs, warns)
+        if "coords" in v:
+            coords = [[s_, b * plan.shape.cp + cp_, t] for s_, b, cp_, t in v["coords"]]
+            ranks = ds_ranks(folder, c, plan, coords)
+        else:
+            ranks = "mesh: " + v.get("coords_error", "?")[:60]
+        bad += ranks.startswith("MISPLACED")
+        bad += report(name, fits, "torchtitan", diffs, warns, ranks.replace("ranks ", ""))
         if "model_error" in v:
             print(f"    model lookup: {v['model_error']}")
     return bad

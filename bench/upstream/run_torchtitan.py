@@ -92,11 +92,62 @@ def titan_view(item):
     return out
 
 
+def titan_coords(v: dict) -> list | None:
+    """rank -> [stage, batch index, cp rank, tensor rank] under torchtitan's own device mesh:
+    ParallelDims(...).build_mesh() run for every rank on torch's fake process group (no
+    communication), each rank's pp / batch / cp / tp groups read from the meshes it builds."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    kw = dict(dp_replicate=v["dp_replicate"], dp_shard=v["dp_shard"], cp=v["cp"], tp=v["tp"],
+              pp=v["pp"])
+    world = kw["dp_replicate"] * kw["dp_shard"] * kw["cp"] * kw["tp"] * kw["pp"]
+    fields = ParallelDims.__dataclass_fields__
+    kw.update({k: 1 for k in ("ep", "etp") if k in fields})
+    if "enable_loss_parallel" in fields:  # v0.1
+        kw["enable_loss_parallel"] = True
+    out = []
+    for r in range(world):
+        dist.init_process_group("fake", rank=r, world_size=world, store=FakeStore())
+        try:
+            pd = ParallelDims(world_size=world, **kw)
+            try:
+                mesh = pd.build_mesh()
+            except TypeError:  # v0.1: build_mesh(device_type)
+                mesh = pd.build_mesh("cpu")
+            coord = []
+            for dim in ("pp", "batch", "cp", "tp"):
+                sub = pd._meshes.get(dim) if getattr(pd, "_meshes", None) else None
+                if sub is None:  # v0.1: named (and flattened "dp") dimensions of the world mesh
+                    name = {"batch": "dp"}.get(dim, dim)
+                    try:
+                        sub = mesh[name]
+                    except (KeyError, RuntimeError, ValueError):
+                        sub = None
+                ranks = sub.mesh.flatten().tolist() if sub is not None else [r]
+                coord.append(ranks.index(r))
+            out.append(coord)
+        finally:
+            dist.destroy_process_group()
+    return out
+
+
 def main():
     items = json.load(open(sys.argv[1]))
     dest = sys.argv[2]
+    views = []
+    for it in items:
+        v = titan_view(it)
+        if v["accepted"]:
+            try:
+                v["coords"] = titan_coords(v)
+            except BaseException as e:  # a release whose mesh API differs
+                v["coords_error"] = f"{type(e).__name__}: {e}"[:300]
+        views.append(v)
     with open(dest, "w") as f:
-        json.dump([titan_view(p) for p in items], f)
+        json.dump(views, f)
 
 
 if __name__ == "__main__":

@@ -324,7 +324,7 @@ def megatron_args_text(args: list[str], plan: Plan, notices: list[str] = ()) -> 
               f"# layers per virtual stage: {list(plan.shape.layers)}",
               f"# target: {MEGATRON_TARGET}",
               "# minimum Megatron-Core release of the newer flags used here: "
-              + (", ".join(newer) if newer else "none") + "; the others are in 0.8.0",
+              + (", ".join(newer) if newer else "none") + "; the others are in 0.8.0 or older",
               "# data, optimizer and run length are yours: launch.sh passes its own arguments on,",
               "# e.g. bash launch.sh --data-path PREFIX --lr 3e-4 --train-iters 1000",
               "# (or --mock-data to try the plan)"]
@@ -433,7 +433,8 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     warn = []
     G = cluster.gpus_per_node
     if G is None:
-        warn.append("nemo [placement]: trainer.devices is one count for every node, but the nodes have "
+        warn.append("nemo [placement]: trainer.devices is one count for every node, but the "
+                    "nodes have "
                     "different GPU counts")
         G = max(nd.num_gpus for nd in cluster.nodes)
     # Lightning 2 precision strings; megatron_amp_O2 keeps fp32 main weights in the optimizer
@@ -476,7 +477,8 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
             m.update(moe_expert_capacity_factor=job.moe_capacity_factor,
                      moe_pad_expert_input_to_capacity=True)
         if model.expert_ffn != model.ffn_hidden_size or model.moe_shared_experts:
-            warn.append("nemo [model]: the expert FFN width and shared experts have no NeMo 1.x key "
+            warn.append("nemo [model]: the expert FFN width and shared experts have no NeMo 1.x "
+                        "key "
                         "here; set them in the model config")
     # activations_checkpoint_* keys: granularity 'selective' | 'full', method 'uniform'
     if sh.recompute == "full":
@@ -498,10 +500,12 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                                        "hybrid" if sh.shard_size else "full")
         m["megatron_amp_O2"] = False  # FSDP keeps its own fp32 shards
         if sh.shard_size and G and sh.shard_size * sh.tp != G:
-            warn.append(f"nemo [parallelism]: hybrid FSDP shards inside a node ({G} GPUs), the plan shards "
+            warn.append(f"nemo [parallelism]: hybrid FSDP shards inside a node ({G} GPUs), the "
+                        f"plan shards "
                         f"over {sh.shard_size} data-parallel ranks")
         if sh.pp > 1:
-            warn.append("nemo [parallelism]: NeMo 1.x FSDP does not combine with pipeline parallelism")
+            warn.append("nemo [parallelism]: NeMo 1.x FSDP does not combine with pipeline "
+                        "parallelism")
     if sh.overlap_grad_reduce:
         m["optim"]["overlap_grad_sync"] = True
     if sh.overlap_param_gather:
@@ -633,7 +637,8 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     else:
         par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=sh.dp)
         if sh.dp > 1:
-            warn.append("torchtitan [parallelism]: data parallelism becomes FSDP (shards weights, gradients "
+            warn.append("torchtitan [parallelism]: data parallelism becomes FSDP (shards "
+                        "weights, gradients "
                         "and optimizer state); the plan's estimate assumes "
                         + (f"ZeRO-{sh.zero}" if sh.zero else "replicated DDP") +
                         ", so memory is lower and communication differs")
@@ -653,7 +658,8 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         else:  # v0.2: the modules of every model part, in model order
             par["module_fqns_per_model_part"] = torchtitan_parts(sh)
     if sh.tp > 1 and not sh.sequence_parallel:
-        warn.append("torchtitan [parallelism]: its tensor-parallel plan always shards norms along the "
+        warn.append("torchtitan [parallelism]: its tensor-parallel plan always shards norms "
+                    "along the "
                     "sequence (sequence parallelism); the plan has it off")
     if sh.tp_comm_overlap:
         par["enable_async_tensor_parallel"] = True
@@ -676,7 +682,8 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # torchao float8 training of the linear layers (torchtitan's float8 converter)
         extra["model"]["converters"] = ["float8"]
     if job.attention != "flash":
-        warn.append("torchtitan [model]: attention is scaled_dot_product_attention (FlashAttention on "
+        warn.append("torchtitan [model]: attention is scaled_dot_product_attention "
+                    "(FlashAttention on "
                     "GPUs that have it); the estimate assumed eager attention")
     if sh.overlap_grad_reduce or sh.overlap_param_gather:
         warn.append("torchtitan [overlap]: FSDP2 prefetches and overlaps its own collectives; the "
@@ -685,7 +692,8 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if sh.recompute == "selective":
         ac["selective_ac_option"] = "op"
         if job.framework != "torchtitan":
-            warn.append("torchtitan [recompute]: selective recompute is op-level SAC, not Megatron's "
+            warn.append("torchtitan [recompute]: selective recompute is op-level SAC, not "
+                        "Megatron's "
                         "attention-core recompute the estimate assumed (estimate with "
                         "framework torchtitan to model it); memory and time differ")
     if model.is_moe and sh.ep > 1:
@@ -693,7 +701,8 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # from FSDP and TP)
         par["expert_parallel_degree"] = sh.ep
     if model.is_moe:
-        warn.append(f"torchtitan [model]: {model.num_experts}-expert top-{model.moe_topk} MoE comes from "
+        warn.append(f"torchtitan [model]: {model.num_experts}-expert top-{model.moe_topk} MoE "
+                    f"comes from "
                     "the model flavor (e.g. its DeepSeek-V3 / Llama 4 models)"
                     + (f"; the plan's expert parallelism (EP={sh.ep}) was estimated for "
                        "Megatron-LM's dispatcher, not torchtitan's" if sh.ep > 1 else
@@ -725,7 +734,8 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # ZeRO++ hierarchical partitioning (hpZ): a secondary copy of the weights sharded
         # inside groups of this many ranks, so gathers stay inside them
         cfg["zero_optimization"]["zero_hpz_partition_size"] = sh.shard_size
-        warn.append("deepspeed [parallelism]: HSDP maps to ZeRO++ hpZ (zero_hpz_partition_size), which keeps "
+        warn.append("deepspeed [parallelism]: HSDP maps to ZeRO++ hpZ (zero_hpz_partition_size), "
+                    "which keeps "
                     "the primary shards over the whole group: optimizer state and gradients "
                     "use less memory than the estimate, weights slightly more")
     if sh.overlap_grad_reduce:
@@ -734,23 +744,28 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # the estimate has each layer's gradient reduce-scatter wait in line (costs.py)
         cfg["zero_optimization"]["overlap_comm"] = False
     if sh.cp > 1:
-        warn.append(f"deepspeed [parallelism]: context parallelism (CP={sh.cp}) cannot be expressed: "
+        warn.append(f"deepspeed [parallelism]: context parallelism (CP={sh.cp}) cannot be "
+                    f"expressed: "
                     "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
                     "the ring exchange the estimate assumed")
     if sh.zero >= 2 and sh.pp > 1:
-        warn.append(f"deepspeed [parallelism]: its pipeline engine runs ZeRO-1 only; ZeRO-{sh.zero} with "
+        warn.append(f"deepspeed [parallelism]: its pipeline engine runs ZeRO-1 only; "
+                    f"ZeRO-{sh.zero} with "
                     f"PP={sh.pp} cannot be expressed")
     if sh.fp8:
-        warn.append("deepspeed [precision]: FP8 is not a DeepSpeed config key; enable Transformer Engine "
+        warn.append("deepspeed [precision]: FP8 is not a DeepSpeed config key; enable "
+                    "Transformer Engine "
                     "FP8 in the model code (Megatron-DeepSpeed) or run bf16")
     if sh.tp_comm_overlap or sh.overlap_param_gather:
-        warn.append("deepspeed [overlap]: tensor-parallel and parameter-gather overlap are Megatron-LM "
+        warn.append("deepspeed [overlap]: tensor-parallel and parameter-gather overlap are "
+                    "Megatron-LM "
                     "features with no DeepSpeed config key")
     if sh.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False,
                                            "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}
-        warn.append(f"deepspeed [recompute]: the config only tunes activation checkpointing; {sh.recompute} "
+        warn.append(f"deepspeed [recompute]: the config only tunes activation checkpointing; "
+                    f"{sh.recompute} "
                     "recompute must be enabled in the model code "
                     "(deepspeed.checkpointing.checkpoint) or by Megatron-DeepSpeed flags")
     if sh.tp > 1 or sh.pp > 1 or sh.sequence_parallel:
@@ -765,7 +780,8 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "PipelineModule, whose partition_method is 'parameters', 'uniform' or "
                     "'type:...'")
     if sh.schedule != "1f1b" and sh.pp > 1:
-        warn.append(f"deepspeed [schedule]: the pipeline engine runs its own 1F1B-style TrainSchedule; "
+        warn.append(f"deepspeed [schedule]: the pipeline engine runs its own 1F1B-style "
+                    f"TrainSchedule; "
                     f"the plan's {sh.schedule} schedule cannot be expressed")
     return cfg, warn
 

@@ -505,8 +505,9 @@ def test_cuda_device_max_connections_rule(llama, tmp_path):
     """Set to 1 with TP or CP > 1 before Blackwell (Megatron-LM validate_args), not set on
     B200, unset for Megatron-FSDP (which requires it unset or > 1)."""
     job = JobSpec(global_batch=64, seq_length=4096)
-    for gpu, kw, want in [("A100-80GB", dict(tp=8, pp=4), "export CUDA_DEVICE_MAX_CONNECTIONS=1"),
-                          ("H100-SXM-80GB", dict(tp=8, pp=4), "export CUDA_DEVICE_MAX_CONNECTIONS=1"),
+    one = "export CUDA_DEVICE_MAX_CONNECTIONS=1"
+    for gpu, kw, want in [("A100-80GB", dict(tp=8, pp=4), one),
+                          ("H100-SXM-80GB", dict(tp=8, pp=4), one),
                           ("B200", dict(tp=8, pp=4), None),
                           ("A100-80GB", dict(tp=1, pp=4), None),
                           ("A100-80GB", dict(tp=8, pp=1, zero=3, recompute="full"),

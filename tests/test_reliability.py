@@ -302,8 +302,8 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
                                                                        max_size=3), max_leaves=8)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(sorted(SMALL_HF)), value=JSONISH)
 def test_hf_config_fields_of_any_type(tmp_path, key, value):
     p = tmp_path / "config.json"
@@ -316,8 +316,8 @@ def test_hf_config_fields_of_any_type(tmp_path, key, value):
         one_error_line(r)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(["name", "latency_us", "nodes.0.name", "nodes.0.gpu", "nodes.0.gpus",
                              "nodes.1.intra_gb_per_s", "inter.gb_per_s", "inter.gb_per_s.0",
                              "inter.gb_per_s.1.0", "nodes", "inter"]), value=JSONISH)

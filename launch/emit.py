@@ -434,8 +434,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     G = cluster.gpus_per_node
     if G is None:
         warn.append("nemo [placement]: trainer.devices is one count for every node, but the "
-                    "nodes have "
-                    "different GPU counts")
+                    "nodes have different GPU counts")
         G = max(nd.num_gpus for nd in cluster.nodes)
     # Lightning 2 precision strings; megatron_amp_O2 keeps fp32 main weights in the optimizer
     # (Megatron-style mixed precision, the memory the estimate assumes)
@@ -478,8 +477,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                      moe_pad_expert_input_to_capacity=True)
         if model.expert_ffn != model.ffn_hidden_size or model.moe_shared_experts:
             warn.append("nemo [model]: the expert FFN width and shared experts have no NeMo 1.x "
-                        "key "
-                        "here; set them in the model config")
+                        "key here; set them in the model config")
     # activations_checkpoint_* keys: granularity 'selective' | 'full', method 'uniform'
     if sh.recompute == "full":
         m.update(activations_checkpoint_granularity="full",
@@ -501,8 +499,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         m["megatron_amp_O2"] = False  # FSDP keeps its own fp32 shards
         if sh.shard_size and G and sh.shard_size * sh.tp != G:
             warn.append(f"nemo [parallelism]: hybrid FSDP shards inside a node ({G} GPUs), the "
-                        f"plan shards "
-                        f"over {sh.shard_size} data-parallel ranks")
+                        f"plan shards over {sh.shard_size} data-parallel ranks")
         if sh.pp > 1:
             warn.append("nemo [parallelism]: NeMo 1.x FSDP does not combine with pipeline "
                         "parallelism")
@@ -638,8 +635,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=sh.dp)
         if sh.dp > 1:
             warn.append("torchtitan [parallelism]: data parallelism becomes FSDP (shards "
-                        "weights, gradients "
-                        "and optimizer state); the plan's estimate assumes "
+                        "weights, gradients and optimizer state); the plan's estimate assumes "
                         + (f"ZeRO-{sh.zero}" if sh.zero else "replicated DDP") +
                         ", so memory is lower and communication differs")
     if sh.pp > 1:
@@ -659,8 +655,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
             par["module_fqns_per_model_part"] = torchtitan_parts(sh)
     if sh.tp > 1 and not sh.sequence_parallel:
         warn.append("torchtitan [parallelism]: its tensor-parallel plan always shards norms "
-                    "along the "
-                    "sequence (sequence parallelism); the plan has it off")
+                    "along the sequence (sequence parallelism); the plan has it off")
     if sh.tp_comm_overlap:
         par["enable_async_tensor_parallel"] = True
     extra: dict = {}
@@ -683,8 +678,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         extra["model"]["converters"] = ["float8"]
     if job.attention != "flash":
         warn.append("torchtitan [model]: attention is scaled_dot_product_attention "
-                    "(FlashAttention on "
-                    "GPUs that have it); the estimate assumed eager attention")
+                    "(FlashAttention on GPUs that have it); the estimate assumed eager attention")
     if sh.overlap_grad_reduce or sh.overlap_param_gather:
         warn.append("torchtitan [overlap]: FSDP2 prefetches and overlaps its own collectives; the "
                     "Megatron bucket overlaps the estimate assumed have no switch here")
@@ -693,8 +687,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         ac["selective_ac_option"] = "op"
         if job.framework != "torchtitan":
             warn.append("torchtitan [recompute]: selective recompute is op-level SAC, not "
-                        "Megatron's "
-                        "attention-core recompute the estimate assumed (estimate with "
+                        "Megatron's attention-core recompute the estimate assumed (estimate with "
                         "framework torchtitan to model it); memory and time differ")
     if model.is_moe and sh.ep > 1:
         # torchtitan/config/configs.py Parallelism.expert_parallel_degree (EP borrows ranks
@@ -702,8 +695,7 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         par["expert_parallel_degree"] = sh.ep
     if model.is_moe:
         warn.append(f"torchtitan [model]: {model.num_experts}-expert top-{model.moe_topk} MoE "
-                    f"comes from "
-                    "the model flavor (e.g. its DeepSeek-V3 / Llama 4 models)"
+                    f"comes from the model flavor (e.g. its DeepSeek-V3 / Llama 4 models)"
                     + (f"; the plan's expert parallelism (EP={sh.ep}) was estimated for "
                        "Megatron-LM's dispatcher, not torchtitan's" if sh.ep > 1 else
                        "; expert parallelism 1 as the estimate assumed"))
@@ -750,23 +742,19 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "the ring exchange the estimate assumed")
     if sh.zero >= 2 and sh.pp > 1:
         warn.append(f"deepspeed [parallelism]: its pipeline engine runs ZeRO-1 only; "
-                    f"ZeRO-{sh.zero} with "
-                    f"PP={sh.pp} cannot be expressed")
+                    f"ZeRO-{sh.zero} with PP={sh.pp} cannot be expressed")
     if sh.fp8:
         warn.append("deepspeed [precision]: FP8 is not a DeepSpeed config key; enable "
-                    "Transformer Engine "
-                    "FP8 in the model code (Megatron-DeepSpeed) or run bf16")
+                    "Transformer Engine FP8 in the model code (Megatron-DeepSpeed) or run bf16")
     if sh.tp_comm_overlap or sh.overlap_param_gather:
         warn.append("deepspeed [overlap]: tensor-parallel and parameter-gather overlap are "
-                    "Megatron-LM "
-                    "features with no DeepSpeed config key")
+                    "Megatron-LM features with no DeepSpeed config key")
     if sh.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": False,
                                            "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}
         warn.append(f"deepspeed [recompute]: the config only tunes activation checkpointing; "
-                    f"{sh.recompute} "
-                    "recompute must be enabled in the model code "
+                    f"{sh.recompute} recompute must be enabled in the model code "
                     "(deepspeed.checkpointing.checkpoint) or by Megatron-DeepSpeed flags")
     if sh.tp > 1 or sh.pp > 1 or sh.sequence_parallel:
         warn.append(f"deepspeed [parallelism]: TP={sh.tp}, PP={sh.pp}"
@@ -781,8 +769,7 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "'type:...'")
     if sh.schedule != "1f1b" and sh.pp > 1:
         warn.append(f"deepspeed [schedule]: the pipeline engine runs its own 1F1B-style "
-                    f"TrainSchedule; "
-                    f"the plan's {sh.schedule} schedule cannot be expressed")
+                    f"TrainSchedule; the plan's {sh.schedule} schedule cannot be expressed")
     return cfg, warn
 
 

@@ -202,6 +202,11 @@ def compare(model, job, plan, got: dict) -> list[tuple]:
     return diffs
 
 
+def rejected(name: str, fits: bool, error: str) -> None:
+    """Print the row of a plan the framework refused, with its error."""
+    print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'REJECTED':>10s}  {error}")
+
+
 def report(name: str, fits: bool, framework: str, diffs: list[tuple], warns: list[str],
            ranks: str = "") -> int:
     """Print one accepted plan's row and its differences (field, planned, built, kind), each
@@ -361,7 +366,7 @@ def check_torchtitan(python: str, version: str, root: str, work: Path) -> int:
     for (name, m, job, c, plan, warns, fits, folder), v in zip(meta, views):
         if not v["accepted"]:
             bad += 1
-            print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'REJECTED':>10s}  {v['error']}")
+            rejected(name, fits, v["error"])
             continue
         got = titan_built(v)
         diffs = [(f, want, got.get(f), kind)
@@ -478,7 +483,7 @@ def check_nemo(python: str, nemo: str, work: Path) -> int:
                                                                "error": "no result"}
         if not v["accepted"]:
             bad += 1
-            print(f"{name:40s} {'yes' if est.fits else 'NO':>4s} {'REJECTED':>9s}  {v['error']}")
+            rejected(name, est.fits, v["error"])
             continue
         order = json.loads((folder / "ranks.json").read_text())["framework_order"]
         diffs = nemo_compare(m, job, c, plan, v["config"], order)
@@ -609,8 +614,7 @@ def check_megatron(python: str, megatron: str, work: Path) -> int:
     for (name, m, job, c, plan, warns, recs, fits), v in zip(meta, views):
         if not v["accepted"]:
             bad += 1
-            print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'REJECTED':>9s}  {v['error']} "
-                  f"({v['where']})")
+            rejected(name, fits, f"{v['error']} ({v['where']})")
             continue
         good, total = check_ranks(c, plan, recs, v["groups"])
         bad += report(name, fits, "Megatron", compare(m, job, plan, v), warns,

@@ -91,10 +91,7 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
             intra, mat = _topology_matrix(nd, topo_name, gpus, src, where)
         else:
             mat = None
-        if not _number(intra, src, f"{where}.intra_gb_per_s",
-                       "a positive number of GB/s") > 0:
-            raise SpecError(f"must be a positive number of GB/s, got {intra!r}", source=src,
-                            field=f"{where}.intra_gb_per_s")
+        _number(intra, src, f"{where}.intra_gb_per_s", "a positive number of GB/s")
         if "intra_matrix_gb_per_s" in nd:
             mat = _matrix(nd["intra_matrix_gb_per_s"], gpus, src,
                           f"{where}.intra_matrix_gb_per_s")
@@ -104,13 +101,10 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
         raise SpecError("missing; give the node-by-node matrix in GB/s", source=src,
                         field="inter.gb_per_s")
     mat = _matrix(inter["gb_per_s"], len(nodes), src, "inter.gb_per_s")
+    # ranges and names are ClusterSpec's to check; here only that the types are right
     lat = _number(raw.get("latency_us", 5.0), src, "latency_us", "a number >= 0")
-    if lat < 0:
-        raise SpecError(f"must be a number >= 0, got {lat!r}", source=src, field="latency_us")
-    name = raw.get("name", Path(src).stem)
-    check_name(name, "the cluster name", src, "name")
-    return ClusterSpec(name=name, nodes=tuple(nodes), inter_gb_per_s=mat, latency_us=lat,
-                       source=src)
+    return ClusterSpec(name=raw.get("name", Path(src).stem), nodes=tuple(nodes),
+                       inter_gb_per_s=mat, latency_us=lat, source=src)
 
 
 def _topology_matrix(nd: dict, topo_name, gpus: int, src: str, where: str):

@@ -48,6 +48,26 @@ def _chunks_equal_per_stage(sh: Shape) -> bool:
                for s in range(sh.pp))
 
 
+def first_last_split(sh: Shape) -> dict | None:
+    """The split as Megatron-Core's first/last stage counts ({} when even), or None when they
+    cannot express it: TransformerConfig num_layers_in_first/last_pipeline_stage (NeMo 1.x
+    keys; Megatron-LM --decoder-first/last-pipeline-num-layers) split the rest evenly and each
+    stage's layers evenly over its model chunks (transformer_block.get_num_layers_to_build)."""
+    if len(set(sh.layers)) == 1:
+        return {}
+    T = [sh.stage_layers(s) for s in range(sh.pp)]
+    mid = set(T[1:-1])
+    if not _chunks_equal_per_stage(sh) or len(mid) > 1:
+        return None
+    m = mid.pop() if mid else None
+    out = {}
+    if m is None or T[0] != m:
+        out["num_layers_in_first_pipeline_stage"] = T[0]
+    if m is None or T[-1] != m:
+        out["num_layers_in_last_pipeline_stage"] = T[-1]
+    return out
+
+
 def megatron_split(sh: Shape) -> list[str]:
     """Megatron-LM flags that build the plan's layers per virtual stage exactly.
 
@@ -58,21 +78,19 @@ def megatron_split(sh: Shape) -> list[str]:
     virtual pipeline together with --num-virtual-stages-per-pipeline-rank). Any other split
     is given as --pipeline-model-parallel-layout (Megatron-Core >= 0.13), which names every
     virtual stage's layers."""
-    L, p, v = list(sh.layers), sh.pp, sh.chunks
-    if len(set(L)) == 1:
-        return ["--num-layers-per-virtual-pipeline-stage", str(L[0])] if v > 1 else []
-    T = [sh.stage_layers(s) for s in range(p)]
-    mid = set(T[1:-1])
-    if _chunks_equal_per_stage(sh) and len(mid) <= 1:
-        flags = ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
-        if p == 2:
-            return flags + ["--decoder-first-pipeline-num-layers", str(T[0]),
-                            "--decoder-last-pipeline-num-layers", str(T[1])]
-        m = mid.pop()
-        if T[0] != m:
-            flags += ["--decoder-first-pipeline-num-layers", str(T[0])]
-        if T[-1] != m:
-            flags += ["--decoder-last-pipeline-num-layers", str(T[-1])]
+    fl = first_last_split(sh)
+    if fl == {}:
+        return (["--num-layers-per-virtual-pipeline-stage", str(sh.layers[0])]
+                if sh.chunks > 1 else [])
+    if fl is not None:
+        flags = (["--num-virtual-stages-per-pipeline-rank", str(sh.chunks)]
+                 if sh.chunks > 1 else [])
+        for key, flag in (("num_layers_in_first_pipeline_stage",
+                           "--decoder-first-pipeline-num-layers"),
+                          ("num_layers_in_last_pipeline_stage",
+                           "--decoder-last-pipeline-num-layers")):
+            if key in fl:
+                flags += [flag, str(fl[key])]
         return flags
     return ["--pipeline-model-parallel-layout", pipeline_layout(sh)]
 
@@ -142,22 +160,22 @@ def _divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
-def megatron_vocab(model: ModelSpec, sh: Shape) -> tuple[list[str], str | None]:
-    """Flags that make Megatron-LM build the plan's vocabulary size, or a warning.
+def vocab_divisor(model: ModelSpec, sh: Shape) -> tuple[int, str | None]:
+    """make_vocab_size_divisible_by that makes Megatron-Core build the plan's vocabulary
+    size, and a warning when none can.
 
     Megatron pads the tokenizer's vocabulary up to a multiple of make_vocab_size_divisible_by
     x TP (megatron/core/tokenizers/utils/build_tokenizer.py `vocab_size_with_padding`,
-    default 128). The plan's vocab_size is already the padded size the model trains with, so
-    the divisor is chosen (the largest <= 128) that leaves it unchanged; a vocabulary that TP
-    does not divide must grow to the next multiple of TP."""
+    default 128; NeMo pads the same way). The plan's vocab_size is already the padded size the
+    model trains with, so the divisor is chosen (the largest <= 128) that leaves it unchanged;
+    a vocabulary that TP does not divide must grow to the next multiple of TP."""
     V, tp = model.vocab_size, sh.tp
     if V % tp:
         padded = -(-V // tp) * tp
-        return (["--make-vocab-size-divisible-by", "1"],
-                f"vocabulary {V} is not divisible by TP={tp}: Megatron-LM pads the embedding "
-                f"and output layer to {padded} rows ({padded - V} more than planned)")
-    d = _divisor_at_most(V // tp, 128)
-    return (["--make-vocab-size-divisible-by", str(d)] if d != 128 else []), None
+        return 1, (f"vocabulary {V} is not divisible by TP={tp}: Megatron-Core pads the "
+                   f"embedding and output layer to {padded} rows ({padded - V} more than "
+                   "planned)")
+    return _divisor_at_most(V // tp, 128), None
 
 
 def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
@@ -235,8 +253,9 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
         a += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer]
     else:
         a += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size)]
-    vflags, vwhy = megatron_vocab(model, sh)
-    a += vflags
+    div, vwhy = vocab_divisor(model, sh)
+    if div != 128:  # Megatron's default
+        a += ["--make-vocab-size-divisible-by", str(div)]
     if vwhy:
         warn.append(tagged("megatron", "model", vwhy))
     return a, warn
@@ -371,26 +390,6 @@ def to_yaml(d: dict, indent: int = 0) -> str:
     return "\n".join(out) + "\n"
 
 
-def _first_last_split(sh: Shape) -> dict | None:
-    """NeMo 1.x keys for the split ({} when even), or None when they cannot express it: NeMo
-    passes num_layers_in_first/last_pipeline_stage to Megatron-Core's TransformerConfig
-    (megatron_gpt_model.py build_transformer_config), which splits the rest evenly and each
-    stage's layers evenly over its model chunks."""
-    if len(set(sh.layers)) == 1:
-        return {}
-    T = [sh.stage_layers(s) for s in range(sh.pp)]
-    mid = set(T[1:-1])
-    if not _chunks_equal_per_stage(sh) or len(mid) > 1:
-        return None
-    m = mid.pop() if mid else None
-    out = {}
-    if m is None or T[0] != m:
-        out["num_layers_in_first_pipeline_stage"] = T[0]
-    if m is None or T[-1] != m:
-        out["num_layers_in_last_pipeline_stage"] = T[-1]
-    return out
-
-
 def _nemo_architecture(model: ModelSpec, sh: Shape, tokenizer: str | None,
                        warn: list[str]) -> dict:
     """The model as NeMo 1.x builds it (megatron_gpt_config.yaml keys: normalization, bias,
@@ -410,8 +409,7 @@ def _nemo_architecture(model: ModelSpec, sh: Shape, tokenizer: str | None,
     if model.embedding_norm:
         warn.append("nemo [model]: the LayerNorm after the embedding has no NeMo 1.x key; the "
                     "model built lacks it (2h weights)")
-    vflags, vwhy = megatron_vocab(model, sh)  # NeMo pads as Megatron-LM does
-    m["make_vocab_size_divisible_by"] = int(vflags[1]) if vflags else 128
+    m["make_vocab_size_divisible_by"], vwhy = vocab_divisor(model, sh)
     if vwhy:
         warn.append(f"nemo [model]: {vwhy}")
     if tokenizer:
@@ -513,7 +511,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         m.update(fp8=True, fp8_hybrid=True, fp8_amax_history_len=1024,
                  fp8_amax_compute_algo="max")
     m["use_flash_attention"] = job.attention == "flash"
-    first_last = _first_last_split(sh)
+    first_last = first_last_split(sh)
     if first_last is None:
         warn.append(f"nemo [split]: the layer split {list(sh.layers)} has no NeMo 1.x YAML key "
                     "(num_layers_in_first/last_pipeline_stage set only the first and last "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping
 
 from .errors import SpecError
@@ -364,10 +365,12 @@ class ModelSpec:
     def final_norm_params(self) -> int:
         return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
 
-    @property
+    @cached_property
     def dense_layer_model(self) -> "ModelSpec":
         """The model whose blocks are this one's leading dense layers (dense MLP of
-        ffn_hidden_size); `params_per_layer` and friends of this one are its MoE layers'."""
+        ffn_hidden_size); `params_per_layer` and friends of this one are its MoE layers'.
+        Built once per model (the per-stage parameter and memory counts ask for it often, and
+        a ModelSpec validates itself when built)."""
         from dataclasses import replace
         return replace(self, num_experts=0, moe_topk=0, moe_ffn_hidden_size=0,
                        moe_shared_experts=0, first_dense_layers=0)

@@ -157,10 +157,11 @@ ForceOpt = Annotated[bool, typer.Option(
     "write into an --out folder holding files this tool did not write.")]
 TokenizerOpt = Annotated[Optional[str], typer.Option(
     "--tokenizer", help="Hugging Face tokenizer (name or path) for the emitted Megatron-LM "
-    "arguments [NullTokenizer of the model's vocabulary].")]
+    "arguments and NeMo configs [NullTokenizer of the model's vocabulary].")]
 FwVersionOpt = Annotated[Optional[str], typer.Option(
-    "--framework-version", help="The framework release to emit for: torchtitan 0.2 (v0.2.x, "
-    "the current release) or 0.1 (v0.1.0 to the 2025-10 main) [the current one].")]
+    "--framework-version", help="The framework release to emit for: NeMo bridge (a "
+    "Megatron-Bridge recipe) or 1 (NeMo 1.x YAML); torchtitan 0.2 (v0.2.x, the current "
+    "release) or 0.1 (v0.1.0 to the 2025-10 main) [the current one].")]
 GanttOpt = Annotated[Optional[Path], typer.Option(
     "--gantt", help="Write the schedule's Gantt chart to this PNG.")]
 PlacementPngOpt = Annotated[Optional[Path], typer.Option(

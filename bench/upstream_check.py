@@ -17,7 +17,11 @@ built with the plan:
   announced it (a difference nobody was warned about is a failure);
 - every rank on the planned node and GPU under Megatron's own groups (tp, pp, dp, cp, ep).
 
-The same plans go to NeMo 1.x (Hydra composes NeMo's megatron_gpt_config.yaml with the
+The same plans go to Megatron-Bridge, NeMo's current API (the emitted bridge_recipe.py, run
+by launch.sh with KEY=VALUE overrides, imported, the overrides applied and
+runtime_config_update run as its pretrain() does, the vocabulary sized as its setup does:
+bench/upstream/run_bridge.py; what it built is compared field by field as Megatron-LM's), to
+NeMo 1.x (Hydra composes NeMo's megatron_gpt_config.yaml with the
 emitted YAML and the arguments launch.sh hands over, as NeMo's hydra_runner does:
 bench/upstream/run_nemo.py), and a set of torchtitan plans to torchtitan v0.2.x and v0.1.0
 (their ConfigManager, then the model from their registry built on the meta device:
@@ -27,12 +31,14 @@ Setup (nothing here is a dependency of the project; any subset of the checkouts 
     python3 -m venv /tmp/upstream && /tmp/upstream/bin/pip install torch==2.13.0 numpy \
         pyyaml packaging triton hydra-core tyro tokenizers torchdata tensorboard datasets \
         tiktoken blobfile && DS_BUILD_OPS=0 /tmp/upstream/bin/pip install deepspeed
+    /tmp/upstream/bin/pip install nvidia-modelopt diffusers megatron-energon omegaconf  # Bridge
     git clone https://github.com/NVIDIA/Megatron-LM /tmp/megatron-lm   # main; d98e8a6 checked
+    git clone https://github.com/NVIDIA-NeMo/Megatron-Bridge /tmp/bridge  # 067f987 checked
     git clone https://github.com/NVIDIA/NeMo /tmp/nemo                  # 8cfedd7 checked
     git clone -b v0.2.2 https://github.com/pytorch/torchtitan /tmp/torchtitan-v0.2.2
     git clone -b v0.1.0 https://github.com/pytorch/torchtitan /tmp/torchtitan-v0.1.0
     python bench/upstream_check.py --python /tmp/upstream/bin/python --megatron /tmp/megatron-lm \
-        --nemo /tmp/nemo --torchtitan-0.2 /tmp/torchtitan-v0.2.2 \
+        --bridge /tmp/bridge --nemo /tmp/nemo --torchtitan-0.2 /tmp/torchtitan-v0.2.2 \
         --torchtitan-0.1 /tmp/torchtitan-v0.1.0 --deepspeed
 
 Prints one row per plan and the totals; exits 1 when any plan is rejected, any difference is
@@ -467,7 +473,8 @@ def check_nemo(python: str, nemo: str, work: Path) -> int:
     for k, (name, m, job, c, plan) in enumerate(cases):
         est = estimate(m, job, c, plan)
         folder = work / f"nemo{k}"
-        _f, warns = emit("nemo", m, job, c, plan, folder, est=est, force=not est.fits)
+        _f, warns = emit("nemo", m, job, c, plan, folder, est=est, force=not est.fits,
+                         version="1")
         if not (folder / "launch.sh").exists():
             print(f"{name:40s} no launch.sh: {warns[-1]}")
             bad += 1
@@ -558,6 +565,9 @@ def main() -> int:
                     help="a Megatron-LM checkout")
     ap.add_argument("--nemo", default=None,
                     help="a NeMo 1.x checkout (examples/nlp/language_modeling is used)")
+    ap.add_argument("--bridge", default=None,
+                    help="a Megatron-Bridge checkout (its src/ is used, with --megatron's "
+                    "Megatron-Core)")
     ap.add_argument("--deepspeed", action="store_true",
                     help="also check ds_config.json with DeepSpeedConfig (deepspeed installed "
                     "in --python)")
@@ -566,11 +576,16 @@ def main() -> int:
     ap.add_argument("--torchtitan-0.2", dest="titan02", default=None,
                     help="a torchtitan v0.2.x checkout (v0.2.2 checked)")
     a = ap.parse_args()
+    if a.bridge and not a.megatron:
+        print("upstream_check: --bridge needs --megatron (Megatron-Bridge runs on its Core)")
+        return 2
     if not a.python or not (a.megatron or a.nemo or a.titan01 or a.titan02 or a.deepspeed):
         print("upstream_check: give --python and at least one checkout (see the docstring)")
         return 2
     work = Path(tempfile.mkdtemp(prefix="upstream-"))
     bad = check_megatron(a.python, a.megatron, work) if a.megatron else 0
+    if a.bridge:
+        bad += check_bridge(a.python, a.bridge, a.megatron, work)
     if a.nemo:
         bad += check_nemo(a.python, a.nemo, work)
     if a.deepspeed:
@@ -585,30 +600,52 @@ def main() -> int:
 def check_megatron(python: str, megatron: str, work: Path) -> int:
     """The Megatron-LM cases: emit, run launch.sh per node, parse with Megatron; print the
     table; return the number of failures."""
+    return _check_core(python, ("Megatron-LM", "Megatron"), "megatron", None,
+                       "run_megatron.py", megatron, [megatron], work)
+
+
+def check_bridge(python: str, bridge: str, megatron: str, work: Path) -> int:
+    """The same cases emitted as Megatron-Bridge recipes (NeMo's current API): launch.sh run per
+    node with a run-length override, the recipe built and validated by Megatron-Bridge
+    (bench/upstream/run_bridge.py, Megatron-Core from the Megatron-LM checkout)."""
+    return _check_core(python, ("Megatron-Bridge", "Bridge"), "nemo", "bridge",
+                       "run_bridge.py", bridge, [str(Path(bridge) / "src"), megatron], work,
+                       extra=["train.train_iters=1000",
+                              "dataset.blend=[[/data/corpus_text_document],null]"])
+
+
+def _check_core(python: str, names: tuple[str, str], fw: str, version: str | None,
+                runner: str, root: str, path: list[str], work: Path,
+                extra: list[str] = ()) -> int:
+    """Megatron-Core frameworks: emit each case, run launch.sh per node, hand what torchrun
+    would start to the framework's own code (runner, in the checkout `root`), compare what it
+    built with the plan and check every rank; print the table, return the failures. names:
+    (the framework, its short name for the table)."""
+    label, short = names
     cases = _cases()
     items, meta = [], []
     for k, (name, m, job, c, plan) in enumerate(cases):
         est = estimate(m, job, c, plan)
-        folder = work / f"case{k}"
-        _files, warns = emit("megatron", m, job, c, plan, folder, est=est,
-                             force=not est.fits)
-        recs = run_launch(folder, c)
+        folder = work / f"{label}{k}"
+        _files, warns = emit(fw, m, job, c, plan, folder, est=est, force=not est.fits,
+                             version=version)
+        recs = run_launch(folder, c, extra=extra)
         first = recs[c.nodes[0].name]
         assert all(r["args"] == first["args"] for r in recs.values()), "args differ by node"
         arch = 9 if c.nodes[0].gpu.name.startswith("H") else 8
         items.append({"record": first, "world_size": c.num_gpus, "gpu_arch": arch})
         meta.append((name, m, job, c, plan, warns, recs, est.fits))
-    (work / "items.json").write_text(json.dumps(items))
-    env = {**os.environ, "PYTHONPATH": megatron}
-    run = subprocess.run([python, str(HERE / "run_megatron.py"), str(work / "items.json"),
-                          str(work / "views.json")],
-                         cwd=megatron, env=env, capture_output=True, text=True)
+    (work / f"{label}-items.json").write_text(json.dumps(items))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    run = subprocess.run([python, str(HERE / runner), str(work / f"{label}-items.json"),
+                          str(work / f"{label}-views.json")],
+                         cwd=root, env=env, capture_output=True, text=True)
     if run.returncode:
         print(run.stderr[-3000:])
         return len(cases)
-    views = json.loads((work / "views.json").read_text())
-    print(f"Megatron-LM at {megatron}; {len(cases)} plans; launch.sh run per node\n")
-    print(f"{'plan':40s} {'fits':>4s} {'Megatron':>10s} {'warned diff':>11s} "
+    views = json.loads((work / f"{label}-views.json").read_text())
+    print(f"\n{label} at {root}; {len(cases)} plans; launch.sh run per node\n")
+    print(f"{'plan':40s} {'fits':>4s} {short:>10s} {'warned diff':>11s} "
           f"{'unwarned':>8s} {'ranks ok':>10s}")
     bad = 0
     for (name, m, job, c, plan, warns, recs, fits), v in zip(meta, views):
@@ -617,15 +654,13 @@ def check_megatron(python: str, megatron: str, work: Path) -> int:
             rejected(name, fits, f"{v['error']} ({v['where']})")
             continue
         good, total = check_ranks(c, plan, recs, v["groups"])
-        bad += report(name, fits, "Megatron", compare(m, job, plan, v), warns,
-                      f"{good}/{total}")
+        bad += report(name, fits, short, compare(m, job, plan, v), warns, f"{good}/{total}")
         bad += good != total
         if v["order"] != "tp-cp-ep-dp-pp":
-            print(f"    rank order {v['order']} (--use-tp-pp-dp-mapping)")
+            print(f"    rank order {v['order']} (use_tp_pp_dp_mapping)")
     print(f"\n{len(cases) - bad}/{len(cases)} plans accepted with every difference warned "
           "and every rank placed")
     return bad
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -530,6 +530,211 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
 
 
 # ---------------------------------------------------------------------------------------------
+# Megatron-Bridge (NeMo Framework's Megatron-Core training library; NeMo 2.0's recipes move to it:
+# docs.nvidia.com/nemo/megatron-bridge, "NeMo 2.0 to Megatron Bridge Migration Guide")
+
+BRIDGE_TARGET = "Megatron-Bridge main of 2026-08-22 (067f987, after v0.6.0)"
+# NeMo releases emitted for: "bridge" (a Megatron-Bridge recipe, the current API) and "1" (the
+# NeMo 1.x YAML)
+NEMO_VERSIONS = ("bridge", "1")
+
+
+class _Code(str):
+    """A Python expression written as is into a recipe (an imported name), not as a literal."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan, *,
+                  rank_order: str = DEFAULT_ORDER, tokenizer: str | None = None
+                  ) -> tuple[dict[str, dict], list[str]]:
+    """The plan as a Megatron-Bridge ConfigContainer: {section: {field: value}} over the
+    library's own pre-training defaults (megatron/bridge/recipes/common.py _pretrain_common, the
+    base of its Llama, Qwen and DeepSeek recipes), and the warnings. The model is a
+    GPTModelProvider (MLAModelProvider for latent attention) built from the model spec, not
+    from a Hugging Face checkpoint: field names are Megatron-Core TransformerConfig's
+    (megatron/core/transformer/transformer_config.py) plus GPTModelProvider's
+    (megatron/bridge/models/gpt_provider.py); ddp, dist, train, tokenizer and mixed_precision
+    are megatron/bridge/training/config.py's."""
+    sh = plan.shape
+    warn: list[str] = []
+    m: dict = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+               "ffn_hidden_size": model.ffn_hidden_size,
+               "num_attention_heads": model.num_heads,
+               "num_query_groups": model.num_kv_heads, "seq_length": job.seq_length,
+               "normalization": "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+               "add_bias_linear": model.bias}
+    # SwiGLU = a gated linear unit with SiLU (Megatron-Core's --swiglu); else GeLU
+    m.update(activation_func=_Code("F.silu" if model.gated_mlp else "F.gelu"),
+             gated_linear_unit=model.gated_mlp)
+    if model.position_embedding == "rope":
+        m["position_embedding_type"] = "rope"
+        if model.rope_base:  # an int field unless the base is fractional
+            m["rotary_base"] = (int(model.rope_base) if model.rope_base == int(model.rope_base)
+                                else model.rope_base)
+        m["rotary_percent"] = model.rotary_percent
+    elif model.position_embedding == "learned":
+        m["position_embedding_type"] = "learned_absolute"
+    else:  # ALiBi: GPTModelProvider has learned_absolute, rope, yarn (and Megatron's none)
+        m["position_embedding_type"] = "none"
+        warn.append(tagged("nemo", "model", (
+            f"{model.position_embedding} positions have no Megatron-Bridge choice; the recipe "
+            "builds a model without position embedding (same weights and cost)")))
+    if model.embedding_norm:
+        warn.append(tagged("nemo", "model", "the LayerNorm after the embedding has no "
+                           "Megatron-Bridge field; the model built lacks it (2h weights)"))
+    if not model.dropout:
+        m.update(hidden_dropout=0.0, attention_dropout=0.0)
+    m["share_embeddings_and_output_weights"] = model.tied_embeddings
+    if model.is_mla:  # MLATransformerConfig (qk_head_dim: the non-rotary part); the flag is not
+        # on by default in Megatron-Bridge's MLAModelProvider (its DeepSeek bridges set it)
+        m.update(multi_latent_attention=True, q_lora_rank=model.mla_q_lora_rank or None,
+                 kv_lora_rank=model.mla_kv_lora_rank, qk_head_dim=model.head_dim,
+                 qk_pos_emb_head_dim=model.mla_qk_rope_dim, v_head_dim=model.mla_v_head_dim)
+    elif model.kv_channels:
+        m["kv_channels"] = model.kv_channels
+    if model.is_moe:  # the alltoall dispatcher and grouped GEMMs the cost model times
+        m.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
+                 moe_ffn_hidden_size=model.expert_ffn, moe_token_dispatcher_type="alltoall",
+                 moe_grouped_gemm=True)
+        if model.first_dense_layers:
+            m["moe_layer_freq"] = [0] * model.first_dense_layers + [1] * model.moe_layers
+        if model.moe_shared_experts:
+            m["moe_shared_expert_intermediate_size"] = model.moe_shared_experts * model.expert_ffn
+        if job.moe_capacity_factor != 1.0:
+            m.update(moe_expert_capacity_factor=job.moe_capacity_factor,
+                     moe_pad_expert_input_to_capacity=True)
+    div, vwhy = vocab_divisor(model, sh)
+    m["make_vocab_size_divisible_by"] = div
+    if vwhy:
+        warn.append(tagged("nemo", "model", vwhy))
+    # parallel layout and split (the same TransformerConfig fields as Megatron-LM's flags)
+    m.update(tensor_model_parallel_size=sh.tp, pipeline_model_parallel_size=sh.pp,
+             context_parallel_size=sh.cp, sequence_parallel=sh.sequence_parallel,
+             expert_model_parallel_size=sh.ep)
+    if model.is_moe:
+        m["expert_tensor_parallel_size"] = sh.expert_tp
+    fl = first_last_split(sh)
+    if fl is None:
+        m["pipeline_model_parallel_layout"] = pipeline_layout(sh)
+        m["virtual_pipeline_model_parallel_size"] = sh.chunks if sh.chunks > 1 else None
+    else:
+        m.update(fl)
+        m["virtual_pipeline_model_parallel_size"] = sh.chunks if sh.chunks > 1 else None
+    if sh.schedule == "gpipe":
+        warn.append(tagged("nemo", "schedule", "Megatron-Core has no GPipe schedule; it runs "
+                           "1F1B, which the estimate did not model"))
+    rec = {"none": (None, None, None), "selective": ("selective", None, None),
+           "full": ("full", "uniform", 1)}[sh.recompute]
+    m.update(recompute_granularity=rec[0], recompute_method=rec[1], recompute_num_layers=rec[2])
+    m["attention_backend"] = _Code("AttnBackend.auto" if job.attention == "flash"
+                                   else "AttnBackend.unfused")
+    ddp = {"use_distributed_optimizer": sh.zero >= 1,
+           "overlap_grad_reduce": sh.overlap_grad_reduce,
+           "overlap_param_gather": sh.overlap_param_gather,
+           "grad_reduce_in_fp32": not job.grad_reduce_in_bf16,
+           "use_megatron_fsdp": sh.zero >= 2,
+           "data_parallel_sharding_strategy": {0: "no_shard", 1: "optim", 2: "optim_grads",
+                                               3: "optim_grads_params"}[min(sh.zero, 3)]}
+    dist = {"use_tp_pp_dp_mapping": rank_order == TP_PP_DP_ORDER,
+            "use_megatron_fsdp": sh.zero >= 2}
+    ckpt = {}
+    if sh.zero >= 2:  # Megatron-FSDP: no gradient-accumulation fusion, fsdp_dtensor checkpoints
+        m["gradient_accumulation_fusion"] = False
+        ckpt["ckpt_format"] = "fsdp_dtensor"
+        if sh.shard_size:
+            warn.append(tagged("nemo", "parallelism", (
+                f"HSDP (shard over {sh.shard_size} data-parallel ranks) has no field set here; "
+                "Megatron-FSDP shards over the whole data-parallel group")))
+    # mixed precision presets (megatron/bridge/training/mixed_precision.py); FP8 is the
+    # delayed-scaling recipe without FP8 parameter gather, as the Megatron-LM flags
+    prec = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}[job.precision]
+    mp: dict = {"preset": prec}
+    if sh.fp8:
+        mp = {"preset": prec.replace("_mixed", "_with_fp8_delayed_scaling_mixed"),
+              "fp8_param_gather": False, "grad_reduce_in_fp32": not job.grad_reduce_in_bf16}
+    elif prec:
+        mp["grad_reduce_in_fp32"] = not job.grad_reduce_in_bf16
+    if tokenizer:
+        tok = {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": tokenizer,
+               "use_tokenizer_vocab_size": True}
+    else:  # pre-tokenized data with the plan's vocabulary; the padding rule keeps its size
+        tok = {"tokenizer_type": "NullTokenizer", "tokenizer_model": None,
+               "vocab_size": model.vocab_size, "use_tokenizer_vocab_size": True}
+    cfg = {"model": m, "train": {"global_batch_size": job.global_batch,
+                                 "micro_batch_size": sh.micro_batch},
+           "dataset": {"seq_length": job.seq_length}, "tokenizer": tok, "ddp": ddp,
+           "optimizer": {"use_distributed_optimizer": sh.zero >= 1}, "dist": dist,
+           "checkpoint": ckpt, "mixed_precision": mp,
+           "comm_overlap": ({"tp_comm_overlap": True,
+                             "overlap_grad_reduce": sh.overlap_grad_reduce,
+                             "overlap_param_gather": sh.overlap_param_gather}
+                            if sh.tp_comm_overlap else None)}
+    return cfg, warn
+
+
+def bridge_recipe_text(cfg: dict[str, dict], model: ModelSpec, plan: Plan,
+                       notices: list[str] = ()) -> str:
+    """The recipe as a Python module: pipette_pretrain_config() returns the ConfigContainer;
+    run as a script (launch.sh does, under torchrun) it applies the trailing KEY=VALUE
+    overrides as Megatron-Bridge's scripts/training/run_recipe.py does and pre-trains."""
+    m = cfg["model"]
+    provider = "MLAModelProvider" if "kv_lora_rank" in m else "GPTModelProvider"
+    module = "mla_provider" if provider == "MLAModelProvider" else "gpt_provider"
+    head = "".join(f"# {n}\n" for n in notices)
+    lines = [
+        f'"""Megatron-Bridge pre-training recipe for {model.name}: {plan.shape.describe()}.',
+        "",
+        "Written by pipette. Targets " + BRIDGE_TARGET + ". Run on every",
+        "node with launch.sh (torchrun ... bridge_recipe.py KEY=VALUE ...); give the data and the",
+        "run length as overrides, e.g. dataset.blend=[[/data/prefix],null] train.train_iters=1000",
+        "(without one the library's mock data is used).",
+        '"""', "",
+        "import sys", "", "import torch.nn.functional as F",
+        "from megatron.core.transformer.enums import AttnBackend",
+        f"from megatron.bridge.models.{module} import {provider}",
+        "from megatron.bridge.recipes.common import _pretrain_common",
+        "from megatron.bridge.training.comm_overlap import CommOverlapConfig",
+        "from megatron.bridge.training.config import ConfigContainer",
+        "from megatron.bridge.training.mixed_precision import get_mixed_precision_config",
+        "", "",
+        "def pipette_pretrain_config() -> ConfigContainer:",
+        '    """The plan over the library\'s pre-training defaults."""',
+        "    cfg = _pretrain_common()",
+        f"    cfg.model = {provider}(",
+    ]
+    lines += [f"        {k}={v!r}," for k, v in m.items()]
+    lines.append("    )")
+    for sec in ("train", "dataset", "tokenizer", "ddp", "optimizer", "dist", "checkpoint"):
+        lines += [f"    cfg.{sec}.{k} = {v!r}" for k, v in cfg[sec].items()]
+    mp = dict(cfg["mixed_precision"])
+    preset = mp.pop("preset")
+    if preset is None:
+        lines.append("    cfg.mixed_precision = None  # fp32")
+    else:
+        lines.append(f"    mp = get_mixed_precision_config({preset!r})")
+        lines += [f"    mp.{k} = {v!r}" for k, v in mp.items()]
+        lines.append("    cfg.mixed_precision = mp")
+    co = cfg["comm_overlap"]
+    lines.append("    cfg.comm_overlap = " + (
+        "CommOverlapConfig(" + ", ".join(f"{k}={v!r}" for k, v in co.items()) + ")"
+        if co else "None"))
+    lines += ["    return cfg", "", "",
+              "def main(overrides: list[str]) -> None:",
+              "    from megatron.bridge.training.gpt_step import forward_step",
+              "    from megatron.bridge.training.pretrain import pretrain",
+              "    from megatron.bridge.training.utils.omegaconf_utils import (",
+              "        process_config_with_overrides)",
+              "",
+              "    cfg = process_config_with_overrides(pipette_pretrain_config(),",
+              "                                        cli_overrides=overrides or None)",
+              "    pretrain(cfg, forward_step)", "", "",
+              'if __name__ == "__main__":', "    main(sys.argv[1:])", ""]
+    return head + "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
 # torchtitan
 
 
@@ -804,7 +1009,7 @@ def check_framework(framework: str, version: str | None = None) -> str:
     if fw not in FRAMEWORKS:
         raise SpecError(f"unknown framework '{framework}'; use one of {', '.join(FRAMEWORKS)}",
                         source="options", field="--emit/--framework")
-    known = {"torchtitan": TORCHTITAN_VERSIONS}.get(fw, ())
+    known = {"torchtitan": TORCHTITAN_VERSIONS, "nemo": NEMO_VERSIONS}.get(fw, ())
     if version is not None and version not in known:
         raise SpecError(f"{fw} is emitted for " + (
             f"versions {', '.join(known)}" if known else "one version only (see the README)")
@@ -838,6 +1043,12 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         args, w = megatron_args(model, job, plan, rank_order=order, tokenizer=tokenizer)
         files["megatron_args.txt"] = megatron_args_text(args, plan, notices)
         cmd, args_file = ["pretrain_gpt.py"], "megatron_args.txt"
+        env = megatron_env(cluster, plan)
+    elif fw == "nemo" and (version or NEMO_VERSIONS[0]) == "bridge":
+        cfg, w = bridge_recipe(model, job, cluster, plan, rank_order=order,
+                               tokenizer=tokenizer)
+        files["bridge_recipe.py"] = bridge_recipe_text(cfg, model, plan, notices)
+        cmd = ["$HERE/bridge_recipe.py"]
         env = megatron_env(cluster, plan)
     elif fw == "nemo":
         cfg, w = nemo_config(model, job, cluster, plan, tokenizer)

@@ -215,13 +215,83 @@ def _mini_yaml(text):
         return root
 
 
-@pytest.mark.parametrize("fw", FRAMEWORKS)
-def test_emit_files_parse(fw, llama, c32, tmp_path):
+# ---------------------------------------------------------------------------------------------
+# Megatron-Bridge recipes, executed against recording stand-ins for the library (the library
+# itself is checked by bench/upstream_check.py --bridge)
+
+
+def run_bridge_recipe(path, monkeypatch):
+    """Import an emitted bridge_recipe.py with stand-ins for torch and Megatron-Bridge that record
+    what it sets, call pipette_pretrain_config() and return the config it built."""
+    import importlib.util
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    def module(name, **attrs):
+        m = ModuleType(name)
+        m.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, m)
+
+    def fn(name):
+        f = lambda x: x  # noqa: E731
+        f.__name__ = name
+        return f
+
+    class Provider(SimpleNamespace):
+        pass
+
+    def pretrain_common():
+        return SimpleNamespace(model=None, mixed_precision="bf16_mixed", comm_overlap=None,
+                               **{k: SimpleNamespace() for k in (
+                                   "train", "dataset", "tokenizer", "ddp", "optimizer",
+                                   "dist", "checkpoint")})
+
+    for pkg in ("torch", "torch.nn", "megatron", "megatron.core", "megatron.core.transformer",
+                "megatron.bridge", "megatron.bridge.models", "megatron.bridge.recipes",
+                "megatron.bridge.training"):
+        module(pkg)
+    module("torch.nn.functional", silu=fn("silu"), gelu=fn("gelu"))
+    module("megatron.core.transformer.enums",
+           AttnBackend=SimpleNamespace(auto="auto", unfused="unfused"))
+    module("megatron.bridge.models.gpt_provider", GPTModelProvider=Provider)
+    module("megatron.bridge.models.mla_provider", MLAModelProvider=Provider)
+    module("megatron.bridge.recipes.common", _pretrain_common=pretrain_common)
+    module("megatron.bridge.training.comm_overlap",
+           CommOverlapConfig=lambda **kw: SimpleNamespace(**kw))
+    module("megatron.bridge.training.config", ConfigContainer=SimpleNamespace)
+    module("megatron.bridge.training.mixed_precision",
+           get_mixed_precision_config=lambda name: SimpleNamespace(preset=name))
+    spec = importlib.util.spec_from_file_location("bridge_recipe_under_test", path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    return recipe.pipette_pretrain_config()
+
+
+def bridge_layers(m) -> list[int]:
+    """Layers per virtual stage Megatron-Core builds from a recipe's model fields: the layout
+    string, or first/last stage counts with the rest even, each stage even over its chunks."""
+    if getattr(m, "pipeline_model_parallel_layout", None):
+        return [p.count("t") for p in m.pipeline_model_parallel_layout.split("|")]
+    pp, vp = m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size or 1
+    first = getattr(m, "num_layers_in_first_pipeline_stage", None)
+    last = getattr(m, "num_layers_in_last_pipeline_stage", None)
+    rest, left = m.num_layers - (first or 0) - (last or 0), pp - (first is not None) - (
+        last is not None)
+    per = [rest // left if left else 0] * pp
+    if first is not None:
+        per[0] = first
+    if last is not None:
+        per[-1] = last
+    return [per[s] // vp for c in range(vp) for s in range(pp)]
+
+
+@pytest.mark.parametrize("fw,version", [(fw, None) for fw in FRAMEWORKS] + [("nemo", "1")])
+def test_emit_files_parse(fw, version, llama, c32, tmp_path, monkeypatch):
     job = JobSpec(global_batch=64, seq_length=4096)
     plan = make_plan(llama, job, c32, tp=8, pp=4, schedule="interleaved", chunks=2,
                      recompute="selective", sequence_parallel=True,
                      distributed_optimizer=True)
-    files, warn = emit(fw, llama, job, c32, plan, tmp_path)
+    files, warn = emit(fw, llama, job, c32, plan, tmp_path, version=version)
     names = {p.name for p in files}
     assert {"launch.sh", "hostfile", "ranks.json"} <= names
     assert all(p.exists() and p.stat().st_size > 0 for p in files)
@@ -230,6 +300,25 @@ def test_emit_files_parse(fw, llama, c32, tmp_path):
                 if not line.startswith("#") for t in line.split()]
         ns = parse_megatron(toks)
         assert ns.tensor_model_parallel_size == 8 and ns.num_layers_per_virtual_pipeline_stage
+    elif fw == "nemo" and version is None:  # Megatron-Bridge, the default
+        cfg = run_bridge_recipe(tmp_path / "bridge_recipe.py", monkeypatch)
+        m = cfg.model
+        assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                m.virtual_pipeline_model_parallel_size) == (8, 4, 2)
+        assert bridge_layers(m) == list(plan.shape.layers)
+        assert m.sequence_parallel is True and m.recompute_granularity == "selective"
+        assert (m.normalization, m.gated_linear_unit, m.activation_func.__name__,
+                m.add_bias_linear, m.position_embedding_type) == (
+            "RMSNorm", True, "silu", False, "rope")
+        assert (m.num_query_groups, m.share_embeddings_and_output_weights) == (8, False)
+        assert cfg.ddp.use_distributed_optimizer and cfg.optimizer.use_distributed_optimizer
+        assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (64, 1)
+        assert cfg.dataset.seq_length == m.seq_length == 4096
+        assert (cfg.tokenizer.tokenizer_type, cfg.tokenizer.vocab_size) == ("NullTokenizer",
+                                                                            32000)
+        assert cfg.mixed_precision.preset == "bf16_mixed" and not cfg.dist.use_tp_pp_dp_mapping
+        assert "torchrun" in (tmp_path / "launch.sh").read_text()
+        assert "bridge_recipe.py" in (tmp_path / "launch.sh").read_text()
     elif fw == "nemo":
         cfg = _mini_yaml((tmp_path / "nemo_config.yaml").read_text())
         m = cfg["model"]
@@ -620,7 +709,7 @@ def test_plan_that_does_not_fit_is_refused_unless_forced(tmp_path):
 @pytest.mark.parametrize("fw,kind,plan_kw", [
     ("megatron", "schedule", dict(schedule="gpipe")),
     ("deepspeed", "schedule", dict(schedule="interleaved", chunks=2)),
-    ("nemo", "split", dict(layers=(19, 21, 20, 20))),
+    ("nemo", "split", dict(layers=(19, 21, 20, 20))),  # NeMo 1.x: first/last keys only
     ("deepspeed", "split", dict(layers=(19, 21, 20, 20))),
     ("torchtitan", "model", dict()),
 ])
@@ -629,7 +718,8 @@ def test_warnings_name_every_change(fw, kind, plan_kw, llama, c32, tmp_path):
     job = JobSpec(global_batch=64, seq_length=4096)
     plan = make_plan(llama, job, c32, tp=8, pp=4, recompute="full", sequence_parallel=True,
                      distributed_optimizer=True, **plan_kw)
-    _files, warn = emit(fw, llama, job, c32, plan, tmp_path)
+    _files, warn = emit(fw, llama, job, c32, plan, tmp_path,
+                        version="1" if fw == "nemo" and kind == "split" else None)
     text = (tmp_path / "warnings.txt").read_text()
     assert any(w.startswith(f"{fw} [{kind}]") for w in warn)
     assert f"{fw} [{kind}]" in text
@@ -667,7 +757,7 @@ def test_output_folder_of_someone_else_is_refused(llama, c32, tmp_path):
     (fresh / "notes.md").write_text("mine")
     emit("nemo", llama, job, c32, plan, fresh, force=True)
     assert (fresh / "notes.md").read_text() == "mine"
-    assert not (fresh / "megatron_args.txt").exists() and (fresh / "nemo_config.yaml").exists()
+    assert not (fresh / "megatron_args.txt").exists() and (fresh / "bridge_recipe.py").exists()
 
 
 def test_failed_write_leaves_the_previous_launch_set(llama, c32, tmp_path, monkeypatch):
@@ -734,7 +824,8 @@ def test_nemo_yaml_is_a_full_config(llama, c32, tmp_path):
     job = JobSpec(global_batch=64, seq_length=4096)
     plan = make_plan(llama, job, c32, tp=8, pp=4, layers=(19, 21, 21, 19), recompute="full",
                      sequence_parallel=True, distributed_optimizer=True)
-    _f, warn = emit("nemo", llama, job, c32, plan, tmp_path, tokenizer="meta-llama/Llama-2-70b-hf")
+    _f, warn = emit("nemo", llama, job, c32, plan, tmp_path, tokenizer="meta-llama/Llama-2-70b-hf",
+                    version="1")
     cfg = _mini_yaml((tmp_path / "nemo_config.yaml").read_text())
     assert cfg["defaults"] == ["megatron_gpt_config", "_self_"]
     m = cfg["model"]
@@ -749,6 +840,64 @@ def test_nemo_yaml_is_a_full_config(llama, c32, tmp_path):
     assert 'NEMO_DIR:?' in script and "hydra.searchpath=" in script
     mid = make_plan(llama, job, c32, tp=8, pp=4, layers=(19, 21, 20, 20), recompute="full",
                     sequence_parallel=True, distributed_optimizer=True)
-    _f, warn = emit("nemo", llama, job, c32, mid, tmp_path / "mid")
+    _f, warn = emit("nemo", llama, job, c32, mid, tmp_path / "mid", version="1")
     assert any(w.startswith("nemo [split]") for w in warn)
     assert any(w.startswith("nemo [model]") and "tokenizer" in w for w in warn)
+
+
+def test_bridge_recipe_builds_the_plan(llama, c32, tmp_path, monkeypatch):
+    """Megatron-Bridge recipes: any split (first/last counts or the layout string, interleaved
+    or not), the pipeline-before-data rank order, Megatron-FSDP with its checkpoint format, FP8,
+    latent attention and experts, a Hugging Face tokenizer; nothing to warn about for Llama."""
+    from model.plan import block_placement
+    job = JobSpec(global_batch=64, seq_length=4096)
+    kw = dict(recompute="full", sequence_parallel=True, distributed_optimizer=True)
+    for k, layers in enumerate([(19, 21, 21, 19), (19, 21, 20, 20), (9, 11, 11, 9, 9, 11, 11, 9),
+                                (9, 11, 10, 10, 10, 10, 11, 9)]):
+        chunks = len(layers) // 4
+        plan = make_plan(llama, job, c32, tp=8, pp=4, layers=layers, chunks=chunks,
+                         schedule="interleaved" if chunks > 1 else "1f1b", **kw)
+        _f, warn = emit("nemo", llama, job, c32, plan, tmp_path / f"s{k}")
+        m = run_bridge_recipe(tmp_path / f"s{k}" / "bridge_recipe.py", monkeypatch).model
+        assert bridge_layers(m) == list(layers) and warn == []
+        assert (m.virtual_pipeline_model_parallel_size or 1) == chunks
+        assert m.recompute_granularity == "full" and m.recompute_num_layers == 1
+    paired = make_plan(llama, job, c32, tp=4, pp=4, dp=2, placement=block_placement(
+        c32, 4, 4, 2, 2), **kw)
+    emit("nemo", llama, job, c32, paired, tmp_path / "p", tokenizer="meta-llama/Llama-2-70b-hf")
+    cfg = run_bridge_recipe(tmp_path / "p" / "bridge_recipe.py", monkeypatch)
+    assert cfg.dist.use_tp_pp_dp_mapping is True
+    assert json.loads((tmp_path / "p" / "ranks.json").read_text())["framework_order"] == (
+        "tp-cp-ep-pp-dp")
+    assert (cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model) == (
+        "HuggingFaceTokenizer", "meta-llama/Llama-2-70b-hf")
+    fsdp = make_plan(llama, job, c32, tp=8, pp=1, recompute="full", sequence_parallel=True,
+                     zero=3)
+    emit("nemo", llama, job, c32, fsdp, tmp_path / "f", force=True)
+    cfg = run_bridge_recipe(tmp_path / "f" / "bridge_recipe.py", monkeypatch)
+    assert cfg.ddp.use_megatron_fsdp and cfg.dist.use_megatron_fsdp
+    assert cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    assert cfg.checkpoint.ckpt_format == "fsdp_dtensor"
+    assert cfg.model.gradient_accumulation_fusion is False
+    h100 = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    j8 = JobSpec(global_batch=64, seq_length=4096, fp8=True)
+    p8 = make_plan(llama, j8, h100, tp=8, pp=4, tp_comm_overlap=True, **kw)
+    emit("nemo", llama, j8, h100, p8, tmp_path / "8", force=True)
+    cfg = run_bridge_recipe(tmp_path / "8" / "bridge_recipe.py", monkeypatch)
+    assert cfg.mixed_precision.preset == "bf16_with_fp8_delayed_scaling_mixed"
+    assert cfg.mixed_precision.fp8_param_gather is False and cfg.comm_overlap.tp_comm_overlap
+    ds = presets.model("deepseek-v2-lite")
+    pds = make_plan(ds, job, c32, tp=1, pp=2, ep=8, recompute="selective",
+                    distributed_optimizer=True)
+    emit("nemo", ds, job, c32, pds, tmp_path / "d", force=True)
+    m = run_bridge_recipe(tmp_path / "d" / "bridge_recipe.py", monkeypatch).model
+    assert m.multi_latent_attention is True and m.kv_lora_rank == ds.mla_kv_lora_rank
+    assert (m.num_moe_experts, m.expert_model_parallel_size) == (ds.num_experts, 8)
+    assert m.moe_layer_freq == [0] * ds.first_dense_layers + [1] * ds.moe_layers
+    bl = presets.model("bloom-176b")
+    jb = JobSpec(global_batch=64, seq_length=2048, precision="fp32")
+    _f, warn = emit("nemo", bl, jb, c32, make_plan(bl, jb, c32, tp=8, pp=4, **kw),
+                    tmp_path / "b", force=True)
+    cfg = run_bridge_recipe(tmp_path / "b" / "bridge_recipe.py", monkeypatch)
+    assert cfg.mixed_precision is None and cfg.model.position_embedding_type == "none"
+    assert sum(w.startswith("nemo [model]") for w in warn) == 2

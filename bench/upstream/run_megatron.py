@@ -32,8 +32,6 @@ def _fn_name(f):
 
 def megatron_view(item):
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
-    from megatron.core.transformer.enums import LayerType
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.training import arguments as A
     from megatron.training.argument_utils import core_transformer_config_from_args
 
@@ -69,22 +67,7 @@ def megatron_view(item):
         tb = traceback.extract_tb(e.__traceback__)
         where = f"{tb[-1].filename.split('megatron-lm/')[-1]}:{tb[-1].lineno}" if tb else ""
         return {"accepted": False, "error": f"{type(e).__name__}: {e}"[:600], "where": where}
-    pp = cfg.pipeline_model_parallel_size
-    vp = cfg.virtual_pipeline_model_parallel_size or 1
-    layers = []  # per virtual stage in model order: chunk-major, then pipeline rank
-    for c in range(vp):
-        for r in range(pp):
-            if cfg.pipeline_model_parallel_layout is not None:
-                n = cfg.pipeline_model_parallel_layout.layout[r][c].count(LayerType.decoder)
-            else:
-                n = get_num_layers_to_build(cfg, vp_stage=c if vp > 1 else None, pp_rank=r)
-            layers.append(n)
-    if vp > 1:
-        schedule = "interleaved"
-    elif pp > 1:
-        schedule = "1f1b"
-    else:
-        schedule = "none"
+    pp, vp, layers, schedule = pipeline_built(cfg)
     out = {
         "accepted": True,
         "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
@@ -126,6 +109,27 @@ def megatron_view(item):
     }
     out["groups"] = megatron_groups(out)
     return out
+
+
+def pipeline_built(cfg) -> tuple[int, int, list[int], str]:
+    """(pp, vp, layers per virtual stage in model order: chunk-major, then pipeline rank,
+    schedule) of a finalized TransformerConfig, by Megatron-Core's own layout object or
+    get_num_layers_to_build per pipeline rank and virtual stage."""
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    pp = cfg.pipeline_model_parallel_size
+    vp = cfg.virtual_pipeline_model_parallel_size or 1
+    layers = []
+    for c in range(vp):
+        for r in range(pp):
+            if cfg.pipeline_model_parallel_layout is not None:
+                n = cfg.pipeline_model_parallel_layout.layout[r][c].count(LayerType.decoder)
+            else:
+                n = get_num_layers_to_build(cfg, vp_stage=c if vp > 1 else None, pp_rank=r)
+            layers.append(n)
+    schedule = "interleaved" if vp > 1 else "1f1b" if pp > 1 else "none"
+    return pp, vp, layers, schedule
 
 
 def megatron_groups(v: dict) -> dict:

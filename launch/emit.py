@@ -7,6 +7,8 @@ and the warnings: every knob of the plan a framework cannot express is reported,
 Sources of the names (each mapping below cites its own):
 - Megatron-LM: megatron/training/arguments.py (`_add_distributed_args`, `_add_training_args`,
   `_add_network_size_args`, `_add_mixed_precision_args`), NVIDIA/Megatron-LM.
+- Megatron-Bridge (NeMo's current API): megatron/bridge/training/config.py (ConfigContainer and
+  its sections), models/gpt_provider.py, recipes/common.py, NVIDIA-NeMo/Megatron-Bridge.
 - NeMo 1.x: examples/nlp/language_modeling/conf/megatron_gpt_config.yaml, NVIDIA/NeMo.
 - torchtitan: torchtitan/config/job_config.py (`Parallelism`, `Training`,
   `ActivationCheckpoint`), pytorch/torchtitan.

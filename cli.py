@@ -666,6 +666,10 @@ def solve(
     force: ForceOpt = False,
     tokenizer: TokenizerOpt = None,
     framework_version: FwVersionOpt = None,
+    jobs: Annotated[Optional[int], typer.Option(
+        "--jobs", help="Worker processes that bound and screen the shapes [all cores]; the "
+        "plan found does not depend on it.",
+        callback=_bounded("--jobs", 1, 4096))] = None,
 ):
     """Fastest plan that fits on the cluster as measured (defaults: the built-in example)."""
     from launch.outputs import check_outputs, write_outputs
@@ -686,7 +690,7 @@ def solve(
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
-                        options=opts, space=space, progress=prog)
+                        options=opts, space=space, progress=prog, jobs=jobs)
     finally:
         prog.stop()
     files, warnings = write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan=save_plan,

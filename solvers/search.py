@@ -169,34 +169,85 @@ def screen_shape(model, job, cluster, options, sh: Shape, bound: float, best_qui
     return info, None
 
 
-def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None):
+# Shapes are screened in batches of this many, smallest bound first; within a batch every shape
+# is held against the best quick score known when the batch began, so which shapes get a quick
+# score does not depend on how many workers share the batch (results identical for any --jobs)
+SCREEN_BATCH = 16
+# below this many shapes, worker processes cost more than they save
+PARALLEL_MIN_SHAPES = 64
+
+# what the worker processes read (set before they are forked, so nothing is pickled but indices)
+_WORK: tuple = ()
+
+
+def _bound_of(i: int) -> float:
+    model, job, cluster, options, shapes = _WORK
+    return shape_bound_ms(model, job, cluster, shapes[i], options)
+
+
+def _screen_of(item: tuple[int, float, float]):
+    i, bound, best_quick = item
+    model, job, cluster, options, shapes = _WORK
+    return screen_shape(model, job, cluster, options, shapes[i], bound, best_quick)
+
+
+def _workers(jobs: int | None, n_items: int):
+    """A fork-based process pool of `jobs` workers (None: all cores), or None when one process
+    does: a single job, too few shapes, or a platform without fork."""
+    import multiprocessing as mp
+    import os
+
+    jobs = os.cpu_count() or 1 if jobs is None else jobs
+    if jobs <= 1 or n_items < PARALLEL_MIN_SHAPES or \
+            "fork" not in mp.get_all_start_methods():
+        return None
+    return mp.get_context("fork").Pool(jobs)
+
+
+def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None,
+                   jobs: int | None = 1):
     """Every shape: its cheap lower bound, whether it fits (and the split that makes it fit),
     and its quick score (Megatron-LM placement, that split). Shapes are screened in order of
-    their bound; a shape whose bound is already at or above the best quick score cannot win,
-    so its quick score is skipped (it is pruned by that bound later). Past `deadline`
-    (time.perf_counter()), once some shape has a quick score, the remaining shapes are left
-    unscreened (`screened=False`, only their bound known). Lists keep enumeration order."""
+    their bound, in batches of SCREEN_BATCH; a shape whose bound is already at or above the
+    best quick score of the batches before cannot win, so its quick score is skipped (it is
+    pruned by that bound later). Past `deadline` (time.perf_counter()), once some shape has a
+    quick score, the remaining shapes are left unscreened (`screened=False`, only their bound
+    known). `jobs` worker processes share the bounds and each batch (None: all cores); the
+    result is the same for any number. Lists keep enumeration order."""
+    global _WORK
     infos, rejected = [], []
     shapes = list(enumerate_shapes(model, job, cluster, space))
-    bounds = [shape_bound_ms(model, job, cluster, sh, options) for sh in shapes]
-    order = sorted(range(len(shapes)), key=lambda i: bounds[i])
-    found: list[tuple[int, object]] = []
-    best_quick = math.inf
-    for n_done, i in enumerate(order):
-        sh, bound = shapes[i], bounds[i]
-        if progress and n_done % 50 == 0:
-            progress(f"screening shapes {n_done}/{len(shapes)}")
-        if deadline is not None and math.isfinite(best_quick) and \
-                time.perf_counter() > deadline:
-            found.append((i, ShapeInfo(sh, bound, None, math.nan, screened=False)))
-            continue
-        info, misfit = screen_shape(model, job, cluster, options, sh, bound, best_quick)
-        if misfit is not None:
-            rejected.append((i, misfit))
-            continue
-        if info.quick_ms is not None:
-            best_quick = min(best_quick, info.quick_ms)
-        found.append((i, info))
+    _WORK = (model, job, cluster, options, shapes)
+    pool = _workers(jobs, len(shapes))
+    try:
+        run = pool.map if pool is not None else lambda f, xs: [f(x) for x in xs]
+        bounds = run(_bound_of, range(len(shapes)))
+        order = sorted(range(len(shapes)), key=lambda i: bounds[i])
+        found: list[tuple[int, object]] = []
+        best_quick = math.inf
+        for start in range(0, len(order), SCREEN_BATCH):
+            batch = order[start:start + SCREEN_BATCH]
+            if progress:
+                progress(f"screening shapes {start}/{len(shapes)}")
+            if deadline is not None and math.isfinite(best_quick) and \
+                    time.perf_counter() > deadline:
+                found += [(i, ShapeInfo(shapes[i], bounds[i], None, math.nan, screened=False))
+                          for i in batch]
+                continue
+            scored = run(_screen_of, [(i, bounds[i], best_quick) for i in batch])
+            for i, (info, misfit) in zip(batch, scored):
+                if misfit is not None:
+                    rejected.append((i, misfit))
+                    continue
+                info.shape = shapes[i]  # a worker's copy carries it by value
+                found.append((i, info))
+                if info.quick_ms is not None:
+                    best_quick = min(best_quick, info.quick_ms)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+        _WORK = ()
     infos = [info for _i, info in sorted(found, key=lambda x: x[0])]
     return infos, [c for _i, c in sorted(rejected, key=lambda x: x[0])], len(shapes)
 
@@ -204,9 +255,12 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
 def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str = "auto",
           time_limit_s: float = 60.0, seed: int = 0, options: Options | None = None,
           space: SearchSpace = SearchSpace(), progress=None, max_shapes: int | None = None,
-          anneal_iters: int | None = 3000, uniform_tol: float = 0.0) -> SolveResult:
+          anneal_iters: int | None = 3000, uniform_tol: float = 0.0,
+          jobs: int | None = 1) -> SolveResult:
     """Fastest plan that fits, with its proof status. `uniform_tol`: inter-node streams within
-    this relative spread count as equal (cluster.uniform): no placement search then.
+    this relative spread count as equal (cluster.uniform): no placement search then. `jobs`:
+    worker processes for bounding and screening the shapes (None: all cores); the result does
+    not depend on it.
 
     With method "anneal" each block is annealed with cooling planned by the clock over its
     share of the time limit (solvers.anneal, iters=None); where the exact method falls back to
@@ -233,7 +287,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             and all(nd.intra_matrix_gb_per_s is None for nd in cluster.nodes)) else "anneal"
     # screening may take up to 40% of the time limit once some shape has a quick score
     infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress,
-                                            deadline=t0 + SCREEN_FRACTION * time_limit_s)
+                                            deadline=t0 + SCREEN_FRACTION * time_limit_s,
+                                            jobs=jobs)
     if total == 0:
         given = {f: getattr(space, f) for f in ("tp", "pp", "cp", "micro_batch", "zero",
                                                   "shard_sizes")

@@ -398,3 +398,23 @@ def test_closed_form_bound_property(nodes, tp, pp_pick, sched, nic, seed, mult, 
             continue  # too many to enumerate
         lb = shape_bound_ms(m, job, c, sh, Options())
         assert lb <= best * (1 + 1e-9), (sh.describe(), blk, lb, best)
+
+
+def test_worker_processes_change_nothing():
+    """--jobs: shapes bounded and screened by 2 worker processes give the same shapes, splits,
+    quick scores and misfits as one process, and the same solve result."""
+    from formats import presets
+    from solvers.search import PARALLEL_MIN_SHAPES, prepare_shapes
+    from solvers.space import SearchSpace
+    m = presets.model("gpt-3.6b")
+    job = JobSpec(512, 2048, "bf16")
+    c = uniform_cluster(8, 8, "A100-80GB", 240.0, 25.0)
+    one = prepare_shapes(m, job, c, Options(), SearchSpace(), jobs=1)
+    two = prepare_shapes(m, job, c, Options(), SearchSpace(), jobs=2)
+    assert one[2] == two[2] >= PARALLEL_MIN_SHAPES  # enough shapes for the pool to be used
+    key = lambda i: (i.shape, i.bound_ms, tuple(i.layers), i.peak_gib, i.quick_ms)  # noqa: E731
+    assert [key(i) for i in one[0]] == [key(i) for i in two[0]]
+    assert [(c.describe, c.status) for c in one[1]] == [(c.describe, c.status) for c in two[1]]
+    r1, r2 = (solve(m, job, c, time_limit_s=60, jobs=j) for j in (1, 2))
+    assert (r1.objective_ms, r1.bound_ms, r1.plan.shape, r1.termination) == (
+        r2.objective_ms, r2.bound_ms, r2.plan.shape, r2.termination)

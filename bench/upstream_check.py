@@ -208,6 +208,11 @@ def compare(model, job, plan, got: dict) -> list[tuple]:
     return diffs
 
 
+def _table_header(framework: str) -> None:
+    print(f"{'plan':40s} {'fits':>4s} {framework:>10s} {'warned diff':>11s} "
+          f"{'unwarned':>8s} {'ranks ok':>10s}")
+
+
 def rejected(name: str, fits: bool, error: str) -> None:
     """Print the row of a plan the framework refused, with its error."""
     print(f"{name:40s} {'yes' if fits else 'NO':>4s} {'REJECTED':>10s}  {error}")
@@ -366,8 +371,7 @@ def check_torchtitan(python: str, version: str, root: str, work: Path) -> int:
     views = json.loads(out.read_text())
     print(f"\ntorchtitan {version} at {root}: {len(cases)} plans, ConfigManager + model "
           "built on the meta device\n")
-    print(f"{'plan':40s} {'fits':>4s} {'torchtitan':>10s} {'warned diff':>11s} "
-          f"{'unwarned':>8s} {'ranks ok':>10s}")
+    _table_header("torchtitan")
     bad = 0
     for (name, m, job, c, plan, warns, fits, folder), v in zip(meta, views):
         if not v["accepted"]:
@@ -645,8 +649,7 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
         return len(cases)
     views = json.loads((work / f"{label}-views.json").read_text())
     print(f"\n{label} at {root}; {len(cases)} plans; launch.sh run per node\n")
-    print(f"{'plan':40s} {'fits':>4s} {short:>10s} {'warned diff':>11s} "
-          f"{'unwarned':>8s} {'ranks ok':>10s}")
+    _table_header(short)
     bad = 0
     for (name, m, job, c, plan, warns, recs, fits), v in zip(meta, views):
         if not v["accepted"]:

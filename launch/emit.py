@@ -618,12 +618,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     if model.is_moe:
         m["expert_tensor_parallel_size"] = sh.expert_tp
     fl = first_last_split(sh)
-    if fl is None:
-        m["pipeline_model_parallel_layout"] = pipeline_layout(sh)
-        m["virtual_pipeline_model_parallel_size"] = sh.chunks if sh.chunks > 1 else None
-    else:
-        m.update(fl)
-        m["virtual_pipeline_model_parallel_size"] = sh.chunks if sh.chunks > 1 else None
+    m.update({"pipeline_model_parallel_layout": pipeline_layout(sh)} if fl is None else fl)
+    m["virtual_pipeline_model_parallel_size"] = sh.chunks if sh.chunks > 1 else None
     if sh.schedule == "gpipe":
         warn.append(tagged("nemo", "schedule", "Megatron-Core has no GPipe schedule; it runs "
                            "1F1B, which the estimate did not model"))
@@ -637,8 +633,9 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
            "overlap_param_gather": sh.overlap_param_gather,
            "grad_reduce_in_fp32": not job.grad_reduce_in_bf16,
            "use_megatron_fsdp": sh.zero >= 2,
-           "data_parallel_sharding_strategy": {0: "no_shard", 1: "optim", 2: "optim_grads",
-                                               3: "optim_grads_params"}[min(sh.zero, 3)]}
+           # Megatron-FSDP's strategy; no_shard otherwise, as the library's own recipes
+           "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}.get(
+               sh.zero, "no_shard")}
     dist = {"use_tp_pp_dp_mapping": rank_order == TP_PP_DP_ORDER,
             "use_megatron_fsdp": sh.zero >= 2}
     ckpt = {}
@@ -653,11 +650,11 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     # delayed-scaling recipe without FP8 parameter gather, as the Megatron-LM flags
     prec = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}[job.precision]
     mp: dict = {"preset": prec}
-    if sh.fp8:
-        mp = {"preset": prec.replace("_mixed", "_with_fp8_delayed_scaling_mixed"),
-              "fp8_param_gather": False, "grad_reduce_in_fp32": not job.grad_reduce_in_bf16}
-    elif prec:
+    if prec:
         mp["grad_reduce_in_fp32"] = not job.grad_reduce_in_bf16
+    if sh.fp8:
+        mp.update(preset=prec.replace("_mixed", "_with_fp8_delayed_scaling_mixed"),
+                  fp8_param_gather=False)
     if tokenizer:
         tok = {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": tokenizer,
                "use_tokenizer_vocab_size": True}
@@ -682,8 +679,8 @@ def bridge_recipe_text(cfg: dict[str, dict], model: ModelSpec, plan: Plan,
     run as a script (launch.sh does, under torchrun) it applies the trailing KEY=VALUE
     overrides as Megatron-Bridge's scripts/training/run_recipe.py does and pre-trains."""
     m = cfg["model"]
-    provider = "MLAModelProvider" if "kv_lora_rank" in m else "GPTModelProvider"
-    module = "mla_provider" if provider == "MLAModelProvider" else "gpt_provider"
+    provider, module = (("MLAModelProvider", "mla_provider") if m.get("multi_latent_attention")
+                        else ("GPTModelProvider", "gpt_provider"))
     head = "".join(f"# {n}\n" for n in notices)
     lines = [
         f'"""Megatron-Bridge pre-training recipe for {model.name}: {plan.shape.describe()}.',

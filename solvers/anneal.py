@@ -68,7 +68,6 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
 
 def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
             time_limit_s: float) -> PlacementResult:
-    from .space import decode  # noqa: F401  (placement decoding lives there)
     pl = res.plan
     perm = _perm_of(prob, pl)
     layers = tuple(pl.shape.layers)

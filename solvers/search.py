@@ -197,7 +197,7 @@ def _workers(jobs: int | None, n_items: int):
     import multiprocessing as mp
     import os
 
-    jobs = os.cpu_count() or 1 if jobs is None else jobs
+    jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if jobs <= 1 or n_items < PARALLEL_MIN_SHAPES or \
             "fork" not in mp.get_all_start_methods():
         return None
@@ -239,7 +239,6 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
                 if misfit is not None:
                     rejected.append((i, misfit))
                     continue
-                info.shape = shapes[i]  # a worker's copy carries it by value
                 found.append((i, info))
                 if info.quick_ms is not None:
                     best_quick = min(best_quick, info.quick_ms)

@@ -39,6 +39,10 @@ def load_profile(path) -> Profile:
     if d.get("schema_version") != SCHEMA_VERSION:
         raise SpecError(f"schema_version {d.get('schema_version')!r}; this version reads "
                         f"{SCHEMA_VERSION}", source=src, field="schema_version")
+    if d.get("planning", True) is not True:
+        raise SpecError("measured by probe/gemm.py in its CPU test mode, not on a GPU: not for "
+                        "planning; run the probe on the GPUs you plan for", source=src,
+                        field="planning")
     params = d.get("parameters")
     if not isinstance(d.get("gpu"), str) or not isinstance(params, dict):
         raise SpecError("needs gpu (a GPU preset name) and parameters", source=src,
@@ -62,4 +66,5 @@ def load_profile(path) -> Profile:
         raise SpecError("covariance must be a square matrix over the fitted parameters",
                         source=src, field="covariance")
     return Profile(d["gpu"], values, stderr, names, cov, d.get("residual_sd_log"),
-                   d.get("runs") or [], src)
+                   d.get("runs") or [], src, device=str(d.get("device") or ""),
+                   kernels=d.get("kernels") or [])

@@ -8,6 +8,8 @@ Parameters (each multiplies a preset figure; bounds keep them physical):
 - `network_scale`: every inter-node stream of the measured matrix (what NCCL achieves against
   what was measured or assumed);
 - `nvlink_scale`: the intra-node links;
+- `hbm_scale`: its `hbm_efficiency` (element-wise kernels' fraction of the datasheet HBM
+  bandwidth; capped at 1.0);
 - `fragmentation`: `Overheads.fragmentation`, fitted apart on memory readings of the
   allocator's reserved peak (reserved = (1 + fragmentation) x the tensors counted).
 
@@ -30,7 +32,7 @@ import numpy as np
 
 from .cluster import ClusterSpec
 from .errors import SpecError
-from .specs import Options
+from .specs import GPUSpec, Options
 
 SCHEMA_VERSION = 1
 KIND = "pipette-calibration"
@@ -39,6 +41,7 @@ TIME_PARAMETERS = {  # name -> (lower, upper) bounds of the multiplier
     "attention_scale": (0.3, 3.0),
     "network_scale": (0.1, 3.0),
     "nvlink_scale": (0.2, 2.0),
+    "hbm_scale": (0.3, 2.0),
 }
 FRAGMENTATION_BOUNDS = (0.0, 1.0)
 HUBER_DELTA = 0.05
@@ -59,13 +62,29 @@ class Profile:
     residual_sd: float | None = None
     runs: list = field(default_factory=list)
     source: str = ""
+    planning: bool = True  # False: measured in the probe's CPU test mode, refused for planning
+    device: str = ""  # what the probe ran on
+    kernels: list = field(default_factory=list)  # the probe's timed kernels
 
     def to_dict(self) -> dict:
-        return {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": self.gpu,
-                "parameters": {k: {"value": v, "stderr": self.stderr.get(k)}
-                               for k, v in self.values.items()},
-                "fitted": list(self.names), "covariance": self.covariance,
-                "residual_sd_log": self.residual_sd, "runs": self.runs}
+        d = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": self.gpu,
+             "parameters": {k: {"value": v, "stderr": self.stderr.get(k)}
+                            for k, v in self.values.items()},
+             "fitted": list(self.names), "covariance": self.covariance,
+             "residual_sd_log": self.residual_sd, "runs": self.runs}
+        if self.kernels or not self.planning:
+            d.update(planning=self.planning, device=self.device, kernels=self.kernels)
+        return d
+
+
+def scaled_gpu(gpu: GPUSpec, values: dict) -> GPUSpec:
+    """The GPU type with the profile's multipliers on its efficiencies (each a fraction of
+    the datasheet figure, so at most 1)."""
+    return dataclasses.replace(
+        gpu, gemm_efficiency=min(1.0, gpu.gemm_efficiency * values.get("gemm_scale", 1.0)),
+        attention_efficiency=min(1.0, gpu.attention_efficiency
+                                 * values.get("attention_scale", 1.0)),
+        hbm_efficiency=min(1.0, gpu.hbm_efficiency * values.get("hbm_scale", 1.0)))
 
 
 def apply_profile(prof: Profile | None, cluster: ClusterSpec, options: Options,
@@ -82,15 +101,12 @@ def apply_profile(prof: Profile | None, cluster: ClusterSpec, options: Options,
         raise SpecError(f"the profile is for {gpu_name}, which no node of {cluster.name} has; "
                         "calibrate on logs of this cluster's GPUs", source=prof.source,
                         field="gpu")
-    g_s, a_s = vals.get("gemm_scale", 1.0), vals.get("attention_scale", 1.0)
     nv_s, net_s = vals.get("nvlink_scale", 1.0), vals.get("network_scale", 1.0)
     nodes = []
     for nd in cluster.nodes:
         gpu = nd.gpu
         if gpu_name is None or gpu.name == gpu_name:
-            gpu = dataclasses.replace(gpu, gemm_efficiency=min(1.0, gpu.gemm_efficiency * g_s),
-                                      attention_efficiency=min(
-                                          1.0, gpu.attention_efficiency * a_s))
+            gpu = scaled_gpu(gpu, vals)
         mat = nd.intra_matrix_gb_per_s
         nodes.append(dataclasses.replace(
             nd, gpu=gpu, intra_gb_per_s=nd.intra_gb_per_s * nv_s,
@@ -143,6 +159,17 @@ def _jacobian(runs, names, theta, fixed, gpu, r0) -> np.ndarray:
     return J
 
 
+def _huber_weights(res: np.ndarray) -> np.ndarray:
+    a = np.abs(res)
+    return np.where(a <= HUBER_DELTA, 1.0, HUBER_DELTA / np.maximum(a, 1e-300))
+
+
+def _huber_cost(res: np.ndarray) -> float:
+    a = np.abs(res)
+    return float(np.sum(np.where(a <= HUBER_DELTA, 0.5 * a ** 2,
+                                 HUBER_DELTA * (a - 0.5 * HUBER_DELTA))))
+
+
 def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         fit_fragmentation: bool = True) -> tuple[Profile, dict]:
     """Fit the named time parameters (and the fragmentation allowance where memory readings
@@ -161,14 +188,7 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     before = [_predict(r, {}, gpu) for r in runs]
     r = _residuals(runs, names, theta, {}, gpu)
 
-    def weights(res):
-        a = np.abs(res)
-        return np.where(a <= HUBER_DELTA, 1.0, HUBER_DELTA / np.maximum(a, 1e-300))
-
-    def cost(res):
-        a = np.abs(res)
-        return float(np.sum(np.where(a <= HUBER_DELTA, 0.5 * a ** 2,
-                                     HUBER_DELTA * (a - 0.5 * HUBER_DELTA))))
+    weights, cost = _huber_weights, _huber_cost
     lam = 1e-3
     J = _jacobian(runs, names, theta, {}, gpu, r) if p else np.zeros((len(runs), 0))
     for _ in range(max_iter if p else 0):
@@ -230,12 +250,13 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
 
 def interval_s(prof: Profile, model, job, cluster, plan, options) -> tuple[float, float, float]:
     """(prediction, low, high) in seconds, 95%, for a plan under the profile (`cluster` and
-    `options` not yet calibrated). Without a residual spread the interval is the point."""
+    `options` not yet calibrated). Without a residual spread (a probe's profile) only the
+    parameters' uncertainty counts; without either the interval is the point."""
     run = Run(model, job, cluster, plan, options, 1.0)
     t = _predict(run, prof.values, prof.gpu)
-    if prof.residual_sd is None:
+    if prof.residual_sd is None and not (prof.covariance and prof.names):
         return t, t, t
-    var = prof.residual_sd ** 2
+    var = (prof.residual_sd or 0.0) ** 2
     if prof.covariance and prof.names:
         C = np.array(prof.covariance)
         g = np.zeros(len(prof.names))
@@ -247,3 +268,117 @@ def interval_s(prof: Profile, model, job, cluster, plan, options) -> tuple[float
         var += float(g @ C @ g)
     sd = math.sqrt(var)
     return t, t * math.exp(-Z95 * sd), t * math.exp(Z95 * sd)
+
+
+# -- kernel readings (probe/gemm.py) ------------------------------------------------------------
+
+# which multiplier each kind of timed kernel measures
+KERNEL_PARAMETER = {"elementwise": "hbm_scale", "gemm": "gemm_scale",
+                    "attention": "attention_scale", "allreduce": "nvlink_scale",
+                    "allgather": "nvlink_scale"}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class KernelReading:
+    """One kernel timed by probe/gemm.py (median over its iterations), in the units the cost
+    model predicts it in. `shape`: gemm (m, n, k); attention (batch, heads, seq, head_dim),
+    forward plus backward of causal attention; elementwise (bytes moved,); allreduce and
+    allgather (buffer bytes, GPUs in the ring)."""
+
+    kind: str
+    shape: tuple
+    dtype: str
+    measured_ms: float
+
+
+def kernel_ms(k: KernelReading, gpu: GPUSpec, intra_gb_per_s: float) -> float:
+    """What the cost model predicts for one probe reading: the same functions the estimator
+    calls (model/compute.py, model/communication.py)."""
+    from .communication import INTRA_LATENCY_US, allreduce_ms, gather_ms
+    from .compute import elementwise_ms, flash_attention_ms, gemm_ms
+    if k.kind == "gemm":
+        b = DTYPE_BYTES[k.dtype]
+        return gemm_ms(gpu, *k.shape, gpu.peak_flops(k.dtype), in_bytes=b, out_bytes=b)
+    if k.kind == "attention":
+        batch, heads, s, d = k.shape
+        f_ms, b_ms = flash_attention_ms(gpu, 4.0 * batch * s * s * heads * d, s,
+                                        gpu.peak_flops(k.dtype))
+        return f_ms + b_ms
+    if k.kind == "elementwise":
+        return elementwise_ms(gpu, k.shape[0])
+    if k.kind in ("allreduce", "allgather"):
+        fn = allreduce_ms if k.kind == "allreduce" else gather_ms
+        return fn(k.shape[0], k.shape[1], intra_gb_per_s, INTRA_LATENCY_US)
+    raise ValueError(f"unknown kernel kind {k.kind!r}")
+
+
+def _fit_one(residuals, lo: float, hi: float) -> tuple[float, float | None]:
+    """One multiplier x in [lo, hi] minimizing the Huber cost of residuals(x) (log ratios):
+    a log-spaced scan, then golden-section search around the best point. Standard error from
+    the weighted residual variance over n - 1 degrees of freedom and the derivative of the
+    residuals (the one-parameter case of the covariance in the module docstring)."""
+    xs = np.exp(np.linspace(math.log(lo), math.log(hi), 161))
+    costs = [_huber_cost(residuals(x)) for x in xs]
+    i = int(np.argmin(costs))
+    a, b = math.log(xs[max(i - 1, 0)]), math.log(xs[min(i + 1, len(xs) - 1)])
+    phi = (math.sqrt(5) - 1) / 2
+    for _ in range(60):
+        c, d = b - phi * (b - a), a + phi * (b - a)
+        if _huber_cost(residuals(math.exp(c))) <= _huber_cost(residuals(math.exp(d))):
+            b = d
+        else:
+            a = c
+    x = math.exp((a + b) / 2)
+    if _huber_cost(residuals(xs[i])) < _huber_cost(residuals(x)):
+        x = float(xs[i])
+    r = residuals(x)
+    n = len(r)
+    h = 1e-4 * x
+    J = (residuals(x + h) - residuals(x - h)) / (2 * h)
+    w = _huber_weights(r)
+    info = float(np.sum(w * J ** 2))
+    if n < 2 or info <= 0:
+        return x, None
+    s2 = float(np.sum(w * r ** 2) / (n - 1))
+    return x, math.sqrt(s2 / info)
+
+
+def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: float, *,
+                planning: bool = True, device: str = "") -> Profile:
+    """A profile from the probe's kernel readings against the GPU preset `gpu` (and the node's
+    NVLink rate `intra_gb_per_s` the cluster files state): each multiplier fitted alone on
+    its kernels (robust, bounded; the bounds of TIME_PARAMETERS, or wide ones when
+    `planning` is False, the CPU test mode), in the order element-wise, GEMM, attention,
+    collectives, each with the earlier ones in place (memory-bound GEMMs depend on the HBM
+    rate). The covariance is diagonal (one fit per parameter); no iteration-level residual
+    spread: intervals from such a profile carry the parameters' uncertainty only."""
+    values: dict = {}
+    stderr: dict = {}
+    for kind in ("elementwise", "gemm", "attention", "allreduce"):
+        name = KERNEL_PARAMETER[kind]
+        mine = [k for k in readings if KERNEL_PARAMETER[k.kind] == name]
+        if not mine or name in values:
+            continue
+        meas = np.array([k.measured_ms for k in mine])
+
+        def residuals(x, mine=mine, meas=meas, name=name):
+            vals = dict(values, **{name: x})
+            g = scaled_gpu(gpu, vals)
+            intra = intra_gb_per_s * vals.get("nvlink_scale", 1.0)
+            return np.log(np.array([kernel_ms(k, g, intra) for k in mine]) / meas)
+
+        lo, hi = TIME_PARAMETERS[name] if planning else (1e-5, 10.0)
+        values[name], stderr[name] = _fit_one(residuals, lo, hi)
+    names = tuple(values)
+    cov = ([[(stderr[a] ** 2 if a == b else 0.0) for b in names] for a in names]
+           if all(stderr[n] is not None for n in names) else [])
+    prof = Profile(gpu.name, values, stderr, names, cov, None, planning=planning,
+                   device=device)
+    g0, g1 = gpu, scaled_gpu(gpu, values)
+    intra1 = intra_gb_per_s * values.get("nvlink_scale", 1.0)
+    prof.kernels = [{"kind": k.kind, "shape": list(k.shape), "dtype": k.dtype,
+                     "measured_ms": k.measured_ms,
+                     "before_ms": kernel_ms(k, g0, intra_gb_per_s),
+                     "after_ms": kernel_ms(k, g1, intra1)} for k in readings]
+    return prof

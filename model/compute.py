@@ -61,6 +61,25 @@ def gemm_ms(gpu: GPUSpec, m: int, n: int, k: int, peak_flops: float, *, batch: i
     return max(compute_ms, memory_ms) + gpu.kernel_overhead_us / 1e3
 
 
+def flash_attention_ms(gpu: GPUSpec, full_flops: float, s: int, peak_flops: float, *,
+                       kernels: int = 1) -> tuple[float, float]:
+    """(forward, backward) ms of causal FlashAttention whose full s x s work would be
+    `full_flops` (eq. 3 of Narayanan et al. 2021: 4 T s d per head): the kernel skips the
+    blocks above the diagonal, the backward does 2.5x the forward work (module docstring), at
+    `attention_efficiency` x peak; `kernels` launches each way (ring attention runs one kernel
+    per ring step)."""
+    work = full_flops * 0.5 * (1 + min(1.0, FLASH_BLOCK / s))
+    rate = peak_flops * gpu.attention_efficiency
+    launch_ms = kernels * gpu.kernel_overhead_us / 1e3
+    return (work / rate * 1e3 + launch_ms, FLASH_BWD_FACTOR * work / rate * 1e3 + launch_ms)
+
+
+def linear_gemms(m: int, n: int, k: int) -> tuple[tuple[int, int, int], ...]:
+    """The (m, n, k) GEMMs of a linear layer y[m,n] = x[m,k] W[k,n]: forward, data gradient
+    dx = dy W' (m, k, n) and weight gradient dW = x' dy (k, n, m) (module docstring)."""
+    return (m, n, k), (m, k, n), (k, n, m)
+
+
 def elementwise_ms(gpu: GPUSpec, nbytes: float) -> float:
     """A memory-bound kernel moving `nbytes` through HBM, plus the kernel overhead."""
     if nbytes <= 0:
@@ -125,11 +144,18 @@ class ComputeModel:
         else:
             ib, peak = self.act_b, self.peak
         flops = 2.0 * m * n * k
-        fwd.add(name, gemm_ms(g, m, n, k, peak, in_bytes=ib, out_bytes=self.act_b), flops)
-        bwd.add(f"{name}.dgrad", gemm_ms(g, m, k, n, peak, in_bytes=ib, out_bytes=self.act_b),
-                flops)
-        bwd.add(f"{name}.wgrad", gemm_ms(g, k, n, m, peak, in_bytes=ib, out_bytes=self.act_b),
-                flops)
+        for p, label, shape in zip((fwd, bwd, bwd), (name, f"{name}.dgrad", f"{name}.wgrad"),
+                                   linear_gemms(m, n, k)):
+            p.add(label, gemm_ms(g, *shape, peak, in_bytes=ib, out_bytes=self.act_b), flops)
+
+    def dense_linears(self) -> dict[str, tuple[int, int, int]]:
+        """(m, n, k) of the dense layer's four linear layers on this GPU (after TP): what
+        `layer` runs for standard attention and a dense MLP, and what probe/gemm.py times."""
+        m, t, T = self.model, self.t, self.T
+        h, kv, f = m.hidden_size, m.kv_dim, m.ffn_hidden_size
+        gated = 2 if m.gated_mlp else 1
+        return {"qkv": (T, (m.q_dim + 2 * kv) // t, h), "proj": (T, h, m.o_dim // t),
+                "fc1": (T, gated * f // t, h), "fc2": (T, h, f // t)}
 
     def _elementwise(self, p: Pass, name: str, elements: float, reads: float, writes: float,
                      extra_bytes: float = 0.0) -> None:
@@ -143,10 +169,10 @@ class ComputeModel:
     def layer(self) -> LayerCompute:
         m, t, T = self.model, self.t, self.T
         h, kv, f = m.hidden_size, m.kv_dim, m.ffn_hidden_size
-        gated = 2 if m.gated_mlp else 1
         hs = T * h / (t if self.sp else 1)  # elements of a norm / residual region
         mask = hs if m.dropout else 0.0  # 1-byte dropout mask
         fwd, bwd = Pass(), Pass()
+        linears = self.dense_linears()
 
         # attention block: norm, QKV, rotary, core, output projection, bias-dropout-add
         self._elementwise(fwd, "norm1", hs, 1, 1)
@@ -155,12 +181,12 @@ class ComputeModel:
         if m.is_mla:
             self._latent_projections(fwd, bwd)
         else:
-            self._linear(fwd, bwd, "qkv", T, (q + 2 * kv) // t, h)
+            self._linear(fwd, bwd, "qkv", *linears["qkv"])
             if m.position_embedding == "rope":
                 self._elementwise(fwd, "rope", T * (q + kv) / t, 1, 1)
                 self._elementwise(bwd, "rope", T * (q + kv) / t, 1, 1)
         attn_fwd = self._attention(fwd, bwd)
-        self._linear(fwd, bwd, "proj", T, h, m.o_dim // t)
+        self._linear(fwd, bwd, "proj", *linears["proj"])
         self._bias_dropout_add(fwd, bwd, "bda1", hs, mask)
 
         # MLP block: norm, up (and gate), activation, down, bias-dropout-add
@@ -170,14 +196,14 @@ class ComputeModel:
             self._moe(fwd, bwd)
             self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
             return LayerCompute(fwd, bwd, attn_fwd)
-        self._linear(fwd, bwd, "fc1", T, gated * f // t, h)
+        self._linear(fwd, bwd, "fc1", *linears["fc1"])
         if m.gated_mlp:  # SwiGLU: reads gate and up, writes their product
             self._elementwise(fwd, "act", T * f / t, 2, 1)
             self._elementwise(bwd, "act", T * f / t, 3, 2)
         else:  # GeLU
             self._elementwise(fwd, "act", T * f / t, 1, 1)
             self._elementwise(bwd, "act", T * f / t, 2, 1)
-        self._linear(fwd, bwd, "fc2", T, h, f // t)
+        self._linear(fwd, bwd, "fc2", *linears["fc2"])
         self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
         return LayerCompute(fwd, bwd, attn_fwd)
 
@@ -270,12 +296,7 @@ class ComputeModel:
         full_flops = (4.0 * T * s * h / t if not m.is_mla else
                       2.0 * T * s * heads * (m.qk_head_dim + m.mla_v_head_dim))
         if self.job.attention == "flash":
-            work = full_flops * 0.5 * (1 + min(1.0, FLASH_BLOCK / s))
-            rate = self.peak * g.attention_efficiency
-            # ring attention runs one kernel per ring step (cp of them)
-            launch_ms = self.cp * g.kernel_overhead_us / 1e3
-            f_ms = work / rate * 1e3 + launch_ms
-            b_ms = FLASH_BWD_FACTOR * work / rate * 1e3 + launch_ms
+            f_ms, b_ms = flash_attention_ms(g, full_flops, s, self.peak, kernels=self.cp)
             fwd.add("attention", f_ms, full_flops)
             bwd.add("attention", b_ms, 2 * full_flops)
             return f_ms

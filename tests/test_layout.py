@@ -25,7 +25,7 @@ ALLOWED = {
     "formats": {"model"},
     "solvers": {"model"},
     "launch": {"model", "formats"},
-    "probe": set(),
+    "probe": {"model", "formats"},  # gemm.py fits the cost model and writes a profile
     "render": {"model", "formats", "solvers", "launch"},
     "cli": {"model", "formats", "solvers", "launch", "render"},
 }

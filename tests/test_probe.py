@@ -78,3 +78,117 @@ def test_probe_gloo_four_local_nodes_round_trips(tmp_path):
     c = load_cluster(toml)
     assert [nd.name for nd in c.nodes] == d["nodes"]
     assert c.inter_gb_per_s[1, 2] == pytest.approx(m[1][2], abs=0.006)
+
+
+# -- the kernel probe (probe/gemm.py) ------------------------------------------------------------
+
+def _synthetic_readings(truth: dict, noise: float, seed: int):
+    """Readings the cost model itself predicts under known multipliers, with log-normal noise:
+    the GEMM, attention and element-wise shapes of the GPU run and an 8-GPU node's rings."""
+    import numpy as np
+
+    from formats.presets import gpu as gpu_preset
+    from formats.presets import model as model_preset
+    from model.calibration import KernelReading, kernel_ms, scaled_gpu
+    from probe.gemm import Sizes, gemm_shapes
+
+    gpu = gpu_preset("H100-SXM-80GB")
+    sz = Sizes(model_preset("llama3-8b"), 4096, (1, 2, 4, 8), (1, 2), (64.0, 256.0),
+               (64, 256, 1024), 8, "bf16")
+    kernels = [KernelReading("elementwise", (int(3 * m * 2 ** 20),), "bf16", 1.0)
+               for m in sz.elementwise_mib]
+    kernels += [KernelReading("gemm", s, "bf16", 1.0) for s in gemm_shapes(sz)]
+    kernels += [KernelReading("attention", (b, 32 // t, 4096, 128), "bf16", 1.0)
+                for t in sz.tps for b in sz.mbs]
+    kernels += [KernelReading(kind, (int(m * 2 ** 20), 8), "bf16", 1.0)
+                for kind in ("allreduce", "allgather") for m in sz.collective_mib]
+    rng = np.random.default_rng(seed)
+    g = scaled_gpu(gpu, truth)
+    intra = gpu.nvlink_gb_per_s * truth["nvlink_scale"]
+    return gpu, [KernelReading(k.kind, k.shape, k.dtype,
+                               kernel_ms(k, g, intra) * float(np.exp(rng.normal(0, noise))))
+                 for k in kernels]
+
+
+def test_kernel_fit_recovers_known_multipliers():
+    """Readings made by the cost model under known multipliers (2% noise) are fitted back to
+    them within 3 reported standard errors and 3%; noiseless ones exactly."""
+    from model.calibration import fit_kernels
+    truth = {"hbm_scale": 0.9, "gemm_scale": 0.85, "attention_scale": 1.3,
+             "nvlink_scale": 0.7}
+    for seed in range(3):
+        gpu, readings = _synthetic_readings(truth, 0.02, seed)
+        prof = fit_kernels(readings, gpu, gpu.nvlink_gb_per_s)
+        assert set(prof.values) == set(truth) and prof.planning
+        for k, v in truth.items():
+            se = prof.stderr[k]
+            assert se is not None and 0 < se < 0.05 * v
+            assert abs(prof.values[k] - v) <= max(3 * se, 0.03 * v), (k, prof.values[k], se)
+    gpu, readings = _synthetic_readings(truth, 0.0, 0)
+    prof = fit_kernels(readings, gpu, gpu.nvlink_gb_per_s)
+    for k, v in truth.items():
+        assert prof.values[k] == pytest.approx(v, rel=1e-4)
+    assert all(r["after_ms"] == pytest.approx(r["measured_ms"], rel=1e-3) for r in prof.kernels)
+
+
+def test_probe_profile_plans_with_an_interval_from_the_parameters(tmp_path):
+    """A GPU probe's profile (no iteration residuals) is read back and used by `estimate`: the
+    scales apply, and the interval comes from the parameters' standard errors alone."""
+    from formats.profile import load_profile, save_profile
+    from model.calibration import fit_kernels
+    truth = {"hbm_scale": 0.9, "gemm_scale": 0.85, "attention_scale": 1.3,
+             "nvlink_scale": 0.7}
+    gpu, readings = _synthetic_readings(truth, 0.03, 5)
+    path = tmp_path / "probe.json"
+    save_profile(path, fit_kernels(readings, gpu, gpu.nvlink_gb_per_s, device="H100 test"))
+    back = load_profile(path)
+    assert back.device == "H100 test" and len(back.kernels) == len(readings)
+    assert back.residual_sd is None and len(back.covariance) == 4
+    runner = CliRunner()
+    args = ["estimate", "-m", "llama3-8b", "-c", "h100-8x8", "--tp", "2", "--pp", "2",
+            "--gbs", "64", "--seq", "4096", "--json"]
+    base = runner.invoke(app, args)
+    cal = runner.invoke(app, args + ["--calibration", str(path)])
+    assert base.exit_code == 0 and cal.exit_code == 0, cal.output
+    t0 = json.loads(base.output)["estimate"]["iteration_ms"]
+    d = json.loads(cal.output)
+    assert d["estimate"]["iteration_ms"] != pytest.approx(t0, rel=1e-3)
+    iv = d["interval_s"]
+    assert iv["low"] < iv["estimate"] < iv["high"] and iv["high"] / iv["low"] < 1.2
+
+
+def test_device_names_map_to_presets():
+    from formats.presets import gpu_names
+    from probe.gemm import DEVICE_PRESETS, device_preset
+    assert device_preset("NVIDIA H100 80GB HBM3") == "H100-SXM-80GB"
+    assert device_preset("NVIDIA H100 PCIe") == "H100-PCIe-80GB"
+    assert device_preset("NVIDIA A100-SXM4-80GB") == "A100-80GB"
+    assert device_preset("NVIDIA A100-SXM4-40GB") == "A100-40GB"
+    assert device_preset("NVIDIA H200") == "H200-141GB"
+    assert device_preset("NVIDIA B200") == "B200"
+    assert device_preset("NVIDIA GB200") == "GB200"
+    assert device_preset("Some Other GPU") is None
+    assert {p for _, p in DEVICE_PRESETS} <= set(gpu_names())
+
+
+def test_gemm_probe_cpu_test_mode_runs_and_is_refused_for_planning(tmp_path):
+    """The probe's own entry point on the CPU (tiny shapes, gloo between 2 processes): it
+    times every kind of kernel, fits every multiplier, marks the profile not for planning,
+    and the CLI refuses that profile in one line with exit 2."""
+    pytest.importorskip("torch")
+    from probe.gemm import main
+    out = tmp_path / "cpu.json"
+    assert main(["-o", str(out), "--cpu", "--iters", "2", "--warmup", "1"]) == 0
+    d = json.loads(out.read_text())
+    assert d["kind"] == "pipette-calibration" and d["planning"] is False
+    assert {k["kind"] for k in d["kernels"]} == {"elementwise", "gemm", "attention",
+                                                 "allreduce", "allgather"}
+    assert all(k["measured_ms"] > 0 and k["before_ms"] > 0 for k in d["kernels"])
+    assert set(d["parameters"]) == {"hbm_scale", "gemm_scale", "attention_scale",
+                                    "nvlink_scale"}
+    # a CPU is far slower than the A100 preset it is held against
+    assert all(0 < p["value"] < 1 for p in d["parameters"].values())
+    r = CliRunner().invoke(app, ["estimate", "-m", "llama3-8b", "--tp", "2", "--pp", "2",
+                                 "--gbs", "64", "--calibration", str(out)])
+    assert r.exit_code == 2 and "not for planning" in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1

@@ -25,10 +25,15 @@ class Task:
     method: str
     budget_s: float
     seed: int
+    # moves per annealing run instead of cooling by the clock (same answer on any machine)
+    anneal_moves: int | None = None
 
     def inputs(self) -> dict:
-        return {"model": self.model, "cluster": self.cluster, "job": self.job,
-                "method": self.method, "budget_s": self.budget_s, "seed": self.seed}
+        d = {"model": self.model, "cluster": self.cluster, "job": self.job,
+             "method": self.method, "budget_s": self.budget_s, "seed": self.seed}
+        if self.anneal_moves is not None:  # absent otherwise: earlier task ids stay valid
+            d["anneal_moves"] = self.anneal_moves
+        return d
 
     @property
     def id(self) -> str:
@@ -40,6 +45,7 @@ class Task:
 # budgets as solve's --time-limit
 MAX_TASKS = 1_000_000
 MAX_BUDGET_S = 7 * 86400
+MAX_ANNEAL_MOVES = 10**8  # about a day of moves on one core
 
 
 def _grid(d: dict, src: str, fld: str) -> list[dict]:
@@ -100,6 +106,12 @@ def load_spec(path) -> tuple[str, list[Task]]:
            for x in seeds):
         raise SpecError("seeds must be integers from 0 to 2^32 - 1", source=src,
                         field="sweep.seeds")
+    moves = sw.get("anneal_moves")
+    if moves is not None and (isinstance(moves, bool) or not isinstance(moves, int)
+                              or not 1 <= moves <= MAX_ANNEAL_MOVES):
+        raise SpecError(f"must be an integer from 1 to {MAX_ANNEAL_MOVES:,} (moves per "
+                        "annealing run), or absent (cooling by the clock)", source=src,
+                        field="sweep.anneal_moves")
     name = sw.get("name", Path(path).stem)
     if not isinstance(name, str) or not name.strip():
         raise SpecError("must be a non-empty string", source=src, field="sweep.name")
@@ -132,7 +144,7 @@ def load_spec(path) -> tuple[str, list[Task]]:
     count = len(models) * len(clusters) * len(jobs) * len(methods) * len(budgets) * len(seeds)
     if count > MAX_TASKS:
         raise SpecError(f"{count:,} tasks; at most {MAX_TASKS:,}", source=src, field="sweep")
-    tasks = [Task(m, c, dict(j), meth, float(b), int(s))
+    tasks = [Task(m, c, dict(j), meth, float(b), int(s), moves)
              for m, c, j, meth, b, s in itertools.product(models, clusters, jobs, methods,
                                                            budgets, seeds)]
     for t in {(t.model, json.dumps(t.cluster, sort_keys=True), json.dumps(t.job, sort_keys=True)):

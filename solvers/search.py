@@ -255,7 +255,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
           time_limit_s: float = 60.0, seed: int = 0, options: Options | None = None,
           space: SearchSpace = SearchSpace(), progress=None, max_shapes: int | None = None,
           anneal_iters: int | None = 3000, uniform_tol: float = 0.0,
-          jobs: int | None = 1) -> SolveResult:
+          jobs: int | None = 1, anneal_clock: bool = True) -> SolveResult:
     """Fastest plan that fits, with its proof status. `uniform_tol`: inter-node streams within
     this relative spread count as equal (cluster.uniform): no placement search then. `jobs`:
     worker processes for bounding and screening the shapes (None: all cores); the result does
@@ -264,7 +264,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     With method "anneal" each block is annealed with cooling planned by the clock over its
     share of the time limit (solvers.anneal, iters=None); where the exact method falls back to
     the annealer (blocks the MILP does not cover) it anneals `anneal_iters` moves, so that its
-    answer does not depend on the machine's speed."""
+    answer does not depend on the machine's speed. `anneal_clock=False`: every annealing run
+    takes `anneal_iters` moves, the anneal method's too (research sweeps that must give the
+    same answer on any machine and executor; the time limit still caps each run)."""
     options = options or Options()
     t0 = time.perf_counter()
     # time-true: the search plans with a little less than the user's limit, leaving room for
@@ -410,8 +412,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                     res = None
             if res is None:
                 res = anneal(prob, seed=seed, time_limit_s=per_block_now,
-                             iters=None if method == "anneal" or clock else (
-                                 anneal_iters or 3000))
+                             iters=None if anneal_clock and (method == "anneal" or clock)
+                             else (anneal_iters or 3000))
                 res.bound_ms = info.bound_ms
             # every result's bound is valid (a MILP stopped early keeps at least the shape's
             # closed-form bound; infeasible blocks bound at infinity)

@@ -9,6 +9,8 @@ Spec (TOML; data/sweeps/example.toml):
     methods = ["exact", "anneal", "megatron"]   # the task's solver (below)
     budgets = [2.0, 5.0]                         # time limits, s
     seeds = [0]
+    anneal_moves = 3000   # optional: moves per annealing run instead of cooling by the
+                          # clock, so that every executor and machine gives the same answer
     [[models]]   name = "gpt-3.6b"  (a preset or a Hugging Face config.json)
     [[jobs]]     global_batch = 256, seq_length = 2048, precision = "bf16"
     [[clusters]] preset = "example"  |  file = "path.toml"  |
@@ -67,8 +69,9 @@ def run_task(t, build) -> dict:
                        gap=None, termination="baseline")
         else:
             from solvers.search import solve
+            moves = t.anneal_moves
             r = solve(model, job, cluster, method=t.method, time_limit_s=t.budget_s,
-                      seed=t.seed)
+                      seed=t.seed, anneal_iters=moves or 3000, anneal_clock=moves is None)
             out.update(plan=r.plan.shape.describe(), iteration_ms=r.objective_ms,
                        bound_ms=r.bound_ms, gap=r.gap, termination=r.termination)
     except Exception as e:  # noqa: BLE001  (recorded with the task; the sweep goes on)

@@ -16,14 +16,16 @@ from formats.sweepspec import build_inputs, load_spec
 from solvers.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-# tiny tasks: a 4-layer model on 2-node clusters; deterministic methods (exact proves these
-# small instances; megatron is the screening's best)
+# tiny tasks: a 4-layer model on 2-node clusters; every method ends by its own criterion, not
+# the clock (exact proves these small instances; the annealer runs a fixed number of moves;
+# megatron is the screening's best), so any executor gives the same results
 SPEC = """
 [sweep]
 name = "tiny"
-methods = ["exact", "megatron", "amp-style"]
+methods = ["exact", "anneal", "megatron", "amp-style"]
 budgets = [1.0, 2.0]
 seeds = [0]
+anneal_moves = 300
 [[models]]
 name = "{model}"
 [[jobs]]
@@ -43,9 +45,15 @@ def _spec(tmp_path, model="gpt-1.7b"):
 def test_task_ids_are_stable_and_distinct(tmp_path):
     name, tasks = load_spec(_spec(tmp_path))
     again = load_spec(_spec(tmp_path))[1]
-    assert name == "tiny" and len(tasks) == 18
+    assert name == "tiny" and len(tasks) == 24
     assert [t.id for t in tasks] == [t.id for t in again]
-    assert len({t.id for t in tasks}) == 18
+    assert len({t.id for t in tasks}) == 24
+    # the move count is an input: a spec without it (cooling by the clock) has other ids
+    p = tmp_path / "clock.toml"
+    p.write_text(SPEC.format(model="gpt-1.7b").replace("anneal_moves = 300\n", ""))
+    clock = load_spec(p)[1]
+    assert all(t.anneal_moves is None for t in clock)
+    assert not {t.id for t in clock} & {t.id for t in tasks}
 
 
 def test_bad_specs_name_the_field(tmp_path):
@@ -54,6 +62,10 @@ def test_bad_specs_name_the_field(tmp_path):
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert e.value.field == "sweep.methods"
+    p.write_text(SPEC.format(model="gpt-1.7b").replace("anneal_moves = 300", "anneal_moves = 0"))
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert e.value.field == "sweep.anneal_moves"
     p.write_text(SPEC.format(model="no-such-model"))
     with pytest.raises(SpecError) as e:
         load_spec(p)
@@ -68,7 +80,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     spec = _spec(tmp_path)
     ref = Store(tmp_path / "ref.sqlite")
     counts = run_sweep(load_spec(spec)[1], ref, build_inputs, jobs=2)
-    assert counts["done"] == 18
+    assert counts["done"] == 24
     killed_db = tmp_path / "killed.sqlite"
     cmd = [sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--results",
            str(killed_db), "--jobs", "1"]
@@ -91,7 +103,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     proc.wait()
     s = Store(killed_db)
     before = s.done_ids()
-    assert 3 <= len(before) < 18
+    assert 3 <= len(before) < 24
     kill_t = max(t for _i, t in s.starts())
     counts = run_sweep(load_spec(spec)[1], s, build_inputs, jobs=2)
     assert counts["skipped"] == len(before)

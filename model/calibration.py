@@ -32,7 +32,7 @@ import numpy as np
 
 from .cluster import ClusterSpec
 from .errors import SpecError
-from .specs import GPUSpec, Options
+from .specs import GPUSpec, Options, element_bytes
 
 SCHEMA_VERSION = 1
 KIND = "pipette-calibration"
@@ -276,7 +276,6 @@ def interval_s(prof: Profile, model, job, cluster, plan, options) -> tuple[float
 KERNEL_PARAMETER = {"elementwise": "hbm_scale", "gemm": "gemm_scale",
                     "attention": "attention_scale", "allreduce": "nvlink_scale",
                     "allgather": "nvlink_scale"}
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -298,7 +297,7 @@ def kernel_ms(k: KernelReading, gpu: GPUSpec, intra_gb_per_s: float) -> float:
     from .communication import INTRA_LATENCY_US, allreduce_ms, gather_ms
     from .compute import elementwise_ms, flash_attention_ms, gemm_ms
     if k.kind == "gemm":
-        b = DTYPE_BYTES[k.dtype]
+        b = element_bytes(k.dtype)
         return gemm_ms(gpu, *k.shape, gpu.peak_flops(k.dtype), in_bytes=b, out_bytes=b)
     if k.kind == "attention":
         batch, heads, s, d = k.shape
@@ -355,10 +354,9 @@ def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: flo
     spread: intervals from such a profile carry the parameters' uncertainty only."""
     values: dict = {}
     stderr: dict = {}
-    for kind in ("elementwise", "gemm", "attention", "allreduce"):
-        name = KERNEL_PARAMETER[kind]
+    for name in ("hbm_scale", "gemm_scale", "attention_scale", "nvlink_scale"):
         mine = [k for k in readings if KERNEL_PARAMETER[k.kind] == name]
-        if not mine or name in values:
+        if not mine:
             continue
         meas = np.array([k.measured_ms for k in mine])
 

@@ -557,8 +557,13 @@ class JobSpec:
 
     @property
     def activation_bytes(self) -> int:
-        """Korthikanti et al. 2022 count 16-bit activations; fp32 doubles them."""
-        return 4 if self.precision == "fp32" else 2
+        return element_bytes(self.precision)
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes of an activation element: Korthikanti et al. 2022 count 16-bit activations; fp32
+    doubles them."""
+    return 4 if precision == "fp32" else 2
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from formats.profile import save_profile  # noqa: E402
 from model.calibration import KernelReading, fit_kernels  # noqa: E402
 from model.compute import ComputeModel, linear_gemms  # noqa: E402
 from model.errors import SpecError  # noqa: E402
-from model.specs import JobSpec, ModelSpec  # noqa: E402
+from model.specs import GPUSpec, JobSpec, ModelSpec  # noqa: E402
 
 # torch's device names -> GPU presets (data/gpus.json); the first match wins
 DEVICE_PRESETS = (
@@ -93,14 +93,14 @@ def device_preset(name: str) -> str | None:
     return next((p for key, p in DEVICE_PRESETS if key.upper() in up), None)
 
 
-def gemm_shapes(sz: Sizes) -> list[tuple[int, int, int]]:
+def gemm_shapes(sz: Sizes, gpu: GPUSpec) -> list[tuple[int, int, int]]:
     """The distinct (m, n, k) of the layer's linear layers over the TP and micro-batch
     choices, forward and both gradients (model/compute.py)."""
     out: list[tuple[int, int, int]] = []
     job = JobSpec(global_batch=max(sz.mbs), seq_length=sz.seq, precision=sz.dtype)
     for tp in sz.tps:
         for b in sz.mbs:
-            cm = ComputeModel(sz.model, job, gpu_preset("A100-80GB"), tp=tp, micro_batch=b,
+            cm = ComputeModel(sz.model, job, gpu, tp=tp, micro_batch=b,
                               sequence_parallel=False, fp8=False)
             for mnk in cm.dense_linears().values():
                 out += [s for s in linear_gemms(*mnk) if s not in out and min(s) > 0]
@@ -131,7 +131,7 @@ def _timer(torch, device: str):
     return time_ms
 
 
-def time_kernels(sz: Sizes, device: str, iters: int, warmup: int,
+def time_kernels(sz: Sizes, gpu: GPUSpec, device: str, iters: int, warmup: int,
                  log=print) -> list[KernelReading]:
     """Element-wise, GEMM and attention readings on this process's device."""
     import torch
@@ -150,7 +150,7 @@ def time_kernels(sz: Sizes, device: str, iters: int, warmup: int,
             f"{3 * n * esize / ms / 1e6:.1f} GB/s")
         del a, b, c
 
-    shapes = gemm_shapes(sz)
+    shapes = gemm_shapes(sz, gpu)
     for m, nn, k in shapes:
         x = torch.randn(m, k, device=device).to(dt)
         w = torch.randn(k, nn, device=device).to(dt)
@@ -177,7 +177,7 @@ def time_kernels(sz: Sizes, device: str, iters: int, warmup: int,
     return out
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -224,7 +224,7 @@ def time_collectives(sz: Sizes, backend: str, iters: int, warmup: int,
     reading's shape is (bytes, GPUs in the ring))."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     sizes = [int(mib * 2 ** 20) for mib in sz.collective_mib]
     procs = [ctx.Process(target=_collective_worker,
                          args=(r, sz.gpus, port, backend, sizes, iters, warmup, sz.dtype, queue))
@@ -301,7 +301,7 @@ def run(argv: list[str] | None = None, log=print) -> dict:
         sz = Sizes(tiny_model(), 64, (1, 2), (1, 2), (1.0, 4.0), (0.0625, 0.5), 2, "fp32")
         device, backend, iters, warmup = "cpu", "gloo", min(a.iters, 3), min(a.warmup, 1)
     log(f"probe on {name}: {gpu.name} preset, {sz.dtype}")
-    readings = time_kernels(sz, device, iters, warmup, log)
+    readings = time_kernels(sz, gpu, device, iters, warmup, log)
     if sz.gpus > 1:
         readings += time_collectives(sz, backend, iters, warmup, log)
     intra = a.nvlink_gb_per_s or gpu.nvlink_gb_per_s

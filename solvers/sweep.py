@@ -69,9 +69,11 @@ def run_task(t, build) -> dict:
                        gap=None, termination="baseline")
         else:
             from solvers.search import solve
-            moves = t.anneal_moves
+            # a fixed move count replaces cooling by the clock; else solve's defaults
+            moves = ({} if t.anneal_moves is None else
+                     {"anneal_iters": t.anneal_moves, "anneal_clock": False})
             r = solve(model, job, cluster, method=t.method, time_limit_s=t.budget_s,
-                      seed=t.seed, anneal_iters=moves or 3000, anneal_clock=moves is None)
+                      seed=t.seed, **moves)
             out.update(plan=r.plan.shape.describe(), iteration_ms=r.objective_ms,
                        bound_ms=r.bound_ms, gap=r.gap, termination=r.termination)
     except Exception as e:  # noqa: BLE001  (recorded with the task; the sweep goes on)

@@ -4,7 +4,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from formats.clusters import load_cluster
+from probe.gemm import free_port
 from probe.p2p_bandwidth import round_robin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,12 +31,6 @@ def test_round_robin_covers_every_pair_once(n):
     assert sorted(pairs) == list(itertools.combinations(range(n), 2))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node(rank: int, port: str, out: str) -> None:
     """One emulated node: the probe's own entry point, with torchrun's environment."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -51,7 +45,7 @@ def test_probe_gloo_four_local_nodes_round_trips(tmp_path):
     import torch.distributed  # noqa: F401  (imported once here, inherited by the forked nodes)
 
     out = tmp_path / "bw.json"
-    port = str(_free_port())
+    port = str(free_port())
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_node, args=(rank, port, str(out))) for rank in range(4)]
     for p in procs:
@@ -97,7 +91,7 @@ def _synthetic_readings(truth: dict, noise: float, seed: int):
                (64, 256, 1024), 8, "bf16")
     kernels = [KernelReading("elementwise", (int(3 * m * 2 ** 20),), "bf16", 1.0)
                for m in sz.elementwise_mib]
-    kernels += [KernelReading("gemm", s, "bf16", 1.0) for s in gemm_shapes(sz)]
+    kernels += [KernelReading("gemm", s, "bf16", 1.0) for s in gemm_shapes(sz, gpu)]
     kernels += [KernelReading("attention", (b, 32 // t, 4096, 128), "bf16", 1.0)
                 for t in sz.tps for b in sz.mbs]
     kernels += [KernelReading(kind, (int(m * 2 ** 20), 8), "bf16", 1.0)

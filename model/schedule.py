@@ -238,14 +238,21 @@ class CompiledSchedule:
         bit for bit, and the starts do not depend on the tails' durations: callers that vary
         only the tails (solvers, through `Evaluator.iteration_ms`) reuse them."""
         d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
-        end = [0.0] * self.num_nodes
-        for i, ps, k in self._plan:
-            st = 0.0
-            for u in ps:
-                e = end[u]
-                if e > st:
-                    st = e
-            end[i] = st + d[k]
+        end = [0.0] * (self.num_nodes + 1)  # end[num_nodes] = 0.0: the missing predecessor
+        pairs = self._pair_plan()
+        if pairs is not None:
+            for i, u1, u2, k in pairs:
+                e1 = end[u1]
+                e2 = end[u2]
+                end[i] = (e2 if e2 > e1 else e1) + d[k]
+        else:
+            for i, ps, k in self._plan:
+                st = 0.0
+                for u in ps:
+                    e = end[u]
+                    if e > st:
+                        st = e
+                end[i] = st + d[k]
         out = []
         for t in self.tails:
             st = 0.0
@@ -303,26 +310,61 @@ class CompiledSchedule:
 
     def critical_path(self, dur) -> tuple[float, np.ndarray, list[int]]:
         """(length, counts per kind, node ids) of one longest path."""
+        end, arg = self._walk(dur)
+        last = max(self.tails, key=lambda t: end[t])
+        path = self._trace(arg, last)
+        counts = np.bincount(self.kind_of[path], minlength=self.kinds.size).astype(float)
+        return end[last], counts, path
+
+    def _walk(self, dur) -> tuple[list[float], list[int]]:
+        """End time of every node and its latest predecessor (the first of equals; a node
+        without predecessors points at index num_nodes), in topological order."""
         d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
-        end = [0.0] * self.num_nodes
-        arg = [-1] * self.num_nodes
+        n = self.num_nodes
+        end = [0.0] * (n + 1)  # end[n] = 0.0: the missing predecessor
+        arg = [n] * (n + 1)
+        pairs = self._pair_plan()
+        if pairs is not None:  # every node has at most two predecessors (non-blocking)
+            for i, u1, u2, k in pairs:
+                e1 = end[u1]
+                e2 = end[u2]
+                if e2 > e1:
+                    end[i] = e2 + d[k]
+                    arg[i] = u2
+                else:
+                    end[i] = e1 + d[k]
+                    arg[i] = u1
+            return end, arg
         for i, ps, k in self._plan:
-            st, a = 0.0, -1
+            st, a = 0.0, n
             for u in ps:
                 e = end[u]
-                if a < 0 or e > st:
+                if a == n or e > st:
                     st, a = e, u
             end[i] = st + d[k]
             arg[i] = a
-        last = max(self.tails, key=lambda t: end[t])
+        return end, arg
+
+    def _pair_plan(self):
+        """The walk's plan as (node, first predecessor, second predecessor, kind), missing ones
+        as num_nodes, or None if some node has more than two (blocking transfers): branch-free
+        and about twice as fast as the general loop on 24k nodes."""
+        if "_pairs" not in self.__dict__:
+            n = self.num_nodes
+            ok = all(len(ps) <= 2 for _i, ps, _k in self._plan)
+            self.__dict__["_pairs"] = [
+                (i, ps[0] if ps else n, ps[1] if len(ps) > 1 else n, k)
+                for i, ps, k in self._plan] if ok else None
+        return self.__dict__["_pairs"]
+
+    def _trace(self, arg: list[int], last: int) -> list[int]:
         path = []
         u = last
-        while u >= 0:
+        while u != self.num_nodes:
             path.append(u)
             u = arg[u]
         path.reverse()
-        counts = np.bincount(self.kind_of[path], minlength=self.kinds.size).astype(float)
-        return end[last], counts, path
+        return path
 
     def start_times(self, dur) -> np.ndarray:
         d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)

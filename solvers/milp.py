@@ -72,6 +72,7 @@ from model.errors import SolverUnavailableError
 from model.memory import GIB
 from model.plan import Plan, expert_dp_groups
 
+from .linear import Lin, LinearModel, SolveResult, lsum
 from .problem import PlacementProblem
 from .result import PlacementResult
 
@@ -327,15 +328,16 @@ class _Data:
 
 
 class _Formulation:
-    """One Pyomo model of one problem: with placement variables (`relax=False`), or with the
-    placement relaxed (every inter-node hop at the cheapest link, the ring at its best rate).
+    """One model of one problem (solvers.linear): with placement variables (`relax=False`,
+    through Pyomo), or with the placement relaxed (every inter-node hop at the cheapest link,
+    the ring at its best rate; straight into HiGHS, as it is solved hundreds of times).
 
     `loads=True` adds a binary g[s, c] per stage s and layer count c, so that one load vector
     can be fixed (`fix_loads`) or cut off (`exclude_loads`, a no-good)."""
 
-    def __init__(self, dat: _Data, pyo, *, relax: bool, integral_layers: bool = True,
-                 loads: bool = False):
-        self.dat, self.pyo, self.relax = dat, pyo, relax
+    def __init__(self, dat: _Data, *, relax: bool, integral_layers: bool = True,
+                 loads: bool = False, backend: str | None = None):
+        self.dat, self.relax = dat, relax
         p, V, L, A, N = dat.p, dat.V, dat.L, dat.A, dat.N
         D = 1 if relax else dat.D  # relaxed: one representative pipeline
         self.D = D
@@ -350,152 +352,130 @@ class _Formulation:
         # ring; only then is l[j] * u[a] a product that needs the binary expansion
         nbits = max(1, math.ceil(math.log2(L - V + 2))) if u_const is None else 0
 
-        M = pyo.ConcreteModel("placement-relaxed" if relax else "placement")
-        self.M = M
-        M.N = pyo.RangeSet(0, N - 1)
-        M.S = pyo.Set(initialize=[(a, b) for a in range(A) for b in range(D)], dimen=2)
-        M.J = pyo.RangeSet(0, V - 1)
-        M.P = pyo.RangeSet(0, p - 1)
-        if not relax:
-            M.x = pyo.Var(M.N, M.S, domain=pyo.Binary)
-        integral = integral_layers or not relax
-        M.l = pyo.Var(M.J, domain=pyo.Integers if integral else pyo.Reals, bounds=(1, L - V + 1))
-        if dat.first_dense > 1:  # the leading dense layers stay in virtual stage 0
-            M.l[0].setlb(dat.first_dense)
-        M.beta = pyo.Var(M.J, range(nbits), domain=pyo.Binary)
-        M.tail = pyo.Var(M.P, domain=pyo.NonNegativeReals)
-        M.T = pyo.Var(domain=pyo.NonNegativeReals)
+        self.M = M = LinearModel("placement-relaxed" if relax else "placement",
+                                 backend or ("highs" if relax else "pyomo"))
+        slots = [(a, b) for a in range(A) for b in range(D)]
+        self.x = {} if relax else M.vars([(n, a, b) for n in range(N) for a, b in slots],
+                                         0, 1, integer=True)
+        self.integral = integral = integral_layers or not relax
+        self.l = [M.var(dat.first_dense if (j == 0 and dat.first_dense > 1) else 1,
+                        L - V + 1, integer=integral) for j in range(V)]
+        beta = M.vars([(j, q) for j in range(V) for q in range(nbits)], 0, 1, integer=True)
+        self.tail = [M.var() for _ in range(p)]
+        self.T = M.var()
+        x, l_, tail = self.x, self.l, self.tail
 
         if not relax:
-            M.node_once = pyo.Constraint(M.N, rule=lambda M, n: sum(
-                M.x[n, a, b] for a, b in M.S) == 1)
-            M.slot_once = pyo.Constraint(M.S, rule=lambda M, a, b: sum(
-                M.x[n, a, b] for n in M.N) == 1)
-        M.total_layers = pyo.Constraint(expr=sum(M.l[j] for j in M.J) == L)
-        if nbits:
-            M.digits = pyo.Constraint(M.J, rule=lambda M, j: M.l[j] == 1 + sum(
-                2 ** q * M.beta[j, q] for q in range(nbits)))
+            for n in range(N):
+                M.add(lsum(x[n, a, b] for a, b in slots) == 1)
+            for a, b in slots:
+                M.add(lsum(x[n, a, b] for n in range(N)) == 1)
+        M.add(lsum(l_) == L)
+        for j in range(V):
+            if nbits:
+                M.add(l_[j] == 1 + lsum(2 ** q * beta[j, q] for q in range(nbits)))
 
         def stage_layers(s):
-            return sum(M.l[j] for j in range(V) if j % p == s)
+            return lsum(l_[j] for j in range(V) if j % p == s)
 
         # layers per stage: a variable to fix, or one binary per possible count
-        if loads:
-            self.counts = counts = range(dat.v, L - V + dat.v + 1)
-            M.g = pyo.Var(M.P, counts, domain=pyo.Binary)
-            M.g_one = pyo.Constraint(M.P, rule=lambda M, s: sum(M.g[s, c] for c in counts) == 1)
-            M.g_def = pyo.Constraint(M.P, rule=lambda M, s: sum(
-                c * M.g[s, c] for c in counts) == stage_layers(s))
-            M.nogood = pyo.ConstraintList()
-            M.floor = pyo.ConstraintList()
+        self.counts = range(dat.v, L - V + dat.v + 1) if loads else range(0)
+        g = self.g = M.vars([(s, c) for s in range(p) for c in self.counts], 0, 1, integer=True)
+        for s in range(p) if loads else ():
+            M.add(lsum(g[s, c] for c in self.counts) == 1)
+            M.add(lsum(c * g[s, c] for c in self.counts) == stage_layers(s))
 
         # products for pipeline edges: w[n,m,e,b] = x[n,a,b] x[m,a2,b], tight form
-        W_idx = [] if relax else [
+        w = M.vars([] if relax else [
             (n, m, e, b) for e in range(len(dat.edges)) for b in range(D) for n in range(N)
-            for m in range(N) if n != m]
-        M.w = pyo.Var(W_idx, domain=pyo.NonNegativeReals, bounds=(0, 1))
-        M.w_row = pyo.ConstraintList()
+            for m in range(N) if n != m], 0, 1)
         for e, (a, a2) in ([] if relax else enumerate(dat.edges)):
             for b in range(D):
                 for n in range(N):
-                    M.w_row.add(sum(M.w[n, m, e, b] for m in range(N) if m != n) ==
-                                M.x[n, a, b])
-                    M.w_row.add(sum(M.w[m, n, e, b] for m in range(N) if m != n) ==
-                                M.x[n, a2, b])
+                    M.add(lsum(w[n, m, e, b] for m in range(N) if m != n) == x[n, a, b])
+                    M.add(lsum(w[m, n, e, b] for m in range(N) if m != n) == x[n, a2, b])
 
         # one variable per edge, replica and direction for its transfer time: the paths' rows
         # then name one variable per hop instead of every product (sparse rows, fast LPs)
-        hop_idx = [] if relax else [(e, b, q) for e in range(len(dat.edges)) for b in range(D)
-                                    for q in (0, 1)]
-        M.hop = pyo.Var(hop_idx, domain=pyo.NonNegativeReals)
-        M.hop_def = pyo.ConstraintList()
+        self.hop = M.vars([] if relax else [(e, b, q) for e in range(len(dat.edges))
+                                            for b in range(D) for q in (0, 1)])
         C = dat.hop_C
-        for e, b, q in hop_idx:
-            M.hop_def.add(M.hop[e, b, q] == sum(
-                (C[m, n] if q else C[n, m]) * M.w[n, m, e, b] for n in range(N)
-                for m in range(N) if n != m))
+        for (e, b, q), hv in self.hop.items():
+            M.add(hv == lsum((C[m, n] if q else C[n, m]) * w[n, m, e, b] for n in range(N)
+                             for m in range(N) if n != m))
 
         # data-parallel ring per node-stage: u[a] = 1 / its slowest link's bandwidth
-        M.u = pyo.Var(range(A), domain=pyo.NonNegativeReals)
-        M.ring = pyo.ConstraintList()
-        if u_const is not None:
-            for a in range(A):
-                M.ring.add(M.u[a] == u_const)
-        else:
-            Y_idx = [(n, m, a, b) for a in range(A) for b in range(D) for n in range(N)
-                     for m in range(N) if n != m]
-            M.y = pyo.Var(Y_idx, domain=pyo.NonNegativeReals, bounds=(0, 1))
+        u = {} if u_const is not None else M.vars(range(A))
+        y = {}
+        if u_const is None:
+            y = M.vars([(n, m, a, b) for a in range(A) for b in range(D) for n in range(N)
+                        for m in range(N) if n != m], 0, 1)
             for a in range(A):
                 for b in range(D):
                     b2 = (b + 1) % D
                     for n in range(N):
-                        M.ring.add(sum(M.y[n, m, a, b] for m in range(N) if m != n) ==
-                                   M.x[n, a, b])
-                        M.ring.add(sum(M.y[m, n, a, b] for m in range(N) if m != n) ==
-                                   M.x[n, a, b2])
-                    M.ring.add(M.u[a] >= sum(dat.inv_ring[n, m] * M.y[n, m, a, b]
-                                             for n in range(N) for m in range(N) if n != m))
+                        M.add(lsum(y[n, m, a, b] for m in range(N) if m != n) == x[n, a, b])
+                        M.add(lsum(y[m, n, a, b] for m in range(N) if m != n) == x[n, a, b2])
+                    M.add(u[a] >= lsum(dat.inv_ring[n, m] * y[n, m, a, b]
+                                       for n in range(N) for m in range(N) if n != m))
                 if k > 1:
-                    M.ring.add(M.u[a] >= dat.inv_intra)
+                    M.add(u[a] >= dat.inv_intra)
 
         # the experts' ring (EP groups inside a node, uneven links): u_e[a], the data-parallel
         # ring's link terms with k_e instead of k streams per node (_Data._expert_sync)
         ue_var = dat.exp_sig > 0 and dat.u_e_const is None and not relax
         ue_const = None if ue_var else (dat.u_e_min if relax and dat.u_e_const is None
                                         else dat.u_e_const)
-        M.ue = pyo.Var(range(A) if ue_var else [], domain=pyo.NonNegativeReals)
-        if ue_var:
-            for a in range(A):
-                for b in range(D):
-                    M.ring.add(M.ue[a] >= dat.exp_factor * sum(
-                        dat.inv_ring[n, m] * M.y[n, m, a, b] for n in range(N)
-                        for m in range(N) if n != m))
-                M.ring.add(M.ue[a] >= dat.inv_intra_e)
+        ue = M.vars(range(A)) if ue_var else {}
+        for a in ue:
+            for b in range(D):
+                M.add(ue[a] >= dat.exp_factor * lsum(
+                    dat.inv_ring[n, m] * y[n, m, a, b] for n in range(N) for m in range(N)
+                    if n != m))
+            M.add(ue[a] >= dat.inv_intra_e)
         U_e = max(dat.exp_factor * dat.inv_ring.max(), dat.inv_intra_e) if ue_var else 0.0
 
-        M.z = pyo.Var(M.J, range(nbits), domain=pyo.NonNegativeReals)
-        M.ze = pyo.Var(M.J, range(nbits) if ue_var else [], domain=pyo.NonNegativeReals)
-        M.zdef = pyo.ConstraintList()
+        # z[j,q] = beta[j,q] u[a] (ze likewise for u_e), exact at the optimum (z minimal)
+        z = M.vars([(j, q) for j in range(V) for q in range(nbits)])
+        ze = M.vars([(j, q) for j in range(V) for q in range(nbits)] if ue_var else [])
         for j in range(V):
             a = dat.nstage(dat.stage_of(j))
             for q in range(nbits):
-                M.zdef.add(M.z[j, q] >= M.u[a] - U * (1 - M.beta[j, q]))
+                M.add(z[j, q] >= u[a] - U * (1 - beta[j, q]))
                 if ue_var:
-                    M.zdef.add(M.ze[j, q] >= M.ue[a] - U_e * (1 - M.beta[j, q]))
+                    M.add(ze[j, q] >= ue[a] - U_e * (1 - beta[j, q]))
 
-        def lue_expr(j):  # l[j] * u_e[a], exact at the optimum (ze minimal)
+        def lue_expr(j):  # l[j] * u_e[a]
             if not ue_var:
-                return ue_const * M.l[j]
+                return ue_const * l_[j]
             a = dat.nstage(dat.stage_of(j))
-            return M.ue[a] + sum(2 ** q * M.ze[j, q] for q in range(nbits))
+            return ue[a] + lsum(2 ** q * ze[j, q] for q in range(nbits))
 
         def params_expr(s):  # the parameters the optimizer steps (costs.optimizer_shard)
             return dat.E_opt[s] + dat.P_opt * stage_layers(s)
 
-        def lu_expr(j):  # l[j] * u[a], exact at the optimum (z minimal)
+        def lu_expr(j):  # l[j] * u[a]
             if u_const is not None:
-                return u_const * M.l[j]
+                return u_const * l_[j]
             a = dat.nstage(dat.stage_of(j))
-            return M.u[a] + sum(2 ** q * M.z[j, q] for q in range(nbits))
+            return u[a] + lsum(2 ** q * z[j, q] for q in range(nbits))
 
         def ua(s):
-            return u_const if u_const is not None else M.u[dat.nstage(s)]
+            return u_const if u_const is not None else u[dat.nstage(s)]
 
         def params_u(s):  # params_s * u[a] (the parameters of the data-parallel sync)
-            return dat.E_sync[s] * ua(s) + dat.P_sync * sum(lu_expr(j) for j in range(V)
-                                                          if j % p == s)
+            return dat.E_sync[s] * ua(s) + dat.P_sync * lsum(lu_expr(j) for j in range(V)
+                                                           if j % p == s)
 
         # the last bucket's min(bucket, params_s) * u[a]: constant cases, or through the loads'
         # binaries (gu[s, c] = g[s, c] u[a]); a model without loads takes the smallest value
         # it can have (a relaxation, used only for bounds)
         self.has_loads = loads
         mixed = [s for s in range(p) if dat.bucket_case[s] == "mixed"]
-        gu_idx = [(s, c) for s in mixed for c in self.counts] if (
-            loads and dat.needs_loads and u_const is None) else []
-        M.gu = pyo.Var(gu_idx, domain=pyo.NonNegativeReals)
-        M.gu_def = pyo.ConstraintList()
-        for s, c in gu_idx:
-            M.gu_def.add(M.gu[s, c] >= M.u[dat.nstage(s)] - U * (1 - M.g[s, c]))
+        gu = M.vars([(s, c) for s in mixed for c in self.counts] if (
+            loads and dat.needs_loads and u_const is None) else [])
+        for (s, c), v_ in gu.items():
+            M.add(v_ >= u[dat.nstage(s)] - U * (1 - g[s, c]))
 
         def bucket_u(s):
             case = dat.bucket_case[s]
@@ -507,19 +487,18 @@ class _Formulation:
                 return min(dat.bucket, dat.E_sync[s] + dat.P_sync * dat.v) * ua(s)
             size = {c: min(dat.bucket, dat.E_sync[s] + dat.P_sync * c) for c in self.counts}
             if u_const is not None:
-                return u_const * sum(size[c] * M.g[s, c] for c in self.counts)
-            return sum(size[c] * M.gu[s, c] for c in self.counts)
+                return u_const * lsum(size[c] * g[s, c] for c in self.counts)
+            return lsum(size[c] * gu[s, c] for c in self.counts)
 
-        M.tails = pyo.ConstraintList()
         for s in range(p):
             opt_s = (dat.opt_coef * params_expr(s) + dat.fp8_coef * (
                 dat.P_lin * stage_layers(s) + dat.lin_const[s]) + dat.ovh)
             if dat.exp_sig:  # the experts' gradient sync over their own ring
-                off = dat.exp_off[s] * (M.ue[dat.nstage(s)] if ue_var else ue_const)
-                opt_s = opt_s + dat.exp_sig * dat.P_exp * (sum(
+                off = dat.exp_off[s] * (ue[dat.nstage(s)] if ue_var else ue_const)
+                opt_s = opt_s + dat.exp_sig * dat.P_exp * (lsum(
                     lue_expr(j) for j in range(V) if j % p == s) - off) + dat.exp_lam
             if dat.d <= 1:
-                M.tails.add(M.tail[s] >= opt_s)
+                M.add(tail[s] >= opt_s)
                 continue
             red = dat.sig_r * params_u(s) + dat.lam_r
             gat = dat.sig_g * params_u(s) + dat.lam_g
@@ -529,11 +508,10 @@ class _Formulation:
             gats = [dat.sig_g * bucket_u(s) + dat.lam_g, gat - self.F(s)] if dat.opg else [gat]
             for r_ in reds:
                 for g_ in gats:
-                    M.tails.add(M.tail[s] >= r_ + g_ + opt_s)
+                    M.add(tail[s] >= r_ + g_ + opt_s)
 
         # memory at every moment of the schedule that can be a stage's peak, in GiB (bytes
         # would put coefficients near 1e10 and upset HiGHS's tolerances)
-        M.memory = pyo.ConstraintList()
         mem = dat.mem
         for s in range(p):
             seen = set()
@@ -542,41 +520,38 @@ class _Formulation:
                 if key in seen:
                     continue
                 seen.add(key)
-                act = 0
+                act = Lin()
                 for c, cnt in enumerate(counts):
                     if cnt:
                         jj = c * p + s
-                        act = act + int(cnt) * (mem.act_layer * M.l[jj] +
-                                                mem.chunk_act_bytes(jj, 0))
+                        act.iadd(mem.act_layer * l_[jj] + mem.chunk_act_bytes(jj, 0), int(cnt))
                 work = mem.stage_work(s) if kind == "B" else 0.0
                 static = dat.const_bytes[s] + mem.layer_static_bytes * stage_layers(s)
-                M.memory.add((static + act + work) / GIB <= dat.cap_gib)
+                M.add((static + act + work) / GIB <= dat.cap_gib)
 
         # symmetry: rotate node-replicas so the lowest-index host of node-stage 0 is in b = 0
-        M.sym = pyo.ConstraintList()
-        if D > 1:
-            for b in range(1, D):
-                M.sym.add(sum(n * M.x[n, 0, 0] for n in range(N)) <=
-                          sum(n * M.x[n, 0, b] for n in range(N)))
-        M.cuts = pyo.ConstraintList()
-        M.obj = pyo.Objective(expr=M.T, sense=pyo.minimize)
+        for b in range(1, D):
+            M.add(lsum(n * x[n, 0, 0] for n in range(N)) <= lsum(n * x[n, 0, b]
+                                                               for n in range(N)))
+        M.minimize(self.T)
         self.seen: set[bytes] = set()
         self.synced = 0  # how much of the shared cut list _sync_cuts has passed to this model
+        self.values: np.ndarray | None = None  # the last solve's column values (`load`)
 
     def F(self, j):
-        return self.dat.fF[j] * self.M.l[j] + self.dat.eF[j]
+        return self.dat.fF[j] * self.l[j] + self.dat.eF[j]
 
     def B(self, j):
-        return self.dat.fB[j] * self.M.l[j] + self.dat.eB[j]
+        return self.dat.fB[j] * self.l[j] + self.dat.eB[j]
 
     def hop_expr(self, h: int, b: int, backward: bool):
-        dat, M = self.dat, self.M
+        dat = self.dat
         e = dat.hop_edge[h]
         if e is None:
             return dat.intra_hop
         if self.relax:
             return dat.hop_min_inter
-        return M.hop[dat.edges.index(e), b, int(backward)]
+        return self.hop[dat.edges.index(e), b, int(backward)]
 
     def add_cut(self, counts: np.ndarray) -> bool:
         """T >= the path's length, for every replica: durations are linear in the variables
@@ -585,57 +560,65 @@ class _Formulation:
         if key in self.seen:
             return False
         self.seen.add(key)
-        K, dat, M = self.dat.K, self.dat, self.M
+        K, dat = self.dat.K, self.dat
         for b in range(self.D):
-            expr = 0
+            expr = Lin()
             for jj in range(dat.V):
                 if counts[K.F(jj)]:
-                    expr = expr + counts[K.F(jj)] * self.F(jj)
+                    expr.iadd(self.F(jj), counts[K.F(jj)])
                 if counts[K.B(jj)]:
-                    expr = expr + counts[K.B(jj)] * self.B(jj)
+                    expr.iadd(self.B(jj), counts[K.B(jj)])
             for h in range(dat.n_hops):
                 if counts[K.xf(h)]:
-                    expr = expr + counts[K.xf(h)] * self.hop_expr(h, b, False)
+                    expr.iadd(self.hop_expr(h, b, False), counts[K.xf(h)])
                 if counts[K.xb(h)]:
-                    expr = expr + counts[K.xb(h)] * self.hop_expr(h, b, True)
+                    expr.iadd(self.hop_expr(h, b, True), counts[K.xb(h)])
             for s in range(dat.p):
                 if counts[K.tail(s)]:
-                    expr = expr + counts[K.tail(s)] * M.tail[s]
-            M.cuts.add(M.T >= expr)
+                    expr.iadd(self.tail[s], counts[K.tail(s)])
+            self.M.add(self.T >= expr)
         return True
 
+    def set_cutoff(self, cutoff_ms: float) -> None:
+        """T <= cutoff_ms (infinite: no cutoff)."""
+        self.M.set_bounds(self.T, 0.0, cutoff_ms)
+
+    def solve(self, time_limit_s: float, mip_rel_gap: float) -> SolveResult:
+        res = self.M.solve(time_limit_s, mip_rel_gap)
+        self.values = res.values
+        return res
+
+    def _val(self, x: Lin) -> float:
+        (c,) = x.terms
+        return float(self.values[c])
+
     def layers(self) -> tuple[int, ...] | tuple[float, ...]:
-        pyo = self.pyo
-        lay = tuple(float(pyo.value(self.M.l[j])) for j in range(self.dat.V))
-        if self.M.l[0].domain is pyo.Integers:
+        lay = tuple(self._val(x) for x in self.l)
+        if self.integral:
             lay = tuple(int(round(x)) for x in lay)
         return lay
 
     def perm(self) -> list[int]:
-        pyo, M, D = self.pyo, self.M, self.D
-        perm = [0] * (self.dat.A * D)
-        for n in range(self.dat.N):
-            for a, b in M.S:
-                if pyo.value(M.x[n, a, b]) > 0.5:
-                    perm[a * D + b] = n
+        perm = [0] * (self.dat.A * self.D)
+        for (n, a, b), x in self.x.items():
+            if self._val(x) > 0.5:
+                perm[a * self.D + b] = n
         return perm
 
     def fix_loads(self, loads) -> None:
         for s, c in enumerate(loads):
-            self.M.g[s, int(c)].fix(1)
+            self.M.set_bounds(self.g[s, int(c)], 1, 1)
 
     def unfix_loads(self) -> None:
-        for s in range(self.dat.p):
-            for c in self.counts:
-                self.M.g[s, c].unfix()
+        for x in self.g.values():
+            self.M.set_bounds(x, 0, 1)
 
     def add_floor(self, bound_ms: float) -> None:
         """T >= a lower bound known from elsewhere (the master's, for the loads left)."""
-        self.M.floor.add(self.M.T >= bound_ms)
+        self.M.add(self.T >= bound_ms)
 
     def exclude_loads(self, loads) -> None:
-        M = self.M
-        M.nogood.add(sum(M.g[s, int(c)] for s, c in enumerate(loads)) <= self.dat.p - 1)
+        self.M.add(lsum(self.g[s, int(c)] for s, c in enumerate(loads)) <= self.dat.p - 1)
 
     def relaxed_durations(self, lay) -> np.ndarray:
         """Durations of every operation kind with the placement relaxed (what this model's
@@ -692,18 +675,10 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     `cutoff_ms`: a plan of another problem is known at this time, so only better plans matter.
     If none exists here the termination is "cutoff" and the bound is (about) the cutoff; the
     plan returned is then the best one seen, which may be slower than the cutoff."""
-    try:
-        import pyomo.environ as pyo
-        from pyomo.contrib.solver.common.factory import SolverFactory
-        from pyomo.contrib.solver.common.results import TerminationCondition as TC
-    except ImportError as e:  # pragma: no cover
-        raise SolverUnavailableError(f"Pyomo is not installed ({e})") from None
     t_start = time.perf_counter()
     why = milp_supported(prob)
     if why:
         raise SolverUnavailableError(f"MILP does not apply: {why}")
-    if not SolverFactory("highs").available():
-        raise SolverUnavailableError("HiGHS is not available; pip install highspy")
 
     def left_s():
         return time_limit_s - (time.perf_counter() - t_start)
@@ -713,11 +688,10 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
                                   if len(c) == dat.K.size]
 
     if relax_placement:
-        R = _Formulation(dat, pyo, relax=True, integral_layers=integral_layers)
+        R = _Formulation(dat, relax=True, integral_layers=integral_layers)
         if prob.fits(dat.start_layers):
             cut_list.append(dat.ev0.cs.critical_path(R.relaxed_durations(dat.start_layers))[1])
-        st = _relaxed_loop(R, SolverFactory("highs"), TC, cut_list, left_s, max_rounds,
-                           mip_rel_gap, cutoff_ms)
+        st = _relaxed_loop(R, cut_list, left_s, max_rounds, mip_rel_gap, cutoff_ms)
         term = "infeasible" if st.infeasible else ("optimal" if st.converged else (
             "cutoff" if math.isfinite(cutoff_ms) and st.bound >= cutoff_ms * (1 - 1e-9)
             else "time_limit"))
@@ -731,8 +705,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     # relaxation is tight: the pigeonhole over integral loads that the split's LP cannot see
     # is settled by the master). When the master's bound reaches the best plan, every load
     # vector not yet solved is proven no better.
-    master = _Formulation(dat, pyo, relax=True, loads=True)
-    master_opt, full_opt = SolverFactory("highs"), SolverFactory("highs")
+    master = _Formulation(dat, relax=True, loads=True)
     full: _Formulation | None = None  # built when the first sub-MILP is known to need loads
     best_ms, best_plan = math.inf, None
     seeds = [(list(p_), tuple(l_)) for p_, l_ in seed_solutions] or [
@@ -786,7 +759,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     def sub_solve() -> _LoopState:
         nonlocal best_ms, best_plan, rounds
         _sync_cuts(full, cut_list)
-        sub = _placement_loop(full, full_opt, TC, prob, paths, lambda: left_s() - reserve_s,
+        sub = _placement_loop(full, prob, paths, lambda: left_s() - reserve_s,
                               max_rounds, mip_rel_gap, neighbor_cuts, min(best_ms, cutoff_ms))
         rounds += sub.rounds
         if sub.plan is not None and sub.objective_ms < best_ms:
@@ -797,8 +770,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
 
     while left_s() > 0.05:
         limit_ms = min(best_ms, cutoff_ms)
-        st = _relaxed_loop(master, master_opt, TC, cut_list, left_s, max_rounds, mip_rel_gap,
-                           limit_ms)
+        st = _relaxed_loop(master, cut_list, left_s, max_rounds, mip_rel_gap, limit_ms)
         rounds += st.rounds
         if st.infeasible:
             rest_bound = math.inf
@@ -811,14 +783,14 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
             # on small, slow clusters): one MILP over all the loads left, none of which can
             # beat the master's bound
             if full is None:
-                full = _Formulation(dat, pyo, relax=False, loads=dat.needs_loads)
+                full = _Formulation(dat, relax=False, loads=dat.needs_loads)
             else:
                 full.unfix_loads()
                 full.add_floor(rest_bound)
             rest_bound = max(rest_bound, sub_solve().bound)
             break
         if full is None:
-            full = _Formulation(dat, pyo, relax=False, loads=True)
+            full = _Formulation(dat, relax=False, loads=True)
         loads = dat.loads(st.layers)
         full.fix_loads(loads)
         if prob.fits(st.layers):
@@ -830,8 +802,8 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         solved_bounds.append(max(sub.bound, rest_bound))
         master.exclude_loads(loads)
         if not sub.converged:  # time is up: bound the other load vectors in the reserve
-            st = _relaxed_loop(master, master_opt, TC, cut_list, left_s, max_rounds,
-                               mip_rel_gap, min(best_ms, cutoff_ms))
+            st = _relaxed_loop(master, cut_list, left_s, max_rounds, mip_rel_gap,
+                               min(best_ms, cutoff_ms))
             rounds += st.rounds
             rest_bound = math.inf if st.infeasible else max(rest_bound, st.bound)
             break
@@ -852,8 +824,10 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
 
 
 def _tolerance(best_ms: float, mip_rel_gap: float) -> float:
-    """The gap HiGHS accepts as optimal: relative mip_rel_gap, absolute mip_abs_gap (1e-6)."""
-    return mip_rel_gap * best_ms + 1e-6
+    """The gap HiGHS accepts as optimal (relative mip_rel_gap, absolute mip_abs_gap 1e-6), plus
+    the 1e-7 relative at which a MILP objective and the estimator's time of its plan are judged
+    to agree (HiGHS's feasibility tolerance: `_placement_loop`)."""
+    return (mip_rel_gap + 1e-7) * best_ms + 1e-6
 
 
 @dataclass
@@ -875,7 +849,7 @@ def _sync_cuts(F: _Formulation, cut_list) -> int:
     return new
 
 
-def _relaxed_loop(F: _Formulation, opt, TC, cut_list, left_s, max_rounds: int,
+def _relaxed_loop(F: _Formulation, cut_list, left_s, max_rounds: int,
                   mip_rel_gap: float, cutoff_ms: float = math.inf) -> _LoopState:
     """Cut loop of the placement relaxation: solve, score the split's relaxed durations on the
     schedule graph, add the critical path if the model underestimates it, repeat. Every
@@ -884,33 +858,31 @@ def _relaxed_loop(F: _Formulation, opt, TC, cut_list, left_s, max_rounds: int,
     bound is the cutoff (`infeasible` stays False; it means no split fits at all)."""
     st = _LoopState()
     cs = F.dat.ev0.cs
-    F.M.T.setub(cutoff_ms if math.isfinite(cutoff_ms) else None)
+    F.set_cutoff(cutoff_ms)
     while st.rounds < max_rounds and left_s() > 0.05:
         _sync_cuts(F, cut_list)
         st.rounds += 1
-        res = _highs_solve(opt, F.M, TC, left_s(), mip_rel_gap)
-        tc = res.termination_condition
-        if tc in (TC.provenInfeasible, TC.infeasibleOrUnbounded):
+        res = _highs_solve(F, left_s(), mip_rel_gap)
+        if res.status == "infeasible":
             if math.isfinite(cutoff_ms):
                 st.bound = max(st.bound, cutoff_ms)
             else:
                 st.infeasible, st.bound = True, math.inf
             return st
-        if res.objective_bound is not None and math.isfinite(res.objective_bound):
-            st.bound = max(st.bound, min(float(res.objective_bound), cutoff_ms))
-        if res.incumbent_objective is None or tc != TC.convergenceCriteriaSatisfied:
+        if res.bound is not None:
+            st.bound = max(st.bound, min(res.bound, cutoff_ms))
+        if res.objective is None or res.status != "optimal":
             return st
-        res.solution_loader.load_vars()
         lay = F.layers()
         length, counts, _ = cs.critical_path(F.relaxed_durations(lay))
-        if length <= float(res.incumbent_objective) * (1 + 1e-7) + 1e-9:
+        if length <= res.objective * (1 + 1e-7) + 1e-9:
             st.converged, st.layers = True, lay
             return st  # `bound` holds HiGHS's dual bound of this relaxation
         cut_list.append(counts)
     return st
 
 
-def _placement_loop(F: _Formulation, opt, TC, prob, paths, left_s, max_rounds: int,
+def _placement_loop(F: _Formulation, prob, paths, left_s, max_rounds: int,
                     mip_rel_gap: float, neighbor_cuts: int, cutoff_ms: float) -> _LoopState:
     """Cut loop of the full model with its loads fixed: solve, rebuild the plan, score it with
     the estimator; if the estimator's time exceeds the MILP objective, add the critical path of
@@ -923,36 +895,34 @@ def _placement_loop(F: _Formulation, opt, TC, prob, paths, left_s, max_rounds: i
         # only plans better than the best known are of interest: T <= it prunes the rest (if
         # none is left, this load vector cannot beat it: its bound is the cutoff)
         cut_ms = min(cutoff_ms, st.objective_ms)
-        F.M.T.setub(cut_ms if math.isfinite(cut_ms) else None)
+        F.set_cutoff(cut_ms)
         # the first round may not take all the time: its incumbent is scored by the estimator
         # only when HiGHS returns, and with few paths it may be far off (32 nodes)
         budget = left_s() if st.rounds > 1 else max(left_s() / 2, min(left_s(), 10.0))
-        res = _highs_solve(opt, F.M, TC, budget, mip_rel_gap)
-        tc = res.termination_condition
-        if tc in (TC.provenInfeasible, TC.infeasibleOrUnbounded):
+        res = _highs_solve(F, budget, mip_rel_gap)
+        if res.status == "infeasible":
             st.infeasible, st.converged, st.bound = True, True, cut_ms
             return st
-        if res.objective_bound is not None and math.isfinite(res.objective_bound):
-            st.bound = max(st.bound, min(float(res.objective_bound), cut_ms))
-        if res.incumbent_objective is None:
+        if res.bound is not None:
+            st.bound = max(st.bound, min(res.bound, cut_ms))
+        if res.objective is None:
             return st
-        res.solution_loader.load_vars()
         perm, lay = F.perm(), F.layers()
         true_ms = prob.cost(perm, lay)
-        milp_ms = float(res.incumbent_objective)
+        milp_ms = res.objective
         if true_ms < st.objective_ms:
             st.objective_ms, st.plan = true_ms, prob.plan(perm, lay)
         # the dual bound is valid whatever the cuts (fewer paths: a relaxation): once the best
         # plan known (here or the caller's cutoff) is within the tolerance of it, no plan of
         # this load vector can be better by more than the tolerance
         known = min(cutoff_ms, st.objective_ms)
-        if tc == TC.convergenceCriteriaSatisfied and known - st.bound <= _tolerance(
+        if res.status == "optimal" and known - st.bound <= _tolerance(
                 known, mip_rel_gap):
             st.converged = True
             return st
         # HiGHS solves to its feasibility tolerance (1e-7): agreement is judged at 1e-7
         if true_ms <= milp_ms * (1 + 1e-7) + 1e-9:
-            st.converged = tc == TC.convergenceCriteriaSatisfied or (
+            st.converged = res.status == "optimal" or (
                 st.objective_ms - st.bound <= 1e-9 * st.objective_ms)
             return st  # the bound stays HiGHS's dual bound, not the incumbent
         if not paths(perm, lay, PATH_VARIANTS):  # cannot happen if the model is linear as claimed
@@ -978,24 +948,7 @@ def _placement_loop(F: _Formulation, opt, TC, prob, paths, left_s, max_rounds: i
     return st
 
 
-def _highs_solve(opt, M, TC, time_limit_s: float, mip_rel_gap: float):
-    """One HiGHS solve. HiGHS occasionally rejects its own optimum after presolve ("claims
-    optimality, but with primal infeasibilities": status error); it is solved again without
-    presolve, which has not shown the problem. PIPETTE_TEE=1 in the environment prints HiGHS's
-    log."""
-    import os
-
-    tee = bool(os.environ.get("PIPETTE_TEE"))
-    opts = {"mip_rel_gap": mip_rel_gap, "random_seed": 0}
-    # the time left may have run out between the caller's check and here (cut syncing takes
-    # time): HiGHS takes a positive limit, and stops at once with the best it has
-    time_limit_s = max(0.01, float(time_limit_s))
-    res = opt.solve(M, time_limit=time_limit_s, load_solutions=False, tee=tee,
-                    raise_exception_on_nonoptimal_result=False, solver_options=opts)
-    if res.termination_condition == TC.error:
-        res = opt.solve(M, time_limit=time_limit_s, load_solutions=False, tee=tee,
-                        raise_exception_on_nonoptimal_result=False,
-                        solver_options=dict(opts, presolve="off"))
-    if res.termination_condition == TC.error:
-        raise SolverUnavailableError("HiGHS reported a solve error on the placement MILP")
-    return res
+def _highs_solve(F: _Formulation, time_limit_s: float, mip_rel_gap: float):
+    """One solve of F's model (solvers.linear clamps the limit and retries a solve error
+    without presolve); tests replace it to inject failures."""
+    return F.solve(time_limit_s, mip_rel_gap)

@@ -418,3 +418,48 @@ def test_worker_processes_change_nothing():
     r1, r2 = (solve(m, job, c, time_limit_s=60, jobs=j) for j in (1, 2))
     assert (r1.objective_ms, r1.bound_ms, r1.plan.shape, r1.termination) == (
         r2.objective_ms, r2.bound_ms, r2.plan.shape, r2.termination)
+
+
+def test_linear_expressions_make_the_rows_they_say():
+    """solvers.linear: affine algebra and rows (constants move to the bounds)."""
+    from solvers.linear import Lin, LinearModel, lsum
+    lm = LinearModel("t")
+    x, y = lm.var(0, 4, integer=True), lm.var()
+    e = 2 * x - (y - 3) / 2 + lsum([x, 1.5])
+    assert e.terms == {0: 3.0, 1: -0.5} and e.const == 3.0
+    r = e <= 10
+    assert (r.lb, r.ub) == (-math.inf, 7.0)
+    r = 5 == x + 1  # reflected: x + 1 == 5
+    assert (r.terms, r.lb, r.ub) == ({0: 1.0}, 4.0, 4.0)
+    with pytest.raises(TypeError):
+        _ = x * y
+    assert (Lin.of(2.0) * x).terms == {0: 2.0}
+
+
+@pytest.mark.parametrize("relax,loads", [(True, True), (True, False), (False, True),
+                                         (False, False)])
+def test_both_backends_solve_the_same_model(relax, loads):
+    """The formulation is written once (solvers.linear); handed to HiGHS directly or through
+    Pyomo it has the same optimum, with cuts added after the first solve and the loads fixed."""
+    from solvers.milp import _Data, _Formulation
+    probs = [PlacementProblem(TINY, job, c, sh, blk, Options())
+             for _s, _n, sh, blk, c, job in CASES[::7]] + OVERLAP[::3]
+    assert len(probs) >= 6
+    for prob in probs:
+        dat = _Data(prob)
+        objs = []
+        for backend in ("highs", "pyomo"):
+            F = _Formulation(dat, relax=relax, loads=loads, backend=backend)
+            assert F.M.backend == backend
+            dur = F.relaxed_durations(dat.start_layers)
+            F.add_cut(dat.ev0.cs.critical_path(dur)[1])
+            first = F.solve(30, 1e-9)
+            if loads:  # the same loads for both (optima need not be unique)
+                F.fix_loads(dat.loads(dat.start_layers))
+            F.add_cut(dat.ev0.cs.critical_path(F.relaxed_durations((1,) * dat.V))[1])
+            res = F.solve(30, 1e-9)
+            objs.append((first.status, first.objective, res.status, res.objective))
+        (s1, o1, s2, o2), (t1, p1, t2, p2) = objs
+        assert (s1, s2) == (t1, t2), (prob.shape.describe(), objs)
+        if o1 is not None:
+            assert o1 == pytest.approx(p1, rel=1e-7) and o2 == pytest.approx(p2, rel=1e-7)

@@ -30,6 +30,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from model import walk_jit
+
 
 def stage_order(schedule: str, p: int, m: int, v: int, s: int) -> list[tuple[str, int, int]]:
     """Operations of stage s in execution order: (kind 'F'/'B', micro-batch, chunk).
@@ -237,7 +239,12 @@ class CompiledSchedule:
         successors, so `longest_path(dur) == max(tail_starts(dur)[s] + dur[kinds.tail(s)])`
         bit for bit, and the starts do not depend on the tails' durations: callers that vary
         only the tails (solvers, through `Evaluator.iteration_ms`) reuse them."""
+        kj = walk_jit.kernels()
+        if kj is not None:
+            return kj.tail_starts_batch(*self._arrays(), self._tails_arr(),
+                                        np.asarray(dur, dtype=float)[None, :])[0].tolist()
         d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
+        walk_jit.note_python_walk(self.num_nodes)
         end = [0.0] * (self.num_nodes + 1)  # end[num_nodes] = 0.0: the missing predecessor
         pairs = self._pair_plan()
         if pairs is not None:
@@ -271,6 +278,11 @@ class CompiledSchedule:
         predecessor slots point at a row that stays 0.0, which changes no maximum since every
         end time is >= 0."""
         durs = np.asarray(durs, dtype=float)
+        kj = walk_jit.kernels()
+        if kj is not None:
+            return kj.tail_starts_batch(*self._arrays(), self._tails_arr(),
+                                        np.ascontiguousarray(durs))
+        walk_jit.note_python_walk(self.num_nodes * durs.shape[0] // 4)  # numpy: ~4x Python
         levels, tail_preds = self._level_plan()
         n = self.num_nodes
         end = np.zeros((n + 1, durs.shape[0]))
@@ -314,13 +326,17 @@ class CompiledSchedule:
         last = max(self.tails, key=lambda t: end[t])
         path = self._trace(arg, last)
         counts = np.bincount(self.kind_of[path], minlength=self.kinds.size).astype(float)
-        return end[last], counts, path
+        return float(end[last]), counts, path
 
     def _walk(self, dur) -> tuple[list[float], list[int]]:
         """End time of every node and its latest predecessor (the first of equals; a node
         without predecessors points at index num_nodes), in topological order."""
+        kj = walk_jit.kernels()
+        if kj is not None:
+            return kj.walk(*self._arrays(), np.asarray(dur, dtype=float))
         d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
         n = self.num_nodes
+        walk_jit.note_python_walk(n)
         end = [0.0] * (n + 1)  # end[n] = 0.0: the missing predecessor
         arg = [n] * (n + 1)
         pairs = self._pair_plan()
@@ -345,6 +361,20 @@ class CompiledSchedule:
             arg[i] = a
         return end, arg
 
+    def _arrays(self):
+        """The graph for the compiled walks: topological order, kind per node, and the
+        predecessors in CSR form (pointers, indices), all int64."""
+        if "_csr" not in self.__dict__:
+            ptr = np.zeros(self.num_nodes + 1, dtype=np.int64)
+            ptr[1:] = np.cumsum([len(ps) for ps in self.preds])
+            idx = np.array([u for ps in self.preds for u in ps], dtype=np.int64)
+            self.__dict__["_csr"] = (np.array(self.topo, dtype=np.int64),
+                                     np.asarray(self.kind_of, dtype=np.int64), ptr, idx)
+        return self.__dict__["_csr"]
+
+    def _tails_arr(self) -> np.ndarray:
+        return np.asarray(self.tails, dtype=np.int64)
+
     def _pair_plan(self):
         """The walk's plan as (node, first predecessor, second predecessor, kind), missing ones
         as num_nodes, or None if some node has more than two (blocking transfers): branch-free
@@ -357,12 +387,15 @@ class CompiledSchedule:
                 for i, ps, k in self._plan] if ok else None
         return self.__dict__["_pairs"]
 
-    def _trace(self, arg: list[int], last: int) -> list[int]:
+    def _trace(self, arg, last: int) -> list[int]:
+        kj = walk_jit.kernels()
+        if kj is not None and isinstance(arg, np.ndarray):
+            return kj.trace(arg, int(last)).tolist()
         path = []
-        u = last
+        u = int(last)
         while u != self.num_nodes:
             path.append(u)
-            u = arg[u]
+            u = int(arg[u])
         path.reverse()
         return path
 

@@ -86,3 +86,29 @@ def test_blocking_puts_transfers_on_the_critical_path():
     assert t_blk > t_ovl
     _, counts, _ = blk.critical_path(d)
     assert counts[2 * K.V:2 * K.V + 2 * p].sum() >= m  # at least one transfer per micro-batch
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)]),
+       st.integers(2, 5), st.integers(1, 3), st.booleans(), st.integers(0, 10**6))
+def test_compiled_walks_equal_python_walks(sched_v, p, mult, blocking, seed):
+    """model/_walk_kernels.py (numba) gives the Python walks' results bit for bit: the critical
+    path's length and nodes, every stage's tail start, and the batched walk (ties included:
+    durations drawn from a few values, zeros among them)."""
+    from model import walk_jit
+    sched, v = sched_v
+    cs = compile_schedule(sched, p, mult * p, v, blocking)
+    rng = np.random.default_rng(seed)
+    durs = rng.choice([0.0, 0.5, 1.0, 1.7, 3.0], size=(3, cs.kinds.size))
+    assert walk_jit.load(), walk_jit._state["error"]
+    saved = walk_jit._state["kernels"]
+    out = {}
+    for mode in ("python", "compiled"):
+        walk_jit._state["kernels"] = None if mode == "python" else saved
+        try:
+            out[mode] = [(cs.critical_path(d)[0], cs.critical_path(d)[2], cs.tail_starts(d),
+                          cs.longest_path(d)) for d in durs] + [
+                cs.tail_starts_batch(durs).tolist()]
+        finally:
+            walk_jit._state["kernels"] = saved
+    assert out["python"] == out["compiled"]

@@ -42,21 +42,21 @@ def tail_starts_batch(order, kind, ptr, idx, tails, durs):
     for b in range(rows):
         for r in range(n):
             i = order[r]
-            st = 0.0
-            for q in range(ptr[i], ptr[i + 1]):
-                e = end[idx[q]]
-                if e > st:
-                    st = e
-            end[i] = st + durs[b, kind[i]]
+            end[i] = _latest(end, ptr, idx, i) + durs[b, kind[i]]
         for s in range(tails.shape[0]):
-            t = tails[s]
-            st = 0.0
-            for q in range(ptr[t], ptr[t + 1]):
-                e = end[idx[q]]
-                if e > st:
-                    st = e
-            out[b, s] = st
+            out[b, s] = _latest(end, ptr, idx, tails[s])
     return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _latest(end, ptr, idx, i):
+    """The latest end among node i's predecessors, 0.0 if none."""
+    st = 0.0
+    for q in range(ptr[i], ptr[i + 1]):
+        e = end[idx[q]]
+        if e > st:
+            st = e
+    return st
 
 
 @njit(cache=True, nogil=True)

@@ -201,6 +201,8 @@ def _workers(jobs: int | None, n_items: int):
     if jobs <= 1 or n_items < PARALLEL_MIN_SHAPES or \
             "fork" not in mp.get_all_start_methods():
         return None
+    from model import walk_jit
+    walk_jit.settle()  # no child may inherit a half-done import of the compiled walks
     return mp.get_context("fork").Pool(jobs)
 
 

@@ -282,7 +282,7 @@ class CompiledSchedule:
         if kj is not None:
             return kj.tail_starts_batch(*self._arrays(), self._tails_arr(),
                                         np.ascontiguousarray(durs))
-        walk_jit.note_python_walk(self.num_nodes * durs.shape[0] // 4)  # numpy: ~4x Python
+        walk_jit.note_python_walk(self.num_nodes * durs.shape[0])
         levels, tail_preds = self._level_plan()
         n = self.num_nodes
         end = np.zeros((n + 1, durs.shape[0]))

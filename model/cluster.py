@@ -144,6 +144,39 @@ class ClusterSpec:
         return counts.pop() if len(counts) == 1 else None
 
     @cached_property
+    def node_kinds(self) -> tuple[NodeSpec, ...]:
+        """One node of each kind (GPU type, GPU count, intra-node links), in first-seen order:
+        what a maximum or minimum of an intra-node quantity over the nodes needs to visit
+        (1024 equal nodes: one)."""
+        return self._kinds[0]
+
+    @cached_property
+    def node_kind_index(self) -> np.ndarray:
+        """Per node, its kind's index in `node_kinds`."""
+        return self._kinds[1]
+
+    @cached_property
+    def _kinds(self) -> tuple[tuple[NodeSpec, ...], np.ndarray]:
+        first: dict = {}
+        index = []
+        for nd in self.nodes:
+            m = nd.intra_matrix_gb_per_s
+            key = (id(nd.gpu), nd.num_gpus, nd.intra_gb_per_s, None if m is None else m.tobytes())
+            index.append(first.setdefault(key, (len(first), nd))[0])
+        return tuple(nd for _i, nd in first.values()), np.array(index, dtype=np.int64)
+
+    @cached_property
+    def inbound_max_gb_per_s(self) -> np.ndarray:
+        """Per receiving node m, the fastest stream into it from another node: max over n != m
+        of inter_gb_per_s[n][m] (0 for a single node)."""
+        n = self.num_nodes
+        if n < 2:
+            return np.zeros(n)
+        m = np.array(self.inter_gb_per_s, dtype=float, copy=True)
+        np.fill_diagonal(m, -np.inf)
+        return m.max(axis=0)
+
+    @cached_property
     def homogeneous(self) -> bool:
         return len({nd.gpu.name for nd in self.nodes}) == 1 and self.gpus_per_node is not None
 

@@ -418,6 +418,26 @@ class CostModel:
             out[a, a] = self.node_hop_ms(a, a)
         return out
 
+    def min_hop_ms(self) -> float:
+        """`hop_matrix_ms().min()`, equal to it, without the node-by-node matrix: a transfer's
+        time falls as its link's bandwidth rises (the same float operations on a larger
+        divisor), so each receiving node's cheapest hop from another node comes from the
+        fastest stream into it, and a node's own hop depends only on its kind."""
+        c, t = self.cluster, self.shape.tp
+        best = min(self.hop_ms(nd.intra_gb_per_s, True, nd.ring_gb_per_s(tuple(range(t))))
+                   for nd in c.node_kinds)
+        if c.num_nodes > 1:
+            per_rank = self.act_msg_bytes / (1 if self.job.framework == "deepspeed" else t)
+            with np.errstate(divide="ignore"):
+                out = c.latency_us / 1e3 + per_rank / (c.inbound_max_gb_per_s * 1e6)
+            if t > 1 and not self.shape.sequence_parallel and self.job.framework != "deepspeed":
+                gath = np.array([gather_ms(self.act_msg_bytes, t, nd.ring_gb_per_s(
+                    tuple(range(min(t, nd.num_gpus)))), INTRA_LATENCY_US)
+                    for nd in c.node_kinds])
+                out = out + gath[c.node_kind_index]
+            best = min(best, float(out.min()))
+        return best
+
     # -- parameters ----------------------------------------------------------------------------
 
     def stage_params(self, stage: int, layers: tuple[int, ...] | None = None) -> float:

@@ -37,14 +37,19 @@ from model.specs import JobSpec, ModelSpec, Options
 from .space import blocks_for
 
 
+def _top_inter(cluster: ClusterSpec, single_node: float) -> float:
+    """The fastest stream between two different nodes; `single_node` if there is one node."""
+    return float(cluster.inbound_max_gb_per_s.max()) if cluster.num_nodes > 1 else single_node
+
+
 def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int,
                          shard_ring: float = math.inf, cp_ring: float = math.inf,
                          ep_alltoall_ms: float = 0.0):
     """Per GPU type, its layer times on its fastest TP ring (and ZeRO-3 shard ring, CP ring);
     the type with the fastest layer."""
     best = None
-    for gpu in {nd.gpu.name: nd.gpu for nd in cluster.nodes}.values():
-        rings = [nd.ring_gb_per_s(tuple(range(tp))) for nd in cluster.nodes
+    for gpu in {nd.gpu.name: nd.gpu for nd in cluster.node_kinds}.values():
+        rings = [nd.ring_gb_per_s(tuple(range(tp))) for nd in cluster.node_kinds
                  if nd.gpu.name == gpu.name and tp <= nd.num_gpus]
         if not rings:
             continue
@@ -62,9 +67,8 @@ def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape, group: int | None 
     members per node."""
     g = shape.cols if group is None else group
     blocks = blocks_for(cluster, shape)
-    nd = max(cluster.nodes, key=lambda n: n.intra_gb_per_s)
-    off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
-    top = float(off.max()) if off.size else 0.0
+    nd = max(cluster.node_kinds, key=lambda n: n.intra_gb_per_s)
+    top = _top_inter(cluster, 0.0)
     if not blocks:  # no block layout: the loosest ring
         return max(nd.ring_gb_per_s(tuple(range(min(nd.num_gpus, g)))), nd.num_gpus * top)
     out = 0.0
@@ -87,10 +91,8 @@ def best_cp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape) -> float:
                     for b in range(nd.num_gpus) if a != b) if nd.num_gpus > 1 else 0.0
                 for nd in cluster.nodes)
     if shape.cp * shape.tp <= max(nd.num_gpus for nd in cluster.nodes):
-        off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
-        return max(intra, float(off.max()) if off.size else 0.0)
-    off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
-    return float(off.max()) if off.size else math.inf
+        return max(intra, _top_inter(cluster, 0.0))
+    return _top_inter(cluster, math.inf)
 
 
 def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape) -> float:
@@ -105,8 +107,7 @@ def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape)
     if ep <= 1:
         return 0.0
     chunk = costs.ep_alltoall_bytes() / ep
-    off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
-    top = float(off.max()) if off.size else 0.0
+    top = _top_inter(cluster, 0.0)
     link = max(max(nd.link_gb_per_s(a, b) for a in range(nd.num_gpus)
                    for b in range(nd.num_gpus) if a != b) if nd.num_gpus > 1 else 0.0
                for nd in cluster.nodes)
@@ -165,8 +166,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     e_first, e_last = lt.emb_fwd_ms + lt.emb_bwd_ms, lt.head_fwd_ms + lt.head_bwd_ms
     hop = 0.0
     if p > 1:
-        hops = costs.hop_matrix_ms()
-        hop = float(hops.min())
+        hop = costs.min_hop_ms()
 
     # the smallest tail of stage 0 with n layers (linear in n: params, bytes)
     zero = (0,) * shape.num_virtual
@@ -177,11 +177,10 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     ring = best_dp_ring_gb_per_s(cluster, shape) if shape.cols > 1 else math.inf
     # the experts' sync ring (EP > 1): no faster than any node's fastest ring or all of a
     # node's streams across nodes
-    off = cluster.inter_gb_per_s[~np.eye(cluster.num_nodes, dtype=bool)]
-    ring_e = max([nd.ring_gb_per_s(tuple(range(g))) for nd in cluster.nodes
+    top = _top_inter(cluster, 0.0)
+    ring_e = max([nd.ring_gb_per_s(tuple(range(g))) for nd in cluster.node_kinds
                   for g in range(2, nd.num_gpus + 1)]
-                 + [max(nd.num_gpus for nd in cluster.nodes) * float(off.max())
-                    if off.size else 0.0])
+                 + [max(nd.num_gpus for nd in cluster.node_kinds) * top])
 
     def sync(params: float, bw: float = ring, group: int | None = None
              ) -> tuple[float, float]:  # the cheaper latency of the two

@@ -72,7 +72,7 @@ from model.errors import SolverUnavailableError
 from model.memory import GIB
 from model.plan import Plan, expert_dp_groups
 
-from .linear import Lin, LinearModel, SolveResult, lsum
+from .linear import Lin, LinearModel, Row, SolveResult, lsum
 from .problem import PlacementProblem
 from .result import PlacementResult
 
@@ -514,7 +514,7 @@ class _Formulation:
         # would put coefficients near 1e10 and upset HiGHS's tolerances)
         mem = dat.mem
         for s in range(p):
-            for kind, counts in _memory_events(dat.ev0.cs, s):
+            for kind, counts in dat.ev0.cs.memory_moments(s):
                 act = Lin()
                 for c, cnt in enumerate(counts):
                     if cnt:
@@ -529,6 +529,8 @@ class _Formulation:
             M.add(lsum(n * x[n, 0, 0] for n in range(N)) <= lsum(n * x[n, 0, b]
                                                                for n in range(N)))
         M.minimize(self.T)
+        self._fF, self._fB = np.asarray(dat.fF, dtype=float), np.asarray(dat.fB, dtype=float)
+        self._eF, self._eB = np.asarray(dat.eF, dtype=float), np.asarray(dat.eB, dtype=float)
         self.seen: set[bytes] = set()
         self.synced = 0  # how much of the shared cut list _sync_cuts has passed to this model
         self.values: np.ndarray | None = None  # the last solve's column values (`load`)
@@ -550,28 +552,41 @@ class _Formulation:
 
     def add_cut(self, counts: np.ndarray) -> bool:
         """T >= the path's length, for every replica: durations are linear in the variables
-        (model.schedule: a path's length is linear in the durations of the kinds it visits)."""
+        (model.schedule: a path's length is linear in the durations of the kinds it visits).
+        Built as one row of coefficients: each virtual stage's F and B visits weigh its layer
+        count (fF, fB) and a constant (eF, eB); a transfer is a constant inside a node or
+        with the placement relaxed, else its hop variable; tails are variables."""
         key = counts.tobytes()
         if key in self.seen:
             return False
         self.seen.add(key)
-        K, dat = self.dat.K, self.dat
+        dat = self.dat
+        V, p = dat.V, dat.p
+        cF, cB = counts[:V], counts[V:2 * V]
+        cx = (counts[2 * V:2 * V + p], counts[2 * V + p:2 * V + 2 * p])
+        ct = counts[2 * V + 2 * p:2 * V + 3 * p]
+        coef_l = cF * self._fF + cB * self._fB
+        const = float(cF @ self._eF + cB @ self._eB)
+        base: dict[int, float] = {}
+        for j in np.flatnonzero(coef_l):
+            (col,) = self.l[j].terms
+            base[col] = -float(coef_l[j])
+        for s_ in np.flatnonzero(ct):
+            (col,) = self.tail[s_].terms
+            base[col] = base.get(col, 0.0) - float(ct[s_])
+        (t_col,) = self.T.terms
+        base[t_col] = base.get(t_col, 0.0) + 1.0
         for b in range(self.D):
-            expr = Lin()
-            for jj in range(dat.V):
-                if counts[K.F(jj)]:
-                    expr.iadd(self.F(jj), counts[K.F(jj)])
-                if counts[K.B(jj)]:
-                    expr.iadd(self.B(jj), counts[K.B(jj)])
-            for h in range(dat.n_hops):
-                if counts[K.xf(h)]:
-                    expr.iadd(self.hop_expr(h, b, False), counts[K.xf(h)])
-                if counts[K.xb(h)]:
-                    expr.iadd(self.hop_expr(h, b, True), counts[K.xb(h)])
-            for s in range(dat.p):
-                if counts[K.tail(s)]:
-                    expr.iadd(self.tail[s], counts[K.tail(s)])
-            self.M.add(self.T >= expr)
+            terms, lb = dict(base), const
+            for q in (0, 1):
+                for h in np.flatnonzero(cx[q][:dat.n_hops]):
+                    x = self.hop_expr(h, b, bool(q))
+                    if isinstance(x, Lin):
+                        (col,) = x.terms
+                        terms[col] = terms.get(col, 0.0) - float(cx[q][h])
+                    else:
+                        lb += float(cx[q][h]) * x
+            self.M.add(Row(terms, lb, math.inf))
         return True
 
     def set_cutoff(self, cutoff_ms: float) -> None:
@@ -816,32 +831,6 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         termination = "time_limit"
     return PlacementResult(best_plan, best_ms, bound, termination, "milp",
                            time.perf_counter() - t_start, rounds, cut_list, len(solved_bounds))
-
-
-def _memory_events(cs, s: int) -> list[tuple[str, np.ndarray]]:
-    """The moments of stage s whose memory rows are not implied by another's: (kind, stored
-    micro-batches per chunk). A chunk's stored activation is never negative at a feasible
-    split (its layers' activations, plus the embedding's and head's), and a backward moment
-    adds working memory, so a moment with at least as many micro-batches stored in every
-    chunk, and a backward if this one is, needs at least as much: this one's row is dropped.
-    (GPT-3 175B at PP=16, 192 micro-batches: 1300 rows -> the Pareto front.)"""
-    ev = {}
-    for kind, _c, counts in cs.inflight_profile(s):
-        ev.setdefault((kind, tuple(int(x) for x in counts)), np.asarray(counts))
-    keys = list(ev)
-    if not keys:
-        return []
-    C = np.array([k[1] for k in keys])
-    is_b = np.array([k[0] == "B" for k in keys])
-    keep = []
-    for i, (kind, cnt) in enumerate(keys):
-        geq = np.all(C >= C[i], axis=1) & (is_b | ~is_b[i])
-        geq[i] = False
-        # strictly more somewhere, or the same counts as a backward when this is a forward
-        dominated = geq & (np.any(C > C[i], axis=1) | (is_b & ~is_b[i]))
-        if not dominated.any():
-            keep.append((kind, ev[keys[i]]))
-    return keep
 
 
 def _tolerance(best_ms: float, mip_rel_gap: float) -> float:

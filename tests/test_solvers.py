@@ -463,3 +463,27 @@ def test_both_backends_solve_the_same_model(relax, loads):
         assert (s1, s2) == (t1, t2), (prob.shape.describe(), objs)
         if o1 is not None:
             assert o1 == pytest.approx(p1, rel=1e-7) and o2 == pytest.approx(p2, rel=1e-7)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.sampled_from([1, 2, 4]), st.booleans(),
+       st.sampled_from(["megatron", "deepspeed"]), st.integers(0, 10**6))
+def test_min_hop_equals_the_hop_matrix_minimum(nodes, tp, sp, framework, seed):
+    """CostModel.min_hop_ms (the closed-form bound's cheapest transfer, computed per node kind
+    and from the fastest stream into each node) equals the minimum of the node-by-node hop
+    matrix, on clusters mixing GPU types, GPU counts and intra-node bandwidths."""
+    from model.cluster import ClusterSpec, NodeSpec
+    from model.costs import CostModel
+    from formats import presets
+    rng = np.random.default_rng(seed)
+    gpus = [presets.gpu("A100-80GB"), presets.gpu("H100-SXM-80GB")]
+    nds = tuple(NodeSpec(f"n{i}", gpus[int(rng.integers(2))], 4,
+                         float(rng.choice([150.0, 240.0]))) for i in range(nodes))
+    bw = rng.uniform(5, 25, (nodes, nodes))
+    c = ClusterSpec("mixed", nds, bw, 5.0)
+    assert 1 <= len(c.node_kinds) <= 4 and len(c.node_kind_index) == nodes
+    sh = Shape(tp=tp, pp=1, dp=4 * nodes // tp, micro_batch=1, recompute="none",
+               sequence_parallel=sp and tp > 1)
+    job = JobSpec(global_batch=4 * nodes * 4, seq_length=2048, framework=framework)
+    cm = CostModel(TINY, job, c, sh, Options())
+    assert cm.min_hop_ms() == cm.hop_matrix_ms().min()

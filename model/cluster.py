@@ -177,6 +177,12 @@ class ClusterSpec:
         return m.max(axis=0)
 
     @cached_property
+    def gpu_specific_links(self) -> bool:
+        """Some node's intra-node links differ by GPU pair (an intra-node matrix is given):
+        rings and transfers inside it then depend on which GPUs, not only how many."""
+        return any(nd.intra_matrix_gb_per_s is not None for nd in self.nodes)
+
+    @cached_property
     def homogeneous(self) -> bool:
         return len({nd.gpu.name for nd in self.nodes}) == 1 and self.gpus_per_node is not None
 
@@ -185,8 +191,7 @@ class ClusterSpec:
         link, and every inter-node stream within `rel_tol` (relative) of every other. Then
         every permutation of nodes over a layout's slots costs the same: no placement search
         is needed."""
-        if not self.homogeneous or any(nd.intra_matrix_gb_per_s is not None
-                                       for nd in self.nodes):
+        if not self.homogeneous or self.gpu_specific_links:
             return False
         if len({nd.intra_gb_per_s for nd in self.nodes}) != 1:
             return False

@@ -404,17 +404,9 @@ class CostModel:
 
     def hop_matrix_ms(self) -> np.ndarray:
         """`node_hop_ms(a, b)` for every pair of nodes at once (same formula, vectorized)."""
-        c, t = self.cluster, self.shape.tp
-        n = c.num_nodes
-        ring = np.array([nd.ring_gb_per_s(tuple(range(min(t, nd.num_gpus))))
-                         for nd in c.nodes])
-        per_rank = self.act_msg_bytes / (1 if self.job.framework == "deepspeed" else t)
-        with np.errstate(divide="ignore"):
-            out = c.latency_us / 1e3 + per_rank / (c.inter_gb_per_s * 1e6)
-        if t > 1 and not self.shape.sequence_parallel and self.job.framework != "deepspeed":
-            out = out + np.array([gather_ms(self.act_msg_bytes, t, r, INTRA_LATENCY_US)
-                                  for r in ring])[None, :]
-        for a in range(n):
+        c = self.cluster
+        out = self._inter_hops_ms(c.inter_gb_per_s)
+        for a in range(c.num_nodes):
             out[a, a] = self.node_hop_ms(a, a)
         return out
 
@@ -427,16 +419,21 @@ class CostModel:
         best = min(self.hop_ms(nd.intra_gb_per_s, True, nd.ring_gb_per_s(tuple(range(t))))
                    for nd in c.node_kinds)
         if c.num_nodes > 1:
-            per_rank = self.act_msg_bytes / (1 if self.job.framework == "deepspeed" else t)
-            with np.errstate(divide="ignore"):
-                out = c.latency_us / 1e3 + per_rank / (c.inbound_max_gb_per_s * 1e6)
-            if t > 1 and not self.shape.sequence_parallel and self.job.framework != "deepspeed":
-                gath = np.array([gather_ms(self.act_msg_bytes, t, nd.ring_gb_per_s(
-                    tuple(range(min(t, nd.num_gpus)))), INTRA_LATENCY_US)
-                    for nd in c.node_kinds])
-                out = out + gath[c.node_kind_index]
-            best = min(best, float(out.min()))
+            best = min(best, float(self._inter_hops_ms(c.inbound_max_gb_per_s).min()))
         return best
+
+    def _inter_hops_ms(self, bw_gb_per_s: np.ndarray) -> np.ndarray:
+        """`hop_ms(bw, False, receiver's TP ring)` elementwise, the last axis indexing the
+        receiving node (one gather time per node kind)."""
+        c, t = self.cluster, self.shape.tp
+        per_rank = self.act_msg_bytes / (1 if self.job.framework == "deepspeed" else t)
+        with np.errstate(divide="ignore"):
+            out = c.latency_us / 1e3 + per_rank / (bw_gb_per_s * 1e6)
+        if t > 1 and not self.shape.sequence_parallel and self.job.framework != "deepspeed":
+            gath = np.array([gather_ms(self.act_msg_bytes, t, nd.ring_gb_per_s(
+                tuple(range(min(t, nd.num_gpus)))), INTRA_LATENCY_US) for nd in c.node_kinds])
+            out = out + gath[c.node_kind_index]
+        return out
 
     # -- parameters ----------------------------------------------------------------------------
 

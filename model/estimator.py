@@ -88,8 +88,6 @@ class Evaluator:
         self._tail_cache: dict = {}
         self._ring_cache: dict = {}
         self._replica_cache: dict = {}
-        self._gpu_specific_links = any(nd.intra_matrix_gb_per_s is not None
-                                       for nd in cluster.nodes)
         self._path_cache: dict = {}
         self._ep_groups = ep_groups(shape) if shape.ep > 1 else []
         self._expert_dp_groups = expert_dp_groups(shape) if self.costs.experts_split else []
@@ -223,7 +221,7 @@ class Evaluator:
         dense = self.params[s] - experts
         # where no node's links differ by GPU, every TP rank's ring is the same ring (`ring`'s
         # memo key): one rank stands for all
-        for i in range(sh.tp if self._gpu_specific_links else 1):
+        for i in range(sh.tp if self.cluster.gpu_specific_links else 1):
             for reps in groups:
                 members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in reps]
                 bw, inter = self.ring(members)

@@ -239,32 +239,12 @@ class CompiledSchedule:
         successors, so `longest_path(dur) == max(tail_starts(dur)[s] + dur[kinds.tail(s)])`
         bit for bit, and the starts do not depend on the tails' durations: callers that vary
         only the tails (solvers, through `Evaluator.iteration_ms`) reuse them."""
-        kj = walk_jit.kernels()
-        if kj is not None:
-            return kj.tail_starts_batch(*self._arrays(), self._tails_arr(),
-                                        np.asarray(dur, dtype=float)[None, :])[0].tolist()
-        d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
-        walk_jit.note_python_walk(self.num_nodes)
-        end = [0.0] * (self.num_nodes + 1)  # end[num_nodes] = 0.0: the missing predecessor
-        pairs = self._pair_plan()
-        if pairs is not None:
-            for i, u1, u2, k in pairs:
-                e1 = end[u1]
-                e2 = end[u2]
-                end[i] = (e2 if e2 > e1 else e1) + d[k]
-        else:
-            for i, ps, k in self._plan:
-                st = 0.0
-                for u in ps:
-                    e = end[u]
-                    if e > st:
-                        st = e
-                end[i] = st + d[k]
+        end, _arg = self._walk(dur)
         out = []
         for t in self.tails:
             st = 0.0
             for u in self.preds[t]:
-                e = end[u]
+                e = float(end[u])
                 if e > st:
                     st = e
             out.append(st)
@@ -280,7 +260,7 @@ class CompiledSchedule:
         durs = np.asarray(durs, dtype=float)
         kj = walk_jit.kernels()
         if kj is not None:
-            return kj.tail_starts_batch(*self._arrays(), self._tails_arr(),
+            return kj.tail_starts_batch(*self._arrays(), self._tails_arr,
                                         np.ascontiguousarray(durs))
         walk_jit.note_python_walk(self.num_nodes * durs.shape[0])
         levels, tail_preds = self._level_plan()
@@ -372,8 +352,11 @@ class CompiledSchedule:
                                      np.asarray(self.kind_of, dtype=np.int64), ptr, idx)
         return self.__dict__["_csr"]
 
+    @property
     def _tails_arr(self) -> np.ndarray:
-        return np.asarray(self.tails, dtype=np.int64)
+        if "_tails_np" not in self.__dict__:
+            self.__dict__["_tails_np"] = np.asarray(self.tails, dtype=np.int64)
+        return self.__dict__["_tails_np"]
 
     def _pair_plan(self):
         """The walk's plan as (node, first predecessor, second predecessor, kind), missing ones
@@ -400,13 +383,10 @@ class CompiledSchedule:
         return path
 
     def start_times(self, dur) -> np.ndarray:
-        d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
-        end = [0.0] * self.num_nodes
-        for i, ps, k in self._plan:
-            st = max((end[u] for u in ps), default=0.0)
-            end[i] = st + d[k]
-        e = np.array(end)
-        return e - np.asarray(d)[self.kind_of]
+        """Start time of every node (its end from the walk, less its own duration)."""
+        end, _arg = self._walk(dur)
+        return np.asarray(end[:self.num_nodes], dtype=float) - np.asarray(
+            dur, dtype=float)[self.kind_of]
 
     def to_networkx(self, dur):
         """The same graph for networkx: edge u->v weighs the duration of u; a sink closes it."""

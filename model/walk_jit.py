@@ -1,9 +1,9 @@
 """When to walk schedule graphs with compiled code (model/_walk_kernels.py, numba).
 
-A Python walk costs about 0.3-0.7 us per graph node on the CI machine (7-10 ms for the 24k
+A Python walk costs about 0.3-0.7 us per graph node on the CI machine (7.4 ms for the 24k
 nodes of GPT-3 175B at PP=16 with 192 micro-batches; a uniform 64-node solve walks such graphs
-about 400 times); the compiled walk 0.15 ms. Loading numba and the compiled kernels costs
-about 0.9 s (1.5 s more the first time, when they are compiled into numba's cache), so a process
+about 400 times); the compiled walk 0.44 ms. Loading numba and the compiled kernels costs
+0.75-0.9 s (1.5-2.7 s more the first time, when they are compiled into numba's cache), so a process
 switches only once it has walked JIT_AFTER_NODES nodes in Python, and loads them in a
 background thread meanwhile (no pause in a search that keeps a time limit). Without numba, or
 with PIPETTE_JIT=0 in the environment, the Python walks serve throughout; results are equal bit

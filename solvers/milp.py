@@ -112,7 +112,7 @@ def milp_supported(prob: PlacementProblem) -> str | None:
     c = prob.cluster
     if not c.homogeneous:
         return "mixed GPU types or GPU counts (the annealer handles them)"
-    if any(nd.intra_matrix_gb_per_s is not None for nd in c.nodes):
+    if c.gpu_specific_links:
         return "non-uniform intra-node links (the annealer handles them)"
     if prob.shape.zero >= 3 and not c.uniform():
         return ("ZeRO-3 / FSDP gathers every layer over its shard group, whose ring depends on "

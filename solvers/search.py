@@ -287,7 +287,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     if method == "auto":
         method = "exact" if uniform or (
             cluster.num_nodes <= AUTO_EXACT_MAX_NODES and cluster.homogeneous
-            and all(nd.intra_matrix_gb_per_s is None for nd in cluster.nodes)) else "anneal"
+            and not cluster.gpu_specific_links) else "anneal"
     # screening may take up to 40% of the time limit once some shape has a quick score
     infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress,
                                             deadline=t0 + SCREEN_FRACTION * time_limit_s,

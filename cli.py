@@ -99,6 +99,11 @@ class Method(str, Enum):
     anneal = "anneal"
 
 
+class Clock(str, Enum):
+    wall = "wall"
+    work = "work"
+
+
 # Shared option types: one spelling and one help text per concept.
 ModelOpt = Annotated[str, typer.Option("--model", "-m",
                                        help="Model preset name or a Hugging Face config.json.")]
@@ -172,6 +177,10 @@ MethodOpt = Annotated[Method, typer.Option(
 TimeOpt = Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.",
                                         callback=_bounded("--time-limit", 0.01, 7 * 86400,
                                                           "at most a week"))]
+ClockOpt = Annotated[Clock, typer.Option(
+    "--clock", help="wall: --time-limit is wall seconds; work: work seconds (model/work.py: "
+    "counted solver and estimator operations), the same result on any machine and under any "
+    "load, for reproducible research.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.",
                                       callback=_bounded("--seed", 0, 2**32 - 1,
                                                         "numpy seeds are 32-bit"))]
@@ -639,6 +648,7 @@ def solve(
     moe_capacity_factor: CapacityOpt = 1.0,
     method: MethodOpt = Method.auto,
     time_limit: TimeOpt = 120.0,
+    clock: ClockOpt = Clock.wall,
     seed: SeedOpt = 0,
     distopt: Annotated[Optional[bool], typer.Option(
         "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
@@ -690,7 +700,8 @@ def solve(
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
-                        options=opts, space=space, progress=prog, jobs=jobs)
+                        options=opts, space=space, progress=prog, jobs=jobs,
+                        clock=clock.value)
     finally:
         prog.stop()
     files, warnings = write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan=save_plan,
@@ -737,6 +748,7 @@ def compare(
         "(cluster synth's model; see --nodes).")] = 0,
     nodes: Annotated[int, typer.Option(help="Nodes of each generated cluster.")] = 8,
     time_limit: TimeOpt = 120.0,
+    clock: ClockOpt = Clock.wall,
     seed: SeedOpt = 0,
     distopt: Annotated[Optional[bool], typer.Option(
         "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
@@ -784,10 +796,11 @@ def compare(
                 from solvers.compare import compare_sharding
                 rows += [{"cluster": inst.name, **r} for r in compare_sharding(
                     m, job, inst, time_limit_s=time_limit, seed=seed, progress=prog,
-                    space=space, options=opts)]
+                    space=space, options=opts, clock=clock.value)]
             else:
                 rows += compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
-                                         progress=prog, space=space, options=opts)
+                                         progress=prog, space=space, options=opts,
+                                         clock=clock.value)
     finally:
         prog.stop()
     if csv is not None:

@@ -203,7 +203,9 @@ def print_solve(res, c) -> None:
     proven = "proven optimal" if res.termination == "optimal" else "NOT proven optimal"
     con.print(f"solver: {res.method}, {res.termination} ({proven}); objective "
               f"{res.objective_ms / 1e3:.4f} s, bound {res.bound_ms / 1e3:.4f} s, gap "
-              f"{res.gap * 100:.4f}%, {res.wall_s:.1f} s; {res.shapes_total} shapes, "
+              f"{res.gap * 100:.4f}%, {res.wall_s:.1f} s"
+              + (f" ({res.work_s:.1f} work-s, clock: work)" if res.clock == "work" else "")
+              + f"; {res.shapes_total} shapes, "
               f"{res.shapes_solved} placement-optimized", highlight=False)
     for e in res.errors:
         con.print(f"[yellow]solver error caught (search went on):[/yellow] {escape(e)}",

@@ -15,6 +15,7 @@ from model.errors import SpecError
 from .reading import read_text
 
 METHODS = ("exact", "anneal", "megatron", "amp-style")
+CLOCKS = ("wall", "work")
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,17 @@ class Task:
     seed: int
     # moves per annealing run instead of cooling by the clock (same answer on any machine)
     anneal_moves: int | None = None
+    # "work": budgets in work seconds (model.work), the same answer on any machine and under
+    # any load; "wall" (the default) is solve's --time-limit
+    clock: str = "wall"
 
     def inputs(self) -> dict:
         d = {"model": self.model, "cluster": self.cluster, "job": self.job,
              "method": self.method, "budget_s": self.budget_s, "seed": self.seed}
         if self.anneal_moves is not None:  # absent otherwise: earlier task ids stay valid
             d["anneal_moves"] = self.anneal_moves
+        if self.clock != "wall":  # likewise
+            d["clock"] = self.clock
         return d
 
     @property
@@ -112,6 +118,11 @@ def load_spec(path) -> tuple[str, list[Task]]:
         raise SpecError(f"must be an integer from 1 to {MAX_ANNEAL_MOVES:,} (moves per "
                         "annealing run), or absent (cooling by the clock)", source=src,
                         field="sweep.anneal_moves")
+    clock = sw.get("clock", "wall")
+    if clock not in CLOCKS:
+        raise SpecError(f"is {str(clock)[:40]!r}; use \"work\" (budgets in work seconds: "
+                        "the same results on any machine and executor) or \"wall\"",
+                        source=src, field="sweep.clock")
     name = sw.get("name", Path(path).stem)
     if not isinstance(name, str) or not name.strip():
         raise SpecError("must be a non-empty string", source=src, field="sweep.name")
@@ -144,7 +155,7 @@ def load_spec(path) -> tuple[str, list[Task]]:
     count = len(models) * len(clusters) * len(jobs) * len(methods) * len(budgets) * len(seeds)
     if count > MAX_TASKS:
         raise SpecError(f"{count:,} tasks; at most {MAX_TASKS:,}", source=src, field="sweep")
-    tasks = [Task(m, c, dict(j), meth, float(b), int(s), moves)
+    tasks = [Task(m, c, dict(j), meth, float(b), int(s), moves, clock)
              for m, c, j, meth, b, s in itertools.product(models, clusters, jobs, methods,
                                                            budgets, seeds)]
     for t in {(t.model, json.dumps(t.cluster, sort_keys=True), json.dumps(t.job, sort_keys=True)):

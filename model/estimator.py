@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from . import work
 from .cluster import ClusterSpec
 from .communication import dp_ring, p2p_ring
 from .costs import CostModel
@@ -306,6 +307,7 @@ class Evaluator:
         of the placement and on its durations (replicas on equal links share it), many new
         ones are walked together (`cs.tail_starts_batch`), and the tails, which end every
         path, are added afterwards."""
+        work.charge("evaluation")
         tails, _ = self.tails(pl)
         tl = tails.tolist()
         sh = self.shape

@@ -30,7 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from model import walk_jit
+from model import walk_jit, work
 
 
 def stage_order(schedule: str, p: int, m: int, v: int, s: int) -> list[tuple[str, int, int]]:
@@ -258,6 +258,8 @@ class CompiledSchedule:
         predecessor slots point at a row that stays 0.0, which changes no maximum since every
         end time is >= 0."""
         durs = np.asarray(durs, dtype=float)
+        work.charge("walk", durs.shape[0])
+        work.charge("walk_node", self.num_nodes * durs.shape[0])
         kj = walk_jit.kernels()
         if kj is not None:
             return kj.tail_starts_batch(*self._arrays(), self._tails_arr,
@@ -311,6 +313,8 @@ class CompiledSchedule:
     def _walk(self, dur) -> tuple[list[float], list[int]]:
         """End time of every node and its latest predecessor (the first of equals; a node
         without predecessors points at index num_nodes), in topological order."""
+        work.charge("walk")
+        work.charge("walk_node", self.num_nodes)
         kj = walk_jit.kernels()
         if kj is not None:
             return kj.walk(*self._arrays(), np.asarray(dur, dtype=float))

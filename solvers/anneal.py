@@ -15,9 +15,10 @@ best plan seen is returned whenever the time limit or the iteration budget ends 
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
+
+from model import work
 
 from .problem import PlacementProblem
 from .result import PlacementResult
@@ -31,7 +32,7 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
     where that neighbourhood is small, a swap and a layer move together, until none improves
     (stopped by the time limit). `iters=None`: each chain cools over its share of the clock
     (POLISH_SHARE of the limit is kept for the polish)."""
-    t_start = time.perf_counter()
+    t_start = work.now()
     rng = np.random.default_rng(seed)
     best: PlacementResult | None = None
     done = 0
@@ -39,11 +40,11 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
     if iters is None:  # clock mode: one chain per CLOCK_CHAIN_S of budget, at most `restarts`
         restarts = max(1, min(restarts, int(time_limit_s // CLOCK_CHAIN_S)))
     for i in range(restarts):
-        left = time_limit_s - (time.perf_counter() - t_start)
+        left = time_limit_s - (work.now() - t_start)
         if left <= 0 and best is not None:
             break
         if iters is None:  # this chain's share of the clock left for the chains
-            left = max(0.0, chains_s - (time.perf_counter() - t_start)) / (restarts - i)
+            left = max(0.0, chains_s - (work.now() - t_start)) / (restarts - i)
             if left <= 0 and best is not None:
                 break
         if i > 0:  # later chains start from a random permutation, odd ones also reversed split
@@ -62,7 +63,7 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
     if polish:
         best = _polish(prob, best, t_start, time_limit_s)
     best.iterations = done
-    best.wall_s = time.perf_counter() - t_start
+    best.wall_s = work.now() - t_start
     return best
 
 
@@ -76,7 +77,7 @@ def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
     n, V = prob.num_slots, len(layers)
 
     def out_of_time():
-        return time.perf_counter() - t_start >= time_limit_s
+        return work.now() - t_start >= time_limit_s
 
     while improved and not out_of_time():
         improved = False
@@ -110,7 +111,7 @@ def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
                         if c < cur - 1e-12:
                             perm, layers, cur, improved = p, tuple(lay), c, True
     return PlacementResult(prob.plan(perm, layers), cur, 0.0, "heuristic", "anneal",
-                           time.perf_counter() - t_start)
+                           work.now() - t_start)
 
 
 def _perm_of(prob: PlacementProblem, plan) -> list[int]:
@@ -165,7 +166,7 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
            time_limit_s: float = 10.0, t0_frac: float = 0.02, t_end_frac: float = 1e-5,
            init_perm=None, init_layers=None, move_layers: bool = True,
            progress=None) -> PlacementResult:
-    t_start = time.perf_counter()
+    t_start = work.now()
     rng = np.random.default_rng(seed)
     n = prob.num_slots
     perm = list(init_perm) if init_perm is not None else list(range(n))
@@ -174,15 +175,15 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
     best, best_perm, best_layers = cur, list(perm), layers
     if not math.isfinite(cur):
         return PlacementResult(None, float("inf"), 0.0, "infeasible", "anneal",
-                               time.perf_counter() - t_start)
+                               work.now() - t_start)
     t0 = t0_frac * cur
     clock = iters is None
     if clock:
         # a budget that buys few moves starts colder: scale the start temperature by the moves
         # the budget allows (timed on one evaluation of a neighbour) over CLOCK_FULL_MOVES
-        t_eval = time.perf_counter()
+        t_eval = work.now()
         prob.cost(perm_move(rng, perm, 0.0) if n > 1 else perm, layers)
-        per_move_s = max(time.perf_counter() - t_eval, 1e-6)
+        per_move_s = max(work.now() - t_eval, 1e-6)
         t0 *= min(1.0, time_limit_s / per_move_s / CLOCK_FULL_MOVES)
     alpha = 1.0 if clock else (t_end_frac / t0_frac) ** (1.0 / max(1, iters))
     ratio = t_end_frac / t0_frac
@@ -193,8 +194,9 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
     while clock or it < iters:
         it += 1
         done = it
+        work.charge("move")
         # every move: one evaluation can take tens of ms on large clusters (new split)
-        elapsed = time.perf_counter() - t_start
+        elapsed = work.now() - t_start
         if elapsed > time_limit_s:
             break
         if clock:  # geometric in the elapsed share of the budget
@@ -226,4 +228,4 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
                     progress(best)
         temp *= alpha
     return PlacementResult(prob.plan(best_perm, best_layers), best, 0.0, "heuristic", "anneal",
-                           time.perf_counter() - t_start, iterations=done)
+                           work.now() - t_start, iterations=done)

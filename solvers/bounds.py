@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from model import work
 from model.cluster import ClusterSpec
 from model.communication import INTRA_LATENCY_US
 from model.costs import CostModel, bucket_params
@@ -149,6 +150,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                    options: Options) -> float:
     """Lower bound on the iteration time of every placement and split of `shape` that the
     solvers consider (module docstring); inf if no split fits in memory."""
+    work.charge("shape_bound")
     costs = CostModel(model, job, cluster, shape, options)
     shard_ring = (best_dp_ring_gb_per_s(cluster, shape, shape.shard_group)
                   if shape.zero >= 3 else math.inf)

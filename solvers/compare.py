@@ -49,12 +49,13 @@ def amp_style_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
 def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      time_limit_s: float = 120.0, seed: int = 0, options: Options | None = None,
                      progress=None, space: SearchSpace = SearchSpace(),
-                     plans: dict | None = None) -> list[dict]:
-    """One row per method; `plans`, if given, receives each method's plan object."""
+                     plans: dict | None = None, clock: str = "wall") -> list[dict]:
+    """One row per method; `plans`, if given, receives each method's plan object. `clock`:
+    solve's (the exact and anneal rows' time limits in work seconds with "work")."""
     options = options or Options()
     rows = []
     ex = solve(model, job, cluster, method="exact", time_limit_s=time_limit_s, seed=seed,
-               options=options, progress=progress, space=space)
+               options=options, progress=progress, space=space, clock=clock)
     proven = ex.termination == "optimal"
     ref = ex.objective_ms if proven else ex.bound_ms
 
@@ -71,7 +72,7 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                     f"yes (gap {ex.gap * 100:.3f}%)" if proven else
                     f"no (gap {ex.gap * 100:.2f}%)"))
     an = solve(model, job, cluster, method="anneal", time_limit_s=time_limit_s, seed=seed,
-               options=options, progress=progress, space=space)
+               options=options, progress=progress, space=space, clock=clock)
     rows.append(row("anneal", an.plan, an.objective_ms, an.wall_s, "no (heuristic)"))
     t0 = time.perf_counter()
     sh = ex.plan.shape
@@ -101,7 +102,8 @@ SHARDING_OPTIONS = (("ZeRO-1 (distributed optimizer)", 1, 0), ("ZeRO-3 / FSDP", 
 
 def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      time_limit_s: float = 60.0, seed: int = 0, options: Options | None = None,
-                     space: SearchSpace = SearchSpace(), progress=None) -> list[dict]:
+                     space: SearchSpace = SearchSpace(), progress=None,
+                     clock: str = "wall") -> list[dict]:
     """The best plan under each data-parallel sharding (ZeRO-1, ZeRO-3, HSDP with one node's
     replicas per shard group), each found by the full search restricted to it: iteration
     time, peak memory, the plan, and the search's proof status."""
@@ -123,7 +125,7 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                 r = solve(model, job.__class__(**{**job.__dict__, "zero": None,
                                                   "distributed_optimizer": None}),
                           cluster, time_limit_s=time_limit_s / len(spaces), seed=seed,
-                          options=options, space=sp, progress=progress)
+                          options=options, space=sp, progress=progress, clock=clock)
             except Exception as e:  # noqa: BLE001  (nothing fits under this sharding: say so)
                 errors.append(str(e))
                 continue

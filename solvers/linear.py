@@ -17,13 +17,21 @@ formulation itself (solvers/milp.py) is written once, against `LinearModel`.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
+from model import work
 from model.errors import SolverUnavailableError
+
+# Work clock (model.work): HiGHS's time limit becomes a node limit, at the price of a node
+# with its LP iterations (about 20 per node on the relaxed models, 270 on the full ones:
+# the runs model.work's prices were fitted to)
+ITERS_PER_NODE = {"highs": 20, "pyomo": 270}
 
 
 class Lin:
@@ -173,6 +181,16 @@ class LinearModel:
         if self._solver is not None:
             self._solver.set_bounds(c, self.lb[c], self.ub[c])
 
+    def _nnz(self) -> int:
+        return sum(len(r.terms) for r in self.rows)
+
+    def _node_price_s(self) -> float:
+        """Work seconds of one branch-and-bound node with its LP iterations (model.work)."""
+        P, n = work.PRICE_S, ITERS_PER_NODE[self.backend]
+        if self.backend == "highs":
+            return P["mip_node"] + n * P["simplex_iter"]
+        return n * P["pyomo_iter_nnz"] * self._nnz()
+
     def solve(self, time_limit_s: float, mip_rel_gap: float) -> SolveResult:
         """One solve, clamped to a positive time limit. HiGHS occasionally rejects its own
         optimum after presolve ('claims optimality, but with primal infeasibilities'); such a
@@ -182,6 +200,11 @@ class LinearModel:
             self._solver = (_Highs if self.backend == "highs" else _Pyomo)(self)
         opts = {"mip_rel_gap": mip_rel_gap, "random_seed": 0}
         limit = max(0.01, float(time_limit_s))
+        opts["mip_max_nodes"] = _MAX_INT
+        if work.metering():  # deterministic: no wall-clock limit, a node limit instead
+            opts["mip_max_nodes"] = max(1, int(limit / self._node_price_s()))
+            opts["work_limit_s"] = limit
+            limit = WORK_WALL_LIMIT_S
         res = self._solver.solve(limit, opts)
         if res is None:
             res = self._solver.solve(limit, dict(opts, presolve="off"))
@@ -189,6 +212,61 @@ class LinearModel:
             raise SolverUnavailableError(f"HiGHS reported a solve error on the {self.name} "
                                          "model")
         return res
+
+
+# the wall-clock limit HiGHS gets under the work clock: none that a search would reach
+WORK_WALL_LIMIT_S = 1e7
+_MAX_INT = 2**31 - 1  # HiGHS's default node limit (none)
+
+
+def _charge(info, pyomo_nnz: int = 0) -> None:
+    """Count one HiGHS run's work (model.work): a small model's by its calls, iterations and
+    nodes; the full model's (through Pyomo, `pyomo_nnz` nonzeros) by its size."""
+    iters = max(0, int(info.simplex_iteration_count))
+    if pyomo_nnz:
+        work.charge("pyomo_nnz", pyomo_nnz)
+        work.charge("pyomo_iter_nnz", iters * pyomo_nnz)
+        return
+    work.charge("highs_call")
+    work.charge("simplex_iter", iters)
+    work.charge("mip_node", max(0, int(info.mip_node_count)))
+
+
+class _WorkInterrupt:
+    """HiGHS's MIP-interrupt callback under the work clock: counts HiGHS's limit checks and
+    interrupts the solve once fixed_s + checks x per_check_s passes limit_s."""
+
+    def __init__(self, limit_s: float, fixed_s: float, per_check_s: float):
+        self.limit_s, self.fixed_s, self.per_check_s = limit_s, fixed_s, per_check_s
+        self.checks, self.fired = 0, False
+
+    def __call__(self, e) -> None:
+        self.checks += 1
+        if self.fixed_s + self.checks * self.per_check_s > self.limit_s:
+            self.fired = True
+            e.interrupt()
+
+
+def _quiet_banner(highspy) -> None:
+    """The first Highs object of a process prints HiGHS's banner from C++ on file descriptor 1
+    (whatever output_flag says), which corrupted `solve --json` output: that one is created
+    with fd 1 pointing at /dev/null (PIPETTE_TEE=1 keeps it)."""
+    if _state["banner"] or _tee():
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+    _state["banner"] = True
+
+
+_state = {"banner": False}
 
 
 def _tee() -> bool:
@@ -206,6 +284,7 @@ class _Highs:
             raise SolverUnavailableError(f"HiGHS is not installed ({e}); pip install highspy") \
                 from None
         self.hs, self.lm = highspy, lm
+        _quiet_banner(highspy)
         h = self.h = highspy.Highs()
         h.setOptionValue("output_flag", _tee())
         inf = highspy.kHighsInf
@@ -232,6 +311,7 @@ class _Highs:
     def add_rows(self, rows) -> None:
         if not rows:
             return
+        work.charge("row_direct", len(rows))
         starts, idx, val = [], [], []
         for r in rows:
             starts.append(len(idx))
@@ -253,16 +333,19 @@ class _Highs:
         h.setOptionValue("presolve", opts.get("presolve", "choose"))
         h.setOptionValue("mip_rel_gap", float(opts["mip_rel_gap"]))
         h.setOptionValue("random_seed", int(opts["random_seed"]))
+        h.setOptionValue("mip_max_nodes", int(opts["mip_max_nodes"]))
         h.run()
         ms = h.getModelStatus()
         S = hs.HighsModelStatus
+        info = h.getInfo()
+        _charge(info)
         if ms in (S.kSolveError, S.kLoadError, S.kModelError, S.kPresolveError,
                   S.kPostsolveError):
             return None
-        info = h.getInfo()
+        # a node limit is the work clock's time limit
         status = ("optimal" if ms == S.kOptimal else
                   "infeasible" if ms in (S.kInfeasible, S.kUnboundedOrInfeasible) else
-                  "time_limit" if ms == S.kTimeLimit else "other")
+                  "time_limit" if ms in (S.kTimeLimit, S.kSolutionLimit) else "other")
         has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
         obj = float(info.objective_function_value) if has_sol else None
         if self.mip:
@@ -285,6 +368,8 @@ class _Pyomo:
         except ImportError as e:  # pragma: no cover
             raise SolverUnavailableError(f"Pyomo is not installed ({e})") from None
         self.pyo, self.TC, self.lm = pyo, TerminationCondition, lm
+        import highspy
+        _quiet_banner(highspy)
         self.opt = SolverFactory("highs")
         if not self.opt.available():
             raise SolverUnavailableError("HiGHS is not available; pip install highspy")
@@ -305,6 +390,7 @@ class _Pyomo:
     def add_rows(self, rows) -> None:
         from pyomo.core.expr.numeric_expr import LinearExpression
 
+        work.charge("row_pyomo", len(rows))
         x = self.M.x
         for r in rows:
             items = [(c, v) for c, v in r.terms.items() if v != 0.0]
@@ -323,14 +409,43 @@ class _Pyomo:
 
     def solve(self, limit: float, opts: dict) -> SolveResult | None:
         TC = self.TC
-        res = self.opt.solve(self.M, time_limit=limit, load_solutions=False, tee=_tee(),
-                             raise_exception_on_nonoptimal_result=False, solver_options=opts)
+        stop = None
+        if work.metering():
+            # the work clock: besides the node limit, HiGHS's limit checks (deterministic
+            # points of its root and tree search) are counted and the solve interrupted once
+            # they, priced by the model's size, pass its share: the root of a large model
+            # can otherwise take many times the share (model.work)
+            if self.opt._solver_model is None:
+                self.opt.set_instance(self.M)
+            nnz = self.lm._nnz()
+            stop = _WorkInterrupt(limit_s=opts["work_limit_s"],
+                                  fixed_s=work.PRICE_S["pyomo_nnz"] * nnz,
+                                  per_check_s=work.PRICE_S["pyomo_check_nnz"] * nnz)
+            self.opt._solver_model.cbMipInterrupt.subscribe(stop)
+        # Pyomo warns of HiGHS's interrupt status, which is ours (above)
+        pyomo_log = logging.getLogger("pyomo.contrib.solver.solvers.highs")
+        level = pyomo_log.level
+        if stop is not None:
+            pyomo_log.setLevel(logging.ERROR)
+        try:
+            res = self.opt.solve(
+                self.M, time_limit=limit, load_solutions=False, tee=_tee(),
+                raise_exception_on_nonoptimal_result=False,
+                solver_options={k: v for k, v in opts.items() if k != "work_limit_s"})
+        finally:
+            if stop is not None:
+                self.opt._solver_model.cbMipInterrupt.unsubscribe(stop)
+                pyomo_log.setLevel(level)
+        _charge(self.opt._solver_model.getInfo(),
+                pyomo_nnz=self.lm._nnz() if work.metering() else 0)
         tc = res.termination_condition
         if tc == TC.error:
             return None
+        # a node limit (Pyomo: iterationLimit) or an interrupt is the work clock's time limit
         status = ("optimal" if tc == TC.convergenceCriteriaSatisfied else
                   "infeasible" if tc in (TC.provenInfeasible, TC.infeasibleOrUnbounded) else
-                  "time_limit" if tc == TC.maxTimeLimit else "other")
+                  "time_limit" if tc in (TC.maxTimeLimit, TC.iterationLimit) or (
+                      stop is not None and stop.fired) else "other")
         obj = None if res.incumbent_objective is None else float(res.incumbent_objective)
         b = res.objective_bound
         bound = float(b) if b is not None and math.isfinite(b) else None

@@ -61,11 +61,11 @@ and the master's bound for the rest.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from model import work
 from model.communication import INTRA_LATENCY_US
 from model.costs import FP8_RECAST_BYTES_PER_PARAM, adam_bytes_per_param, bucket_params
 from model.errors import SolverUnavailableError
@@ -157,6 +157,7 @@ class _Data:
     """The numbers every formulation of one problem shares (all times in ms)."""
 
     def __init__(self, prob: PlacementProblem):
+        work.charge("model_data")
         sh, blk, cl = prob.shape, prob.block, prob.cluster
         self.prob = prob
         self.p, self.v, self.V, self.L = sh.pp, sh.chunks, sh.num_virtual, prob.model.num_layers
@@ -560,6 +561,7 @@ class _Formulation:
         if key in self.seen:
             return False
         self.seen.add(key)
+        work.charge("cut")
         dat = self.dat
         V, p = dat.V, dat.p
         cF, cB = counts[:V], counts[V:2 * V]
@@ -685,13 +687,13 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     `cutoff_ms`: a plan of another problem is known at this time, so only better plans matter.
     If none exists here the termination is "cutoff" and the bound is (about) the cutoff; the
     plan returned is then the best one seen, which may be slower than the cutoff."""
-    t_start = time.perf_counter()
+    t_start = work.now()
     why = milp_supported(prob)
     if why:
         raise SolverUnavailableError(f"MILP does not apply: {why}")
 
     def left_s():
-        return time_limit_s - (time.perf_counter() - t_start)
+        return time_limit_s - (work.now() - t_start)
 
     dat = _Data(prob)
     cut_list: list[np.ndarray] = [np.asarray(c, dtype=float) for c in initial_cuts
@@ -706,7 +708,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
             "cutoff" if math.isfinite(cutoff_ms) and st.bound >= cutoff_ms * (1 - 1e-9)
             else "time_limit"))
         return PlacementResult(None, math.inf, max(st.bound, prob.lower_bound_ms()), term,
-                               "milp-relaxed", time.perf_counter() - t_start, st.rounds,
+                               "milp-relaxed", work.now() - t_start, st.rounds,
                                cut_list, layers=tuple(st.layers) if st.converged else None)
 
     # Decomposition by stage loads (layers per pipeline stage). The placement-relaxed model
@@ -830,7 +832,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     else:
         termination = "time_limit"
     return PlacementResult(best_plan, best_ms, bound, termination, "milp",
-                           time.perf_counter() - t_start, rounds, cut_list, len(solved_bounds))
+                           work.now() - t_start, rounds, cut_list, len(solved_bounds))
 
 
 def _tolerance(best_ms: float, mip_rel_gap: float) -> float:

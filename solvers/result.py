@@ -59,6 +59,9 @@ class SolveResult:
     # shapes the exact method could not cover with the MILP: annealed, and bounded by the
     # closed form (solvers.bounds) instead of a MILP bound; reason -> shapes
     not_covered: dict[str, int] = field(default_factory=dict)
+    # "work": the time limit was in work seconds (model.work); work_s is what the search used
+    clock: str = "wall"
+    work_s: float | None = None
 
     @property
     def gap(self) -> float:
@@ -71,4 +74,5 @@ class SolveResult:
                 "objective_ms": self.objective_ms, "bound_ms": self.bound_ms, "gap": self.gap,
                 "wall_s": self.wall_s, "shapes_total": self.shapes_total,
                 "shapes_solved": self.shapes_solved, "errors": list(self.errors),
-                "annealed_with_closed_form_bound": dict(self.not_covered)}
+                "annealed_with_closed_form_bound": dict(self.not_covered),
+                "clock": self.clock, "work_s": self.work_s}

@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from model import work
 from model.cluster import ClusterSpec
 from model.errors import InfeasibleError
 from model.estimator import Evaluator, default_layers
@@ -150,6 +151,7 @@ def screen_shape(model, job, cluster, options, sh: Shape, bound: float, best_qui
     """(ShapeInfo, None) with the split that fits (time-balanced, else memory-balanced) and,
     unless `bound` already fails to beat `best_quick`, the quick score; or (None, Candidate)
     naming the stage that overflows even with the most memory-balanced split."""
+    work.charge("screen")
     cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
     lay = default_layers(model, job, cluster, sh, options)
     ev = Evaluator(model, job, cluster, with_layers(sh, lay), options)
@@ -212,7 +214,7 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
     and its quick score (Megatron-LM placement, that split). Shapes are screened in order of
     their bound, in batches of SCREEN_BATCH; a shape whose bound is already at or above the
     best quick score of the batches before cannot win, so its quick score is skipped (it is
-    pruned by that bound later). Past `deadline` (time.perf_counter()), once some shape has a
+    pruned by that bound later). Past `deadline` (work.now()), once some shape has a
     quick score, the remaining shapes are left unscreened (`screened=False`, only their bound
     known). `jobs` worker processes share the bounds and each batch (None: all cores); the
     result is the same for any number. Lists keep enumeration order."""
@@ -232,7 +234,7 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
             if progress:
                 progress(f"screening shapes {start}/{len(shapes)}")
             if deadline is not None and math.isfinite(best_quick) and \
-                    time.perf_counter() > deadline:
+                    work.now() > deadline:
                 found += [(i, ShapeInfo(shapes[i], bounds[i], None, math.nan, screened=False))
                           for i in batch]
                 continue
@@ -257,7 +259,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
           time_limit_s: float = 60.0, seed: int = 0, options: Options | None = None,
           space: SearchSpace = SearchSpace(), progress=None, max_shapes: int | None = None,
           anneal_iters: int | None = 3000, uniform_tol: float = 0.0,
-          jobs: int | None = 1, anneal_clock: bool = True) -> SolveResult:
+          jobs: int | None = 1, anneal_clock: bool = True, clock: str = "wall") -> SolveResult:
     """Fastest plan that fits, with its proof status. `uniform_tol`: inter-node streams within
     this relative spread count as equal (cluster.uniform): no placement search then. `jobs`:
     worker processes for bounding and screening the shapes (None: all cores); the result does
@@ -268,9 +270,22 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     the annealer (blocks the MILP does not cover) it anneals `anneal_iters` moves, so that its
     answer does not depend on the machine's speed. `anneal_clock=False`: every annealing run
     takes `anneal_iters` moves, the anneal method's too (research sweeps that must give the
-    same answer on any machine and executor; the time limit still caps each run)."""
+    same answer on any machine and executor; the time limit still caps each run).
+
+    `clock="work"`: the time limit is in work seconds (model.work), so that the result is the
+    same on any machine, under any load and with any executor (research sweeps); the search
+    then runs in this process (jobs=1)."""
+    if clock not in ("wall", "work"):
+        raise ValueError(f"clock must be 'wall' or 'work', not {clock!r}")
+    if clock == "work" and not work.metering():
+        with work.metered():
+            return solve(model, job, cluster, method=method, time_limit_s=time_limit_s,
+                         seed=seed, options=options, space=space, progress=progress,
+                         max_shapes=max_shapes, anneal_iters=anneal_iters,
+                         uniform_tol=uniform_tol, jobs=1, anneal_clock=anneal_clock,
+                         clock=clock)
     options = options or Options()
-    t0 = time.perf_counter()
+    t0, wall0 = work.now(), time.perf_counter()
     # time-true: the search plans with a little less than the user's limit, leaving room for
     # what overruns a call's own limit (model hand-over to HiGHS, the last evaluation) and for
     # the final report (bench/time_true.py measures the result)
@@ -278,7 +293,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
 
     def budget(want_s: float) -> float:
         """Time-true: a call's limit, clamped to what is left of the whole limit."""
-        return _clamp(want_s, time_limit_s - (time.perf_counter() - t0))
+        return _clamp(want_s, time_limit_s - (work.now() - t0))
     if method not in ("auto", "exact", "anneal"):
         raise ValueError(method)
     # every node interchangeable: each block layout's placement is one (identity) and the
@@ -373,7 +388,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 # this block's layout cannot beat the incumbent even on the cheapest links
                 shape_bound = min(shape_bound, block_bounds[id(prob)])
                 continue
-            left_now = time_limit_s - (time.perf_counter() - t0)
+            left_now = time_limit_s - (work.now() - t0)
             if left_now < MIN_CALL_S and best_plan is not None:
                 # time-true: the limit is reached; this block keeps the shape's closed-form
                 # bound and the answer is not a proof
@@ -392,7 +407,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 why_not = "too little time left to build the MILP"
                 not_covered[why_not] = not_covered.get(why_not, 0) + 1
             if method == "exact" and why_not is None:
-                t_block = time.perf_counter()
+                t_block = work.now()
                 seeds = [(list(range(prob.num_slots)), prob.start_layers())]
                 if id(prob) in block_seed:
                     seeds.append(block_seed[id(prob)])
@@ -404,7 +419,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                         seeds.append((_perm_of(prob, warm.plan),
                                       tuple(warm.plan.shape.layers)))
                 try:
-                    milp_s = budget(per_block_now - (time.perf_counter() - t_block))
+                    milp_s = budget(per_block_now - (work.now() - t_block))
                     res = solve_milp(prob, time_limit_s=milp_s, seed_solutions=seeds,
                                      initial_cuts=cuts, cutoff_ms=best_ms)
                     cuts = res.cuts
@@ -440,7 +455,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         cand = candidates[id(info)]
         if pruned(info, cand):
             continue
-        left = time_limit_s - (time.perf_counter() - t0)
+        left = time_limit_s - (work.now() - t0)
         if left <= 0 or not info.screened:
             cand.status = "not searched (time limit)"
             continue
@@ -460,7 +475,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             if candidates[id(info)].status == "":
                 survivors.append(info)
             continue
-        bound_left_s = min(left, bound_until - time.perf_counter())
+        bound_left_s = min(left, bound_until - work.now())
         if bound_left_s > 0 and all(milp_supported(pr) is None for pr in probs):
             left = bound_left_s
             if progress:
@@ -530,7 +545,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         cand = candidates[id(info)]
         if pruned(info, cand):
             continue
-        left = time_limit_s - (time.perf_counter() - t0)
+        left = time_limit_s - (work.now() - t0)
         if method == "anneal":  # keep a little for the final report; no runs under a second
             left -= min(1.0, 0.02 * time_limit_s)
             if left < 1.0:
@@ -544,20 +559,20 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         # scheduled as the anneal method schedules shapes (the most promising first, time
         # shares as if at most ANNEAL_SHARES blocks remained, cooling by the clock); a fixed
         # move count would leave large placement spaces barely searched
-        clock = method == "exact" and all(milp_supported(pr) is not None
-                                          for pr in probs_of[id(info)])
-        if method == "anneal" or clock:
+        anneal_only = method == "exact" and all(milp_supported(pr) is not None
+                                                for pr in probs_of[id(info)])
+        if method == "anneal" or anneal_only:
             # the most promising shapes first: each block gets a share of the time left as
             # if at most ANNEAL_SHARES blocks remained (shapes not reached stay unsearched,
             # with their valid bounds)
             blocks_left = min(blocks_left, ANNEAL_SHARES)
         optimize(info, budget(left / max(1, blocks_left)),
-                 f"shape {n_done + 1}/{len(survivors)}", clock=clock)
+                 f"shape {n_done + 1}/{len(survivors)}", clock=anneal_only)
     # time left with the exact method: shapes whose bound still keeps the gap open get
     # another MILP (their cuts pooled, the incumbent as cutoff), smallest bound first, until
     # the gap closes, the time runs out, or a round raises no bound; bounds only grow
     while method == "exact" and math.isfinite(best_ms):
-        left = time_limit_s - (time.perf_counter() - t0)
+        left = time_limit_s - (work.now() - t0)
         open_ = sorted((i for i in infos if id(i) in optimized
                         and bounds_left[id(i)] < best_ms * (1 - OPTIMAL_GAP)),
                        key=lambda i: bounds_left[id(i)])
@@ -575,7 +590,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     late = sorted((i for i in infos if not i.screened), key=lambda i: i.bound_ms)
     for info in late:
         cand = candidates[id(info)]
-        if time_limit_s - (time.perf_counter() - t0) < 2 * MIN_CALL_S:
+        if time_limit_s - (work.now() - t0) < 2 * MIN_CALL_S:
             break
         if pruned(info, cand):
             continue
@@ -614,5 +629,6 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                                    c.best_ms is not None and abs(c.best_ms - best_ms) < 1e-9):
             c.status = "best"
     return SolveResult(best_plan, est, best_ms, bound, termination, method,
-                       time.perf_counter() - t0, ordered + rejected, total, solved,
-                       errors=errors, not_covered=not_covered)
+                       time.perf_counter() - wall0, ordered + rejected, total, solved,
+                       errors=errors, not_covered=not_covered, clock=clock,
+                       work_s=work.now() - t0 if clock == "work" else None)

@@ -9,8 +9,11 @@ Spec (TOML; data/sweeps/example.toml):
     methods = ["exact", "anneal", "megatron"]   # the task's solver (below)
     budgets = [2.0, 5.0]                         # time limits, s
     seeds = [0]
+    clock = "work"        # optional: budgets in work seconds (model.work), so that every
+                          # executor, machine and load gives the same answer; "wall" (the
+                          # default) is solve's --time-limit
     anneal_moves = 3000   # optional: moves per annealing run instead of cooling by the
-                          # clock, so that every executor and machine gives the same answer
+                          # clock (with clock = "wall" the annealer is then reproducible)
     [[models]]   name = "gpt-3.6b"  (a preset or a Hugging Face config.json)
     [[jobs]]     global_batch = 256, seq_length = 2048, precision = "bf16"
     [[clusters]] preset = "example"  |  file = "path.toml"  |
@@ -22,8 +25,9 @@ user gets by choosing the best degrees and launching plainly; it needs no other 
 "amp-style" is the plan an AMP-style model picks (uniform links at the mean, transfers
 overlapped; solvers.compare.amp_style_plan), scored on the cluster as measured.
 
-Specs and task ids live in formats/sweepspec.py. A task's id is the SHA-256 of its inputs in canonical JSON (model spec, cluster spec or synth
-parameters, job, method, budget, seed): the same spec gives the same ids, so a rerun skips the
+Specs and task ids live in formats/sweepspec.py. A task's id is the SHA-256 of its inputs in
+canonical JSON (model spec, cluster spec or synth parameters, job, method, budget, seed, and
+the clock and move count when given): the same spec gives the same ids, so a rerun skips the
 tasks the store holds. Only the driver writes the store; workers return results.
 """
 
@@ -73,7 +77,7 @@ def run_task(t, build) -> dict:
             moves = ({} if t.anneal_moves is None else
                      {"anneal_iters": t.anneal_moves, "anneal_clock": False})
             r = solve(model, job, cluster, method=t.method, time_limit_s=t.budget_s,
-                      seed=t.seed, **moves)
+                      seed=t.seed, clock=t.clock, **moves)
             out.update(plan=r.plan.shape.describe(), iteration_ms=r.objective_ms,
                        bound_ms=r.bound_ms, gap=r.gap, termination=r.termination)
     except Exception as e:  # noqa: BLE001  (recorded with the task; the sweep goes on)

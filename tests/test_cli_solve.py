@@ -101,3 +101,21 @@ def test_search_knobs_restrict_solve(tiny):
         r = runner.invoke(app, ["solve", *tiny, *bad])
         assert r.exit_code == 2 and flag in r.output
         assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("clock", ["wall", "work"])
+def test_solve_json_on_stdout_is_json_alone(tiny, clock):
+    """In a fresh process (HiGHS prints a banner on file descriptor 1 when its first solver
+    object is made) `solve --json` writes nothing but the JSON document on stdout; with
+    `--clock work` the solver status says so and how much work was used."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "cli.py"), "solve", *tiny, "--time-limit",
+                        "2", "--clock", clock, "--json"], capture_output=True, text=True,
+                       cwd=root)
+    assert r.returncode == 0, r.stderr[-500:]
+    d = json.loads(r.stdout)
+    assert d["solver"]["clock"] == clock
+    assert (d["solver"]["work_s"] is not None) == (clock == "work")

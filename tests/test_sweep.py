@@ -54,6 +54,11 @@ def test_task_ids_are_stable_and_distinct(tmp_path):
     clock = load_spec(p)[1]
     assert all(t.anneal_moves is None for t in clock)
     assert not {t.id for t in clock} & {t.id for t in tasks}
+    # so is the work clock, when given
+    p.write_text(SPEC.format(model="gpt-1.7b").replace("seeds = [0]", 'seeds = [0]\nclock = "work"'))
+    work = load_spec(p)[1]
+    assert all(t.clock == "work" for t in work)
+    assert not {t.id for t in work} & {t.id for t in tasks}
 
 
 def test_bad_specs_name_the_field(tmp_path):
@@ -66,6 +71,10 @@ def test_bad_specs_name_the_field(tmp_path):
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert e.value.field == "sweep.anneal_moves"
+    p.write_text(SPEC.format(model="gpt-1.7b").replace("seeds = [0]", 'seeds = [0]\nclock = "cpu"'))
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert e.value.field == "sweep.clock"
     p.write_text(SPEC.format(model="no-such-model"))
     with pytest.raises(SpecError) as e:
         load_spec(p)
@@ -121,6 +130,46 @@ def test_ray_local_gives_the_local_pools_results(tmp_path):
     run_sweep(load_spec(spec)[1], a, build_inputs, jobs=2)
     run_sweep(load_spec(spec)[1], b, build_inputs, executor="ray")
     assert _values(a) == _values(b)
+
+
+# tasks that their budget stops (4 nodes with a degraded NIC: neither method converges in one
+# work second): with budgets in work seconds they too give the same result on every executor
+WORK_SPEC = """
+[sweep]
+name = "work"
+methods = ["exact", "anneal"]
+budgets = [1.0]
+seeds = [0]
+clock = "work"
+[[models]]
+name = "gpt-1.7b"
+[[jobs]]
+global_batch = 16
+seq_length = 1024
+[[clusters]]
+synth = { num_nodes = [4], gpus_per_node = 2, seed = [0, 1], nic_gb_per_s = 5.0, degraded_factor = 0.4 }
+"""
+
+
+def _full(store: Store) -> dict:
+    return {r["id"]: (r["status"], r.get("plan"), r.get("iteration_ms"), r.get("bound_ms"),
+                      r.get("termination")) for r in store.rows()}
+
+
+def test_work_clock_tasks_stopped_by_their_budget_agree_on_every_executor(tmp_path):
+    spec = tmp_path / "work.toml"
+    spec.write_text(WORK_SPEC)
+    tasks = load_spec(spec)[1]
+    one, two = Store(tmp_path / "one.sqlite"), Store(tmp_path / "two.sqlite")
+    run_sweep(tasks, one, build_inputs, jobs=1)
+    run_sweep(tasks, two, build_inputs, jobs=2)
+    a = _full(one)
+    assert len(a) == 4 and all(v[0] == "done" and v[4] == "time_limit" for v in a.values())
+    assert _full(two) == a
+    if __import__("importlib").util.find_spec("ray") is not None:
+        ray = Store(tmp_path / "ray.sqlite")
+        run_sweep(tasks, ray, build_inputs, executor="ray")
+        assert _full(ray) == a
 
 
 def test_damaged_rows_are_dropped_with_a_warning(tmp_path):

@@ -1,0 +1,93 @@
+"""The search's clock: wall seconds, or work seconds that are the same on every machine.
+
+By default the search reads `time.perf_counter()`. Inside `metered()` it reads a work meter
+instead: the operations that make up a search are counted (HiGHS calls, simplex iterations and
+branch-and-bound nodes, rows handed to a model, schedule-graph nodes walked, estimator
+evaluations, annealing moves, ...) and each count is priced in seconds. Every decision the
+search takes by the clock (phase shares, per-call limits, when to stop) then depends only on
+its inputs, so a research sweep gives identical results on one worker, two, or a Ray cluster,
+under any load (issue 15). HiGHS's own time limit is replaced by a node limit in this mode
+(solvers/linear.py), so one solve may run past its share by the cost of its root node; the
+overrun is counted and the search stops after it.
+
+Prices: seconds per unit on the 2-core development machine (2026-12-01), fitted by
+non-negative least squares. HiGHS: to recorded runs (an exact solve of GPT-3.6B on an 8-node
+synthetic cluster, and the 12- and 16-node random and 8-node switch instances of
+bench/exact_scaling.py): 1108 runs of the small placement-relaxed models, straight into
+highspy (correlation 0.93), and 18 runs of the full placement MILP through Pyomo, whose time
+follows the model's size (correlation 0.96). Python work: to 24 whole solves (weighted by
+1 / wall time), bench/work_clock.py's six instances x exact and anneal x budgets of 3 and 8
+work-s; their wall / work ratios came out 0.70-1.68. Work seconds are thus a rough estimate of
+wall seconds on that machine, and exactly reproducible; bench/work_clock.py prints the ratio.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+PRICE_S = {
+    # a HiGHS run of a small model handed over directly (solvers.linear, backend "highs")
+    "highs_call": 8.4e-3,      # one run (presolve, root cuts and heuristics, postsolve)
+    "simplex_iter": 1.15e-4,   # one simplex iteration
+    "mip_node": 7.3e-3,        # one branch-and-bound node
+    # a run of the full placement MILP through Pyomo: its root work and its iterations grow
+    # with the model's nonzeros
+    "pyomo_nnz": 1.7e-4,       # per nonzero of the model, per run
+    "pyomo_iter_nnz": 8.4e-9,  # per simplex iteration x nonzero
+    # per limit check of HiGHS x nonzero: only to interrupt a run at its share (the first
+    # check comes after the root LP; then about 0.4 s apart on a 25k-nonzero model)
+    "pyomo_check_nnz": 1.6e-5,
+    # Python work, fitted to whole solves (below); the last five got no weight of their own
+    # in the fit and keep small prices, so that every loop of the search moves the clock
+    "shape_bound": 9.7e-4,     # one shape's placement-free lower bound
+    "screen": 9.4e-5,          # one shape screened (its walks are counted apart)
+    "evaluation": 2.3e-4,      # one estimator evaluation of a placement (durations, hops)
+    "walk": 1.0e-4,            # one schedule-graph walk (set-up)
+    "walk_node": 1.9e-7,       # one graph node walked (the compiled walk is priced the same,
+                               # so that the clock does not depend on when it loads)
+    "move": 2.0e-6,            # one annealing move's bookkeeping
+    "cut": 1.0e-5,             # one critical-path cut built
+    "model_data": 2.0e-4,      # one shape+block's MILP data (_Data)
+    "row_pyomo": 5.0e-5,       # one row built as a Pyomo constraint (measured: 1.7 s for 15
+                               # models, 34k rows)
+    "row_direct": 2.0e-6,      # one row handed to highspy
+}
+
+_meter: dict | None = None  # counts per kind while metered, else None
+
+
+def metering() -> bool:
+    return _meter is not None
+
+
+def charge(kind: str, n: float = 1.0) -> None:
+    """Count `n` units of `kind` (nothing outside `metered()`)."""
+    if _meter is not None:
+        _meter[kind] = _meter.get(kind, 0.0) + n
+
+
+def now() -> float:
+    """Seconds: the work meter's while metered, else the wall clock's (perf_counter)."""
+    if _meter is None:
+        return time.perf_counter()
+    return sum(PRICE_S[k] * v for k, v in _meter.items())
+
+
+def counts() -> dict:
+    return dict(_meter or {})
+
+
+@contextmanager
+def metered():
+    """Read the work meter instead of the wall clock inside this block (one search at a
+    time per process; nested blocks share the outer meter)."""
+    global _meter
+    if _meter is not None:
+        yield
+        return
+    _meter = {}
+    try:
+        yield
+    finally:
+        _meter = None

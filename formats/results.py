@@ -180,7 +180,10 @@ def report(rows: list[dict], out_dir) -> list[Path]:
         bs = sorted(by_b)
         ax.plot(bs, [100 * statistics.median(by_b[b]) for b in bs], marker="o", label=m)
     ax.set_xscale("log")
-    files.append(_finish(plt, fig, ax, "time budget (s)", "median gap to the best known plan (%)",
+    clocks = {r["inputs"].get("clock", "wall") for r in ok}
+    unit = {"wall": "s", "work": "work-s"}.get(clocks.pop(), "s") if len(clocks) == 1 else \
+        "s, or work-s with clock = work"
+    files.append(_finish(plt, fig, ax, f"budget ({unit})", "median gap to the best known plan (%)",
                          "Quality vs budget", out / "quality_vs_budget.png"))
     # 3. placement gain vs bandwidth spread
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -24,6 +24,21 @@ from .specs import GPUSpec
 from .topology import best_ring_gb_per_s
 
 
+def _strongly_connected(adj: np.ndarray) -> bool:
+    """Every node reaches node 0 and node 0 reaches every node along adj's edges."""
+    for a in (adj, adj.T):
+        seen = np.zeros(len(a), dtype=bool)
+        seen[0] = True
+        frontier = seen.copy()
+        while frontier.any():
+            nxt = a[frontier].any(axis=0) & ~seen
+            seen |= nxt
+            frontier = nxt
+        if not seen.all():
+            return False
+    return True
+
+
 @dataclass(frozen=True, eq=False)
 class NodeSpec:
     name: str
@@ -175,6 +190,27 @@ class ClusterSpec:
         m = np.array(self.inter_gb_per_s, dtype=float, copy=True)
         np.fill_diagonal(m, -np.inf)
         return m.max(axis=0)
+
+    @cached_property
+    def all_node_ring_max_gb_per_s(self) -> float:
+        """An upper bound on the slowest inter-node stream of any ring through all nodes: the
+        largest t for which the streams of at least t GB/s connect the nodes strongly (a ring
+        through all nodes is a directed cycle: it leaves and enters every node, so it is
+        strongly connected). inf for a single node. A degraded NIC shows here: every ring
+        through its node uses one of its slow links."""
+        n = self.num_nodes
+        if n < 2:
+            return float("inf")
+        bw = np.asarray(self.inter_gb_per_s, dtype=float)
+        vals = np.unique(bw[~np.eye(n, dtype=bool)])
+        lo, hi = 0, len(vals) - 1  # vals[lo] always connects (every link), find the largest
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _strongly_connected(bw >= vals[mid]):
+                lo = mid
+            else:
+                hi = mid - 1
+        return float(vals[lo])
 
     @cached_property
     def gpu_specific_links(self) -> bool:

@@ -11,14 +11,14 @@ under any load (issue 15). HiGHS's own time limit is replaced by a node limit in
 overrun is counted and the search stops after it.
 
 Prices: seconds per unit on the 2-core development machine (2026-12-01), fitted by
-non-negative least squares. HiGHS: to recorded runs (an exact solve of GPT-3.6B on an 8-node
-synthetic cluster, and the 12- and 16-node random and 8-node switch instances of
+non-negative least squares. HiGHS: to recorded runs (exact solves of GPT-3.6B on 4- and
+8-node synthetic clusters, and the 12- and 16-node random and 8-node switch instances of
 bench/exact_scaling.py): 1108 runs of the small placement-relaxed models, straight into
-highspy (correlation 0.93), and 18 runs of the full placement MILP through Pyomo, whose time
-follows the model's size (correlation 0.96). Python work: to 24 whole solves (weighted by
-1 / wall time), bench/work_clock.py's six instances x exact and anneal x budgets of 3 and 8
-work-s; their wall / work ratios came out 0.70-1.68. Work seconds are thus a rough estimate of
-wall seconds on that machine, and exactly reproducible; bench/work_clock.py prints the ratio.
+highspy (correlation 0.93), and 42 runs of the full placement MILP through Pyomo (weighted by
+1 / sqrt(wall time); predicted / measured 0.26-2.66 per run). Python work: to 24 whole solves
+(weighted by 1 / wall time), bench/work_clock.py's six instances x exact and anneal x budgets
+of 3 and 8 work-s. Work seconds are thus a rough estimate of wall seconds on that machine
+(bench/work_clock.py prints the ratio per solve), and exactly reproducible.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ PRICE_S = {
     "mip_node": 7.3e-3,        # one branch-and-bound node
     # a run of the full placement MILP through Pyomo: its root work and its iterations grow
     # with the model's nonzeros
-    "pyomo_nnz": 1.7e-4,       # per nonzero of the model, per run
-    "pyomo_iter_nnz": 8.4e-9,  # per simplex iteration x nonzero
-    # per limit check of HiGHS x nonzero: only to interrupt a run at its share (the first
-    # check comes after the root LP; then about 0.4 s apart on a 25k-nonzero model)
-    "pyomo_check_nnz": 1.6e-5,
+    "pyomo_nnz": 3.1e-5,       # per nonzero of the model, per run
+    "pyomo_iter": 5.3e-5,      # per simplex iteration
+    "pyomo_iter_nnz": 6.9e-9,  # per simplex iteration x nonzero
+    # per limit check of HiGHS x nonzeros^1.5, only to interrupt a run at its share: checks
+    # came about 5 ms apart on 2k-nonzero models (30-45 per run), 0.4 s apart on a 25k one
+    "pyomo_check_nnz15": 6.0e-8,
     # Python work, fitted to whole solves (below); the last five got no weight of their own
     # in the fit and keep small prices, so that every loop of the search moves the clock
     "shape_bound": 9.7e-4,     # one shape's placement-free lower bound

@@ -65,7 +65,9 @@ def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape, group: int | None 
     """The fastest ring a group of `group` data-parallel ranks (default: all of them) could
     get in any block layout (an upper bound on every placement's): inside one node its
     intra-node ring, across nodes at most k x the fastest inter-node stream with k of its
-    members per node."""
+    members per node; a group that spans every node (one node-stage, the whole data-parallel
+    group) at most k x the bottleneck of the streams that connect all nodes
+    (ClusterSpec.all_node_ring_max_gb_per_s)."""
     g = shape.cols if group is None else group
     blocks = blocks_for(cluster, shape)
     nd = max(cluster.node_kinds, key=lambda n: n.intra_gb_per_s)
@@ -78,7 +80,9 @@ def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape, group: int | None 
             out = max(out, nd.ring_gb_per_s(tuple(range(g))) if g > 1 else math.inf)
             continue
         intra = nd.ring_gb_per_s(tuple(range(blk.k))) if blk.k > 1 else math.inf
-        out = max(out, intra if blk.D == 1 else min(intra, blk.k * top))
+        top_b = (min(top, cluster.all_node_ring_max_gb_per_s)
+                  if blk.D == cluster.num_nodes and g == shape.cols else top)
+        out = max(out, intra if blk.D == 1 else min(intra, blk.k * top_b))
     return out
 
 

@@ -189,7 +189,7 @@ class LinearModel:
         P, n = work.PRICE_S, ITERS_PER_NODE[self.backend]
         if self.backend == "highs":
             return P["mip_node"] + n * P["simplex_iter"]
-        return n * P["pyomo_iter_nnz"] * self._nnz()
+        return n * (P["pyomo_iter"] + P["pyomo_iter_nnz"] * self._nnz())
 
     def solve(self, time_limit_s: float, mip_rel_gap: float) -> SolveResult:
         """One solve, clamped to a positive time limit. HiGHS occasionally rejects its own
@@ -225,6 +225,7 @@ def _charge(info, pyomo_nnz: int = 0) -> None:
     iters = max(0, int(info.simplex_iteration_count))
     if pyomo_nnz:
         work.charge("pyomo_nnz", pyomo_nnz)
+        work.charge("pyomo_iter", iters)
         work.charge("pyomo_iter_nnz", iters * pyomo_nnz)
         return
     work.charge("highs_call")
@@ -420,7 +421,7 @@ class _Pyomo:
             nnz = self.lm._nnz()
             stop = _WorkInterrupt(limit_s=opts["work_limit_s"],
                                   fixed_s=work.PRICE_S["pyomo_nnz"] * nnz,
-                                  per_check_s=work.PRICE_S["pyomo_check_nnz"] * nnz)
+                                  per_check_s=work.PRICE_S["pyomo_check_nnz15"] * nnz ** 1.5)
             self.opt._solver_model.cbMipInterrupt.subscribe(stop)
         # Pyomo warns of HiGHS's interrupt status, which is ours (above)
         pyomo_log = logging.getLogger("pyomo.contrib.solver.solvers.highs")

@@ -273,7 +273,15 @@ class _Data:
         # best rate this block layout could give
         self.hop_min_inter = float(self.hop_C[off].min()) if N > 1 else math.inf
         self.hop_max_inter = float(self.hop_C[off].max()) if N > 1 else 0.0
-        self.u_min = (max(self.inv_intra, float(self.inv_ring[off].min())) if self.inter_ring
+        # the ring's slowest link is at best the fastest inter-node stream; with one node-stage
+        # (D = N) the ring passes through every node, so at best the bottleneck of the links
+        # that connect all nodes strongly (ClusterSpec.all_node_ring_max_gb_per_s: a degraded
+        # NIC is on every such ring)
+        self.inv_ring_min = float(self.inv_ring[off].min()) if N > 1 else 0.0
+        if self.D == N > 1:
+            self.inv_ring_min = max(self.inv_ring_min,
+                                    1.0 / (k * cl.all_node_ring_max_gb_per_s))
+        self.u_min = (max(self.inv_intra, self.inv_ring_min) if self.inter_ring
                       else self.inv_intra)
         self.zero3 = sh.zero >= 3
         if self.zero3:  # uniform: the end-of-iteration ring is the node order's (HSDP)
@@ -312,8 +320,7 @@ class _Data:
         k_e = self.k * sh.tp // (sh.ep * sh.expert_tp)
         self.exp_factor = self.k / k_e
         self.inv_intra_e = 1.0 / node0.ring_gb_per_s(tuple(range(k_e))) if k_e > 1 else 0.0
-        off = ~np.eye(self.N, dtype=bool)
-        self.u_e_min = max(self.inv_intra_e, self.exp_factor * float(self.inv_ring[off].min()))
+        self.u_e_min = max(self.inv_intra_e, self.exp_factor * self.inv_ring_min)
         self.u_e_const = None
 
     def stage_of(self, j: int) -> int:

@@ -150,3 +150,30 @@ def test_block_placement_picks_the_best_tensor_groups_on_uneven_nodes(tmp_path):
     chosen = min(node.ring_gb_per_s(g) for g in pl.gpus[0])
     consecutive = min(node.ring_gb_per_s((x, x + 1)) for x in range(0, 8, 2))
     assert chosen > consecutive
+
+
+def test_all_node_ring_bound_is_the_best_ring_through_every_node():
+    """all_node_ring_max_gb_per_s bounds the slowest stream of every ring through all nodes
+    (enumerated), on random asymmetric matrices with a degraded node; no ring avoids every
+    slow link of a node."""
+    import itertools
+
+    from formats.clusters import SynthParams, synth_cluster
+    tighter = 0
+    for n in (2, 3, 4, 5, 6):
+        for seed in range(6):
+            c = synth_cluster(SynthParams(num_nodes=n, gpus_per_node=2, seed=seed, noise=0.3,
+                                          degraded=1, degraded_factor=0.5, leaf_size=2))
+            bw = c.inter_gb_per_s
+            best = max(min(bw[o[i], o[(i + 1) % n]] for i in range(n))
+                       for o in ([0, *p] for p in itertools.permutations(range(1, n))))
+            bound = c.all_node_ring_max_gb_per_s
+            assert best <= bound + 1e-12
+            # every node sends and receives on a ring through all: a degraded one too
+            for v in range(n):
+                off = [m for m in range(n) if m != v]
+                assert bound <= min(max(bw[v, m] for m in off), max(bw[m, v] for m in off))
+            if n == 2:  # the two links are the ring
+                assert best == bound
+            tighter += bound > bw[~np.eye(n, dtype=bool)].min()
+    assert tighter >= 10  # above the slowest link: the bound says more than it

@@ -84,14 +84,18 @@ def run_task(t, build) -> dict:
         out.update(status="failed", error=f"{type(e).__name__}: {e}")
     out["wall_s"] = time.perf_counter() - t0
     out["cpu_s"] = time.process_time() - c0
-    out["versions"] = {"python": platform.python_version(), "pipette": _version()}
+    # what a result depends on besides its inputs (a work-clock budget: HiGHS's search path)
+    out["versions"] = {"python": platform.python_version(),
+                       **{k: _version(d) for k, d in (("pipette", "pipette-configurator"),
+                                                      ("highspy", "highspy"),
+                                                      ("numpy", "numpy"))}}
     return out
 
 
-def _version() -> str:
+def _version(dist: str) -> str:
     try:
         from importlib.metadata import version
-        return version("pipette-configurator")
+        return version(dist)
     except Exception:  # noqa: BLE001
         return "unknown"
 

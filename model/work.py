@@ -1,14 +1,16 @@
-"""The search's clock: wall seconds, or work seconds that are the same on every machine.
+"""The search's clock: wall seconds, or work seconds that come out the same on every executor
+and under any load.
 
 By default the search reads `time.perf_counter()`. Inside `metered()` it reads a work meter
 instead: the operations that make up a search are counted (HiGHS calls, simplex iterations and
 branch-and-bound nodes, rows handed to a model, schedule-graph nodes walked, estimator
 evaluations, annealing moves, ...) and each count is priced in seconds. Every decision the
 search takes by the clock (phase shares, per-call limits, when to stop) then depends only on
-its inputs, so a research sweep gives identical results on one worker, two, or a Ray cluster,
-under any load (issue 15). HiGHS's own time limit is replaced by a node limit in this mode
-(solvers/linear.py), so one solve may run past its share by the cost of its root node; the
-overrun is counted and the search stops after it.
+its inputs and the software versions (HiGHS must take the same path), so a research sweep gives
+identical results on one worker, two, or a Ray cluster, under any load (issue 15). In this mode
+HiGHS gets a node limit instead of a time limit, and the full placement MILP also an interrupt
+at its share, counted on HiGHS's limit checks (solvers/linear.py); a small model's root node
+is not interrupted, so a call may run past its share by that much, which is counted.
 
 Prices: seconds per unit on the 2-core development machine (2026-12-01), fitted by
 non-negative least squares. HiGHS: to recorded runs (exact solves of GPT-3.6B on 4- and

@@ -273,8 +273,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     same answer on any machine and executor; the time limit still caps each run).
 
     `clock="work"`: the time limit is in work seconds (model.work), so that the result is the
-    same on any machine, under any load and with any executor (research sweeps); the search
-    then runs in this process (jobs=1)."""
+    same under any load and with any executor, given the same software versions (research
+    sweeps); the search then runs in this process (jobs=1)."""
     if clock not in ("wall", "work"):
         raise ValueError(f"clock must be 'wall' or 'work', not {clock!r}")
     if clock == "work" and not work.metering():

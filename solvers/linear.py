@@ -201,13 +201,13 @@ class LinearModel:
         opts = {"mip_rel_gap": mip_rel_gap, "random_seed": 0}
         limit = max(0.01, float(time_limit_s))
         opts["mip_max_nodes"] = _MAX_INT
+        work_s = None  # the call's share in work seconds, under the work clock
         if work.metering():  # deterministic: no wall-clock limit, a node limit instead
             opts["mip_max_nodes"] = max(1, int(limit / self._node_price_s()))
-            opts["work_limit_s"] = limit
-            limit = WORK_WALL_LIMIT_S
-        res = self._solver.solve(limit, opts)
+            work_s, limit = limit, WORK_WALL_LIMIT_S
+        res = self._solver.solve(limit, opts, work_s)
         if res is None:
-            res = self._solver.solve(limit, dict(opts, presolve="off"))
+            res = self._solver.solve(limit, dict(opts, presolve="off"), work_s)
         if res is None:
             raise SolverUnavailableError(f"HiGHS reported a solve error on the {self.name} "
                                          "model")
@@ -328,7 +328,8 @@ class _Highs:
     def set_bounds(self, c: int, lb: float, ub: float) -> None:
         self.h.changeColBounds(c, self._b(lb), self._b(ub))
 
-    def solve(self, limit: float, opts: dict) -> SolveResult | None:
+    def solve(self, limit: float, opts: dict, work_s: float | None = None
+              ) -> SolveResult | None:
         h, hs = self.h, self.hs
         h.setOptionValue("time_limit", limit)
         h.setOptionValue("presolve", opts.get("presolve", "choose"))
@@ -408,18 +409,20 @@ class _Pyomo:
         v.setlb(None if math.isinf(lb) else lb)
         v.setub(None if math.isinf(ub) else ub)
 
-    def solve(self, limit: float, opts: dict) -> SolveResult | None:
+    def solve(self, limit: float, opts: dict, work_s: float | None = None
+              ) -> SolveResult | None:
+        """`work_s`: the call's share under the work clock (None: the wall clock's `limit`)."""
         TC = self.TC
         stop = None
-        if work.metering():
+        nnz = self.lm._nnz() if work_s is not None else 0
+        if work_s is not None:
             # the work clock: besides the node limit, HiGHS's limit checks (deterministic
             # points of its root and tree search) are counted and the solve interrupted once
             # they, priced by the model's size, pass its share: the root of a large model
             # can otherwise take many times the share (model.work)
             if self.opt._solver_model is None:
                 self.opt.set_instance(self.M)
-            nnz = self.lm._nnz()
-            stop = _WorkInterrupt(limit_s=opts["work_limit_s"],
+            stop = _WorkInterrupt(limit_s=work_s,
                                   fixed_s=work.PRICE_S["pyomo_nnz"] * nnz,
                                   per_check_s=work.PRICE_S["pyomo_check_nnz15"] * nnz ** 1.5)
             self.opt._solver_model.cbMipInterrupt.subscribe(stop)
@@ -432,13 +435,12 @@ class _Pyomo:
             res = self.opt.solve(
                 self.M, time_limit=limit, load_solutions=False, tee=_tee(),
                 raise_exception_on_nonoptimal_result=False,
-                solver_options={k: v for k, v in opts.items() if k != "work_limit_s"})
+                solver_options=opts)
         finally:
             if stop is not None:
                 self.opt._solver_model.cbMipInterrupt.unsubscribe(stop)
                 pyomo_log.setLevel(level)
-        _charge(self.opt._solver_model.getInfo(),
-                pyomo_nnz=self.lm._nnz() if work.metering() else 0)
+        _charge(self.opt._solver_model.getInfo(), pyomo_nnz=nnz)
         tc = res.termination_condition
         if tc == TC.error:
             return None

@@ -17,7 +17,7 @@ class PlacementResult:
     bound_ms: float  # proven lower bound for this shape
     termination: str  # "optimal", "time_limit", "infeasible", "heuristic"
     method: str
-    wall_s: float
+    wall_s: float  # seconds of the search's clock (work seconds under model.work's)
     iterations: int = 0
     cuts: list = field(default_factory=list)  # critical-path count vectors found (MILP)
     load_vectors: int = 0  # MILP: load vectors (layers per stage) solved one by one

@@ -211,6 +211,10 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option(
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-in-bf16", help="Megatron-LM: bf16 main gradients, reduced in bf16 (2 bytes "
     "per parameter instead of fp32's 4).")]
+CompileOpt = Annotated[bool, typer.Option(
+    "--compile/--no-compile", help="torchtitan: torch.compile each transformer block (fused "
+    "element-wise kernels); --no-compile estimates eager PyTorch kernels. Other frameworks "
+    "always run fused kernels.")]
 CapacityOpt = Annotated[float, typer.Option(
     "--moe-capacity-factor", help="Mixture of experts: tokens per expert relative to a "
     "balanced router (1.0: balanced and dropless; c > 1: token dropping at capacity c, inputs "
@@ -255,7 +259,7 @@ def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
 def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             distopt: bool | None = None, attention: str = "flash", allow_list: bool = False,
             framework: str = "megatron", grad_reduce_in_bf16: bool = False,
-            moe_capacity_factor: float = 1.0):
+            moe_capacity_factor: float = 1.0, compile_blocks: bool = True):
     from formats import presets
     from formats.clusters import cluster as load_cluster
     from model.specs import JobSpec
@@ -266,7 +270,8 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
                   grad_reduce_in_bf16=grad_reduce_in_bf16,
-                  moe_capacity_factor=moe_capacity_factor, source="options")
+                  moe_capacity_factor=moe_capacity_factor, compile=compile_blocks,
+                  source="options")
     return m, job, c
 
 
@@ -421,6 +426,7 @@ def estimate(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 4,
@@ -476,7 +482,7 @@ def estimate(
         return
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
                         framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
-                        moe_capacity_factor=moe_capacity_factor)
+                        moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     lay = None
     if layers is not None:
         try:
@@ -510,6 +516,10 @@ def calibrate(
         "network_scale, nvlink_scale, hbm_scale.")] = "gemm_scale,network_scale",
     out: Annotated[Path, typer.Option("--out", help="The profile file to write.")] = Path(
         "calibration.json"),
+    prior: Annotated[bool, typer.Option(
+        "--prior/--no-prior", help="Keep each multiplier near its preset unless the runs say "
+        "otherwise (a normal prior on its log; model/calibration.py PRIOR_SD); --no-prior: "
+        "plain robust least squares.")] = True,
     as_json: JsonOpt = False,
 ):
     """Fit a few named cost-model parameters to your own runs' logs; write a profile for
@@ -536,7 +546,7 @@ def calibrate(
                         "profile is for one: calibrate each type apart", source="options",
                         field="--plan")
     names = tuple(x.strip() for x in fit_params.split(",") if x.strip())
-    prof, _ = fit(runs, names, gpus.pop())
+    prof, _ = fit(runs, names, gpus.pop(), prior=prior)
     save_profile(out, prof)
     if as_json:
         render.echo_json({**prof.to_dict(), "written": str(out)})
@@ -645,6 +655,7 @@ def solve(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     method: MethodOpt = Method.auto,
     time_limit: TimeOpt = 120.0,
@@ -692,7 +703,7 @@ def solve(
     m, job, c0 = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                          allow_list=True, framework=framework.value,
                          grad_reduce_in_bf16=grad_reduce_in_bf16,
-                         moe_capacity_factor=moe_capacity_factor)
+                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     opts0 = _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
@@ -742,6 +753,7 @@ def compare(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     generated: Annotated[int, typer.Option(
         help="Instead of --cluster, compare on this many synthetic clusters "
@@ -778,7 +790,7 @@ def compare(
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value,
                         grad_reduce_in_bf16=grad_reduce_in_bf16,
-                        moe_capacity_factor=moe_capacity_factor)
+                        moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep)
     instances = [c] if generated <= 0 else [

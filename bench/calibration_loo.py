@@ -1,10 +1,12 @@
 """Calibration on a few runs of a group, judged on the group's other runs.
 
     python bench/calibration_loo.py [--k 3] [--fit gemm_scale,network_scale] [--draws 5]
+                                    [--no-prior]
 
 For every source group of data/published_runs.json with at least 5 runs that have a time: draw
 k runs (seeded, `--draws` times), fit the named parameters on them (model/calibration.py, the
-same fit as `python cli.py calibrate`, with the published times as the measurements), and
+same fit as `python cli.py calibrate`, with the published times as the measurements; `--no-prior`
+drops its prior), and
 predict the group's other runs. Prints per group the median |time error| of the held-out runs
 before (presets) and after, the median over the draws, and the fitted values of the first
 draw. The issue's goal: after, at most 5% for every group with 5+ runs.
@@ -45,10 +47,11 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--fit", default="gemm_scale,network_scale")
     ap.add_argument("--draws", type=int, default=5)
+    ap.add_argument("--no-prior", action="store_true")
     args = ap.parse_args()
     names = tuple(args.fit.split(","))
     print(f"calibrate on {args.k} runs of a group ({', '.join(names)}), predict the others; "
-          f"{args.draws} seeded draws\n")
+          f"{args.draws} seeded draws, {'no prior' if args.no_prior else 'with the prior'}\n")
     print(f"{'group':<34} {'runs':>4} {'before':>8} {'after':>8} {'after range':>16}  "
           f"fitted (first draw)")
     for g, runs in sorted(group_runs().items()):
@@ -59,7 +62,8 @@ def main() -> None:
             pick = set(rng.choice(len(runs), size=args.k, replace=False).tolist())
             train = [r for i, r in enumerate(runs) if i in pick]
             test = [r for i, r in enumerate(runs) if i not in pick]
-            prof, _ = fit(train, names, gpu, fit_fragmentation=False)
+            prof, _ = fit(train, names, gpu, fit_fragmentation=False,
+                          prior=not args.no_prior)
             first = first or prof
             befores.append(statistics.median(abs(_predict(r, {}, gpu) / r.measured_s - 1)
                                              for r in test))

@@ -78,7 +78,7 @@ def job_to_dict(j: JobSpec) -> dict:
             "framework": j.framework, "zero": j.zero,
             "distributed_optimizer": j.distributed_optimizer,
             "grad_reduce_in_bf16": j.grad_reduce_in_bf16,
-            "moe_capacity_factor": j.moe_capacity_factor}
+            "moe_capacity_factor": j.moe_capacity_factor, "compile": j.compile}
 
 
 def options_to_dict(o: Options) -> dict:
@@ -91,7 +91,8 @@ def options_to_dict(o: Options) -> dict:
 def gpu_to_dict(g: GPUSpec) -> dict:
     d = {"peak_tflops": dict(g.peak_tflops), "sm_count": g.sm_count}
     d.update({f: getattr(g, f) for f in _GPU_FLOATS})
-    d.update(source=g.source, curve_source=g.curve_source)
+    d.update(source=g.source, curve_source=g.curve_source,
+             fp8_gemm_efficiency=g.fp8_gemm_efficiency)
     return d
 
 
@@ -249,6 +250,7 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
                                                     nullable=True),
                        grad_reduce_in_bf16=rd.get(d, "grad_reduce_in_bf16", w, bool, False),
                        moe_capacity_factor=rd.get(d, "moe_capacity_factor", w, float, 1.0),
+                       compile=rd.get(d, "compile", w, bool, True),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None
@@ -283,7 +285,9 @@ def _read_cluster(rd: _Reader, d: dict) -> ClusterSpec:
                                  sm_count=rd.get(g, "sm_count", gw, int),
                                  **{f: rd.get(g, f, gw, float) for f in _GPU_FLOATS},
                                  source=rd.get(g, "source", gw, str, ""),
-                                 curve_source=rd.get(g, "curve_source", gw, str, ""))
+                                 curve_source=rd.get(g, "curve_source", gw, str, ""),
+                                 fp8_gemm_efficiency=rd.get(g, "fp8_gemm_efficiency", gw, float,
+                                                            None, nullable=True))
         except SpecError as e:
             raise rd.wrap(e, gw) from None
     nodes_raw = rd.get(d, "nodes", w, list)

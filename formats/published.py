@@ -204,11 +204,12 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
                       bias=False, dropout=False)
     other = r.get("other_settings") or ""
     fp8 = "Float8" in other
+    compiled = "compile" in other
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
-                  precision="bf16", fp8=fp8, zero=3, attention="flash", framework="torchtitan")
-    if "compile" in other:
-        notes.append("torch.compile's kernel fusions are not modelled (elementwise kernels "
-                     "counted as eager PyTorch runs them)")
+                  precision="bf16", fp8=fp8, zero=3, attention="flash", framework="torchtitan",
+                  compile=compiled)
+    if not compiled:
+        notes.append("eager PyTorch element-wise kernels (no torch.compile)")
     cluster = _cluster(r, "H100-96GB-500W", gpu_params)
     tp, pp, cp = r["tp"], r["pp"], r.get("cp") or 1
     dp = r["dp"]
@@ -223,9 +224,6 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
         mbs = local  # no gradient accumulation: the local batch is one micro-batch
     rc = (r.get("recompute") or "").lower()
     recompute = "full" if rc.startswith("full") else "selective"
-    if recompute == "selective":
-        notes.append("per-op selective activation checkpointing counted as Megatron's "
-                     "attention-core recompute")
     sched, chunks = "1f1b", 1
     if pp > 1 and "interleaved" in (r.get("pipeline_schedule") or "").lower():
         sched, chunks = "interleaved", 2

@@ -861,6 +861,18 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if sh.tp_comm_overlap:
         par["enable_async_tensor_parallel"] = True
     extra: dict = {}
+    # torch.compile of every transformer block: v0.1 training.compile, v0.2 [compile] (its
+    # components: the blocks and the loss)
+    compiled = job.compile or job.framework != "torchtitan"
+    if version == "0.1":
+        training["compile"] = compiled
+    else:
+        extra["compile"] = {"enable": compiled, "components": ["model", "loss"]}
+    if not compiled and (sh.tp_comm_overlap or sh.fp8):
+        warn.append("torchtitan [compile]: off, but "
+                    + ("async tensor parallelism only runs compiled" if sh.tp_comm_overlap
+                       else "float8 linear layers are slow without it")
+                    + "; the estimate assumed it works as with torch.compile")
     match = torchtitan_flavor(model, version)
     if match:
         extra["model"] = {"name": match[0], "flavor": match[1]}

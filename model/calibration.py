@@ -3,7 +3,8 @@ fitted to measured iteration times and memory, with their uncertainty, and predi
 intervals from the fit.
 
 Parameters (each multiplies a preset figure; bounds keep them physical):
-- `gemm_scale`: the GPU's `gemm_efficiency` (large GEMMs' fraction of peak; capped at 1.0);
+- `gemm_scale`: the GPU's `gemm_efficiency` and `fp8_gemm_efficiency` (large GEMMs' fraction
+  of peak; capped at 1.0);
 - `attention_scale`: its `attention_efficiency` (FlashAttention's fraction of peak);
 - `network_scale`: every inter-node stream of the measured matrix (what NCCL achieves against
   what was measured or assumed);
@@ -15,9 +16,15 @@ Parameters (each multiplies a preset figure; bounds keep them physical):
 
 Time fit: robust (Huber, delta 5%) bounded Levenberg-Marquardt on r_i = log(predicted_i /
 measured_i) with a finite-difference Jacobian (the estimator is a black box here, the same one
-`estimate` uses). Uncertainty: the covariance s^2 (J' W J)^-1 at the solution, s^2 the weighted
-residual variance with n - p degrees of freedom (none when n <= p: the parameters are then
-reported without an error bar). Prediction interval of a plan: var(log t) = g' C g + s^2, g the
+`estimate` uses). A prior keeps what a few runs cannot pin near the preset: each multiplier's
+log has a normal prior around 0 with sd `PRIOR_SD` (how far a cluster plausibly sits from its
+preset), entered as one more residual (NOISE_SD / sd) log(theta) per parameter, NOISE_SD the
+run-to-run noise of one measured time; the fit is the posterior mode (MAP). Without it, three
+runs of a group fit two parameters exactly and predict the group's other runs worse than the
+presets (bench/calibration_loo.py --no-prior). Uncertainty: the covariance s^2 (J' W J)^-1 at
+the solution, J with the prior's rows, s^2 the weighted residual variance of the runs with
+n - p degrees of freedom (none when n <= p: the parameters are then reported without an
+error bar). Prediction interval of a plan: var(log t) = g' C g + s^2, g the
 gradient of log t in the parameters; 95% interval t exp(+-1.96 sd).
 """
 
@@ -43,6 +50,15 @@ TIME_PARAMETERS = {  # name -> (lower, upper) bounds of the multiplier
     "nvlink_scale": (0.2, 2.0),
     "hbm_scale": (0.3, 2.0),
 }
+# prior sd of log(multiplier): efficiencies of compute kernels within ~15-20% of the preset
+# (clocks, power limits: the torchtitan 500 W H100 runs at 0.77 of the SXM curve,
+# bench/fit_h100_500w.py), links within ~50% (NCCL over Omni-Path, InfiniBand or RoCE, and
+# how many NICs a node really uses)
+PRIOR_SD = {"gemm_scale": 0.15, "attention_scale": 0.2, "network_scale": 0.5,
+            "nvlink_scale": 0.3, "hbm_scale": 0.2}
+# run-to-run noise of one measured iteration time (log): BLOOM's two identical DP8/TP4/PP12
+# rows differ by 2.7% (data/published_runs.json); 5% as the scale the prior is weighed against
+NOISE_SD = 0.05
 FRAGMENTATION_BOUNDS = (0.0, 1.0)
 HUBER_DELTA = 0.05
 Z95 = 1.959964
@@ -65,13 +81,15 @@ class Profile:
     planning: bool = True  # False: measured in the probe's CPU test mode, refused for planning
     device: str = ""  # what the probe ran on
     kernels: list = field(default_factory=list)  # the probe's timed kernels
+    prior_sd: dict = field(default_factory=dict)  # the prior the fit used (empty: none)
 
     def to_dict(self) -> dict:
         d = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": self.gpu,
              "parameters": {k: {"value": v, "stderr": self.stderr.get(k)}
                             for k, v in self.values.items()},
              "fitted": list(self.names), "covariance": self.covariance,
-             "residual_sd_log": self.residual_sd, "runs": self.runs}
+             "residual_sd_log": self.residual_sd, "prior_sd_log": self.prior_sd,
+             "runs": self.runs}
         if self.kernels or not self.planning:
             d.update(planning=self.planning, device=self.device, kernels=self.kernels)
         return d
@@ -80,8 +98,10 @@ class Profile:
 def scaled_gpu(gpu: GPUSpec, values: dict) -> GPUSpec:
     """The GPU type with the profile's multipliers on its efficiencies (each a fraction of
     the datasheet figure, so at most 1)."""
+    g8 = gpu.fp8_gemm_efficiency
     return dataclasses.replace(
         gpu, gemm_efficiency=min(1.0, gpu.gemm_efficiency * values.get("gemm_scale", 1.0)),
+        fp8_gemm_efficiency=None if g8 is None else min(1.0, g8 * values.get("gemm_scale", 1.0)),
         attention_efficiency=min(1.0, gpu.attention_efficiency
                                  * values.get("attention_scale", 1.0)),
         hbm_efficiency=min(1.0, gpu.hbm_efficiency * values.get("hbm_scale", 1.0)))
@@ -171,10 +191,10 @@ def _huber_cost(res: np.ndarray) -> float:
 
 
 def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
-        fit_fragmentation: bool = True) -> tuple[Profile, dict]:
+        fit_fragmentation: bool = True, prior: bool = True) -> tuple[Profile, dict]:
     """Fit the named time parameters (and the fragmentation allowance where memory readings
-    of the reserved peak exist). Returns the profile and, per run, (before, after) predicted
-    seconds."""
+    of the reserved peak exist); `prior` False drops the prior (a plain robust least-squares
+    fit). Returns the profile and, per run, (before, after) predicted seconds."""
     for n in names:
         if n not in TIME_PARAMETERS:
             raise SpecError(f"unknown parameter {n!r}; fit any of "
@@ -184,21 +204,31 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     p = len(names)
     lo = np.array([TIME_PARAMETERS[n][0] for n in names])
     hi = np.array([TIME_PARAMETERS[n][1] for n in names])
+    # the prior's residuals (NOISE_SD / sd) log(theta) and their Jacobian (module docstring)
+    pw = np.array([NOISE_SD / PRIOR_SD[n] if prior else 0.0 for n in names])
+
+    def prior_res(th: np.ndarray) -> np.ndarray:
+        return pw * np.log(th)
+
+    def total(res: np.ndarray, th: np.ndarray) -> float:
+        return _huber_cost(res) + 0.5 * float(np.sum(prior_res(th) ** 2))
+
     theta = np.ones(p)
     before = [_predict(r, {}, gpu) for r in runs]
     r = _residuals(runs, names, theta, {}, gpu)
 
-    weights, cost = _huber_weights, _huber_cost
+    weights = _huber_weights
     lam = 1e-3
     J = _jacobian(runs, names, theta, {}, gpu, r) if p else np.zeros((len(runs), 0))
     for _ in range(max_iter if p else 0):
         w = weights(r)
-        A = J.T @ (w[:, None] * J)
-        g = J.T @ (w * r)
+        Jp = np.diag(pw / theta)
+        A = J.T @ (w[:, None] * J) + Jp.T @ Jp
+        g = J.T @ (w * r) + Jp.T @ prior_res(theta)
         step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
         cand = np.clip(theta + step, lo, hi)
         r_c = _residuals(runs, names, cand, {}, gpu)
-        if cost(r_c) < cost(r):
+        if total(r_c, cand) < total(r, theta):
             done = np.max(np.abs(cand - theta)) < 1e-6
             theta, r = cand, r_c
             lam = max(lam / 10, 1e-9)
@@ -219,7 +249,9 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         s2 = float(np.sum(w * r ** 2) / (n - p))
         sd = math.sqrt(s2)
         if p:
-            A = J.T @ (w[:, None] * J)
+            # the prior's rows are in units of NOISE_SD; rescaled to the fitted noise s
+            Jp = np.diag(pw / theta) * (sd / NOISE_SD if sd > 0 else 1.0)
+            A = J.T @ (w[:, None] * J) + Jp.T @ Jp
             try:
                 C = s2 * np.linalg.inv(A)
                 cov = C.tolist()
@@ -241,7 +273,8 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         values["fragmentation"] = f
         stderr["fragmentation"] = (1.2533 * statistics.stdev(fs) / math.sqrt(len(fs))
                                    if len(fs) > 1 else None)
-    prof = Profile(gpu, values, stderr, tuple(names), cov, sd)
+    prof = Profile(gpu, values, stderr, tuple(names), cov, sd,
+                   prior_sd={nm: PRIOR_SD[nm] for nm in names} if prior else {})
     prof.runs = [{"label": rr.label, "measured_s": rr.measured_s, "before_s": b, "after_s": a,
                   "memory_gib": rr.memory_gib, "memory_kind": rr.memory_kind}
                  for rr, b, a in zip(runs, before, after)]

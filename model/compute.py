@@ -26,6 +26,13 @@ micro-batch (T = micro-batch x sequence tokens).
 - Element-wise kernels (norms, rotary embedding, activation, bias + dropout + residual add,
   embedding gather, cross-entropy) move the bytes listed per kernel in `_elementwise`; each
   backward reads the output gradient and what the forward saved, and writes the input gradient.
+- Eager element-wise kernels (torchtitan without torch.compile, `JobSpec.compile` False): its
+  Llama block runs each PyTorch operation as its own kernel, in fp32 where the code casts
+  (torchtitan/models/norms.py `RMSNorm`, models/llama/model.py `apply_rotary_emb`, `repeat_kv`,
+  `FeedForward`, `Attention.forward`; pytorch/torchtitan at ba24697, 2024-12); the bytes each
+  kernel and its autograd backward move are listed in `EAGER_BYTES`. torch.compile
+  (Inductor) fuses each chain of point-wise ops and reductions into one kernel (Ansel et al.
+  2024, PyTorch 2, Sec. 4.3), which the fused counts above describe.
 - FP8 (Transformer Engine delayed scaling, torchao float8): the four linear layers' GEMMs (forward,
   data and weight gradient) run at the FP8 peak with 1-byte operands; each GEMM input and each
   output gradient is cast first (read 2 bytes, write 1). The output layer and attention stay in
@@ -46,17 +53,33 @@ TILES = ((256, 128), (128, 256), (128, 128), (64, 128))
 FLASH_BLOCK = 128  # key/query block of the causal FlashAttention kernel (FlashAttention-2)
 FLASH_BWD_FACTOR = 2.5  # backward work / forward work (5 vs 2 matrix products)
 
+# Eager PyTorch element-wise kernels of torchtitan's Llama block (module docstring): bytes per
+# element (forward, backward), bf16 activations, counted from the code, kernel by kernel:
+# - RMSNorm `self._norm(x.float()).type_as(x) * self.weight`, `_norm` = x * rsqrt(mean(x^2)
+#   + eps): forward x.float() 2+4, pow 4+4, mean 4, x * rsqrt 4+4, type_as 4+2, * weight 2+2
+#   = 36; backward (autograd of the same chain): dx = g w 2+2+2, dw's g * out 2+2+2 (its
+#   column sum is small), cast back 2+4, d(x * r) 4+4, g * x for dr 4+4+4 and its row sum 4,
+#   pow's backward 2 x (4+4), accumulate 4+4+4, float()'s backward 4+2 = 78.
+# - rotary `view_as_complex(xq.float()...) * freqs_cis`, `.type_as(xq)`: forward cast 2+4,
+#   complex multiply 4+4, cast back 4+2 = 20 per q / k element; backward the same three = 20.
+# - SwiGLU `F.silu(w1(x)) * w3(x)`: forward silu 2+2, multiply 2+2+2 = 10 per FFN element;
+#   backward the multiply's two gradients 2 x (2+2+2), silu's backward 2+2+2 = 18.
+EAGER_BYTES = {"norm": (36.0, 78.0), "rope": (20.0, 20.0), "swiglu": (10.0, 18.0)}
+
 
 def gemm_ms(gpu: GPUSpec, m: int, n: int, k: int, peak_flops: float, *, batch: int = 1,
-            in_bytes: float = 2.0, out_bytes: float = 2.0) -> float:
+            in_bytes: float = 2.0, out_bytes: float = 2.0,
+            efficiency: float | None = None) -> float:
     """One (batched) GEMM C[m,n] = A[m,k] B[k,n]: waves of output tiles, or the bytes of its
-    operands, whichever takes longer (module docstring), plus the kernel overhead."""
+    operands, whichever takes longer (module docstring), plus the kernel overhead.
+    `efficiency`: the large-GEMM fraction of `peak_flops` (default `gemm_efficiency`)."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
+    eff = gpu.gemm_efficiency if efficiency is None else efficiency
     # one wave: every SM computes one full tile, at the large-GEMM rate per SM
     compute_ms = min(math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / gpu.sm_count)
                      * tm * tn for tm, tn in TILES) * gpu.sm_count * 2.0 * k / (
-        peak_flops * gpu.gemm_efficiency) * 1e3
+        peak_flops * eff) * 1e3
     memory_ms = batch * (in_bytes * (m * k + k * n) + out_bytes * m * n) / gpu.hbm_bytes_per_ms
     return max(compute_ms, memory_ms) + gpu.kernel_overhead_us / 1e3
 
@@ -130,6 +153,8 @@ class ComputeModel:
         self.act_b = float(job.activation_bytes)
         self.peak = gpu.peak_flops(job.precision)
         self.peak_fp8 = gpu.peak_flops("fp8") if fp8 else self.peak
+        # eager element-wise kernels: torchtitan without torch.compile (module docstring)
+        self.eager = job.framework == "torchtitan" and not job.compile
 
     # -- building blocks -----------------------------------------------------------------------
 
@@ -137,8 +162,10 @@ class ComputeModel:
         """y[m,n] = x[m,k] W[k,n]: forward, data-gradient and weight-gradient GEMMs; in FP8
         with the casts of the input (forward) and of the output gradient (backward)."""
         g = self.gpu
+        eff = None
         if self.fp8:
             ib, peak = 1.0, self.peak_fp8
+            eff = g.fp8_gemm_efficiency
             fwd.add(f"{name}.cast", elementwise_ms(g, 3.0 * m * k))
             bwd.add(f"{name}.cast", elementwise_ms(g, 3.0 * m * n))
         else:
@@ -146,7 +173,8 @@ class ComputeModel:
         flops = 2.0 * m * n * k
         for p, label, shape in zip((fwd, bwd, bwd), (name, f"{name}.dgrad", f"{name}.wgrad"),
                                    linear_gemms(m, n, k)):
-            p.add(label, gemm_ms(g, *shape, peak, in_bytes=ib, out_bytes=self.act_b), flops)
+            p.add(label, gemm_ms(g, *shape, peak, in_bytes=ib, out_bytes=self.act_b,
+                                 efficiency=eff), flops)
 
     def dense_linears(self) -> dict[str, tuple[int, int, int]]:
         """(m, n, k) of the dense layer's four linear layers on this GPU (after TP): what
@@ -175,29 +203,34 @@ class ComputeModel:
         linears = self.dense_linears()
 
         # attention block: norm, QKV, rotary, core, output projection, bias-dropout-add
-        self._elementwise(fwd, "norm1", hs, 1, 1)
-        self._elementwise(bwd, "norm1", hs, 2, 1)
+        self._norm(fwd, bwd, "norm1", hs)
         q = m.q_dim  # = h unless the heads are not h / a wide
         if m.is_mla:
             self._latent_projections(fwd, bwd)
         else:
             self._linear(fwd, bwd, "qkv", *linears["qkv"])
             if m.position_embedding == "rope":
-                self._elementwise(fwd, "rope", T * (q + kv) / t, 1, 1)
-                self._elementwise(bwd, "rope", T * (q + kv) / t, 1, 1)
+                if self.eager:
+                    self._eager(fwd, bwd, "rope", T * (q + kv) / t, "rope")
+                else:
+                    self._elementwise(fwd, "rope", T * (q + kv) / t, 1, 1)
+                    self._elementwise(bwd, "rope", T * (q + kv) / t, 1, 1)
+            if self.eager:
+                self._eager_attention_copies(fwd, bwd)
         attn_fwd = self._attention(fwd, bwd)
         self._linear(fwd, bwd, "proj", *linears["proj"])
         self._bias_dropout_add(fwd, bwd, "bda1", hs, mask)
 
         # MLP block: norm, up (and gate), activation, down, bias-dropout-add
-        self._elementwise(fwd, "norm2", hs, 1, 1)
-        self._elementwise(bwd, "norm2", hs, 2, 1)
+        self._norm(fwd, bwd, "norm2", hs)
         if m.is_moe:
             self._moe(fwd, bwd)
             self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
             return LayerCompute(fwd, bwd, attn_fwd)
         self._linear(fwd, bwd, "fc1", *linears["fc1"])
-        if m.gated_mlp:  # SwiGLU: reads gate and up, writes their product
+        if m.gated_mlp and self.eager:
+            self._eager(fwd, bwd, "act", T * f / t, "swiglu")
+        elif m.gated_mlp:  # SwiGLU: reads gate and up, writes their product
             self._elementwise(fwd, "act", T * f / t, 2, 1)
             self._elementwise(bwd, "act", T * f / t, 3, 2)
         else:  # GeLU
@@ -206,6 +239,37 @@ class ComputeModel:
         self._linear(fwd, bwd, "fc2", *linears["fc2"])
         self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
         return LayerCompute(fwd, bwd, attn_fwd)
+
+    def _norm(self, fwd: Pass, bwd: Pass, name: str, elements: float) -> None:
+        """A layer / RMS norm: one fused kernel each way (read x, write y; the backward reads
+        the gradient and x), or torchtitan's eager RMSNorm (`EAGER_BYTES`)."""
+        if self.eager:
+            self._eager(fwd, bwd, name, elements, "norm")
+            return
+        self._elementwise(fwd, name, elements, 1, 1)
+        self._elementwise(bwd, name, elements, 2, 1)
+
+    def _eager(self, fwd: Pass, bwd: Pass, name: str, elements: float, op: str) -> None:
+        """An eager PyTorch operation chain: `EAGER_BYTES[op]` per element (bf16 counts; an
+        fp32 model moves twice as many)."""
+        scale = self.act_b / 2.0
+        f_b, b_b = EAGER_BYTES[op]
+        fwd.add(name, elementwise_ms(self.gpu, elements * f_b * scale))
+        bwd.add(name, elementwise_ms(self.gpu, elements * b_b * scale))
+
+    def _eager_attention_copies(self, fwd: Pass, bwd: Pass) -> None:
+        """Copies eager torchtitan makes around SDPA (models/llama/model.py): `repeat_kv`
+        expands K and V to every query head (read kv, write q-wide, each; the backward sums
+        them back), and `output.transpose(1, 2).contiguous()` copies the attention output
+        (and its gradient back). Compiled, the copy fuses away; the expanded K and V that the
+        compiled block still writes for SDPA are not counted there."""
+        m, T, t, ab = self.model, self.T, self.t, self.act_b
+        q, kv = m.q_dim / t, m.kv_dim / t
+        moved = T * (q * ab * 2)  # output copy: read + write
+        if m.num_kv_heads < m.num_heads:
+            moved += 2 * T * (kv + q) * ab  # K and V expanded
+        fwd.add("attn_copies", elementwise_ms(self.gpu, moved))
+        bwd.add("attn_copies", elementwise_ms(self.gpu, moved))
 
     def _latent_projections(self, fwd: Pass, bwd: Pass) -> None:
         """Multi-head latent attention's input projections (DeepSeek-V2 Sec. 2.1; Megatron-LM

@@ -41,8 +41,10 @@ class GPUSpec:
       GEMMs lose more through tile and wave quantization over `sm_count` multiprocessors;
     - `attention_efficiency`: fraction of dense peak of the FlashAttention kernels;
     - `hbm_efficiency`: fraction of the datasheet HBM bandwidth element-wise kernels reach;
-    - `kernel_overhead_us`: the gap each kernel adds (launch, prologue, tail).
-    `curve_source` says where the four come from (a fit on published runs, or an assumption).
+    - `kernel_overhead_us`: the gap each kernel adds (launch, prologue, tail);
+    - `fp8_gemm_efficiency`: fraction of the dense FP8 peak a large FP8 GEMM reaches, with
+      its scaling overheads; None: the same fraction as `gemm_efficiency`.
+    `curve_source` says where they come from (a fit on published runs, or an assumption).
     """
 
     name: str
@@ -57,6 +59,7 @@ class GPUSpec:
     kernel_overhead_us: float
     source: str = ""
     curve_source: str = ""
+    fp8_gemm_efficiency: float | None = None
 
     def __post_init__(self):
         src = f"GPU '{self.name}'"
@@ -65,8 +68,11 @@ class GPUSpec:
         _positive(self.nvlink_gb_per_s, "nvlink_gb_per_s", src)
         _positive(self.sm_count, "sm_count", src, integer=True)
         _positive(self.kernel_overhead_us, "kernel_overhead_us", src, allow_zero=True)
-        for f in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency"):
+        for f in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency",
+                  "fp8_gemm_efficiency"):
             v = getattr(self, f)
+            if v is None and f == "fp8_gemm_efficiency":
+                continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
                 raise SpecError(f"must be in (0, 1], got {v!r}", source=src, field=f)
         for p, v in self.peak_tflops.items():
@@ -453,6 +459,10 @@ class JobSpec:
     - `framework`: whose byte rules the weights, gradients and optimizer state follow
       (Megatron-LM's mixed-precision optimizer, DeepSpeed's, or torchtitan's FSDP2 with fp32
       sharded parameters) and how pipeline transfers are sent (model/costs.py).
+    - `compile`: torchtitan's torch.compile of each transformer block (its `compile` switch):
+      True fuses the element-wise kernels, False runs them as eager PyTorch kernel by kernel
+      (model/compute.py). Megatron-LM, NeMo and DeepSpeed always run fused kernels, so there
+      it must stay True.
     """
 
     global_batch: int
@@ -473,6 +483,7 @@ class JobSpec:
     # (--moe-expert-capacity-factor c --moe-pad-expert-input-to-capacity), so every expert's
     # GEMMs, its all-to-all share and its stored activations are c times the balanced ones
     moe_capacity_factor: float = 1.0
+    compile: bool = True
     source: str = "job"
 
     def __post_init__(self):
@@ -514,6 +525,13 @@ class JobSpec:
             raise SpecError("grad_reduce_in_bf16 is Megatron-LM's (and NeMo's) option for bf16 "
                             "training; set it false", source=self.source,
                             field="grad_reduce_in_bf16")
+        if not isinstance(self.compile, bool):
+            raise SpecError(f"compile must be true or false, got {self.compile!r}",
+                            source=self.source, field="compile")
+        if not self.compile and self.framework != "torchtitan":
+            raise SpecError(f"compile = false (--no-compile) models torchtitan's eager PyTorch "
+                            f"kernels; {self.framework} always runs fused kernels: drop it or "
+                            "use framework torchtitan", source=self.source, field="compile")
 
     # Bytes per parameter. "replicated" (weights, gradients) stays on every data-parallel rank;
     # "shardable" (optimizer state) is divided by the data-parallel degree with the

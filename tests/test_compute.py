@@ -190,3 +190,47 @@ def test_dropout_free_models_store_no_masks():
     with_d = layer_activation_bytes(ModelSpec(**base, dropout=True), job, sh)
     without = layer_activation_bytes(ModelSpec(**base, dropout=False), job, sh)
     assert with_d - without == pytest.approx(2 * 2048 * 4096)  # two 1-byte masks
+
+
+def test_torchtitan_eager_kernels_cost_their_bytes_and_compile_fuses_them(h100):
+    """torchtitan without torch.compile runs its RMSNorm, rotary and SwiGLU as eager kernels
+    (EAGER_BYTES per element); compiled, the fused counts. Only element-wise kernels differ:
+    every GEMM and the attention core are the same, and only torchtitan has the switch."""
+    from model.compute import EAGER_BYTES
+    from model.errors import SpecError
+    m = presets.model("llama3-8b")
+    kw = dict(tp=2, micro_batch=2, sequence_parallel=True, fp8=False)
+    jobs = {c: JobSpec(global_batch=16, seq_length=8192, framework="torchtitan", compile=c)
+            for c in (True, False)}
+    fused, eager = (ComputeModel(m, jobs[c], h100, **kw).layer() for c in (True, False))
+    T, h = 2 * 8192, m.hidden_size
+    hs = T * h / 2  # per TP rank with sequence parallelism
+    norm_b = EAGER_BYTES["norm"]
+    assert eager.fwd.ms["norm1"] == pytest.approx(elementwise_ms(h100, hs * norm_b[0]))
+    assert eager.bwd.ms["norm2"] == pytest.approx(elementwise_ms(h100, hs * norm_b[1]))
+    assert fused.fwd.ms["norm1"] == pytest.approx(elementwise_ms(h100, hs * 4))
+    for p in ("fwd", "bwd"):
+        e, f = getattr(eager, p).ms, getattr(fused, p).ms
+        for k in f:
+            if not k.startswith(("norm", "rope", "act")):
+                assert e[k] == f[k], k  # GEMMs (forward, dgrad, wgrad), attention, residuals
+        for k in ("norm1", "norm2", "rope", "act"):
+            assert e[k] > 2 * f[k] if k == "norm1" else e[k] > f[k]
+        assert "attn_copies" in e and "attn_copies" not in f
+    assert eager.fwd.flops == fused.fwd.flops
+    with pytest.raises(SpecError, match="fused kernels"):
+        JobSpec(global_batch=16, seq_length=8192, compile=False)
+
+
+def test_fp8_gemm_efficiency_sets_the_fp8_gemm_rate(h100):
+    """A GPU's fp8_gemm_efficiency is the FP8 GEMMs' fraction of the FP8 peak (None: the bf16
+    fraction); bf16 GEMMs do not see it."""
+    m = presets.model("llama3-8b")
+    job = JobSpec(global_batch=64, seq_length=8192, fp8=True)
+    kw = dict(tp=1, micro_batch=4, sequence_parallel=False)
+    same = ComputeModel(m, job, h100, fp8=True, **kw).layer().fwd.ms["fc1"]
+    half = dataclasses.replace(h100, fp8_gemm_efficiency=h100.gemm_efficiency / 2)
+    slow = ComputeModel(m, job, half, fp8=True, **kw).layer().fwd.ms["fc1"]
+    assert slow == pytest.approx(2 * same, rel=0.02)
+    b16 = [ComputeModel(m, job, g, fp8=False, **kw).layer().fwd.ms["fc1"] for g in (h100, half)]
+    assert b16[0] == b16[1]

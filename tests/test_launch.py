@@ -901,3 +901,19 @@ def test_bridge_recipe_builds_the_plan(llama, c32, tmp_path, monkeypatch):
     cfg = run_bridge_recipe(tmp_path / "b" / "bridge_recipe.py", monkeypatch)
     assert cfg.mixed_precision is None and cfg.model.position_embedding_type == "none"
     assert sum(w.startswith("nemo [model]") for w in warn) == 2
+
+
+def test_torchtitan_compile_switch_is_emitted(tmp_path):
+    """The job's torch.compile choice reaches torchtitan's config in each release's key
+    (0.1: training.compile; 0.2: [compile] enable), and an uncompiled async-TP plan is warned."""
+    from launch.emit import torchtitan_config
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
+    l8 = presets.model("llama3-8b")
+    for comp in (True, False):
+        job = JobSpec(global_batch=64, seq_length=8192, framework="torchtitan", compile=comp)
+        plan = make_plan(l8, job, c, tp=2, pp=1, zero=3, sequence_parallel=True,
+                         tp_comm_overlap=True)
+        new, w_new = torchtitan_config(l8, job, c, plan, "0.2")
+        old, _ = torchtitan_config(l8, job, c, plan, "0.1")
+        assert new["compile"]["enable"] is comp and old["training"]["compile"] is comp
+        assert any(w.startswith("torchtitan [compile]") for w in w_new) is (not comp)

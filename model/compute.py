@@ -57,14 +57,15 @@ FLASH_BWD_FACTOR = 2.5  # backward work / forward work (5 vs 2 matrix products)
 # element (forward, backward), bf16 activations, counted from the code, kernel by kernel:
 # - RMSNorm `self._norm(x.float()).type_as(x) * self.weight`, `_norm` = x * rsqrt(mean(x^2)
 #   + eps): forward x.float() 2+4, pow 4+4, mean 4, x * rsqrt 4+4, type_as 4+2, * weight 2+2
-#   = 36; backward (autograd of the same chain): dx = g w 2+2+2, dw's g * out 2+2+2 (its
-#   column sum is small), cast back 2+4, d(x * r) 4+4, g * x for dr 4+4+4 and its row sum 4,
-#   pow's backward 2 x (4+4), accumulate 4+4+4, float()'s backward 4+2 = 78.
+#   = 36; backward (autograd of the same chain): g * weight 2+2, g * out for dweight 2+2+2
+#   and its sum 2, type_as's backward 2+4, g * r 4+4, g * x for dr 4+4+4 and its row sum 4,
+#   pow's backward (x^1, times 2, times the expanded gradient) 3 x (4+4), the two gradients
+#   of x added 4+4+4, float()'s backward 4+2 = 84.
 # - rotary `view_as_complex(xq.float()...) * freqs_cis`, `.type_as(xq)`: forward cast 2+4,
 #   complex multiply 4+4, cast back 4+2 = 20 per q / k element; backward the same three = 20.
 # - SwiGLU `F.silu(w1(x)) * w3(x)`: forward silu 2+2, multiply 2+2+2 = 10 per FFN element;
 #   backward the multiply's two gradients 2 x (2+2+2), silu's backward 2+2+2 = 18.
-EAGER_BYTES = {"norm": (36.0, 78.0), "rope": (20.0, 20.0), "swiglu": (10.0, 18.0)}
+EAGER_BYTES = {"norm": (36.0, 84.0), "rope": (20.0, 20.0), "swiglu": (10.0, 18.0)}
 
 
 def gemm_ms(gpu: GPUSpec, m: int, n: int, k: int, peak_flops: float, *, batch: int = 1,

@@ -325,11 +325,12 @@ class Evaluator:
         rings = tuple(self.shard_ring(pl, s) for s in rng_s) if sh.zero >= 3 else ()
         # EP: each stage's all-to-alls looked up once (the row's key), not once per column
         a2a_rows = [self.ep_alltoall_row(pl, s) for s in rng_s] if sh.ep > 1 else []
+        # every column's nodes and GPU groups, stage by stage (the placement transposed)
+        col_nodes, col_gpus = list(zip(*pl.node)), list(zip(*pl.gpus))
         for r in range(sh.cols):
             cpr = tuple(self.cp_ring(pl, s, r) for s in rng_s) if sh.cp > 1 else ()
             a2a = tuple(row[r] for row in a2a_rows)
-            key = (tuple(pl.node[s][r] for s in rng_s), tuple(pl.gpus[s][r] for s in rng_s),
-                   rings, cpr, a2a)
+            key = (col_nodes[r], col_gpus[r], rings, cpr, a2a)
             starts = cache.get(key)
             if starts is None:
                 d = self.replica_durations(pl, r, zeros)

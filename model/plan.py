@@ -437,10 +437,26 @@ def block_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, stages_per_
     order = node_order if node_order is not None else list(range(cluster.num_nodes))
     if slots is None:
         slots = [(a, b) for a in range(ps) for b in range(ds)]
+    if j == 1 and k == 1 and len(order) == ps * ds and \
+            all(nd.intra_matrix_gb_per_s is None for nd in cluster.nodes) and \
+            list(slots) == [(a, b) for a in range(ps) for b in range(ds)]:
+        # one stage and one replica per node (so TP = the node's GPUs), slots in the default
+        # order, no GPU link matrices: what the loop below builds, in one go (the annealer
+        # decodes a permutation per move)
+        first = tuple(range(tp))
+        return Placement(tuple(tuple(order[s * dp:(s + 1) * dp]) for s in range(pp)),
+                         tuple((first,) * dp for _ in range(pp)))
     node = [[-1] * dp for _ in range(pp)]
     gpus = [[()] * dp for _ in range(pp)]
+    plain: dict[int, list] = {}  # nodes without a GPU link matrix: groups by GPU count
     for n, (a, b) in zip(order, slots):
-        groups = _tp_groups(cluster, n, tp)
+        nd = cluster.nodes[n]
+        if nd.intra_matrix_gb_per_s is None:
+            groups = plain.get(nd.num_gpus)
+            if groups is None:
+                groups = plain[nd.num_gpus] = _tp_groups(cluster, n, tp)
+        else:
+            groups = _tp_groups(cluster, n, tp)
         g = 0
         for js in range(j):
             for kr in range(k):

@@ -11,6 +11,8 @@ node, tensor groups take consecutive GPUs, or the best rings where the node's li
 
 from __future__ import annotations
 
+import functools
+
 import itertools
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -57,11 +59,15 @@ def blocks_for(cluster: ClusterSpec, shape: Shape) -> list[Block]:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _slots(A: int, D: int) -> tuple[tuple[int, int], ...]:
+    return tuple((a, b) for a in range(A) for b in range(D))
+
+
 def decode(cluster: ClusterSpec, shape: Shape, block: Block, perm) -> Placement:
     """perm[i] = node in slot i, slots ordered (node-stage a, node-replica b), b fastest."""
-    slots = [(a, b) for a in range(block.A) for b in range(block.D)]
     return block_placement(cluster, shape.tp, shape.pp, shape.cols, block.j,
-                           node_order=list(int(x) for x in perm), slots=slots)
+                           node_order=[int(x) for x in perm], slots=_slots(block.A, block.D))
 
 
 # Context parallelism is enumerated from this sequence length on (or when the user lists CP

@@ -90,6 +90,13 @@ class Evaluator:
         self._ring_cache: dict = {}
         self._replica_cache: dict = {}
         self._path_cache: dict = {}
+        self._dur_memo: dict = {}  # replica_durations' stages and transfers
+        K = self.kinds
+        self._idx_f = [K.F(j) for j in range(shape.num_virtual)]
+        self._idx_b = [K.B(j) for j in range(shape.num_virtual)]
+        hops = shape.pp if shape.chunks > 1 else shape.pp - 1
+        self._idx_xf = [K.xf(h) for h in range(hops)]
+        self._idx_xb = [K.xb(h) for h in range(hops)]
         self._ep_groups = ep_groups(shape) if shape.ep > 1 else []
         self._expert_dp_groups = expert_dp_groups(shape) if self.costs.experts_split else []
 
@@ -175,37 +182,66 @@ class Evaluator:
         return per_col
 
     def replica_durations(self, pl: Placement, r: int, tails: np.ndarray) -> np.ndarray:
-        """Durations of column r's schedule graph (its operations, transfers and tails)."""
-        sh, K, c = self.shape, self.kinds, self.cluster
-        d = np.zeros(K.size)
+        """Durations of column r's schedule graph (its operations, transfers and tails).
+        A virtual stage's (forward, backward) is memoized on its node, GPUs and rings, a
+        transfer on its two ends (the annealer re-scores many columns per move)."""
+        sh, K = self.shape, self.kinds
+        d = [0.0] * K.size
+        memo = self._dur_memo
+        if len(memo) > 200_000:
+            memo.clear()
+        # without ZeRO-3, CP and EP the rings a stage's layers see are the same everywhere
+        plain = sh.zero < 3 and sh.cp <= 1 and sh.ep <= 1
+        shard, cpr, a2a = math.inf, math.inf, 0.0
+        node_row, gpu_row = pl.node, pl.gpus
         for s in range(sh.pp):
-            node = c.nodes[pl.node[s][r]]
-            ring = node.ring_gb_per_s(pl.gpus[s][r])
-            shard = self.shard_ring(pl, s)
-            cpr = self.cp_ring(pl, s, r)
-            a2a = self.ep_alltoall(pl, s, r)
+            n, g = node_row[s][r], gpu_row[s][r]
+            if not plain:
+                shard = self.shard_ring(pl, s)
+                cpr = self.cp_ring(pl, s, r)
+                a2a = self.ep_alltoall(pl, s, r)
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
-                d[K.F(j)], d[K.B(j)] = self.costs.virtual_stage_ms(node.gpu, ring, j,
-                                                                   sh.layers[j], shard, cpr, a2a)
+                key = (n, g, j, shard, cpr, a2a)
+                fb = memo.get(key)
+                if fb is None:
+                    node = self.cluster.nodes[n]
+                    fb = memo[key] = self.costs.virtual_stage_ms(
+                        node.gpu, node.ring_gb_per_s(g), j, sh.layers[j], shard, cpr, a2a)
+                d[self._idx_f[j]], d[self._idx_b[j]] = fb
         hops = sh.pp if sh.chunks > 1 else sh.pp - 1
         for h in range(hops):
             a, b = h, (h + 1) % sh.pp
-            d[K.xf(h)] = self.link_ms(pl, a, b, r)
-            d[K.xb(h)] = self.link_ms(pl, b, a, r)
-        d[2 * K.V + 2 * sh.pp:] = tails
-        return d
+            na, nb = node_row[a][r], node_row[b][r]
+            ga, gb = gpu_row[a][r], gpu_row[b][r]
+            fwd = memo.get(("hop", na, ga, nb, gb))
+            if fwd is None:
+                fwd = self.link_ms(pl, a, b, r)
+            bwd = memo.get(("hop", nb, gb, na, ga))
+            if bwd is None:
+                bwd = self.link_ms(pl, b, a, r)
+            d[self._idx_xf[h]], d[self._idx_xb[h]] = fwd, bwd
+        out = np.array(d)
+        out[2 * K.V + 2 * sh.pp:] = tails
+        return out
 
     def link_ms(self, pl: Placement, sa: int, sb: int, r: int) -> float:
-        """Transfer from stage sa's group to stage sb's group in replica r."""
-        c = self.cluster
+        """Transfer from stage sa's group to stage sb's group in replica r (memoized on the
+        two ends)."""
         na, nb = pl.node[sa][r], pl.node[sb][r]
         ga, gb = pl.gpus[sa][r], pl.gpus[sb][r]
-        ring = c.nodes[nb].ring_gb_per_s(gb)
-        if na == nb:
-            bw = min(c.nodes[na].link_gb_per_s(x, y) for x, y in zip(ga, gb))
-            return self.costs.hop_ms(bw, True, ring)
-        return self.costs.hop_ms(float(c.inter_gb_per_s[na, nb]), False, ring)
+        key = ("hop", na, ga, nb, gb)
+        hit = self._dur_memo.get(key)
+        if hit is None:
+            c = self.cluster
+            ring = c.nodes[nb].ring_gb_per_s(gb)
+            if na == nb:
+                bw = min(c.nodes[na].link_gb_per_s(x, y) for x, y in zip(ga, gb))
+                hit = self.costs.hop_ms(bw, True, ring)
+            else:
+                hit = self.costs.hop_ms(float(c.inter_gb_per_s[na, nb]), False, ring)
+            self._dur_memo[key] = hit
+        return hit
 
     def stage_sync_ms(self, pl: Placement, s: int, bwd_window_ms: float = 0.0,
                       fwd_window_ms: float = 0.0) -> tuple[float, float]:

@@ -487,3 +487,21 @@ def test_min_hop_equals_the_hop_matrix_minimum(nodes, tp, sp, framework, seed):
     job = JobSpec(global_batch=4 * nodes * 4, seq_length=2048, framework=framework)
     cm = CostModel(TINY, job, c, sh, Options())
     assert cm.min_hop_ms() == cm.hop_matrix_ms().min()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.permutations(list(range(16))), st.sampled_from([(2, 8), (4, 4), (8, 2), (16, 1)]))
+def test_one_slot_per_node_placement_equals_the_general_build(order, grid):
+    """block_placement's one-stage-one-replica-per-node path (what the annealer decodes per
+    move) builds the same Placement as the general loop, here reached by listing the same
+    slots in another order."""
+    from model.plan import block_placement
+    pp, dp = grid
+    c = synth_cluster(SynthParams(num_nodes=16, seed=4))
+    fast = block_placement(c, 8, pp, dp, 1, node_order=list(order))
+    slots = [(a, b) for a in range(pp) for b in range(dp)]
+    idx = list(reversed(range(16)))
+    general = block_placement(c, 8, pp, dp, 1, node_order=[order[i] for i in idx],
+                              slots=[slots[i] for i in idx])
+    assert fast == general
+    assert fast.node == tuple(tuple(order[s * dp:(s + 1) * dp]) for s in range(pp))

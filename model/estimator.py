@@ -108,6 +108,15 @@ class Evaluator:
         how many members each holds, and which GPUs only where a node's links differ by GPU
         (the TP ranks of a stage usually share one ring)."""
         c = self.cluster
+        if not c.gpu_specific_links:  # the node sequence says it all (order and counts)
+            key = ("nodes", channels_per_node, tuple([n for n, _g in members]))
+            hit = self._ring_cache.get(key)
+            if hit is None:
+                if len(self._ring_cache) > 100_000:
+                    self._ring_cache.clear()
+                hit = dp_ring(c, members, channels_per_node)
+                self._ring_cache[key] = hit
+            return hit
         sig = []
         for n, g in members:
             if sig and sig[-1][0] == n:

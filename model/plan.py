@@ -437,8 +437,7 @@ def block_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, stages_per_
     order = node_order if node_order is not None else list(range(cluster.num_nodes))
     if slots is None:
         slots = [(a, b) for a in range(ps) for b in range(ds)]
-    if j == 1 and k == 1 and len(order) == ps * ds and \
-            all(nd.intra_matrix_gb_per_s is None for nd in cluster.nodes) and \
+    if j == 1 and k == 1 and len(order) == ps * ds and not cluster.gpu_specific_links and \
             list(slots) == [(a, b) for a in range(ps) for b in range(ds)]:
         # one stage and one replica per node (so TP = the node's GPUs), slots in the default
         # order, no GPU link matrices: what the loop below builds, in one go (the annealer

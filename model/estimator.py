@@ -110,22 +110,16 @@ class Evaluator:
         c = self.cluster
         if not c.gpu_specific_links:  # the node sequence says it all (order and counts)
             key = ("nodes", channels_per_node, tuple([n for n, _g in members]))
-            hit = self._ring_cache.get(key)
-            if hit is None:
-                if len(self._ring_cache) > 100_000:
-                    self._ring_cache.clear()
-                hit = dp_ring(c, members, channels_per_node)
-                self._ring_cache[key] = hit
-            return hit
-        sig = []
-        for n, g in members:
-            if sig and sig[-1][0] == n:
-                sig[-1][1].append(g)
-            else:
-                sig.append((n, [g]))
-        key = (channels_per_node, tuple(
-            (n, tuple(gs) if c.nodes[n].intra_matrix_gb_per_s is not None else len(gs))
-            for n, gs in sig))
+        else:
+            sig = []
+            for n, g in members:
+                if sig and sig[-1][0] == n:
+                    sig[-1][1].append(g)
+                else:
+                    sig.append((n, [g]))
+            key = (channels_per_node, tuple(
+                (n, tuple(gs) if c.nodes[n].intra_matrix_gb_per_s is not None else len(gs))
+                for n, gs in sig))
         hit = self._ring_cache.get(key)
         if hit is None:
             if len(self._ring_cache) > 100_000:

@@ -32,7 +32,7 @@ micro-batch (T = micro-batch x sequence tokens).
   `FeedForward`, `Attention.forward`; pytorch/torchtitan at ba24697, 2024-12); the bytes each
   kernel and its autograd backward move are listed in `EAGER_BYTES`. torch.compile
   (Inductor) fuses each chain of point-wise ops and reductions into one kernel (Ansel et al.
-  2024, PyTorch 2, Sec. 4.3), which the fused counts above describe.
+  2024, PyTorch 2, the TorchInductor section), which the fused counts above describe.
 - FP8 (Transformer Engine delayed scaling, torchao float8): the four linear layers' GEMMs (forward,
   data and weight gradient) run at the FP8 peak with 1-byte operands; each GEMM input and each
   output gradient is cast first (read 2 bytes, write 1). The output layer and attention stay in
@@ -251,8 +251,9 @@ class ComputeModel:
         self._elementwise(bwd, name, elements, 2, 1)
 
     def _eager(self, fwd: Pass, bwd: Pass, name: str, elements: float, op: str) -> None:
-        """An eager PyTorch operation chain: `EAGER_BYTES[op]` per element (bf16 counts; an
-        fp32 model moves twice as many)."""
+        """An eager PyTorch operation chain: `EAGER_BYTES[op]` per element (counted for bf16
+        activations, scaled by the activation bytes otherwise: an approximation, since an
+        fp32 model has no casts)."""
         scale = self.act_b / 2.0
         f_b, b_b = EAGER_BYTES[op]
         fwd.add(name, elementwise_ms(self.gpu, elements * f_b * scale))

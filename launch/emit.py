@@ -862,8 +862,8 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         par["enable_async_tensor_parallel"] = True
     extra: dict = {}
     # torch.compile of every transformer block: v0.1 training.compile, v0.2 [compile] (its
-    # components: the blocks and the loss)
-    compiled = job.compile or job.framework != "torchtitan"
+    # components: the blocks and the loss); JobSpec allows compile False only for torchtitan
+    compiled = job.compile
     if version == "0.1":
         training["compile"] = compiled
     else:

@@ -73,12 +73,8 @@ def dp_ring(cluster: ClusterSpec, members: list[tuple[int, int]],
         # channels_per_node=False: one stream per node boundary (a flat ring; see
         # costs.CostModel._shard_collectives for where that is what was measured)
         k = min(len(v) for v in per_node.values()) if channels_per_node else 1
-        if len(order) >= 16:  # long rings: the slowest consecutive pair in one numpy pass
-            bw = min(bw, k * float(cluster.inter_gb_per_s[order, order[1:] + order[:1]].min()))
-        else:
-            for i, n in enumerate(order):
-                nxt = order[(i + 1) % len(order)]
-                bw = min(bw, k * float(cluster.inter_gb_per_s[n, nxt]))
+        # the slowest consecutive pair, cyclic
+        bw = min(bw, k * float(cluster.inter_gb_per_s[order, order[1:] + order[:1]].min()))
     return bw, len(order) > 1
 
 

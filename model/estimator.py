@@ -193,16 +193,12 @@ class Evaluator:
         memo = self._dur_memo
         if len(memo) > 200_000:
             memo.clear()
-        # without ZeRO-3, CP and EP the rings a stage's layers see are the same everywhere
-        plain = sh.zero < 3 and sh.cp <= 1 and sh.ep <= 1
-        shard, cpr, a2a = math.inf, math.inf, 0.0
         node_row, gpu_row = pl.node, pl.gpus
         for s in range(sh.pp):
             n, g = node_row[s][r], gpu_row[s][r]
-            if not plain:
-                shard = self.shard_ring(pl, s)
-                cpr = self.cp_ring(pl, s, r)
-                a2a = self.ep_alltoall(pl, s, r)
+            shard = self.shard_ring(pl, s)
+            cpr = self.cp_ring(pl, s, r)
+            a2a = self.ep_alltoall(pl, s, r)
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 key = (n, g, j, shard, cpr, a2a)
@@ -212,18 +208,10 @@ class Evaluator:
                     fb = memo[key] = self.costs.virtual_stage_ms(
                         node.gpu, node.ring_gb_per_s(g), j, sh.layers[j], shard, cpr, a2a)
                 d[self._idx_f[j]], d[self._idx_b[j]] = fb
-        hops = sh.pp if sh.chunks > 1 else sh.pp - 1
-        for h in range(hops):
+        for h in range(len(self._idx_xf)):
             a, b = h, (h + 1) % sh.pp
-            na, nb = node_row[a][r], node_row[b][r]
-            ga, gb = gpu_row[a][r], gpu_row[b][r]
-            fwd = memo.get(("hop", na, ga, nb, gb))
-            if fwd is None:
-                fwd = self.link_ms(pl, a, b, r)
-            bwd = memo.get(("hop", nb, gb, na, ga))
-            if bwd is None:
-                bwd = self.link_ms(pl, b, a, r)
-            d[self._idx_xf[h]], d[self._idx_xb[h]] = fwd, bwd
+            d[self._idx_xf[h]] = self.link_ms(pl, a, b, r)
+            d[self._idx_xb[h]] = self.link_ms(pl, b, a, r)
         out = np.array(d)
         out[2 * K.V + 2 * sh.pp:] = tails
         return out

@@ -440,9 +440,9 @@ def block_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, stages_per_
     if j == 1 and k == 1 and len(order) == ps * ds and not cluster.gpu_specific_links and \
             list(slots) == [(a, b) for a in range(ps) for b in range(ds)]:
         # one stage and one replica per node (so TP = the node's GPUs), slots in the default
-        # order, no GPU link matrices: what the loop below builds, in one go (the annealer
-        # decodes a permutation per move)
-        first = tuple(range(tp))
+        # order, no GPU link matrices (every node has the same one group): what the loop
+        # below builds, in one go (the annealer decodes a permutation per move)
+        first = _tp_groups(cluster, order[0], tp)[0]
         return Placement(tuple(tuple(order[s * dp:(s + 1) * dp]) for s in range(pp)),
                          tuple((first,) * dp for _ in range(pp)))
     node = [[-1] * dp for _ in range(pp)]

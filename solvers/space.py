@@ -12,7 +12,6 @@ node, tensor groups take consecutive GPUs, or the best rings where the node's li
 from __future__ import annotations
 
 import functools
-
 import itertools
 from dataclasses import dataclass, replace
 from typing import Iterator

@@ -12,7 +12,7 @@ batch of 8 per replica). Per instance, seed and budget B:
 - `ours`: solvers.anneal.anneal with clock cooling (iters=None), for B seconds, and for B / 10.
 Prints per row the two objectives and ours / paper - 1 (negative: ours better), and the goals of
 issue 13: ours at B no worse than paper at B, ours at B / 10 within 0.1% of paper at B.
-`--json PATH` writes the rows.
+`--json PATH` writes the rows; `--matrix-seed S` draws other matrices (held-out instances).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from solvers.anneal import anneal  # noqa: E402
 from solvers.paper_sa import paper_sa  # noqa: E402
 
 
-def instance(nodes: int, kind: str):
+def instance(nodes: int, kind: str, matrix_seed: int | None = None):
     if nodes <= 32:
-        return make_instance(nodes, kind)
+        return make_instance(nodes, kind, matrix_seed=matrix_seed)
     dp = nodes // 8
-    return make_instance(nodes, kind, dp=dp, global_batch=8 * dp)
+    return make_instance(nodes, kind, dp=dp, global_batch=8 * dp, matrix_seed=matrix_seed)
 
 
 def main(argv=None) -> None:
@@ -46,6 +46,10 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--kinds", type=str, default="random,switch")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--matrix-seed", type=int, default=None,
+                    help="the matrices' seed (default: the node count, the instances the "
+                         "annealer's settings were chosen on); another seed gives held-out "
+                         "instances")
     a = ap.parse_args(argv)
     sizes = [int(x) for x in (a.sizes or ("8,16,32,128" if a.quick else
                                            "8,16,32,128,512")).split(",")]
@@ -56,7 +60,7 @@ def main(argv=None) -> None:
           f"{'ours ms':>11s} {'ours/paper-1':>12s} {'ours@B/10 ms':>12s} {'vs paper@B':>10s}")
     for n in sizes:
         for kind in a.kinds.split(","):
-            prob = instance(n, kind)
+            prob = instance(n, kind, a.matrix_seed)
             for seed in range(seeds):
                 for b in budgets:
                     p = paper_sa(prob, seed=seed, time_limit_s=b)

@@ -65,11 +65,14 @@ def switch_cluster(n: int, seed: int):
 
 
 def make_instance(nodes: int, kind: str, *, model_name: str = "llama2-7b", dp: int = 1,
-                  global_batch: int = 64, tp: int = 8) -> PlacementProblem:
-    """The instance of one (node count, matrix kind): a PlacementProblem for one shape+block."""
+                  global_batch: int = 64, tp: int = 8,
+                  matrix_seed: int | None = None) -> PlacementProblem:
+    """The instance of one (node count, matrix kind): a PlacementProblem for one shape+block.
+    The matrix's seed is the node count unless `matrix_seed` is given."""
     model = presets.model(model_name)
     job = JobSpec(global_batch=global_batch, seq_length=model.seq_length, precision="bf16")
-    cluster = random_cluster(nodes, nodes) if kind == "random" else switch_cluster(nodes, nodes)
+    ms = nodes if matrix_seed is None else matrix_seed
+    cluster = random_cluster(nodes, ms) if kind == "random" else switch_cluster(nodes, ms)
     pp = nodes * 8 // (tp * dp)
     shape = Shape(tp=tp, pp=pp, dp=dp, micro_batch=1, schedule="1f1b", chunks=1, layers=(),
                   recompute="none", sequence_parallel=tp > 1, distributed_optimizer=False)

@@ -10,6 +10,8 @@ split: move one layer from one virtual stage to another. Metropolis acceptance, 
 seed then gives the same answer) or over the clock (`iters=None`: the temperature follows the
 elapsed share of the time limit, so a short budget cools fast and a long one explores). The
 best plan seen is returned whenever the time limit or the iteration budget ends the search.
+Unless the caller gives a start, the first chain starts from the better of the identity and
+solvers.construct's rings and pipelines of fast links, and, with clock cooling, starts cold.
 """
 
 from __future__ import annotations

@@ -18,10 +18,13 @@ Time fit: robust (Huber, delta 5%) bounded Levenberg-Marquardt on r_i = log(pred
 measured_i) with a finite-difference Jacobian (the estimator is a black box here, the same one
 `estimate` uses). A prior keeps what a few runs cannot pin near the preset: each multiplier's
 log has a normal prior around 0 with sd `PRIOR_SD` (how far a cluster plausibly sits from its
-preset), entered as one more residual (NOISE_SD / sd) log(theta) per parameter, NOISE_SD the
+preset), entered as one more residual (noise / sd) log(theta) per parameter, `noise` the
 run-to-run noise of one measured time; the fit is the posterior mode (MAP). Without it, three
 runs of a group fit two parameters exactly and predict the group's other runs worse than the
-presets (bench/calibration_loo.py --no-prior). Uncertainty: the covariance s^2 (J' W J)^-1 at
+presets (bench/calibration_loo.py --no-prior). `noise` is NOISE_SD, or the residual spread the
+fit leaves (n - p degrees of freedom) where that is larger, re-fitted until the two agree: runs
+that the parameters cannot reconcile are noisier than assumed, and the prior then weighs more
+(empirical Bayes; BLOOM's pre-launch runs, bench/README.md). Uncertainty: the covariance s^2 (J' W J)^-1 at
 the solution, J with the prior's rows, s^2 the weighted residual variance of the runs with
 n - p degrees of freedom (none when n <= p: the parameters are then reported without an
 error bar). Prediction interval of a plan: var(log t) = g' C g + s^2, g the
@@ -59,6 +62,8 @@ PRIOR_SD = {"gemm_scale": 0.15, "attention_scale": 0.2, "network_scale": 0.5,
 # run-to-run noise of one measured iteration time (log): BLOOM's two identical DP8/TP4/PP12
 # rows differ by 2.7% (data/published_runs.json); 5% as the scale the prior is weighed against
 NOISE_SD = 0.05
+# fits at most, each with the noise the one before left, while that exceeds NOISE_SD
+NOISE_ROUNDS = 5
 FRAGMENTATION_BOUNDS = (0.0, 1.0)
 HUBER_DELTA = 0.05
 Z95 = 1.959964
@@ -204,53 +209,66 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     p = len(names)
     lo = np.array([TIME_PARAMETERS[n][0] for n in names])
     hi = np.array([TIME_PARAMETERS[n][1] for n in names])
-    # the prior's residuals (NOISE_SD / sd) log(theta) and their Jacobian (module docstring)
-    pw = np.array([NOISE_SD / PRIOR_SD[n] if prior else 0.0 for n in names])
+    before = [_predict(r, {}, gpu) for r in runs]
+    weights = _huber_weights
+    n = len(runs)
 
-    def prior_res(th: np.ndarray) -> np.ndarray:
-        return pw * np.log(th)
+    def map_fit(theta, r, J, noise_sd):
+        """Levenberg-Marquardt to the posterior mode, the prior's residuals
+        (noise_sd / PRIOR_SD) log(theta) (module docstring)."""
+        pw = np.array([noise_sd / PRIOR_SD[nm] if prior else 0.0 for nm in names])
 
-    def total(res: np.ndarray, th: np.ndarray) -> float:
-        return _huber_cost(res) + 0.5 * float(np.sum(prior_res(th) ** 2))
+        def total(res, th):
+            return _huber_cost(res) + 0.5 * float(np.sum((pw * np.log(th)) ** 2))
+
+        lam = 1e-3
+        for _ in range(max_iter if p else 0):
+            w = weights(r)
+            Jp = np.diag(pw / theta)
+            A = J.T @ (w[:, None] * J) + Jp.T @ Jp
+            g = J.T @ (w * r) + Jp.T @ (pw * np.log(theta))
+            step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
+            cand = np.clip(theta + step, lo, hi)
+            r_c = _residuals(runs, names, cand, {}, gpu)
+            if total(r_c, cand) < total(r, theta):
+                done = np.max(np.abs(cand - theta)) < 1e-6
+                theta, r = cand, r_c
+                lam = max(lam / 10, 1e-9)
+                J = _jacobian(runs, names, theta, {}, gpu, r)
+                if done:
+                    break
+            else:
+                lam *= 10
+                if lam > 1e8:
+                    break
+        return theta, r, J, pw
 
     theta = np.ones(p)
-    before = [_predict(r, {}, gpu) for r in runs]
     r = _residuals(runs, names, theta, {}, gpu)
-
-    weights = _huber_weights
-    lam = 1e-3
     J = _jacobian(runs, names, theta, {}, gpu, r) if p else np.zeros((len(runs), 0))
-    for _ in range(max_iter if p else 0):
-        w = weights(r)
-        Jp = np.diag(pw / theta)
-        A = J.T @ (w[:, None] * J) + Jp.T @ Jp
-        g = J.T @ (w * r) + Jp.T @ prior_res(theta)
-        step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
-        cand = np.clip(theta + step, lo, hi)
-        r_c = _residuals(runs, names, cand, {}, gpu)
-        if total(r_c, cand) < total(r, theta):
-            done = np.max(np.abs(cand - theta)) < 1e-6
-            theta, r = cand, r_c
-            lam = max(lam / 10, 1e-9)
-            J = _jacobian(runs, names, theta, {}, gpu, r)
-            if done:
-                break
-        else:
-            lam *= 10
-            if lam > 1e8:
-                break
+    # The noise the prior is weighed against: NOISE_SD, or the spread the fit leaves where that
+    # is larger (runs the parameters cannot reconcile are noisier than assumed, so the prior
+    # should weigh more); re-fitted until the two agree (empirical Bayes; NOISE_ROUNDS at most)
+    noise_sd = NOISE_SD
+    for _ in range(NOISE_ROUNDS):
+        theta, r, J, pw = map_fit(theta, r, J, noise_sd)
+        if not prior or n <= p:
+            break
+        spread = math.sqrt(float(np.sum(weights(r) * r ** 2) / (n - p)))
+        if spread <= noise_sd * 1.01:
+            break
+        noise_sd = spread
     values = dict(zip(names, map(float, theta)))
     stderr: dict = {n: None for n in names}
     cov: list = []
-    n = len(runs)
     sd = None
     if n > p:
         w = weights(r)
         s2 = float(np.sum(w * r ** 2) / (n - p))
         sd = math.sqrt(s2)
         if p:
-            # the prior's rows are in units of NOISE_SD; rescaled to the fitted noise s
-            Jp = np.diag(pw / theta) * (sd / NOISE_SD if sd > 0 else 1.0)
+            # the prior's rows are in units of noise_sd; rescaled to the fitted noise s
+            Jp = np.diag(pw / theta) * (sd / noise_sd if sd > 0 else 1.0)
             A = J.T @ (w[:, None] * J) + Jp.T @ Jp
             try:
                 C = s2 * np.linalg.inv(A)

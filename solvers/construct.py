@@ -34,9 +34,10 @@ from .problem import PlacementProblem
 
 def constructed_perm(prob: PlacementProblem, *, max_steps: int | None = None,
                      deadline_s: float | None = None) -> list[int] | None:
-    """The node in each (node-stage a, node-replica b) slot, b fastest; None where the cluster
-    has no node matrix to read (a single node). Swaps stop after `max_steps` (default 4 per
-    slot) or at `deadline_s` on the search clock (model.work)."""
+    """The node in each (node-stage a, node-replica b) slot, b fastest; None for a single
+    node, or when `deadline_s` (on the search clock, model.work) passes before the greedy
+    sequences are built. Swaps stop after `max_steps` (default 4 per slot) or at the
+    deadline."""
     blk, cluster = prob.block, prob.cluster
     n = blk.A * blk.D
     if n < 2 or cluster.num_nodes != n:
@@ -44,24 +45,31 @@ def constructed_perm(prob: PlacementProblem, *, max_steps: int | None = None,
     bw = np.asarray(cluster.inter_gb_per_s, dtype=float)
     steps = 4 * n if max_steps is None else max_steps
     if blk.D > 1:
-        rows = _greedy_rows(bw, blk.A, blk.D)
+        rows = _greedy_rows(bw, blk.A, blk.D, deadline_s)
+        if rows is None:
+            return None
         rows = _climb(rows, bw, cyclic=True, max_steps=steps, deadline_s=deadline_s)
         return [int(x) for x in _align(rows, bw).ravel()]
     hop = np.minimum(bw, bw.T)  # a hop is as slow as its slower direction
-    rows = _greedy_rows(hop, 1, n)
+    rows = _greedy_rows(hop, 1, n, deadline_s)
+    if rows is None:
+        return None
     rows = _climb(rows, hop, cyclic=False, max_steps=steps, deadline_s=deadline_s)
     return [int(x) for x in rows.ravel()]
 
 
-def _greedy_rows(m: np.ndarray, g: int, length: int) -> np.ndarray:
+def _greedy_rows(m: np.ndarray, g: int, length: int,
+                 deadline_s: float | None = None) -> np.ndarray | None:
     """g sequences of `length` nodes, one after another from the nodes left: each starts at the
     node with the fastest link to another node left and grows at whichever end has the fastest
-    link to a node left (into its head or out of its tail)."""
+    link to a node left (into its head or out of its tail). None if `deadline_s` passes."""
     work.charge("construct_slot", g * length)
     left = np.ones(m.shape[0], dtype=bool)
     rows = np.empty((g, length), dtype=np.int64)
     masked = np.where(np.eye(m.shape[0], dtype=bool), -np.inf, m)
     for r in range(g):
+        if deadline_s is not None and work.now() >= deadline_s:
+            return None
         idx = np.flatnonzero(left)
         sub = masked[np.ix_(idx, idx)]
         seq = [int(idx[int(np.argmax(sub.max(axis=1)))]) if len(idx) > 1 else int(idx[0])]
@@ -122,7 +130,7 @@ def _climb(rows: np.ndarray, m: np.ndarray, *, cyclic: bool, max_steps: int,
         p = int(np.argmin(edges[r]))
         best = (mins.min(), mins.sum())
         move = None
-        for s in {p, (p + 1) % L}:
+        for s in {p, (p + 1) % L}:  # (a set of ints iterates in a fixed order)
             cand = _best_swap(rows, m, edges, mins, excl, r, s, cyclic, best)
             if cand is not None:
                 best, move = cand[0], (s,) + cand[1]
@@ -130,7 +138,7 @@ def _climb(rows: np.ndarray, m: np.ndarray, *, cyclic: bool, max_steps: int,
             break
         s, r2, q = move
         rows[r, s], rows[r2, q] = rows[r2, q], rows[r, s]
-        for rr in {r, r2}:
+        for rr in dict.fromkeys((r, r2)):
             edges[rr] = _edges(rows[rr], m, cyclic)
             mins[rr] = edges[rr].min()
             excl[rr] = _excl_min(edges[rr], L, cyclic)

@@ -143,7 +143,8 @@ def _perm_of(prob: PlacementProblem, plan) -> list[int]:
 CONSTRUCT_SHARE = 0.2
 # with clock cooling, the start temperature (share of the cost) of a chain from the constructed
 # start: it is already good, and a chain started as hot as from the identity walks away from it
-# (bench/anneal_vs_paper.py, 128 random nodes at 10 s: 376.5 ms at 0.02, 363.8 at 0.005)
+# (bench/anneal_vs_paper.py, 128 random nodes at 10 s, every chain at that temperature: 376.5
+# ms at 0.02, 363.8 at 0.005, 362.9 at 0.001)
 CONSTRUCTED_T0_FRAC = 0.002
 # with clock cooling, the share of the time limit kept for the final descent polish
 POLISH_SHARE = 0.1

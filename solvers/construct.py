@@ -145,45 +145,48 @@ def _climb(rows: np.ndarray, m: np.ndarray, *, cyclic: bool, max_steps: int,
     return rows
 
 
+def _with_node(m, base, prev, node, nxt, has_prev, has_next):
+    """The slowest of `base` and the links into and out of `node` placed between `prev` and
+    `nxt` (where it has them), elementwise over numpy-broadcast arguments."""
+    out = np.where(has_prev, np.minimum(base, m[prev, node]), base)
+    return np.where(has_next, np.minimum(out, m[node, nxt]), out)
+
+
 def _best_swap(rows, m, edges, mins, excl, r, s, cyclic, best):
     """The swap of slot (r, s) with another slot that gives the best (global min, sum) above
     `best`, as ((min, sum), (r2, q)); None if no swap improves."""
     g, L = rows.shape
     x = rows[r, s]
     out = None
+    prev_s, next_s = rows[r, (s - 1) % L], rows[r, (s + 1) % L]
+    s_prev, s_next = cyclic or s > 0, cyclic or s < L - 1  # whether slot s has those links
+    q = np.arange(L)
+    q_prev = np.ones(L, dtype=bool) if cyclic else q > 0
+    q_next = np.ones(L, dtype=bool) if cyclic else q < L - 1
     # within sequence r: partners next to s by recomputing the sequence, the others at once
-    L_s = np.array([q for q in range(L) if q != s])
-    near = [q for q in ((s - 1) % L, (s + 1) % L) if q != s and (cyclic or abs(q - s) == 1)]
+    near = [p for p in ((s - 1) % L, (s + 1) % L) if p != s and (cyclic or abs(p - s) == 1)]
     others_min = np.delete(mins, r).min() if g > 1 else np.inf
     base_sum = mins.sum() - mins[r]
-    for q in set(near):
+    for p in set(near):
         row = rows[r].copy()
-        row[s], row[q] = row[q], row[s]
+        row[s], row[p] = row[p], row[s]
         mr = _edges(row, m, cyclic).min()
         key = (min(mr, others_min), base_sum + mr)
         if key > best:
-            best, out = key, (r, int(q))
-    far = np.array([q for q in L_s if q not in near], dtype=np.int64)
+            best, out = key, (r, int(p))
+    far = np.array([p for p in range(L) if p != s and p not in near], dtype=np.int64)
     if len(far):
         e = edges[r].copy()
         E = len(e)
-        if cyclic or s > 0:
+        if s_prev:
             e[(s - 1) % E] = np.inf
-        if cyclic or s < L - 1:
+        if s_next:
             e[s % E] = np.inf
-        mr = _excl_min(e, L, cyclic)[far]  # links touching neither s nor q
         row = rows[r]
-        y = row[far]
-        prev_s = row[(s - 1) % L] if (cyclic or s > 0) else None
-        next_s = row[(s + 1) % L] if (cyclic or s < L - 1) else None
-        if prev_s is not None:
-            mr = np.minimum(mr, m[prev_s, y])
-        if next_s is not None:
-            mr = np.minimum(mr, m[y, next_s])
-        has_prev = np.ones(len(far), dtype=bool) if cyclic else far > 0
-        has_next = np.ones(len(far), dtype=bool) if cyclic else far < L - 1
-        mr = np.where(has_prev, np.minimum(mr, m[row[(far - 1) % L], x]), mr)
-        mr = np.where(has_next, np.minimum(mr, m[x, row[(far + 1) % L]]), mr)
+        mr = _excl_min(e, L, cyclic)[far]  # links touching neither s nor q
+        mr = _with_node(m, mr, prev_s, row[far], next_s, s_prev, s_next)  # y at s
+        mr = _with_node(m, mr, row[(far - 1) % L], x, row[(far + 1) % L],
+                        q_prev[far], q_next[far])  # x at q
         gm = np.minimum(mr, others_min)
         i = int(np.lexsort((base_sum + mr, gm))[-1])
         key = (float(gm[i]), float(base_sum + mr[i]))
@@ -192,20 +195,9 @@ def _best_swap(rows, m, edges, mins, excl, r, s, cyclic, best):
     if g == 1:
         return None if out is None else (best, out)
     # across sequences: slot (r, s) takes y = rows[r2, q], slot (r2, q) takes x
-    prev_s = rows[r, (s - 1) % L] if (cyclic or s > 0) else None
-    next_s = rows[r, (s + 1) % L] if (cyclic or s < L - 1) else None
-    new_r = np.full(rows.shape, excl[r, s])
-    if prev_s is not None:
-        new_r = np.minimum(new_r, m[prev_s, rows])
-    if next_s is not None:
-        new_r = np.minimum(new_r, m[rows, next_s])
-    q = np.arange(L)
-    has_prev = np.ones(L, dtype=bool) if cyclic else q > 0
-    has_next = np.ones(L, dtype=bool) if cyclic else q < L - 1
-    prev_q = np.roll(rows, 1, axis=1)
-    next_q = np.roll(rows, -1, axis=1)
-    new_r2 = np.where(has_prev[None, :], np.minimum(excl, m[prev_q, x]), excl)
-    new_r2 = np.where(has_next[None, :], np.minimum(new_r2, m[x, next_q]), new_r2)
+    new_r = _with_node(m, np.full(rows.shape, excl[r, s]), prev_s, rows, next_s, s_prev, s_next)
+    new_r2 = _with_node(m, excl, np.roll(rows, 1, axis=1), x, np.roll(rows, -1, axis=1),
+                        q_prev[None, :], q_next[None, :])
     # the slowest of the sequences other than r and r2
     order = np.argsort(mins)
     others = np.empty(g)

@@ -21,7 +21,6 @@ bucket when the plan overlaps).
 
 from __future__ import annotations
 
-import bisect
 import math
 
 import numpy as np
@@ -228,7 +227,25 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     t_min = tail0(v)
     # stage 0's own inequality for n = 0..cap layers (increasing in n): the most layers it
     # takes at T is a bisection in this table
-    stage0 = [m * (n_ * c + extra[0]) + tail0(n_) for n_ in range(caps[0] + 1)]
+    # (filled lazily: a bisection touches a few entries of it, a table costs caps[0] tails)
+    stage0: dict[int, float] = {}
+
+    def stage0_at(n_: int) -> float:
+        if n_ not in stage0:
+            stage0[n_] = m * (n_ * c + extra[0]) + tail0(n_)
+        return stage0[n_]
+
+    def most_at_stage0(T: float) -> int:
+        """The largest n <= caps[0] with stage0_at(n) <= T, or -1 (bisect_right - 1 on the
+        table)."""
+        lo_, hi_ = -1, caps[0]  # stage0_at(lo_) <= T (or lo_ = -1); the answer is <= hi_
+        while lo_ < hi_:
+            mid = (lo_ + hi_ + 1) // 2
+            if stage0_at(mid) <= T:
+                lo_ = mid
+            else:
+                hi_ = mid - 1
+        return lo_
 
     def feasible(T: float) -> bool:
         """Is there an integer split, each stage at least v layers and within its memory,
@@ -240,7 +257,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         lo = hi = 0
         for k in range(p):
             if k == 0:
-                a0 = bisect.bisect_right(stage0, T) - 1
+                a0 = most_at_stage0(T)
                 if a0 < v:
                     return False
                 lo, hi = v, a0

@@ -39,7 +39,8 @@ exceeds the MILP objective, add the critical path of every replica as a cut, wit
 every one-swap neighbour and of variants where the hops the path repeats (a steady state's) are
 slow one way and fast the other, and solve again. The MILP with a subset of paths is a
 relaxation, so its bound is valid throughout, and at the end the objective equals the
-estimator's time of the returned plan.
+estimator's time of the returned plan. The paths of the best seed's one-swap neighbours go in
+before the first solve (up to SEED_SWAP_SLOTS slots).
 
 Decomposition by stage loads (layers per pipeline stage). With layer counts free, the LP
 spreads layers fractionally and sees no pigeonhole (32 layers on 12 stages put 3 on some
@@ -85,6 +86,9 @@ LOAD_GAP = 0.10
 # Extra critical paths per violated plan: its repeated hops flipped slow/fast (first each hop
 # alone, both ways, then random combinations). Cut the 12-node rounds from 8 to 4-5.
 PATH_VARIANTS = 16
+# The best seed's one-swap neighbours' paths go in before the first solve up to this many
+# slots (16: 120 plans, about 0.4 s; 32 slots would take 2 s)
+SEED_SWAP_SLOTS = 16
 
 
 def _sync_ring(ev, pl) -> float:
@@ -726,7 +730,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
     # vector not yet solved is proven no better.
     master = _Formulation(dat, relax=True, loads=True)
     full: _Formulation | None = None  # built when the first sub-MILP is known to need loads
-    best_ms, best_plan = math.inf, None
+    best_ms, best_plan, best_seed = math.inf, None, None
     seeds = [(list(p_), tuple(l_)) for p_, l_ in seed_solutions] or [
         (list(range(dat.A * dat.D)), dat.start_layers)]
 
@@ -763,7 +767,12 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
             paths(perm, lay)
             c = prob.cost(perm, lay)
             if c < best_ms:
-                best_ms, best_plan = c, prob.plan(perm, lay)
+                best_ms, best_plan, best_seed = c, prob.plan(perm, lay), (perm, lay)
+    if best_plan is not None and dat.A * dat.D <= SEED_SWAP_SLOTS:
+        # the paths around the best seed, which the sub-MILP's first rounds would otherwise
+        # find one violated plan at a time (the example: 3 rounds, 16 s, become 1-2, 6-12 s);
+        # never more than a tenth of the time limit
+        swap_paths(paths, *best_seed, stop=lambda: left_s() < 0.9 * time_limit_s)
     solved_bounds: list[float] = []
     # lower bound of every load vector not solved yet: at least the closed-form bound of the
     # shape (solvers.bounds), so that a search stopped before any LP returns still bounds
@@ -948,13 +957,7 @@ def _placement_loop(F: _Formulation, prob, paths, left_s, max_rounds: int,
             raise RuntimeError("critical path already present but MILP underestimates")
         # paths of nearby plans too: every swap of two slots, and a few layer moves (the
         # placements the MILP would try next): fewer rounds of re-solving
-        n_sl = len(perm)
-        for a_ in range(n_sl):
-            for b_ in range(a_ + 1, n_sl):
-                if perm[a_] != perm[b_]:
-                    p2 = list(perm)
-                    p2[a_], p2[b_] = p2[b_], p2[a_]
-                    paths(p2, lay)
+        swap_paths(paths, perm, lay)
         rng = np.random.default_rng(st.rounds)
         for _ in range(neighbor_cuts if V > 1 else 0):
             l2 = list(lay)
@@ -965,6 +968,20 @@ def _placement_loop(F: _Formulation, prob, paths, left_s, max_rounds: int,
             if prob.fits(tuple(l2)):
                 paths(perm, tuple(l2))
     return st
+
+
+def swap_paths(paths, perm, lay, stop=lambda: False) -> None:
+    """The critical paths of every plan one swap of two slots away from (perm, lay), until
+    `stop()`."""
+    n_sl = len(perm)
+    for a_ in range(n_sl):
+        if stop():
+            return
+        for b_ in range(a_ + 1, n_sl):
+            if perm[a_] != perm[b_]:
+                p2 = list(perm)
+                p2[a_], p2[b_] = p2[b_], p2[a_]
+                paths(p2, lay)
 
 
 def _highs_solve(F: _Formulation, time_limit_s: float, mip_rel_gap: float):

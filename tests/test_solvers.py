@@ -205,6 +205,26 @@ def test_annealing_same_seed_same_answer():
     assert a.plan == b.plan and a.objective_ms == b.objective_ms
 
 
+def test_polish_double_swap_leaves_a_local_optimum_of_single_swaps():
+    """Two disjoint swaps at once: the plan two swaps away is found when no single swap
+    improves, and nothing changes when no pair improves either."""
+    from solvers.anneal import _double_swap
+
+    target = [1, 0, 3, 2]
+
+    class Cost:  # better only at the target, which is two swaps from the identity
+        def cost(self, perm, layers):
+            return 0.0 if list(perm) == target else 1.0
+
+    start = [0, 1, 2, 3]
+    assert all(Cost().cost(p, ()) == 1.0 for p in (
+        [1, 0, 2, 3], [2, 1, 0, 3], [3, 1, 2, 0], [0, 2, 1, 3], [0, 3, 2, 1], [0, 1, 3, 2]))
+    assert _double_swap(Cost(), start, (), 1.0, lambda: False) == (target, 0.0, True)
+    assert _double_swap(Cost(), target, (), 0.0, lambda: False) == (target, 0.0, False)
+    # out of time: no evaluation, no change
+    assert _double_swap(Cost(), start, (), 1.0, lambda: True) == (start, 1.0, False)
+
+
 def test_clock_annealing_keeps_its_time_and_matches_the_paper_sa():
     """Cooling by the clock: the annealer returns within its budget (plus one evaluation's
     slack), its plan re-evaluates to its objective, and it is no worse than Pipette's SA as

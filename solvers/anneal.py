@@ -140,10 +140,11 @@ def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
 
 
 # the polish tries two swaps at once where there are at most this many single swaps (12 slots:
-# 66 swaps, 2145 pairs). The example's 1 s warm start (8 slots) stopped at local optima of single
-# swaps up to 0.04% above the optimum (42069.47 and 42078.32 ms against 42061.23) in 2 of 6
-# seeds; with two swaps at once, and the swaps before the split's moves, 6 of 6 reach it
-# (anneal(prob, seed=0..5, iters=None, time_limit_s=1.0) on its first block, 2026-12-02).
+# 66 swaps, 2145 pairs). The example's 1 s warm start (8 slots; anneal(prob, seed=0..5,
+# iters=None, time_limit_s=1.0) on its first block, 2026-12-02): with swaps and split moves
+# only, 1 of 6 seeds stopped at a local optimum 0.02% above the optimum (42069.47 ms against
+# 42061.23); with two swaps tried after the split's moves, 2 of 6 still did (the polish's time
+# ran out first); tried before them, 6 of 6 reach it.
 DOUBLE_SWAP_PAIRS = 66
 
 

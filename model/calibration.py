@@ -24,10 +24,10 @@ runs of a group fit two parameters exactly and predict the group's other runs wo
 presets (bench/calibration_loo.py --no-prior). `noise` is NOISE_SD, or the residual spread the
 fit leaves (n - p degrees of freedom) where that is larger, re-fitted until the two agree: runs
 that the parameters cannot reconcile are noisier than assumed, and the prior then weighs more
-(empirical Bayes; BLOOM's pre-launch runs, bench/README.md). Uncertainty: the covariance s^2 (J' W J)^-1 at
-the solution, J with the prior's rows, s^2 the weighted residual variance of the runs with
-n - p degrees of freedom (none when n <= p: the parameters are then reported without an
-error bar). Prediction interval of a plan: var(log t) = g' C g + s^2, g the
+(empirical Bayes; BLOOM's pre-launch runs, bench/README.md). Uncertainty: the covariance
+s^2 (J' W J)^-1 at the solution, J with the prior's rows, s^2 the weighted residual variance
+of the runs with n - p degrees of freedom (none when n <= p: the parameters are then reported
+without an error bar). Prediction interval of a plan: var(log t) = g' C g + s^2, g the
 gradient of log t in the parameters; 95% interval t exp(+-1.96 sd).
 """
 
@@ -249,12 +249,15 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     # The noise the prior is weighed against: NOISE_SD, or the spread the fit leaves where that
     # is larger (runs the parameters cannot reconcile are noisier than assumed, so the prior
     # should weigh more); re-fitted until the two agree (empirical Bayes; NOISE_ROUNDS at most)
+    def spread_sd(res) -> float:  # the weighted residual spread, n - p degrees of freedom
+        return math.sqrt(float(np.sum(weights(res) * res ** 2) / (n - p)))
+
     noise_sd = NOISE_SD
     for _ in range(NOISE_ROUNDS):
         theta, r, J, pw = map_fit(theta, r, J, noise_sd)
         if not prior or n <= p:
             break
-        spread = math.sqrt(float(np.sum(weights(r) * r ** 2) / (n - p)))
+        spread = spread_sd(r)
         if spread <= noise_sd * 1.01:
             break
         noise_sd = spread
@@ -264,8 +267,8 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     sd = None
     if n > p:
         w = weights(r)
-        s2 = float(np.sum(w * r ** 2) / (n - p))
-        sd = math.sqrt(s2)
+        sd = spread_sd(r)
+        s2 = sd * sd
         if p:
             # the prior's rows are in units of noise_sd; rescaled to the fitted noise s
             Jp = np.diag(pw / theta) * (sd / noise_sd if sd > 0 else 1.0)

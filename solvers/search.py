@@ -370,6 +370,19 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     # a later MILP of the same block (the refinement pass) instead of a new annealing warm start
     block_seed: dict[int, tuple] = {}
 
+    def relaxed_block_bound(pr: PlacementProblem, cuts: list, left_s: float):
+        """One block's placement-relaxed bound against the incumbent, and the cuts: the
+        fractional split first (a linear program), then, when that lands within 2% below the
+        incumbent, the integral split, which may settle it."""
+        r = solve_milp(pr, relax_placement=True, initial_cuts=cuts, integral_layers=False,
+                       cutoff_ms=best_ms, time_limit_s=budget(min(10.0, left_s / 4)))
+        cuts, bound = r.cuts, r.bound_ms
+        if best_ms * (1 - 0.02) < bound < best_ms * (1 - 1e-9):
+            r = solve_milp(pr, relax_placement=True, initial_cuts=cuts, cutoff_ms=best_ms,
+                           time_limit_s=budget(min(5.0, left_s / 8)))
+            cuts, bound = r.cuts, max(bound, r.bound_ms)
+        return bound, cuts
+
     def optimize(info, per_block: float, label: str, clock: bool = False) -> None:
         """Optimize placement and split of every block of one shape (MILP with an annealing
         warm start, or annealing), within `per_block` seconds a block; record its best plan
@@ -411,13 +424,10 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 # another block of this shape has a plan: this block's placement-relaxed bound
                 # (tenths of a second) may rule it out before its warm start (a second)
                 try:
-                    rb = solve_milp(prob, relax_placement=True, initial_cuts=cuts,
-                                    cutoff_ms=best_ms,
-                                    time_limit_s=budget(min(2.0, per_block_now / 8)))
-                    cuts = rb.cuts
-                    block_bounds[id(prob)] = rb.bound_ms
-                    if rb.bound_ms >= best_ms * (1 - 1e-9):
-                        shape_bound = min(shape_bound, rb.bound_ms)
+                    b_ms, cuts = relaxed_block_bound(prob, cuts, per_block_now)
+                    block_bounds[id(prob)] = b_ms
+                    if b_ms >= best_ms * (1 - 1e-9):
+                        shape_bound = min(shape_bound, b_ms)
                         continue
                 except Exception as e:  # noqa: BLE001  (reported; the MILP below still runs)
                     failed(info, e)
@@ -518,21 +528,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                         rb = min(rb, r.bound_ms)
                         block_bounds[id(pr)] = r.bound_ms
                         continue
-                    # placement relaxed, fractional split first (a linear program)
-                    r = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
-                                   integral_layers=False, cutoff_ms=best_ms,
-                                   time_limit_s=budget(min(10.0, left / 4)))
-                    cuts = r.cuts
-                    if best_ms * (1 - 0.02) < r.bound_ms < best_ms * (1 - 1e-9):
-                        # close to the incumbent: the integral split may settle it
-                        r2 = solve_milp(pr, relax_placement=True, initial_cuts=cuts,
-                                        cutoff_ms=best_ms,
-                                        time_limit_s=budget(min(5.0, left / 8)))
-                        cuts = r2.cuts
-                        if r2.bound_ms > r.bound_ms:
-                            r = r2
-                    rb = min(rb, r.bound_ms)
-                    block_bounds[id(pr)] = r.bound_ms
+                    b_ms, cuts = relaxed_block_bound(pr, cuts, left)
+                    rb = min(rb, b_ms)
+                    block_bounds[id(pr)] = b_ms
                 info.bound_ms = max(info.bound_ms, rb)
                 bounds_left[id(info)] = info.bound_ms
                 cand.lower_bound_ms = info.bound_ms

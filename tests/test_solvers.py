@@ -89,6 +89,24 @@ def test_milp_equals_brute_force_and_annealing_reaches_it(case):
     assert frac.bound_ms <= relaxed.bound_ms * (1 + 1e-7)
 
 
+def test_connectivity_rows_hold_for_every_placement():
+    """The MILP's connectivity rows (solvers.milp._Data._crossing_levels) are valid: every
+    placement of every small instance crosses each level at least as often as its row says,
+    and on some instance some level is met with equality (the rows bind)."""
+    from solvers.milp import _Data
+    checked, tight = 0, 0
+    for _seed, nodes, sh, blk, c, job in CASES:
+        dat = _Data(PlacementProblem(TINY, job, c, sh, blk, Options()))
+        for labels, need in dat.crossing_levels:
+            fewest = min(sum(labels[perm[a * dat.D + b]] != labels[perm[a2 * dat.D + b]]
+                             for a, a2 in dat.edges for b in range(dat.D))
+                         for perm in itertools.permutations(range(dat.N)))
+            assert fewest >= need, (sh.describe(), blk, labels, need)
+            checked += 1
+            tight += fewest == need
+    assert checked >= 20 and tight >= 10, (checked, tight)
+
+
 def overlap_instances():
     """Overlaps and FP8 in the MILP: gradient reduction and parameter gathering hidden behind
     the backward / forward except their last bucket (whose size depends on the stage's layer

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from model.errors import SpecError
 
@@ -676,21 +677,14 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
     sym = (m + m.T) / 2
     core = [i for i in range(n) if i not in outl] or list(range(n))
     top = max(sym[i, j] for i in core for j in core if i != j) if len(core) > 1 else 0.0
-    comp = {i: i for i in core}
-
-    def find(x):
-        while comp[x] != x:
-            comp[x] = comp[comp[x]]
-            x = comp[x]
-        return x
-
+    comp = UnionFind(core)
     for i in core:
         for j in core:
             if i < j and sym[i, j] >= group_ratio * top:
-                comp[find(i)] = find(j)
+                comp.union(i, j)
     groups: dict[int, list[int]] = {}
     for i in core:
-        groups.setdefault(find(i), []).append(i)
+        groups.setdefault(comp[i], []).append(i)
     glist = sorted(groups.values())
     attached = {}
     for i in outl:

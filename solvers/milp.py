@@ -27,7 +27,7 @@ Constraints
               last bucket min(bucket, params_s) u[a] is linear through the loads' binaries
               (gu[s,c] >= u[a] - U (1 - g[s,c])) where the stage's size decides it.
   connect:    sum_{e,b} sum_{n,m in different parts} w[n,m,e,b] >= crossings, for a few
-              partitions of the nodes by link speed (_Data._crossing_levels): valid for every
+              partitions of the nodes by link speed (_Data.crossing_levels): valid for every
               placement, they stop the LP from running every hop inside a fast part.
   paths:      T >= counts_pi . durations_b for every generated critical path pi and every b,
               durations linear in l, w and tail (model.schedule: a path's length is linear in the
@@ -66,8 +66,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from model import work
 from model.communication import INTRA_LATENCY_US
@@ -89,7 +91,7 @@ LOAD_GAP = 0.10
 # Extra critical paths per violated plan: its repeated hops flipped slow/fast (first each hop
 # alone, both ways, then random combinations). Cut the 12-node rounds from 8 to 4-5.
 PATH_VARIANTS = 16
-# The connectivity rows (_Data._crossing_levels) only where the round-trip hop time jumps by
+# The connectivity rows (_Data.crossing_levels) only where the round-trip hop time jumps by
 # more than 2% between merges: 2-8 dense rows on bench/exact_scaling.py's instances. On its
 # 32-node switch cluster, a row at every merge (30, through pair variables) gave the same LP
 # bound (701.38 ms) as 2 rows, but the MILP's root LP took 20 s instead of 3 s.
@@ -295,13 +297,13 @@ class _Data:
                                     1.0 / (k * cl.all_node_ring_max_gb_per_s))
         self.u_min = (max(self.inv_intra, self.inv_ring_min) if self.inter_ring
                       else self.inv_intra)
-        self.crossing_levels = self._crossing_levels() if self.edges else []
         self.zero3 = sh.zero >= 3
         if self.zero3:  # uniform: the end-of-iteration ring is the node order's (HSDP)
             self.u_min = 1.0 / _sync_ring(ev0, ident) if sh.shard_size else 0.0
         self._expert_sync(prob, costs, node0, ev0, ident, split_experts)
 
-    def _crossing_levels(self) -> list[tuple[np.ndarray, int]]:
+    @cached_property
+    def crossing_levels(self) -> list[tuple[np.ndarray, int]]:
         """Partitions of the nodes that every replica's pipeline must cross, with how often:
         the connectivity rows of _Formulation. Replica b's pipeline visits its A nodes along
         the node-stage edges, a connected graph, so it crosses at least (parts it meets) - 1
@@ -312,33 +314,32 @@ class _Data:
         useful ones are the levels of the round-trip hop time: the parts joined by links
         faster than each distinct value, as Kruskal's algorithm merges them (a switch
         cluster's leaves, for one), where the next link is LEVEL_JUMP slower than the last
-        merged. Returns (part label per node, crossings) with at least one crossing."""
+        merged. Returns (part label per node, crossings) with at least one crossing.
+
+        Computed on first use, by the full model only: on 1024 nodes it takes 0.5 s, and the
+        placement-relaxed bounds build a _Data per call."""
         N, A, D = self.N, self.A, self.D
+        if not self.edges:
+            return []
         rtt = self.hop_C + self.hop_C.T
         iu, ju = np.triu_indices(N, 1)
-        order = np.argsort(rtt[iu, ju], kind="stable")
-        parent = list(range(N))
-
-        def root(i):
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        out, last, merged = [], None, False
-        for q in order:
-            i, j, v = int(iu[q]), int(ju[q]), float(rtt[iu[q], ju[q]])
-            ri, rj = root(i), root(j)
-            if ri == rj:
+        parts = UnionFind(range(N))
+        out, last, merges = [], None, 0
+        for q in np.argsort(rtt[iu, ju], kind="stable"):
+            i, j = int(iu[q]), int(ju[q])
+            if merges == N - 1:
+                break
+            if parts[i] == parts[j]:
                 continue
-            if merged and v > last * (1 + LEVEL_JUMP):  # the links faster than v are merged
-                labels = np.array([root(n) for n in range(N)])
+            v = float(rtt[i, j])
+            if merges and v > last * (1 + LEVEL_JUMP):  # the links faster than v are merged
+                labels = np.array([parts[n] for n in range(N)])
                 _, sizes = np.unique(labels, return_counts=True)
                 need = int(sum(-(-int(c) // A) for c in sizes)) - D
                 if need > 0:
                     out.append((labels, need))
-            parent[ri] = rj
-            last, merged = v, True
+            parts.union(i, j)
+            last, merges = v, merges + 1
         return out
 
     def _expert_sync(self, prob, costs, node0, ev0, ident, split_experts: bool) -> None:
@@ -457,7 +458,7 @@ class _Formulation:
                     M.add(lsum(w[m, n, e, b] for m in range(N) if m != n) == x[n, a2, b])
 
         # connectivity: every replica's pipeline crosses each level of the links (_Data.
-        # _crossing_levels) at least that often. Integral placements satisfy these rows anyway;
+        # crossing_levels) at least that often. Integral placements satisfy these rows anyway;
         # the LP does not: it runs every hop over the fast links inside one part (of the 3
         # crossings between the 4 leaves of bench/exact_scaling.py's 16-node switch cluster,
         # it made 1).

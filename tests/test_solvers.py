@@ -90,7 +90,7 @@ def test_milp_equals_brute_force_and_annealing_reaches_it(case):
 
 
 def test_connectivity_rows_hold_for_every_placement():
-    """The MILP's connectivity rows (solvers.milp._Data._crossing_levels) are valid: every
+    """The MILP's connectivity rows (solvers.milp._Data.crossing_levels) are valid: every
     placement of every small instance crosses each level at least as often as its row says,
     and on some instance some level is met with equality (the rows bind)."""
     from solvers.milp import _Data

@@ -45,6 +45,7 @@ from model.specs import JobSpec, Options  # noqa: E402
 from solvers.anneal import _perm_of, anneal  # noqa: E402
 from solvers.milp import solve_milp  # noqa: E402
 from solvers.problem import PlacementProblem  # noqa: E402
+from solvers.search import WARM_START_S  # noqa: E402
 from solvers.space import blocks_for  # noqa: E402
 
 DEFAULT_JSON = Path("/tmp/pipette-bench/exact_scaling.json")
@@ -83,9 +84,10 @@ def make_instance(nodes: int, kind: str, *, model_name: str = "llama2-7b", dp: i
 
 
 def warm_start(prob: PlacementProblem, time_limit_s: float, seed: int = 0):
-    """What search.py does before the MILP: a short anneal whose result seeds HiGHS."""
+    """What search.py does before the MILP: a short anneal cooled by the clock whose result
+    seeds HiGHS."""
     t = time.perf_counter()
-    warm = anneal(prob, seed=seed, iters=1500, time_limit_s=time_limit_s, restarts=2)
+    warm = anneal(prob, seed=seed, iters=None, time_limit_s=time_limit_s, restarts=2)
     seeds = [(list(range(prob.num_slots)), prob.start_layers())]
     if warm.plan is not None:
         seeds.append((_perm_of(prob, warm.plan), tuple(warm.plan.shape.layers)))
@@ -96,7 +98,7 @@ def run_instance(nodes: int, kind: str, time_limit_s: float, *, warm: bool = Tru
                  **inst) -> dict:
     prob = make_instance(nodes, kind, **inst)
     t0 = time.perf_counter()
-    seeds, warm_ms, warm_s = (warm_start(prob, min(10.0, time_limit_s / 8)) if warm
+    seeds, warm_ms, warm_s = (warm_start(prob, min(WARM_START_S, time_limit_s / 4)) if warm
                               else ((), None, 0.0))
     r = solve_milp(prob, time_limit_s=time_limit_s, seed_solutions=seeds)
     wall = time.perf_counter() - t0

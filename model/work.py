@@ -55,6 +55,9 @@ PRICE_S = {
     "construct_step": 1.5e-3,  # one swap step of solvers.construct (measured: 0.5-2 ms on
                                # 16-512 slots)
     "cut": 1.0e-5,             # one critical-path cut built
+    "surrogate_hop": 1.1e-8,   # one candidate hop of solvers.cutsearch's surrogate, per
+                               # (1 + cuts / 12) (measured: 12 ns with 1 cut, 20 with 16, 91-106
+                               # with 128, on 16 and 32 slots)
     "model_data": 2.0e-4,      # one shape+block's MILP data (_Data)
     "row_pyomo": 5.0e-5,       # one row built as a Pyomo constraint (measured: 1.7 s for 15
                                # models, 34k rows)

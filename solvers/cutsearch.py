@@ -1,0 +1,202 @@
+"""Iterated local search for one pipeline, on a surrogate built from critical paths.
+
+Where a block is one pipeline (D = 1) with one stage per node-slot, on nodes that differ only
+in their links, a placement changes nothing but the transfer times of its pipeline hops: each
+stage's compute and tail are the same on every node. The iteration time is the longest path of
+the schedule graph (model/schedule.py), and a path's length is linear in the durations: if a
+path P crosses hop h forward wf_P[h] times and backward wb_P[h] times, then for every
+permutation p
+
+    T(p) >= c_P + sum_h wf_P[h] * L[p_h, p_h+1] + wb_P[h] * L[p_h+1, p_h]
+
+with L[a, b] the estimator's transfer time from node a to node b and c_P the rest of P's
+length; equality holds for the permutation P was traced on. The maximum over the paths traced so
+far is a lower bound of T that is exact where it was traced: the cutting-plane model of Kelley
+(1960), the same cuts the placement MILP uses (solvers/milp.py), here scored for a whole
+neighbourhood at once with numpy (about 5 us a candidate against 0.25 ms for an estimator
+evaluation on 32 nodes). On bench/exact_scaling.py's 32-node random matrix a single path is
+critical for every placement and T is 687.498 ms plus the sum of hop round trips: an open
+travelling-salesman path.
+
+The search: best-improvement descent over swaps, segment reversals (2-opt) and segment moves
+(one to three nodes, either way round: or-opt), each candidate the surrogate ranks first scored
+by the estimator before it is taken, its critical path added as a cut when the surrogate was
+low; at a local optimum, a double-bridge kick (Martin, Otto and Felten 1991) and descent again,
+keeping the better (Lourenco, Martin and Stuetzle's iterated local search). Every plan it
+returns is scored by the estimator; the surrogate only ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from model import work
+
+from .problem import PlacementProblem
+
+# neighbourhoods are built whole: at most this many slots (32 slots: about 4,000 candidates)
+MAX_SLOTS = 64
+# segment lengths of the or-opt moves
+OR_OPT_MAX = 3
+# surrogate candidates scored by the estimator per descent step before the step gives up
+VERIFY_PER_STEP = 8
+# cuts kept (the oldest are dropped first)
+MAX_CUTS = 256
+
+
+class PathSurrogate:
+    """The cuts of one (problem, layer split); `None` from `build` where the block is not one
+    pipeline of interchangeable nodes."""
+
+    def __init__(self, prob: PlacementProblem, layers: tuple[int, ...]):
+        self.prob, self.layers = prob, tuple(layers)
+        self.ev = ev = prob.evaluator(self.layers)
+        self.hops = np.array(ev._idx_xf), np.array(ev._idx_xb)
+        self.table_ms = self._hop_table()
+        self.const: list[float] = []
+        self.wf: list[np.ndarray] = []
+        self.wb: list[np.ndarray] = []
+        self._stack = None
+
+    @staticmethod
+    def applies(prob: PlacementProblem) -> bool:
+        blk, sh, c = prob.block, prob.shape, prob.cluster
+        return (blk.D == 1 and blk.j == 1 and sh.chunks == 1 and sh.cp == 1 and sh.ep == 1
+                and 2 < blk.A <= MAX_SLOTS and c.num_nodes == blk.A and c.homogeneous
+                and not c.gpu_specific_links
+                and len({nd.intra_gb_per_s for nd in c.nodes}) == 1)
+
+    @classmethod
+    def build(cls, prob: PlacementProblem, layers, perm) -> PathSurrogate | None:
+        """The surrogate with perm's critical path as its first cut, or None where it does not
+        apply or the first cut does not reproduce the estimator's time (a guard: the structure
+        above is then not what the estimator computes)."""
+        if not cls.applies(prob) or not prob.fits(tuple(layers)):
+            return None
+        s = cls(prob, layers)
+        t = s.add_cut(perm)
+        if abs(s.score(np.array([perm]))[0] - t) > 1e-9 * max(1.0, t):
+            return None
+        return s
+
+    def _hop_table(self) -> np.ndarray:
+        """L[a, b]: the estimator's transfer from node a to node b (Evaluator.link_ms), read
+        off two-node placements of the first hop."""
+        n = self.prob.num_slots
+        pl = self.prob.placement(list(range(n)))
+        ga, gb = pl.gpus[0][0], pl.gpus[1][0]
+        return np.array([[0.0 if a == b else self.ev.hop_ms(a, ga, b, gb) for b in range(n)]
+                         for a in range(n)])
+
+    def add_cut(self, perm) -> float:
+        """Trace perm's critical path, keep it as a cut; the estimator's time of perm."""
+        ev, prob = self.ev, self.prob
+        pl = prob.placement(perm)
+        tails, _ = ev.tails(pl)
+        d = ev.replica_durations(pl, 0, tails)
+        length, counts, _ = ev.cs.critical_path(d)
+        work.charge("cut")
+        xf, xb = self.hops
+        wf, wb = counts[xf], counts[xb]
+        self.const.append(length - float(wf @ d[xf]) - float(wb @ d[xb]))
+        self.wf.append(wf)
+        self.wb.append(wb)
+        if len(self.const) > MAX_CUTS:
+            del self.const[0], self.wf[0], self.wb[0]
+        self._stack = None
+        return length
+
+    def score(self, perms: np.ndarray) -> np.ndarray:
+        """The surrogate (max over cuts) of each row of perms, in ms."""
+        if self._stack is None:
+            self._stack = (np.array(self.const), np.stack(self.wf, 1), np.stack(self.wb, 1))
+        c, wf, wb = self._stack
+        work.charge("surrogate_hop", perms.shape[0] * (perms.shape[1] - 1) * (1 + len(c) / 12))
+        a, b = perms[:, :-1], perms[:, 1:]
+        return (c + self.table_ms[a, b] @ wf + self.table_ms[b, a] @ wb).max(axis=1)
+
+
+@lru_cache(maxsize=8)
+def neighbourhood(n: int) -> np.ndarray:
+    """Rows of position indices: every swap, segment reversal and or-opt move on n slots
+    (each distinct rearrangement once)."""
+    base = list(range(n))
+    out = {tuple(base)}
+    for a in range(n):
+        for b in range(a + 1, n):
+            p = base[:]
+            p[a], p[b] = p[b], p[a]
+            out.add(tuple(p))
+            p = base[:a] + base[a:b + 1][::-1] + base[b + 1:]
+            out.add(tuple(p))
+    for k in range(1, OR_OPT_MAX + 1):
+        for a in range(n - k + 1):
+            seg, rest = base[a:a + k], base[:a] + base[a + k:]
+            for at in range(len(rest) + 1):
+                for s in (seg, seg[::-1]) if k > 1 else (seg,):
+                    out.add(tuple(rest[:at] + s + rest[at:]))
+    out.discard(tuple(base))
+    return np.array(sorted(out), dtype=np.int64)
+
+
+def path_search(prob: PlacementProblem, layers, perm, *, deadline_s: float, seed: int = 0,
+                max_kicks: int | None = None):
+    """(best permutation, its estimator time in ms), or None where the surrogate does not
+    apply. Runs until `deadline_s` (the search clock, model.work) or `max_kicks` kicks."""
+    sur = PathSurrogate.build(prob, layers, perm)
+    if sur is None:
+        return None
+    rng = np.random.default_rng(seed)
+    nb = neighbourhood(len(perm))
+    lay = tuple(layers)
+    cur = np.array(perm, dtype=np.int64)
+    cur_ms = prob.cost(list(cur), lay)
+    best, best_ms = cur.copy(), cur_ms
+    kicks = 0
+    while work.now() < deadline_s:
+        cur, cur_ms = _descend(prob, sur, nb, cur, cur_ms, lay, deadline_s)
+        if cur_ms < best_ms - 1e-12:
+            best, best_ms = cur.copy(), cur_ms
+        elif cur_ms > best_ms + 1e-12:  # keep the better local optimum
+            cur, cur_ms = best.copy(), best_ms
+        if max_kicks is not None and kicks >= max_kicks:
+            break
+        kicks += 1
+        cur = _double_bridge(rng, cur)
+        cur_ms = prob.cost(list(cur), lay)
+    return [int(x) for x in best], best_ms
+
+
+def _descend(prob, sur, nb, cur, cur_ms, lay, deadline_s):
+    """Best-improvement descent: rank the neighbourhood by the surrogate, score the first few
+    by the estimator; stop where none of the surrogate's candidates improves."""
+    while work.now() < deadline_s:
+        cands = cur[nb]
+        s = sur.score(cands)
+        order = np.argsort(s, kind="stable")
+        moved = False
+        for i in order[:VERIFY_PER_STEP]:
+            if s[i] >= cur_ms - 1e-9 or work.now() >= deadline_s:
+                break
+            cand = list(cands[i])
+            t = prob.cost(cand, lay)
+            if t < cur_ms - 1e-9:
+                cur, cur_ms, moved = cands[i], t, True
+                break
+            if math.isfinite(t):
+                sur.add_cut(cand)  # the surrogate was low there: its path joins the cuts
+        if not moved and (s[order[0]] >= cur_ms - 1e-9 or len(order) == 0):
+            break
+        if not moved:
+            continue  # the cuts grew: rank again
+    return cur, cur_ms
+
+
+def _double_bridge(rng, perm: np.ndarray) -> np.ndarray:
+    """Cut the path into four pieces A B C D and join them A C B D."""
+    n = len(perm)
+    i, j, k = sorted(int(x) for x in rng.choice(np.arange(1, n), 3, replace=False))
+    return np.concatenate([perm[:i], perm[j:k], perm[i:j], perm[k:]])

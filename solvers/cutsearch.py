@@ -162,8 +162,8 @@ def path_search(prob: PlacementProblem, layers, perm, *, deadline_s: float, seed
             best, best_ms = cur.copy(), cur_ms
         elif cur_ms > best_ms + 1e-12:  # keep the better local optimum
             cur, cur_ms = best.copy(), best_ms
-        if max_kicks is not None and kicks >= max_kicks:
-            break
+        if (max_kicks is not None and kicks >= max_kicks) or len(cur) < 4:
+            break  # (below 4 slots the neighbourhood holds every permutation)
         kicks += 1
         cur = _double_bridge(rng, cur)
         cur_ms = prob.cost(list(cur), lay)
@@ -188,10 +188,9 @@ def _descend(prob, sur, nb, cur, cur_ms, lay, deadline_s):
                 break
             if math.isfinite(t):
                 sur.add_cut(cand)  # the surrogate was low there: its path joins the cuts
-        if not moved and (s[order[0]] >= cur_ms - 1e-9 or len(order) == 0):
-            break
-        if not moved:
-            continue  # the cuts grew: rank again
+        if not moved and s[order[0]] >= cur_ms - 1e-9:
+            break  # no neighbour is better even on the surrogate: a local optimum
+        # else: moved, or the cuts grew where the surrogate was low; rank again
     return cur, cur_ms
 
 

@@ -110,3 +110,15 @@ def test_surrogate_applies_only_to_one_pipeline_of_interchangeable_nodes():
         p = PlacementProblem(TINY, JobSpec(global_batch=16, seq_length=2048), c, sh, blk,
                              Options())
         assert not PathSurrogate.applies(p)
+
+
+def test_three_slots_end_after_one_descent():
+    """3 slots: the neighbourhood holds every other permutation; no kick (which needs 4)."""
+    rng = np.random.default_rng(0)
+    bw = rng.uniform(5, 25, (3, 3))
+    np.fill_diagonal(bw, 0.0)
+    prob = llama_problem(bw, dp=1)
+    lay = prob.start_layers()
+    best = min(prob.cost(list(p), lay) for p in itertools.permutations(range(3)))
+    perm, ms = path_search(prob, lay, [0, 1, 2], deadline_s=time.perf_counter() + 10)
+    assert ms == pytest.approx(best, rel=1e-12)

@@ -1,16 +1,18 @@
 """Iterated local search for one pipeline, on a surrogate built from critical paths.
 
-Where a block is one pipeline (D = 1) with one stage per node-slot, on nodes that differ only
-in their links, a placement changes nothing but the transfer times of its pipeline hops: each
-stage's compute and tail are the same on every node. The iteration time is the longest path of
+Where a block is one pipeline (D = 1), on nodes that differ only in their links, a placement
+changes nothing but the transfer times of the pipeline hops between nodes: each stage's compute
+and tail, and a hop inside a node, cost the same on every node. (With several stages per node
+the hops between them stay inside; with interleaving the last stage's hop back to the first
+closes the path into a cycle.) The iteration time is the longest path of
 the schedule graph (model/schedule.py), and a path's length is linear in the durations: if a
 path P crosses hop h forward wf_P[h] times and backward wb_P[h] times, then for every
-permutation p
+permutation p of nodes over slots
 
-    T(p) >= c_P + sum_h wf_P[h] * L[p_h, p_h+1] + wb_P[h] * L[p_h+1, p_h]
+    T(p) >= c_P + sum_h wf_P[h] * L[p(a_h), p(b_h)] + wb_P[h] * L[p(b_h), p(a_h)]
 
-with L[a, b] the estimator's transfer time from node a to node b and c_P the rest of P's
-length; equality holds for the permutation P was traced on. The maximum over the paths traced so
+over the hops between nodes, with a_h and b_h the slots of hop h's two stages, L[x, y] the
+estimator's transfer time from node x to node y and c_P the rest of P's length; equality holds for the permutation P was traced on. The maximum over the paths traced so
 far is a lower bound of T that is exact where it was traced: the cutting-plane model of Kelley
 (1960), the same cuts the placement MILP uses (solvers/milp.py), here scored for a whole
 neighbourhood at once with numpy (about 5 us a candidate against 0.25 ms for an estimator
@@ -54,8 +56,19 @@ class PathSurrogate:
     def __init__(self, prob: PlacementProblem, layers: tuple[int, ...]):
         self.prob, self.layers = prob, tuple(layers)
         self.ev = ev = prob.evaluator(self.layers)
-        self.hops = np.array(ev._idx_xf), np.array(ev._idx_xb)
-        self.table_ms = self._hop_table()
+        pp = prob.shape.pp
+        # the slot (node) of each stage, read off the identity placement; hop h runs from
+        # stage h to stage (h + 1) % pp (the last one only with interleaving)
+        ident = prob.placement(list(range(prob.num_slots)))
+        slot = [ident.node[st][0] for st in range(pp)]
+        hops = [h for h in range(len(ev._idx_xf)) if slot[h] != slot[(h + 1) % pp]]
+        # hops inside a node cost the same on every node: they stay in the cuts' constants
+        self.xf = np.array([ev._idx_xf[h] for h in hops], dtype=np.int64)
+        self.xb = np.array([ev._idx_xb[h] for h in hops], dtype=np.int64)
+        self.slot_a = np.array([slot[h] for h in hops], dtype=np.int64)
+        self.slot_b = np.array([slot[(h + 1) % pp] for h in hops], dtype=np.int64)
+        ends = {(ident.gpus[h][0], ident.gpus[(h + 1) % pp][0]) for h in hops}
+        self.table_ms = self._hop_table(*ends.pop()) if len(ends) == 1 else None
         self.const: list[float] = []
         self.wf: list[np.ndarray] = []
         self.wb: list[np.ndarray] = []
@@ -64,7 +77,7 @@ class PathSurrogate:
     @staticmethod
     def applies(prob: PlacementProblem) -> bool:
         blk, sh, c = prob.block, prob.shape, prob.cluster
-        return (blk.D == 1 and blk.j == 1 and sh.chunks == 1 and sh.cp == 1 and sh.ep == 1
+        return (blk.D == 1 and sh.cp == 1 and sh.ep == 1
                 and 2 < blk.A <= MAX_SLOTS and c.num_nodes == blk.A and c.homogeneous
                 and not c.gpu_specific_links
                 and len({nd.intra_gb_per_s for nd in c.nodes}) == 1)
@@ -77,17 +90,17 @@ class PathSurrogate:
         if not cls.applies(prob) or not prob.fits(tuple(layers)):
             return None
         s = cls(prob, layers)
+        if s.table_ms is None or len(s.xf) == 0:
+            return None  # inter-node hops between different GPU groups: not one table
         t = s.add_cut(perm)
         if abs(s.score(np.array([perm]))[0] - t) > 1e-9 * max(1.0, t):
             return None
         return s
 
-    def _hop_table(self) -> np.ndarray:
-        """L[a, b]: the estimator's transfer from node a to node b (Evaluator.link_ms), read
-        off two-node placements of the first hop."""
+    def _hop_table(self, ga, gb) -> np.ndarray:
+        """L[a, b]: the estimator's transfer from GPUs ga of node a to GPUs gb of node b
+        (Evaluator.hop_ms, which link_ms reads)."""
         n = self.prob.num_slots
-        pl = self.prob.placement(list(range(n)))
-        ga, gb = pl.gpus[0][0], pl.gpus[1][0]
         return np.array([[0.0 if a == b else self.ev.hop_ms(a, ga, b, gb) for b in range(n)]
                          for a in range(n)])
 
@@ -99,9 +112,8 @@ class PathSurrogate:
         d = ev.replica_durations(pl, 0, tails)
         length, counts, _ = ev.cs.critical_path(d)
         work.charge("cut")
-        xf, xb = self.hops
-        wf, wb = counts[xf], counts[xb]
-        self.const.append(length - float(wf @ d[xf]) - float(wb @ d[xb]))
+        wf, wb = counts[self.xf], counts[self.xb]
+        self.const.append(length - float(wf @ d[self.xf]) - float(wb @ d[self.xb]))
         self.wf.append(wf)
         self.wb.append(wb)
         if len(self.const) > MAX_CUTS:
@@ -114,8 +126,8 @@ class PathSurrogate:
         if self._stack is None:
             self._stack = (np.array(self.const), np.stack(self.wf, 1), np.stack(self.wb, 1))
         c, wf, wb = self._stack
-        work.charge("surrogate_hop", perms.shape[0] * (perms.shape[1] - 1) * (1 + len(c) / 12))
-        a, b = perms[:, :-1], perms[:, 1:]
+        work.charge("surrogate_hop", perms.shape[0] * len(self.xf) * (1 + len(c) / 12))
+        a, b = perms[:, self.slot_a], perms[:, self.slot_b]
         return (c + self.table_ms[a, b] @ wf + self.table_ms[b, a] @ wb).max(axis=1)
 
 

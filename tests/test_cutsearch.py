@@ -8,7 +8,7 @@ import pytest
 
 from model.estimator import estimate
 from model.plan import Shape
-from model.specs import JobSpec, Options
+from model.specs import JobSpec, ModelSpec, Options
 from solvers.anneal import anneal
 from solvers.cutsearch import PathSurrogate, neighbourhood, path_search
 from solvers.problem import PlacementProblem
@@ -18,20 +18,32 @@ from test_construct import problem as llama_problem
 from test_solvers import TINY, tiny_cluster
 
 
-def tiny_pipeline(seed: int, gbs: int = 24) -> PlacementProblem:
-    """6 nodes of 2 GPUs on slow, uneven links, TP=2 PP=6: one pipeline, one stage per node."""
+TINY16 = ModelSpec("tiny16", 16, 2048, 16, 16, 8192, 32000, 2048)
+LAYOUTS = ("1f1b", "two stages per node", "interleaved")
+
+
+def tiny_pipeline(seed: int, gbs: int = 24, layout: str = "1f1b") -> PlacementProblem:
+    """6 nodes of 2 GPUs on slow, uneven links, one pipeline: TP=2 PP=6 (one stage per node),
+    TP=1 PP=12 (two stages per node) or TP=2 PP=6 interleaved over 2 chunks."""
     c = tiny_cluster(6, seed)
-    sh = Shape(tp=2, pp=6, dp=1, micro_batch=1, sequence_parallel=True)
-    blk = next(b for b in blocks_for(c, sh) if b.j == 1 and b.D == 1)
-    return PlacementProblem(TINY, JobSpec(global_batch=gbs, seq_length=2048), c, sh, blk,
+    if layout == "two stages per node":
+        sh, model, j = Shape(tp=1, pp=12, dp=1, micro_batch=1), TINY16, 2
+    else:
+        v = 2 if layout == "interleaved" else 1
+        sh = Shape(tp=2, pp=6, dp=1, micro_batch=1, sequence_parallel=True,
+                   schedule="interleaved" if v > 1 else "1f1b", chunks=v)
+        model, j = (TINY16 if v > 1 else TINY), 1
+    blk = next(b for b in blocks_for(c, sh) if b.j == j and b.D == 1)
+    return PlacementProblem(model, JobSpec(global_batch=gbs, seq_length=2048), c, sh, blk,
                             Options())
 
 
-@pytest.mark.parametrize("seed,gbs", [(0, 24), (1, 24), (2, 96)])
-def test_surrogate_is_below_the_estimator_and_exact_where_traced(seed, gbs):
+@pytest.mark.parametrize("seed,gbs,layout", [(0, 24, "1f1b"), (1, 24, "1f1b"), (2, 96, "1f1b"),
+                                             (0, 24, LAYOUTS[1]), (1, 24, LAYOUTS[2])])
+def test_surrogate_is_below_the_estimator_and_exact_where_traced(seed, gbs, layout):
     """Over all 720 placements: the surrogate never exceeds the estimator's time, and equals
     it on every placement whose critical path it has traced."""
-    prob = tiny_pipeline(seed, gbs)
+    prob = tiny_pipeline(seed, gbs, layout)
     lay = prob.start_layers()
     perms = np.array(list(itertools.permutations(range(6))))
     sur = PathSurrogate.build(prob, lay, list(perms[0]))
@@ -75,11 +87,12 @@ def test_neighbourhood_holds_every_swap_reversal_and_segment_move_once():
     assert [0, 3, 4, 2, 1, 5] in nb.tolist()  # the same, reversed
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_path_search_reaches_the_enumerated_optimum(seed):
+@pytest.mark.parametrize("seed,layout", [(0, "1f1b"), (1, "1f1b"), (2, "1f1b"),
+                                         (2, LAYOUTS[1]), (0, LAYOUTS[2])])
+def test_path_search_reaches_the_enumerated_optimum(seed, layout):
     """Fixed split, all 720 placements enumerated: the search returns the best of them, and
     its time is the estimator's time of the plan it returns."""
-    prob = tiny_pipeline(seed)
+    prob = tiny_pipeline(seed, layout=layout)
     lay = prob.start_layers()
     best = min(prob.cost(list(p), lay) for p in itertools.permutations(range(6)))
     perm, ms = path_search(prob, lay, list(range(6)), deadline_s=time.perf_counter() + 30,
@@ -87,7 +100,8 @@ def test_path_search_reaches_the_enumerated_optimum(seed):
     assert ms == prob.cost(perm, lay)
     assert ms == pytest.approx(best, rel=1e-12)
     plan = prob.plan(perm, lay)
-    assert estimate(TINY, prob.job, prob.cluster, plan).iteration_ms == pytest.approx(ms)
+    assert estimate(prob.model, prob.job, prob.cluster, plan).iteration_ms == \
+        pytest.approx(ms)
 
 
 def test_clock_annealing_on_one_pipeline_keeps_its_time():
@@ -106,7 +120,7 @@ def test_surrogate_applies_only_to_one_pipeline_of_interchangeable_nodes():
     assert PathSurrogate.applies(prob)
     c = tiny_cluster(4, 0)
     sh = Shape(tp=2, pp=2, dp=2, micro_batch=1, sequence_parallel=True)
-    for blk in blocks_for(c, sh):  # two replicas, or two stages per node
+    for blk in blocks_for(c, sh):  # two replicas, or fewer than 3 node-stages
         p = PlacementProblem(TINY, JobSpec(global_batch=16, seq_length=2048), c, sh, blk,
                              Options())
         assert not PathSurrogate.applies(p)

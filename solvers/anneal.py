@@ -64,11 +64,13 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
     if iters is None and PathSurrogate.applies(prob):
         # one pipeline of interchangeable nodes: iterated local search on the critical-path
         # surrogate (solvers.cutsearch) takes the chains' share of the clock
-        lay0 = tuple(first_kw.get("init_layers") or prob.start_layers())
-        perm0 = list(first_kw.get("init_perm") or range(prob.num_slots))
-        found = path_search(prob, lay0, perm0, deadline_s=t_start + chains_s, seed=seed)
+        lay0, perm0 = first_kw.get("init_layers"), first_kw.get("init_perm")
+        lay0 = tuple(prob.start_layers() if lay0 is None else lay0)
+        perm0 = list(range(prob.num_slots) if perm0 is None else perm0)
+        found = path_search(prob, lay0, perm0, deadline_s=t_start + chains_s, seed=seed,
+                            move_layers=first_kw.get("move_layers", True))
         if found is not None:
-            best = PlacementResult(prob.plan(found[0], lay0), found[1], 0.0, "heuristic",
+            best = PlacementResult(prob.plan(found[0], found[1]), found[2], 0.0, "heuristic",
                                    "anneal", work.now() - t_start)
             restarts = 0
     for i in range(restarts):

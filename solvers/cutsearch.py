@@ -53,7 +53,8 @@ class PathSurrogate:
     """The cuts of one (problem, layer split); `None` from `build` where the block is not one
     pipeline of interchangeable nodes."""
 
-    def __init__(self, prob: PlacementProblem, layers: tuple[int, ...]):
+    def __init__(self, prob: PlacementProblem, layers: tuple[int, ...],
+                 tables: dict | None = None):
         self.prob, self.layers = prob, tuple(layers)
         self.ev = ev = prob.evaluator(self.layers)
         pp = prob.shape.pp
@@ -68,7 +69,15 @@ class PathSurrogate:
         self.slot_a = np.array([slot[h] for h in hops], dtype=np.int64)
         self.slot_b = np.array([slot[(h + 1) % pp] for h in hops], dtype=np.int64)
         ends = {(ident.gpus[h][0], ident.gpus[(h + 1) % pp][0]) for h in hops}
-        self.table_ms = self._hop_table(*ends.pop()) if len(ends) == 1 else None
+        # the transfer table does not depend on the split: shared through `tables` (the
+        # first cut's check in `build` still compares with the estimator on every split)
+        self.table_ms = None
+        if len(ends) == 1:
+            key = ends.pop()
+            tables = {} if tables is None else tables
+            if key not in tables:
+                tables[key] = self._hop_table(*key)
+            self.table_ms = tables[key]
         self.const: list[float] = []
         self.wf: list[np.ndarray] = []
         self.wb: list[np.ndarray] = []
@@ -83,13 +92,14 @@ class PathSurrogate:
                 and len({nd.intra_gb_per_s for nd in c.nodes}) == 1)
 
     @classmethod
-    def build(cls, prob: PlacementProblem, layers, perm) -> PathSurrogate | None:
+    def build(cls, prob: PlacementProblem, layers, perm, tables: dict | None = None
+              ) -> PathSurrogate | None:
         """The surrogate with perm's critical path as its first cut, or None where it does not
         apply or the first cut does not reproduce the estimator's time (a guard: the structure
         above is then not what the estimator computes)."""
         if not cls.applies(prob) or not prob.fits(tuple(layers)):
             return None
-        s = cls(prob, layers)
+        s = cls(prob, layers, tables)
         if s.table_ms is None or len(s.xf) == 0:
             return None  # inter-node hops between different GPU groups: not one table
         t = s.add_cut(perm)
@@ -155,31 +165,65 @@ def neighbourhood(n: int) -> np.ndarray:
 
 
 def path_search(prob: PlacementProblem, layers, perm, *, deadline_s: float, seed: int = 0,
-                max_kicks: int | None = None):
-    """(best permutation, its estimator time in ms), or None where the surrogate does not
-    apply. Runs until `deadline_s` (the search clock, model.work) or `max_kicks` kicks."""
-    sur = PathSurrogate.build(prob, layers, perm)
+                max_kicks: int | None = None, move_layers: bool = True):
+    """(best permutation, its split, its estimator time in ms), or None where the surrogate
+    does not apply. Runs until `deadline_s` (the search clock, model.work) or `max_kicks`
+    kicks. A kick is a double bridge on the permutation or, with `move_layers` and half the
+    time, one layer moved between two stages (each split has its own cuts: the constants
+    hold the stages' compute)."""
+    tables: dict = {}
+    sur = PathSurrogate.build(prob, layers, perm, tables)
     if sur is None:
         return None
+    surs = {tuple(layers): sur}
     rng = np.random.default_rng(seed)
     nb = neighbourhood(len(perm))
     lay = tuple(layers)
     cur = np.array(perm, dtype=np.int64)
     cur_ms = prob.cost(list(cur), lay)
-    best, best_ms = cur.copy(), cur_ms
+    best, best_lay, best_ms = cur.copy(), lay, cur_ms
+    V = len(lay)
     kicks = 0
     while work.now() < deadline_s:
-        cur, cur_ms = _descend(prob, sur, nb, cur, cur_ms, lay, deadline_s)
+        cur, cur_ms = _descend(prob, surs[lay], nb, cur, cur_ms, lay, deadline_s)
         if cur_ms < best_ms - 1e-12:
-            best, best_ms = cur.copy(), cur_ms
+            best, best_lay, best_ms = cur.copy(), lay, cur_ms
         elif cur_ms > best_ms + 1e-12:  # keep the better local optimum
-            cur, cur_ms = best.copy(), best_ms
-        if (max_kicks is not None and kicks >= max_kicks) or len(cur) < 4:
+            cur, lay, cur_ms = best.copy(), best_lay, best_ms
+        split_kicks = move_layers and V > 1
+        if (max_kicks is not None and kicks >= max_kicks) or (len(cur) < 4 and not split_kicks):
             break  # (below 4 slots the neighbourhood holds every permutation)
         kicks += 1
-        cur = _double_bridge(rng, cur)
+        new_lay = _layer_kick(rng, prob, lay) if split_kicks and (
+            len(cur) < 4 or rng.random() < 0.5) else None
+        if new_lay is not None and new_lay not in surs:
+            got = PathSurrogate.build(prob, new_lay, list(cur), tables)
+            if got is None:
+                new_lay = None
+            else:
+                surs[new_lay] = got
+        if new_lay is not None:
+            lay = new_lay
+        elif len(cur) >= 4:
+            cur = _double_bridge(rng, cur)
         cur_ms = prob.cost(list(cur), lay)
-    return [int(x) for x in best], best_ms
+    return [int(x) for x in best], best_lay, best_ms
+
+
+def _layer_kick(rng, prob: PlacementProblem, lay: tuple[int, ...]):
+    """One layer moved from a random stage with more than one to another; None where the
+    split that gives does not fit."""
+    src = [i for i, x in enumerate(lay) if x > 1]
+    if not src:
+        return None
+    a = int(rng.choice(src))
+    b = int(rng.integers(len(lay) - 1))
+    b += b >= a
+    new = list(lay)
+    new[a] -= 1
+    new[b] += 1
+    new = tuple(new)
+    return new if prob.fits(new) else None
 
 
 def _descend(prob, sur, nb, cur, cur_ms, lay, deadline_s):

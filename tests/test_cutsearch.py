@@ -95,8 +95,10 @@ def test_path_search_reaches_the_enumerated_optimum(seed, layout):
     prob = tiny_pipeline(seed, layout=layout)
     lay = prob.start_layers()
     best = min(prob.cost(list(p), lay) for p in itertools.permutations(range(6)))
-    perm, ms = path_search(prob, lay, list(range(6)), deadline_s=time.perf_counter() + 30,
-                           seed=seed, max_kicks=10)
+    perm, got, ms = path_search(prob, lay, list(range(6)),
+                                deadline_s=time.perf_counter() + 30, seed=seed, max_kicks=10,
+                                move_layers=False)
+    assert got == lay
     assert ms == prob.cost(perm, lay)
     assert ms == pytest.approx(best, rel=1e-12)
     plan = prob.plan(perm, lay)
@@ -134,5 +136,20 @@ def test_three_slots_end_after_one_descent():
     prob = llama_problem(bw, dp=1)
     lay = prob.start_layers()
     best = min(prob.cost(list(p), lay) for p in itertools.permutations(range(3)))
-    perm, ms = path_search(prob, lay, [0, 1, 2], deadline_s=time.perf_counter() + 10)
+    perm, _, ms = path_search(prob, lay, [0, 1, 2], deadline_s=time.perf_counter() + 10,
+                              move_layers=False)
+    assert ms == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_path_search_with_split_moves_reaches_the_brute_force_optimum(seed):
+    """Placements and splits together (every split of 8 layers over 6 stages x 720
+    placements, solvers.brute): the search with layer kicks returns the optimum."""
+    from solvers.brute import brute_force
+
+    prob = tiny_pipeline(seed)
+    best = brute_force(prob).objective_ms
+    perm, lay, ms = path_search(prob, prob.start_layers(), list(range(6)),
+                                deadline_s=time.perf_counter() + 30, seed=seed, max_kicks=80)
+    assert ms == prob.cost(perm, lay)
     assert ms == pytest.approx(best, rel=1e-12)

@@ -992,7 +992,11 @@ def _placement_loop(F: _Formulation, prob, paths, left_s, max_rounds: int,
             return st
         if res.bound is not None:
             st.bound = max(st.bound, min(res.bound, cut_ms))
+        # the first round's share ran out (not the whole limit): the rest goes to another
+        halved = st.rounds == 1 and res.status != "optimal" and left_s() > 0.05
         if res.objective is None:
+            if halved:
+                continue
             return st
         perm, lay = F.perm(), F.layers()
         true_ms = prob.cost(perm, lay)
@@ -1009,6 +1013,8 @@ def _placement_loop(F: _Formulation, prob, paths, left_s, max_rounds: int,
             return st
         # HiGHS solves to its feasibility tolerance (1e-7): agreement is judged at 1e-7
         if true_ms <= milp_ms * (1 + 1e-7) + 1e-9:
+            if halved:  # (with the better plan as the cutoff)
+                continue
             st.converged = res.status == "optimal" or (
                 st.objective_ms - st.bound <= 1e-9 * st.objective_ms)
             return st  # the bound stays HiGHS's dual bound, not the incumbent

@@ -992,25 +992,25 @@ def _placement_loop(F: _Formulation, prob, paths, left_s, max_rounds: int,
             return st
         if res.bound is not None:
             st.bound = max(st.bound, min(res.bound, cut_ms))
+        if res.objective is not None:
+            perm, lay = F.perm(), F.layers()
+            true_ms = prob.cost(perm, lay)
+            if true_ms < st.objective_ms:
+                st.objective_ms, st.plan = true_ms, prob.plan(perm, lay)
+        # the dual bound is valid whatever the cuts (fewer paths: a relaxation) and whether
+        # HiGHS finished or not: once the best plan known (here or the caller's cutoff) is
+        # within the tolerance of it, no plan of this load vector can be better by more
+        known = min(cutoff_ms, st.objective_ms)
+        if known - st.bound <= _tolerance(known, mip_rel_gap):
+            st.converged = True
+            return st
         # the first round's share ran out (not the whole limit): the rest goes to another
         halved = st.rounds == 1 and res.status != "optimal" and left_s() > 0.05
         if res.objective is None:
             if halved:
                 continue
             return st
-        perm, lay = F.perm(), F.layers()
-        true_ms = prob.cost(perm, lay)
         milp_ms = res.objective
-        if true_ms < st.objective_ms:
-            st.objective_ms, st.plan = true_ms, prob.plan(perm, lay)
-        # the dual bound is valid whatever the cuts (fewer paths: a relaxation): once the best
-        # plan known (here or the caller's cutoff) is within the tolerance of it, no plan of
-        # this load vector can be better by more than the tolerance
-        known = min(cutoff_ms, st.objective_ms)
-        if res.status == "optimal" and known - st.bound <= _tolerance(
-                known, mip_rel_gap):
-            st.converged = True
-            return st
         # HiGHS solves to its feasibility tolerance (1e-7): agreement is judged at 1e-7
         if true_ms <= milp_ms * (1 + 1e-7) + 1e-9:
             if halved:  # (with the better plan as the cutoff)

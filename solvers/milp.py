@@ -981,7 +981,12 @@ def _placement_loop(F: _Formulation, prob, paths, left_s, max_rounds: int,
         st.rounds += 1
         # only plans better than the best known are of interest: T <= it prunes the rest (if
         # none is left, this load vector cannot beat it: its bound is the cutoff)
+        # and only plans better by more than the tolerance: a node whose bound is within it
+        # of the best plan is pruned at once, and "no plan left" is the proof (HiGHS's own
+        # relative gap needs an incumbent below the cutoff, which there may never be)
         cut_ms = min(cutoff_ms, st.objective_ms)
+        if math.isfinite(cut_ms):
+            cut_ms *= 1 - mip_rel_gap
         F.set_cutoff(cut_ms)
         # the first round may not take all the time: its incumbent is scored by the estimator
         # only when HiGHS returns, and with few paths it may be far off (32 nodes)

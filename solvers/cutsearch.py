@@ -17,9 +17,9 @@ holds for the permutation P was traced on. The maximum over the paths traced so 
 bound of T that is exact where it was traced: the cutting-plane model of Kelley (1960), the
 same cuts the placement MILP uses (solvers/milp.py), here scored for a whole neighbourhood at
 once with numpy (measured on 32 nodes with one cut: 1.9 ms for the 5,113 neighbours, 0.4 us a
-candidate, against 0.25 ms for one estimator evaluation). On bench/exact_scaling.py's 32-node random matrix a single path is
-critical for every placement and T is 687.498 ms plus the sum of hop round trips: an open
-travelling-salesman path.
+candidate, against 0.25 ms for one estimator evaluation). On bench/exact_scaling.py's 32-node
+random matrix a single path is critical for every placement and T is 687.498 ms plus the sum
+of hop round trips: an open travelling-salesman path.
 
 The search: best-improvement descent over swaps, segment reversals (2-opt) and segment moves
 (one to three nodes, either way round: or-opt), each candidate the surrogate ranks first scored

@@ -219,10 +219,8 @@ class Evaluator:
     def link_ms(self, pl: Placement, sa: int, sb: int, r: int) -> float:
         """Transfer from stage sa's group to stage sb's group in replica r (memoized on the
         two ends)."""
-        return self.hop_ms(pl.node[sa][r], pl.gpus[sa][r], pl.node[sb][r], pl.gpus[sb][r])
-
-    def hop_ms(self, na: int, ga: tuple[int, ...], nb: int, gb: tuple[int, ...]) -> float:
-        """A pipeline transfer from GPUs ga of node na to GPUs gb of node nb (memoized)."""
+        na, nb = pl.node[sa][r], pl.node[sb][r]
+        ga, gb = pl.gpus[sa][r], pl.gpus[sb][r]
         key = ("hop", na, ga, nb, gb)
         hit = self._dur_memo.get(key)
         if hit is None:

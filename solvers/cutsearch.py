@@ -55,10 +55,9 @@ class PathSurrogate:
     """The cuts of one (problem, layer split); `None` from `build` where the block is not one
     pipeline of interchangeable nodes."""
 
-    def __init__(self, prob: PlacementProblem, layers: tuple[int, ...],
-                 tables: dict | None = None):
+    def __init__(self, prob: PlacementProblem, layers: tuple[int, ...]):
         self.prob, self.layers = prob, tuple(layers)
-        self.ev = ev = prob.evaluator(self.layers)
+        ev = prob.evaluator(self.layers)
         pp = prob.shape.pp
         # the slot (node) of each stage, read off the identity placement; hop h runs from
         # stage h to stage (h + 1) % pp (the last one only with interleaving)
@@ -70,16 +69,8 @@ class PathSurrogate:
         self.xb = np.array([ev._idx_xb[h] for h in hops], dtype=np.int64)
         self.slot_a = np.array([slot[h] for h in hops], dtype=np.int64)
         self.slot_b = np.array([slot[(h + 1) % pp] for h in hops], dtype=np.int64)
-        ends = {(ident.gpus[h][0], ident.gpus[(h + 1) % pp][0]) for h in hops}
-        # the transfer table does not depend on the split: shared through `tables` (the
-        # first cut's check in `build` still compares with the estimator on every split)
-        self.table_ms = None
-        if len(ends) == 1:
-            key = ends.pop()
-            tables = {} if tables is None else tables
-            if key not in tables:
-                tables[key] = self._hop_table(*key)
-            self.table_ms = tables[key]
+        # L[x, y]: the cost model's transfer from node x to node y (the MILP's hop matrix)
+        self.table_ms = ev.costs.hop_matrix_ms()
         self.const: list[float] = []
         self.wf: list[np.ndarray] = []
         self.wb: list[np.ndarray] = []
@@ -94,35 +85,23 @@ class PathSurrogate:
                 and len({nd.intra_gb_per_s for nd in c.nodes}) == 1)
 
     @classmethod
-    def build(cls, prob: PlacementProblem, layers, perm, tables: dict | None = None
-              ) -> PathSurrogate | None:
+    def build(cls, prob: PlacementProblem, layers, perm) -> PathSurrogate | None:
         """The surrogate with perm's critical path as its first cut, or None where it does not
         apply or the first cut does not reproduce the estimator's time (a guard: the structure
         above is then not what the estimator computes)."""
         if not cls.applies(prob) or not prob.fits(tuple(layers)):
             return None
-        s = cls(prob, layers, tables)
-        if s.table_ms is None or len(s.xf) == 0:
-            return None  # inter-node hops between different GPU groups: not one table
+        s = cls(prob, layers)
+        if len(s.xf) == 0:
+            return None
         t = s.add_cut(perm)
         if abs(s.score(np.array([perm]))[0] - t) > 1e-9 * max(1.0, t):
             return None
         return s
 
-    def _hop_table(self, ga, gb) -> np.ndarray:
-        """L[a, b]: the estimator's transfer from GPUs ga of node a to GPUs gb of node b
-        (Evaluator.hop_ms, which link_ms reads)."""
-        n = self.prob.num_slots
-        return np.array([[0.0 if a == b else self.ev.hop_ms(a, ga, b, gb) for b in range(n)]
-                         for a in range(n)])
-
     def add_cut(self, perm) -> float:
         """Trace perm's critical path, keep it as a cut; the estimator's time of perm."""
-        ev, prob = self.ev, self.prob
-        pl = prob.placement(perm)
-        tails, _ = ev.tails(pl)
-        d = ev.replica_durations(pl, 0, tails)
-        length, counts, _ = ev.cs.critical_path(d)
+        ((length, counts, d),) = self.prob.critical_paths(perm, self.layers, replicas=(0,))
         work.charge("cut")
         wf, wb = counts[self.xf], counts[self.xb]
         self.const.append(length - float(wf @ d[self.xf]) - float(wb @ d[self.xb]))
@@ -173,8 +152,7 @@ def path_search(prob: PlacementProblem, layers, perm, *, deadline_s: float, seed
     kicks. A kick is a double bridge on the permutation or, with `move_layers` and half the
     time, one layer moved between two stages (each split has its own cuts: the constants
     hold the stages' compute)."""
-    tables: dict = {}
-    sur = PathSurrogate.build(prob, layers, perm, tables)
+    sur = PathSurrogate.build(prob, layers, perm)
     if sur is None:
         return None
     surs = {tuple(layers): sur}
@@ -199,7 +177,7 @@ def path_search(prob: PlacementProblem, layers, perm, *, deadline_s: float, seed
         new_lay = _layer_kick(rng, prob, lay) if split_kicks and (
             len(cur) < 4 or rng.random() < 0.5) else None
         if new_lay is not None and new_lay not in surs:
-            got = PathSurrogate.build(prob, new_lay, list(cur), tables)
+            got = PathSurrogate.build(prob, new_lay, list(cur))
             if got is None:
                 new_lay = None
             else:

@@ -800,13 +800,9 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
         when the transfers the path repeats (a steady state's hops) are made slow one way and
         fast the other (each such hop alone, both ways, then random combinations; `variants`
         in all): the placements the MILP would try next to dodge the first path."""
-        ev = prob.evaluator(tuple(lay))
-        pl = prob.placement(perm)
-        tails, _ = ev.tails(pl)
+        cs = prob.evaluator(tuple(lay)).cs
         rng = np.random.default_rng(len(cut_list))
-        for r in range(prob.shape.cols):
-            dur = ev.replica_durations(pl, r, tails)
-            counts = ev.cs.critical_path(dur)[1]
+        for _, counts, dur in prob.critical_paths(perm, tuple(lay)):
             cut_list.append(counts)
             heavy = [h for h in range(dat.n_hops) if dat.hop_edge[h] is not None and
                      counts[K.xf(h)] + counts[K.xb(h)] > 2]
@@ -818,7 +814,7 @@ def solve_milp(prob: PlacementProblem, *, time_limit_s: float = 60.0, max_rounds
                 for h in flips:
                     fwd_slow = (q % 2 == 0) if q < 2 * len(heavy) else rng.random() < 0.5
                     d2[K.xf(h)], d2[K.xb(h)] = (hi, lo) if fwd_slow else (lo, hi)
-                cut_list.append(ev.cs.critical_path(d2)[1])
+                cut_list.append(cs.critical_path(d2)[1])
         return _sync_cuts(full, cut_list) if full is not None else 0
 
     for perm, lay in seeds:

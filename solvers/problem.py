@@ -57,6 +57,21 @@ class PlacementProblem:
             return float("inf")
         return self.evaluator(layers).iteration_ms(self.placement(perm))
 
+    def critical_paths(self, perm, layers: tuple[int, ...], replicas=None) -> list:
+        """Per replica (all, or those listed): (length in ms, counts per duration kind,
+        durations) of the longest path of its schedule graph for plan (perm, layers), tails
+        included; the critical-path cuts of the MILP (solvers/milp.py) and of the path search
+        (solvers/cutsearch.py)."""
+        ev = self.evaluator(layers)
+        pl = self.placement(perm)
+        tails, _ = ev.tails(pl)
+        out = []
+        for r in range(self.shape.cols) if replicas is None else replicas:
+            dur = ev.replica_durations(pl, r, tails)
+            length, counts, _ = ev.cs.critical_path(dur)
+            out.append((length, counts, dur))
+        return out
+
     def plan(self, perm, layers) -> Plan:
         return Plan(with_layers(self.shape, layers), self.placement(perm))
 

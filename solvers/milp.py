@@ -975,11 +975,11 @@ def _placement_loop(F: _Formulation, prob, paths, left_s, max_rounds: int,
     V = F.dat.V
     while st.rounds < max_rounds and left_s() > 0.05:
         st.rounds += 1
-        # only plans better than the best known are of interest: T <= it prunes the rest (if
-        # none is left, this load vector cannot beat it: its bound is the cutoff)
-        # and only plans better by more than the tolerance: a node whose bound is within it
-        # of the best plan is pruned at once, and "no plan left" is the proof (HiGHS's own
-        # relative gap needs an incumbent below the cutoff, which there may never be)
+        # only plans better than the best known by more than the tolerance are of interest:
+        # T <= best (1 - gap) prunes the rest, a node whose bound is within the tolerance at
+        # once; if no plan is left, this load vector cannot beat the best by more, and its
+        # bound is the cutoff (HiGHS's own gap needs an incumbent below the cutoff, which
+        # there may never be)
         cut_ms = min(cutoff_ms, st.objective_ms)
         if math.isfinite(cut_ms):
             cut_ms *= 1 - mip_rel_gap

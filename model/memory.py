@@ -40,6 +40,15 @@ from .specs import JobSpec, ModelSpec, Options
 
 GIB = float(2 ** 30)
 FP8_WEIGHT_COPY_BYTES = 2  # FP8 weight + its transpose, per linear-layer weight
+# Peak bytes per logit of torchtitan's loss step, from the bf16 logits to the end of their
+# backward (train.py loss_fn: F.cross_entropy(pred.flatten(0, 1).float()), pred deleted before
+# the backward), measured by probe/loss_memory.py (tests/test_probe.py holds these figures to
+# the installed PyTorch): ATen's log_softmax and nll_loss peak in the backward at the kept
+# log-softmax, the nll gradient and the log-softmax gradient (3 x 4); TP's loss_parallel
+# (torch/distributed/tensor/parallel/loss.py) also materializes zeros_like(x), exp(x) and their
+# sum before the product (4 x 4)
+LOSS_PEAK_BYTES_PER_LOGIT = {"torchtitan": 12.0, "torchtitan-loss-parallel": 16.0}
+LOSS_KEPT_BYTES_PER_LOGIT = 4.0  # the fp32 log-softmax, kept from the forward to the backward
 
 
 def param_bytes(job: JobSpec, shape: Shape) -> tuple[float, float, float]:
@@ -166,16 +175,24 @@ def op_sac_tensors(model: ModelSpec, job: JobSpec, shape: Shape
     (and its log-sum-exp) and of every other matrix multiply, counted in call order q, k, v,
     o, w1, w3, w2 (the 1st, 3rd, 5th and 7th are kept: q, v, w1, w2), and the outputs of TP's
     reduce-scatters. A row-parallel multiply's output is the full hidden size on every TP rank
-    (partial sums before the reduce-scatter)."""
+    (partial sums before the reduce-scatter).
+
+    Under torch.compile (`job.compile`) the partitioner keeps, of what the policy marks, only
+    what the backward reads: the MLP's last multiply (w2) feeds nothing but the residual add,
+    so its output is not kept. Measured by bench/activation_memory.py on torchtitan's own
+    block (Llama 3 8B proportions, TP 1): 7.78 hidden-size tensors per token eager, 6.78
+    compiled, this count to the byte. With TP the w2 output's reduce-scatter feeds only the
+    same add and goes the same way (the rule, not measured: one rank)."""
     h, kv, ffn = model.hidden_size, model.kv_dim, model.ffn_hidden_size
     a = float(job.activation_bytes)
     q = model.q_dim
     out = [("block input", a * h, False), ("q", a * q, True), ("v", a * kv, True),
            ("attention output", a * q, True), ("attention lse", 4.0 * model.num_heads, True),
            ("w1 output", a * ffn, True)]
-    mm_out = [("w2 output", a * h, False)] if model.gated_mlp else []
+    compiled = job.compile and job.framework == "torchtitan"
+    mm_out = [("w2 output", a * h, False)] if model.gated_mlp and not compiled else []
     if shape.tp > 1:
-        out += [("reduce-scatter outputs", 2 * a * h, False)]
+        out += [("reduce-scatter outputs", (1 if compiled else 2) * a * h, False)]
         # the row-parallel output before its reduce-scatter is not split by sequence
         # parallelism either
         mm_out = [(n, b * shape.tp if shape.sequence_parallel else b, f)
@@ -246,12 +263,15 @@ class MemoryModel:
         # whole on every tensor rank; Megatron-LM frees it once sent
         self.pipe_out = (a16 * s * b * h if job.framework == "deepspeed" and shape.pp > 1
                          else 0.0)
-        # torchtitan's loss: F.cross_entropy(logits.float()) on the bf16 logits materializes
-        # the logits, their fp32 copy and the fp32 log-softmax it keeps (the last is in
-        # head_act): 2 + 4 bytes per logit more at the end of the last stage's forward
-        # (vocabulary-parallel with TP's loss_parallel)
-        self.loss_work = (6.0 * s * b * model.vocab_size / t
-                          if job.framework == "torchtitan" else 0.0)
+        # torchtitan's loss step, at its peak, beyond the fp32 log-softmax it keeps (4 bytes
+        # per logit, in head_act): LOSS_PEAK_BYTES_PER_LOGIT, with TP's loss_parallel on the
+        # vocabulary-sharded logits
+        if job.framework == "torchtitan":
+            path = "torchtitan-loss-parallel" if t > 1 else "torchtitan"
+            self.loss_work = ((LOSS_PEAK_BYTES_PER_LOGIT[path] - LOSS_KEPT_BYTES_PER_LOGIT)
+                              * s * b * model.vocab_size / t)
+        else:
+            self.loss_work = 0.0
         # leading dense layers (virtual stage 0): their activations instead of MoE ones
         self.first_dense = model.first_dense_layers
         self.dense_act_delta = (self.first_dense * (layer_activation_bytes(

@@ -461,8 +461,9 @@ class JobSpec:
       sharded parameters) and how pipeline transfers are sent (model/costs.py).
     - `compile`: torchtitan's torch.compile of each transformer block (its `compile` switch):
       True fuses the element-wise kernels, False runs them as eager PyTorch kernel by kernel
-      (model/compute.py). Megatron-LM, NeMo and DeepSpeed always run fused kernels, so there
-      it must stay True.
+      (model/compute.py), and compiled blocks keep less for the backward under per-op
+      selective checkpointing (model/memory.py `op_sac_tensors`). Megatron-LM, NeMo and
+      DeepSpeed always run fused kernels, so there it must stay True.
     """
 
     global_batch: int

@@ -186,3 +186,20 @@ def test_gemm_probe_cpu_test_mode_runs_and_is_refused_for_planning(tmp_path):
                                  "--gbs", "64", "--calibration", str(out)])
     assert r.exit_code == 2 and "not for planning" in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_loss_memory_matches_the_measured_peak():
+    """The memory model's loss terms are the installed PyTorch's: the probe measures the peak
+    bytes per logit of torchtitan's loss step (fused cross-entropy, and loss_parallel under
+    TP) with the profiler's allocator events, in its own process."""
+    pytest.importorskip("torch")
+    import subprocess
+
+    from model.memory import LOSS_PEAK_BYTES_PER_LOGIT
+    out = subprocess.run([sys.executable, str(ROOT / "probe" / "loss_memory.py"), "--json",
+                          "--tokens", "1024", "--vocab", "4096"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])["bytes_per_logit"]
+    assert set(got) == set(LOSS_PEAK_BYTES_PER_LOGIT)
+    for path, v in got.items():
+        assert abs(v - LOSS_PEAK_BYTES_PER_LOGIT[path]) < 0.05, (path, v)

@@ -8,7 +8,8 @@ the GPU's memory and every run that ran within it; median at most 5%; worst erro
 (13.4%, above the issue's 10% goal: see bench/README.md), held here so that it cannot grow
 unnoticed. ZeRO-3 runs of Narayanan et al. Table 2: each within 15%. torchtitan's H100 runs
 (FSDP2, Float8, async TP, PP, CP): at least 16 of the 18 modelled, median |time error| at most
-7%, median |memory error| at most 10%, and the eager and torch.compile 8B rows within 5% each.
+7%, median |memory error| at most 10% and none above 10% (9.5% measured), and the eager and
+torch.compile 8B rows within 5% each.
 """
 
 import dataclasses
@@ -67,6 +68,8 @@ def test_torchtitan_rows():
     assert len(modelled) >= 16
     assert s.time_median <= 0.07, f"torchtitan time median {s.time_median:.3f}"
     assert s.mem_median <= 0.10, f"torchtitan memory median {s.mem_median:.3f}"
+    # every row, the 70B 2-D runs included (their loss_parallel step: model/memory.py)
+    assert s.mem_max <= 0.10, sorted((x.mem_err, x.id) for x in s.rows if x.mem_err)[-3:]
     # torch.compile's gain is the eager kernels' bytes: the eager and compiled 8B rows on 8
     # and 128 GPUs each within 5% (two of the four are the fit's rows, two are not)
     by_id = {x.id: x for x in modelled}

@@ -289,12 +289,18 @@ class CostModel:
           re-gather their input beside the data gradient and reduce-scatter the input gradient
           beside the weight gradient;
         - with TP communication overlap, each exposed all-gather / reduce-scatter is split into
-          t ring steps pipelined with its GEMM (communication.exposed_pipelined_ms)."""
+          t ring steps pipelined with its GEMM (communication.exposed_pipelined_ms).
+        torchtitan's Float8 TP (torchao float8_tensor_parallel.py, 2024-12:
+        PrepareFloat8ModuleInput and Float8Colwise/RowwiseParallel) casts a linear layer's input
+        to float8 before its all-gather, and its output gradient before the backward's
+        all-gather: the four all-gathers move 1 byte per element; the reduce-scatters stay in
+        bf16."""
         sh = self.shape
         t = sh.tp
         if t <= 1:
             return 0.0, 0.0
-        ar, ag = self._tp(ring_gb_per_s)
+        ar, rs = self._tp(ring_gb_per_s)
+        ag = rs * self._gather_fraction()
         F, B = lc.fwd.ms, lc.bwd.ms
         if not sh.sequence_parallel:
             fwd = 2 * ar
@@ -309,18 +315,27 @@ class CostModel:
                + (1 if m.moe_shared_experts else 0)
                if m.is_moe else 1)  # expert TP 1: whole experts, no collective of their own
 
-        def serial(gemm, scale=1):
+        def serial(gemm, scale=1, comm=rs):
             if sh.tp_comm_overlap:
-                return exposed_pipelined_ms(scale * ag, gemm, t)
-            return scale * ag
+                return exposed_pipelined_ms(scale * comm, gemm, t)
+            return scale * comm
 
-        fwd = serial(F["qkv"]) + serial(F["proj"]) + serial(F["fc1"], mlp) + serial(
+        # forward: all-gather before QKV and MLP-up, reduce-scatter after the projections
+        fwd = serial(F["qkv"], comm=ag) + serial(F["proj"]) + serial(F["fc1"], mlp, ag) + serial(
             F["fc2"], mlp)
-        bwd = serial(B["fc2.dgrad"], mlp) + serial(B["proj.dgrad"])
+        # backward: the row-parallel layers all-gather their output gradient
+        bwd = serial(B["fc2.dgrad"], mlp, ag) + serial(B["proj.dgrad"], comm=ag)
         for lin, scale in (("qkv", 1), ("fc1", mlp)):
             bwd += exposed_async_ms(scale * ag, B[f"{lin}.dgrad"]) + exposed_async_ms(
-                scale * ag, B[f"{lin}.wgrad"])
+                scale * rs, B[f"{lin}.wgrad"])
         return fwd, bwd
+
+    def _gather_fraction(self) -> float:
+        """Bytes a TP all-gather of an activation (or its gradient) moves, as a fraction of
+        the 16-bit activation: 1/2 with torchtitan's Float8 TP (`_layer_tp_comm`)."""
+        if self.shape.fp8 and self.job.framework == "torchtitan":
+            return 1.0 / self.job.activation_bytes
+        return 1.0
 
     def _edge_tp_comm(self, head_bwd, ring_gb_per_s: float):
         """Tensor-parallel communication of the embedding and the output layer: the

@@ -180,6 +180,31 @@ def test_tp_overlap_and_grad_overlap_only_hide_time():
     assert times[0] < t0 and times[2] < times[1] < t0
 
 
+def test_torchtitan_float8_tp_gathers_one_byte_per_element():
+    """torchtitan's Float8 TP gathers each linear input (forward) and output gradient
+    (backward) in float8 and reduce-scatters in bf16: its layer's forward TP time is the two
+    reduce-scatters plus the two all-gathers at half the bytes (3/4 of the bf16 plan's), and
+    Megatron-LM's FP8 plan (Transformer Engine, not this rule) keeps 16-bit gathers."""
+    from model.communication import gather_ms
+    from model.costs import CostModel
+    from model.specs import Options
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
+    ring = 360.0
+    fwd = {}
+    for fw, fp8 in (("torchtitan", True), ("torchtitan", False), ("megatron", True)):
+        job = JobSpec(global_batch=8, seq_length=8192, framework=fw, fp8=fp8,
+                      zero=3 if fw == "torchtitan" else None)
+        plan = make_plan(m, job, c, tp=8, pp=1, micro_batch=1, sequence_parallel=True,
+                         fp8=fp8, zero=3 if fw == "torchtitan" else 1)
+        cm = CostModel(m, job, c, plan.shape, Options())
+        fwd[fw, fp8] = cm.layer_times(c.nodes[0].gpu, ring).tp_comm_fwd_ms
+    full = gather_ms(8192 * m.hidden_size * 2, 8, ring, 10.0)  # one 16-bit gather
+    assert fwd["torchtitan", False] == pytest.approx(4 * full)
+    assert fwd["torchtitan", True] == pytest.approx(2 * full + 2 * full / 2)
+    assert fwd["megatron", True] == pytest.approx(4 * full)
+
+
 def test_dropout_free_models_store_no_masks():
     base = dict(name="x", num_layers=4, hidden_size=4096, num_heads=32, num_kv_heads=32,
                 ffn_hidden_size=16384, vocab_size=32000, seq_length=2048)

@@ -1,17 +1,22 @@
-"""What torchtitan's own Llama block keeps for its backward, eager and compiled, against the
-memory model's count (model/memory.py `layer_activation_bytes`, `op_sac_tensors`).
+"""What the frameworks' own code keeps and peaks at, measured on the CPU, against the memory
+model (model/memory.py): torchtitan's Llama block, eager and compiled (`layer_activation_bytes`,
+`op_sac_tensors`), and Megatron-LM's loss step (`LOSS_PEAK_BYTES_PER_LOGIT`).
 
     git -C <torchtitan mirror> archive 3f20451bc torchtitan | tar -x -C /tmp/tt
-    python bench/activation_memory.py --torchtitan /tmp/tt [--python PY]
+    git -C <Megatron-LM mirror> archive HEAD megatron/core | tar -x -C /tmp/mlm
+    python bench/activation_memory.py [--torchtitan /tmp/tt] [--megatron /tmp/mlm] [--python PY]
 
-The block is torchtitan's TransformerBlock at the commit of its 2024-12 H100 benchmarks
+torchtitan: its TransformerBlock at the commit of its 2024-12 H100 benchmarks
 (data/published_runs.json), with its own activation checkpointing ("selective" = per-op SAC,
-"full") and torch.compile; bench/upstream/torchtitan_block_memory.py runs it on the CPU and
-reads the allocator's events (its docstring says what is measured and which CPU stand-ins it
-uses). The shape has Llama 3 8B's proportions at a CPU's size: hidden 512, 8 heads of 64, 2
-KV heads (8B: 4096, 32 of 128, 8: the same 1/4), FFN 1792 (3.5 x hidden, as 14336 / 4096),
-sequence 512, batch 2. Prints per case the bytes per token kept at the end of the forward,
-measured and modelled, and the measured peak over the forward and backward.
+"full") and torch.compile; bench/upstream/torchtitan_block_memory.py runs it and reads the
+allocator's events (its docstring says what is measured and which CPU stand-ins it uses). The
+shape has Llama 3 8B's proportions at a CPU's size: hidden 512, 8 heads of 64, 2 KV heads (8B:
+4096, 32 of 128, 8: the same 1/4), FFN 1792 (3.5 x hidden, as 14336 / 4096), sequence 512,
+batch 2. Prints per case the bytes per token kept at the end of the forward, measured and
+modelled, and the measured peak over the forward and backward.
+
+Megatron-LM: bench/upstream/megatron_loss_memory.py runs its vocab_parallel_cross_entropy as
+GPTModel's unfused loss does and prints the peak bytes per logit beside the model's figure.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.memory import layer_activation_bytes  # noqa: E402
+from model.memory import LOSS_PEAK_BYTES_PER_LOGIT, layer_activation_bytes  # noqa: E402
 from model.plan import Shape  # noqa: E402
 from model.specs import JobSpec, ModelSpec  # noqa: E402
 
@@ -48,20 +53,16 @@ def modelled_bytes(ffn: int, mode: str, compiled: bool) -> float:
     return layer_activation_bytes(model, job, shape)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--torchtitan", required=True, help="root of a torchtitan checkout")
-    ap.add_argument("--python", default=sys.executable, help="the Python that has torch")
-    args = ap.parse_args()
+def torchtitan_block(checkout: str, python: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cases, out = Path(tmp) / "cases.json", Path(tmp) / "results.json"
         cases.write_text(json.dumps({**SHAPE, "cases": CASES}))
-        subprocess.run([args.python, str(ROOT / "bench" / "upstream" /
-                                         "torchtitan_block_memory.py"), str(cases), str(out)],
-                       cwd=args.torchtitan, check=True, stderr=subprocess.DEVNULL)
+        subprocess.run([python, str(ROOT / "bench" / "upstream" /
+                                    "torchtitan_block_memory.py"), str(cases), str(out)],
+                       cwd=checkout, check=True, stderr=subprocess.DEVNULL)
         res = json.loads(out.read_text())
     h_bytes = 2 * SHAPE["dim"]  # one hidden-size bf16 tensor per token
-    print(f"torchtitan block at {args.torchtitan}, torch {res['torch']}, CPU; bytes per token "
+    print(f"torchtitan block at {checkout}, torch {res['torch']}, CPU; bytes per token "
           f"(and in hidden-size bf16 tensors, {h_bytes} B)")
     print(f"{'checkpointing':<14} {'compiled':>8} {'kept, measured':>20} {'kept, model':>18} "
           f"{'peak, measured':>20}")
@@ -71,6 +72,31 @@ def main() -> int:
         model = modelled_bytes(r["ffn"], r["mode"], r["compiled"]) / tok
         print(f"{r['mode']:<14} {str(r['compiled']):>8} {kept:9.0f} ({kept / h_bytes:5.2f} h) "
               f"{model:8.0f} ({model / h_bytes:5.2f} h) {peak:9.0f} ({peak / h_bytes:5.2f} h)")
+
+
+def megatron_loss(checkout: str, python: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        subprocess.run([python, str(ROOT / "bench" / "upstream" / "megatron_loss_memory.py"),
+                        str(out)], cwd=checkout, check=True, stderr=subprocess.DEVNULL)
+        res = json.loads(out.read_text())
+    print(f"Megatron-LM loss step at {checkout}, torch {res['torch']}, CPU, {res['tokens']} "
+          f"tokens x {res['vocab']} vocabulary: peak {res['peak_bytes_per_logit']:.2f} bytes "
+          f"per logit measured, {LOSS_PEAK_BYTES_PER_LOGIT['megatron']:.1f} in model/memory.py")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--torchtitan", help="root of a torchtitan checkout")
+    ap.add_argument("--megatron", help="root of a Megatron-LM checkout (megatron/core)")
+    ap.add_argument("--python", default=sys.executable, help="the Python that has torch")
+    args = ap.parse_args()
+    if not (args.torchtitan or args.megatron):
+        ap.error("give --torchtitan and/or --megatron")
+    if args.torchtitan:
+        torchtitan_block(args.torchtitan, args.python)
+    if args.megatron:
+        megatron_loss(args.megatron, args.python)
     return 0
 
 

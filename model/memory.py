@@ -40,15 +40,22 @@ from .specs import JobSpec, ModelSpec, Options
 
 GIB = float(2 ** 30)
 FP8_WEIGHT_COPY_BYTES = 2  # FP8 weight + its transpose, per linear-layer weight
-# Peak bytes per logit of torchtitan's loss step, from the bf16 logits to the end of their
-# backward (train.py loss_fn: F.cross_entropy(pred.flatten(0, 1).float()), pred deleted before
-# the backward), measured by probe/loss_memory.py (tests/test_probe.py holds these figures to
-# the installed PyTorch): ATen's log_softmax and nll_loss peak in the backward at the kept
-# log-softmax, the nll gradient and the log-softmax gradient (3 x 4); TP's loss_parallel
-# (torch/distributed/tensor/parallel/loss.py) also materializes zeros_like(x), exp(x) and their
-# sum before the product (4 x 4)
-LOSS_PEAK_BYTES_PER_LOGIT = {"torchtitan": 12.0, "torchtitan-loss-parallel": 16.0}
-LOSS_KEPT_BYTES_PER_LOGIT = 4.0  # the fp32 log-softmax, kept from the forward to the backward
+# Peak bytes per logit of the loss step, from the 16-bit logits to the end of their backward:
+# - torchtitan (train.py loss_fn: F.cross_entropy(pred.flatten(0, 1).float()), pred deleted
+#   before the backward), measured by probe/loss_memory.py (tests/test_probe.py holds these
+#   figures to the installed PyTorch): ATen's log_softmax and nll_loss peak in the backward at
+#   the kept log-softmax, the nll gradient and the log-softmax gradient (3 x 4); TP's
+#   loss_parallel (torch/distributed/tensor/parallel/loss.py) also materializes zeros_like(x),
+#   exp(x) and their sum before the product (4 x 4);
+# - Megatron-LM (unfused vocab_parallel_cross_entropy, its default), measured by
+#   bench/activation_memory.py on Megatron-LM's own function: the fp32 copy it works on in
+#   place (4) beside the caller's bf16 logits (2); in the backward the fp32 gradient (the
+#   softmax's storage) and its cast to the logits' dtype (4 + 2).
+# DeepSpeed (Megatron-DeepSpeed's older copy of the function) is not measured: its kept fp32
+# logits only.
+LOSS_PEAK_BYTES_PER_LOGIT = {"torchtitan": 12.0, "torchtitan-loss-parallel": 16.0,
+                             "megatron": 6.0}
+LOSS_KEPT_BYTES_PER_LOGIT = 4.0  # the fp32 log-softmax (softmax), kept for the backward
 
 
 def param_bytes(job: JobSpec, shape: Shape) -> tuple[float, float, float]:
@@ -263,15 +270,14 @@ class MemoryModel:
         # whole on every tensor rank; Megatron-LM frees it once sent
         self.pipe_out = (a16 * s * b * h if job.framework == "deepspeed" and shape.pp > 1
                          else 0.0)
-        # torchtitan's loss step, at its peak, beyond the fp32 log-softmax it keeps (4 bytes
-        # per logit, in head_act): LOSS_PEAK_BYTES_PER_LOGIT, with TP's loss_parallel on the
+        # the loss step at its peak, beyond the fp32 log-softmax it keeps (4 bytes per logit,
+        # in head_act): LOSS_PEAK_BYTES_PER_LOGIT, torchtitan's with TP's loss_parallel on the
         # vocabulary-sharded logits
-        if job.framework == "torchtitan":
-            path = "torchtitan-loss-parallel" if t > 1 else "torchtitan"
-            self.loss_work = ((LOSS_PEAK_BYTES_PER_LOGIT[path] - LOSS_KEPT_BYTES_PER_LOGIT)
-                              * s * b * model.vocab_size / t)
-        else:
-            self.loss_work = 0.0
+        path = {"torchtitan": "torchtitan-loss-parallel" if t > 1 else "torchtitan",
+                "megatron": "megatron"}.get(job.framework)
+        self.loss_work = (0.0 if path is None else (LOSS_PEAK_BYTES_PER_LOGIT[path]
+                                                    - LOSS_KEPT_BYTES_PER_LOGIT)
+                          * s * b * model.vocab_size / t)
         # leading dense layers (virtual stage 0): their activations instead of MoE ones
         self.first_dense = model.first_dense_layers
         self.dense_act_delta = (self.first_dense * (layer_activation_bytes(
@@ -331,7 +337,7 @@ class MemoryModel:
 
     def stage_work(self, s: int) -> float:
         """Transient bytes at a backward moment of stage s: a layer's recompute, and on the
-        last stage the loss's (torchtitan), whichever is larger (they do not overlap)."""
+        last stage the loss step's, whichever is larger (they do not overlap)."""
         return max(self.work, self.loss_work) if s == self.shape.pp - 1 else self.work
 
     def const_static_bytes(self, params_without_layers: float, stage: int = -1) -> float:

@@ -20,9 +20,11 @@
     attention backward.
 - Micro-batches in flight per stage come from walking the schedule's own order
   (1F1B: min(p - s, m); GPipe: m; interleaved: Megatron's warm-up count), chunk by chunk.
-- Embedding stage: the embedding dropout mask (and the input of an embedding norm); output stage: final norm and projection inputs and
-  fp32 logits for the loss (Korthikanti et al. Sec. 4.3: 4sbh/t (1 + V/h) with SP). DeepSpeed's
-  pipeline engine also keeps every in-flight micro-batch's stage output (2sbh).
+- Embedding stage: the embedding dropout mask (and the input of an embedding norm); output
+  stage: final norm and projection inputs and fp32 logits for the loss (Korthikanti et al.
+  Sec. 4.3: 4sbh/t (1 + V/h) with SP), and the loss step's peak (LOSS_PEAK_BYTES_PER_LOGIT).
+  DeepSpeed's pipeline engine also keeps every in-flight micro-batch's stage output (2sbh; the
+  logits on the last stage) and, without TP, its received input beside the clone it runs on.
 - Working memory: full recompute rebuilds one layer's activations during its backward;
   selective recompute with eager attention rebuilds one layer's scores.
 - Allowance: `Overheads.context_gib` plus `Overheads.fragmentation` times the tensors counted.
@@ -265,11 +267,17 @@ class MemoryModel:
             a16 * s * b * h / sp_div if model.embedding_norm else 0.0)
         # final norm input, projection input, fp32 logits for the loss
         self.head_act = 2 * a16 * s * b * h / sp_div + 4.0 * s * b * model.vocab_size / t
-        # DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output in its
-        # pipe buffers until the backward (deepspeed/runtime/pipe/engine.py, num_pipe_buffers),
-        # whole on every tensor rank; Megatron-LM frees it once sent
-        self.pipe_out = (a16 * s * b * h if job.framework == "deepspeed" and shape.pp > 1
-                         else 0.0)
+        # DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py, _exec_forward_pass)
+        # keeps each in-flight micro-batch's stage output in its pipe buffers until the
+        # backward (num_pipe_buffers), whole on every tensor rank; the last stage's output is
+        # its logits (16 bits each, its vocabulary shard). Without TP a stage's received input
+        # also stays in its buffer while the forward runs on a clone of it (with TP it arrives
+        # partitioned and is gathered into the buffer the forward uses). Megatron-LM frees a
+        # stage's output once sent
+        ds_pipe = job.framework == "deepspeed" and shape.pp > 1
+        self.pipe_out = a16 * s * b * h if ds_pipe else 0.0
+        self.pipe_logits = a16 * s * b * model.vocab_size / t if ds_pipe else 0.0
+        self.pipe_in = a16 * s * b * h if ds_pipe and t == 1 else 0.0
         # the loss step at its peak, beyond the fp32 log-softmax it keeps (4 bytes per logit,
         # in head_act): LOSS_PEAK_BYTES_PER_LOGIT, torchtitan's with TP's loss_parallel on the
         # vocabulary-sharded logits
@@ -351,8 +359,10 @@ class MemoryModel:
         a = layers * self.act_layer
         if j == 0:
             a += self.emb_act + self.dense_act_delta
+        else:
+            a += self.pipe_in
         if j == self.shape.num_virtual - 1:
-            a += self.head_act
+            a += self.head_act + self.pipe_logits
         else:
             a += self.pipe_out
         return a

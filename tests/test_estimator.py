@@ -88,6 +88,28 @@ def test_the_loss_step_peak_sits_on_the_last_stage_only():
         assert extra == 0.0 or extra > mem.work  # the loss's is the larger here
 
 
+def test_deepspeed_pipe_buffers_hold_outputs_logits_and_without_tp_the_received_input():
+    """DeepSpeed's pipeline engine keeps, per micro-batch in flight, each stage's output (the
+    last stage's: its logits, 16 bits each) and, without TP, the received input beside the
+    clone its forward runs on (deepspeed/runtime/pipe/engine.py, _exec_forward_pass);
+    Megatron-LM keeps neither."""
+    m = presets.model("gpt3-175b")
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
+    s, h, V, layers = 2048, m.hidden_size, m.vocab_size, 6
+    for fw in ("deepspeed", "megatron"):
+        for t in (1, 2):
+            job = JobSpec(global_batch=64, seq_length=s, precision="fp16", framework=fw)
+            plan = make_plan(m, job, c, tp=t, pp=4, micro_batch=1, recompute="full", zero=1)
+            mem = Evaluator(m, job, c, plan.shape).mem
+            body = layers * mem.act_layer
+            ds = fw == "deepspeed"
+            out, received = 2.0 * s * h * ds, 2.0 * s * h * (ds and t == 1)
+            assert mem.chunk_act_bytes(0, layers) - body - mem.emb_act == pytest.approx(out)
+            assert mem.chunk_act_bytes(1, layers) - body == pytest.approx(received + out)
+            assert mem.chunk_act_bytes(3, layers) - body - mem.head_act == pytest.approx(
+                received + 2.0 * s * V / t * ds)
+
+
 def test_llama3_8b_seq8192_tp8_fits_with_flash_not_eager():
     """Issue 10: Llama-3 8B at sequence 8192, bf16, no recompute, TP=8 on one H100 node:
     tens of GiB per GPU with FlashAttention; eager attention would store hundreds."""

@@ -628,6 +628,10 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     m.update(recompute_granularity=rec[0], recompute_method=rec[1], recompute_num_layers=rec[2])
     m["attention_backend"] = _Code("AttnBackend.auto" if job.attention == "flash"
                                    else "AttnBackend.unfused")
+    # the loss the estimate's memory counts, Megatron-LM's default: the unfused
+    # vocab_parallel_cross_entropy, 6 bytes per logit at its peak; the library's default
+    # fused native path peaks at 10 (both measured by bench/activation_memory.py)
+    m["cross_entropy_loss_fusion"] = False
     ddp = {"use_distributed_optimizer": sh.zero >= 1,
            "overlap_grad_reduce": sh.overlap_grad_reduce,
            "overlap_param_gather": sh.overlap_param_gather,

@@ -52,7 +52,9 @@ FP8_WEIGHT_COPY_BYTES = 2  # FP8 weight + its transpose, per linear-layer weight
 # - Megatron-LM (unfused vocab_parallel_cross_entropy, its default), measured by
 #   bench/activation_memory.py on Megatron-LM's own function: the fp32 copy it works on in
 #   place (4) beside the caller's bf16 logits (2); in the backward the fp32 gradient (the
-#   softmax's storage) and its cast to the logits' dtype (4 + 2).
+#   softmax's storage) and its cast to the logits' dtype (4 + 2). Its fused native path peaks
+#   at 10 (torch.compile'd helpers, not in place); the emitted Megatron-Bridge recipes turn it
+#   off (launch/emit.py).
 # DeepSpeed (Megatron-DeepSpeed's older copy of the function) is not measured: its kept fp32
 # logits only.
 LOSS_PEAK_BYTES_PER_LOGIT = {"torchtitan": 12.0, "torchtitan-loss-parallel": 16.0,

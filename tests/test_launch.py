@@ -862,6 +862,7 @@ def test_bridge_recipe_builds_the_plan(llama, c32, tmp_path, monkeypatch):
         assert bridge_layers(m) == list(layers) and warn == []
         assert (m.virtual_pipeline_model_parallel_size or 1) == chunks
         assert m.recompute_granularity == "full" and m.recompute_num_layers == 1
+        assert m.cross_entropy_loss_fusion is False  # the loss the memory model counts
     paired = make_plan(llama, job, c32, tp=4, pp=4, dp=2, placement=block_placement(
         c32, 4, 4, 2, 2), **kw)
     emit("nemo", llama, job, c32, paired, tmp_path / "p", tokenizer="meta-llama/Llama-2-70b-hf")

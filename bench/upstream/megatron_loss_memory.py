@@ -3,11 +3,14 @@ vocabulary-parallel cross-entropy (run by bench/activation_memory.py from the ro
 Megatron-LM checkout; imports nothing of this project).
 
 The step as GPTModel runs it (megatron/core/models/common/language_module/language_module.py,
-`compute_language_model_loss`, unfused: Megatron-LM's default without
---cross-entropy-loss-fusion): bf16 logits [s, b, V/t] from the output layer's matmul, held by
-the caller while megatron.core.tensor_parallel.cross_entropy.vocab_parallel_cross_entropy runs,
-dropped before the backward; the loss summed and backpropagated. Peak live bytes over the step
-from torch.profiler's allocator events (profile_memory=True), per logit.
+`compute_language_model_loss`): bf16 logits [s, b, V/t] from the output layer's matmul, held by
+the caller while the loss runs, dropped before the backward; the loss summed and
+backpropagated. Two paths: "unfused", megatron.core.tensor_parallel.cross_entropy.
+vocab_parallel_cross_entropy (Megatron-LM's default, without --cross-entropy-loss-fusion), and
+"fused", megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy (with it
+and cross_entropy_fusion_impl "native", the default implementation; its helpers go through
+megatron.core.jit's jit_fuser, torch.compile). Peak live bytes over the step from
+torch.profiler's allocator events (profile_memory=True), per logit.
 
 Stand-ins, so that the module loads without the rest of megatron.core (which needs triton and
 a GPU): `megatron.core.parallel_state` and `megatron.core.utils` give the five functions the
@@ -31,7 +34,8 @@ def _load_cross_entropy():
     import torch.distributed as dist
 
     root = os.getcwd()
-    for name in ("megatron", "megatron.core", "megatron.core.tensor_parallel"):
+    for name in ("megatron", "megatron.core", "megatron.core.tensor_parallel",
+                 "megatron.core.fusions"):
         pkg = types.ModuleType(name)
         pkg.__path__ = [os.path.join(root, *name.split("."))]
         sys.modules[name] = pkg
@@ -44,7 +48,8 @@ def _load_cross_entropy():
     ut.get_tensor_model_parallel_group_if_none = lambda group=None, **k: group or dist.group.WORLD
     ut.is_torch_min_version = lambda version, check_equality=True: bool(torch.__version__)
     sys.modules.update({"megatron.core.parallel_state": ps, "megatron.core.utils": ut})
-    return importlib.import_module("megatron.core.tensor_parallel.cross_entropy")
+    return (importlib.import_module("megatron.core.tensor_parallel.cross_entropy"),
+            importlib.import_module("megatron.core.fusions.fused_cross_entropy"))
 
 
 def main(out_path, tokens=4096, vocab=8192, hidden=64):
@@ -56,32 +61,39 @@ def main(out_path, tokens=4096, vocab=8192, hidden=64):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29561")
     dist.init_process_group("gloo", rank=0, world_size=1)
-    ce = _load_cross_entropy()
+    unfused, fused = _load_cross_entropy()
     gen = torch.Generator().manual_seed(0)
     s, b = tokens, 1
     h = torch.randn(s, b, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
     w = torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
     labels = torch.randint(0, vocab, (s, b), generator=gen)
+    losses = {"unfused": lambda x: unfused.vocab_parallel_cross_entropy(x, labels),
+              "fused": lambda x: fused.fused_vocab_parallel_cross_entropy(
+                  x, labels, dist.group.WORLD)}
+    result = {}
+    for name, loss_fn in losses.items():
+        def postprocess(loss_fn=loss_fn):
+            logits = F.linear(h, w)  # the output layer: [s, b, V/t] in bf16
+            return loss_fn(logits)  # the logits are dropped on return
 
-    def postprocess():
-        logits = F.linear(h, w)  # the output layer: [s, b, V/t] in bf16
-        return ce.vocab_parallel_cross_entropy(logits, labels)  # logits dropped on return
+        def step():
+            postprocess().sum().backward()
 
-    def step():
-        loss = postprocess()
-        loss.sum().backward()
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()
-        peak = max(peak, live)
+        step()  # warm-up (and torch.compile of the fused path's helpers)
+        h.grad = w.grad = None
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+        events = sorted((e for e in prof.profiler.kineto_results.events()
+                         if e.name() == "[memory]"), key=lambda e: e.start_ns())
+        live = peak = 0
+        for e in events:
+            live += e.nbytes()
+            peak = max(peak, live)
+        h.grad = w.grad = None
+        result[name] = peak / (s * b * vocab)
     dist.destroy_process_group()
     json.dump({"torch": torch.__version__, "tokens": s * b, "vocab": vocab,
-               "peak_bytes_per_logit": peak / (s * b * vocab)}, open(out_path, "w"))
+               "peak_bytes_per_logit": result}, open(out_path, "w"))
     return 0
 
 

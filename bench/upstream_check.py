@@ -31,7 +31,9 @@ Setup (nothing here is a dependency of the project; any subset of the checkouts 
     python3 -m venv /tmp/upstream && /tmp/upstream/bin/pip install torch==2.13.0 numpy \
         pyyaml packaging triton hydra-core tyro tokenizers torchdata tensorboard datasets \
         tiktoken blobfile && DS_BUILD_OPS=0 /tmp/upstream/bin/pip install deepspeed
-    /tmp/upstream/bin/pip install nvidia-modelopt diffusers megatron-energon omegaconf  # Bridge
+    /tmp/upstream/bin/pip install nvidia-modelopt diffusers megatron-energon omegaconf \
+        "transformers==5.12.1" "tokenizers<0.23" einops peft mistral-common qwen-vl-utils \
+        timm datasets accelerate  # Bridge (067f987 pins transformers >=5.8,<=5.12.1)
     git clone https://github.com/NVIDIA/Megatron-LM /tmp/megatron-lm   # main; d98e8a6 checked
     git clone https://github.com/NVIDIA-NeMo/Megatron-Bridge /tmp/bridge  # 067f987 checked
     git clone https://github.com/NVIDIA/NeMo /tmp/nemo                  # 8cfedd7 checked
@@ -193,6 +195,8 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
         ("tp_comm_overlap", sh.tp_comm_overlap, "overlap"),
         ("bf16", job.precision == "bf16", "precision"),
         ("fp8", "hybrid" if sh.fp8 else None, "precision"),
+        # the unfused loss, whose peak the memory model counts (model/memory.py)
+        ("cross_entropy_loss_fusion", False, "memory"),
     ]
 
 

@@ -182,6 +182,7 @@ def bridge_view(item: dict) -> dict:
         "fp8_param_gather": bool(getattr(mp, "fp8_param_gather", False)),
         "grad_reduce_in_bf16": not ddp.grad_reduce_in_fp32,
         "attention_backend": str(m.attention_backend),
+        "cross_entropy_loss_fusion": bool(m.cross_entropy_loss_fusion),
         "use_tp_pp_dp_mapping": tp_pp_dp,
         "order": "tp-cp-ep-pp-dp" if tp_pp_dp else "tp-cp-ep-dp-pp",
     }

@@ -103,6 +103,7 @@ def megatron_view(item):
         "bf16": cfg.bf16, "fp16": cfg.fp16, "fp8": cfg.fp8,
         "grad_reduce_in_bf16": bool(getattr(args, "grad_reduce_in_bf16", False)),
         "attention_backend": str(cfg.attention_backend),
+        "cross_entropy_loss_fusion": bool(cfg.cross_entropy_loss_fusion),
         "use_tp_pp_dp_mapping": bool(getattr(args, "use_tp_pp_dp_mapping", False)),
         "order": "tp-cp-ep-pp-dp" if getattr(args, "use_tp_pp_dp_mapping", False)
         else "tp-cp-ep-dp-pp",

@@ -213,8 +213,8 @@ GradBf16Opt = Annotated[bool, typer.Option(
     "per parameter instead of fp32's 4).")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile/--no-compile", help="torchtitan: torch.compile each transformer block (fused "
-    "element-wise kernels); --no-compile estimates eager PyTorch kernels. Other frameworks "
-    "always run fused kernels.")]
+    "element-wise kernels) and the loss, as torchtitan does; --no-compile estimates eager "
+    "PyTorch kernels and loss. Other frameworks always run fused kernels.")]
 CapacityOpt = Annotated[float, typer.Option(
     "--moe-capacity-factor", help="Mixture of experts: tokens per expert relative to a "
     "balanced router (1.0: balanced and dropless; c > 1: token dropping at capacity c, inputs "

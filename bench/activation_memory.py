@@ -1,6 +1,6 @@
 """What the frameworks' own code keeps and peaks at, measured on the CPU, against the memory
 model (model/memory.py): torchtitan's Llama block, eager and compiled (`layer_activation_bytes`,
-`op_sac_tensors`), and Megatron-LM's loss step (`LOSS_PEAK_BYTES_PER_LOGIT`).
+`op_sac_tensors`), and Megatron-LM's loss step (`LOSS_BYTES_PER_LOGIT`).
 
     git -C <torchtitan mirror> archive 3f20451bc torchtitan | tar -x -C /tmp/tt
     git -C <Megatron-LM mirror> archive HEAD megatron/core | tar -x -C /tmp/mlm
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.memory import LOSS_PEAK_BYTES_PER_LOGIT, layer_activation_bytes  # noqa: E402
+from model.memory import LOSS_BYTES_PER_LOGIT, layer_activation_bytes  # noqa: E402
 from model.plan import Shape  # noqa: E402
 from model.specs import JobSpec, ModelSpec  # noqa: E402
 
@@ -85,7 +85,7 @@ def megatron_loss(checkout: str, python: str) -> None:
     print(f"Megatron-LM loss step at {checkout}, torch {res['torch']}, CPU, {res['tokens']} "
           f"tokens x {res['vocab']} vocabulary, peak bytes per logit:")
     print(f"  unfused (Megatron-LM's default; what the plans emit) {got['unfused']:6.2f}   "
-          f"model/memory.py {LOSS_PEAK_BYTES_PER_LOGIT['megatron']:.1f}")
+          f"model/memory.py {LOSS_BYTES_PER_LOGIT['megatron'][1]:.1f}")
     print(f"  fused, native (--cross-entropy-loss-fusion)          {got['fused']:6.2f}")
 
 

@@ -78,7 +78,8 @@ def job_to_dict(j: JobSpec) -> dict:
             "framework": j.framework, "zero": j.zero,
             "distributed_optimizer": j.distributed_optimizer,
             "grad_reduce_in_bf16": j.grad_reduce_in_bf16,
-            "moe_capacity_factor": j.moe_capacity_factor, "compile": j.compile}
+            "moe_capacity_factor": j.moe_capacity_factor, "compile": j.compile,
+            "compile_loss": j.compile_loss}
 
 
 def options_to_dict(o: Options) -> dict:
@@ -251,6 +252,7 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
                        grad_reduce_in_bf16=rd.get(d, "grad_reduce_in_bf16", w, bool, False),
                        moe_capacity_factor=rd.get(d, "moe_capacity_factor", w, float, 1.0),
                        compile=rd.get(d, "compile", w, bool, True),
+                       compile_loss=rd.get(d, "compile_loss", w, bool, None, nullable=True),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None

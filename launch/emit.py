@@ -865,13 +865,20 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if sh.tp_comm_overlap:
         par["enable_async_tensor_parallel"] = True
     extra: dict = {}
-    # torch.compile of every transformer block: v0.1 training.compile, v0.2 [compile] (its
-    # components: the blocks and the loss); JobSpec allows compile False only for torchtitan
+    # torch.compile of every transformer block and of the loss: v0.1 training.compile (both:
+    # torchtitan/components/loss.py compiles the loss with it), v0.2 [compile] and its
+    # components; JobSpec allows compile False only for torchtitan
     compiled = job.compile
     if version == "0.1":
         training["compile"] = compiled
+        if job.loss_compiled != compiled:
+            warn.append("torchtitan [memory]: v0.1 compiles the loss exactly when it compiles "
+                        f"the model ({compiled}); the estimate counted the loss "
+                        f"{'compiled' if job.loss_compiled else 'eager'} (emit for 0.2, which "
+                        "has both switches)")
     else:
-        extra["compile"] = {"enable": compiled, "components": ["model", "loss"]}
+        comps = [c for c, on in (("model", compiled), ("loss", job.loss_compiled)) if on]
+        extra["compile"] = {"enable": bool(comps), "components": comps or ["model", "loss"]}
     if not compiled and (sh.tp_comm_overlap or sh.fp8):
         warn.append("torchtitan [compile]: off, but "
                     + ("async tensor parallelism only runs compiled" if sh.tp_comm_overlap

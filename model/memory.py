@@ -22,7 +22,8 @@
   (1F1B: min(p - s, m); GPipe: m; interleaved: Megatron's warm-up count), chunk by chunk.
 - Embedding stage: the embedding dropout mask (and the input of an embedding norm); output
   stage: final norm and projection inputs and fp32 logits for the loss (Korthikanti et al.
-  Sec. 4.3: 4sbh/t (1 + V/h) with SP), and the loss step's peak (LOSS_PEAK_BYTES_PER_LOGIT).
+  Sec. 4.3: 4sbh/t (1 + V/h) with SP; what each framework's loss keeps, LOSS_BYTES_PER_LOGIT),
+  and the loss step's peak.
   DeepSpeed's pipeline engine also keeps every in-flight micro-batch's stage output (2sbh; the
   logits on the last stage) and, without TP, its received input beside the clone it runs on.
 - Working memory: full recompute rebuilds one layer's activations during its backward;
@@ -42,24 +43,36 @@ from .specs import JobSpec, ModelSpec, Options
 
 GIB = float(2 ** 30)
 FP8_WEIGHT_COPY_BYTES = 2  # FP8 weight + its transpose, per linear-layer weight
-# Peak bytes per logit of the loss step, from the 16-bit logits to the end of their backward:
-# - torchtitan (train.py loss_fn: F.cross_entropy(pred.flatten(0, 1).float()), pred deleted
-#   before the backward), measured by probe/loss_memory.py (tests/test_probe.py holds these
-#   figures to the installed PyTorch): ATen's log_softmax and nll_loss peak in the backward at
-#   the kept log-softmax, the nll gradient and the log-softmax gradient (3 x 4); TP's
-#   loss_parallel (torch/distributed/tensor/parallel/loss.py) also materializes zeros_like(x),
-#   exp(x) and their sum before the product (4 x 4);
+# Bytes per logit of the loss step, from the 16-bit logits to the end of their backward, as
+# (kept from the forward to the backward, peak over the step):
+# - torchtitan (loss_fn: F.cross_entropy(pred.flatten(0, 1).float()), pred deleted before the
+#   backward), measured by probe/loss_memory.py (tests/test_probe.py holds these figures to the
+#   installed PyTorch). Eager, ATen's log_softmax and nll_loss keep the fp32 log-softmax and
+#   peak in the backward beside the nll and log-softmax gradients (3 x 4); TP's loss_parallel
+#   (torch/distributed/tensor/parallel/loss.py) also materializes zeros_like(x), exp(x) and
+#   their sum before the product (4 x 4). Under torch.compile (torchtitan's default since
+#   v0.1.0) the loss keeps the 16-bit logits and recomputes the rest;
 # - Megatron-LM (unfused vocab_parallel_cross_entropy, its default), measured by
 #   bench/activation_memory.py on Megatron-LM's own function: the fp32 copy it works on in
 #   place (4) beside the caller's bf16 logits (2); in the backward the fp32 gradient (the
 #   softmax's storage) and its cast to the logits' dtype (4 + 2). Its fused native path peaks
 #   at 10 (torch.compile'd helpers, not in place); the emitted Megatron-Bridge recipes turn it
 #   off (launch/emit.py).
-# DeepSpeed (Megatron-DeepSpeed's older copy of the function) is not measured: its kept fp32
-# logits only.
-LOSS_PEAK_BYTES_PER_LOGIT = {"torchtitan": 12.0, "torchtitan-loss-parallel": 16.0,
-                             "megatron": 6.0}
-LOSS_KEPT_BYTES_PER_LOGIT = 4.0  # the fp32 log-softmax (softmax), kept for the backward
+# DeepSpeed (Megatron-DeepSpeed's older copy of Megatron's function) is not measured: its kept
+# fp32 logits only (Korthikanti et al. Sec. 4.3).
+LOSS_BYTES_PER_LOGIT = {
+    "torchtitan": (4.0, 12.0), "torchtitan-loss-parallel": (4.0, 16.0),
+    "torchtitan-compiled": (2.0, 4.0), "torchtitan-compiled-loss-parallel": (4.0, 10.0),
+    "megatron": (4.0, 6.0), "deepspeed": (4.0, 4.0),
+}
+
+
+def loss_path(job: JobSpec, shape: Shape) -> str:
+    """The key of LOSS_BYTES_PER_LOGIT the job's loss runs."""
+    if job.framework != "torchtitan":
+        return job.framework
+    return ("torchtitan" + ("-compiled" if job.loss_compiled else "")
+            + ("-loss-parallel" if shape.tp > 1 else ""))
 
 
 def param_bytes(job: JobSpec, shape: Shape) -> tuple[float, float, float]:
@@ -267,8 +280,11 @@ class MemoryModel:
         # embedding dropout mask (1 byte); an embedding norm keeps its input for its backward
         self.emb_act = (s * b * h / sp_div if model.dropout else 0.0) + (
             a16 * s * b * h / sp_div if model.embedding_norm else 0.0)
-        # final norm input, projection input, fp32 logits for the loss
-        self.head_act = 2 * a16 * s * b * h / sp_div + 4.0 * s * b * model.vocab_size / t
+        # final norm input, projection input, what the loss keeps of the logits for its
+        # backward (fp32 logits in Korthikanti et al.'s count; LOSS_BYTES_PER_LOGIT)
+        kept, peak = LOSS_BYTES_PER_LOGIT[loss_path(job, shape)]
+        logits = s * b * model.vocab_size / t
+        self.head_act = 2 * a16 * s * b * h / sp_div + kept * logits
         # DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py, _exec_forward_pass)
         # keeps each in-flight micro-batch's stage output in its pipe buffers until the
         # backward (num_pipe_buffers), whole on every tensor rank; the last stage's output is
@@ -280,14 +296,8 @@ class MemoryModel:
         self.pipe_out = a16 * s * b * h if ds_pipe else 0.0
         self.pipe_logits = a16 * s * b * model.vocab_size / t if ds_pipe else 0.0
         self.pipe_in = a16 * s * b * h if ds_pipe and t == 1 else 0.0
-        # the loss step at its peak, beyond the fp32 log-softmax it keeps (4 bytes per logit,
-        # in head_act): LOSS_PEAK_BYTES_PER_LOGIT, torchtitan's with TP's loss_parallel on the
-        # vocabulary-sharded logits
-        path = {"torchtitan": "torchtitan-loss-parallel" if t > 1 else "torchtitan",
-                "megatron": "megatron"}.get(job.framework)
-        self.loss_work = (0.0 if path is None else (LOSS_PEAK_BYTES_PER_LOGIT[path]
-                                                    - LOSS_KEPT_BYTES_PER_LOGIT)
-                          * s * b * model.vocab_size / t)
+        # the loss step at its peak, beyond what it keeps (in head_act)
+        self.loss_work = (peak - kept) * logits
         # leading dense layers (virtual stage 0): their activations instead of MoE ones
         self.first_dense = model.first_dense_layers
         self.dense_act_delta = (self.first_dense * (layer_activation_bytes(

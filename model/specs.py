@@ -485,6 +485,11 @@ class JobSpec:
     # GEMMs, its all-to-all share and its stored activations are c times the balanced ones
     moe_capacity_factor: float = 1.0
     compile: bool = True
+    # torchtitan: torch.compile of the loss as well (its default with compile since v0.1.0:
+    # build_cross_entropy_loss, and [compile] components ["model", "loss"] in v0.2); None
+    # follows `compile`. Its 2024-12 benchmark code left the loss eager ("compiling loss
+    # function causes CUDA errors", train.py), which formats/published.py says for its runs
+    compile_loss: bool | None = None
     source: str = "job"
 
     def __post_init__(self):
@@ -533,6 +538,18 @@ class JobSpec:
             raise SpecError(f"compile = false (--no-compile) models torchtitan's eager PyTorch "
                             f"kernels; {self.framework} always runs fused kernels: drop it or "
                             "use framework torchtitan", source=self.source, field="compile")
+        if self.compile_loss is not None and (not isinstance(self.compile_loss, bool)
+                                              or self.framework != "torchtitan"):
+            raise SpecError(f"compile_loss is torchtitan's (true or false; unset follows "
+                            f"compile), got {self.compile_loss!r} for {self.framework}: drop it",
+                            source=self.source, field="compile_loss")
+
+    @property
+    def loss_compiled(self) -> bool:
+        """Whether the loss runs under torch.compile (torchtitan only)."""
+        if self.framework != "torchtitan":
+            return False
+        return self.compile if self.compile_loss is None else self.compile_loss
 
     # Bytes per parameter. "replicated" (weights, gradients) stays on every data-parallel rank;
     # "shardable" (optimizer state) is divided by the data-parallel degree with the

@@ -1,33 +1,37 @@
-"""Peak memory of the language-model loss, per logit, as the frameworks compute it: a
-measurement of the installed PyTorch, which the memory model's loss terms are checked against
-(model/memory.py `LOSS_PEAK_BYTES_PER_LOGIT`; tests/test_probe.py).
+"""Memory of the language-model loss, per logit, as torchtitan computes it: a measurement of
+the installed PyTorch, which the memory model's loss terms are checked against
+(model/memory.py `LOSS_BYTES_PER_LOGIT`; tests/test_probe.py).
 
     pip install -e '.[probe]'
-    python probe/loss_memory.py [--tokens 4096 --vocab 8192]
+    python probe/loss_memory.py [--tokens 4096 --vocab 8192] [--json]
 
 What is measured: torch.profiler's allocator events (profile_memory=True) over one loss step,
-from the bf16 logits' matmul to the end of the backward, summed in time order; the peak of the
-live bytes over the step, divided by the number of logits. The paths, each written after the
-framework's own code:
-- `torchtitan`: `F.cross_entropy(pred.flatten(0, 1).float(), labels)`, `del pred` before the
-  backward (torchtitan train.py, `loss_fn` and the training step, 2024-12): ATen's
-  log_softmax and nll_loss.
+from the bf16 logits' matmul to the end of the backward, summed in time order, divided by the
+number of logits: what is still allocated when the forward ends (kept for the backward, the
+logits themselves deleted as torchtitan does) and the peak over the step. The step is
+torchtitan's: `F.cross_entropy(pred.flatten(0, 1).float(), labels)`, `del pred` before the
+backward (train.py and its loss_fn, 2024-12; torchtitan/components/loss.py since v0.1.0), on
+four paths:
+- `torchtitan`: eager, ATen's log_softmax and nll_loss;
 - `torchtitan-loss-parallel`: the same under `loss_parallel()` on vocabulary-sharded logits
-  (torchtitan applies it with TP: the output layer is ColwiseParallel with Shard(-1) outputs,
-  parallelize_llama.py); PyTorch's DTensor handlers (torch/distributed/tensor/parallel/loss.py)
-  materialize x - max and its exp in the forward, and zeros_like(x), exp(x), their sum and
-  product in the backward. One rank of a gloo process group: the tensors are the same as on
-  each of TP ranks, whose vocabulary shard this is.
+  (torchtitan applies it with TP: the output layer is ColwiseParallel with Shard(-1) outputs);
+  PyTorch's DTensor handlers (torch/distributed/tensor/parallel/loss.py) run it. One rank of a
+  gloo process group: the tensors are the same as on each of TP ranks, whose shard this is;
+- `torchtitan-compiled`, `torchtitan-compiled-loss-parallel`: the loss function under
+  torch.compile, as torchtitan builds it with compile on (build_cross_entropy_loss; v0.2's
+  [compile] components ["model", "loss"]); one warm-up step compiles it first.
 
 On the CPU: the ATen operators and the tensors they allocate are the ones CUDA runs (one
-kernel per operator, the same outputs); what differs on a GPU is the caching allocator's
-rounding, which is immaterial at these sizes. The figures are bytes per logit, independent
-of the sizes (`--tokens`, `--vocab` only check that).
+kernel per operator, the same outputs; a compiled loss's buffers are inductor's, which plans
+them alike for either device); what differs on a GPU is the caching allocator's rounding,
+immaterial at these sizes. The figures are bytes per logit, independent of the sizes
+(`--tokens`, `--vocab` only check that).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -36,25 +40,34 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: the repository root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PATHS = ("torchtitan", "torchtitan-loss-parallel")
+PATHS = ("torchtitan", "torchtitan-loss-parallel", "torchtitan-compiled",
+         "torchtitan-compiled-loss-parallel")
+MARK_BYTES = 12347  # an allocation of this size marks the forward's end
 
 
-def peak_bytes(step) -> int:
-    """Peak live bytes allocated while `step()` runs (what existed before is not counted)."""
+def kept_and_peak(step) -> tuple[int, int]:
+    """(bytes live at the forward's end, the mark allocation of MARK_BYTES, and the peak) of
+    what `step()` allocates; what existed before is not counted."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
     live = peak = 0
+    kept = None
     for e in events:
+        if kept is None and e.nbytes() == MARK_BYTES:
+            kept = live
         live += e.nbytes()
         peak = max(peak, live)
-    return peak
+    if kept is None:
+        raise RuntimeError("the forward's mark was not seen among the allocator's events")
+    return kept, peak
 
 
-def measure(tokens: int = 4096, vocab: int = 8192, hidden: int = 64) -> dict[str, float]:
-    """Peak bytes per logit of each path in PATHS (bf16 logits of `tokens` x `vocab`)."""
+def measure(tokens: int = 4096, vocab: int = 8192, hidden: int = 64
+            ) -> dict[str, tuple[float, float]]:
+    """(kept, peak) bytes per logit of each path in PATHS (bf16 logits of `tokens` x `vocab`)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -68,37 +81,41 @@ def measure(tokens: int = 4096, vocab: int = 8192, hidden: int = 64) -> dict[str
     h0 = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
     w0 = torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16)
     labels = torch.randint(0, vocab, (tokens,), generator=gen)
-    out = {}
 
-    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
-
-    def plain():
-        pred = F.linear(h, w)
-        loss = F.cross_entropy(pred.float(), labels)
-        del pred
-        loss.backward()
-
-    out["torchtitan"] = peak_bytes(plain) / (tokens * vocab)
+    def loss_fn(pred, target):  # torchtitan's cross_entropy_loss on [tokens, vocab] logits
+        return F.cross_entropy(pred.float(), target)
 
     started = not dist.is_initialized()
     if started:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(free_port())
         dist.init_process_group("gloo", rank=0, world_size=1)
+    out = {}
     try:
         mesh = init_device_mesh("cpu", (1,))
-        hd = distribute_tensor(h0.clone(), mesh, [Replicate()]).requires_grad_()
-        wd = distribute_tensor(w0.clone(), mesh, [Shard(0)]).requires_grad_()
-        yd = distribute_tensor(labels, mesh, [Replicate()])
+        for name in PATHS:
+            fn = torch.compile(loss_fn) if "compiled" in name else loss_fn
+            if "loss-parallel" in name:
+                h = distribute_tensor(h0.clone(), mesh, [Replicate()]).requires_grad_()
+                w = distribute_tensor(w0.clone(), mesh, [Shard(0)]).requires_grad_()
+                y = distribute_tensor(labels, mesh, [Replicate()])
+                ctx = loss_parallel
+            else:
+                h, w, y = h0.clone().requires_grad_(), w0.clone().requires_grad_(), labels
+                ctx = contextlib.nullcontext
 
-        def sharded():
-            pred = F.linear(hd, wd)  # column-parallel: logits sharded on the vocabulary
-            with loss_parallel():
-                loss = F.cross_entropy(pred.float(), yd)
-                del pred
-                loss.backward()
+            def step(fn=fn, h=h, w=w, y=y, ctx=ctx):
+                pred = F.linear(h, w)  # column-parallel under TP: sharded on the vocabulary
+                with ctx():
+                    loss = fn(pred, y)
+                    del pred
+                    torch.empty(MARK_BYTES, dtype=torch.uint8)  # the forward's end
+                    loss.backward()
 
-        out["torchtitan-loss-parallel"] = peak_bytes(sharded) / (tokens * vocab)
+            step()  # warm-up (and compile)
+            h.grad = w.grad = None
+            kept, peak = kept_and_peak(step)
+            out[name] = (kept / (tokens * vocab), peak / (tokens * vocab))
     finally:
         if started:
             dist.destroy_process_group()
@@ -113,16 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from model.memory import LOSS_PEAK_BYTES_PER_LOGIT
+    from model.memory import LOSS_BYTES_PER_LOGIT
     got = measure(args.tokens, args.vocab)
     if args.json:
         print(json.dumps({"torch": torch.__version__, "bytes_per_logit": got}))
         return 0
-    print(f"peak bytes per logit of the loss step (torch {torch.__version__}, CPU, "
-          f"{args.tokens} tokens x {args.vocab} vocabulary)")
-    for name, v in got.items():
-        print(f"  {name:<26} measured {v:6.2f}   model/memory.py "
-              f"{LOSS_PEAK_BYTES_PER_LOGIT[name]:5.1f}")
+    print(f"bytes per logit of torchtitan's loss step (torch {torch.__version__}, CPU, "
+          f"{args.tokens} tokens x {args.vocab} vocabulary): kept for the backward, and peak")
+    for name, (kept, peak) in got.items():
+        mk, mp = LOSS_BYTES_PER_LOGIT[name]
+        print(f"  {name:<35} measured {kept:6.2f} {peak:6.2f}   model/memory.py "
+              f"{mk:5.1f} {mp:5.1f}")
     return 0
 
 

@@ -67,25 +67,30 @@ def test_flash_attention_memory_is_korthikanti_without_the_scores(t, sp):
 
 
 def test_the_loss_step_peak_sits_on_the_last_stage_only():
-    """The last stage's backward transient is the larger of a layer's recompute and the loss
-    step's peak beyond its kept fp32 log-softmax: (LOSS_PEAK_BYTES_PER_LOGIT - 4) bytes per
-    logit on one TP rank's vocabulary shard (Megatron-LM 6, torchtitan 12 or 16 with TP);
-    DeepSpeed's is not measured and adds none. The other stages carry the recompute's."""
-    from model.memory import LOSS_PEAK_BYTES_PER_LOGIT
+    """The last stage keeps what its framework's loss keeps of the logits, and its backward
+    transient is the larger of a layer's recompute and the loss step's peak beyond that
+    (LOSS_BYTES_PER_LOGIT, one TP rank's vocabulary shard: Megatron-LM, torchtitan eager or
+    compiled, with loss_parallel under TP; DeepSpeed's kept bytes only). The other stages
+    carry neither."""
+    from model.memory import LOSS_BYTES_PER_LOGIT
     m = presets.model("llama3-8b")
     c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
-    for fw, t, path in (("megatron", 2, "megatron"), ("torchtitan", 2,
-                        "torchtitan-loss-parallel"), ("torchtitan", 1, "torchtitan"),
-                        ("deepspeed", 2, None)):
-        job = JobSpec(global_batch=16, seq_length=8192, framework=fw)
+    cases = (("megatron", 2, None, "megatron"), ("deepspeed", 2, None, "deepspeed"),
+             ("torchtitan", 2, False, "torchtitan-loss-parallel"),
+             ("torchtitan", 1, False, "torchtitan"),
+             ("torchtitan", 1, None, "torchtitan-compiled"),
+             ("torchtitan", 2, None, "torchtitan-compiled-loss-parallel"))
+    for fw, t, compile_loss, path in cases:
+        job = JobSpec(global_batch=16, seq_length=8192, framework=fw, compile_loss=compile_loss)
         plan = make_plan(m, job, c, tp=t, pp=2, micro_batch=2, recompute="full",
                          sequence_parallel=t > 1, zero=3 if fw == "torchtitan" else 1)
         mem = Evaluator(m, job, c, plan.shape).mem
         logits = 2 * 8192 * m.vocab_size / t
-        extra = 0.0 if path is None else (LOSS_PEAK_BYTES_PER_LOGIT[path] - 4) * logits
-        assert mem.stage_work(1) == pytest.approx(max(mem.work, extra))
+        kept, peak = LOSS_BYTES_PER_LOGIT[path]
+        assert mem.stage_work(1) == pytest.approx(max(mem.work, (peak - kept) * logits))
         assert mem.stage_work(0) == mem.work
-        assert extra == 0.0 or extra > mem.work  # the loss's is the larger here
+        h = m.hidden_size
+        assert mem.head_act == pytest.approx(2 * 2 * 2 * 8192 * h / t + kept * logits)
 
 
 def test_deepspeed_pipe_buffers_hold_outputs_logits_and_without_tp_the_received_input():

@@ -918,3 +918,24 @@ def test_torchtitan_compile_switch_is_emitted(tmp_path):
         old, _ = torchtitan_config(l8, job, c, plan, "0.1")
         assert new["compile"]["enable"] is comp and old["training"]["compile"] is comp
         assert any(w.startswith("torchtitan [compile]") for w in w_new) is (not comp)
+
+
+def test_torchtitan_compiles_the_loss_the_estimate_counted():
+    """The loss's torch.compile (its memory differs: model/memory.py LOSS_BYTES_PER_LOGIT)
+    follows the job: v0.2's [compile] components list it or not; v0.1 compiles it exactly with
+    the model, so a plan that counted otherwise is warned."""
+    from launch.emit import torchtitan_config
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
+    l8 = presets.model("llama3-8b")
+    for comp, comp_loss, comps in ((True, None, ["model", "loss"]), (True, False, ["model"]),
+                                   (False, True, ["loss"]), (False, None, None)):
+        job = JobSpec(global_batch=64, seq_length=8192, framework="torchtitan", compile=comp,
+                      compile_loss=comp_loss)
+        plan = make_plan(l8, job, c, tp=1, pp=1, zero=3)
+        new, _w = torchtitan_config(l8, job, c, plan, "0.2")
+        _old, w_old = torchtitan_config(l8, job, c, plan, "0.1")
+        assert new["compile"]["enable"] is (comps is not None)
+        if comps is not None:
+            assert new["compile"]["components"] == comps
+        assert any(w.startswith("torchtitan [memory]") for w in w_old) is (
+            job.loss_compiled != comp)

@@ -46,8 +46,8 @@ MARK_BYTES = 12347  # an allocation of this size marks the forward's end
 
 
 def kept_and_peak(step) -> tuple[int, int]:
-    """(bytes live at the forward's end, the mark allocation of MARK_BYTES, and the peak) of
-    what `step()` allocates; what existed before is not counted."""
+    """(bytes live when the step allocates MARK_BYTES, its mark of the forward's end; peak
+    bytes) of what `step()` allocates; what existed before is not counted."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()

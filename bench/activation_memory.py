@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from model.memory import LOSS_BYTES_PER_LOGIT, layer_activation_bytes  # noqa: E402
 from model.plan import Shape  # noqa: E402
 from model.specs import JobSpec, ModelSpec  # noqa: E402
+from probe.loss_memory import MARK_BYTES, live_bytes  # noqa: E402
 
 SHAPE = {"dim": 512, "n_heads": 8, "n_kv_heads": 2, "multiple_of": 256,
          "ffn_dim_multiplier": 1.3, "seq": 512, "batch": 2}
@@ -57,7 +58,7 @@ def modelled_bytes(ffn: int, mode: str, compiled: bool) -> float:
 def torchtitan_block(checkout: str, python: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cases, out = Path(tmp) / "cases.json", Path(tmp) / "results.json"
-        cases.write_text(json.dumps({**SHAPE, "cases": CASES}))
+        cases.write_text(json.dumps({**SHAPE, "mark_bytes": MARK_BYTES, "cases": CASES}))
         subprocess.run([python, str(ROOT / "bench" / "upstream" /
                                     "torchtitan_block_memory.py"), str(cases), str(out)],
                        cwd=checkout, check=True, stderr=subprocess.DEVNULL)
@@ -69,7 +70,7 @@ def torchtitan_block(checkout: str, python: str) -> None:
           f"{'peak, measured':>20}")
     for r in res["results"]:
         tok = r["tokens"]
-        kept, peak = r["kept_bytes"] / tok, r["peak_bytes"] / tok
+        kept, peak = (x / tok for x in live_bytes(r["allocations"]))
         model = modelled_bytes(r["ffn"], r["mode"], r["compiled"]) / tok
         print(f"{r['mode']:<14} {str(r['compiled']):>8} {kept:9.0f} ({kept / h_bytes:5.2f} h) "
               f"{model:8.0f} ({model / h_bytes:5.2f} h) {peak:9.0f} ({peak / h_bytes:5.2f} h)")
@@ -79,9 +80,11 @@ def megatron_loss(checkout: str, python: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
         subprocess.run([python, str(ROOT / "bench" / "upstream" / "megatron_loss_memory.py"),
-                        str(out)], cwd=checkout, check=True, stderr=subprocess.DEVNULL)
+                        str(out), str(MARK_BYTES)], cwd=checkout, check=True,
+                       stderr=subprocess.DEVNULL)
         res = json.loads(out.read_text())
-    got = res["kept_and_peak_bytes_per_logit"]
+    logits = res["tokens"] * res["vocab"]
+    got = {k: [x / logits for x in live_bytes(v)] for k, v in res["allocations"].items()}
     mk, mp = LOSS_BYTES_PER_LOGIT["megatron"]
     print(f"Megatron-LM loss step at {checkout}, torch {res['torch']}, CPU, {res['tokens']} "
           f"tokens x {res['vocab']} vocabulary, bytes per logit kept for the backward, peak:")

@@ -242,22 +242,21 @@ def _read_model(rd: _Reader, d: dict) -> ModelSpec:
 
 def _read_job(rd: _Reader, d: dict) -> JobSpec:
     w = "job"
-    # the fields read first (a wrong type names its field once), then the spec's own checks
-    kw = dict(global_batch=rd.get(d, "global_batch", w, int),
-              seq_length=rd.get(d, "seq_length", w, int),
-              precision=rd.get(d, "precision", w, str),
-              fp8=rd.get(d, "fp8", w, bool, nullable=True),
-              attention=rd.get(d, "attention", w, str),
-              framework=rd.get(d, "framework", w, str),
-              zero=rd.get(d, "zero", w, int, None, nullable=True),
-              distributed_optimizer=rd.get(d, "distributed_optimizer", w, bool, None,
-                                           nullable=True),
-              grad_reduce_in_bf16=rd.get(d, "grad_reduce_in_bf16", w, bool, False),
-              moe_capacity_factor=rd.get(d, "moe_capacity_factor", w, float, 1.0),
-              compile=rd.get(d, "compile", w, bool, True),
-              compile_loss=rd.get(d, "compile_loss", w, bool, None, nullable=True))
     try:
-        return JobSpec(**kw, source=rd.src)
+        return JobSpec(global_batch=rd.get(d, "global_batch", w, int),
+                       seq_length=rd.get(d, "seq_length", w, int),
+                       precision=rd.get(d, "precision", w, str),
+                       fp8=rd.get(d, "fp8", w, bool, nullable=True),
+                       attention=rd.get(d, "attention", w, str),
+                       framework=rd.get(d, "framework", w, str),
+                       zero=rd.get(d, "zero", w, int, None, nullable=True),
+                       distributed_optimizer=rd.get(d, "distributed_optimizer", w, bool, None,
+                                                    nullable=True),
+                       grad_reduce_in_bf16=rd.get(d, "grad_reduce_in_bf16", w, bool, False),
+                       moe_capacity_factor=rd.get(d, "moe_capacity_factor", w, float, 1.0),
+                       compile=rd.get(d, "compile", w, bool, True),
+                       compile_loss=rd.get(d, "compile_loss", w, bool, None, nullable=True),
+                       source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None
 

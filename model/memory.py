@@ -213,7 +213,7 @@ def op_sac_tensors(model: ModelSpec, job: JobSpec, shape: Shape
     out = [("block input", a * h, False), ("q", a * q, True), ("v", a * kv, True),
            ("attention output", a * q, True), ("attention lse", 4.0 * model.num_heads, True),
            ("w1 output", a * ffn, True)]
-    compiled = job.compile and job.framework == "torchtitan"
+    compiled = job.compile  # (only torchtitan runs per-op SAC; only it may be uncompiled)
     mm_out = [("w2 output", a * h, False)] if model.gated_mlp and not compiled else []
     if shape.tp > 1:
         out += [("reduce-scatter outputs", (1 if compiled else 2) * a * h, False)]

@@ -45,20 +45,27 @@ PATHS = ("torchtitan", "torchtitan-loss-parallel", "torchtitan-compiled",
 MARK_BYTES = 12347  # an allocation of this size marks the forward's end
 
 
-def kept_and_peak(step) -> tuple[int, int]:
-    """(bytes live when the step allocates MARK_BYTES, its mark of the forward's end; peak
-    bytes) of what `step()` allocates; what existed before is not counted."""
+def allocations(step) -> list[int]:
+    """The allocator's events while `step()` runs, in time order: bytes allocated (positive)
+    and freed (negative); what existed before is not counted."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
+    return [e.nbytes() for e in events]
+
+
+def live_bytes(sizes, mark: int = MARK_BYTES) -> tuple[int, int]:
+    """(bytes live when the step allocates `mark` bytes, its mark of the forward's end; peak
+    bytes) of a sequence of allocator events (`allocations`; bench/activation_memory.py reads
+    the frameworks' own steps' the same way)."""
     live = peak = 0
     kept = None
-    for e in events:
-        if kept is None and e.nbytes() == MARK_BYTES:
+    for n in sizes:
+        if kept is None and n == mark:
             kept = live
-        live += e.nbytes()
+        live += n
         peak = max(peak, live)
     if kept is None:
         raise RuntimeError("the forward's mark was not seen among the allocator's events")
@@ -114,7 +121,7 @@ def measure(tokens: int = 4096, vocab: int = 8192, hidden: int = 64
 
             step()  # warm-up (and compile)
             h.grad = w.grad = None
-            kept, peak = kept_and_peak(step)
+            kept, peak = live_bytes(allocations(step))
             out[name] = (kept / (tokens * vocab), peak / (tokens * vocab))
     finally:
         if started:

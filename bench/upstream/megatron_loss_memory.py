@@ -9,9 +9,10 @@ backpropagated. Two paths: "unfused", megatron.core.tensor_parallel.cross_entrop
 vocab_parallel_cross_entropy (Megatron-LM's default, without --cross-entropy-loss-fusion), and
 "fused", megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy (with it
 and cross_entropy_fusion_impl "native", the default implementation; its helpers go through
-megatron.core.jit's jit_fuser, torch.compile). Peak live bytes over the step from
-torch.profiler's allocator events (profile_memory=True), per logit, and what is live when
-the forward ends (kept for the backward).
+megatron.core.jit's jit_fuser, torch.compile). torch.profiler's allocator events
+(profile_memory=True) over the step, written in time order, with an allocation of MARK_BYTES
+at the forward's end; bench/activation_memory.py reads off them what is live there (kept for
+the backward) and the peak, per logit.
 
 Stand-ins, so that the module loads without the rest of megatron.core (which needs triton and
 a GPU): `megatron.core.parallel_state` and `megatron.core.utils` give the five functions the
@@ -20,7 +21,7 @@ what each of t ranks holds); the packages `megatron`, `megatron.core` and
 `megatron.core.tensor_parallel` point at the checkout's directories, so that cross_entropy.py
 and tensor_parallel/utils.py are the checkout's own.
 
-usage: python megatron_loss_memory.py RESULTS.json [TOKENS VOCAB]
+usage: python megatron_loss_memory.py RESULTS.json MARK_BYTES [TOKENS VOCAB]
 """
 
 import importlib
@@ -29,7 +30,6 @@ import os
 import sys
 import types
 
-MARK_BYTES = 12347  # an allocation of this size marks the forward's end
 
 
 def _load_cross_entropy():
@@ -55,7 +55,7 @@ def _load_cross_entropy():
             importlib.import_module("megatron.core.fusions.fused_cross_entropy"))
 
 
-def main(out_path, tokens=4096, vocab=8192, hidden=64):
+def main(out_path, mark_bytes, tokens=4096, vocab=8192, hidden=64):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -81,7 +81,7 @@ def main(out_path, tokens=4096, vocab=8192, hidden=64):
 
         def step():
             loss = postprocess()
-            torch.empty(MARK_BYTES, dtype=torch.uint8)  # the forward's end, as an event
+            torch.empty(mark_bytes, dtype=torch.uint8)  # the forward's end, as an event
             loss.sum().backward()
 
         step()  # warm-up (and torch.compile of the fused path's helpers)
@@ -90,20 +90,13 @@ def main(out_path, tokens=4096, vocab=8192, hidden=64):
             step()
         events = sorted((e for e in prof.profiler.kineto_results.events()
                          if e.name() == "[memory]"), key=lambda e: e.start_ns())
-        live = peak = 0
-        kept = None
-        for e in events:
-            if kept is None and e.nbytes() == MARK_BYTES:
-                kept = live
-            live += e.nbytes()
-            peak = max(peak, live)
         h.grad = w.grad = None
-        result[name] = (kept / (s * b * vocab), peak / (s * b * vocab))
+        result[name] = [e.nbytes() for e in events]
     dist.destroy_process_group()
     json.dump({"torch": torch.__version__, "tokens": s * b, "vocab": vocab,
-               "kept_and_peak_bytes_per_logit": result}, open(out_path, "w"))
+               "allocations": result}, open(out_path, "w"))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], *map(int, sys.argv[2:4])))
+    sys.exit(main(sys.argv[1], *map(int, sys.argv[2:5])))

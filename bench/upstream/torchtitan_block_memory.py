@@ -7,9 +7,9 @@ its own activation checkpointing (parallelisms/parallelize_llama.py,
 `_apply_ac_to_transformer_block`: "full", or "selective" with selective_ac_option "op"), and
 compiled with torch.compile(fullgraph=True) where asked (its `apply_compile`). One forward and
 backward to warm up (and compile), then a second one under torch.profiler's allocator events
-(profile_memory=True): the bytes still live at the end of the forward (what the block keeps
-for its backward, its output included) and the peak over forward and backward, both counted
-from the block's input on.
+(profile_memory=True), written in time order from the block's input on, with an allocation of
+`mark_bytes` at the forward's end; bench/activation_memory.py reads off them what is live
+there (what the block keeps for its backward, its output included) and the peak.
 
 CPU stand-ins, each so that the CPU runs what CUDA would: the CPU flash-attention operator
 (aten._scaled_dot_product_flash_attention_for_cpu) joins torchtitan's save list next to the
@@ -18,16 +18,13 @@ RMSNorm, which the default "rmsnorm" does not use) is an import-only stand-in.
 
 usage: python torchtitan_block_memory.py CASES.json RESULTS.json
 CASES: {"dim", "n_heads", "n_kv_heads", "ffn_dim_multiplier"?, "multiple_of", "seq", "batch",
-"cases": [[ac_mode, compiled], ...]}
+"mark_bytes", "cases": [[ac_mode, compiled], ...]}
 """
 
 import json
 import os
 import sys
 import types
-
-
-MARK_BYTES = 12347  # an allocation of this size marks the forward's end
 
 
 def _import_with_triton_stand_in(name):
@@ -94,7 +91,7 @@ def main(cases_path, out_path):
 
         def step(block=block, x=x, grad=grad):
             out = block(x, freqs)
-            torch.empty(MARK_BYTES, dtype=torch.uint8)  # the forward's end, as an event
+            torch.empty(spec["mark_bytes"], dtype=torch.uint8)  # the forward's end
             out.backward(grad)
 
         started = time.perf_counter()
@@ -107,17 +104,10 @@ def main(cases_path, out_path):
             step()
         events = sorted((e for e in prof.profiler.kineto_results.events()
                          if e.name() == "[memory]"), key=lambda e: e.start_ns())
-        live = peak = 0
-        series = []
-        for e in events:
-            live += e.nbytes()
-            peak = max(peak, live)
-            series.append(live)
-        mark = next(i for i, e in enumerate(events) if e.nbytes() == MARK_BYTES)
-        kept = series[mark] - MARK_BYTES
-        results.append({"mode": mode, "compiled": bool(compiled), "kept_bytes": kept,
-                        "peak_bytes": peak, "tokens": spec["batch"] * spec["seq"],
-                        "ffn": ffn, "warmup_s": round(warm_s, 1)})
+        results.append({"mode": mode, "compiled": bool(compiled),
+                        "allocations": [e.nbytes() for e in events],
+                        "tokens": spec["batch"] * spec["seq"], "ffn": ffn,
+                        "warmup_s": round(warm_s, 1)})
     json.dump({"torch": torch.__version__, "results": results}, open(out_path, "w"), indent=1)
     return 0
 

@@ -211,6 +211,10 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option(
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-in-bf16", help="Megatron-LM: bf16 main gradients, reduced in bf16 (2 bytes "
     "per parameter instead of fp32's 4).")]
+Fp8ParamsOpt = Annotated[bool, typer.Option(
+    "--fp8-param-gather", help="Megatron-LM: keep FP8 linear layers' weights in FP8 only "
+    "(--fp8-param-gather; plans with fp8 and the distributed optimizer): 2 bytes per weight "
+    "(FP8 and its transpose) instead of 16-bit weights plus 2 bytes of FP8 copies.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile/--no-compile", help="torchtitan: torch.compile each transformer block (fused "
     "element-wise kernels) and the loss, as torchtitan does; --no-compile estimates eager "
@@ -259,6 +263,7 @@ def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
 def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             distopt: bool | None = None, attention: str = "flash", allow_list: bool = False,
             framework: str = "megatron", grad_reduce_in_bf16: bool = False,
+            fp8_param_gather: bool = False,
             moe_capacity_factor: float = 1.0, compile_blocks: bool = True):
     from formats import presets
     from formats.clusters import cluster as load_cluster
@@ -269,7 +274,7 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     c = load_cluster(cluster)
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
-                  grad_reduce_in_bf16=grad_reduce_in_bf16,
+                  grad_reduce_in_bf16=grad_reduce_in_bf16, fp8_param_gather=fp8_param_gather,
                   moe_capacity_factor=moe_capacity_factor, compile=compile_blocks,
                   source="options")
     return m, job, c
@@ -426,6 +431,7 @@ def estimate(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    fp8_param_gather: Fp8ParamsOpt = False,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
@@ -482,6 +488,7 @@ def estimate(
         return
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
                         framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
+                        fp8_param_gather=fp8_param_gather,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     lay = None
     if layers is not None:
@@ -611,19 +618,23 @@ def validate(as_json: JsonOpt = False,
                                                    help="Show assumptions per run.")] = False,
              calibration: CalibrationOpt = None):
     """Compare the estimator with published training runs (data/published_runs.json, and the
-    mixture-of-experts runs of data/published_moe_runs.json)."""
-    from formats.published import validate as run_validate, validate_moe
+    held-out mixture-of-experts and dense H100/B200/GB200 runs of data/published_moe_runs.json
+    and data/published_dense_heldout_runs.json)."""
+    from formats.published import validate as run_validate, validate_dense_heldout, validate_moe
 
     prof = None
     if calibration is not None:
         from formats.profile import load_profile
         prof = load_profile(calibration)
     s, moe = run_validate(profile=prof), validate_moe(profile=prof)
+    dense = validate_dense_heldout(profile=prof)
     if as_json:
-        render.echo_json({**render.validate_json(s), "moe": render.validate_moe_json(moe)})
+        render.echo_json({**render.validate_json(s), "moe": render.validate_moe_json(moe),
+                          "dense_heldout": render.validate_moe_json(dense)})
         return
     render.print_validate(s, verbose)
     render.print_validate_moe(moe, verbose)
+    render.print_validate_moe(dense, verbose, kind="dense")
 
 
 @command()
@@ -655,6 +666,7 @@ def solve(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    fp8_param_gather: Fp8ParamsOpt = False,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     method: MethodOpt = Method.auto,
@@ -703,6 +715,7 @@ def solve(
     m, job, c0 = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                          allow_list=True, framework=framework.value,
                          grad_reduce_in_bf16=grad_reduce_in_bf16,
+                         fp8_param_gather=fp8_param_gather,
                          moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     opts0 = _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
@@ -753,6 +766,7 @@ def compare(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    fp8_param_gather: Fp8ParamsOpt = False,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     generated: Annotated[int, typer.Option(
@@ -790,6 +804,7 @@ def compare(
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value,
                         grad_reduce_in_bf16=grad_reduce_in_bf16,
+                        fp8_param_gather=fp8_param_gather,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep)
@@ -956,11 +971,11 @@ def cluster_synth(
 # ---------------------------------------------------------------------------------------------
 # plan files, framework launch files and pictures (formats/planfile.py, launch/)
 
-_PLAN_OPTION_PARAMS = ("model", "cluster", "gbs", "seq", "precision", "attention", "framework",
-                       "zero", "shard_size", "cp", "tp", "pp",
-                       "dp", "mbs", "schedule", "chunks", "layers", "recompute", "sp", "distopt",
-                       "blocking", "tp_comm_overlap", "overlap_grad_reduce",
-                       "overlap_param_gather")
+# estimate's options that do not describe the inputs or the plan: every other option (the
+# model, job, cluster and plan ones, including any added later) is refused beside --plan
+_NOT_PLAN_OPTION_PARAMS = ("as_json", "plan_file", "save_plan", "emit", "out", "gantt",
+                           "placement_png", "calibration", "force", "tokenizer",
+                           "framework_version")
 
 
 def _load_plan_only(ctx, plan_file: Path):
@@ -973,9 +988,11 @@ def _load_plan_only(ctx, plan_file: Path):
         for p in ctx.command.params:
             src = ctx.get_parameter_source(p.name)
             # typer vendors click: compare the enum by name (COMMANDLINE, ENVIRONMENT, ...)
-            if p.name in _PLAN_OPTION_PARAMS and src is not None and \
+            if p.name not in _NOT_PLAN_OPTION_PARAMS and src is not None and \
                     src.name not in ("DEFAULT", "DEFAULT_MAP"):
-                given.append(max(p.opts, key=len))
+                # the spelling given: --no-compile is the secondary option of --compile
+                off = getattr(p, "secondary_opts", None) and ctx.params.get(p.name) is False
+                given.append(max(p.secondary_opts if off else p.opts, key=len))
         if given:
             raise SpecError(f"{', '.join(given)} cannot be combined with --plan, which fixes "
                             "the inputs and the plan; drop them or drop --plan",

@@ -326,6 +326,7 @@ def validate_json(s) -> dict:
 
 
 def validate_moe_json(s) -> dict:
+    """The held-out runs (mixture-of-experts or dense) of `validate --json`."""
     return {
         "runs": [{"id": x.id, "predicted_s": x.predicted_s, "published_s": x.published_s,
                   "time_signed_pct_err": 100 * (x.predicted_s / x.published_s - 1),
@@ -337,25 +338,31 @@ def validate_moe_json(s) -> dict:
         "time_median_pct": 100 * s.time_median, "oom_correct": list(s.oom_correct)}
 
 
-def print_validate_moe(s, verbose: bool) -> None:
-    t = Table(title="Mixture-of-experts runs (held out: nothing is fitted to them)")
-    for col in ("run", "pred s", "pub s", "err", "all-to-all", "pred peak GiB", "ran/pred"):
+def print_validate_moe(s, verbose: bool, kind: str = "mixture of experts") -> None:
+    """The held-out runs' table: the mixture-of-experts ones (with their all-to-all's share of
+    the iteration) or, kind "dense", the dense H100/B200/GB200 ones."""
+    moe = kind != "dense"
+    title = "Mixture-of-experts runs" if moe else "Dense H100 / B200 / GB200 runs"
+    t = Table(title=f"{title} (held out: nothing is fitted to them)")
+    cols = ("run", "pred s", "pub s", "err") + (("all-to-all",) if moe else ()) + (
+        "pred peak GiB", "ran/pred")
+    for col in cols:
         t.add_column(col, justify="right" if col != "run" else "left")
     for x in s.rows:
         if x.skipped:
             continue
         e = x.estimate
+        a2a = (f"{100 * e.breakdown_ms.get('ep_alltoall_ms', 0.0) / e.iteration_ms:.0f}%",)
         t.add_row(x.id, f"{x.predicted_s:.2f}", f"{x.published_s:.2f}",
                   f"{100 * (x.predicted_s / x.published_s - 1):+.1f}%",
-                  f"{100 * e.breakdown_ms.get('ep_alltoall_ms', 0.0) / e.iteration_ms:.0f}%",
-                  f"{e.peak_memory_gib:.1f}",
+                  *(a2a if moe else ()), f"{e.peak_memory_gib:.1f}",
                   "ran/" + ("fits" if x.predicted_fits else "[red]OOM[/red]"))
         if verbose and x.assumptions:
-            t.add_row("  assumed: " + "; ".join(x.assumptions), *[""] * 6)
+            t.add_row("  assumed: " + "; ".join(x.assumptions), *[""] * (len(cols) - 1))
     con = console()
     con.print(t)
     ok, n = s.oom_correct
-    con.print(f"mixture of experts: iteration time |error| median {s.time_median * 100:.1f}% "
+    con.print(f"{kind}: iteration time |error| median {s.time_median * 100:.1f}% "
               f"over {len(s._errs('time_err'))} runs; fits predicted correctly: {ok}/{n}")
 
 

@@ -64,6 +64,7 @@ from formats import presets  # noqa: E402
 from formats.clusters import SynthParams, cluster, synth_cluster, uniform_cluster  # noqa: E402
 from launch.emit import emit  # noqa: E402
 from model.estimator import estimate, make_plan  # noqa: E402
+from model.memory import fp8_params_apply  # noqa: E402
 from model.plan import block_placement, ep_groups  # noqa: E402
 from model.specs import JobSpec  # noqa: E402
 
@@ -116,8 +117,8 @@ def _cases():
     out.append(("Llama-3 8B CP=4 seq 32k", l3, jcp, h100,
                 make_plan(l3, jcp, h100, tp=2, pp=1, cp=4, sequence_parallel=True,
                           distributed_optimizer=True)))
-    jf8 = JobSpec(global_batch=256, seq_length=4096, fp8=True)
-    out.append(("70B FP8, TP overlap, H100", l70, jf8, h100,
+    jf8 = JobSpec(global_batch=256, seq_length=4096, fp8=True, fp8_param_gather=True)
+    out.append(("70B FP8 weights, TP overlap, H100", l70, jf8, h100,
                 make_plan(l70, jf8, h100, tp=8, pp=4, recompute="selective",
                           sequence_parallel=True, distributed_optimizer=True,
                           tp_comm_overlap=True, overlap_grad_reduce=True)))
@@ -195,6 +196,7 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
         ("tp_comm_overlap", sh.tp_comm_overlap, "overlap"),
         ("bf16", job.precision == "bf16", "precision"),
         ("fp8", "hybrid" if sh.fp8 else None, "precision"),
+        ("fp8_param_gather", fp8_params_apply(job, sh), "precision"),
         # the unfused loss, whose peak the memory model counts (model/memory.py)
         ("cross_entropy_loss_fusion", False, "memory"),
     ]
@@ -435,6 +437,7 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
         "dropout": m["hidden_dropout"] > 0, "layers": _nemo_layers(m, sh.pp, vp),
         "recompute": m.get("activations_checkpoint_granularity") or "none",
         "optimizer": m["optim"]["name"], "fp8": bool(m.get("fp8", False)),
+        "fp8_params": bool(m.get("fp8_params", False)),
         "tokenizer": m["tokenizer"]["library"],
         "rank_order": "tp-cp-ep-pp-dp" if m.get("use_tp_pp_dp_mapping") else "tp-cp-ep-dp-pp",
         "experts": m.get("num_moe_experts") or 0, "ep": m.get("expert_model_parallel_size", 1),
@@ -455,7 +458,8 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
         "rotary_base": model.rope_base or 10000, "dropout": model.dropout,
         "layers": list(sh.layers), "recompute": sh.recompute,
         "optimizer": "distributed_fused_adam" if sh.zero == 1 else "fused_adam",
-        "fp8": sh.fp8, "tokenizer": "huggingface", "rank_order": order,
+        "fp8": sh.fp8, "fp8_params": fp8_params_apply(job, sh), "tokenizer": "huggingface",
+        "rank_order": order,
         "experts": model.num_experts, "ep": sh.ep,
         "schedule": sh.schedule if sh.pp > 1 else "none", "fsdp": sh.zero >= 2,
     }
@@ -464,7 +468,8 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
              "query_groups": "model", "normalization": "model", "gated": "model",
              "bias": "model", "position": "model", "rotary_base": "model",
              "dropout": "model", "tokenizer": "model", "experts": "model",
-             "recompute": "recompute", "fp8": "precision", "rank_order": "placement",
+             "recompute": "recompute", "fp8": "precision", "fp8_params": "precision",
+             "rank_order": "placement",
              "schedule": "schedule"}
     return [(f, want[f], built[f], kinds.get(f, "parallelism")) for f in want
             if want[f] != built[f]]

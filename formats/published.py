@@ -38,7 +38,7 @@ NETWORKS_GB_PER_S = {  # source_group prefix -> (inter-node GB/s per GPU stream,
     "bloom": (6.25, "Jean Zay: 4x OPA 100 Gb/s per 8 GPUs"),
     "mt_nlg": (25.0, "Selene: HDR 200 Gb/s per GPU"),
     "torchtitan": (50.0, "Grand Teton: RDMA 400 Gb/s per GPU"),
-    "megatron_bridge": (50.0, "DGX H100: ConnectX-7 400 Gb/s per GPU"),
+    "megatron_bridge": (50.0, "DGX H100 / B200: ConnectX-7 400 Gb/s per GPU"),
 }
 
 
@@ -90,6 +90,14 @@ def load_moe_runs() -> list[dict]:
         return json.load(f)
 
 
+def load_dense_heldout_runs() -> list[dict]:
+    """Published dense runs on H100, B200 and GB200 (data/published_dense_heldout_runs.json):
+    kept apart from the reference set like the mixture-of-experts runs; nothing is fitted to
+    them."""
+    with open(presets.data_path("published_dense_heldout_runs.json")) as f:
+        return json.load(f)
+
+
 def _skip_reason(r: dict) -> str | None:
     for k in ("num_layers", "hidden_size", "num_attention_heads", "global_batch_size", "tp",
               "pp", "dp", "num_gpus", "gpus_per_node"):
@@ -133,7 +141,9 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     if r["source_group"].startswith("torchtitan"):
         return _torchtitan_inputs(r, gpu_params)
     if r["source_group"].startswith("megatron_bridge"):
-        return _bridge_moe_inputs(r, gpu_params)
+        if r.get("num_experts"):
+            return _bridge_moe_inputs(r, gpu_params)
+        return _bridge_dense_inputs(r, gpu_params)
     notes = []
     vocab = r.get("vocab_size")
     if vocab is None:
@@ -192,16 +202,21 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     return model, job, cluster, plan, notes
 
 
+def _llama_model(r: dict) -> ModelSpec:
+    """A Llama 3 row's model: RoPE, RMSNorm, SwiGLU, untied embeddings, no biases or dropout."""
+    return ModelSpec(name=r["model_name"], num_layers=r["num_layers"],
+                     hidden_size=r["hidden_size"], num_heads=r["num_attention_heads"],
+                     num_kv_heads=r["num_kv_heads"], ffn_hidden_size=r["ffn_hidden_size"],
+                     vocab_size=r["vocab_size"], seq_length=r["seq_length"], gated_mlp=True,
+                     tied_embeddings=False, position_embedding="rope", norm="rmsnorm",
+                     bias=False, dropout=False)
+
+
 def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
     """A torchtitan Llama 3.1 benchmark row (FSDP2, TP with sequence parallelism, PP, CP,
     Float8, async TP): Llama architecture, FSDP2's byte table, flash attention (SDPA)."""
     notes = []
-    model = ModelSpec(name=r["model_name"], num_layers=r["num_layers"],
-                      hidden_size=r["hidden_size"], num_heads=r["num_attention_heads"],
-                      num_kv_heads=r["num_kv_heads"], ffn_hidden_size=r["ffn_hidden_size"],
-                      vocab_size=r["vocab_size"], seq_length=r["seq_length"], gated_mlp=True,
-                      tied_embeddings=False, position_embedding="rope", norm="rmsnorm",
-                      bias=False, dropout=False)
+    model = _llama_model(r)
     other = r.get("other_settings") or ""
     fp8 = "Float8" in other
     compiled = "compile" in other
@@ -275,6 +290,59 @@ def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
                      micro_batch=r["micro_batch_size"],
                      schedule="interleaved" if vp else "1f1b", chunks=vp or 1,
                      recompute="none", zero=1, sequence_parallel=tp > 1, fp8=fp8)
+    return model, job, cluster, plan, notes
+
+
+BRIDGE_GPUS = {"H100": "H100-SXM-80GB", "B200": "B200", "GB200": "GB200"}
+
+
+def layout_layers(layout: str) -> tuple[int, ...]:
+    """Transformer layers per virtual pipeline stage of a Megatron-LM
+    --pipeline-model-parallel-layout string: stages split by "|", "t" a layer, "x*n" and
+    "(...)*n" repetitions, "E" / "L" the embedding and the loss (no layers); a "," only ends
+    a repetition."""
+    while "(" in layout:
+        layout = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), layout)
+    layout = re.sub(r"t\*(\d+)", lambda m: "t" * int(m.group(1)), layout.replace(",", ""))
+    return tuple(st.count("t") for st in layout.rstrip("|").split("|"))
+
+
+def _bridge_dense_inputs(r: dict, gpu_params: dict | None = None):
+    """A Megatron-Bridge dense Llama row: Llama architecture, FP8 linear layers with FP8
+    weights (fp8_param_gather, the recipes' FP8 current scaling; the cost model's FP8 casts are
+    those of delayed scaling), flash attention, bf16 gradient reduction, TP communication
+    overlap with TP > 1, the distributed optimizer's overlaps with more than one replica (the
+    library turns them on then: training/comm_overlap.py), the recipe's pipeline layout where
+    it names one."""
+    notes = ["FP8 current scaling modelled as delayed scaling (one more amax pass per cast "
+             "not counted)"]
+    model = _llama_model(r)
+    tp, pp, dp, cp = r["tp"], r["pp"], r["dp"], r.get("cp") or 1
+    fsdp = "fsdp" in (r.get("dp_sharding") or "").lower()
+    zero = 3 if fsdp else 1
+    other = r.get("other_settings") or ""
+    job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
+                  precision="bf16", fp8=True, zero=zero, attention="flash",
+                  framework="megatron", grad_reduce_in_bf16=True, fp8_param_gather=not fsdp)
+    if fsdp:
+        notes.append("Megatron-FSDP gathers 16-bit weights here (FP8 weights are modelled "
+                     "with the distributed optimizer only)")
+    gpu = next(v for k, v in BRIDGE_GPUS.items() if f"DGX-{k}" in r["gpu_type"])
+    cluster = _cluster(r, gpu, gpu_params)
+    if r.get("recompute") is None:
+        notes.append("no recompute (unpublished; the recipes of the same commit use none)")
+    vp = r.get("vp")
+    layers = None
+    m = re.search(r"pipeline layout (\S+)", other)
+    if m:
+        layers = layout_layers(m.group(1).rstrip(","))
+    overlap = dp * cp > 1 and zero in (1, 2)
+    plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp,
+                     micro_batch=r["micro_batch_size"],
+                     schedule="interleaved" if vp else "1f1b", chunks=vp or 1, layers=layers,
+                     recompute="none", zero=zero, sequence_parallel=tp > 1, fp8=True,
+                     tp_comm_overlap=tp > 1, overlap_grad_reduce=overlap,
+                     overlap_param_gather=overlap)
     return model, job, cluster, plan, notes
 
 
@@ -375,3 +443,9 @@ def validate_moe(options: Options | None = None, profile=None) -> Summary:
     """The mixture-of-experts runs, judged with the model as calibrated on the reference set
     (no GPU parameters of their own)."""
     return Summary([compare_run(r, options, profile=profile) for r in load_moe_runs()])
+
+
+def validate_dense_heldout(options: Options | None = None, profile=None) -> Summary:
+    """The held-out dense runs (H100, B200, GB200), judged as the mixture-of-experts ones."""
+    return Summary([compare_run(r, options, profile=profile)
+                    for r in load_dense_heldout_runs()])

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from model.cluster import ClusterSpec
 from model.errors import SpecError
+from model.memory import fp8_params_apply
 from model.plan import Plan, Shape, num_microbatches
 from model.specs import JobSpec, ModelSpec
 
@@ -245,6 +246,8 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
         # Transformer Engine's delayed-scaling recipe: E4M3 forward, E5M2 gradients
         a += ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024",
               "--fp8-amax-compute-algo", "max"]
+        if fp8_params_apply(job, sh):  # FP8 weights only (the estimate's weight bytes)
+            a.append("--fp8-param-gather")
     # attention kernel the estimate assumed (--attention-backend: flash, fused, unfused, local,
     # auto; auto picks a fused / flash kernel, neither stores the scores)
     a += ["--attention-backend", "auto" if job.attention == "flash" else "unfused"]
@@ -512,6 +515,8 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if sh.fp8:
         m.update(fp8=True, fp8_hybrid=True, fp8_amax_history_len=1024,
                  fp8_amax_compute_algo="max")
+        if fp8_params_apply(job, sh):  # megatron_gpt_model.py: fp8_param_gather=fp8_params
+            m["fp8_params"] = True
     m["use_flash_attention"] = job.attention == "flash"
     first_last = first_last_split(sh)
     if first_last is None:
@@ -651,14 +656,15 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                 f"HSDP (shard over {sh.shard_size} data-parallel ranks) has no field set here; "
                 "Megatron-FSDP shards over the whole data-parallel group")))
     # mixed precision presets (megatron/bridge/training/mixed_precision.py); FP8 is the
-    # delayed-scaling recipe without FP8 parameter gather, as the Megatron-LM flags
+    # delayed-scaling recipe, with FP8 parameter gather as the job says (as the Megatron-LM
+    # flags)
     prec = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}[job.precision]
     mp: dict = {"preset": prec}
     if prec:
         mp["grad_reduce_in_fp32"] = not job.grad_reduce_in_bf16
     if sh.fp8:
         mp.update(preset=prec.replace("_mixed", "_with_fp8_delayed_scaling_mixed"),
-                  fp8_param_gather=False)
+                  fp8_param_gather=fp8_params_apply(job, sh))
     if tokenizer:
         tok = {"tokenizer_type": "HuggingFaceTokenizer", "tokenizer_model": tokenizer,
                "use_tokenizer_vocab_size": True}

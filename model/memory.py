@@ -109,11 +109,26 @@ def keeps_unsharded(job: JobSpec, shape: Shape) -> bool:
     return job.framework == "torchtitan" and shape.zero >= 3 and shape.pp > 1
 
 
+def fp8_params_apply(job: JobSpec, shape: Shape) -> bool:
+    """Whether the plan keeps its FP8 linear weights in FP8 only (JobSpec.fp8_param_gather):
+    FP8 linear layers and Megatron-LM's distributed optimizer (arguments.py asserts it)."""
+    return job.fp8_param_gather and shape.fp8 and shape.zero in (1, 2)
+
+
 def fp8_weight_copy_bytes(job: JobSpec, shape: Shape) -> float:
-    """Per linear-layer weight: Transformer Engine caches the FP8 weight and its transpose
-    (Megatron-LM, NeMo); torchao's float8 (torchtitan) casts each weight when used, caching
-    nothing across micro-batches."""
-    return FP8_WEIGHT_COPY_BYTES if shape.fp8 and job.framework != "torchtitan" else 0.0
+    """Bytes per linear-layer weight on top of the 16-bit weight (`param_bytes`):
+    - Transformer Engine caches the FP8 weight and its transpose (Megatron-LM, NeMo): 2;
+    - with FP8 parameters (--fp8-param-gather: the weight is a Transformer Engine Float8Tensor
+      created under fp8_model_init, its 1-byte data plus the 1-byte transpose the backward
+      uses) these two bytes are the weight: no 16-bit copy, so 2 - 2 = 0 on top. The fp32
+      main weight stays in the distributed optimizer's state (optimizer bytes, unchanged);
+    - torchao's float8 (torchtitan) casts each weight when used, caching nothing across
+      micro-batches: 0."""
+    if not shape.fp8 or job.framework == "torchtitan":
+        return 0.0
+    if fp8_params_apply(job, shape):
+        return float(FP8_WEIGHT_COPY_BYTES - job.weight_bytes)
+    return float(FP8_WEIGHT_COPY_BYTES)
 
 
 def gathered_weight_bytes(job: JobSpec) -> int:

@@ -477,6 +477,12 @@ class JobSpec:
     # Megatron-LM --grad-reduce-in-bf16: bf16 main gradients, accumulated and reduced in bf16
     # instead of fp32 (the Megatron-Bridge performance recipes' grad_reduce_in_fp32 False)
     grad_reduce_in_bf16: bool = False
+    # Megatron-LM --fp8-param-gather (NeMo fp8_params, Megatron-Bridge's mixed-precision
+    # fp8_param_gather, on in its FP8 performance recipes): FP8 linear-layer weights are the
+    # model's only compute copy, kept in FP8 (model/memory.py fp8_weight_copy_bytes). Megatron
+    # accepts it with the distributed optimizer only, so it applies to plans with FP8 and ZeRO
+    # 1 or 2 (`fp8_params_apply`)
+    fp8_param_gather: bool = False
     # mixture of experts: tokens each expert processes relative to a perfectly balanced
     # router's share T k / E. 1.0 (default): balanced, dropless, as the published MoE
     # benchmarks force (moe_router_force_load_balancing); c > 1: Megatron-LM's token
@@ -531,6 +537,22 @@ class JobSpec:
             raise SpecError("grad_reduce_in_bf16 is Megatron-LM's (and NeMo's) option for bf16 "
                             "training; set it false", source=self.source,
                             field="grad_reduce_in_bf16")
+        if not isinstance(self.fp8_param_gather, bool):
+            raise SpecError(f"fp8_param_gather must be true or false, got "
+                            f"{self.fp8_param_gather!r}", source=self.source,
+                            field="fp8_param_gather")
+        if self.fp8_param_gather:
+            why = ("it keeps FP8 linear layers' weights in FP8" if self.fp8 is False else
+                   "it is Megatron-LM's (and NeMo's, Megatron-Bridge's)"
+                   if self.framework != "megatron" else
+                   "Megatron-LM accepts it with the distributed optimizer only (ZeRO 1 or 2)"
+                   if self.zero in (0, 3) else None)
+            if why:
+                raise SpecError(f"fp8_param_gather: {why}; drop it or "
+                                + ("allow fp8" if self.fp8 is False else
+                                   "use framework megatron" if self.framework != "megatron"
+                                   else "use ZeRO 1 or 2"),
+                                source=self.source, field="fp8_param_gather")
         if not isinstance(self.compile, bool):
             raise SpecError(f"compile must be true or false, got {self.compile!r}",
                             source=self.source, field="compile")

@@ -150,6 +150,35 @@ def test_fp8_plan_needs_fp8_tensor_cores_and_keeps_weight_copies():
     assert e8.iteration_ms < e16.iteration_ms
 
 
+def test_fp8_param_gather_keeps_only_the_fp8_weights():
+    """--fp8-param-gather: the FP8 weight and its transpose are the linear layers' only copy,
+    so the weights take what the bf16 plan's take (2 bytes each); it applies with the
+    distributed optimizer only (Megatron-LM asserts it), and the job says why otherwise."""
+    from model.errors import SpecError
+    m = presets.model("llama3-8b")
+    h = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=16, seq_length=4096, fp8=True, fp8_param_gather=True)
+    kw = dict(tp=4, pp=2, sequence_parallel=True, distributed_optimizer=True)
+    ep = estimate(m, job, h, make_plan(m, job, h, **kw))
+    plain = dataclasses.replace(job, fp8_param_gather=False)
+    e8 = estimate(m, plain, h, make_plan(m, plain, h, **kw))
+    b16 = dataclasses.replace(plain, fp8=False)
+    e16 = estimate(m, b16, h, make_plan(m, b16, h, **kw))
+    for a, b, c in zip(ep.stages, e8.stages, e16.stages):
+        assert a.memory.weights_gib == pytest.approx(c.memory.weights_gib)
+        assert a.memory.weights_gib < b.memory.weights_gib
+        assert a.memory.total_gib < b.memory.total_gib
+    # without the distributed optimizer it does not apply: the FP8 copies are back
+    e0 = estimate(m, job, h, make_plan(m, job, h, tp=4, pp=2, sequence_parallel=True,
+                                       distributed_optimizer=False))
+    assert e0.stages[0].memory.weights_gib > ep.stages[0].memory.weights_gib
+    for bad, needle in ((dict(fp8=False), "allow fp8"), (dict(zero=0), "ZeRO 1 or 2"),
+                        (dict(framework="torchtitan"), "use framework megatron"),
+                        (dict(fp8_param_gather="yes"), "true or false")):
+        with pytest.raises(SpecError, match=needle):
+            dataclasses.replace(job, **bad)
+
+
 def test_precision_bytes_bf16_keeps_fp32_main_grads():
     """Megatron-LM with --bf16 accumulates and reduces gradients in fp32
     (accumulate_allreduce_grads_in_fp32): 4 bytes of gradient per parameter."""

@@ -55,6 +55,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-backend", default="auto",
                    choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"])
+    p.add_argument("--fp8-param-gather", action="store_true")
     p.add_argument("--fp8-amax-history-len", type=int, default=1)
     p.add_argument("--fp8-amax-compute-algo", default="most_recent",
                    choices=["most_recent", "max"])
@@ -158,6 +159,25 @@ def test_megatron_emits_fp8_overlaps_and_attention(llama):
     a2 = parse_megatron(megatron_args(llama, job2, plan2)[0])
     assert a2.overlap_grad_reduce and a2.overlap_param_gather and a2.fp8_format is None
     assert a2.attention_backend == "auto" and not a2.tp_comm_overlap
+
+
+def test_fp8_param_gather_reaches_megatron_nemo_and_bridge(llama):
+    """The job's --fp8-param-gather reaches each framework where the plan can use it (FP8 and
+    the distributed optimizer), and stays out where Megatron-LM would refuse it."""
+    from formats.clusters import uniform_cluster as uc
+    from launch.emit import bridge_recipe, nemo_config
+    c = uc(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, fp8=True, fp8_param_gather=True)
+    on = make_plan(llama, job, c, tp=8, pp=4, sequence_parallel=True,
+                   distributed_optimizer=True)
+    off = make_plan(llama, job, c, tp=8, pp=4, sequence_parallel=True,
+                    distributed_optimizer=False)
+    assert parse_megatron(megatron_args(llama, job, on)[0]).fp8_param_gather
+    assert not parse_megatron(megatron_args(llama, job, off)[0]).fp8_param_gather
+    assert nemo_config(llama, job, c, on)[0]["model"]["fp8_params"] is True
+    assert "fp8_params" not in nemo_config(llama, job, c, off)[0]["model"]
+    assert bridge_recipe(llama, job, c, on)[0]["mixed_precision"]["fp8_param_gather"] is True
+    assert bridge_recipe(llama, job, c, off)[0]["mixed_precision"]["fp8_param_gather"] is False
 
 
 def test_megatron_interleaved(llama, c32):

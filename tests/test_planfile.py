@@ -79,6 +79,12 @@ def test_cli_plan_round_trip(setup, tmp_path):
     r = runner.invoke(app, ["estimate", "--plan", str(path), "--tp", "4"])
     assert r.exit_code == 2
     assert "--tp cannot be combined with --plan" in r.output
+    # job options too (these four were once taken silently and ignored)
+    for opt in (["--grad-reduce-in-bf16"], ["--fp8-param-gather"], ["--no-compile"],
+                ["--moe-capacity-factor", "1.5"], ["--ep", "2"]):
+        r = runner.invoke(app, ["estimate", "--plan", str(path), *opt])
+        assert r.exit_code == 2, (opt, r.output)
+        assert f"{opt[0]} cannot be combined with --plan" in r.output, r.output
     r = runner.invoke(app, ["emit", str(path), "--framework", "megatron",
                             "--out", str(tmp_path / "mg"), "--json"])
     assert r.exit_code == 0, r.output
@@ -141,3 +147,17 @@ def test_truncated_and_missing_files(setup, tmp_path):
         r = runner.invoke(app, ["emit", str(path)])
         assert r.exit_code == 2
         assert r.output.strip().count("\n") == 0 and needle in r.output and str(path) in r.output
+
+
+def test_plan_file_keeps_fp8_param_gather(tmp_path):
+    """The job's FP8-weights switch survives a round trip, with the memory it implies."""
+    m = presets.model("llama3-8b")
+    from formats.clusters import uniform_cluster
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=16, seq_length=4096, fp8=True, fp8_param_gather=True)
+    plan = make_plan(m, job, c, tp=8, pp=1, sequence_parallel=True, distributed_optimizer=True)
+    est = estimate(m, job, c, plan)
+    save_plan(tmp_path / "p.json", m, job, c, plan, est)
+    _m, j2, c2, p2, o2, _meta = load_plan(tmp_path / "p.json")
+    assert j2.fp8_param_gather is True and p2 == plan
+    assert _close(estimate(m, j2, c2, p2, o2).peak_memory_gib, est.peak_memory_gib)

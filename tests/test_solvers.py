@@ -110,7 +110,8 @@ def test_connectivity_rows_hold_for_every_placement():
 def overlap_instances():
     """Overlaps and FP8 in the MILP: gradient reduction and parameter gathering hidden behind
     the backward / forward except their last bucket (whose size depends on the stage's layer
-    count: the loads' binaries), FP8 weight copies in memory and their refresh in the tail."""
+    count: the loads' binaries), FP8 weight copies in memory (or FP8 weights only) and their
+    refresh in the tail."""
     out = []
     for seed in range(2):
         for nodes, tp, pp, ogr, opg, fp8 in [(4, 2, 4, True, False, False),
@@ -125,7 +126,9 @@ def overlap_instances():
             sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=1, recompute="none",
                        sequence_parallel=tp > 1, distributed_optimizer=opg or bool(seed),
                        fp8=fp8, overlap_grad_reduce=ogr, overlap_param_gather=opg)
-            job = JobSpec(global_batch=4 * pp * dp, seq_length=2048, fp8=None)
+            # seed 1: FP8 weights only (--fp8-param-gather) where FP8 runs
+            job = JobSpec(global_batch=4 * pp * dp, seq_length=2048, fp8=None,
+                          fp8_param_gather=bool(fp8 and seed))
             for blk in blocks_for(c, sh):
                 out.append(PlacementProblem(TINY, job, c, sh, blk, Options()))
     return out

@@ -102,6 +102,7 @@ def megatron_view(item):
         "tp_comm_overlap": cfg.tp_comm_overlap,
         "bf16": cfg.bf16, "fp16": cfg.fp16, "fp8": cfg.fp8,
         "grad_reduce_in_bf16": bool(getattr(args, "grad_reduce_in_bf16", False)),
+        "fp8_param_gather": bool(getattr(args, "fp8_param_gather", False)),
         "attention_backend": str(cfg.attention_backend),
         "cross_entropy_loss_fusion": bool(cfg.cross_entropy_loss_fusion),
         "use_tp_pp_dp_mapping": bool(getattr(args, "use_tp_pp_dp_mapping", False)),

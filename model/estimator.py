@@ -20,7 +20,7 @@ from .cluster import ClusterSpec
 from .communication import dp_ring, p2p_ring
 from .costs import CostModel
 from .errors import SpecError
-from .memory import MemoryModel, StageMemory
+from .memory import MemoryModel, StageMemory, fp8_params_apply
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, megatron_placement,
                    num_microbatches, validate_placement, validate_shape)
 from .schedule import compile_schedule
@@ -568,6 +568,12 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
         layers = default_layers(model, job, cluster, shape, options)
     shape = replace(shape, layers=tuple(layers))
     validate_shape(model, job, cluster, shape)
+    if job.fp8_param_gather and not fp8_params_apply(job, shape):
+        # one plan, given with FP8 weights asked for: they must apply (a search instead
+        # applies them to the plans with FP8 and the distributed optimizer only)
+        raise SpecError("FP8 weights need FP8 linear layers and the distributed optimizer "
+                        "(ZeRO 1 or 2) in the plan; drop it or plan both",
+                        source=job.source, field="fp8_param_gather")
     if placement is None:
         placement = megatron_placement(cluster, tp, pp, dp * cp)
     return Plan(shape, placement)

@@ -548,7 +548,7 @@ class JobSpec:
                    "Megatron-LM accepts it with the distributed optimizer only (ZeRO 1 or 2)"
                    if self.zero in (0, 3) else None)
             if why:
-                raise SpecError(f"fp8_param_gather: {why}; drop it or "
+                raise SpecError(f"{why}; drop it or "
                                 + ("allow fp8" if self.fp8 is False else
                                    "use framework megatron" if self.framework != "megatron"
                                    else "use ZeRO 1 or 2"),

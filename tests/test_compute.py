@@ -168,9 +168,14 @@ def test_fp8_param_gather_keeps_only_the_fp8_weights():
         assert a.memory.weights_gib == pytest.approx(c.memory.weights_gib)
         assert a.memory.weights_gib < b.memory.weights_gib
         assert a.memory.total_gib < b.memory.total_gib
-    # without the distributed optimizer it does not apply: the FP8 copies are back
-    e0 = estimate(m, job, h, make_plan(m, job, h, tp=4, pp=2, sequence_parallel=True,
-                                       distributed_optimizer=False))
+    # one plan without the distributed optimizer cannot have them: said, not dropped; a plan
+    # a search finds without it keeps the FP8 copies (the flag applies where it can)
+    with pytest.raises(SpecError, match="distributed optimizer"):
+        make_plan(m, job, h, tp=4, pp=2, sequence_parallel=True, distributed_optimizer=False)
+    p8 = make_plan(m, plain, h, tp=4, pp=2, sequence_parallel=True, distributed_optimizer=False)
+    e0 = estimate(m, job, h, p8)
+    assert e0.stages[0].memory.weights_gib == pytest.approx(
+        estimate(m, plain, h, p8).stages[0].memory.weights_gib)
     assert e0.stages[0].memory.weights_gib > ep.stages[0].memory.weights_gib
     for bad, needle in ((dict(fp8=False), "allow fp8"), (dict(zero=0), "ZeRO 1 or 2"),
                         (dict(framework="torchtitan"), "use framework megatron"),

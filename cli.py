@@ -214,7 +214,8 @@ GradBf16Opt = Annotated[bool, typer.Option(
 Fp8ParamsOpt = Annotated[bool, typer.Option(
     "--fp8-param-gather", help="Megatron-LM: keep FP8 linear layers' weights in FP8 only "
     "(--fp8-param-gather; plans with fp8 and the distributed optimizer): 2 bytes per weight "
-    "(FP8 and its transpose) instead of 16-bit weights plus 2 bytes of FP8 copies.")]
+    "(FP8 and its transpose) instead of 16-bit weights plus 2 bytes of FP8 copies, and "
+    "all-gathered in 1 byte.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile/--no-compile", help="torchtitan: torch.compile each transformer block (fused "
     "element-wise kernels) and the loss, as torchtitan does; --no-compile estimates eager "

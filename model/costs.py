@@ -19,7 +19,7 @@ from .cluster import ClusterSpec
 from .communication import (INTRA_LATENCY_US, allreduce_ms, alltoall_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
-from .memory import gathered_weight_bytes
+from .memory import fp8_params_apply, gathered_weight_bytes
 from .plan import Shape, layer_params
 from .specs import GPUSpec, JobSpec, ModelSpec, Options
 
@@ -108,6 +108,13 @@ class CostModel:
         # leading dense layers (all in virtual stage 0, plan.validate_shape): their cost model
         self.first_dense = model.first_dense_layers
         self._dense: CostModel | None = None
+        # FP8 weights (--fp8-param-gather): the distributed optimizer all-gathers each linear
+        # weight in FP8, 1 byte instead of the 16-bit weight's (Megatron-LM's param buffer of
+        # the FP8 weights is uint8): bytes saved per linear weight of the data-parallel sync.
+        # Not where the routed experts sync apart (their gather stays at 16 bits, an upper
+        # bound), so that the dense sync's linear weights are the stage's
+        self.fp8_gather_saving = (float(job.weight_bytes - 1) if fp8_params_apply(job, shape)
+                                  and not lp.split else 0.0)
 
     # -- compute -----------------------------------------------------------------------------
 
@@ -498,16 +505,18 @@ class CostModel:
 
     # -- data parallel -------------------------------------------------------------------------
 
-    def sync_bytes(self, params: float) -> tuple[float, float]:
+    def sync_bytes(self, params: float, linear: float = 0.0) -> tuple[float, float]:
         """(gradient bytes reduced, parameter bytes gathered) per GPU per iteration at the end
         of the iteration (ZeRO-3 reduces and gathers per layer instead, in layer_times; with
-        HSDP its shards are all-reduced across the replicas here)."""
+        HSDP its shards are all-reduced across the replicas here). `linear`: the linear
+        weights among `params`, gathered in FP8 with FP8 weights (`fp8_gather_saving`)."""
         sh = self.shape
         if sh.zero >= 3:
             return (params / sh.shard_group * self.job.reduce_bytes if sh.shard_size else
                     0.0), 0.0
         grad = params * self.job.reduce_bytes
-        gather = params * self.job.weight_bytes if sh.zero >= 1 else 0.0
+        gather = (params * self.job.weight_bytes - linear * self.fp8_gather_saving
+                  if sh.zero >= 1 else 0.0)
         return grad, gather
 
     def sync_group(self) -> int:
@@ -525,7 +534,8 @@ class CostModel:
         return sh.tp * sh.cols // (sh.ep * sh.expert_tp)
 
     def sync_parts_ms(self, params: float, dp_ring_gb_per_s: float,
-                      inter_node: bool, group: int | None = None) -> tuple[float, float]:
+                      inter_node: bool, group: int | None = None,
+                      linear: float = 0.0) -> tuple[float, float]:
         """(gradient reduction, parameter all-gather) at the end of the iteration, over the
         synchronization group's ring: an all-reduce; reduce-scatter + all-gather with the
         distributed optimizer, ZeRO-1 and ZeRO-2 (Rajbhandari et al. 2020); with HSDP the
@@ -536,7 +546,7 @@ class CostModel:
         if d <= 1:
             return 0.0, 0.0
         lat = self.cluster.latency_us if inter_node else INTRA_LATENCY_US
-        grad, gather = self.sync_bytes(params)
+        grad, gather = self.sync_bytes(params, linear)
         if sh.zero in (1, 2):
             return (gather_ms(grad, d, dp_ring_gb_per_s, lat),
                     gather_ms(gather, d, dp_ring_gb_per_s, lat))
@@ -546,15 +556,17 @@ class CostModel:
         return sum(self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node))
 
     def exposed_sync_ms(self, params: float, dp_ring_gb_per_s: float, inter_node: bool,
-                        bwd_window_ms: float, fwd_window_ms: float, group: int | None = None
-                        ) -> tuple[float, float, float]:
+                        bwd_window_ms: float, fwd_window_ms: float, group: int | None = None,
+                        linear: float = 0.0) -> tuple[float, float, float]:
         """(reduction, all-gather, exposed part of both). With --overlap-grad-reduce the
         reduction runs bucket by bucket during the last micro-batch's backward of the stage
         (`bwd_window_ms`): what shows is the larger of the last bucket's reduction and what
         outlasts the window. --overlap-param-gather does the same for the all-gather against
-        the first forward (`fwd_window_ms`)."""
+        the first forward (`fwd_window_ms`). `linear`: the linear weights among `params`
+        (FP8 weights gather them at 1 byte); the last bucket is counted at 16 bits, an upper
+        bound on a bucket that may hold FP8 weights."""
         sh = self.shape
-        red, gat = self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node, group)
+        red, gat = self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node, group, linear)
         last = min(params, bucket_params(self.sync_group() if group is None else group))
         red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node, group)
         ex_red = max(red_b, red - bwd_window_ms) if sh.overlap_grad_reduce else red

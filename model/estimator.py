@@ -247,6 +247,7 @@ class Evaluator:
             [list(range(sh.cols))]
         experts = self.costs.stage_expert_params(s)
         dense = self.params[s] - experts
+        linear = self.costs.stage_linear_params(s) if self.costs.fp8_gather_saving else 0.0
         # where no node's links differ by GPU, every TP rank's ring is the same ring (`ring`'s
         # memo key): one rank stands for all
         for i in range(sh.tp if self.cluster.gpu_specific_links else 1):
@@ -254,7 +255,8 @@ class Evaluator:
                 members = [(pl.node[s][r], pl.gpus[s][r][i]) for r in reps]
                 bw, inter = self.ring(members)
                 red, gat, exposed = self.costs.exposed_sync_ms(dense, bw, inter,
-                                                               bwd_window_ms, fwd_window_ms)
+                                                               bwd_window_ms, fwd_window_ms,
+                                                               linear=linear)
                 worst_full = max(worst_full, red + gat)
                 worst_exposed = max(worst_exposed, exposed)
         if experts:

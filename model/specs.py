@@ -479,7 +479,8 @@ class JobSpec:
     grad_reduce_in_bf16: bool = False
     # Megatron-LM --fp8-param-gather (NeMo fp8_params, Megatron-Bridge's mixed-precision
     # fp8_param_gather, on in its FP8 performance recipes): FP8 linear-layer weights are the
-    # model's only compute copy, kept in FP8 (model/memory.py fp8_weight_copy_bytes). Megatron
+    # model's only compute copy, kept in FP8 (model/memory.py fp8_weight_copy_bytes) and
+    # all-gathered in FP8 (model/costs.py fp8_gather_saving). Megatron
     # accepts it with the distributed optimizer only, so it applies to plans with FP8 and ZeRO
     # 1 or 2 (`fp8_params_apply`)
     fp8_param_gather: bool = False

@@ -187,10 +187,10 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                   for g in range(2, nd.num_gpus + 1)]
                  + [max(nd.num_gpus for nd in cluster.node_kinds) * top])
 
-    def sync(params: float, bw: float = ring, group: int | None = None
+    def sync(params: float, bw: float = ring, group: int | None = None, linear: float = 0.0
              ) -> tuple[float, float]:  # the cheaper latency of the two
-        a = costs.sync_parts_ms(params, bw, False, group)
-        b = costs.sync_parts_ms(params, bw, True, group)
+        a = costs.sync_parts_ms(params, bw, False, group, linear)
+        b = costs.sync_parts_ms(params, bw, True, group, linear)
         return min(a[0], b[0]), min(a[1], b[1])
 
     kd = model.first_dense_layers  # stage 0's leading dense layers: no experts
@@ -203,7 +203,8 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
             options.overheads.latency_overhead_ms
         if shape.cols > 1:
             dense = params - experts
-            red, gat = sync(dense)
+            red, gat = sync(dense, linear=(lin_layer * n + lin0) if costs.fp8_gather_saving
+                            else 0.0)
             last_red, last_gat = sync(min(dense, bucket_params(costs.sync_group())))
             t += (last_red if shape.overlap_grad_reduce else red) + (
                 last_gat if shape.overlap_param_gather else gat)

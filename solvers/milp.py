@@ -262,6 +262,9 @@ class _Data:
         else:
             self.sig_r, self.lam_r = 2 * grad_b * f, 2 * lat
             self.sig_g, self.lam_g = 0.0, 0.0
+        # FP8 weights gather each linear weight in 1 byte (costs.sync_bytes): the gather's
+        # parameters less this share of the stage's linear weights
+        self.kappa = costs.fp8_gather_saving / weight_b
         self.ogr, self.opg = sh.overlap_grad_reduce, sh.overlap_param_gather
         self.bucket = bucket_params(d)
         # the last bucket's size min(bucket, params): a constant unless the stage's layer count
@@ -538,6 +541,13 @@ class _Formulation:
             return dat.E_sync[s] * ua(s) + dat.P_sync * lsum(lu_expr(j) for j in range(V)
                                                            if j % p == s)
 
+        def gather_u(s):  # what the all-gather moves, in 16-bit parameters, times u[a]
+            if not dat.kappa:
+                return params_u(s)
+            return (dat.E_sync[s] - dat.kappa * dat.lin_const[s]) * ua(s) + (
+                dat.P_sync - dat.kappa * dat.P_lin) * lsum(lu_expr(j) for j in range(V)
+                                                           if j % p == s)
+
         # the last bucket's min(bucket, params_s) * u[a]: constant cases, or through the loads'
         # binaries (gu[s, c] = g[s, c] u[a]); a model without loads takes the smallest value
         # it can have (a relaxation, used only for bounds)
@@ -572,7 +582,7 @@ class _Formulation:
                 M.add(tail[s] >= opt_s)
                 continue
             red = dat.sig_r * params_u(s) + dat.lam_r
-            gat = dat.sig_g * params_u(s) + dat.lam_g
+            gat = dat.sig_g * gather_u(s) + dat.lam_g
             # exposed = max(last bucket, all - window) under each overlap (costs.py); a sum of
             # maxima is the maximum over the combinations
             reds = [dat.sig_r * bucket_u(s) + dat.lam_r, red - self.B(s)] if dat.ogr else [red]
@@ -729,7 +739,8 @@ class _Formulation:
                 else:
                     last = min(dat.bucket, params)
                 red = dat.sig_r * params * u + dat.lam_r
-                gat = dat.sig_g * params * u + dat.lam_g
+                gat = dat.sig_g * (params - dat.kappa * (dat.P_lin * n_s + dat.lin_const[s])
+                                   ) * u + dat.lam_g
                 if dat.ogr:
                     red = max(dat.sig_r * last * u + dat.lam_r, red - dur[K.B(s)])
                 if dat.opg:

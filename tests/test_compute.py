@@ -168,6 +168,14 @@ def test_fp8_param_gather_keeps_only_the_fp8_weights():
         assert a.memory.weights_gib == pytest.approx(c.memory.weights_gib)
         assert a.memory.weights_gib < b.memory.weights_gib
         assert a.memory.total_gib < b.memory.total_gib
+    # the distributed optimizer all-gathers them at 1 byte (the 16-bit weights at 2)
+    from model.costs import CostModel
+    from model.specs import Options
+    cm = CostModel(m, job, h, make_plan(m, job, h, **kw).shape, Options())
+    lin = cm.stage_linear_params(0)
+    assert cm.sync_bytes(1e9, lin)[1] == pytest.approx(2e9 - lin)
+    assert CostModel(m, plain, h, make_plan(m, plain, h, **kw).shape, Options()).sync_bytes(
+        1e9, lin)[1] == pytest.approx(2e9)
     # one plan without the distributed optimizer cannot have them: said, not dropped; a plan
     # a search finds without it keeps the FP8 copies (the flag applies where it can)
     with pytest.raises(SpecError, match="distributed optimizer"):

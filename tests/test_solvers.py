@@ -156,6 +156,9 @@ def test_overlap_instances_cover_the_bucket_cases():
     from solvers.milp import _Data
     cases = {c for p in OVERLAP if p.shape.overlap_grad_reduce for c in _Data(p).bucket_case}
     assert "mixed" in cases
+    # and FP8 weights' 1-byte gathers, with the gather exposed and overlapped
+    fp8w = [p for p in OVERLAP if _Data(p).kappa > 0]
+    assert {p.shape.overlap_param_gather for p in fp8w} == {False, True}
 
 
 def test_closed_form_bound_is_below_every_optimum():

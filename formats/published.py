@@ -257,9 +257,11 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
 
 def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
     """A Megatron-Bridge mixture-of-experts benchmark row on DGX H100: Qwen3 MoE architecture
-    (RoPE, RMSNorm, SwiGLU, no biases; QK-norm not counted), FP8 linear layers, flash
-    attention, the distributed optimizer, expert TP 1 where EP exceeds the data-parallel
-    ranks (Megatron-LM's expert grid), the alltoall dispatcher's all-to-all counted exposed."""
+    (RoPE, RMSNorm, SwiGLU, no biases; QK-norm not counted), FP8 linear layers with FP8
+    weights (the FP8 current-scaling preset's fp8_param_gather), flash attention, the
+    distributed optimizer with its overlaps (on with more than one replica:
+    training/comm_overlap.py), expert TP 1 where EP exceeds the data-parallel ranks
+    (Megatron-LM's expert grid), the alltoall dispatcher's all-to-all counted exposed."""
     notes = ["all-to-all counted exposed (the cost model has no dispatcher overlap; see "
              "other_settings for what the recipe enables)"]
     model = ModelSpec(name=r["model_name"], num_layers=r["num_layers"],
@@ -276,7 +278,8 @@ def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
                   precision="bf16", fp8=fp8, zero=1, attention="flash", framework="megatron",
                   grad_reduce_in_bf16="grad_reduce_in_fp32 False" in (r.get("other_settings")
-                                                                      or ""))
+                                                                      or ""),
+                  fp8_param_gather=fp8)
     cluster = _cluster(r, "H100-SXM-80GB", gpu_params)
     tp, pp, dp, ep = r["tp"], r["pp"], r["dp"], r["ep"]
     rc = r.get("recompute")
@@ -289,7 +292,8 @@ def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
     plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, ep=ep, etp=etp,
                      micro_batch=r["micro_batch_size"],
                      schedule="interleaved" if vp else "1f1b", chunks=vp or 1,
-                     recompute="none", zero=1, sequence_parallel=tp > 1, fp8=fp8)
+                     recompute="none", zero=1, sequence_parallel=tp > 1, fp8=fp8,
+                     overlap_grad_reduce=dp > 1, overlap_param_gather=dp > 1)
     return model, job, cluster, plan, notes
 
 

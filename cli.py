@@ -281,6 +281,16 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     return m, job, c
 
 
+def _check_fp8_weights(job, space) -> None:
+    """--fp8-param-gather with --zero stages that exclude the distributed optimizer: no plan
+    could use it; say so rather than search without it."""
+    from model.errors import SpecError
+    if job.fp8_param_gather and space.zero is not None and not set(space.zero) & {1, 2}:
+        raise SpecError("FP8 weights need the distributed optimizer (ZeRO 1 or 2) and --zero "
+                        f"allows {','.join(map(str, space.zero))}: add 1 or 2, or drop "
+                        "--fp8-param-gather", source="options", field="--fp8-param-gather")
+
+
 def _options(blocking: bool):
     from model.specs import Options
     return Options(blocking_p2p=blocking)
@@ -722,6 +732,7 @@ def solve(
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep)
+    _check_fp8_weights(job, space)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
@@ -734,6 +745,12 @@ def solve(
                                     placement_png=placement_png, solver=res.status_dict(),
                                     calibration=cal, force=force, tokenizer=tokenizer,
                                     version=framework_version)
+    if job.fp8_param_gather and res.plan is not None:
+        from model.memory import fp8_params_apply
+        if not fp8_params_apply(job, res.plan.shape):
+            warnings = [*warnings, "fp8_param_gather: the best plan has no FP8 or no "
+                        "distributed optimizer, so its weights stay 16-bit (the flag applies to "
+                        "plans with both)"]
     interval = _interval(prof, m, job, c0, res.plan, opts0)
     runner_up = next((x for x in res.candidates if x.best_ms is not None
                       and x.status not in ("best",)), None)
@@ -809,6 +826,7 @@ def compare(
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep)
+    _check_fp8_weights(job, space)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     opts = None

@@ -45,6 +45,9 @@ def test_estimate_json_on_builtin_example():
     (["--tp", "0"], "tp: must be a positive integer"),
     (["--cp", "0"], "cp: must be a positive integer"),
     (["--tp", "8", "--pp", "1", "--cp", "4", "--seq", "4100", "--sp"], "2 x CP x TP"),
+    (["--fp8-param-gather"], "fp8_param_gather: it keeps FP8 linear layers' weights in FP8"),
+    (["--cluster", "h100-8x8", "--precision", "fp8", "--fp8-param-gather"],
+     "FP8 weights need FP8 linear layers and the distributed optimizer"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):
     r = run("estimate", *args)
@@ -127,3 +130,7 @@ def test_solve_names_an_empty_search_space():
     r = run("solve", "--cp", "3", "--time-limit", "5")
     assert r.exit_code == 2 and "no plan in the search space" in r.output
     assert "cp [3]" in r.output and "Traceback" not in r.output
+    # FP8 weights that no plan of the space could use
+    r = run("solve", "--cluster", "h100-8x8", "--precision", "fp8", "--zero", "0,3",
+            "--fp8-param-gather", "--time-limit", "5")
+    assert r.exit_code == 2 and "--zero allows 0,3: add 1 or 2" in r.output

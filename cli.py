@@ -216,6 +216,15 @@ Fp8ParamsOpt = Annotated[bool, typer.Option(
     "(--fp8-param-gather; plans with fp8 and the distributed optimizer): 2 bytes per weight "
     "(FP8 and its transpose) instead of 16-bit weights plus 2 bytes of FP8 copies, and "
     "all-gathered in 1 byte.")]
+class Fp8Recipe(str, Enum):
+    delayed = "delayed"
+    tensorwise = "tensorwise"
+
+
+Fp8RecipeOpt = Annotated[Fp8Recipe, typer.Option(
+    "--fp8-recipe", help="Transformer Engine's FP8 scaling: delayed (amax history; Megatron-LM's "
+    "default) or tensorwise (per-tensor current scaling, as Megatron-Bridge's FP8-CS recipes: "
+    "each cast reads its tensor once more for the amax).")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile/--no-compile", help="torchtitan: torch.compile each transformer block (fused "
     "element-wise kernels) and the loss, as torchtitan does; --no-compile estimates eager "
@@ -264,7 +273,7 @@ def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
 def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             distopt: bool | None = None, attention: str = "flash", allow_list: bool = False,
             framework: str = "megatron", grad_reduce_in_bf16: bool = False,
-            fp8_param_gather: bool = False,
+            fp8_param_gather: bool = False, fp8_recipe: str = "delayed",
             moe_capacity_factor: float = 1.0, compile_blocks: bool = True):
     from formats import presets
     from formats.clusters import cluster as load_cluster
@@ -276,6 +285,7 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
                   grad_reduce_in_bf16=grad_reduce_in_bf16, fp8_param_gather=fp8_param_gather,
+                  fp8_recipe=fp8_recipe,
                   moe_capacity_factor=moe_capacity_factor, compile=compile_blocks,
                   source="options")
     return m, job, c
@@ -443,6 +453,7 @@ def estimate(
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
     fp8_param_gather: Fp8ParamsOpt = False,
+    fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
@@ -499,7 +510,7 @@ def estimate(
         return
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
                         framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
-                        fp8_param_gather=fp8_param_gather,
+                        fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     lay = None
     if layers is not None:
@@ -678,6 +689,7 @@ def solve(
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
     fp8_param_gather: Fp8ParamsOpt = False,
+    fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     method: MethodOpt = Method.auto,
@@ -726,7 +738,7 @@ def solve(
     m, job, c0 = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                          allow_list=True, framework=framework.value,
                          grad_reduce_in_bf16=grad_reduce_in_bf16,
-                         fp8_param_gather=fp8_param_gather,
+                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                          moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     opts0 = _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
@@ -785,6 +797,7 @@ def compare(
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
     fp8_param_gather: Fp8ParamsOpt = False,
+    fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
     generated: Annotated[int, typer.Option(
@@ -822,7 +835,7 @@ def compare(
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value,
                         grad_reduce_in_bf16=grad_reduce_in_bf16,
-                        fp8_param_gather=fp8_param_gather,
+                        fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep)

@@ -122,6 +122,12 @@ def _cases():
                 make_plan(l70, jf8, h100, tp=8, pp=4, recompute="selective",
                           sequence_parallel=True, distributed_optimizer=True,
                           tp_comm_overlap=True, overlap_grad_reduce=True)))
+    jcs = JobSpec(global_batch=64, seq_length=8192, fp8=True, fp8_recipe="tensorwise",
+                  fp8_param_gather=True, grad_reduce_in_bf16=True)
+    out.append(("Llama-3 8B FP8 current scaling", l3, jcs, h100,
+                make_plan(l3, jcs, h100, tp=2, pp=2, sequence_parallel=True,
+                          distributed_optimizer=True, overlap_grad_reduce=True,
+                          overlap_param_gather=True)))
     mx = presets.model("mixtral-8x7b")
     out.append(("Mixtral 8x7B EP=8 interleaved", mx, job, ex,
                 make_plan(mx, job, ex, tp=2, pp=4, ep=8, etp=1, schedule="interleaved",
@@ -197,6 +203,8 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
         ("bf16", job.precision == "bf16", "precision"),
         ("fp8", "hybrid" if sh.fp8 else None, "precision"),
         ("fp8_param_gather", fp8_params_apply(job, sh), "precision"),
+        *([("fp8_recipe", job.fp8_recipe, "precision"),
+           ("first_last_layers_bf16", False, "precision")] if sh.fp8 else []),
         # the unfused loss, whose peak the memory model counts (model/memory.py)
         ("cross_entropy_loss_fusion", False, "memory"),
     ]

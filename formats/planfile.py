@@ -78,7 +78,7 @@ def job_to_dict(j: JobSpec) -> dict:
             "framework": j.framework, "zero": j.zero,
             "distributed_optimizer": j.distributed_optimizer,
             "grad_reduce_in_bf16": j.grad_reduce_in_bf16,
-            "fp8_param_gather": j.fp8_param_gather,
+            "fp8_param_gather": j.fp8_param_gather, "fp8_recipe": j.fp8_recipe,
             "moe_capacity_factor": j.moe_capacity_factor, "compile": j.compile,
             "compile_loss": j.compile_loss}
 
@@ -255,6 +255,7 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
                                                     nullable=True),
                        grad_reduce_in_bf16=rd.get(d, "grad_reduce_in_bf16", w, bool, False),
                        fp8_param_gather=rd.get(d, "fp8_param_gather", w, bool, False),
+                       fp8_recipe=rd.get(d, "fp8_recipe", w, str, "delayed"),
                        moe_capacity_factor=rd.get(d, "moe_capacity_factor", w, float, 1.0),
                        compile=rd.get(d, "compile", w, bool, True),
                        compile_loss=rd.get(d, "compile_loss", w, bool, None, nullable=True),

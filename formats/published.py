@@ -257,8 +257,8 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
 
 def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
     """A Megatron-Bridge mixture-of-experts benchmark row on DGX H100: Qwen3 MoE architecture
-    (RoPE, RMSNorm, SwiGLU, no biases; QK-norm not counted), FP8 linear layers with FP8
-    weights (the FP8 current-scaling preset's fp8_param_gather), flash attention, the
+    (RoPE, RMSNorm, SwiGLU, no biases; QK-norm not counted), FP8 linear layers with per-tensor
+    current scaling and FP8 weights (the FP8-CS preset's fp8_param_gather), flash attention, the
     distributed optimizer with its overlaps (on with more than one replica:
     training/comm_overlap.py), expert TP 1 where EP exceeds the data-parallel ranks
     (Megatron-LM's expert grid), the alltoall dispatcher's all-to-all counted exposed."""
@@ -279,7 +279,7 @@ def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
                   precision="bf16", fp8=fp8, zero=1, attention="flash", framework="megatron",
                   grad_reduce_in_bf16="grad_reduce_in_fp32 False" in (r.get("other_settings")
                                                                       or ""),
-                  fp8_param_gather=fp8)
+                  fp8_param_gather=fp8, fp8_recipe="tensorwise" if fp8 else "delayed")
     cluster = _cluster(r, "H100-SXM-80GB", gpu_params)
     tp, pp, dp, ep = r["tp"], r["pp"], r["dp"], r["ep"]
     rc = r.get("recompute")
@@ -312,14 +312,12 @@ def layout_layers(layout: str) -> tuple[int, ...]:
 
 
 def _bridge_dense_inputs(r: dict, gpu_params: dict | None = None):
-    """A Megatron-Bridge dense Llama row: Llama architecture, FP8 linear layers with FP8
-    weights (fp8_param_gather, the recipes' FP8 current scaling; the cost model's FP8 casts are
-    those of delayed scaling), flash attention, bf16 gradient reduction, TP communication
+    """A Megatron-Bridge dense Llama row: Llama architecture, FP8 linear layers with the
+    recipes' per-tensor current scaling and FP8 weights (fp8_param_gather), flash attention, bf16 gradient reduction, TP communication
     overlap with TP > 1, the distributed optimizer's overlaps with more than one replica (the
     library turns them on then: training/comm_overlap.py), the recipe's pipeline layout where
     it names one."""
-    notes = ["FP8 current scaling modelled as delayed scaling (one more amax pass per cast "
-             "not counted)"]
+    notes = []
     model = _llama_model(r)
     tp, pp, dp, cp = r["tp"], r["pp"], r["dp"], r.get("cp") or 1
     fsdp = "fsdp" in (r.get("dp_sharding") or "").lower()
@@ -327,7 +325,8 @@ def _bridge_dense_inputs(r: dict, gpu_params: dict | None = None):
     other = r.get("other_settings") or ""
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
                   precision="bf16", fp8=True, zero=zero, attention="flash",
-                  framework="megatron", grad_reduce_in_bf16=True, fp8_param_gather=not fsdp)
+                  framework="megatron", grad_reduce_in_bf16=True, fp8_param_gather=not fsdp,
+                  fp8_recipe="tensorwise")
     if fsdp:
         notes.append("Megatron-FSDP gathers 16-bit weights here (FP8 weights are modelled "
                      "with the distributed optimizer only)")

@@ -242,12 +242,15 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
             a.append("--grad-reduce-in-bf16")
     elif job.precision == "fp16":
         a.append("--fp16")
-    if sh.fp8:
+    if sh.fp8 and job.fp8_recipe == "tensorwise":
+        # Transformer Engine's per-tensor current scaling: E4M3 forward, E5M2 gradients
+        a += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+    elif sh.fp8:
         # Transformer Engine's delayed-scaling recipe: E4M3 forward, E5M2 gradients
         a += ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024",
               "--fp8-amax-compute-algo", "max"]
-        if fp8_params_apply(job, sh):  # FP8 weights only (the estimate's weight bytes)
-            a.append("--fp8-param-gather")
+    if fp8_params_apply(job, sh):  # FP8 weights only (the estimate's weight bytes)
+        a.append("--fp8-param-gather")
     # attention kernel the estimate assumed (--attention-backend: flash, fused, unfused, local,
     # auto; auto picks a fused / flash kernel, neither stores the scores)
     a += ["--attention-backend", "auto" if job.attention == "flash" else "unfused"]
@@ -515,6 +518,10 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if sh.fp8:
         m.update(fp8=True, fp8_hybrid=True, fp8_amax_history_len=1024,
                  fp8_amax_compute_algo="max")
+        if job.fp8_recipe != "delayed":
+            warn.append(f"nemo [precision]: NeMo 1.x's FP8 is Transformer Engine's delayed "
+                        f"scaling; the plan's {job.fp8_recipe} recipe has no key here (its "
+                        "casts read each tensor once more than these)")
         if fp8_params_apply(job, sh):  # megatron_gpt_model.py: fp8_param_gather=fp8_params
             m["fp8_params"] = True
     m["use_flash_attention"] = job.attention == "flash"
@@ -662,7 +669,12 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     mp: dict = {"preset": prec}
     if prec:
         mp["grad_reduce_in_fp32"] = not job.grad_reduce_in_bf16
-    if sh.fp8:
+    if sh.fp8 and job.fp8_recipe == "tensorwise":
+        # the current-scaling preset keeps the first and last layers in bf16 unless told
+        # otherwise; the estimate runs every layer's linear layers in FP8
+        mp.update(preset=prec.replace("_mixed", "_with_fp8_current_scaling_mixed"),
+                  fp8_param_gather=fp8_params_apply(job, sh), first_last_layers_bf16=False)
+    elif sh.fp8:
         mp.update(preset=prec.replace("_mixed", "_with_fp8_delayed_scaling_mixed"),
                   fp8_param_gather=fp8_params_apply(job, sh))
     if tokenizer:

@@ -33,10 +33,23 @@ micro-batch (T = micro-batch x sequence tokens).
   kernel and its autograd backward move are listed in `EAGER_BYTES`. torch.compile
   (Inductor) fuses each chain of point-wise ops and reductions into one kernel (Ansel et al.
   2024, PyTorch 2, the TorchInductor section), which the fused counts above describe.
-- FP8 (Transformer Engine delayed scaling, torchao float8): the four linear layers' GEMMs (forward,
-  data and weight gradient) run at the FP8 peak with 1-byte operands; each GEMM input and each
-  output gradient is cast first (read 2 bytes, write 1). The output layer and attention stay in
-  the base precision (Transformer Engine and torchtitan keep them there).
+- FP8 (Transformer Engine, torchao float8): the four linear layers' GEMMs (forward, data and
+  weight gradient) run at the FP8 peak with 1-byte operands; each GEMM input and each output
+  gradient is cast first. The output layer and attention stay in the base precision
+  (Transformer Engine and torchtitan keep them there). The casts (`FP8_CAST_BYTES`):
+  - Transformer Engine (Megatron-LM, NeMo, DeepSpeed) quantizes each input for the forward
+    GEMM and, transposed, for the weight gradient in one pass (module/linear.py:
+    input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input); Hopper's FP8
+    GEMMs take no transposed operand), and each output gradient for both backward GEMMs:
+    read 2 bytes, write 1 + 1. With sequence parallelism the QKV and MLP-up inputs are
+    quantized on the local sequence shard before their all-gather (linear.py: quantize the
+    local input shard, then gather_along_first_dim of the FP8 tensor), so 1/t of the tokens.
+    The per-tensor current-scaling recipe (JobSpec.fp8_recipe "tensorwise") first reads the
+    tensor once more for its amax (pytorch/csrc quantizer.cpp,
+    Float8CurrentScalingQuantizer::quantize: nvte_compute_amax, then nvte_quantize): + 2;
+    delayed scaling takes the amax inside the cast kernel.
+  - torchao float8 (torchtitan): read 2, write 1 over the gathered tokens, as fitted on the
+    reference set's Float8 run (data/gpus.json H100-96GB-500W fp8_gemm_efficiency).
 """
 
 from __future__ import annotations
@@ -52,6 +65,10 @@ from .specs import GPUSpec, JobSpec, ModelSpec
 TILES = ((256, 128), (128, 256), (128, 128), (64, 128))
 FLASH_BLOCK = 128  # key/query block of the causal FlashAttention kernel (FlashAttention-2)
 FLASH_BWD_FACTOR = 2.5  # backward work / forward work (5 vs 2 matrix products)
+# bytes per element of an FP8 cast (module docstring): Transformer Engine reads 2 and writes the
+# row-wise and the column-wise (transposed) FP8 copies; current scaling reads once more for its
+# amax; torchao float8 as fitted
+FP8_CAST_BYTES = {"te": 4.0, "te-tensorwise": 6.0, "torchao": 3.0}
 
 # Eager PyTorch element-wise kernels of torchtitan's Llama block (module docstring): bytes per
 # element (forward, backward), bf16 activations, counted from the code, kernel by kernel:
@@ -154,21 +171,29 @@ class ComputeModel:
         self.act_b = float(job.activation_bytes)
         self.peak = gpu.peak_flops(job.precision)
         self.peak_fp8 = gpu.peak_flops("fp8") if fp8 else self.peak
+        # FP8 casts: torchao's (torchtitan) or Transformer Engine's, with its recipe
+        self.te = job.framework != "torchtitan"
+        self.cast_b = FP8_CAST_BYTES["torchao" if not self.te else
+                                     "te-tensorwise" if job.fp8_recipe == "tensorwise" else "te"]
         # eager element-wise kernels: torchtitan without torch.compile (module docstring)
         self.eager = job.framework == "torchtitan" and not job.compile
 
     # -- building blocks -----------------------------------------------------------------------
 
-    def _linear(self, fwd: Pass, bwd: Pass, name: str, m: int, n: int, k: int) -> None:
+    def _linear(self, fwd: Pass, bwd: Pass, name: str, m: int, n: int, k: int,
+                gathered: bool = False) -> None:
         """y[m,n] = x[m,k] W[k,n]: forward, data-gradient and weight-gradient GEMMs; in FP8
-        with the casts of the input (forward) and of the output gradient (backward)."""
+        with the casts of the input (forward) and of the output gradient (backward).
+        `gathered`: x is sequence parallelism's all-gather, which Transformer Engine casts on
+        the local 1/t shard before gathering it (module docstring)."""
         g = self.gpu
         eff = None
         if self.fp8:
             ib, peak = 1.0, self.peak_fp8
             eff = g.fp8_gemm_efficiency
-            fwd.add(f"{name}.cast", elementwise_ms(g, 3.0 * m * k))
-            bwd.add(f"{name}.cast", elementwise_ms(g, 3.0 * m * n))
+            shard = self.t if gathered and self.te and self.sp else 1
+            fwd.add(f"{name}.cast", elementwise_ms(g, self.cast_b * m * k / shard))
+            bwd.add(f"{name}.cast", elementwise_ms(g, self.cast_b * m * n))
         else:
             ib, peak = self.act_b, self.peak
         flops = 2.0 * m * n * k
@@ -209,7 +234,7 @@ class ComputeModel:
         if m.is_mla:
             self._latent_projections(fwd, bwd)
         else:
-            self._linear(fwd, bwd, "qkv", *linears["qkv"])
+            self._linear(fwd, bwd, "qkv", *linears["qkv"], gathered=True)
             if m.position_embedding == "rope":
                 if self.eager:
                     self._eager(fwd, bwd, "rope", T * (q + kv) / t, "rope")
@@ -228,7 +253,7 @@ class ComputeModel:
             self._moe(fwd, bwd)
             self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
             return LayerCompute(fwd, bwd, attn_fwd)
-        self._linear(fwd, bwd, "fc1", *linears["fc1"])
+        self._linear(fwd, bwd, "fc1", *linears["fc1"], gathered=True)
         if m.gated_mlp and self.eager:
             self._eager(fwd, bwd, "act", T * f / t, "swiglu")
         elif m.gated_mlp:  # SwiGLU: reads gate and up, writes their product

@@ -301,13 +301,18 @@ class CostModel:
         PrepareFloat8ModuleInput and Float8Colwise/RowwiseParallel) casts a linear layer's input
         to float8 before its all-gather, and its output gradient before the backward's
         all-gather: the four all-gathers move 1 byte per element; the reduce-scatters stay in
-        bf16."""
+        bf16. Transformer Engine (Megatron-LM) quantizes the QKV and dense MLP-up inputs on the
+        local shard and all-gathers them in FP8, in the forward and again for the weight
+        gradient (module/linear.py; model/compute.py); the row-parallel layers' output
+        gradients are gathered in 16 bits here (an upper bound)."""
         sh = self.shape
         t = sh.tp
         if t <= 1:
             return 0.0, 0.0
         ar, rs = self._tp(ring_gb_per_s)
         ag = rs * self._gather_fraction()
+        te_fp8 = sh.fp8 and self.job.framework != "torchtitan"
+        ag_in = rs / self.job.activation_bytes if te_fp8 else ag  # QKV / dense MLP-up inputs
         F, B = lc.fwd.ms, lc.bwd.ms
         if not sh.sequence_parallel:
             fwd = 2 * ar
@@ -327,13 +332,14 @@ class CostModel:
                 return exposed_pipelined_ms(scale * comm, gemm, t)
             return scale * comm
 
+        ag_up = ag if m.is_moe else ag_in  # the MLP-up input: a dense layer's in FP8 with TE
         # forward: all-gather before QKV and MLP-up, reduce-scatter after the projections
-        fwd = serial(F["qkv"], comm=ag) + serial(F["proj"]) + serial(F["fc1"], mlp, ag) + serial(
-            F["fc2"], mlp)
+        fwd = serial(F["qkv"], comm=ag_in) + serial(F["proj"]) + serial(
+            F["fc1"], mlp, ag_up) + serial(F["fc2"], mlp)
         # backward: the row-parallel layers all-gather their output gradient
         bwd = serial(B["fc2.dgrad"], mlp, ag) + serial(B["proj.dgrad"], comm=ag)
-        for lin, scale in (("qkv", 1), ("fc1", mlp)):
-            bwd += exposed_async_ms(scale * ag, B[f"{lin}.dgrad"]) + exposed_async_ms(
+        for lin, scale, g in (("qkv", 1, ag_in), ("fc1", mlp, ag_up)):
+            bwd += exposed_async_ms(scale * g, B[f"{lin}.dgrad"]) + exposed_async_ms(
                 scale * rs, B[f"{lin}.wgrad"])
         return fwd, bwd
 

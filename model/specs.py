@@ -17,6 +17,7 @@ PRECISIONS = ("fp16", "bf16", "fp32")  # the job's base (parameter and activatio
 PEAK_KINDS = ("fp16", "bf16", "fp32", "fp8")  # tensor-core peaks a GPU preset may list
 ATTENTION = ("flash", "eager")
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")  # whose byte rules apply
+FP8_RECIPES = ("delayed", "tensorwise")  # Transformer Engine's per-tensor scaling recipes
 POSITION_EMBEDDINGS = ("learned", "rope", "alibi")
 NORMS = ("layernorm", "rmsnorm")
 RECOMPUTE = ("none", "selective", "full")
@@ -447,7 +448,7 @@ class JobSpec:
     master weights.
 
     - `precision`: the base precision of parameters and activations (fp32, fp16, bf16).
-    - `fp8`: FP8 linear layers (Transformer Engine's delayed-scaling recipe, torchao float8):
+    - `fp8`: FP8 linear layers (Transformer Engine with `fp8_recipe`, torchao float8):
       True forces them, False forbids them, None lets the solver choose; the plan carries the
       decision (`Shape.fp8`). FP8 runs over a bf16 or fp16 base.
     - `attention`: "flash" (FlashAttention / cuDNN fused attention: the s x s scores are never
@@ -484,6 +485,11 @@ class JobSpec:
     # accepts it with the distributed optimizer only, so it applies to plans with FP8 and ZeRO
     # 1 or 2 (`fp8_params_apply`)
     fp8_param_gather: bool = False
+    # Transformer Engine's FP8 scaling recipe (Megatron-LM --fp8-recipe): "delayed" (scales
+    # from the amax history; Megatron-LM's default) or "tensorwise" (per-tensor current
+    # scaling, Megatron-Bridge's FP8-CS performance recipes): its casts read the tensor once
+    # more for the amax (model/compute.py FP8_CAST_BYTES)
+    fp8_recipe: str = "delayed"
     # mixture of experts: tokens each expert processes relative to a perfectly balanced
     # router's share T k / E. 1.0 (default): balanced, dropless, as the published MoE
     # benchmarks force (moe_router_force_load_balancing); c > 1: Megatron-LM's token
@@ -554,6 +560,15 @@ class JobSpec:
                                    "use framework megatron" if self.framework != "megatron"
                                    else "use ZeRO 1 or 2"),
                                 source=self.source, field="fp8_param_gather")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise SpecError(f"unknown fp8_recipe {self.fp8_recipe!r}; use one of "
+                            f"{', '.join(FP8_RECIPES)}", source=self.source, field="fp8_recipe")
+        if self.fp8_recipe != "delayed" and (self.fp8 is False
+                                              or self.framework == "torchtitan"):
+            raise SpecError("fp8_recipe is Transformer Engine's, for FP8 linear layers: "
+                            + ("allow fp8 or drop it" if self.fp8 is False else
+                               "torchtitan's torchao float8 has its own scaling; drop it"),
+                            source=self.source, field="fp8_recipe")
         if not isinstance(self.compile, bool):
             raise SpecError(f"compile must be true or false, got {self.compile!r}",
                             source=self.source, field="compile")

@@ -132,6 +132,56 @@ def test_fp8_is_faster_for_large_gemms_and_never_slower_than_its_casts(h100):
     assert f8.layer().fwd.total_ms < b16.layer().fwd.total_ms
 
 
+def test_fp8_casts_per_framework_and_recipe(h100):
+    """Transformer Engine's casts write the row-wise and column-wise FP8 copies (read 2,
+    write 2 per element), with current scaling read once more (6), torchao's as fitted (3);
+    with sequence parallelism TE casts the QKV and MLP-up inputs on the local 1/t shard."""
+    from model.compute import elementwise_ms
+    m = presets.model("llama3-8b")
+    kw = dict(tp=4, micro_batch=1, sequence_parallel=True, fp8=True)
+    T = 4096
+    qkv_in = T * m.hidden_size  # elements of the gathered QKV input
+    proj_in = T * m.o_dim // 4
+    for job, cast_b, shard in (
+            (JobSpec(global_batch=8, seq_length=T, fp8=True), 4.0, 4),
+            (JobSpec(global_batch=8, seq_length=T, fp8=True, fp8_recipe="tensorwise"), 6.0, 4),
+            (JobSpec(global_batch=8, seq_length=T, fp8=True, framework="torchtitan",
+                     zero=3), 3.0, 1)):
+        f = ComputeModel(m, job, h100, **kw).layer().fwd.ms
+        assert f["qkv.cast"] == pytest.approx(elementwise_ms(h100, cast_b * qkv_in / shard))
+        assert f["proj.cast"] == pytest.approx(elementwise_ms(h100, cast_b * proj_in))
+    from model.errors import SpecError
+    with pytest.raises(SpecError, match="allow fp8"):
+        JobSpec(global_batch=8, seq_length=T, fp8_recipe="tensorwise")
+    with pytest.raises(SpecError, match="torchao float8 has its own scaling"):
+        JobSpec(global_batch=8, seq_length=T, fp8=True, framework="torchtitan",
+                fp8_recipe="tensorwise")
+    with pytest.raises(SpecError, match="unknown fp8_recipe"):
+        JobSpec(global_batch=8, seq_length=T, fp8=True, fp8_recipe="mxfp8")
+
+
+def test_te_gathers_fp8_inputs_over_tp():
+    """With FP8 and sequence parallelism, Transformer Engine all-gathers the QKV and MLP-up
+    inputs in FP8: less exposed TP communication than the same plan's 16-bit gathers, the
+    output-gradient gathers and reduce-scatters unchanged."""
+    from model.costs import CostModel
+    from model.specs import Options
+    m = presets.model("llama3-70b")
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=16, seq_length=8192, fp8=True)
+    sh = make_plan(m, job, c, tp=8, pp=2, sequence_parallel=True).shape
+    cm = CostModel(m, job, c, sh, Options())
+    lc = cm.compute(c.nodes[0].gpu).layer()
+    ring = c.nodes[0].ring_gb_per_s(tuple(range(8)))
+    fwd, bwd = cm._layer_tp_comm(lc, ring)
+    ar, rs = cm._tp(ring)
+    # forward: two gathers at half the bytes, two reduce-scatters
+    assert fwd == pytest.approx(2 * rs + 2 * rs / 2, rel=0.02)
+    tt = dataclasses.replace(job, framework="torchtitan", zero=3)
+    cm_tt = CostModel(m, tt, c, dataclasses.replace(sh, zero=3), Options())
+    assert cm_tt._layer_tp_comm(lc, ring)[0] == pytest.approx(fwd)
+
+
 def test_fp8_plan_needs_fp8_tensor_cores_and_keeps_weight_copies():
     m = presets.model("llama3-8b")
     a100s = uniform_cluster(1, 8, "A100-80GB", 240.0, 25.0)
@@ -225,26 +275,29 @@ def test_tp_overlap_and_grad_overlap_only_hide_time():
 def test_torchtitan_float8_tp_gathers_one_byte_per_element():
     """torchtitan's Float8 TP gathers each linear input (forward) and output gradient
     (backward) in float8 and reduce-scatters in bf16: its layer's forward TP time is the two
-    reduce-scatters plus the two all-gathers at half the bytes (3/4 of the bf16 plan's), and
-    Megatron-LM's FP8 plan (Transformer Engine, not this rule) keeps 16-bit gathers."""
+    reduce-scatters plus the two all-gathers at half the bytes (3/4 of the bf16 plan's).
+    Megatron-LM's FP8 plan (Transformer Engine) gathers its forward inputs in FP8 as well, and
+    its backward's output gradients in 16 bits (more backward TP time than torchtitan's)."""
     from model.communication import gather_ms
     from model.costs import CostModel
     from model.specs import Options
     m = presets.model("llama3-8b")
     c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
     ring = 360.0
-    fwd = {}
+    fwd, bwd = {}, {}
     for fw, fp8 in (("torchtitan", True), ("torchtitan", False), ("megatron", True)):
         job = JobSpec(global_batch=8, seq_length=8192, framework=fw, fp8=fp8,
                       zero=3 if fw == "torchtitan" else None)
         plan = make_plan(m, job, c, tp=8, pp=1, micro_batch=1, sequence_parallel=True,
                          fp8=fp8, zero=3 if fw == "torchtitan" else 1)
         cm = CostModel(m, job, c, plan.shape, Options())
-        fwd[fw, fp8] = cm.layer_times(c.nodes[0].gpu, ring).tp_comm_fwd_ms
+        lt = cm.layer_times(c.nodes[0].gpu, ring)
+        fwd[fw, fp8], bwd[fw, fp8] = lt.tp_comm_fwd_ms, lt.tp_comm_bwd_ms
     full = gather_ms(8192 * m.hidden_size * 2, 8, ring, 10.0)  # one 16-bit gather
     assert fwd["torchtitan", False] == pytest.approx(4 * full)
     assert fwd["torchtitan", True] == pytest.approx(2 * full + 2 * full / 2)
-    assert fwd["megatron", True] == pytest.approx(4 * full)
+    assert fwd["megatron", True] == pytest.approx(2 * full + 2 * full / 2)
+    assert bwd["megatron", True] > bwd["torchtitan", True]
 
 
 def test_dropout_free_models_store_no_masks():

@@ -57,6 +57,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                    choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"])
     p.add_argument("--fp8-param-gather", action="store_true")
+    p.add_argument("--fp8-recipe", default="delayed",
+                   choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
     p.add_argument("--fp8-amax-history-len", type=int, default=1)
     p.add_argument("--fp8-amax-compute-algo", default="most_recent",
                    choices=["most_recent", "max"])
@@ -180,6 +182,15 @@ def test_fp8_param_gather_reaches_megatron_nemo_and_bridge(llama):
     assert "fp8_params" not in nemo_config(llama, job, c, off)[0]["model"]
     assert bridge_recipe(llama, job, c, on)[0]["mixed_precision"]["fp8_param_gather"] is True
     assert bridge_recipe(llama, job, c, off)[0]["mixed_precision"]["fp8_param_gather"] is False
+    # the scaling recipe: delayed by default, per-tensor current scaling when the job says so
+    assert parse_megatron(megatron_args(llama, job, on)[0]).fp8_recipe == "delayed"
+    cs = dataclasses.replace(job, fp8_recipe="tensorwise")
+    a = parse_megatron(megatron_args(llama, cs, on)[0])
+    assert a.fp8_recipe == "tensorwise" and a.fp8_format == "hybrid" and a.fp8_param_gather
+    mp = bridge_recipe(llama, cs, c, on)[0]["mixed_precision"]
+    assert mp["preset"] == "bf16_with_fp8_current_scaling_mixed"
+    assert mp["first_last_layers_bf16"] is False
+    assert any("tensorwise recipe has no key" in w for w in nemo_config(llama, cs, c, on)[1])
 
 
 def test_megatron_interleaved(llama, c32):

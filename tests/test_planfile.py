@@ -81,6 +81,7 @@ def test_cli_plan_round_trip(setup, tmp_path):
     assert "--tp cannot be combined with --plan" in r.output
     # job options too (these four were once taken silently and ignored)
     for opt in (["--grad-reduce-in-bf16"], ["--fp8-param-gather"], ["--no-compile"],
+                ["--fp8-recipe", "tensorwise"],
                 ["--moe-capacity-factor", "1.5"], ["--ep", "2"]):
         r = runner.invoke(app, ["estimate", "--plan", str(path), *opt])
         assert r.exit_code == 2, (opt, r.output)
@@ -150,14 +151,18 @@ def test_truncated_and_missing_files(setup, tmp_path):
 
 
 def test_plan_file_keeps_fp8_param_gather(tmp_path):
-    """The job's FP8-weights switch survives a round trip, with the memory it implies."""
+    """The job's FP8 weights and scaling recipe survive a round trip, with the memory and
+    time they imply."""
     m = presets.model("llama3-8b")
     from formats.clusters import uniform_cluster
     c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
-    job = JobSpec(global_batch=16, seq_length=4096, fp8=True, fp8_param_gather=True)
+    job = JobSpec(global_batch=16, seq_length=4096, fp8=True, fp8_param_gather=True,
+                  fp8_recipe="tensorwise")
     plan = make_plan(m, job, c, tp=8, pp=1, sequence_parallel=True, distributed_optimizer=True)
     est = estimate(m, job, c, plan)
     save_plan(tmp_path / "p.json", m, job, c, plan, est)
     _m, j2, c2, p2, o2, _meta = load_plan(tmp_path / "p.json")
-    assert j2.fp8_param_gather is True and p2 == plan
-    assert _close(estimate(m, j2, c2, p2, o2).peak_memory_gib, est.peak_memory_gib)
+    assert j2.fp8_param_gather is True and j2.fp8_recipe == "tensorwise" and p2 == plan
+    e2 = estimate(m, j2, c2, p2, o2)
+    assert _close(e2.peak_memory_gib, est.peak_memory_gib)
+    assert _close(e2.iteration_ms, est.iteration_ms)

@@ -179,6 +179,8 @@ def bridge_view(item: dict) -> dict:
         "overlap_param_gather": bool(ddp.overlap_param_gather),
         "tp_comm_overlap": bool(co is not None and co.tp_comm_overlap),
         "bf16": bool(m.bf16), "fp16": bool(m.fp16), "fp8": m.fp8,
+        "fp8_recipe": str(getattr(m.fp8_recipe, "value", m.fp8_recipe)),
+        "first_last_layers_bf16": bool(getattr(m, "first_last_layers_bf16", False)),
         "fp8_param_gather": bool(getattr(mp, "fp8_param_gather", False)),
         "grad_reduce_in_bf16": not ddp.grad_reduce_in_fp32,
         "attention_backend": str(m.attention_backend),

@@ -101,6 +101,8 @@ def megatron_view(item):
         "overlap_param_gather": args.overlap_param_gather,
         "tp_comm_overlap": cfg.tp_comm_overlap,
         "bf16": cfg.bf16, "fp16": cfg.fp16, "fp8": cfg.fp8,
+        "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)),
+        "first_last_layers_bf16": bool(getattr(cfg, "first_last_layers_bf16", False)),
         "grad_reduce_in_bf16": bool(getattr(args, "grad_reduce_in_bf16", False)),
         "fp8_param_gather": bool(getattr(args, "fp8_param_gather", False)),
         "attention_backend": str(cfg.attention_backend),

@@ -569,12 +569,13 @@ class CostModel:
         (`bwd_window_ms`): what shows is the larger of the last bucket's reduction and what
         outlasts the window. --overlap-param-gather does the same for the all-gather against
         the first forward (`fwd_window_ms`). `linear`: the linear weights among `params`
-        (FP8 weights gather them at 1 byte); the last bucket is counted at 16 bits, an upper
-        bound on a bucket that may hold FP8 weights."""
+        (FP8 weights gather them at 1 byte); a last bucket smaller than the stage is counted at
+        16 bits, an upper bound on a bucket that may hold FP8 weights."""
         sh = self.shape
         red, gat = self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node, group, linear)
         last = min(params, bucket_params(self.sync_group() if group is None else group))
-        red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node, group)
+        red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node, group,
+                                          linear if last >= params else 0.0)
         ex_red = max(red_b, red - bwd_window_ms) if sh.overlap_grad_reduce else red
         ex_gat = max(gat_b, gat - fwd_window_ms) if sh.overlap_param_gather else gat
         return red, gat, ex_red + ex_gat

@@ -203,9 +203,10 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
             options.overheads.latency_overhead_ms
         if shape.cols > 1:
             dense = params - experts
-            red, gat = sync(dense, linear=(lin_layer * n + lin0) if costs.fp8_gather_saving
-                            else 0.0)
-            last_red, last_gat = sync(min(dense, bucket_params(costs.sync_group())))
+            lin = (lin_layer * n + lin0) if costs.fp8_gather_saving else 0.0
+            red, gat = sync(dense, linear=lin)
+            bucket = bucket_params(costs.sync_group())
+            last_red, last_gat = sync(min(dense, bucket), linear=lin if dense <= bucket else 0.0)
             t += (last_red if shape.overlap_grad_reduce else red) + (
                 last_gat if shape.overlap_param_gather else gat)
             if experts:  # all of the experts' sync, or with an overlap its last bucket

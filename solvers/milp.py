@@ -380,6 +380,17 @@ class _Data:
         self.u_e_min = max(self.inv_intra_e, self.exp_factor * self.inv_ring_min)
         self.u_e_const = None
 
+    def last_bucket(self, s: int, n: int, gather: bool = False) -> float:
+        """The last bucket of stage s with n layers, in parameters: min(bucket, params); for
+        the all-gather of FP8 weights, where it is the whole stage, what the stage's gather
+        moves in 16-bit parameters (costs.CostModel.exposed_sync_ms)."""
+        params = self.E_sync[s] + self.P_sync * n
+        if params > self.bucket:
+            return self.bucket
+        if gather and self.kappa:
+            return params - self.kappa * (self.lin_const[s] + self.P_lin * n)
+        return params
+
     def stage_of(self, j: int) -> int:
         return j % self.p
 
@@ -558,15 +569,17 @@ class _Formulation:
         for (s, c), v_ in gu.items():
             M.add(v_ >= u[dat.nstage(s)] - U * (1 - g[s, c]))
 
-        def bucket_u(s):
+        def bucket_u(s, gather=False):
+            """The last bucket x u[a]: min(bucket, params_s), the stage's FP8-weight gather
+            bytes (in 16-bit parameters) where the bucket is the whole stage (costs.py)."""
             case = dat.bucket_case[s]
             if case == "bucket":
                 return dat.bucket * ua(s)
             if case == "params":
-                return params_u(s)
+                return gather_u(s) if gather else params_u(s)
             if not (loads and dat.needs_loads):
-                return min(dat.bucket, dat.E_sync[s] + dat.P_sync * dat.v) * ua(s)
-            size = {c: min(dat.bucket, dat.E_sync[s] + dat.P_sync * c) for c in self.counts}
+                return dat.last_bucket(s, dat.v, gather) * ua(s)
+            size = {c: dat.last_bucket(s, c, gather) for c in self.counts}
             if u_const is not None:
                 return u_const * lsum(size[c] * g[s, c] for c in self.counts)
             return lsum(size[c] * gu[s, c] for c in self.counts)
@@ -586,7 +599,8 @@ class _Formulation:
             # exposed = max(last bucket, all - window) under each overlap (costs.py); a sum of
             # maxima is the maximum over the combinations
             reds = [dat.sig_r * bucket_u(s) + dat.lam_r, red - self.B(s)] if dat.ogr else [red]
-            gats = [dat.sig_g * bucket_u(s) + dat.lam_g, gat - self.F(s)] if dat.opg else [gat]
+            gats = ([dat.sig_g * bucket_u(s, True) + dat.lam_g, gat - self.F(s)] if dat.opg
+                    else [gat])
             for r_ in reds:
                 for g_ in gats:
                     M.add(tail[s] >= r_ + g_ + opt_s)
@@ -734,17 +748,16 @@ class _Formulation:
                 tail += dat.exp_sig * dat.P_exp * (n_s - dat.exp_off[s]) * ue + dat.exp_lam
             if dat.d > 1:
                 u = dat.u_min
-                if dat.bucket_case[s] == "mixed" and not (self.has_loads and dat.needs_loads):
-                    last = min(dat.bucket, dat.E_sync[s] + dat.P_sync * dat.v)  # as the model
-                else:
-                    last = min(dat.bucket, params)
+                n_b = (dat.v if dat.bucket_case[s] == "mixed"
+                       and not (self.has_loads and dat.needs_loads) else n_s)  # as the model
+                last, last_g = dat.last_bucket(s, n_b), dat.last_bucket(s, n_b, True)
                 red = dat.sig_r * params * u + dat.lam_r
                 gat = dat.sig_g * (params - dat.kappa * (dat.P_lin * n_s + dat.lin_const[s])
                                    ) * u + dat.lam_g
                 if dat.ogr:
                     red = max(dat.sig_r * last * u + dat.lam_r, red - dur[K.B(s)])
                 if dat.opg:
-                    gat = max(dat.sig_g * last * u + dat.lam_g, gat - dur[K.F(s)])
+                    gat = max(dat.sig_g * last_g * u + dat.lam_g, gat - dur[K.F(s)])
                 tail += red + gat
             dur[K.tail(s)] = tail
         return dur

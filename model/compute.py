@@ -43,7 +43,10 @@ micro-batch (T = micro-batch x sequence tokens).
     GEMMs take no transposed operand), and each output gradient for both backward GEMMs:
     read 2 bytes, write 1 + 1. With sequence parallelism the QKV and MLP-up inputs are
     quantized on the local sequence shard before their all-gather (linear.py: quantize the
-    local input shard, then gather_along_first_dim of the FP8 tensor), so 1/t of the tokens.
+    local input shard, then gather_along_first_dim of the FP8 tensor), and so are the output
+    gradients of the two row-parallel layers before theirs (module/base.py
+    grad_output_preprocess: "FP8 with all-gather", gather_along_first_dim(grad_output, ...,
+    quantizer=quantizer)): 1/t of the tokens.
     The per-tensor current-scaling recipe (JobSpec.fp8_recipe "tensorwise") first reads the
     tensor once more for its amax (pytorch/csrc quantizer.cpp,
     Float8CurrentScalingQuantizer::quantize: nvte_compute_amax, then nvte_quantize): + 2;
@@ -181,19 +184,22 @@ class ComputeModel:
     # -- building blocks -----------------------------------------------------------------------
 
     def _linear(self, fwd: Pass, bwd: Pass, name: str, m: int, n: int, k: int,
-                gathered: bool = False) -> None:
+                gathered: str = "") -> None:
         """y[m,n] = x[m,k] W[k,n]: forward, data-gradient and weight-gradient GEMMs; in FP8
         with the casts of the input (forward) and of the output gradient (backward).
-        `gathered`: x is sequence parallelism's all-gather, which Transformer Engine casts on
-        the local 1/t shard before gathering it (module docstring)."""
+        `gathered`: "input" (column-parallel) or "grad" (row-parallel), the tensor sequence
+        parallelism all-gathers, which Transformer Engine casts on the local 1/t shard before
+        gathering it (module docstring)."""
         g = self.gpu
         eff = None
         if self.fp8:
             ib, peak = 1.0, self.peak_fp8
             eff = g.fp8_gemm_efficiency
-            shard = self.t if gathered and self.te and self.sp else 1
-            fwd.add(f"{name}.cast", elementwise_ms(g, self.cast_b * m * k / shard))
-            bwd.add(f"{name}.cast", elementwise_ms(g, self.cast_b * m * n))
+            shard = self.t if self.te and self.sp else 1
+            fwd.add(f"{name}.cast", elementwise_ms(
+                g, self.cast_b * m * k / (shard if gathered == "input" else 1)))
+            bwd.add(f"{name}.cast", elementwise_ms(
+                g, self.cast_b * m * n / (shard if gathered == "grad" else 1)))
         else:
             ib, peak = self.act_b, self.peak
         flops = 2.0 * m * n * k
@@ -234,7 +240,7 @@ class ComputeModel:
         if m.is_mla:
             self._latent_projections(fwd, bwd)
         else:
-            self._linear(fwd, bwd, "qkv", *linears["qkv"], gathered=True)
+            self._linear(fwd, bwd, "qkv", *linears["qkv"], gathered="input")
             if m.position_embedding == "rope":
                 if self.eager:
                     self._eager(fwd, bwd, "rope", T * (q + kv) / t, "rope")
@@ -244,7 +250,7 @@ class ComputeModel:
             if self.eager:
                 self._eager_attention_copies(fwd, bwd)
         attn_fwd = self._attention(fwd, bwd)
-        self._linear(fwd, bwd, "proj", *linears["proj"])
+        self._linear(fwd, bwd, "proj", *linears["proj"], gathered="grad")
         self._bias_dropout_add(fwd, bwd, "bda1", hs, mask)
 
         # MLP block: norm, up (and gate), activation, down, bias-dropout-add
@@ -253,7 +259,7 @@ class ComputeModel:
             self._moe(fwd, bwd)
             self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
             return LayerCompute(fwd, bwd, attn_fwd)
-        self._linear(fwd, bwd, "fc1", *linears["fc1"], gathered=True)
+        self._linear(fwd, bwd, "fc1", *linears["fc1"], gathered="input")
         if m.gated_mlp and self.eager:
             self._eager(fwd, bwd, "act", T * f / t, "swiglu")
         elif m.gated_mlp:  # SwiGLU: reads gate and up, writes their product
@@ -262,7 +268,7 @@ class ComputeModel:
         else:  # GeLU
             self._elementwise(fwd, "act", T * f / t, 1, 1)
             self._elementwise(bwd, "act", T * f / t, 2, 1)
-        self._linear(fwd, bwd, "fc2", *linears["fc2"])
+        self._linear(fwd, bwd, "fc2", *linears["fc2"], gathered="grad")
         self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
         return LayerCompute(fwd, bwd, attn_fwd)
 

@@ -301,18 +301,17 @@ class CostModel:
         PrepareFloat8ModuleInput and Float8Colwise/RowwiseParallel) casts a linear layer's input
         to float8 before its all-gather, and its output gradient before the backward's
         all-gather: the four all-gathers move 1 byte per element; the reduce-scatters stay in
-        bf16. Transformer Engine (Megatron-LM) quantizes the QKV and dense MLP-up inputs on the
-        local shard and all-gathers them in FP8, in the forward and again for the weight
-        gradient (module/linear.py; model/compute.py); the row-parallel layers' output
-        gradients are gathered in 16 bits here (an upper bound)."""
+        bf16. Transformer Engine (Megatron-LM) does the same for a dense layer: it quantizes
+        the QKV and MLP-up inputs and the row-parallel layers' output gradients on the local
+        shard and all-gathers them in FP8 (module/linear.py, module/base.py
+        grad_output_preprocess; model/compute.py); a mixture of experts' token gathers stay
+        16-bit (the dispatcher's, not TE's)."""
         sh = self.shape
         t = sh.tp
         if t <= 1:
             return 0.0, 0.0
         ar, rs = self._tp(ring_gb_per_s)
         ag = rs * self._gather_fraction()
-        te_fp8 = sh.fp8 and self.job.framework != "torchtitan"
-        ag_in = rs / self.job.activation_bytes if te_fp8 else ag  # QKV / dense MLP-up inputs
         F, B = lc.fwd.ms, lc.bwd.ms
         if not sh.sequence_parallel:
             fwd = 2 * ar
@@ -332,21 +331,23 @@ class CostModel:
                 return exposed_pipelined_ms(scale * comm, gemm, t)
             return scale * comm
 
-        ag_up = ag if m.is_moe else ag_in  # the MLP-up input: a dense layer's in FP8 with TE
+        # the MLP's gathers: FP8 for a dense layer, 16-bit tokens for TE's mixture of experts
+        ag_mlp = rs if m.is_moe and self.job.framework != "torchtitan" else ag
         # forward: all-gather before QKV and MLP-up, reduce-scatter after the projections
-        fwd = serial(F["qkv"], comm=ag_in) + serial(F["proj"]) + serial(
-            F["fc1"], mlp, ag_up) + serial(F["fc2"], mlp)
+        fwd = serial(F["qkv"], comm=ag) + serial(F["proj"]) + serial(
+            F["fc1"], mlp, ag_mlp) + serial(F["fc2"], mlp)
         # backward: the row-parallel layers all-gather their output gradient
-        bwd = serial(B["fc2.dgrad"], mlp, ag) + serial(B["proj.dgrad"], comm=ag)
-        for lin, scale, g in (("qkv", 1, ag_in), ("fc1", mlp, ag_up)):
+        bwd = serial(B["fc2.dgrad"], mlp, ag_mlp) + serial(B["proj.dgrad"], comm=ag)
+        for lin, scale, g in (("qkv", 1, ag), ("fc1", mlp, ag_mlp)):
             bwd += exposed_async_ms(scale * g, B[f"{lin}.dgrad"]) + exposed_async_ms(
                 scale * rs, B[f"{lin}.wgrad"])
         return fwd, bwd
 
     def _gather_fraction(self) -> float:
         """Bytes a TP all-gather of an activation (or its gradient) moves, as a fraction of
-        the 16-bit activation: 1/2 with torchtitan's Float8 TP (`_layer_tp_comm`)."""
-        if self.shape.fp8 and self.job.framework == "torchtitan":
+        the 16-bit activation: 1/2 with FP8 linear layers, torchtitan's Float8 TP and
+        Transformer Engine's quantized gathers alike (`_layer_tp_comm`)."""
+        if self.shape.fp8:
             return 1.0 / self.job.activation_bytes
         return 1.0
 

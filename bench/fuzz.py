@@ -333,11 +333,15 @@ def fam_options(rng: random.Random) -> Case:
                 ("--cp", [1, 2], [0, -1]),
                 ("--ep", [1], [0, -3]),
                 ("--zero", [0, 1, 3], [4, -1, "x"]),
-                ("--moe-capacity-factor", [1.0], ["nan", "inf", -1, 0])]:
+                ("--moe-capacity-factor", [1.0], ["nan", "inf", -1, 0]),
+                ("--fp8-recipe", ["delayed", "tensorwise"], ["mxfp8", "", "TENSORWISE"])]:
             if rng.random() < 0.35:
                 v, bad_v = _pick(rng, good, bad)
                 opts += [flag, v]
                 invalid |= bad_v
+        for flag in ("--fp8-param-gather", "--distopt", "--no-distopt"):  # switches
+            if rng.random() < 0.2:
+                opts.append(flag)
         return Case("options", ["estimate", "-m", "llama2-7b", "--recompute", "full", *opts,
                                 "--json"], invalid=invalid or None if not invalid else True)
     if kind < 0.8:  # cluster synth

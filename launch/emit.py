@@ -663,8 +663,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                 f"HSDP (shard over {sh.shard_size} data-parallel ranks) has no field set here; "
                 "Megatron-FSDP shards over the whole data-parallel group")))
     # mixed precision presets (megatron/bridge/training/mixed_precision.py); FP8 is the
-    # delayed-scaling recipe, with FP8 parameter gather as the job says (as the Megatron-LM
-    # flags)
+    # job's recipe (delayed or per-tensor current scaling), its FP8 parameter gather set as the
+    # job says whatever the preset's default (as the Megatron-LM flags)
     prec = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}[job.precision]
     mp: dict = {"preset": prec}
     if prec:

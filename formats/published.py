@@ -285,6 +285,9 @@ def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
     rc = r.get("recompute")
     if rc is None:
         notes.append("no recompute (unpublished)")
+    if "not in this snapshot" in (r.get("other_settings") or ""):
+        notes.append("FP8 weights and the distributed optimizer's overlaps as in the recipes "
+                     "of the same commit (this container's recipe is not in the snapshot)")
     etp = 0 if ep <= dp else 1
     if etp:
         notes.append("expert TP 1 (EP exceeds DP; the recipes leave expert TP at 1)")
@@ -334,6 +337,10 @@ def _bridge_dense_inputs(r: dict, gpu_params: dict | None = None):
     cluster = _cluster(r, gpu, gpu_params)
     if r.get("recompute") is None:
         notes.append("no recompute (unpublished; the recipes of the same commit use none)")
+    if "not in this snapshot" in other:
+        notes.append("FP8 current scaling with FP8 weights, TP overlap and the distributed "
+                     "optimizer's overlaps as in the recipes of the same commit (this "
+                     "container's recipe is not in the snapshot)")
     vp = r.get("vp")
     layers = None
     m = re.search(r"pipeline layout (\S+)", other)

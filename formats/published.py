@@ -337,6 +337,9 @@ def _bridge_dense_inputs(r: dict, gpu_params: dict | None = None):
     cluster = _cluster(r, gpu, gpu_params)
     if r.get("recompute") is None:
         notes.append("no recompute (unpublished; the recipes of the same commit use none)")
+    if tp > 1:
+        notes.append("TP overlap costed with Transformer Engine's default userbuffers "
+                     "configuration (the recipe names its own: comm_overlap.py)")
     if "not in this snapshot" in other:
         notes.append("FP8 current scaling with FP8 weights, TP overlap and the distributed "
                      "optimizer's overlaps as in the recipes of the same commit (this "

@@ -58,7 +58,7 @@ micro-batch (T = micro-batch x sequence tokens).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .specs import GPUSpec, JobSpec, ModelSpec
 
@@ -72,6 +72,16 @@ FLASH_BWD_FACTOR = 2.5  # backward work / forward work (5 vs 2 matrix products)
 # row-wise and the column-wise (transposed) FP8 copies; current scaling reads once more for its
 # amax; torchao float8 as fitted
 FP8_CAST_BYTES = {"te": 4.0, "te-tensorwise": 6.0, "torchao": 3.0}
+# Transformer Engine's userbuffers TP overlap, its default configuration (Megatron-LM
+# --tp-comm-overlap without a config file; transformer_engine/pytorch/module/base.py
+# initialize_ub, get_default_config): "ring_exchange" layers (QKV and MLP-up forward, the
+# output projection's and MLP-down's data gradient) run their GEMM in tp chunks of m / tp rows,
+# one per ring step (common/comm_gemm_overlap: split_overlap_ag), with the copy engine moving
+# the data; "pipeline" layers (output projection and MLP-down forward, reduce-scatter) in
+# num_splits = 4 chunks; "pipeline" and "bulk" (the QKV and MLP-up backward GEMMs) leave
+# num_sm = 16 SMs to the communication kernels (set_sm_margin)
+UB_PIPELINE_SPLITS = 4
+UB_COMM_SMS = 16
 
 # Eager PyTorch element-wise kernels of torchtitan's Llama block (module docstring): bytes per
 # element (forward, backward), bf16 activations, counted from the code, kernel by kernel:
@@ -164,7 +174,7 @@ class ComputeModel:
 
     def __init__(self, model: ModelSpec, job: JobSpec, gpu: GPUSpec, *, tp: int,
                  micro_batch: int, sequence_parallel: bool, fp8: bool, cp: int = 1,
-                 ep: int = 1, etp: int | None = None):
+                 ep: int = 1, etp: int | None = None, tp_comm_overlap: bool = False):
         self.model, self.job, self.gpu = model, job, gpu
         self.t, self.b, self.sp, self.fp8, self.cp = tp, micro_batch, sequence_parallel, fp8, cp
         self.ep, self.etp = ep, (tp if etp is None else etp)
@@ -180,16 +190,43 @@ class ComputeModel:
                                      "te-tensorwise" if job.fp8_recipe == "tensorwise" else "te"]
         # eager element-wise kernels: torchtitan without torch.compile (module docstring)
         self.eager = job.framework == "torchtitan" and not job.compile
+        # Transformer Engine's userbuffers overlap splits and squeezes the dense layers' GEMMs
+        # (UB_PIPELINE_SPLITS); torchtitan's async TP is left unsplit, as fitted
+        self.ub = tp_comm_overlap and self.te and sequence_parallel and tp > 1
 
     # -- building blocks -----------------------------------------------------------------------
 
+    def _gemm(self, shape: tuple[int, int, int], peak: float, ib: float, eff,
+              chunks: int = 1, comm_sms: int = 0) -> float:
+        """One GEMM, or `chunks` GEMMs of 1/chunks of its rows one after another, on the SMs
+        the communication kernels leave (`comm_sms` fewer: waves of the remaining SMs at
+        the same rate per SM)."""
+        g = self.gpu
+        if comm_sms:
+            left = max(1, g.sm_count - comm_sms)
+            g, peak = replace(g, sm_count=left), peak * left / g.sm_count
+        m, n, k = shape
+        return chunks * gemm_ms(g, math.ceil(m / chunks), n, k, peak, in_bytes=ib,
+                                out_bytes=self.act_b, efficiency=eff)
+
+    def _ub_split(self, ub: str) -> tuple[tuple[int, int], ...]:
+        """(chunks, SMs left to communication) of the forward, data-gradient and
+        weight-gradient GEMMs of a dense linear layer under TE's userbuffers overlap
+        (UB_PIPELINE_SPLITS): "col" the QKV / MLP-up layers, "row" the projections."""
+        if not (self.ub and ub):
+            return ((1, 0),) * 3
+        if ub == "col":  # forward ring exchange; both backward GEMMs bulk-overlapped
+            return (self.t, 0), (1, UB_COMM_SMS), (1, UB_COMM_SMS)
+        return (UB_PIPELINE_SPLITS, UB_COMM_SMS), (self.t, 0), (1, 0)
+
     def _linear(self, fwd: Pass, bwd: Pass, name: str, m: int, n: int, k: int,
-                gathered: str = "") -> None:
+                gathered: str = "", ub: str = "") -> None:
         """y[m,n] = x[m,k] W[k,n]: forward, data-gradient and weight-gradient GEMMs; in FP8
         with the casts of the input (forward) and of the output gradient (backward).
         `gathered`: "input" (column-parallel) or "grad" (row-parallel), the tensor sequence
         parallelism all-gathers, which Transformer Engine casts on the local 1/t shard before
-        gathering it (module docstring)."""
+        gathering it (module docstring). `ub`: "col" or "row", a dense layer's linear that
+        TE's userbuffers overlap splits (`_ub_split`)."""
         g = self.gpu
         eff = None
         if self.fp8:
@@ -203,10 +240,10 @@ class ComputeModel:
         else:
             ib, peak = self.act_b, self.peak
         flops = 2.0 * m * n * k
-        for p, label, shape in zip((fwd, bwd, bwd), (name, f"{name}.dgrad", f"{name}.wgrad"),
-                                   linear_gemms(m, n, k)):
-            p.add(label, gemm_ms(g, *shape, peak, in_bytes=ib, out_bytes=self.act_b,
-                                 efficiency=eff), flops)
+        for p, label, shape, (chunks, sms) in zip(
+                (fwd, bwd, bwd), (name, f"{name}.dgrad", f"{name}.wgrad"),
+                linear_gemms(m, n, k), self._ub_split(ub)):
+            p.add(label, self._gemm(shape, peak, ib, eff, chunks, sms), flops)
 
     def dense_linears(self) -> dict[str, tuple[int, int, int]]:
         """(m, n, k) of the dense layer's four linear layers on this GPU (after TP): what
@@ -240,7 +277,7 @@ class ComputeModel:
         if m.is_mla:
             self._latent_projections(fwd, bwd)
         else:
-            self._linear(fwd, bwd, "qkv", *linears["qkv"], gathered="input")
+            self._linear(fwd, bwd, "qkv", *linears["qkv"], gathered="input", ub="col")
             if m.position_embedding == "rope":
                 if self.eager:
                     self._eager(fwd, bwd, "rope", T * (q + kv) / t, "rope")
@@ -250,7 +287,7 @@ class ComputeModel:
             if self.eager:
                 self._eager_attention_copies(fwd, bwd)
         attn_fwd = self._attention(fwd, bwd)
-        self._linear(fwd, bwd, "proj", *linears["proj"], gathered="grad")
+        self._linear(fwd, bwd, "proj", *linears["proj"], gathered="grad", ub="row")
         self._bias_dropout_add(fwd, bwd, "bda1", hs, mask)
 
         # MLP block: norm, up (and gate), activation, down, bias-dropout-add
@@ -259,7 +296,7 @@ class ComputeModel:
             self._moe(fwd, bwd)
             self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
             return LayerCompute(fwd, bwd, attn_fwd)
-        self._linear(fwd, bwd, "fc1", *linears["fc1"], gathered="input")
+        self._linear(fwd, bwd, "fc1", *linears["fc1"], gathered="input", ub="col")
         if m.gated_mlp and self.eager:
             self._eager(fwd, bwd, "act", T * f / t, "swiglu")
         elif m.gated_mlp:  # SwiGLU: reads gate and up, writes their product
@@ -268,7 +305,7 @@ class ComputeModel:
         else:  # GeLU
             self._elementwise(fwd, "act", T * f / t, 1, 1)
             self._elementwise(bwd, "act", T * f / t, 2, 1)
-        self._linear(fwd, bwd, "fc2", *linears["fc2"], gathered="grad")
+        self._linear(fwd, bwd, "fc2", *linears["fc2"], gathered="grad", ub="row")
         self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
         return LayerCompute(fwd, bwd, attn_fwd)
 

@@ -124,7 +124,7 @@ class CostModel:
             sh = self.shape
             hit = ComputeModel(self.model, self.job, gpu, tp=sh.tp, micro_batch=sh.micro_batch,
                                sequence_parallel=sh.sequence_parallel, fp8=sh.fp8, cp=sh.cp,
-                               ep=sh.ep, etp=sh.expert_tp)
+                               ep=sh.ep, etp=sh.expert_tp, tp_comm_overlap=sh.tp_comm_overlap)
             self._compute_cache[gpu.name] = hit
         return hit
 

@@ -235,9 +235,10 @@ def test_precision_bytes_bf16_keeps_fp32_main_grads():
 
 
 def test_tp_overlap_and_grad_overlap_only_hide_time():
-    """Each overlap hides communication, never adds: the same plan with TP overlap, gradient-
-    reduce and parameter-gather overlap is no slower, and the schedule graph stays the one
-    definition (the fast path equals the full estimate)."""
+    """Each overlap hides communication: the same plan with TP overlap, gradient-reduce and
+    parameter-gather overlap is no slower here (TE's userbuffers also split the GEMMs and take
+    SMs, which on this plan costs less than they hide; `test_te_userbuffers_split_the_gemms`),
+    and the schedule graph stays the one definition (the fast path equals the full estimate)."""
     m = presets.model("llama2-13b")
     c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 12.5)
     job = JobSpec(global_batch=64, seq_length=4096)
@@ -255,6 +256,35 @@ def test_tp_overlap_and_grad_overlap_only_hide_time():
         times.append(e.iteration_ms)
     assert all(t <= t0 + 1e-9 for t in times)
     assert times[0] < t0 and times[2] < times[1] < t0
+
+
+def test_te_userbuffers_split_the_gemms(h100):
+    """Transformer Engine's default userbuffers overlap (--tp-comm-overlap): the QKV forward
+    runs as t GEMMs of m/t rows (ring exchange), the output projection's forward as 4 GEMMs on
+    the SMs the 16 communication SMs leave (pipeline), its data gradient as t GEMMs, the QKV
+    backward GEMMs whole on the 16-SM-short GPU (bulk); torchtitan's async TP splits nothing."""
+    from model.compute import UB_COMM_SMS, UB_PIPELINE_SPLITS, gemm_ms, linear_gemms
+    m = presets.model("llama3-70b")
+    job = JobSpec(global_batch=8, seq_length=8192)
+    kw = dict(tp=8, micro_batch=1, sequence_parallel=True, fp8=False)
+    plain = ComputeModel(m, job, h100, **kw).layer()
+    ub = ComputeModel(m, job, h100, tp_comm_overlap=True, **kw)
+    lay = ub.layer()
+    (qm, qn, qk), (pm, pn, pk) = ub.dense_linears()["qkv"], ub.dense_linears()["proj"]
+    peak = h100.peak_flops("bf16")
+    small = dataclasses.replace(h100, sm_count=h100.sm_count - UB_COMM_SMS)
+    speak = peak * small.sm_count / h100.sm_count
+    assert lay.fwd.ms["qkv"] == pytest.approx(8 * gemm_ms(h100, qm // 8, qn, qk, peak))
+    assert lay.fwd.ms["proj"] == pytest.approx(
+        UB_PIPELINE_SPLITS * gemm_ms(small, pm // UB_PIPELINE_SPLITS, pn, pk, speak))
+    dg = linear_gemms(pm, pn, pk)[1]
+    assert lay.bwd.ms["proj.dgrad"] == pytest.approx(8 * gemm_ms(h100, dg[0] // 8, *dg[1:], peak))
+    wg = linear_gemms(qm, qn, qk)[2]
+    assert lay.bwd.ms["qkv.wgrad"] == pytest.approx(gemm_ms(small, *wg, speak))
+    assert lay.fwd.ms["qkv"] > plain.fwd.ms["qkv"] and lay.fwd.ms["proj"] > plain.fwd.ms["proj"]
+    tt = dataclasses.replace(job, framework="torchtitan", zero=3)
+    assert ComputeModel(m, tt, h100, tp_comm_overlap=True, **kw).layer().fwd.ms == \
+        ComputeModel(m, tt, h100, **kw).layer().fwd.ms
 
 
 def test_torchtitan_float8_tp_gathers_one_byte_per_element():

@@ -141,9 +141,7 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     if r["source_group"].startswith("torchtitan"):
         return _torchtitan_inputs(r, gpu_params)
     if r["source_group"].startswith("megatron_bridge"):
-        if r.get("num_experts"):
-            return _bridge_moe_inputs(r, gpu_params)
-        return _bridge_dense_inputs(r, gpu_params)
+        return _bridge_inputs(r, gpu_params)
     notes = []
     vocab = r.get("vocab_size")
     if vocab is None:
@@ -202,14 +200,15 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     return model, job, cluster, plan, notes
 
 
-def _llama_model(r: dict) -> ModelSpec:
-    """A Llama 3 row's model: RoPE, RMSNorm, SwiGLU, untied embeddings, no biases or dropout."""
+def _llama_model(r: dict, **extra) -> ModelSpec:
+    """A Llama-style row's model: RoPE, RMSNorm, SwiGLU, untied embeddings, no biases or
+    dropout; `extra`: further ModelSpec fields (a Qwen3 mixture of experts')."""
     return ModelSpec(name=r["model_name"], num_layers=r["num_layers"],
                      hidden_size=r["hidden_size"], num_heads=r["num_attention_heads"],
                      num_kv_heads=r["num_kv_heads"], ffn_hidden_size=r["ffn_hidden_size"],
                      vocab_size=r["vocab_size"], seq_length=r["seq_length"], gated_mlp=True,
                      tied_embeddings=False, position_embedding="rope", norm="rmsnorm",
-                     bias=False, dropout=False)
+                     bias=False, dropout=False, **extra)
 
 
 def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
@@ -255,51 +254,6 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
     return model, job, cluster, plan, notes
 
 
-def _bridge_moe_inputs(r: dict, gpu_params: dict | None = None):
-    """A Megatron-Bridge mixture-of-experts benchmark row on DGX H100: Qwen3 MoE architecture
-    (RoPE, RMSNorm, SwiGLU, no biases; QK-norm not counted), FP8 linear layers with per-tensor
-    current scaling and FP8 weights (the FP8-CS preset's fp8_param_gather), flash attention, the
-    distributed optimizer with its overlaps (on with more than one replica:
-    training/comm_overlap.py), expert TP 1 where EP exceeds the data-parallel ranks
-    (Megatron-LM's expert grid), the alltoall dispatcher's all-to-all counted exposed."""
-    notes = ["all-to-all counted exposed (the cost model has no dispatcher overlap; see "
-             "other_settings for what the recipe enables)"]
-    model = ModelSpec(name=r["model_name"], num_layers=r["num_layers"],
-                      hidden_size=r["hidden_size"], num_heads=r["num_attention_heads"],
-                      num_kv_heads=r["num_kv_heads"], kv_channels=r.get("kv_channels") or 0,
-                      ffn_hidden_size=r["ffn_hidden_size"], vocab_size=r["vocab_size"],
-                      seq_length=r["seq_length"], gated_mlp=True, tied_embeddings=False,
-                      position_embedding="rope", norm="rmsnorm", bias=False, dropout=False,
-                      num_experts=r["num_experts"], moe_topk=r["moe_topk"],
-                      moe_ffn_hidden_size=r["moe_ffn_hidden_size"])
-    fp8 = (r.get("precision") or "").upper().startswith("FP8")
-    # the performance recipes reduce gradients in bf16 (perf_recipes/_common.py:
-    # grad_reduce_in_fp32 False)
-    job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
-                  precision="bf16", fp8=fp8, zero=1, attention="flash", framework="megatron",
-                  grad_reduce_in_bf16="grad_reduce_in_fp32 False" in (r.get("other_settings")
-                                                                      or ""),
-                  fp8_param_gather=fp8, fp8_recipe="tensorwise" if fp8 else "delayed")
-    cluster = _cluster(r, "H100-SXM-80GB", gpu_params)
-    tp, pp, dp, ep = r["tp"], r["pp"], r["dp"], r["ep"]
-    rc = r.get("recompute")
-    if rc is None:
-        notes.append("no recompute (unpublished)")
-    if "not in this snapshot" in (r.get("other_settings") or ""):
-        notes.append("FP8 weights and the distributed optimizer's overlaps as in the recipes "
-                     "of the same commit (this container's recipe is not in the snapshot)")
-    etp = 0 if ep <= dp else 1
-    if etp:
-        notes.append("expert TP 1 (EP exceeds DP; the recipes leave expert TP at 1)")
-    vp = r.get("vp")
-    plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, ep=ep, etp=etp,
-                     micro_batch=r["micro_batch_size"],
-                     schedule="interleaved" if vp else "1f1b", chunks=vp or 1,
-                     recompute="none", zero=1, sequence_parallel=tp > 1, fp8=fp8,
-                     overlap_grad_reduce=dp > 1, overlap_param_gather=dp > 1)
-    return model, job, cluster, plan, notes
-
-
 BRIDGE_GPUS = {"H100": "H100-SXM-80GB", "B200": "B200", "GB200": "GB200"}
 
 
@@ -314,22 +268,37 @@ def layout_layers(layout: str) -> tuple[int, ...]:
     return tuple(st.count("t") for st in layout.rstrip("|").split("|"))
 
 
-def _bridge_dense_inputs(r: dict, gpu_params: dict | None = None):
-    """A Megatron-Bridge dense Llama row: Llama architecture, FP8 linear layers with the
-    recipes' per-tensor current scaling and FP8 weights (fp8_param_gather), flash attention, bf16 gradient reduction, TP communication
-    overlap with TP > 1, the distributed optimizer's overlaps with more than one replica (the
-    library turns them on then: training/comm_overlap.py), the recipe's pipeline layout where
-    it names one."""
+def _bridge_inputs(r: dict, gpu_params: dict | None = None):
+    """A Megatron-Bridge benchmark row (a dense Llama or a Qwen3 mixture of experts) as its
+    performance recipe runs: RoPE, RMSNorm, SwiGLU, no biases (QK-norm not counted), FP8
+    linear layers with per-tensor current scaling and FP8 weights (the FP8-CS preset's
+    fp8_param_gather; Megatron-FSDP gathers 16-bit weights here), flash attention, the distributed
+    optimizer's overlaps with more than one replica (the library turns them on then:
+    training/comm_overlap.py), no recompute, the recipe's pipeline layout where it names one.
+    Gradients reduce in bf16 where other_settings says the recipe does (grad_reduce_in_fp32
+    False), in fp32 otherwise.
+    Dense rows: TP communication overlap with TP > 1. Mixture of experts: expert TP 1 where EP
+    exceeds the data-parallel ranks (Megatron-LM's expert grid), the alltoall dispatcher's
+    all-to-all counted exposed."""
     notes = []
-    model = _llama_model(r)
-    tp, pp, dp, cp = r["tp"], r["pp"], r["dp"], r.get("cp") or 1
+    moe = bool(r.get("num_experts"))
+    model = _llama_model(r, **(dict(kv_channels=r.get("kv_channels") or 0,
+                                    num_experts=r["num_experts"], moe_topk=r["moe_topk"],
+                                    moe_ffn_hidden_size=r["moe_ffn_hidden_size"]) if moe else {}))
+    tp, pp, dp, cp, ep = r["tp"], r["pp"], r["dp"], r.get("cp") or 1, r.get("ep") or 1
     fsdp = "fsdp" in (r.get("dp_sharding") or "").lower()
     zero = 3 if fsdp else 1
     other = r.get("other_settings") or ""
+    fp8 = (r.get("precision") or "").upper().startswith("FP8")
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
-                  precision="bf16", fp8=True, zero=zero, attention="flash",
-                  framework="megatron", grad_reduce_in_bf16=True, fp8_param_gather=not fsdp,
-                  fp8_recipe="tensorwise")
+                  precision="bf16", fp8=fp8, zero=zero, attention="flash",
+                  framework="megatron",
+                  grad_reduce_in_bf16="grad_reduce_in_fp32 False" in other,
+                  fp8_param_gather=fp8 and not fsdp,
+                  fp8_recipe="tensorwise" if fp8 else "delayed")
+    if moe:
+        notes.append("all-to-all counted exposed (the cost model has no dispatcher overlap; "
+                     "see other_settings for what the recipe enables)")
     if fsdp:
         notes.append("Megatron-FSDP gathers 16-bit weights here (FP8 weights are modelled "
                      "with the distributed optimizer only)")
@@ -337,24 +306,27 @@ def _bridge_dense_inputs(r: dict, gpu_params: dict | None = None):
     cluster = _cluster(r, gpu, gpu_params)
     if r.get("recompute") is None:
         notes.append("no recompute (unpublished; the recipes of the same commit use none)")
-    if tp > 1:
+    tp_overlap = tp > 1 and not moe
+    if tp_overlap:
         notes.append("TP overlap costed with Transformer Engine's default userbuffers "
                      "configuration (the recipe names its own: comm_overlap.py)")
     if "not in this snapshot" in other:
-        notes.append("FP8 current scaling with FP8 weights, TP overlap and the distributed "
+        notes.append("FP8 current scaling with FP8 weights"
+                     + (", TP overlap" if tp_overlap else "") + " and the distributed "
                      "optimizer's overlaps as in the recipes of the same commit (this "
                      "container's recipe is not in the snapshot)")
+    etp = 1 if moe and ep > dp else 0
+    if etp:
+        notes.append("expert TP 1 (EP exceeds DP; the recipes leave expert TP at 1)")
     vp = r.get("vp")
-    layers = None
     m = re.search(r"pipeline layout (\S+)", other)
-    if m:
-        layers = layout_layers(m.group(1).rstrip(","))
+    layers = layout_layers(m.group(1).rstrip(",")) if m else None
     overlap = dp * cp > 1 and zero in (1, 2)
-    plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp,
+    plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp,
                      micro_batch=r["micro_batch_size"],
                      schedule="interleaved" if vp else "1f1b", chunks=vp or 1, layers=layers,
-                     recompute="none", zero=zero, sequence_parallel=tp > 1, fp8=True,
-                     tp_comm_overlap=tp > 1, overlap_grad_reduce=overlap,
+                     recompute="none", zero=zero, sequence_parallel=tp > 1, fp8=fp8,
+                     tp_comm_overlap=tp_overlap, overlap_grad_reduce=overlap,
                      overlap_param_gather=overlap)
     return model, job, cluster, plan, notes
 

@@ -185,65 +185,67 @@ class ComputeModel:
         self.peak = gpu.peak_flops(job.precision)
         self.peak_fp8 = gpu.peak_flops("fp8") if fp8 else self.peak
         # FP8 casts: torchao's (torchtitan) or Transformer Engine's, with its recipe
-        self.te = job.framework != "torchtitan"
+        self.te = job.transformer_engine
         self.cast_b = FP8_CAST_BYTES["torchao" if not self.te else
                                      "te-tensorwise" if job.fp8_recipe == "tensorwise" else "te"]
+        # what sequence parallelism gathers TE casts on the local 1/t shard (module docstring)
+        self.cast_shard = tp if self.te and sequence_parallel else 1
         # eager element-wise kernels: torchtitan without torch.compile (module docstring)
         self.eager = job.framework == "torchtitan" and not job.compile
         # Transformer Engine's userbuffers overlap splits and squeezes the dense layers' GEMMs
-        # (UB_PIPELINE_SPLITS); torchtitan's async TP is left unsplit, as fitted
+        # (UB_PIPELINE_SPLITS); torchtitan's async TP is left unsplit, as fitted. The GPU its
+        # GEMMs see beside the communication kernels: UB_COMM_SMS fewer SMs, each at its rate
         self.ub = tp_comm_overlap and self.te and sequence_parallel and tp > 1
+        left = max(1, gpu.sm_count - UB_COMM_SMS)
+        self._squeezed = (replace(gpu, sm_count=left), left / gpu.sm_count) if self.ub else None
 
     # -- building blocks -----------------------------------------------------------------------
 
     def _gemm(self, shape: tuple[int, int, int], peak: float, ib: float, eff,
-              chunks: int = 1, comm_sms: int = 0) -> float:
-        """One GEMM, or `chunks` GEMMs of 1/chunks of its rows one after another, on the SMs
-        the communication kernels leave (`comm_sms` fewer: waves of the remaining SMs at
-        the same rate per SM)."""
+              chunks: int = 1, squeezed: bool = False) -> float:
+        """One GEMM, or `chunks` GEMMs of 1/chunks of its rows one after another; `squeezed`:
+        on the SMs TE's communication kernels leave (waves of fewer SMs at the same rate)."""
         g = self.gpu
-        if comm_sms:
-            left = max(1, g.sm_count - comm_sms)
-            g, peak = replace(g, sm_count=left), peak * left / g.sm_count
+        if squeezed:
+            g, share = self._squeezed
+            peak *= share
         m, n, k = shape
         return chunks * gemm_ms(g, math.ceil(m / chunks), n, k, peak, in_bytes=ib,
                                 out_bytes=self.act_b, efficiency=eff)
 
-    def _ub_split(self, ub: str) -> tuple[tuple[int, int], ...]:
-        """(chunks, SMs left to communication) of the forward, data-gradient and
-        weight-gradient GEMMs of a dense linear layer under TE's userbuffers overlap
-        (UB_PIPELINE_SPLITS): "col" the QKV / MLP-up layers, "row" the projections."""
-        if not (self.ub and ub):
-            return ((1, 0),) * 3
-        if ub == "col":  # forward ring exchange; both backward GEMMs bulk-overlapped
-            return (self.t, 0), (1, UB_COMM_SMS), (1, UB_COMM_SMS)
-        return (UB_PIPELINE_SPLITS, UB_COMM_SMS), (self.t, 0), (1, 0)
+    def _ub_split(self, tp_role: str) -> tuple[tuple[int, bool], ...]:
+        """(chunks, squeezed) of the forward, data-gradient and weight-gradient GEMMs of a
+        dense linear layer under TE's userbuffers overlap (UB_PIPELINE_SPLITS)."""
+        if not (self.ub and tp_role):
+            return ((1, False),) * 3
+        if tp_role == "col":  # forward ring exchange; both backward GEMMs bulk-overlapped
+            return (self.t, False), (1, True), (1, True)
+        return (UB_PIPELINE_SPLITS, True), (self.t, False), (1, False)
 
     def _linear(self, fwd: Pass, bwd: Pass, name: str, m: int, n: int, k: int,
-                gathered: str = "", ub: str = "") -> None:
+                tp_role: str = "") -> None:
         """y[m,n] = x[m,k] W[k,n]: forward, data-gradient and weight-gradient GEMMs; in FP8
         with the casts of the input (forward) and of the output gradient (backward).
-        `gathered`: "input" (column-parallel) or "grad" (row-parallel), the tensor sequence
-        parallelism all-gathers, which Transformer Engine casts on the local 1/t shard before
-        gathering it (module docstring). `ub`: "col" or "row", a dense layer's linear that
-        TE's userbuffers overlap splits (`_ub_split`)."""
+        `tp_role`: a dense layer's tensor-parallel linear, "col" (QKV, MLP-up: sequence
+        parallelism gathers its input) or "row" (the projections: it gathers its output
+        gradient); TE casts the gathered tensor on its local shard (module docstring) and
+        its userbuffers overlap splits the GEMMs (`_ub_split`)."""
         g = self.gpu
         eff = None
         if self.fp8:
             ib, peak = 1.0, self.peak_fp8
             eff = g.fp8_gemm_efficiency
-            shard = self.t if self.te and self.sp else 1
             fwd.add(f"{name}.cast", elementwise_ms(
-                g, self.cast_b * m * k / (shard if gathered == "input" else 1)))
+                g, self.cast_b * m * k / (self.cast_shard if tp_role == "col" else 1)))
             bwd.add(f"{name}.cast", elementwise_ms(
-                g, self.cast_b * m * n / (shard if gathered == "grad" else 1)))
+                g, self.cast_b * m * n / (self.cast_shard if tp_role == "row" else 1)))
         else:
             ib, peak = self.act_b, self.peak
         flops = 2.0 * m * n * k
-        for p, label, shape, (chunks, sms) in zip(
+        for p, label, shape, (chunks, squeezed) in zip(
                 (fwd, bwd, bwd), (name, f"{name}.dgrad", f"{name}.wgrad"),
-                linear_gemms(m, n, k), self._ub_split(ub)):
-            p.add(label, self._gemm(shape, peak, ib, eff, chunks, sms), flops)
+                linear_gemms(m, n, k), self._ub_split(tp_role)):
+            p.add(label, self._gemm(shape, peak, ib, eff, chunks, squeezed), flops)
 
     def dense_linears(self) -> dict[str, tuple[int, int, int]]:
         """(m, n, k) of the dense layer's four linear layers on this GPU (after TP): what
@@ -277,7 +279,7 @@ class ComputeModel:
         if m.is_mla:
             self._latent_projections(fwd, bwd)
         else:
-            self._linear(fwd, bwd, "qkv", *linears["qkv"], gathered="input", ub="col")
+            self._linear(fwd, bwd, "qkv", *linears["qkv"], tp_role="col")
             if m.position_embedding == "rope":
                 if self.eager:
                     self._eager(fwd, bwd, "rope", T * (q + kv) / t, "rope")
@@ -287,7 +289,7 @@ class ComputeModel:
             if self.eager:
                 self._eager_attention_copies(fwd, bwd)
         attn_fwd = self._attention(fwd, bwd)
-        self._linear(fwd, bwd, "proj", *linears["proj"], gathered="grad", ub="row")
+        self._linear(fwd, bwd, "proj", *linears["proj"], tp_role="row")
         self._bias_dropout_add(fwd, bwd, "bda1", hs, mask)
 
         # MLP block: norm, up (and gate), activation, down, bias-dropout-add
@@ -296,7 +298,7 @@ class ComputeModel:
             self._moe(fwd, bwd)
             self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
             return LayerCompute(fwd, bwd, attn_fwd)
-        self._linear(fwd, bwd, "fc1", *linears["fc1"], gathered="input", ub="col")
+        self._linear(fwd, bwd, "fc1", *linears["fc1"], tp_role="col")
         if m.gated_mlp and self.eager:
             self._eager(fwd, bwd, "act", T * f / t, "swiglu")
         elif m.gated_mlp:  # SwiGLU: reads gate and up, writes their product
@@ -305,7 +307,7 @@ class ComputeModel:
         else:  # GeLU
             self._elementwise(fwd, "act", T * f / t, 1, 1)
             self._elementwise(bwd, "act", T * f / t, 2, 1)
-        self._linear(fwd, bwd, "fc2", *linears["fc2"], gathered="grad", ub="row")
+        self._linear(fwd, bwd, "fc2", *linears["fc2"], tp_role="row")
         self._bias_dropout_add(fwd, bwd, "bda2", hs, mask)
         return LayerCompute(fwd, bwd, attn_fwd)
 

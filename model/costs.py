@@ -332,7 +332,7 @@ class CostModel:
             return scale * comm
 
         # the MLP's gathers: FP8 for a dense layer, 16-bit tokens for TE's mixture of experts
-        ag_mlp = rs if m.is_moe and self.job.framework != "torchtitan" else ag
+        ag_mlp = rs if m.is_moe and self.job.transformer_engine else ag
         # forward: all-gather before QKV and MLP-up, reduce-scatter after the projections
         fwd = serial(F["qkv"], comm=ag) + serial(F["proj"]) + serial(
             F["fc1"], mlp, ag_mlp) + serial(F["fc2"], mlp)

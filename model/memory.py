@@ -124,7 +124,7 @@ def fp8_weight_copy_bytes(job: JobSpec, shape: Shape) -> float:
       main weight stays in the distributed optimizer's state (optimizer bytes, unchanged);
     - torchao's float8 (torchtitan) casts each weight when used, caching nothing across
       micro-batches: 0."""
-    if not shape.fp8 or job.framework == "torchtitan":
+    if not shape.fp8 or not job.transformer_engine:
         return 0.0
     if fp8_params_apply(job, shape):
         return float(FP8_WEIGHT_COPY_BYTES - job.weight_bytes)

@@ -564,7 +564,7 @@ class JobSpec:
             raise SpecError(f"unknown fp8_recipe {self.fp8_recipe!r}; use one of "
                             f"{', '.join(FP8_RECIPES)}", source=self.source, field="fp8_recipe")
         if self.fp8_recipe != "delayed" and (self.fp8 is False
-                                              or self.framework == "torchtitan"):
+                                              or not self.transformer_engine):
             raise SpecError("fp8_recipe is Transformer Engine's, for FP8 linear layers: "
                             + ("allow fp8 or drop it" if self.fp8 is False else
                                "torchtitan's torchao float8 has its own scaling; drop it"),
@@ -581,6 +581,12 @@ class JobSpec:
             raise SpecError(f"compile_loss is torchtitan's (true or false; unset follows "
                             f"compile), got {self.compile_loss!r} for {self.framework}: drop it",
                             source=self.source, field="compile_loss")
+
+    @property
+    def transformer_engine(self) -> bool:
+        """Whether the linear layers run Transformer Engine (Megatron-LM, NeMo, DeepSpeed;
+        torchtitan's FP8 is torchao's): its FP8 casts, gathers and userbuffers overlap."""
+        return self.framework != "torchtitan"
 
     @property
     def loss_compiled(self) -> bool:

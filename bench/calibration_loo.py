@@ -1,7 +1,7 @@
 """Calibration on a few runs of a group, judged on the group's other runs.
 
     python bench/calibration_loo.py [--k 3] [--fit gemm_scale,network_scale] [--draws 5]
-                                    [--no-prior]
+                                    [--no-prior] [--floor]
 
 For every source group of data/published_runs.json with at least 5 runs that have a time: draw
 k runs (seeded, `--draws` times), fit the named parameters on them (model/calibration.py, the
@@ -10,6 +10,11 @@ drops its prior), and
 predict the group's other runs. Prints per group the median |time error| of the held-out runs
 before (presets) and after, the median over the draws, and the fitted values of the first
 draw. The issue's goal: after, at most 5% for every group with 5+ runs.
+
+`--floor` adds what no draw of k runs can beat by calibrating these parameters: the median
+|time error| over all of the group's runs when the parameters are fitted on all of them (no
+prior; in-sample), and the smallest median over a log-spaced grid of the parameters within
+their bounds (`FLOOR_GRID` points per parameter, one or two parameters).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from formats.published import _skip_reason, load_runs, run_to_inputs  # noqa: E402
-from model.calibration import Run, _predict, fit  # noqa: E402
+from model.calibration import TIME_PARAMETERS, Run, _predict, fit  # noqa: E402
 from model.specs import Options  # noqa: E402
 
 
@@ -42,12 +47,39 @@ def group_runs() -> dict[str, list[Run]]:
     return {g: v for g, v in groups.items() if len(v) >= 5}
 
 
+FLOOR_GRID = 21  # grid points per parameter for --floor (log-spaced over the bounds)
+
+
+def _median_err(runs: list[Run], values: dict, gpu: str) -> float:
+    return statistics.median(abs(_predict(r, values, gpu) / r.measured_s - 1) for r in runs)
+
+
+def floor(runs: list[Run], names: tuple[str, ...], gpu: str) -> tuple[float, float | None,
+                                                                        dict, dict]:
+    """(in-sample median of the fit on every run, grid minimum of the median or None for
+    more than two parameters, the fit's values, the grid minimum's values)."""
+    prof, _ = fit(runs, names, gpu, fit_fragmentation=False, prior=False)
+    in_sample = _median_err(runs, prof.values, gpu)
+    if len(names) > 2:
+        return in_sample, None, prof.values, {}
+    axes = [np.geomspace(*TIME_PARAMETERS[n], FLOOR_GRID) for n in names]
+    best, best_at = float("inf"), {}
+    for point in np.array(np.meshgrid(*axes)).reshape(len(names), -1).T:
+        vals = dict(zip(names, point.tolist()))
+        m = _median_err(runs, vals, gpu)
+        if m < best:
+            best, best_at = m, vals
+    return in_sample, best, prof.values, best_at
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--fit", default="gemm_scale,network_scale")
     ap.add_argument("--draws", type=int, default=5)
     ap.add_argument("--no-prior", action="store_true")
+    ap.add_argument("--floor", action="store_true",
+                    help="also fit on all of a group's runs, and grid-search the parameters")
     args = ap.parse_args()
     names = tuple(args.fit.split(","))
     print(f"calibrate on {args.k} runs of a group ({', '.join(names)}), predict the others; "
@@ -73,6 +105,13 @@ def main() -> None:
         print(f"{g:<34} {len(runs):4d} {100 * statistics.median(befores):7.1f}% "
               f"{100 * statistics.median(afters):7.1f}% "
               f"{100 * min(afters):7.1f}-{100 * max(afters):5.1f}%  {fitted}")
+        if args.floor:
+            ins, grid, at_fit, at_grid = floor(runs, names, gpu)
+            show = lambda v: ", ".join(f"{k}={x:.3f}" for k, x in v.items())  # noqa: E731
+            line = f"{'':<34} floor: fitted on all {len(runs)} runs {100 * ins:.1f}% ({show(at_fit)})"
+            if grid is not None:
+                line += f"; grid minimum {100 * grid:.1f}% ({show(at_grid)})"
+            print(line)
 
 
 if __name__ == "__main__":

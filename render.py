@@ -66,7 +66,10 @@ def print_estimate(est, plan, cluster, title: str = "Estimate") -> None:
               f"micro-batches/replica={est.num_microbatches}")
     con.print(f"iteration {est.iteration_ms / 1e3:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
               f"MFU {est.mfu * 100:.1f}%   HFU {est.hfu * 100:.1f}%   "
-              f"peak memory {est.peak_memory_gib:.1f} GiB   "
+              # FP8 runs: against the 16-bit dense peak (model.estimator), so the FP8 GEMMs
+              # can take both past what the bf16 tensor cores could reach
+              + ("(of the 16-bit peak)   " if sh.fp8 else "")
+              + f"peak memory {est.peak_memory_gib:.1f} GiB   "
               + ("[green]fits[/green]" if est.fits else "[red]does not fit[/red]"))
     t = Table(title="Time breakdown (critical path of the slowest replica)")
     t.add_column("part")

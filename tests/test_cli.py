@@ -35,6 +35,17 @@ def test_estimate_json_on_builtin_example():
     assert est["fits"] is True
 
 
+def test_fp8_mfu_says_which_peak():
+    """FP8 plans' MFU is taken against the 16-bit dense peak (model.estimator) and can pass
+    what bf16 could reach: the summary line says so, and only for FP8."""
+    common = ("estimate", "-c", "h100-8x8", "--tp", "8", "--pp", "2", "--recompute", "full")
+    fp8 = run(*common, "--precision", "fp8")
+    bf16 = run(*common)
+    assert fp8.exit_code == 0 and bf16.exit_code == 0, fp8.output + bf16.output
+    assert "(of the 16-bit peak)" in fp8.output
+    assert "(of the 16-bit peak)" not in bf16.output
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--model", "nope"], "unknown model 'nope'; known:"),
     (["--cluster", "nope"], "unknown cluster 'nope'"),

@@ -10,6 +10,10 @@ the log is paired with (global batch B, sequence S, G GPUs):
 - Megatron-LM: `elapsed time per iteration (ms)`, directly; memory: the `[Rank N] (after K
   iterations) memory (MB)` lines, `max reserved` (the allocator's peak, what the cost model's
   tensors plus fragmentation allowance predict), the largest over ranks.
+- Megatron-Bridge: the same iteration line; memory: its `[Rank N] (after K iterations) memory
+  (GB)` lines of named torch.cuda.memory_stats figures in 10^9 bytes, `mem-max-reserved-
+  gigabytes` (reserved, fitted), or where a run logs other keys `mem-max-allocated-gigabytes`
+  (allocated: reported, not fitted).
 - torchtitan: `tps` (tokens per second per GPU): B S / (tps G); memory: `memory: X GiB`, the
   peak reserved memory it prints.
 - NeMo (Lightning): `train_step_timing in s`, directly (no memory line).
@@ -42,6 +46,13 @@ _MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per i
 _MEGATRON_MEM = re.compile(r"\[Rank (\d+)\].*?memory \(MB\)\s*\|\s*allocated:\s*" + _NUM
                            + r"\s*\|\s*max allocated:\s*" + _NUM + r"\s*\|\s*reserved:\s*"
                            + _NUM + r"\s*\|\s*max reserved:\s*" + _NUM)
+# Megatron-Bridge src/megatron/bridge/training/utils/train_utils.py (training_log, 067f987):
+# '[Rank {}] (after {iteration} iterations) memory (GB) | {metric}: {value} | ...', the metrics
+# named by report_memory's MEMORY_KEYS with 'bytes' replaced by 'gigabytes' (values / 1e9)
+_BRIDGE_MEM = re.compile(r"\[Rank (\d+)\].*?memory \(GB\)\s*((?:\|\s*[\w-]+:\s*[^|]*)+)")
+_BRIDGE_PAIR = re.compile(r"\|\s*([\w-]+):\s*" + _NUM)
+_BRIDGE_KEYS = (("mem-max-reserved-gigabytes", "reserved"),
+                ("mem-max-allocated-gigabytes", "allocated"))
 # torchtitan/components/metrics.py (MetricsProcessor.log): 'step: {step:2}  loss: ..
 # memory: {max_reserved_gib:5.2f}GiB({pct:.2f}%)  tps: {round(tps):,}  tflops: ..'
 _TITAN = re.compile(r"step:\s*(\d+)\s+loss:.*?memory:\s*" + _NUM + r"GiB\(.*?\)\s+tps:\s*"
@@ -92,6 +103,7 @@ def read_log(path) -> LogReading:
     text = _ANSI.sub("", text)
     found = []
     mem = {}
+    bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
     for line in text.splitlines():
         if (m := _MEGATRON_ITER.search(line)):
             found.append(("megatron", int(m.group(1)), _f(m.group(2)) / 1e3))
@@ -105,6 +117,12 @@ def read_log(path) -> LogReading:
             mem.setdefault("deepspeed", []).append(_f(m.group(5)))
         if (m := _MEGATRON_MEM.search(line)):
             mem.setdefault("megatron", []).append(_f(m.group(5)) / 1024)
+        elif (m := _BRIDGE_MEM.search(line)):
+            pairs = {k: _f(v) for k, v in _BRIDGE_PAIR.findall(m.group(2))}
+            for key, kind in _BRIDGE_KEYS:
+                if key in pairs:
+                    bridge_mem.setdefault(kind, []).append(pairs[key] * 1e9 / 2 ** 30)
+                    break
     if not found:
         raise SpecError("no training-step line of Megatron-LM (elapsed time per iteration), "
                         "torchtitan (step: .. tps:), NeMo (train_step_timing in s) or "
@@ -126,4 +144,7 @@ def read_log(path) -> LogReading:
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"
+    elif fw == "megatron" and bridge_mem:
+        kind = "reserved" if "reserved" in bridge_mem else "allocated"
+        reading.memory_gib, reading.memory_kind = max(bridge_mem[kind]), kind
     return reading

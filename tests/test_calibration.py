@@ -28,6 +28,8 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
     ("torchtitan", "torchtitan", 256 * 4096 / (6005.5 * 128), 61.27),
     ("nemo", "nemo", 43.52, None),
     ("deepspeed", "deepspeed", 256 / 5.86, 61.4),
+    # Megatron-Bridge: Megatron's iteration line, memory in GB (10^9 bytes) by named key
+    ("megatron_bridge", "megatron", 43.48, 80.531e9 / 2 ** 30),
 ])
 def test_readers_on_each_frameworks_format(name, framework, median_s, mem):
     """Warm-up readings are skipped; the median of the rest is the iteration time for the
@@ -36,6 +38,18 @@ def test_readers_on_each_frameworks_format(name, framework, median_s, mem):
     assert r.framework == framework and r.skipped == WARMUP_READINGS
     assert r.iteration_s(256, 4096, 128) == pytest.approx(median_s, rel=1e-3)
     assert r.memory_gib == (pytest.approx(mem) if mem is not None else None)
+
+
+def test_bridge_memory_without_reserved_keys_is_reported_not_fitted(tmp_path):
+    """A Megatron-Bridge run whose memory_keys leave out the reserved peak: its allocated
+    peak is read as allocated (reported; calibration fits fragmentation on reserved only)."""
+    text = (LOGS / "megatron_bridge.log").read_text()
+    p = tmp_path / "bridge.log"
+    p.write_text(text.replace("mem-max-reserved-gigabytes", "mem-other-gigabytes"))
+    r = read_log(p)
+    assert r.memory_kind == "allocated"
+    assert r.memory_gib == pytest.approx(75.223e9 / 2 ** 30)
+    assert read_log(LOGS / "megatron_bridge.log").memory_kind == "reserved"
 
 
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):

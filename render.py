@@ -209,7 +209,9 @@ def print_solve(res, c) -> None:
               f"{res.gap * 100:.4f}%, {res.wall_s:.1f} s"
               + (f" ({res.work_s:.1f} work-s, clock: work)" if res.clock == "work" else "")
               + f"; {res.shapes_total} shapes, "
-              f"{res.shapes_solved} placement-optimized", highlight=False)
+              f"{res.shapes_solved} placement-optimized"
+              + (f" ({res.blocks_enumerated} block(s) small enough to enumerate every "
+                 "placement and split)" if res.blocks_enumerated else ""), highlight=False)
     for e in res.errors:
         con.print(f"[yellow]solver error caught (search went on):[/yellow] {escape(e)}",
                   highlight=False)

@@ -59,6 +59,8 @@ class SolveResult:
     # shapes the exact method could not cover with the MILP: annealed, and bounded by the
     # closed form (solvers.bounds) instead of a MILP bound; reason -> shapes
     not_covered: dict[str, int] = field(default_factory=dict)
+    # blocks small enough that the exact method tried every placement and split
+    blocks_enumerated: int = 0
     # "work": the time limit was in work seconds (model.work); work_s is what the search used
     clock: str = "wall"
     work_s: float | None = None
@@ -75,4 +77,5 @@ class SolveResult:
                 "wall_s": self.wall_s, "shapes_total": self.shapes_total,
                 "shapes_solved": self.shapes_solved, "errors": list(self.errors),
                 "annealed_with_closed_form_bound": dict(self.not_covered),
+                "blocks_enumerated": self.blocks_enumerated,
                 "clock": self.clock, "work_s": self.work_s}

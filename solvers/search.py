@@ -26,6 +26,7 @@ from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
 from .bounds import shape_bound_ms
+from .brute import brute_force, enumerable
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import Candidate, SolveResult
@@ -341,6 +342,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     solved = 0
     errors: list[str] = []  # solver failures caught per shape; the search goes on without them
     not_covered: dict[str, int] = {}  # blocks the MILP does not cover, by reason
+    enumerated = [0]  # blocks the exact method solved by enumeration (solvers.brute)
 
     def failed(info, e: Exception) -> None:
         errors.append(f"{info.shape.describe()}: {type(e).__name__}: {e}")
@@ -412,15 +414,21 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 progress(f"{label} {info.shape.describe()}, {blk.describe()}; best "
                          f"{best_ms / 1e3:.3f} s, bound {min(bounds_left.values()) / 1e3:.3f} s")
             res = None
-            why_not = milp_supported(prob) if method == "exact" else None
+            if method == "exact" and enumerable(prob):
+                # small enough to try every placement and split: the block's optimum, proven
+                # by enumeration, in less time than the warm start alone (solvers.brute)
+                res = brute_force(prob, deadline_s=t0 + time_limit_s)
+                enumerated[0] += 1
+            why_not = milp_supported(prob) if method == "exact" and res is None else None
             if why_not is not None:
                 not_covered[why_not] = not_covered.get(why_not, 0) + 1
-            if method == "exact" and why_not is None and left_now < milp_start_s(prob):
+            if method == "exact" and res is None and why_not is None and \
+                    left_now < milp_start_s(prob):
                 # too little time left to even build the MILP: anneal what is left instead
                 why_not = "too little time left to build the MILP"
                 not_covered[why_not] = not_covered.get(why_not, 0) + 1
-            if method == "exact" and why_not is None and math.isfinite(shape_best) and \
-                    id(prob) not in block_bounds:
+            if method == "exact" and res is None and why_not is None and \
+                    math.isfinite(shape_best) and id(prob) not in block_bounds:
                 # another block of this shape has a plan: this block's placement-relaxed bound
                 # (tenths of a second) may rule it out before its warm start (a second)
                 try:
@@ -431,7 +439,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                         continue
                 except Exception as e:  # noqa: BLE001  (reported; the MILP below still runs)
                     failed(info, e)
-            if method == "exact" and why_not is None:
+            if method == "exact" and res is None and why_not is None:
                 t_block = work.now()
                 seeds = [(list(range(prob.num_slots)), prob.start_layers())]
                 if id(prob) in block_seed:
@@ -649,4 +657,5 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     return SolveResult(best_plan, est, best_ms, bound, termination, method,
                        time.perf_counter() - wall0, ordered + rejected, total, solved,
                        errors=errors, not_covered=not_covered, clock=clock,
+                       blocks_enumerated=enumerated[0],
                        work_s=work.now() - t0 if clock == "work" else None)

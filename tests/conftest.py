@@ -7,6 +7,15 @@ from model.specs import JobSpec
 
 
 @pytest.fixture
+def milp_path(monkeypatch):
+    """The exact method without its enumeration of small blocks (solvers.brute.enumerable):
+    tiny test instances then go through the annealing warm start and the MILP, the path that
+    larger clusters take."""
+    from solvers import brute
+    monkeypatch.setattr(brute, "ENUMERATE_MAX_EVALS", 0)
+
+
+@pytest.fixture
 def example_cluster():
     return cluster("example")
 

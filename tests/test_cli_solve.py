@@ -70,7 +70,7 @@ def test_solve_nothing_fits_exit_2(tmp_path):
 
 def test_compare_writes_csv(tiny, tmp_path):
     out = tmp_path / "cmp.csv"
-    r = runner.invoke(app, ["compare", *tiny, "--time-limit", "30", "--csv", str(out)])
+    r = runner.invoke(app, ["compare", *tiny, "--time-limit", "10", "--csv", str(out)])
     assert r.exit_code == 0, r.output
     rows = list(csv.DictReader(out.open()))
     methods = [x["method"] for x in rows]

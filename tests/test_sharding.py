@@ -118,16 +118,23 @@ def test_sharding_ordering_flips_as_links_slow_down():
     assert order == [True, False]
 
 
-def test_zero3_on_a_uneven_cluster_is_searched_and_bounded():
+def test_zero3_on_a_uneven_cluster_is_searched_and_bounded(monkeypatch):
     """The MILP covers ZeRO-3 only on uniform clusters; elsewhere the annealer searches it
-    and the result carries the closed-form bound, which the termination says is not a proof."""
+    and the result carries the closed-form bound, which the termination says is not a proof.
+    Blocks small enough to enumerate (two slots here) are settled exactly all the same."""
     from formats.clusters import SynthParams, synth_cluster
+    from solvers import brute
     m = presets.model("llama2-7b")
     c = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=8, nic_gb_per_s=5.0, seed=2))
     job = JobSpec(global_batch=64, seq_length=2048, framework="megatron")
-    r = solve(m, job, c, method="exact", time_limit_s=20,
-              space=SearchSpace(tp=(4,), pp=(2,), zero=(3,), shard_sizes=(0,),
-                                micro_batch=(1,), schedules=(("1f1b", 1),),
-                                recompute=("full",)))
-    assert r.plan.shape.zero == 3
+    space = SearchSpace(tp=(4,), pp=(2,), zero=(3,), shard_sizes=(0,), micro_batch=(1,),
+                        schedules=(("1f1b", 1),), recompute=("full",))
+    enumerated = solve(m, job, c, method="exact", time_limit_s=20, space=space)
+    assert enumerated.plan.shape.zero == 3 and enumerated.blocks_enumerated > 0
+    assert enumerated.termination == "optimal"
+    assert enumerated.bound_ms == pytest.approx(enumerated.objective_ms, rel=1e-9)
+    monkeypatch.setattr(brute, "ENUMERATE_MAX_EVALS", 0)  # the path of larger blocks
+    r = solve(m, job, c, method="exact", time_limit_s=20, space=space)
+    assert r.plan.shape.zero == 3 and r.blocks_enumerated == 0
     assert r.termination != "optimal" and 0 < r.bound_ms <= r.objective_ms
+    assert enumerated.objective_ms <= r.objective_ms * (1 + 1e-9)

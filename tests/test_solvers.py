@@ -301,19 +301,53 @@ def _brute_full(model, job, cluster):
     return best
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_full_solve_is_exact_against_enumeration(seed):
+@pytest.mark.parametrize("seed,milp", [(0, True), (0, False), (1, False)])
+def test_full_solve_is_exact_against_enumeration(seed, milp, request):
+    """The whole exact search (bounds, pruning, every block's optimum) against brute force
+    over every shape, block, placement and split; through the MILP (`milp_path`), and with
+    the search's own enumeration of small blocks, which settles every block here."""
+    if milp:
+        request.getfixturevalue("milp_path")
     model = ModelSpec("tiny4", 4, 1024, 8, 8, 4096, 8000, 1024)
     c = tiny_cluster(4, seed)
     job = JobSpec(global_batch=8, seq_length=1024)
     res = solve(model, job, c, method="exact", time_limit_s=120)
     assert res.termination == "optimal"
+    assert (res.blocks_enumerated == 0) if milp else (res.blocks_enumerated > 0)
     truth = _brute_full(model, job, c)
     assert res.objective_ms <= truth * (1 + 1e-4)  # HiGHS default tolerance
     assert res.objective_ms >= truth * (1 - 1e-9)
     assert res.bound_ms <= truth * (1 + 1e-9)
     again = estimate(model, job, c, res.plan).iteration_ms
     assert again == pytest.approx(res.objective_ms, rel=1e-6)
+
+
+def test_enumerable_blocks_and_the_enumeration_deadline():
+    """The exact method enumerates a block when its slot permutations x splits stay within
+    solvers.brute's limits; the enumeration equals brute force (it is brute force) and, past a
+    deadline, stops with the best seen, "time_limit", and the shape's closed-form bound."""
+    from model import work
+    from solvers import brute as B
+    sizes = []
+    for _s, _n, sh, blk, c, job in CASES[:10]:
+        prob = PlacementProblem(TINY, job, c, sh, blk, Options())
+        perms, splits = B.space_size(prob)
+        assert perms == math.factorial(prob.num_slots)
+        assert splits == sum(1 for _ in prob.all_splits())
+        assert B.enumerable(prob) == (splits <= B.ENUMERATE_MAX_SPLITS and
+                                      perms * splits <= B.ENUMERATE_MAX_EVALS)
+        sizes.append(perms * splits)
+    assert min(sizes) <= B.ENUMERATE_MAX_EVALS < max(sizes)  # both kinds among these blocks
+    prob = next(PlacementProblem(TINY, job, c, sh, blk, Options())
+                for _s, _n, sh, blk, c, job in CASES
+                if math.factorial(blk.A * blk.D) * sum(1 for _ in PlacementProblem(
+                    TINY, job, c, sh, blk, Options()).all_splits()) > 200)
+    full = B.brute_force(prob)
+    assert full.termination == "optimal" and full.bound_ms == full.objective_ms
+    cut = B.brute_force(prob, deadline_s=work.now() - 1.0)
+    assert cut.termination == "time_limit" and cut.iterations < full.iterations
+    assert cut.bound_ms == prob.lower_bound_ms() <= full.objective_ms
+    assert cut.plan is None or cut.objective_ms >= full.objective_ms
 
 
 def test_nothing_fits_says_why():
@@ -326,7 +360,7 @@ def test_nothing_fits_says_why():
 def test_anneal_method_gives_a_plan_that_reevaluates():
     c = tiny_cluster(4, 2)
     job = JobSpec(global_batch=16, seq_length=2048)
-    res = solve(TINY, job, c, method="anneal", time_limit_s=20, seed=3)
+    res = solve(TINY, job, c, method="anneal", time_limit_s=5, seed=3)
     assert res.plan is not None and res.termination != "optimal" or res.gap <= 1e-4
     assert estimate(TINY, job, c, res.plan).iteration_ms == pytest.approx(res.objective_ms,
                                                                           rel=1e-9)
@@ -342,7 +376,7 @@ def _robust_instance():
     return TINY, JobSpec(global_batch=32, seq_length=2048), c
 
 
-def test_search_survives_slow_cut_sync(monkeypatch):
+def test_search_survives_slow_cut_sync(monkeypatch, milp_path):
     """The time left can run out between a check and the HiGHS call (cut syncing takes time):
     the remaining time is clamped, and the search returns its incumbent and a valid bound."""
     import time as _time
@@ -361,7 +395,7 @@ def test_search_survives_slow_cut_sync(monkeypatch):
     assert estimate(m, job, c, res.plan).iteration_ms == pytest.approx(res.objective_ms)
 
 
-def test_search_survives_highs_failures(monkeypatch):
+def test_search_survives_highs_failures(monkeypatch, milp_path):
     """A HiGHS failure in one shape is caught, reported, and the search goes on (the annealer
     takes that shape); the result says it is not proven."""
     from model.errors import SolverUnavailableError

@@ -195,9 +195,41 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
         if not r.get("vp"):
             notes.append(f"interleaved with {chunks} model chunks per stage (the smallest "
                          "count that divides the layers per stage; unpublished)")
+    layers = None
+    if framework == "deepspeed" and r["pp"] > 1 and chunks == 1:
+        layers, note = _deepspeed_partition(r, r["num_layers"], r["pp"])
+        notes.append(note)
     plan = make_plan(model, job, cluster, tp=r["tp"], pp=r["pp"], dp=r["dp"], micro_batch=mbs,
-                     schedule=sched, chunks=chunks, recompute=recompute, zero=zero)
+                     schedule=sched, chunks=chunks, recompute=recompute, zero=zero,
+                     layers=layers)
     return model, job, cluster, plan, notes
+
+
+def _deepspeed_partition(r: dict, num_layers: int, pp: int
+                         ) -> tuple[tuple[int, ...] | None, str]:
+    """The layers per stage DeepSpeed's pipeline engine gave the run, and a note saying so.
+
+    Megatron-DeepSpeed's GPTModelPipe hands PipelineModule partition_method='type:transformer'
+    (bigscience-workshop/Megatron-DeepSpeed, megatron/model/gpt_model.py): the transformer
+    layers, weight 1 each, split evenly over the stages, the embedding on the first and the
+    tied output layer and loss on the last whatever they cost. BLOOM's production run counts
+    the two embedding layers as well ('type:transformer|embedding', its pipeline_schedule
+    field): 70 + 2 over 12 stages, 6 each, so the first and last stages hold 5 layers. Where
+    the items do not divide evenly, DeepSpeed's balanced partition is not reproduced here:
+    the cost model's time-balanced split stands, and the note says so."""
+    with_embeddings = "type:transformer|embedding" in (r.get("pipeline_schedule") or "")
+    items = num_layers + (2 if with_embeddings else 0)
+    method = "type:transformer|embedding" if with_embeddings else "type:transformer"
+    if items % pp:
+        return None, (f"{items} pipeline items over {pp} stages do not divide evenly: the "
+                      f"time-balanced split, not DeepSpeed's partition_method='{method}'")
+    per = items // pp
+    layers = [per] * pp
+    if with_embeddings:
+        layers[0] -= 1
+        layers[-1] -= 1
+    return tuple(layers), (f"layers per stage as DeepSpeed's partition_method='{method}' "
+                           f"splits them: {per} items per stage")
 
 
 def _llama_model(r: dict, **extra) -> ModelSpec:

@@ -43,6 +43,20 @@ def test_published_runs_within_goals():
     assert n >= 15 and ok == n, f"fits/OOM correct {ok}/{n}"
 
 
+def test_deepspeed_rows_split_layers_as_deepspeed_did():
+    """DeepSpeed's pipeline engine splits the transformer layers evenly (Megatron-DeepSpeed's
+    partition_method='type:transformer'); BLOOM's production run also counted its two
+    embedding layers ('type:transformer|embedding': 70 + 2 over 12 stages)."""
+    runs = {r["id"]: r for r in load_runs()}
+    prod = run_to_inputs(runs["bloom176b_production"])
+    assert prod[3].shape.layers == (5,) + (6,) * 10 + (5,)
+    pre = run_to_inputs(runs["bloom_prequel_02-25_181B_h14336_l72_dp8_tp2_pp24_mbs1_nh64"])
+    assert pre[3].shape.layers == (3,) * 24
+    assert any("type:transformer" in n for n in pre[4])
+    megatron = run_to_inputs(runs["narayanan21_t1_145.6B"])  # Megatron-LM: its own split
+    assert not any("partition_method" in n for n in megatron[4])
+
+
 def test_zero3_rows_of_narayanan_table2():
     """Their throughput is far below PTD-P's on the same GPUs; the model has to say why:
     every layer's weights are gathered twice and its gradients reduce-scattered over all the

@@ -214,7 +214,8 @@ def _deepspeed_partition(r: dict, num_layers: int, pp: int
     layers, weight 1 each, split evenly over the stages, the embedding on the first and the
     tied output layer and loss on the last whatever they cost. BLOOM's production run counts
     the two embedding layers as well ('type:transformer|embedding', its pipeline_schedule
-    field): 70 + 2 over 12 stages, 6 each, so the first and last stages hold 5 layers. Where
+    field): 70 + 2 over 12 stages, 6 each, so the first and last stages hold 5 layers (as
+    bigscience's train/tr11-176B-ml/README.md, Architecture, lists them). Where
     the items do not divide evenly, DeepSpeed's balanced partition is not reproduced here:
     the cost model's time-balanced split stands, and the note says so."""
     with_embeddings = "type:transformer|embedding" in (r.get("pipeline_schedule") or "")

@@ -72,6 +72,10 @@ def floor(runs: list[Run], names: tuple[str, ...], gpu: str) -> tuple[float, flo
     return in_sample, best, prof.values, best_at
 
 
+def _show(values: dict) -> str:
+    return ", ".join(f"{k}={x:.3f}" for k, x in values.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=int, default=3)
@@ -107,10 +111,10 @@ def main() -> None:
               f"{100 * min(afters):7.1f}-{100 * max(afters):5.1f}%  {fitted}")
         if args.floor:
             ins, grid, at_fit, at_grid = floor(runs, names, gpu)
-            show = lambda v: ", ".join(f"{k}={x:.3f}" for k, x in v.items())  # noqa: E731
-            line = f"{'':<34} floor: fitted on all {len(runs)} runs {100 * ins:.1f}% ({show(at_fit)})"
+            line = (f"{'':<34} floor: fitted on all {len(runs)} runs {100 * ins:.1f}% "
+                    f"({_show(at_fit)})")
             if grid is not None:
-                line += f"; grid minimum {100 * grid:.1f}% ({show(at_grid)})"
+                line += f"; grid minimum {100 * grid:.1f}% ({_show(at_grid)})"
             print(line)
 
 

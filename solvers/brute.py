@@ -31,7 +31,8 @@ def space_size(prob: PlacementProblem) -> tuple[int, int]:
 
 
 def enumerable(prob: PlacementProblem) -> bool:
-    """Whether the exact method enumerates this block (`ENUMERATE_MAX_EVALS`)."""
+    """Whether the exact method enumerates this block (`ENUMERATE_MAX_EVALS` placements and
+    `ENUMERATE_MAX_SPLITS` splits at most)."""
     if prob.num_slots > 8:  # 9! alone is past the limit; no factorial of a large number
         return False
     perms, splits = space_size(prob)
@@ -53,10 +54,9 @@ def brute_force(prob: PlacementProblem, max_evals: int = 200_000,
         for p in itertools.permutations(range(prob.num_slots)):
             n += 1
             if deadline_s is not None and n % _CHECK_EVERY == 0 and work.now() >= deadline_s:
-                res = PlacementResult(None if arg is None else prob.plan(*arg), best,
-                                      prob.lower_bound_ms(), "time_limit", "enumeration",
-                                      time.perf_counter() - t0, iterations=n)
-                return res
+                return PlacementResult(None if arg is None else prob.plan(*arg), best,
+                                       prob.lower_bound_ms(), "time_limit", "enumeration",
+                                       time.perf_counter() - t0, iterations=n)
             c = prob.cost(p, lay)
             if c < best:
                 best, arg = c, (p, lay)

@@ -342,7 +342,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     solved = 0
     errors: list[str] = []  # solver failures caught per shape; the search goes on without them
     not_covered: dict[str, int] = {}  # blocks the MILP does not cover, by reason
-    enumerated = [0]  # blocks the exact method solved by enumeration (solvers.brute)
+    enumerated = [0]  # blocks the exact method settled by enumeration (solvers.brute)
 
     def failed(info, e: Exception) -> None:
         errors.append(f"{info.shape.describe()}: {type(e).__name__}: {e}")
@@ -418,7 +418,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 # small enough to try every placement and split: the block's optimum, proven
                 # by enumeration, in less time than the warm start alone (solvers.brute)
                 res = brute_force(prob, deadline_s=t0 + time_limit_s)
-                enumerated[0] += 1
+                enumerated[0] += res.termination != "time_limit"
             why_not = milp_supported(prob) if method == "exact" and res is None else None
             if why_not is not None:
                 not_covered[why_not] = not_covered.get(why_not, 0) + 1

@@ -578,7 +578,7 @@ def calibrate(
     prof, _ = fit(runs, names, gpus.pop(), prior=prior)
     save_profile(out, prof)
     if as_json:
-        render.echo_json({**prof.to_dict(), "written": str(out)})
+        render.echo_json({**prof.to_dict(), "written": str(out), "at_bound": prof.at_bounds()})
         return
     render.print_calibration(prof, out)
 

@@ -131,10 +131,16 @@ def print_calibration(prof, out) -> None:
     t = Table(title=f"Calibration for {prof.gpu} (written to {out})")
     for col in ("parameter", "value", "std. error"):
         t.add_column(col, justify="right" if col != "parameter" else "left")
+    edges = prof.at_bounds()
     for k, v in prof.values.items():
         e = prof.stderr.get(k)
-        t.add_row(k, f"{v:.4f}", "-" if e is None else f"{e:.4f}")
+        t.add_row(k, f"{v:.4f}" + (f" ({edges[k]} bound)" if k in edges else ""),
+                  "-" if e is None else f"{e:.4f}")
     con.print(t)
+    for k, edge in edges.items():
+        con.print(f"[yellow]{k} ended at its {edge} bound: the runs ask for more than its range "
+                  "allows; the cost model misses something in them, or a run's plan is not "
+                  "the plan that ran[/yellow]", highlight=False)
     t = Table(title="Runs: measured and predicted iteration time (s), before and after")
     for col in ("run", "measured", "before", "err", "after", "err", "memory GiB"):
         t.add_column(col, justify="right" if col != "run" else "left")

@@ -88,6 +88,18 @@ class Profile:
     kernels: list = field(default_factory=list)  # the probe's timed kernels
     prior_sd: dict = field(default_factory=dict)  # the prior the fit used (empty: none)
 
+    def at_bounds(self) -> dict[str, str]:
+        """Fitted parameters that ended on an edge of their range: name -> "lower" or
+        "upper" (the runs ask for more than the range allows)."""
+        out = {}
+        for k, v in self.values.items():
+            lo, hi = TIME_PARAMETERS.get(k, FRAGMENTATION_BOUNDS)
+            if v <= lo * (1 + 1e-6):
+                out[k] = "lower"
+            elif v >= hi * (1 - 1e-6):
+                out[k] = "upper"
+        return out
+
     def to_dict(self) -> dict:
         d = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": self.gpu,
              "parameters": {k: {"value": v, "stderr": self.stderr.get(k)}

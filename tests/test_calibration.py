@@ -94,6 +94,18 @@ def _runs(truth: dict, noise: float, seed: int, n: int):
     return out
 
 
+def test_a_parameter_the_runs_push_past_its_range_is_reported_at_its_bound():
+    """Runs 4x slower than the GEMM curve allows (gemm_scale 0.25 against a lower bound of
+    0.3): the fit ends on the bound and says so (the calibrate table and JSON name it)."""
+    runs = _runs({"gemm_scale": 0.25}, 0.0, seed=1, n=4)
+    prof, _ = fit(runs, ("gemm_scale",), "A100-80GB", prior=False, fit_fragmentation=False)
+    assert prof.values["gemm_scale"] == pytest.approx(0.3)
+    assert prof.at_bounds() == {"gemm_scale": "lower"}
+    good, _ = fit(_runs({"gemm_scale": 0.9}, 0.0, seed=1, n=4), ("gemm_scale",), "A100-80GB",
+                  prior=False, fit_fragmentation=False)
+    assert good.at_bounds() == {}
+
+
 def test_synthetic_round_trip_recovers_the_parameters():
     """Logs from the estimator with known parameters and 2% noise calibrate back to them within
     their reported uncertainty (3 standard errors), and 95% intervals on held-out plans

@@ -291,16 +291,6 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     return m, job, c
 
 
-def _check_fp8_weights(job, space) -> None:
-    """--fp8-param-gather with --zero stages that exclude the distributed optimizer: no plan
-    could use it; say so rather than search without it."""
-    from model.errors import SpecError
-    if job.fp8_param_gather and space.zero is not None and not set(space.zero) & {1, 2}:
-        raise SpecError("FP8 weights need the distributed optimizer (ZeRO 1 or 2) and --zero "
-                        f"allows {','.join(map(str, space.zero))}: add 1 or 2, or drop "
-                        "--fp8-param-gather", source="options", field="--fp8-param-gather")
-
-
 def _options(blocking: bool):
     from model.specs import Options
     return Options(blocking_p2p=blocking)
@@ -651,12 +641,12 @@ def validate(as_json: JsonOpt = False,
     s, moe = run_validate(profile=prof), validate_moe(profile=prof)
     dense = validate_dense_heldout(profile=prof)
     if as_json:
-        render.echo_json({**render.validate_json(s), "moe": render.validate_moe_json(moe),
-                          "dense_heldout": render.validate_moe_json(dense)})
+        render.echo_json({**render.validate_json(s), "moe": render.validate_heldout_json(moe),
+                          "dense_heldout": render.validate_heldout_json(dense)})
         return
     render.print_validate(s, verbose)
-    render.print_validate_moe(moe, verbose)
-    render.print_validate_moe(dense, verbose, kind="dense")
+    render.print_validate_heldout(moe, verbose)
+    render.print_validate_heldout(dense, verbose, kind="dense")
 
 
 @command()
@@ -744,7 +734,6 @@ def solve(
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep)
-    _check_fp8_weights(job, space)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
@@ -839,7 +828,6 @@ def compare(
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep)
-    _check_fp8_weights(job, space)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     opts = None

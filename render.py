@@ -336,7 +336,7 @@ def validate_json(s) -> dict:
         "oom_correct": list(s.oom_correct)}
 
 
-def validate_moe_json(s) -> dict:
+def validate_heldout_json(s) -> dict:
     """The held-out runs (mixture-of-experts or dense) of `validate --json`."""
     return {
         "runs": [{"id": x.id, "predicted_s": x.predicted_s, "published_s": x.published_s,
@@ -349,7 +349,7 @@ def validate_moe_json(s) -> dict:
         "time_median_pct": 100 * s.time_median, "oom_correct": list(s.oom_correct)}
 
 
-def print_validate_moe(s, verbose: bool, kind: str = "mixture of experts") -> None:
+def print_validate_heldout(s, verbose: bool, kind: str = "mixture of experts") -> None:
     """The held-out runs' table: the mixture-of-experts ones (with their all-to-all's share of
     the iteration) or, kind "dense", the dense H100/B200/GB200 ones."""
     moe = kind != "dense"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from model import work
 from model.cluster import ClusterSpec
-from model.errors import InfeasibleError
+from model.errors import InfeasibleError, SpecError
 from model.estimator import Evaluator, default_layers
 from model.plan import Plan, Shape, megatron_placement, num_microbatches
 from model.specs import JobSpec, ModelSpec, Options
@@ -278,6 +278,11 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     sweeps); the search then runs in this process (jobs=1)."""
     if clock not in ("wall", "work"):
         raise ValueError(f"clock must be 'wall' or 'work', not {clock!r}")
+    if job.fp8_param_gather and space.zero is not None and not set(space.zero) & {1, 2}:
+        # FP8 weights that no plan of the space could use: say so rather than search without
+        raise SpecError("FP8 weights need the distributed optimizer (ZeRO 1 or 2) and --zero "
+                        f"allows {','.join(map(str, space.zero))}: add 1 or 2, or drop "
+                        "--fp8-param-gather", source="options", field="--fp8-param-gather")
     if clock == "work" and not work.metering():
         with work.metered():
             return solve(model, job, cluster, method=method, time_limit_s=time_limit_s,

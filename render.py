@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 
 import typer
@@ -333,6 +334,7 @@ def validate_json(s) -> dict:
                                      for g, (m, n) in s.group_medians().items()},
         "table1_error_slope_pct_per_decade": s.size_trend(),
         "memory_median_pct": 100 * s.mem_median, "memory_max_pct": 100 * s.mem_max,
+        "memory_bloom_per_configuration_pct": [100 * e for e in s.config_mem_errs("bloom")],
         "oom_correct": list(s.oom_correct)}
 
 
@@ -413,6 +415,11 @@ def print_validate(s, verbose: bool) -> None:
               "stage 0; torchtitan: the largest over all GPUs)")
     con.print("  median by source group: " + ", ".join(
         f"{g} {100 * m:.1f}% ({n})" for g, (m, n) in s.group_medians("mem_err").items()))
+    conf = s.config_mem_errs("bloom")
+    if conf:
+        con.print(f"  BLOOM per configuration (one read twice, 44 and 38 GB: their mean): median "
+                  f"{100 * statistics.median(conf):.1f}%, max {100 * max(conf):.1f}% over "
+                  f"{len(conf)}")
     con.print(f"fits/OOM predicted correctly: {ok}/{n}")
 
 

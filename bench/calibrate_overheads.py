@@ -8,11 +8,23 @@ acceptable only when every OOM run is predicted above the GPU's memory and every
 within it; among those, the pair with the smallest worst relative error is chosen (ties: the
 smaller median). Prints the best pairs, then per run the reading, the prediction and its error
 for the best pair.
+
+    python bench/calibrate_overheads.py --joint
+
+The same search with each reading compared as what it measures, over both groups with memory
+readings: BLOOM's nvidia-smi (the device: context + (1 + fragmentation) x tensors; its one
+configuration read twice, 44 and 38 GB, by the mean of the two) and torchtitan's memory monitor
+(the allocator's reserved peak, torchtitan/metrics.py at 9dec370: (1 + fragmentation) x
+tensors, no context); a finer grid. Not the defaults' selection: see bench/README.md for what
+its choice does to the held-out runs.
 """
 
+import argparse
 import statistics
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -60,5 +72,78 @@ def main():
         print(f"  {rid:66s} {pub:5.0f} GB  {pred:6.1f} GiB  {100 * (pred - pub) / pub:+6.1f}%")
 
 
+JOINT_CONTEXT_GIB = [round(x, 2) for x in np.arange(0.5, 4.01, 0.25)]
+JOINT_FRAGMENTATION = [round(x, 2) for x in np.arange(0.10, 0.351, 0.01)]
+NO_ALLOWANCE = Options(overheads=Overheads(context_gib=0.0, fragmentation=0.0))
+
+
+def joint_readings():
+    """Per run: (id, group, configuration key, reading GiB or None, oom flag, the tensors of
+    each stage in GiB without any allowance, the GPU's memory)."""
+    out = []
+    for r in load_runs():
+        g = r["source_group"]
+        if _skip_reason(r) or not (g.startswith("bloom") or g.startswith("torchtitan")):
+            continue
+        model, job, cluster, plan, _notes = run_to_inputs(r)
+        tensors = [m.total_gib for m in Evaluator(model, job, cluster, plan.shape,
+                                                   NO_ALLOWANCE).memory]
+        key = (g, model, job, plan.shape)
+        out.append((r["id"], g, key, r.get("peak_memory"), r.get("oom"), tensors,
+                    min(nd.gpu.memory_gib for nd in cluster.nodes)))
+    return out
+
+
+def joint_evaluate(rows, ctx: float, frag: float):
+    """(every OOM outcome right, worst error, median error, per configuration (label,
+    reading, prediction)) for one allowance."""
+    ok, by = True, {}
+    for rid, g, key, pub, oom, tensors, limit in rows:
+        total = [ctx + (1 + frag) * t for t in tensors]
+        if oom is True:
+            ok &= max(total) > limit
+        elif oom is False or pub:
+            ok &= max(total) <= limit
+        if pub:
+            pred = (1 + frag) * max(tensors) if g.startswith("torchtitan") else total[0]
+            by.setdefault(key, (rid, [], pred))[1].append(float(pub))
+    conf = [(rid, statistics.fmean(pubs), pred) for rid, pubs, pred in by.values()]
+    errs = [abs(pred / pub - 1) for _rid, pub, pred in conf]
+    return ok, max(errs), statistics.median(errs), conf
+
+
+def joint():
+    rows = joint_readings()
+    n_read = sum(1 for r in rows if r[3])
+    n_conf = len({r[2] for r in rows if r[3]})
+    print(f"{len(rows)} BLOOM and torchtitan runs, {n_read} memory readings of {n_conf} "
+          "configurations")
+    results = []
+    for ctx in JOINT_CONTEXT_GIB:
+        for frag in JOINT_FRAGMENTATION:
+            ok, mx, med, conf = joint_evaluate(rows, ctx, frag)
+            results.append((not ok, mx, med, ctx, frag, conf))
+    results.sort(key=lambda x: x[:3])
+    print("max_err  median_err  context_gib  fragmentation  oom_ok")
+    for bad, mx, med, ctx, frag, _conf in results[:8]:
+        print(f"{mx:.4f}   {med:.4f}      {ctx:<11}  {frag:<13}  {not bad}")
+    best = results[0]
+    print(f"\nper configuration at context_gib={best[3]}, fragmentation={best[4]} (BLOOM: the "
+          "device, GB as written; torchtitan: the allocator's peak):")
+    for rid, pub, pred in best[5]:
+        print(f"  {rid:66s} {pub:5.1f}  {pred:6.1f} GiB  {100 * (pred - pub) / pub:+6.1f}%")
+    for group in ("bloom", "torchtitan"):
+        e = [abs(pred / pub - 1) for rid, pub, pred in best[5]
+             if rid.startswith(group)]
+        print(f"{group}: {len(e)} configurations, median {100 * statistics.median(e):.1f}%, "
+              f"max {100 * max(e):.1f}%")
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--joint", action="store_true",
+                    help="each reading as what it measures, BLOOM and torchtitan together")
+    if ap.parse_args().joint:
+        joint()
+    else:
+        main()

@@ -52,6 +52,7 @@ class Comparison:
     time_source: str = ""
     predicted_gib: float | None = None
     published_gib: float | None = None
+    config: tuple = ()  # the configuration run (model, layout, batch): repeated readings share it
     oom_published: bool | None = None
     predicted_fits: bool | None = None
     limit_gib: float | None = None
@@ -386,10 +387,13 @@ def compare_run(r: dict, options: Options | None = None,
         c.published_s, c.time_source = r["iteration_time_s"], "published"
     elif r.get("iteration_time_s_derived") is not None:
         c.published_s, c.time_source = r["iteration_time_s_derived"], "derived from TFLOP/s"
+    c.config = (model, job, plan.shape)
     if r.get("peak_memory") is not None:
-        # BLOOM: nvidia-smi on the first node, which holds stage 0 (see the README of the
-        # data); torchtitan: the maximum over all GPUs
         c.published_gib = float(r["peak_memory"])
+        # BLOOM: nvidia-smi on the first node, which holds stage 0 (the data's README); torchtitan:
+        # the maximum over all GPUs of its memory monitor, the allocator's reserved peak
+        # (torchtitan/metrics.py at 9dec370), compared here with the whole prediction, context
+        # included, as the allowance in use was chosen (bench/calibrate_overheads.py)
         c.predicted_gib = (est.peak_memory_gib if r["source_group"].startswith("torchtitan")
                            else est.stages[0].memory.total_gib)
     c.oom_published = r.get("oom")
@@ -424,6 +428,18 @@ class Summary:
     def mem_max(self):
         e = self._errs("mem_err")
         return max(e) if e else None
+
+    def config_mem_errs(self, group_prefix: str = "") -> list[float]:
+        """|memory error| per configuration of the rows whose group starts with
+        `group_prefix`: a configuration read more than once (BLOOM's DP 8 / TP 4 / PP 12 /
+        micro-batch 2 run, 44 and 38 GB in one table) is compared with the mean of its
+        readings, as one deterministic prediction cannot be compared with each."""
+        by: dict[tuple, list[Comparison]] = {}
+        for x in self.rows:
+            if x.mem_err is not None and x.group.startswith(group_prefix):
+                by.setdefault((x.group, x.config), []).append(x)
+        return [abs(v[0].predicted_gib / statistics.fmean(x.published_gib for x in v) - 1)
+                for v in by.values()]
 
     def group_medians(self, attr: str = "time_err") -> dict[str, tuple[float, int]]:
         """Median |iteration-time error| (or `attr`, e.g. "mem_err") and run count per source

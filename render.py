@@ -417,7 +417,8 @@ def print_validate(s, verbose: bool) -> None:
         f"{g} {100 * m:.1f}% ({n})" for g, (m, n) in s.group_medians("mem_err").items()))
     conf = s.config_mem_errs("bloom")
     if conf:
-        con.print(f"  BLOOM per configuration (one read twice, 44 and 38 GB: their mean): median "
+        con.print("  BLOOM per configuration (a configuration read more than once: the mean of "
+                  f"its readings): median "
                   f"{100 * statistics.median(conf):.1f}%, max {100 * max(conf):.1f}% over "
                   f"{len(conf)}")
     con.print(f"fits/OOM predicted correctly: {ok}/{n}")

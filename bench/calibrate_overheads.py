@@ -54,7 +54,8 @@ def evaluate(inputs, ctx, frag):
 
 
 def main():
-    runs = [r for r in load_runs() if not _skip_reason(r) and r["source_group"].startswith("bloom")]
+    runs = [r for r in load_runs()
+            if not _skip_reason(r) and r["source_group"].startswith("bloom")]
     inputs = [(r, run_to_inputs(r)) for r in runs]
     results = []
     for ctx in CONTEXT_GIB:

@@ -390,10 +390,11 @@ def compare_run(r: dict, options: Options | None = None,
     c.config = (model, job, plan.shape)
     if r.get("peak_memory") is not None:
         c.published_gib = float(r["peak_memory"])
-        # BLOOM: nvidia-smi on the first node, which holds stage 0 (the data's README); torchtitan:
-        # the maximum over all GPUs of its memory monitor, the allocator's reserved peak
-        # (torchtitan/metrics.py at 9dec370), compared here with the whole prediction, context
-        # included, as the allowance in use was chosen (bench/calibrate_overheads.py)
+        # BLOOM: nvidia-smi on the first node, which holds stage 0 (the data's README);
+        # torchtitan: the maximum over all GPUs of its memory monitor, the allocator's reserved
+        # peak (torchtitan/metrics.py at 9dec370), compared here with the whole prediction,
+        # context included, as the allowance in use was chosen (bench/calibrate_overheads.py;
+        # its --joint mode compares it without the context)
         c.predicted_gib = (est.peak_memory_gib if r["source_group"].startswith("torchtitan")
                            else est.stages[0].memory.total_gib)
     c.oom_published = r.get("oom")

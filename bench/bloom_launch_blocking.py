@@ -34,10 +34,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from formats.published import _skip_reason, load_runs, run_to_inputs  # noqa: E402
+from model.calibration import NOISE_SD, PRIOR_SD  # noqa: E402
 from model.estimator import estimate  # noqa: E402
-
-PRIOR_SD_A = 0.15  # as calibration.PRIOR_SD["gemm_scale"]
-NOISE = 0.05  # as calibration.NOISE_SD
 
 
 def bloom_rows():
@@ -51,8 +49,7 @@ def bloom_rows():
         model, job, cluster, plan, _notes = run_to_inputs(r)
         sh = plan.shape
         est = estimate(model, job, cluster, plan)
-        layers = max(sum(plan.layers[c * sh.pp + s] for c in range(sh.chunks))
-                     for s in range(sh.pp))
+        layers = max(sh.stage_layers(s) for s in range(sh.pp))
         micro = job.global_batch // (sh.dp * sh.micro_batch)
         rows.append(dict(id=r["id"], group=r["source_group"], tp=sh.tp, pp=sh.pp, dp=sh.dp,
                          mbs=sh.micro_batch, n=layers * micro, pred=est.iteration_ms / 1e3,
@@ -67,7 +64,7 @@ def fit(P, M, F, idx, prior: bool):
     X = np.stack(cols, axis=1)[idx] / M[idx, None]
     y = np.ones(len(idx))
     if prior:
-        w = NOISE / PRIOR_SD_A
+        w = NOISE_SD / PRIOR_SD["gemm_scale"]
         X = np.vstack([X, np.r_[w, np.zeros(X.shape[1] - 1)]])
         y = np.r_[y, w]
     coef = np.linalg.lstsq(X, y, rcond=None)[0]

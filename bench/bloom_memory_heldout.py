@@ -79,14 +79,11 @@ def main() -> None:
         r = record(row, bases)
         model, job, cluster, plan, _notes = run_to_inputs(r)
         est = estimate(model, job, cluster, plan, options)
-        limit = min(nd.gpu.memory_gib for nd in cluster.nodes)
-        peak = max(st.memory.total_gib for st in est.stages)
         stage0 = est.stages[0].memory.total_gib
-        fits = peak <= limit
-        oom_ok.append(fits != row["oom"])
-        outcome = f"{'OOM' if row['oom'] else 'ran'}/{'fits' if fits else 'OOM'}"
+        oom_ok.append(est.fits != row["oom"])
+        outcome = f"{'OOM' if row['oom'] else 'ran'}/{'fits' if est.fits else 'OOM'}"
         if row["memory_gb"] is None:
-            print(f"{r['id']:<52} {'-':>6} {peak:8.1f} {'':>7}   {outcome}")
+            print(f"{r['id']:<52} {'-':>6} {est.peak_memory_gib:8.1f} {'':>7}   {outcome}")
             continue
         e = 100 * (stage0 - row["memory_gb"]) / row["memory_gb"]
         errs.setdefault((row["precision"], row["tp"]), []).append(e)

@@ -53,21 +53,29 @@ def evaluate(inputs, ctx, frag):
     return max(errs), statistics.median(errs), ok, rows
 
 
+def search(score, contexts, fragmentations):
+    """Every (context, fragmentation) pair scored by `score` -> (worst error, median error,
+    every OOM outcome right, per-row detail); prints the best 8 (outcomes right first, then the
+    smaller worst error, then the smaller median) and returns the best as (not ok, worst,
+    median, context, fragmentation, detail)."""
+    results = []
+    for ctx in contexts:
+        for frag in fragmentations:
+            mx, med, ok, detail = score(ctx, frag)
+            results.append((not ok, mx, med, ctx, frag, detail))
+    results.sort(key=lambda x: x[:3])
+    print("max_err  median_err  context_gib  fragmentation  oom_ok")
+    for bad, mx, med, ctx, frag, _detail in results[:8]:
+        print(f"{mx:.4f}   {med:.4f}      {ctx:<11}  {frag:<13}  {not bad}")
+    return results[0]
+
+
 def main():
     runs = [r for r in load_runs()
             if not _skip_reason(r) and r["source_group"].startswith("bloom")]
     inputs = [(r, run_to_inputs(r)) for r in runs]
-    results = []
-    for ctx in CONTEXT_GIB:
-        for frag in FRAGMENTATION:
-            mx, med, ok, rows = evaluate(inputs, ctx, frag)
-            results.append((not ok, mx, med, ctx, frag, rows))
-    results.sort(key=lambda x: x[:3])
     print(f"{len(runs)} BLOOM runs, {sum(1 for r in runs if r.get('peak_memory'))} with a reading")
-    print("max_err  median_err  context_gib  fragmentation  oom_ok")
-    for bad, mx, med, ctx, frag, _rows in results[:8]:
-        print(f"{mx:.4f}   {med:.4f}      {ctx:<11}  {frag:<13}  {not bad}")
-    best = results[0]
+    best = search(lambda ctx, frag: evaluate(inputs, ctx, frag), CONTEXT_GIB, FRAGMENTATION)
     print(f"\nper run at context_gib={best[3]}, fragmentation={best[4]}:")
     for rid, pub, pred in best[5]:
         print(f"  {rid:66s} {pub:5.0f} GB  {pred:6.1f} GiB  {100 * (pred - pub) / pub:+6.1f}%")
@@ -96,8 +104,8 @@ def joint_readings():
 
 
 def joint_evaluate(rows, ctx: float, frag: float):
-    """(every OOM outcome right, worst error, median error, per configuration (label,
-    reading, prediction)) for one allowance."""
+    """(worst error, median error, every OOM outcome right, per configuration (label,
+    reading, prediction)) for one allowance, as `evaluate` returns them."""
     ok, by = True, {}
     for rid, g, key, pub, oom, tensors, limit in rows:
         total = [ctx + (1 + frag) * t for t in tensors]
@@ -110,7 +118,7 @@ def joint_evaluate(rows, ctx: float, frag: float):
             by.setdefault(key, (rid, [], pred))[1].append(float(pub))
     conf = [(rid, statistics.fmean(pubs), pred) for rid, pubs, pred in by.values()]
     errs = [abs(pred / pub - 1) for _rid, pub, pred in conf]
-    return ok, max(errs), statistics.median(errs), conf
+    return max(errs), statistics.median(errs), ok, conf
 
 
 def joint():
@@ -119,16 +127,8 @@ def joint():
     n_conf = len({r[2] for r in rows if r[3]})
     print(f"{len(rows)} BLOOM and torchtitan runs, {n_read} memory readings of {n_conf} "
           "configurations")
-    results = []
-    for ctx in JOINT_CONTEXT_GIB:
-        for frag in JOINT_FRAGMENTATION:
-            ok, mx, med, conf = joint_evaluate(rows, ctx, frag)
-            results.append((not ok, mx, med, ctx, frag, conf))
-    results.sort(key=lambda x: x[:3])
-    print("max_err  median_err  context_gib  fragmentation  oom_ok")
-    for bad, mx, med, ctx, frag, _conf in results[:8]:
-        print(f"{mx:.4f}   {med:.4f}      {ctx:<11}  {frag:<13}  {not bad}")
-    best = results[0]
+    best = search(lambda ctx, frag: joint_evaluate(rows, ctx, frag), JOINT_CONTEXT_GIB,
+                  JOINT_FRAGMENTATION)
     print(f"\nper configuration at context_gib={best[3]}, fragmentation={best[4]} (BLOOM: the "
           "device, GB as written; torchtitan: the allocator's peak):")
     for rid, pub, pred in best[5]:

@@ -5,8 +5,8 @@
 data/published_bloom_memory_heldout.json holds the memory readings of the other dated tables
 of BigScience's chronicles-prequel.md (02-21 to 02-28: other micro-batches, head counts, hidden
 sizes and depths, ZeRO stage 0, the BF16 optimizer, two more out-of-memory runs). Each row is
-built as the reference set's 02-25 rows are (formats/published.py run_to_inputs, from the
-reference row it most resembles, with the row's shape and layout in place) and its stage-0
+built as the reference set's 02-25 rows are (formats/published.py bloom_heldout_record and
+run_to_inputs: the reference row of its precision with the row's shape and layout in place) and its stage-0
 memory (the first node's nvidia-smi) is set against the reading; out-of-memory rows check that
 some stage is predicted above the GPU. Nothing is fitted to these rows; the allowance in use
 (bench/calibrate_overheads.py) was chosen on the reference set's readings alone.
@@ -18,47 +18,16 @@ by tensor-parallel size and precision, and the out-of-memory outcomes. `--contex
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from formats import presets  # noqa: E402
-from formats.published import load_runs, run_to_inputs  # noqa: E402
+from formats.published import (bloom_heldout_record, load_bloom_heldout, load_runs,  # noqa: E402
+                               run_to_inputs)
 from model.estimator import estimate  # noqa: E402
 from model.specs import Options, Overheads  # noqa: E402
-
-BASE_FP16 = "bloom_prequel_02-25_181B_h14336_l72_dp12_tp8_pp4_mbs2_nh64"
-BASE_BF16 = "bloom176b_production"  # the BF16 optimizer, its sharding and pipeline split
-
-
-def load() -> dict:
-    with open(presets.data_path("published_bloom_memory_heldout.json")) as f:
-        return json.load(f)
-
-
-def record(row: dict, bases: dict) -> dict:
-    """A reference-set-shaped record for one held-out row."""
-    r = copy.deepcopy(bases[BASE_BF16 if row["precision"] == "bf16" else BASE_FP16])
-    r.update(id=f"{row['date']} h{row['hidden_size']} l{row['num_layers']} "
-                f"nh{row['num_attention_heads']} dp{row['dp']} tp{row['tp']} pp{row['pp']} "
-                f"mbs{row['micro_batch_size']} gbs{row['global_batch_size']}"
-                + (" zero0" if row["zero_stage"] == 0 else ""),
-             hidden_size=row["hidden_size"], num_layers=row["num_layers"],
-             num_attention_heads=row["num_attention_heads"],
-             num_kv_heads=row["num_attention_heads"], ffn_hidden_size=4 * row["hidden_size"],
-             dp=row["dp"], tp=row["tp"], pp=row["pp"], num_gpus=row["dp"] * row["tp"] * row["pp"],
-             micro_batch_size=row["micro_batch_size"],
-             global_batch_size=row["global_batch_size"],
-             pipeline_schedule=f"DeepSpeed pipeline engine, --pp-partition-method "
-                               f"'{row['partition_method']}'")
-    if row["zero_stage"] == 0:
-        r["dp_sharding"] = "none"
-    return r
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -68,15 +37,15 @@ def main() -> None:
     args = ap.parse_args()
     options = Options(overheads=Overheads(context_gib=args.context_gib,
                                           fragmentation=args.fragmentation))
-    doc = load()
-    bases = {r["id"]: r for r in load_runs() if r["id"] in (BASE_FP16, BASE_BF16)}
+    doc = load_bloom_heldout("memory")
+    runs = load_runs()
     print(f"{len(doc['rows'])} held-out rows ({doc['source_url']}); allowance: context "
           f"{args.context_gib} GiB, fragmentation {args.fragmentation}\n")
     print(f"{'row':<52} {'pub GB':>6} {'pred GiB':>8} {'err':>7}   OOM pub/pred")
     errs: dict[tuple, list[float]] = {}
     oom_ok = []
     for row in doc["rows"]:
-        r = record(row, bases)
+        r = bloom_heldout_record(row, runs)
         model, job, cluster, plan, _notes = run_to_inputs(r)
         est = estimate(model, job, cluster, plan, options)
         stage0 = est.stages[0].memory.total_gib

@@ -19,6 +19,7 @@ Cluster bandwidths per source group (per GPU, one direction):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -97,6 +98,45 @@ def load_dense_heldout_runs() -> list[dict]:
     them."""
     with open(presets.data_path("published_dense_heldout_runs.json")) as f:
         return json.load(f)
+
+
+def load_bloom_heldout(kind: str) -> dict:
+    """BLOOM's pre-launch readings that are not in the reference set
+    (data/published_bloom_{kind}_heldout.json, kind "memory" or "time"): kept apart to judge
+    the model with; nothing is fitted to them."""
+    with open(presets.data_path(f"published_bloom_{kind}_heldout.json")) as f:
+        return json.load(f)
+
+
+# The reference rows a held-out BLOOM row is built from: fp16 rows from a 02-25 row (ZeRO-1,
+# partition_method 'type:transformer'), bf16 rows from the production run (the BF16 optimizer,
+# its sharding and pipeline split)
+BLOOM_HELDOUT_BASES = {"fp16": "bloom_prequel_02-25_181B_h14336_l72_dp12_tp8_pp4_mbs2_nh64",
+                       "bf16": "bloom176b_production"}
+
+
+def bloom_heldout_record(row: dict, runs: list[dict] | None = None) -> dict:
+    """A reference-set-shaped record for one held-out BLOOM row: its base run
+    (BLOOM_HELDOUT_BASES by precision) with the row's shape, layout, batch and pipeline
+    partition method in place."""
+    base_id = BLOOM_HELDOUT_BASES[row["precision"]]
+    base = next(r for r in (runs if runs is not None else load_runs()) if r["id"] == base_id)
+    r = copy.deepcopy(base)
+    r.update(id=f"{row['date']} h{row['hidden_size']} l{row['num_layers']} "
+                f"nh{row['num_attention_heads']} dp{row['dp']} tp{row['tp']} pp{row['pp']} "
+                f"mbs{row['micro_batch_size']} gbs{row['global_batch_size']}"
+                + (" zero0" if row["zero_stage"] == 0 else ""),
+             hidden_size=row["hidden_size"], num_layers=row["num_layers"],
+             num_attention_heads=row["num_attention_heads"],
+             num_kv_heads=row["num_attention_heads"], ffn_hidden_size=4 * row["hidden_size"],
+             dp=row["dp"], tp=row["tp"], pp=row["pp"], num_gpus=row["dp"] * row["tp"] * row["pp"],
+             micro_batch_size=row["micro_batch_size"],
+             global_batch_size=row["global_batch_size"],
+             pipeline_schedule=f"DeepSpeed pipeline engine, --pp-partition-method "
+                               f"'{row['partition_method']}'")
+    if row["zero_stage"] == 0:
+        r["dp_sharding"] = "none"
+    return r
 
 
 def _skip_reason(r: dict) -> str | None:

@@ -142,3 +142,46 @@ def test_bloom_memory_heldout_bench_builds_every_row():
     assert sum(1 for line in out.splitlines() if line.startswith("02-")) == len(rows) >= 40
     assert f"over {sum(1 for r in rows if r['memory_gb'])} readings" in out
     assert "fits/OOM predicted correctly: " in out and f"/{len(rows)}" in out
+
+
+def test_bloom_time_heldout_rows_give_back_their_tflops():
+    """data/published_bloom_time_heldout.json, transcribed by hand: every row from 02-21 on
+    (after bigscience-workshop/Megatron-DeepSpeed PR #251) must give back its published
+    TFLOPs from its shape, batch, GPU count and seconds per iteration through the formula that
+    logged them, 96 B s l h^2 (1 + s/6h + V/16lh) (Narayanan et al. 2021 eq. 3 with full
+    recompute; sequence 2048, vocabulary 250,880). A mistyped digit anywhere fails it."""
+    from formats.published import load_bloom_heldout
+
+    rows = load_bloom_heldout("time")["rows"]
+    checked = 0
+    for r in rows:
+        if r["date"] < "02-21":
+            continue
+        b, s, l, h, v = r["global_batch_size"], 2048, r["num_layers"], r["hidden_size"], 250880
+        flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        gpus = r["dp"] * r["tp"] * r["pp"]
+        tflops = flops / (r["sec_per_iteration"] * gpus) / 1e12
+        assert abs(tflops / r["tflops_published"] - 1) < 2e-3, r["line"]
+        checked += 1
+    assert checked >= 80 and len(rows) == len({r["line"] for r in rows})
+
+
+def test_bloom_time_residuals_bench_builds_every_row():
+    """bench/bloom_time_residuals.py: each held-out BLOOM time becomes a plan the estimator
+    prices (no row dropped), and the bench prints the in-sample, held-out and launch-blocking
+    parts."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from formats.published import load_bloom_heldout
+
+    root = Path(__file__).resolve().parents[1]
+    doc = load_bloom_heldout("time")
+    out = subprocess.run([sys.executable, str(root / "bench" / "bloom_time_residuals.py")],
+                         capture_output=True, text=True, check=True).stdout
+    held = out.split("2. Held out")[1].split("the model: all")[0]
+    assert sum(1 for line in held.splitlines() if line.startswith("02-")) == len(doc["rows"])
+    assert f"the model: all {len(doc['rows'])} rows" in out
+    assert "head dimension not a multiple of 8" in out and "3. Launch blocking" in out
+    assert out.count("blocking/async") == 1

@@ -1,0 +1,230 @@
+"""What BLOOM's time residuals follow: in the reference set, on readings held out, and what
+launch blocking costs as BigScience measured it.
+
+    python bench/bloom_time_residuals.py
+
+1. In-sample. The BLOOM runs of data/published_runs.json; N = (layers of the fullest stage) x
+   (micro-batches per pipeline), about the kernels one GPU runs per iteration whatever their
+   size. Three forms, fitted by least squares on the relative error (nothing in the model is
+   changed):
+     t = a x predicted            (a scale only),
+     t = a x predicted + c x N    (a cost per layer and micro-batch),
+     t = a x predicted + c x N x TP,
+   with per run the error of each, and for each form the median error of the runs left out
+   when it is fitted on 3 of the 14 pre-launch runs (every choice of 3; a prior keeps a near
+   1, sd 0.15, as `calibrate`'s on gemm_scale).
+2. Held out. data/published_bloom_time_heldout.json: 97 iteration times from the same
+   document's other tables (02-17 to 02-28), built as the reference rows are
+   (formats/published.py bloom_heldout_record). Per row the model's error; medians overall,
+   for rows whose head dimension is not a multiple of 8 elements (16 bytes in 16-bit: "Performance
+   is better when equivalent matrix dimensions M, N, and K are aligned to multiples of 16 bytes",
+   NVIDIA Matrix Multiplication Background User's Guide, Tensor Core Requirements; the eager
+   attention's batched GEMMs run with the head dimension as K and N, and the cost model assumes
+   aligned shapes), and for the aligned rows before and from 02-25 (the document: that day
+   the nodes' "PCI-Express/NUMA was improved ... (1-5%)"). Then the two forms of 1, as fitted
+   there on the reference runs, applied unchanged to the aligned held-out rows.
+3. Launch blocking. BigScience ran BLOOM with CUDA_LAUNCH_BLOCKING=1 (the production script:
+   "do not remove or the training will hang", train/tr11-176B-ml/tr11-176B-ml.slurm). The
+   document measured its cost on the 200B model (its `launch_blocking` table, TFLOPs at one
+   iteration). This part turns those TFLOPs into seconds per iteration (the same model's 02-17
+   row reads 844.81 s at 98.87 TFLOPs on 80 GPUs at GBS 2048, in the same formula), prints the
+   blocking / async ratio, and what the c x N of 1 would add on those runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from formats.published import (_skip_reason, bloom_heldout_record,  # noqa: E402
+                                load_bloom_heldout, load_runs, run_to_inputs)
+from model.calibration import NOISE_SD, PRIOR_SD  # noqa: E402
+from model.estimator import estimate  # noqa: E402
+
+ALIGN_ELEMENTS = 8  # 16 bytes of a 16-bit element (module docstring)
+# the 200B model's 02-17 reading that converts the launch-blocking table's TFLOPs to seconds:
+# (seconds per iteration, TFLOPs, GPUs, global batch); chronicles-prequel.md, "Best TFLOPs"
+REF_200B = (844.81, 98.87, 80, 2048)
+MODEL_200B = dict(layers=80, tp=8, pp=10, micro_batch=1)  # the 02-17 section's 200B runs
+
+
+def _n(job, shape) -> int:
+    """Layers of the fullest stage x micro-batches per pipeline."""
+    layers = max(shape.stage_layers(s) for s in range(shape.pp))
+    return layers * (job.global_batch // (shape.dp * shape.micro_batch))
+
+
+def bloom_rows():
+    rows = []
+    for r in load_runs():
+        if _skip_reason(r) or r.get("oom") or not r["source_group"].startswith("bloom"):
+            continue
+        pub = r.get("iteration_time_s") or r.get("iteration_time_s_derived")
+        if pub is None:
+            continue
+        model, job, cluster, plan, _notes = run_to_inputs(r)
+        sh = plan.shape
+        est = estimate(model, job, cluster, plan)
+        rows.append(dict(id=r["id"], group=r["source_group"], tp=sh.tp, pp=sh.pp, dp=sh.dp,
+                         mbs=sh.micro_batch, n=_n(job, sh), pred=est.iteration_ms / 1e3,
+                         pub=float(pub)))
+    return rows
+
+
+def heldout_rows():
+    runs = load_runs()
+    rows = []
+    for row in load_bloom_heldout("time")["rows"]:
+        model, job, cluster, plan, _notes = run_to_inputs(bloom_heldout_record(row, runs))
+        sh = plan.shape
+        head_dim = row["hidden_size"] // row["num_attention_heads"]
+        rows.append(dict(row=row, tp=sh.tp, n=_n(job, sh), head_dim=head_dim,
+                         aligned=head_dim % ALIGN_ELEMENTS == 0,
+                         pred=estimate(model, job, cluster, plan).iteration_ms / 1e3,
+                         pub=row["sec_per_iteration"]))
+    return rows
+
+
+def fit(P, M, F, idx, prior: bool):
+    """Least squares on (a P + c F) / M - 1 over `idx`, c >= 0; with `prior`, one more row
+    (noise / sd) (a - 1)."""
+    cols = [P] + ([F] if F is not None else [])
+    X = np.stack(cols, axis=1)[idx] / M[idx, None]
+    y = np.ones(len(idx))
+    if prior:
+        w = NOISE_SD / PRIOR_SD["gemm_scale"]
+        X = np.vstack([X, np.r_[w, np.zeros(X.shape[1] - 1)]])
+        y = np.r_[y, w]
+    coef = np.linalg.lstsq(X, y, rcond=None)[0]
+    if F is not None and coef[1] < 0:  # no negative cost: the scale alone
+        coef = np.r_[np.linalg.lstsq(X[:, :1], y, rcond=None)[0], 0.0]
+    return coef
+
+
+def predict(coef, P, F):
+    return coef[0] * P + (coef[1] * F if F is not None else 0.0)
+
+
+def _summary(errs: list[float]) -> str:
+    if not errs:
+        return "no rows"
+    return (f"{len(errs):2d} rows, median |error| {100 * statistics.median(map(abs, errs)):4.1f}%,"
+            f" signed {100 * statistics.median(errs):+5.1f}%")
+
+
+def in_sample() -> dict:
+    rows = bloom_rows()
+    P = np.array([r["pred"] for r in rows])
+    M = np.array([r["pub"] for r in rows])
+    N = np.array([r["n"] for r in rows], dtype=float)
+    T = np.array([r["tp"] for r in rows], dtype=float)
+    forms = {"scale": None, "+ c N": N, "+ c N TP": N * T}
+    everything = list(range(len(rows)))
+    fits = {k: fit(P, M, F, everything, prior=False) for k, F in forms.items()}
+    errs = {k: 100 * (predict(fits[k], P, F) / M - 1) for k, F in forms.items()}
+    base = 100 * (P / M - 1)
+    print(f"1. In-sample: {len(rows)} BLOOM runs with a time; N = layers of the fullest stage x "
+          "micro-batches")
+    print(f"{'run':<58} {'TP':>2} {'PP':>2} {'DP':>2} {'mbs':>3} {'N':>5} {'model':>7} "
+          + " ".join(f"{k:>9}" for k in forms))
+    for i, r in enumerate(rows):
+        print(f"{r['id'][:58]:<58} {r['tp']:2d} {r['pp']:2d} {r['dp']:2d} {r['mbs']:3d} "
+              f"{r['n']:5d} {base[i]:+6.1f}% " + " ".join(f"{errs[k][i]:+8.1f}%" for k in forms))
+    print(f"\n{'':<58} median |error|: model {np.median(abs(base)):.1f}%, " + ", ".join(
+        f"{k} {np.median(abs(errs[k])):.1f}%" for k in forms))
+    for k, F in forms.items():
+        c = fits[k]
+        extra = "" if F is None else f", c = {1e3 * c[1]:.2f} ms per layer and micro-batch" + (
+            " per TP rank" if k.endswith("TP") else "")
+        print(f"  {k:<9} fitted on all: a = {c[0]:.3f}{extra}")
+    pre = [i for i, r in enumerate(rows) if r["group"] == "bloom_prequel_02-25"]
+    print(f"\nfitted on 3 of the {len(pre)} pre-launch runs (every choice of 3, with the prior on "
+          "a), median |error| of the others:")
+    for k, F in forms.items():
+        meds = []
+        for pick in itertools.combinations(pre, 3):
+            coef = fit(P, M, F, list(pick), prior=True)
+            rest = [i for i in pre if i not in pick]
+            meds.append(statistics.median(abs(predict(coef, P, F)[rest] / M[rest] - 1)))
+        print(f"  {k:<9} median {100 * statistics.median(meds):.1f}%, mean "
+              f"{100 * statistics.fmean(meds):.1f}% over {len(meds)} choices")
+    before = statistics.median(abs(P[pre] / M[pre] - 1))
+    print(f"  (the model as it is: {100 * before:.1f}% over the {len(pre)})")
+    return fits
+
+
+def held_out(fits: dict) -> None:
+    rows = heldout_rows()
+    print(f"\n2. Held out: {len(rows)} iteration times of the same document's other tables "
+          "(data/published_bloom_time_heldout.json)")
+    print(f"{'row':<52} {'line':>4} {'hd':>4} {'N':>5} {'pub s':>7} {'pred s':>7} {'err':>7}")
+    for x in rows:
+        r = x["row"]
+        rid = (f"{r['date']} {r['precision']} h{r['hidden_size']} l{r['num_layers']} "
+               f"nh{r['num_attention_heads']} {r['dp']}x{r['tp']}x{r['pp']} mbs"
+               f"{r['micro_batch_size']} gbs{r['global_batch_size']}")
+        flag = "" if x["aligned"] else "*"
+        print(f"{rid:<52} {r['line']:4d} {x['head_dim']:3d}{flag:1} {x['n']:5d} {x['pub']:7.2f} "
+              f"{x['pred']:7.2f} {100 * (x['pred'] / x['pub'] - 1):+6.1f}%")
+    err = {id(x): x["pred"] / x["pub"] - 1 for x in rows}
+    aligned = [x for x in rows if x["aligned"]]
+    early = [x for x in aligned if x["row"]["date"] < "02-25"]
+    late = [x for x in aligned if x["row"]["date"] >= "02-25"]
+    print(f"\nthe model: all {_summary([err[id(x)] for x in rows])}")
+    print(f"  head dimension not a multiple of {ALIGN_ELEMENTS} (* above): "
+          f"{_summary([err[id(x)] for x in rows if not x['aligned']])}")
+    print(f"  aligned: {_summary([err[id(x)] for x in aligned])}")
+    print(f"    before 02-25: {_summary([err[id(x)] for x in early])}")
+    print(f"    from 02-25:   {_summary([err[id(x)] for x in late])}")
+    for prec in ("fp16", "bf16"):
+        print(f"    {prec}:         "
+              f"{_summary([err[id(x)] for x in aligned if x['row']['precision'] == prec])}")
+    print("\nthe forms of 1, fitted on the reference runs, applied unchanged to the aligned rows:")
+    for k in ("+ c N", "+ c N TP"):
+        a, c = fits[k]
+        out = {}
+        for name, sel in (("all", aligned), ("before 02-25", early), ("from 02-25", late)):
+            out[name] = [(a * x["pred"] + c * x["n"] * (x["tp"] if k.endswith("TP") else 1))
+                         / x["pub"] - 1 for x in sel]
+        print(f"  {k:<9} all {_summary(out['all'])}")
+        for name in ("before 02-25", "from 02-25"):
+            print(f"  {'':<9}   {name}: {_summary(out[name])}")
+
+
+def launch_blocking(fits: dict) -> None:
+    doc = load_bloom_heldout("time")
+    t_ref, tf_ref, gpus_ref, gbs_ref = REF_200B
+    print("\n3. Launch blocking as BigScience measured it (200B, TP 8 x PP 10, micro-batch 1; "
+          "'dealing with JZ hanging')")
+    print(f"{'GPUs':>4} {'GBS':>5} {'blocking s':>10} {'async s':>8} {'blocking/async':>14} "
+          f"{'N':>6} {'c N of 1 (s)':>12}")
+    a, c = fits["+ c N"]
+    by = {}
+    for x in doc["launch_blocking"]:
+        sec = t_ref * tf_ref / x["tflops_published"] * (x["global_batch_size"] / gbs_ref) * (
+            gpus_ref / x["gpus"])
+        by.setdefault((x["gpus"], x["global_batch_size"]), {})[x["async_launch"]] = sec
+    for (gpus, gbs), v in sorted(by.items()):
+        dp = gpus // (MODEL_200B["tp"] * MODEL_200B["pp"])
+        n = MODEL_200B["layers"] // MODEL_200B["pp"] * gbs // (dp * MODEL_200B["micro_batch"])
+        blocking, asynchronous = v.get(False), v.get(True)
+        ratio = f"{blocking / asynchronous:14.3f}" if blocking and asynchronous else f"{'-':>14}"
+        print(f"{gpus:4d} {gbs:5d} {blocking or float('nan'):10.1f} "
+              f"{asynchronous or float('nan'):8.1f} {ratio} {n:6d} {c * n:12.1f}")
+    print(f"  (c = {1e3 * c:.2f} ms per layer and micro-batch, the in-sample fit of 1)")
+
+
+def main() -> None:
+    fits = in_sample()
+    held_out(fits)
+    launch_blocking(fits)
+
+
+if __name__ == "__main__":
+    main()

@@ -400,14 +400,16 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     """Write the outputs asked for, then print the estimate and what was written."""
     from launch.outputs import write_outputs
 
+    from model.compute import shape_warnings
+
     files, warnings = [], []
     if any(outputs.get(k) is not None
            for k in ("save_plan", "emit", "out", "gantt", "placement_png")):
         files, warnings = write_outputs(m, job, c, plan, est, opts, solver=solver,
                                         calibration=calibration, **outputs)
+    warnings = [*shape_warnings(m, job, plan.shape), *warnings]
     if as_json:
-        d = render.estimate_json(m, c, plan, est, files if files else None,
-                                 warnings if files else None)
+        d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
         if interval is not None:
             d["interval_s"] = {"estimate": interval[0], "low": interval[1], "high": interval[2],
                                "level": 0.95, "profile": calibration["profile"]}
@@ -746,6 +748,9 @@ def solve(
                                     placement_png=placement_png, solver=res.status_dict(),
                                     calibration=cal, force=force, tokenizer=tokenizer,
                                     version=framework_version)
+    if res.plan is not None:
+        from model.compute import shape_warnings
+        warnings = [*shape_warnings(m, job, res.plan.shape), *warnings]
     if job.fp8_param_gather and res.plan is not None:
         from model.memory import fp8_params_apply
         if not fp8_params_apply(job, res.plan.shape):

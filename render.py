@@ -102,7 +102,9 @@ def estimate_json(model, cluster, plan, est, files=None, warnings=None) -> dict:
     d = {"model": model.name, "cluster": cluster.name, "plan": plan_to_dict(plan, cluster),
          "estimate": estimate_to_dict(est)}
     if files is not None:
-        d.update(files=[str(p) for p in files], warnings=list(warnings or ()))
+        d["files"] = [str(p) for p in files]
+    if files is not None or warnings:
+        d["warnings"] = list(warnings or ())
     return d
 
 

@@ -1,7 +1,7 @@
 """Calibration on a few runs of a group, judged on the group's other runs.
 
     python bench/calibration_loo.py [--k 3] [--fit gemm_scale,network_scale] [--draws 5]
-                                    [--no-prior] [--floor]
+                                    [--no-prior] [--floor] [--bloom-heldout]
 
 For every source group of data/published_runs.json with at least 5 runs that have a time: draw
 k runs (seeded, `--draws` times), fit the named parameters on them (model/calibration.py, the
@@ -10,6 +10,10 @@ drops its prior), and
 predict the group's other runs. Prints per group the median |time error| of the held-out runs
 before (presets) and after, the median over the draws, and the fitted values of the first
 draw. The issue's goal: after, at most 5% for every group with 5+ runs.
+
+`--bloom-heldout` also judges each BLOOM draw's fit on the 83 held-out BLOOM iteration times
+whose head dimension is a multiple of 8 (data/published_bloom_time_heldout.json; the other 14 run
+kernels the model does not price: bench/bloom_time_residuals.py), before and after.
 
 `--floor` adds what no draw of k runs can beat by calibrating these parameters: the median
 |time error| over all of the group's runs when the parameters are fitted on all of them (no
@@ -28,7 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from formats.published import _skip_reason, load_runs, run_to_inputs  # noqa: E402
+from formats.published import (_skip_reason, bloom_heldout_record,  # noqa: E402
+                                load_bloom_heldout, load_runs, run_to_inputs)
 from model.calibration import TIME_PARAMETERS, Run, _predict, fit  # noqa: E402
 from model.specs import Options  # noqa: E402
 
@@ -45,6 +50,19 @@ def group_runs() -> dict[str, list[Run]]:
         groups.setdefault(r["source_group"], []).append(
             Run(model, job, cluster, plan, Options(), float(pub), label=r["id"]))
     return {g: v for g, v in groups.items() if len(v) >= 5}
+
+
+def bloom_heldout_runs() -> list[Run]:
+    """The held-out BLOOM iteration times whose head dimension is a multiple of 8, as Runs."""
+    runs = load_runs()
+    out = []
+    for row in load_bloom_heldout("time")["rows"]:
+        if (row["hidden_size"] // row["num_attention_heads"]) % 8:
+            continue
+        model, job, cluster, plan, _notes = run_to_inputs(bloom_heldout_record(row, runs))
+        out.append(Run(model, job, cluster, plan, Options(), row["sec_per_iteration"],
+                       label=f"line {row['line']}"))
+    return out
 
 
 FLOOR_GRID = 21  # grid points per parameter for --floor (log-spaced over the bounds)
@@ -84,7 +102,10 @@ def main() -> None:
     ap.add_argument("--no-prior", action="store_true")
     ap.add_argument("--floor", action="store_true",
                     help="also fit on all of a group's runs, and grid-search the parameters")
+    ap.add_argument("--bloom-heldout", action="store_true",
+                    help="also judge the BLOOM fits on the held-out BLOOM iteration times")
     args = ap.parse_args()
+    held = bloom_heldout_runs() if args.bloom_heldout else []
     names = tuple(args.fit.split(","))
     print(f"calibrate on {args.k} runs of a group ({', '.join(names)}), predict the others; "
           f"{args.draws} seeded draws, {'no prior' if args.no_prior else 'with the prior'}\n")
@@ -92,7 +113,7 @@ def main() -> None:
           f"fitted (first draw)")
     for g, runs in sorted(group_runs().items()):
         gpu = runs[0].cluster.nodes[0].gpu.name
-        befores, afters, first = [], [], None
+        befores, afters, first, held_after = [], [], None, []
         for d in range(args.draws):
             rng = np.random.default_rng(d)
             pick = set(rng.choice(len(runs), size=args.k, replace=False).tolist())
@@ -105,10 +126,17 @@ def main() -> None:
                                              for r in test))
             afters.append(statistics.median(abs(_predict(r, prof.values, gpu) / r.measured_s
                                                 - 1) for r in test))
+            if held and g.startswith("bloom_prequel"):
+                held_after.append(_median_err(held, prof.values, gpu))
         fitted = ", ".join(f"{k}={v:.3f}" for k, v in first.values.items())
         print(f"{g:<34} {len(runs):4d} {100 * statistics.median(befores):7.1f}% "
               f"{100 * statistics.median(afters):7.1f}% "
               f"{100 * min(afters):7.1f}-{100 * max(afters):5.1f}%  {fitted}")
+        if held_after:
+            print(f"{'':<34} held out, {len(held)} BLOOM iteration times: "
+                  f"{100 * _median_err(held, {}, gpu):.1f}% before, "
+                  f"{100 * statistics.median(held_after):.1f}% after (median over the draws; "
+                  f"{100 * min(held_after):.1f}-{100 * max(held_after):.1f}%)")
         if args.floor:
             ins, grid, at_fit, at_grid = floor(runs, names, gpu)
             line = (f"{'':<34} floor: fitted on all {len(runs)} runs {100 * ins:.1f}% "

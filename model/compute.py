@@ -128,6 +128,55 @@ def flash_attention_ms(gpu: GPUSpec, full_flops: float, s: int, peak_flops: floa
     return (work / rate * 1e3 + launch_ms, FLASH_BWD_FACTOR * work / rate * 1e3 + launch_ms)
 
 
+# What the GEMM kernels the cost model prices assume of a shape: every matrix dimension a
+# multiple of 16 bytes ("Performance is better when equivalent matrix dimensions M, N, and K are
+# aligned to multiples of 16 bytes", NVIDIA Matrix Multiplication Background User's Guide,
+# Tensor Core Requirements; PyTorch's attention kernels ask the same of the head dimension,
+# aten/src/ATen/native/transformers/cuda/sdp_utils.cpp minimum_gemm_alignment: 128 bits per
+# element width), and FlashAttention heads at most 256 wide (sdp_utils.cpp
+# check_head_dim_size_flash). Shapes outside these are priced as if inside them.
+GEMM_ALIGN_BYTES = 16
+FLASH_MAX_HEAD_DIM = 256
+
+
+def shape_warnings(model, job, shape) -> list[str]:
+    """Where the plan's shapes leave what the GEMM and attention kernels priced here assume
+    (GEMM_ALIGN_BYTES, FLASH_MAX_HEAD_DIM): one line each, for the user to read beside the
+    estimate. The estimate itself is unchanged; how much slower such shapes run has no figure
+    here (bench/README.md: BLOOM's pre-launch runs with head dimensions 150, 450 and 108 ran
+    22-37% slower than predicted)."""
+    out = []
+    el = job.activation_bytes
+    need = GEMM_ALIGN_BYTES // el
+    head = model.qk_head_dim
+    if head % need:
+        out.append(f"head dimension {head} is not a multiple of {need} elements "
+                   f"({GEMM_ALIGN_BYTES} bytes): the attention's matrix products run slower "
+                   "than the aligned kernels this estimate prices (BLOOM's pre-launch runs "
+                   "with head dimensions 150, 450 and 108 ran 22-37% slower than predicted; "
+                   "bench/README.md)")
+    if job.attention == "flash" and head > FLASH_MAX_HEAD_DIM:
+        out.append(f"head dimension {head} is above {FLASH_MAX_HEAD_DIM}, the widest PyTorch's "
+                   "FlashAttention kernel takes: attention falls back to a slower kernel than "
+                   "the FlashAttention this estimate prices")
+    t = shape.tp
+    lin = 1 if shape.fp8 else el  # FP8 linear layers: 1-byte operands
+    need_lin = GEMM_ALIGN_BYTES // lin
+    widths = {"hidden size": model.hidden_size, "query width per GPU": model.q_dim // t}
+    if not model.is_moe or model.first_dense_layers:
+        widths["MLP width per GPU"] = model.ffn_hidden_size // t
+    if model.num_kv_heads >= t:
+        widths["key/value width per GPU"] = model.kv_dim // t
+    if model.is_moe:
+        widths["expert MLP width per GPU"] = model.expert_ffn // shape.expert_tp
+    for name, w in widths.items():
+        if w % need_lin:
+            out.append(f"{name} {w} is not a multiple of {need_lin} elements "
+                       f"({GEMM_ALIGN_BYTES} bytes{' in FP8' if shape.fp8 else ''}): its "
+                       "GEMMs run slower than the aligned kernels this estimate prices")
+    return out
+
+
 def linear_gemms(m: int, n: int, k: int) -> tuple[tuple[int, int, int], ...]:
     """The (m, n, k) GEMMs of a linear layer y[m,n] = x[m,k] W[k,n]: forward, data gradient
     dx = dy W' (m, k, n) and weight gradient dW = x' dy (k, n, m) (module docstring)."""

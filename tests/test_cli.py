@@ -145,3 +145,40 @@ def test_solve_names_an_empty_search_space():
     r = run("solve", "--cluster", "h100-8x8", "--precision", "fp8", "--zero", "0,3",
             "--fp8-param-gather", "--time-limit", "5")
     assert r.exit_code == 2 and "--zero allows 0,3: add 1 or 2" in r.output
+
+
+def test_estimate_warns_of_unaligned_shapes(tmp_path):
+    """A head dimension that is not a multiple of 16 bytes (BLOOM's 14400 / 96 = 150) is priced
+    as if aligned; estimate and solve say so in one line, and stay silent on aligned models."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 14400,
+           "num_attention_heads": 96, "num_key_value_heads": 96, "intermediate_size": 57600,
+           "vocab_size": 32000, "max_position_embeddings": 2048, "tie_word_embeddings": False}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    r = run("estimate", "-m", str(p), "--tp", "8", "--pp", "1", "--recompute", "full", "--json")
+    assert r.exit_code == 0, r.output
+    warns = json.loads(r.output)["warnings"]
+    assert len(warns) == 1 and warns[0].startswith("head dimension 150 is not a multiple of 8")
+    r = run("estimate", "-m", str(p), "--tp", "8", "--pp", "1", "--recompute", "full")
+    assert "warning: head dimension 150" in r.output
+    assert "warnings" not in json.loads(run("estimate", "--json").output)
+    # per-GPU widths follow TP; FP8 asks 16 elements; a head above 256 leaves FlashAttention
+    import dataclasses
+    from types import SimpleNamespace
+
+    from formats import presets
+    from model.compute import shape_warnings
+    from model.specs import JobSpec
+
+    m = presets.model(str(p))
+    job = JobSpec(global_batch=64, seq_length=2048, precision="bf16")
+    text = " ".join(shape_warnings(m, job, SimpleNamespace(tp=32, fp8=False, expert_tp=32)))
+    assert "query width per GPU 450 " in text and "MLP width per GPU" not in text
+    text = " ".join(shape_warnings(m, job, SimpleNamespace(tp=8, fp8=True, expert_tp=8)))
+    assert "query width per GPU 1800 is not a multiple of 16 elements (16 bytes in FP8)" in text
+    wide = dataclasses.replace(m, num_heads=32, num_kv_heads=32)
+    one = SimpleNamespace(tp=1, fp8=False, expert_tp=1)
+    assert any("above 256" in w for w in shape_warnings(wide, job, one))
+    for name in ("llama3-8b", "llama3-70b", "gpt3-175b"):
+        assert shape_warnings(presets.model(name), job, SimpleNamespace(
+            tp=8, fp8=True, expert_tp=8)) == [], name

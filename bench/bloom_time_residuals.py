@@ -185,6 +185,12 @@ def held_out(fits: dict) -> None:
     for prec in ("fp16", "bf16"):
         print(f"    {prec}:         "
               f"{_summary([err[id(x)] for x in aligned if x['row']['precision'] == prec])}")
+    print("  aligned, by tensor parallelism and micro-batch (signed median error, rows):")
+    cells: dict[tuple[int, int], list[float]] = {}
+    for x in aligned:
+        cells.setdefault((x["tp"], x["row"]["micro_batch_size"]), []).append(err[id(x)])
+    print("    " + "   ".join(f"TP {t} mbs {b}: {100 * statistics.median(v):+5.1f}% ({len(v)})"
+                              for (t, b), v in sorted(cells.items())))
     print("\nthe forms of 1, fitted on the reference runs, applied unchanged to the aligned rows:")
     for k in ("+ c N", "+ c N TP"):
         a, c = fits[k]

@@ -399,7 +399,6 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
                       calibration=None, interval=None, **outputs):
     """Write the outputs asked for, then print the estimate and what was written."""
     from launch.outputs import write_outputs
-
     from model.compute import shape_warnings
 
     files, warnings = [], []

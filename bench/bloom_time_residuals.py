@@ -16,12 +16,11 @@ launch blocking costs as BigScience measured it.
 2. Held out. data/published_bloom_time_heldout.json: 97 iteration times from the same
    document's other tables (02-17 to 02-28), built as the reference rows are
    (formats/published.py bloom_heldout_record). Per row the model's error; medians overall,
-   for rows whose head dimension is not a multiple of 8 elements (16 bytes in 16-bit: "Performance
-   is better when equivalent matrix dimensions M, N, and K are aligned to multiples of 16 bytes",
-   NVIDIA Matrix Multiplication Background User's Guide, Tensor Core Requirements; the eager
-   attention's batched GEMMs run with the head dimension as K and N, and the cost model assumes
-   aligned shapes), and for the aligned rows before and from 02-25 (the document: that day
-   the nodes' "PCI-Express/NUMA was improved ... (1-5%)"). Then the two forms of 1, as fitted
+   for rows whose head dimension is not a multiple of 8 elements (16 bytes in 16-bit; the
+   eager attention's batched GEMMs take the head dimension as K and N, and the cost model
+   prices aligned kernels only: model/compute.py GEMM_ALIGN_BYTES), by tensor parallelism and
+   micro-batch, and for the aligned rows before and from 02-25 (the document: that day the
+   nodes' "PCI-Express/NUMA was improved ... (1-5%)"). Then the two forms of 1, as fitted
    there on the reference runs, applied unchanged to the aligned held-out rows.
 3. Launch blocking. BigScience ran BLOOM with CUDA_LAUNCH_BLOCKING=1 (the production script:
    "do not remove or the training will hang", train/tr11-176B-ml/tr11-176B-ml.slurm). The
@@ -45,13 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from formats.published import (_skip_reason, bloom_heldout_record,  # noqa: E402
                                 load_bloom_heldout, load_runs, run_to_inputs)
 from model.calibration import NOISE_SD, PRIOR_SD  # noqa: E402
+from model.compute import GEMM_ALIGN_BYTES  # noqa: E402
 from model.estimator import estimate  # noqa: E402
 
-ALIGN_ELEMENTS = 8  # 16 bytes of a 16-bit element (module docstring)
-# the 200B model's 02-17 reading that converts the launch-blocking table's TFLOPs to seconds:
-# (seconds per iteration, TFLOPs, GPUs, global batch); chronicles-prequel.md, "Best TFLOPs"
-REF_200B = (844.81, 98.87, 80, 2048)
-MODEL_200B = dict(layers=80, tp=8, pp=10, micro_batch=1)  # the 02-17 section's 200B runs
+ALIGN_ELEMENTS = GEMM_ALIGN_BYTES // 2  # of a 16-bit element (module docstring)
 
 
 def _n(job, shape) -> int:
@@ -205,9 +201,16 @@ def held_out(fits: dict) -> None:
 
 def launch_blocking(fits: dict) -> None:
     doc = load_bloom_heldout("time")
-    t_ref, tf_ref, gpus_ref, gbs_ref = REF_200B
-    print("\n3. Launch blocking as BigScience measured it (200B, TP 8 x PP 10, micro-batch 1; "
-          "'dealing with JZ hanging')")
+    # the 200B model's 02-17 row on 80 GPUs turns the table's TFLOPs (same model, same formula)
+    # into seconds per iteration
+    ref = next(r for r in doc["rows"] if r["date"] == "02-17" and r["num_layers"] == 80
+               and r["dp"] == 1)
+    t_ref, tf_ref = ref["sec_per_iteration"], ref["tflops_published"]
+    gpus_ref, gbs_ref = ref["dp"] * ref["tp"] * ref["pp"], ref["global_batch_size"]
+    print(f"\n3. Launch blocking as BigScience measured it ({ref['num_layers']} x "
+          f"{ref['hidden_size']}, TP {ref['tp']} x PP {ref['pp']}, micro-batch "
+          f"{ref['micro_batch_size']}; 'dealing with JZ hanging'; seconds from the 02-17 row, "
+          f"{t_ref} s at {tf_ref} TFLOPs on {gpus_ref} GPUs)")
     print(f"{'GPUs':>4} {'GBS':>5} {'blocking s':>10} {'async s':>8} {'blocking/async':>14} "
           f"{'N':>6} {'c N of 1 (s)':>12}")
     a, c = fits["+ c N"]
@@ -217,8 +220,8 @@ def launch_blocking(fits: dict) -> None:
             gpus_ref / x["gpus"])
         by.setdefault((x["gpus"], x["global_batch_size"]), {})[x["async_launch"]] = sec
     for (gpus, gbs), v in sorted(by.items()):
-        dp = gpus // (MODEL_200B["tp"] * MODEL_200B["pp"])
-        n = MODEL_200B["layers"] // MODEL_200B["pp"] * gbs // (dp * MODEL_200B["micro_batch"])
+        dp = gpus // (ref["tp"] * ref["pp"])
+        n = ref["num_layers"] // ref["pp"] * gbs // (dp * ref["micro_batch_size"])
         blocking, asynchronous = v.get(False), v.get(True)
         ratio = f"{blocking / asynchronous:14.3f}" if blocking and asynchronous else f"{'-':>14}"
         print(f"{gpus:4d} {gbs:5d} {blocking or float('nan'):10.1f} "

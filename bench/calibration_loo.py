@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from formats.published import (_skip_reason, bloom_heldout_record,  # noqa: E402
                                 load_bloom_heldout, load_runs, run_to_inputs)
 from model.calibration import TIME_PARAMETERS, Run, _predict, fit  # noqa: E402
+from model.compute import GEMM_ALIGN_BYTES  # noqa: E402
 from model.specs import Options  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def bloom_heldout_runs() -> list[Run]:
     runs = load_runs()
     out = []
     for row in load_bloom_heldout("time")["rows"]:
-        if (row["hidden_size"] // row["num_attention_heads"]) % 8:
+        if (row["hidden_size"] // row["num_attention_heads"]) % (GEMM_ALIGN_BYTES // 2):
             continue
         model, job, cluster, plan, _notes = run_to_inputs(bloom_heldout_record(row, runs))
         out.append(Run(model, job, cluster, plan, Options(), row["sec_per_iteration"],

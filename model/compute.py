@@ -144,7 +144,7 @@ def shape_warnings(model, job, shape) -> list[str]:
     (GEMM_ALIGN_BYTES, FLASH_MAX_HEAD_DIM): one line each, for the user to read beside the
     estimate. The estimate itself is unchanged; how much slower such shapes run has no figure
     here (bench/README.md: BLOOM's pre-launch runs with head dimensions 150, 450 and 108 ran
-    22-37% slower than predicted)."""
+    29-59% longer than predicted)."""
     out = []
     el = job.activation_bytes
     need = GEMM_ALIGN_BYTES // el
@@ -153,7 +153,7 @@ def shape_warnings(model, job, shape) -> list[str]:
         out.append(f"head dimension {head} is not a multiple of {need} elements "
                    f"({GEMM_ALIGN_BYTES} bytes): the attention's matrix products run slower "
                    "than the aligned kernels this estimate prices (BLOOM's pre-launch runs "
-                   "with head dimensions 150, 450 and 108 ran 22-37% slower than predicted; "
+                   "with head dimensions 150, 450 and 108 took 29-59% longer than predicted; "
                    "bench/README.md)")
     if job.attention == "flash" and head > FLASH_MAX_HEAD_DIM:
         out.append(f"head dimension {head} is above {FLASH_MAX_HEAD_DIM}, the widest PyTorch's "

@@ -16,7 +16,6 @@ Run:   python bench/estimator_speed.py            (default: 200 / 50 / 10 repeat
        python bench/estimator_speed.py --quick    (50 / 10 / 3 repeats)
 """
 import argparse
-import dataclasses
 import statistics
 import sys
 import time

@@ -11,7 +11,7 @@ from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import Evaluator, estimate, make_plan
 from model.memory import layer_activation_bytes
-from model.plan import Placement, Shape, block_placement
+from model.plan import Shape
 from model.specs import JobSpec, ModelSpec
 
 
@@ -143,7 +143,6 @@ def job_overheads_fragmentation():
 
 
 def test_weights_and_optimizer_bytes_follow_megatron_table(small_uniform):
-    m = presets.model("llama2-7b")
     for prec, plain, dist in (("bf16", 18, (6, 12)), ("fp16", 20, (4, 16)), ("fp32", 16, (8, 8))):
         job = JobSpec(global_batch=32, seq_length=4096, precision=prec)
         assert job.weight_bytes + job.grad_bytes + job.optimizer_bytes == plain

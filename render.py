@@ -337,6 +337,7 @@ def validate_json(s) -> dict:
         "table1_error_slope_pct_per_decade": s.size_trend(),
         "memory_median_pct": 100 * s.mem_median, "memory_max_pct": 100 * s.mem_max,
         "memory_bloom_per_configuration_pct": [100 * e for e in s.config_mem_errs("bloom")],
+        "memory_reserved_without_context_pct": [100 * e for e in s.reserved_mem_errs()],
         "oom_correct": list(s.oom_correct)}
 
 
@@ -423,6 +424,14 @@ def print_validate(s, verbose: bool) -> None:
                   f"its readings): median "
                   f"{100 * statistics.median(conf):.1f}%, max {100 * max(conf):.1f}% over "
                   f"{len(conf)}")
+    res = s.reserved_mem_errs()
+    if res:
+        ctx = next(x.predicted_gib - x.predicted_reserved_gib for x in s.rows
+                   if x.predicted_reserved_gib is not None)
+        con.print("  torchtitan against what its reading counts (the allocator's reserved peak: "
+                  f"the prediction less the {ctx:.2g} GiB context): median "
+                  f"{100 * statistics.median(res):.1f}%, max {100 * max(res):.1f}% over "
+                  f"{len(res)}")
     con.print(f"fits/OOM predicted correctly: {ok}/{n}")
 
 

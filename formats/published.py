@@ -53,6 +53,9 @@ class Comparison:
     time_source: str = ""
     predicted_gib: float | None = None
     published_gib: float | None = None
+    # torchtitan: the prediction without the CUDA context, as its reading (the allocator's
+    # reserved peak) counts memory; `predicted_gib` keeps the whole prediction
+    predicted_reserved_gib: float | None = None
     config: tuple = ()  # the configuration run (model, layout, batch): repeated readings share it
     oom_published: bool | None = None
     predicted_fits: bool | None = None
@@ -434,9 +437,14 @@ def compare_run(r: dict, options: Options | None = None,
         # torchtitan: the maximum over all GPUs of its memory monitor, the allocator's reserved
         # peak (torchtitan/metrics.py at 9dec370), compared here with the whole prediction,
         # context included, as the allowance in use was chosen (bench/calibrate_overheads.py;
-        # its --joint mode compares it without the context)
-        c.predicted_gib = (est.peak_memory_gib if r["source_group"].startswith("torchtitan")
-                           else est.stages[0].memory.total_gib)
+        # its --joint mode compares it without the context), and also without the context
+        # (`predicted_reserved_gib`, `Summary.reserved_mem_errs`)
+        if r["source_group"].startswith("torchtitan"):
+            c.predicted_gib = est.peak_memory_gib
+            ctx = (options or Options()).overheads.context_gib
+            c.predicted_reserved_gib = max(st.memory.total_gib - ctx for st in est.stages)
+        else:
+            c.predicted_gib = est.stages[0].memory.total_gib
     c.oom_published = r.get("oom")
     c.predicted_fits = est.fits
     c.limit_gib = min(s.limit_gib for s in est.stages)
@@ -481,6 +489,12 @@ class Summary:
                 by.setdefault((x.group, x.config), []).append(x)
         return [abs(v[0].predicted_gib / statistics.fmean(x.published_gib for x in v) - 1)
                 for v in by.values()]
+
+    def reserved_mem_errs(self) -> list[float]:
+        """|memory error| of the rows whose reading is the allocator's reserved peak
+        (torchtitan), against the prediction without the CUDA context."""
+        return [abs(x.predicted_reserved_gib / x.published_gib - 1) for x in self.rows
+                if x.predicted_reserved_gib is not None and x.published_gib]
 
     def group_medians(self, attr: str = "time_err") -> dict[str, tuple[float, int]]:
         """Median |iteration-time error| (or `attr`, e.g. "mem_err") and run count per source

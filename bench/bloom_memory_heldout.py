@@ -5,8 +5,7 @@
 data/published_bloom_memory_heldout.json holds the memory readings of the other dated tables
 of BigScience's chronicles-prequel.md (02-21 to 02-28: other micro-batches, head counts, hidden
 sizes and depths, ZeRO stage 0, the BF16 optimizer, two more out-of-memory runs). Each row is
-built as the reference set's 02-25 rows are (formats/published.py bloom_heldout_record and
-run_to_inputs: the reference row of its precision with the row's shape and layout in place)
+built as the reference set's 02-25 rows are (formats/published.py bloom_heldout_inputs: the reference row of its precision with the row's shape and layout in place)
 and its stage-0 memory (the first node's nvidia-smi) is set against the reading; out-of-memory
 rows check that some stage is predicted above the GPU. Nothing is fitted to these rows; the allowance in use
 (bench/calibrate_overheads.py) was chosen on the reference set's readings alone.
@@ -24,8 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from formats.published import (bloom_heldout_record, load_bloom_heldout, load_runs,  # noqa: E402
-                               run_to_inputs)
+from formats.published import bloom_heldout_inputs, load_bloom_heldout  # noqa: E402
 from model.estimator import estimate  # noqa: E402
 from model.specs import Options, Overheads  # noqa: E402
 
@@ -38,15 +36,12 @@ def main() -> None:
     options = Options(overheads=Overheads(context_gib=args.context_gib,
                                           fragmentation=args.fragmentation))
     doc = load_bloom_heldout("memory")
-    runs = load_runs()
     print(f"{len(doc['rows'])} held-out rows ({doc['source_url']}); allowance: context "
           f"{args.context_gib} GiB, fragmentation {args.fragmentation}\n")
     print(f"{'row':<52} {'pub GB':>6} {'pred GiB':>8} {'err':>7}   OOM pub/pred")
     errs: dict[tuple, list[float]] = {}
     oom_ok = []
-    for row in doc["rows"]:
-        r = bloom_heldout_record(row, runs)
-        model, job, cluster, plan, _notes = run_to_inputs(r)
+    for row, r, (model, job, cluster, plan, _notes) in bloom_heldout_inputs("memory"):
         est = estimate(model, job, cluster, plan, options)
         stage0 = est.stages[0].memory.total_gib
         oom_ok.append(est.fits != row["oom"])

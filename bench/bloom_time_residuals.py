@@ -15,10 +15,10 @@ launch blocking costs as BigScience measured it.
    1, sd 0.15, as `calibrate`'s on gemm_scale).
 2. Held out. data/published_bloom_time_heldout.json: 97 iteration times from the same
    document's other tables (02-17 to 02-28), built as the reference rows are
-   (formats/published.py bloom_heldout_record). Per row the model's error; medians overall,
+   (formats/published.py bloom_heldout_inputs). Per row the model's error; medians overall,
    for rows whose head dimension is not a multiple of 8 elements (16 bytes in 16-bit; the
    eager attention's batched GEMMs take the head dimension as K and N, and the cost model
-   prices aligned kernels only: model/compute.py GEMM_ALIGN_BYTES), by tensor parallelism and
+   prices aligned kernels only: model/compute.py head_dim_aligned), by tensor parallelism and
    micro-batch, and for the aligned rows before and from 02-25 (the document: that day the
    nodes' "PCI-Express/NUMA was improved ... (1-5%)"). Then the two forms of 1, as fitted
    there on the reference runs, applied unchanged to the aligned held-out rows.
@@ -41,10 +41,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from formats.published import (_skip_reason, bloom_heldout_record,  # noqa: E402
+from formats.published import (_skip_reason, bloom_heldout_inputs,  # noqa: E402
                                 load_bloom_heldout, load_runs, run_to_inputs)
 from model.calibration import NOISE_SD, PRIOR_SD  # noqa: E402
-from model.compute import GEMM_ALIGN_BYTES  # noqa: E402
+from model.compute import GEMM_ALIGN_BYTES, head_dim_aligned  # noqa: E402
 from model.estimator import estimate  # noqa: E402
 
 ALIGN_ELEMENTS = GEMM_ALIGN_BYTES // 2  # of a 16-bit element (module docstring)
@@ -74,14 +74,11 @@ def bloom_rows():
 
 
 def heldout_rows():
-    runs = load_runs()
     rows = []
-    for row in load_bloom_heldout("time")["rows"]:
-        model, job, cluster, plan, _notes = run_to_inputs(bloom_heldout_record(row, runs))
+    for row, _r, (model, job, cluster, plan, _notes) in bloom_heldout_inputs("time"):
         sh = plan.shape
-        head_dim = row["hidden_size"] // row["num_attention_heads"]
-        rows.append(dict(row=row, tp=sh.tp, n=_n(job, sh), head_dim=head_dim,
-                         aligned=head_dim % ALIGN_ELEMENTS == 0,
+        rows.append(dict(row=row, tp=sh.tp, n=_n(job, sh), head_dim=model.qk_head_dim,
+                         aligned=head_dim_aligned(model, job),
                          pred=estimate(model, job, cluster, plan).iteration_ms / 1e3,
                          pub=row["sec_per_iteration"]))
     return rows

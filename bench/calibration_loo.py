@@ -32,10 +32,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from formats.published import (_skip_reason, bloom_heldout_record,  # noqa: E402
-                                load_bloom_heldout, load_runs, run_to_inputs)
+from formats.published import (_skip_reason, bloom_heldout_inputs, load_runs,  # noqa: E402
+                                run_to_inputs)
 from model.calibration import TIME_PARAMETERS, Run, _predict, fit  # noqa: E402
-from model.compute import GEMM_ALIGN_BYTES  # noqa: E402
+from model.compute import head_dim_aligned  # noqa: E402
 from model.specs import Options  # noqa: E402
 
 
@@ -55,12 +55,10 @@ def group_runs() -> dict[str, list[Run]]:
 
 def bloom_heldout_runs() -> list[Run]:
     """The held-out BLOOM iteration times whose head dimension is a multiple of 8, as Runs."""
-    runs = load_runs()
     out = []
-    for row in load_bloom_heldout("time")["rows"]:
-        if (row["hidden_size"] // row["num_attention_heads"]) % (GEMM_ALIGN_BYTES // 2):
+    for row, _r, (model, job, cluster, plan, _notes) in bloom_heldout_inputs("time"):
+        if not head_dim_aligned(model, job):
             continue
-        model, job, cluster, plan, _notes = run_to_inputs(bloom_heldout_record(row, runs))
         out.append(Run(model, job, cluster, plan, Options(), row["sec_per_iteration"],
                        label=f"line {row['line']}"))
     return out

@@ -142,6 +142,15 @@ def bloom_heldout_record(row: dict, runs: list[dict] | None = None) -> dict:
     return r
 
 
+def bloom_heldout_inputs(kind: str):
+    """Each held-out BLOOM row of `kind` ("memory" or "time") with the inputs it is built into:
+    (row, record, (model, job, cluster, plan, notes))."""
+    runs = load_runs()
+    for row in load_bloom_heldout(kind)["rows"]:
+        r = bloom_heldout_record(row, runs)
+        yield row, r, run_to_inputs(r)
+
+
 def _skip_reason(r: dict) -> str | None:
     for k in ("num_layers", "hidden_size", "num_attention_heads", "global_batch_size", "tp",
               "pp", "dp", "num_gpus", "gpus_per_node"):
@@ -441,8 +450,7 @@ def compare_run(r: dict, options: Options | None = None,
         # (`predicted_reserved_gib`, `Summary.reserved_mem_errs`)
         if r["source_group"].startswith("torchtitan"):
             c.predicted_gib = est.peak_memory_gib
-            ctx = (options or Options()).overheads.context_gib
-            c.predicted_reserved_gib = max(st.memory.total_gib - ctx for st in est.stages)
+            c.predicted_reserved_gib = max(st.memory.reserved_gib for st in est.stages)
         else:
             c.predicted_gib = est.stages[0].memory.total_gib
     c.oom_published = r.get("oom")

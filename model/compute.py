@@ -139,6 +139,12 @@ GEMM_ALIGN_BYTES = 16
 FLASH_MAX_HEAD_DIM = 256
 
 
+def head_dim_aligned(model, job) -> bool:
+    """Whether the attention heads' width is a multiple of GEMM_ALIGN_BYTES in the job's
+    activation precision."""
+    return model.qk_head_dim % (GEMM_ALIGN_BYTES // job.activation_bytes) == 0
+
+
 def shape_warnings(model, job, shape) -> list[str]:
     """Where the plan's shapes leave what the GEMM and attention kernels priced here assume
     (GEMM_ALIGN_BYTES, FLASH_MAX_HEAD_DIM): one line each, for the user to read beside the
@@ -149,7 +155,7 @@ def shape_warnings(model, job, shape) -> list[str]:
     el = job.activation_bytes
     need = GEMM_ALIGN_BYTES // el
     head = model.qk_head_dim
-    if head % need:
+    if not head_dim_aligned(model, job):
         out.append(f"head dimension {head} is not a multiple of {need} elements "
                    f"({GEMM_ALIGN_BYTES} bytes): the attention's matrix products run slower "
                    "than the aligned kernels this estimate prices (BLOOM's pre-launch runs "

@@ -273,11 +273,19 @@ class StageMemory:
     inflight: tuple[int, ...]  # micro-batches stored per chunk at the peak
     working_gib: float
     allowance_gib: float
+    context_gib: float = 0.0  # the part of the allowance outside the allocator (Overheads)
 
     @property
     def total_gib(self) -> float:
         return (self.weights_gib + self.grads_gib + self.optimizer_gib + self.activations_gib
                 + self.working_gib + self.allowance_gib)
+
+    @property
+    def reserved_gib(self) -> float:
+        """What PyTorch's caching allocator holds at the peak (torch.cuda.memory_stats
+        'reserved_bytes.all.peak', torchtitan's memory monitor): the tensors and the
+        fragmentation allowance, without the CUDA context."""
+        return self.total_gib - self.context_gib
 
 
 class MemoryModel:
@@ -420,4 +428,4 @@ class MemoryModel:
         return StageMemory((params * wb + fp8_bytes) / GIB, grads / GIB, opt / GIB,
                            (best - best_work) / GIB, best_counts,
                            (best_work + self.transient) / GIB,
-                           o.context_gib + o.fragmentation * tensors / GIB)
+                           o.context_gib + o.fragmentation * tensors / GIB, o.context_gib)

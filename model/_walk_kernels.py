@@ -60,6 +60,35 @@ def _latest(end, ptr, idx, i):
 
 
 @njit(cache=True, nogil=True)
+def topological(sptr, succ, indeg):
+    """Kahn's order, as model.schedule.CompiledSchedule._topological computes it (a stack
+    seeded with the sources in increasing order, successors pushed in their CSR order); fewer
+    than n nodes out means a cycle."""
+    n = indeg.shape[0]
+    left = indeg.copy()
+    stack = np.empty(n, dtype=np.int64)
+    top = 0
+    for u in range(n):
+        if left[u] == 0:
+            stack[top] = u
+            top += 1
+    out = np.empty(n, dtype=np.int64)
+    count = 0
+    while top > 0:
+        top -= 1
+        u = stack[top]
+        out[count] = u
+        count += 1
+        for q in range(sptr[u], sptr[u + 1]):
+            w = succ[q]
+            left[w] -= 1
+            if left[w] == 0:
+                stack[top] = w
+                top += 1
+    return out[:count]
+
+
+@njit(cache=True, nogil=True)
 def trace(arg, last):
     """The nodes of the path that ends in `last`, first to last, following `arg` (the latest
     predecessor of each node; len(arg) - 1 marks none)."""

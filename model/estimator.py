@@ -489,7 +489,7 @@ class Evaluator:
             stages=tuple(stages), hops_ms=tuple(hops), breakdown_ms=breakdown,
             tokens_per_s=tokens / secs, mfu=model_flops / secs / peak,
             hfu=(model_flops + extra) / secs / peak, num_microbatches=self.m,
-            critical_path=[self.cs.labels[i] for i in path])
+            critical_path=[self.cs.label(i) for i in path])
 
 
 def estimate(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,

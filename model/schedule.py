@@ -103,12 +103,17 @@ class Kinds:
 
 
 class CompiledSchedule:
-    """The dependency graph of one pipeline replica, in topological order."""
+    """The dependency graph of one pipeline replica, in topological order.
+
+    Node ids: the operations stage by stage in execution order, then the transfers (for each
+    micro-batch and virtual-stage boundary j, the activation's then the gradient's), then one
+    tail per stage (`label`, `labels`). Predecessors are kept in CSR form (`_csr`), each node's sorted
+    and unique; `preds` and the Python walk's plan are derived from it when first asked for."""
 
     # Built on first use (`_build`): memory estimates need only the per-stage orders, and the
     # solvers screen many shapes by memory whose graphs are never walked.
-    _GRAPH = frozenset({"num_nodes", "labels", "kind_of", "op_id", "tails", "preds", "topo",
-                        "_plan"})
+    _GRAPH = frozenset({"num_nodes", "kind_of", "tails", "topo", "_csr"})
+    _DERIVED = {"preds": "_derive_preds", "labels": "_derive_labels", "_plan": "_derive_plan"}
 
     def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool):
         self.schedule, self.p, self.m, self.v, self.blocking = schedule, p, m, v, blocking
@@ -116,113 +121,158 @@ class CompiledSchedule:
         self.orders = [stage_order(schedule, p, m, v, s) for s in range(p)]
 
     def __getattr__(self, name):  # only called for attributes not set yet
-        if name in CompiledSchedule._GRAPH and "_plan" not in self.__dict__:
+        if name in CompiledSchedule._GRAPH and "_csr" not in self.__dict__:
             self._build()
             return self.__dict__[name]
+        if name in CompiledSchedule._DERIVED:
+            value = getattr(self, CompiledSchedule._DERIVED[name])()
+            self.__dict__[name] = value
+            return value
         raise AttributeError(name)
 
+    def _steps(self, s: int, n_ops: int) -> np.ndarray:
+        """Step index of each position of stage s: the units between two communication calls.
+        Megatron-LM communicates after every operation, except in the steady state of the
+        interleaved schedule, where one batched exchange follows each (forward, backward)
+        pair."""
+        pos = np.arange(n_ops)
+        if self.schedule != "interleaved":
+            return pos
+        p, total = self.p, self.m * self.v
+        w = min((p - s - 1) * 2 + (self.v - 1) * p, total)
+        end = w + 2 * (total - w)  # the steady state is positions w .. end - 1
+        return np.where(pos < w, pos, np.where(pos < end, w + (pos - w) // 2,
+                                               pos - end + w + (total - w)))
+
     def _build(self):
-        schedule, p, m, v, blocking = self.schedule, self.p, self.m, self.v, self.blocking
+        """The graph as edge arrays (numpy; one Python step per stage, not per node)."""
+        p, m, blocking = self.p, self.m, self.blocking
         K = self.kinds
         V = K.V
-        orders = self.orders
-        # node ids: compute ops first, then transfers, tails, sink
-        op_id: dict[tuple[str, int, int], int] = {}  # (kind, mb, virtual stage) -> id
-        labels: list[tuple] = []
-        kind_of: list[int] = []
-        stage_pos: dict[int, tuple[int, int]] = {}  # op id -> (stage, position)
-        for s, ops in enumerate(orders):
-            for pos, (k, mb, c) in enumerate(ops):
-                j = c * p + s
-                nid = len(labels)
-                op_id[(k, mb, j)] = nid
-                labels.append((k, mb, j, s))
-                kind_of.append(K.F(j) if k == "F" else K.B(j))
-                stage_pos[nid] = (s, pos)
-        preds: list[list[int]] = [[] for _ in labels]
-        for s, ops in enumerate(orders):  # same-stage sequence
-            for pos in range(1, len(ops)):
-                k, mb, c = ops[pos]
-                pk, pmb, pc = ops[pos - 1]
-                preds[op_id[(k, mb, c * p + s)]].append(op_id[(pk, pmb, pc * p + s)])
+        # operations: per node its stage, backward flag, micro-batch and virtual stage
+        stage_l, isb_l, mb_l, j_l = [], [], [], []
+        first_l, last_l, prev_l, next_l = [], [], [], []  # step neighbours, global ids
+        off = 0
+        for s, ops in enumerate(self.orders):
+            ks, mbs, cs = zip(*ops)
+            n_ops = len(ops)
+            isb_l.append(np.fromiter((k == "B" for k in ks), dtype=bool, count=n_ops))
+            mb_l.append(np.array(mbs, dtype=np.int64))
+            j_l.append(np.array(cs, dtype=np.int64) * p + s)
+            stage_l.append(np.full(n_ops, s, dtype=np.int64))
+            g = self._steps(s, n_ops)
+            starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+            ends = np.r_[starts[1:] - 1, n_ops - 1]
+            first_l.append(off + starts[g])
+            last_l.append(off + ends[g])
+            prev_l.append(np.where(g > 0, off + ends[g - 1], -1))
+            nxt = np.minimum(g + 1, len(starts) - 1)
+            next_l.append(np.where(g + 1 < len(starts), off + starts[nxt], -1))
+            off += n_ops
+        n_ops = off
+        stage, isb, mb, j = (np.concatenate(a) for a in (stage_l, isb_l, mb_l, j_l))
+        sfirst, slast, sprev, snext = (np.concatenate(a) for a in
+                                       (first_l, last_l, prev_l, next_l))
+        ids = np.arange(n_ops, dtype=np.int64)
+        op = np.full((2, m, V), -1, dtype=np.int64)  # (backward?, micro-batch, virtual stage)
+        op[isb.astype(np.int64), mb, j] = ids
+        src, dst = [], []
 
-        # Steps: the units between two communication calls. Megatron-LM communicates after every
-        # operation, except in the steady state of the interleaved schedule, where one batched
-        # exchange follows each (forward, backward) pair.
-        step_of: dict[int, int] = {}
-        steps: list[list[list[int]]] = []
-        for s, ops in enumerate(orders):
-            ids = [op_id[(k, mb, c * p + s)] for k, mb, c in ops]
-            groups = [[i] for i in ids]
-            if schedule == "interleaved":
-                total = m * v
-                w = min((p - s - 1) * 2 + (v - 1) * p, total)
-                steady = ids[w:w + 2 * (total - w)]
-                groups = ([[i] for i in ids[:w]] +
-                          [steady[i:i + 2] for i in range(0, len(steady), 2)] +
-                          [[i] for i in ids[w + 2 * (total - w):]])
-            steps.append(groups)
-            for gi, g in enumerate(groups):
-                for i in g:
-                    step_of[i] = gi
+        def edges(a, b):
+            src.append(a)
+            dst.append(b)
 
-        def add_transfer(src, dst, kind):
-            tid = len(labels)
-            labels.append(("X", src, dst))
-            kind_of.append(kind)
-            s_src, s_dst = stage_pos[src][0], stage_pos[dst][0]
-            gs, gd = step_of[src], step_of[dst]
-            preds.append([steps[s_src][gs][-1]])  # sent after the sender's step
-            preds[dst].append(tid)
-            if blocking:
-                if gd > 0:  # rendezvous: receiver posts the receive after its previous step
-                    preds[tid].append(steps[s_dst][gd - 1][-1])
-                preds[steps[s_dst][gd][0]].append(tid)  # the receiving step waits for it
-                if gs + 1 < len(steps[s_src]):  # the sender waits for its send to finish
-                    preds[steps[s_src][gs + 1][0]].append(tid)
+        same = stage[1:] == stage[:-1]  # consecutive operations of one stage
+        edges(ids[:-1][same], ids[1:][same])
+        # transfers, micro-batch major: the activation over boundary j, then the gradient
+        mbg, jg = np.divmod(np.arange(m * (V - 1), dtype=np.int64), max(V - 1, 1))
+        t_src = np.stack([op[0, mbg, jg], op[1, mbg, jg + 1]], axis=1).ravel()
+        t_dst = np.stack([op[0, mbg, jg + 1], op[1, mbg, jg]], axis=1).ravel()
+        t_kind = np.stack([2 * V + jg % p, 2 * V + p + jg % p], axis=1).ravel()
+        tid = n_ops + np.arange(t_src.size, dtype=np.int64)
+        edges(slast[t_src], tid)  # sent after the sender's step
+        edges(tid, t_dst)
+        if blocking:
+            r = sprev[t_dst] >= 0  # rendezvous: posted after the receiver's previous step
+            edges(sprev[t_dst][r], tid[r])
+            edges(tid, sfirst[t_dst])  # the receiving step waits for it
+            s_ = snext[t_src] >= 0  # the sender's next step waits for its send to finish
+            edges(tid[s_], snext[t_src][s_])
+        mbs_ = np.arange(m)
+        edges(op[0, mbs_, V - 1], op[1, mbs_, V - 1])  # F then B of the last virtual stage
+        ends_ = np.cumsum([len(o) for o in self.orders]) - 1
+        tails = n_ops + t_src.size + np.arange(p, dtype=np.int64)
+        edges(ends_, tails)
+        n = int(tails[-1]) + 1
+        key = np.sort(np.concatenate(dst) * n + np.concatenate(src))
+        key = key[np.r_[True, key[1:] != key[:-1]]]  # by receiver, then sender; unique
+        d_, s_all = np.divmod(key, n)
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum(np.bincount(d_, minlength=n))
+        kind_of = np.concatenate([np.where(isb, V + j, j), t_kind,
+                                  2 * V + 2 * p + np.arange(p)]).astype(np.int64)
+        self._op_arrays = (isb, mb, j, stage, t_src, t_dst)
+        self.num_nodes = n
+        self.kind_of = kind_of
+        self.tails = tails.tolist()
+        self.topo = self._topological(n, d_, s_all)
+        self._csr = (np.array(self.topo, dtype=np.int64), kind_of, ptr, s_all)
 
-        for mb in range(m):
-            for j in range(V - 1):
-                h = j % p  # physical hop: stage h -> (h + 1) % p
-                add_transfer(op_id[("F", mb, j)], op_id[("F", mb, j + 1)], K.xf(h))
-                add_transfer(op_id[("B", mb, j + 1)], op_id[("B", mb, j)], K.xb(h))
-            preds[op_id[("B", mb, V - 1)]].append(op_id[("F", mb, V - 1)])
-        tails = []
-        for s, ops in enumerate(orders):
-            k, mb, c = ops[-1]
-            tid = len(labels)
-            labels.append(("T", s))
-            kind_of.append(K.tail(s))
-            preds.append([op_id[(k, mb, c * p + s)]])
-            tails.append(tid)
-        self.num_nodes = len(labels)
-        self.labels = labels
-        self.kind_of = np.array(kind_of, dtype=np.int64)
-        self.op_id = op_id
-        self.tails = tails
-        # topological order (Kahn); the graph is acyclic by construction, checked here
-        n = self.num_nodes
-        succ: list[list[int]] = [[] for _ in range(n)]
-        indeg = [0] * n
-        for v_, ps in enumerate(preds):
-            ps[:] = sorted(set(ps))
-            for u in ps:
-                succ[u].append(v_)
-            indeg[v_] = len(ps)
-        stack = [v_ for v_ in range(n) if indeg[v_] == 0]
-        topo = []
-        while stack:
-            u = stack.pop()
-            topo.append(u)
-            for w_ in succ[u]:
-                indeg[w_] -= 1
-                if indeg[w_] == 0:
-                    stack.append(w_)
+    @staticmethod
+    def _topological(n: int, dst: np.ndarray, src: np.ndarray) -> list[int]:
+        """Kahn's order over the edges src -> dst (compiled once the walks are: the same
+        order); the graph is acyclic by construction, checked here."""
+        order = np.argsort(src, kind="stable")
+        sptr = np.zeros(n + 1, dtype=np.int64)
+        sptr[1:] = np.cumsum(np.bincount(src, minlength=n))
+        indeg = np.bincount(dst, minlength=n)
+        kj = walk_jit.kernels()
+        if kj is not None:
+            topo = kj.topological(sptr, np.ascontiguousarray(dst[order]), indeg).tolist()
+        else:
+            succ, sptr, indeg = dst[order].tolist(), sptr.tolist(), indeg.tolist()
+            stack = [u for u in range(n) if indeg[u] == 0]
+            topo = []
+            pop, push, out = stack.pop, stack.append, topo.append
+            while stack:
+                u = pop()
+                out(u)
+                for w in succ[sptr[u]:sptr[u + 1]]:
+                    indeg[w] -= 1
+                    if indeg[w] == 0:
+                        push(w)
         if len(topo) != n:
             raise RuntimeError("schedule graph has a cycle")  # internal invariant
-        self.preds = preds
-        self.topo = topo
-        self._plan = [(i, tuple(preds[i]), int(kind_of[i])) for i in topo]
+        return topo
+
+    def preds_of(self, i: int) -> list[int]:
+        """Node i's predecessors (without deriving `preds` for every node)."""
+        _topo, _k, ptr, idx = self._csr
+        return idx[ptr[i]:ptr[i + 1]].tolist()
+
+    def _derive_preds(self) -> list[list[int]]:
+        _topo, _k, ptr, idx = self._csr
+        flat, bounds = idx.tolist(), ptr.tolist()
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def label(self, i: int) -> tuple:
+        """Node i as ("F"/"B", micro-batch, virtual stage, stage), ("X", sender, receiver) or
+        ("T", stage)."""
+        self._csr  # the graph, built on first use
+        isb, mb, j, stage, t_src, t_dst = self.__dict__["_op_arrays"]
+        n_ops, n_x = isb.size, t_src.size
+        if i < n_ops:
+            return ("B" if isb[i] else "F", int(mb[i]), int(j[i]), int(stage[i]))
+        if i < n_ops + n_x:
+            return ("X", int(t_src[i - n_ops]), int(t_dst[i - n_ops]))
+        return ("T", i - n_ops - n_x)
+
+    def _derive_labels(self) -> list[tuple]:
+        return [self.label(i) for i in range(self.num_nodes)]
+
+    def _derive_plan(self) -> list[tuple[int, tuple, int]]:
+        preds, kind_of = self.preds, self.kind_of.tolist()
+        return [(i, tuple(preds[i]), kind_of[i]) for i in self.topo]
 
     # -- evaluation -------------------------------------------------------------------------
 
@@ -243,7 +293,7 @@ class CompiledSchedule:
         out = []
         for t in self.tails:
             st = 0.0
-            for u in self.preds[t]:
+            for u in self.preds_of(t):
                 e = float(end[u])
                 if e > st:
                     st = e
@@ -348,13 +398,7 @@ class CompiledSchedule:
     def _arrays(self):
         """The graph for the compiled walks: topological order, kind per node, and the
         predecessors in CSR form (pointers, indices), all int64."""
-        if "_csr" not in self.__dict__:
-            ptr = np.zeros(self.num_nodes + 1, dtype=np.int64)
-            ptr[1:] = np.cumsum([len(ps) for ps in self.preds])
-            idx = np.array([u for ps in self.preds for u in ps], dtype=np.int64)
-            self.__dict__["_csr"] = (np.array(self.topo, dtype=np.int64),
-                                     np.asarray(self.kind_of, dtype=np.int64), ptr, idx)
-        return self.__dict__["_csr"]
+        return self._csr
 
     @property
     def _tails_arr(self) -> np.ndarray:

@@ -72,6 +72,7 @@ def _load() -> None:
         k.walk(order, kind, ptr, idx, np.zeros(1))
         k.tail_starts_batch(order, kind, ptr, idx, order, np.zeros((1, 1)))
         k.trace(np.zeros(2, dtype=np.int64) + 1, 0)
+        k.topological(ptr, idx, np.zeros(1, dtype=np.int64))
         _state["kernels"] = k
     except Exception as e:  # numba missing or broken: the Python walks serve
         _state["error"] = f"{type(e).__name__}: {e}"

@@ -10,9 +10,12 @@ from model.specs import JobSpec
 def milp_path(monkeypatch):
     """The exact method without its enumeration of small blocks (solvers.brute.enumerable):
     tiny test instances then go through the annealing warm start and the MILP, the path that
-    larger clusters take."""
-    from solvers import brute
+    larger clusters take. Their annealing warm start is cut to 0.05 s a block (1 s in
+    solvers.search): it only seeds the MILP, which proves the block's optimum either way,
+    and a full second on each of the 30-odd tiny blocks is most of these tests' time."""
+    from solvers import brute, search
     monkeypatch.setattr(brute, "ENUMERATE_MAX_EVALS", 0)
+    monkeypatch.setattr(search, "WARM_START_S", 0.05)
 
 
 @pytest.fixture

@@ -229,7 +229,7 @@ def test_cp_on_a_measured_cluster_is_annealed_with_a_valid_bound(l3):
     c = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=8, gpu="H100-SXM-80GB",
                                   nic_gb_per_s=5.0, seed=3))
     job = JobSpec(global_batch=4, seq_length=32768)
-    res = solve(l3, job, c, method="exact", time_limit_s=20,
+    res = solve(l3, job, c, method="exact", time_limit_s=5,
                 space=SearchSpace(tp=(4,), cp=(2, 4), micro_batch=(1,),
                                   schedules=(("1f1b", 1),), recompute=("none",), zero=(1,)))
     assert res.plan.shape.cp in (2, 4)

@@ -134,7 +134,7 @@ def test_zero3_on_a_uneven_cluster_is_searched_and_bounded(monkeypatch):
     assert enumerated.termination == "optimal"
     assert enumerated.bound_ms == pytest.approx(enumerated.objective_ms, rel=1e-9)
     monkeypatch.setattr(brute, "ENUMERATE_MAX_EVALS", 0)  # the path of larger blocks
-    r = solve(m, job, c, method="exact", time_limit_s=20, space=space)
+    r = solve(m, job, c, method="exact", time_limit_s=5, space=space)
     assert r.plan.shape.zero == 3 and r.blocks_enumerated == 0
     assert r.termination != "optimal" and 0 < r.bound_ms <= r.objective_ms
     assert enumerated.objective_ms <= r.objective_ms * (1 + 1e-9)

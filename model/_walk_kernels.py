@@ -1,5 +1,6 @@
-"""The schedule graph's longest-path walks, compiled by numba (imported only by model.walk_jit,
-in a background thread, once a process has walked enough graph nodes for it to pay).
+"""The schedule graph's longest-path walks and its topological order, compiled by numba
+(imported only by model.walk_jit, in a background thread, once a process has walked enough
+graph nodes for it to pay).
 
 The same arithmetic as the Python walks in model/schedule.py, in the same order: a node starts
 at the latest end among its predecessors (0.0 if none; ties go to the first predecessor) and

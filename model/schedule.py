@@ -107,8 +107,9 @@ class CompiledSchedule:
 
     Node ids: the operations stage by stage in execution order, then the transfers (for each
     micro-batch and virtual-stage boundary j, the activation's then the gradient's), then one
-    tail per stage (`label`, `labels`). Predecessors are kept in CSR form (`_csr`), each node's sorted
-    and unique; `preds` and the Python walk's plan are derived from it when first asked for."""
+    tail per stage (`label`, `labels`). Predecessors are kept in CSR form (`_csr`), each
+    node's sorted and unique; `preds` and the Python walk's plan are derived from it when
+    first asked for."""
 
     # Built on first use (`_build`): memory estimates need only the per-stage orders, and the
     # solvers screen many shapes by memory whose graphs are never walked.
@@ -188,7 +189,7 @@ class CompiledSchedule:
         mbg, jg = np.divmod(np.arange(m * (V - 1), dtype=np.int64), max(V - 1, 1))
         t_src = np.stack([op[0, mbg, jg], op[1, mbg, jg + 1]], axis=1).ravel()
         t_dst = np.stack([op[0, mbg, jg + 1], op[1, mbg, jg]], axis=1).ravel()
-        t_kind = np.stack([2 * V + jg % p, 2 * V + p + jg % p], axis=1).ravel()
+        t_kind = np.stack([K.xf(jg % p), K.xb(jg % p)], axis=1).ravel()  # hop j % p
         tid = n_ops + np.arange(t_src.size, dtype=np.int64)
         edges(slast[t_src], tid)  # sent after the sender's step
         edges(tid, t_dst)
@@ -209,8 +210,8 @@ class CompiledSchedule:
         d_, s_all = np.divmod(key, n)
         ptr = np.zeros(n + 1, dtype=np.int64)
         ptr[1:] = np.cumsum(np.bincount(d_, minlength=n))
-        kind_of = np.concatenate([np.where(isb, V + j, j), t_kind,
-                                  2 * V + 2 * p + np.arange(p)]).astype(np.int64)
+        kind_of = np.concatenate([np.where(isb, K.B(j), K.F(j)), t_kind,
+                                  K.tail(np.arange(p))]).astype(np.int64)
         self._op_arrays = (isb, mb, j, stage, t_src, t_dst)
         self.num_nodes = n
         self.kind_of = kind_of

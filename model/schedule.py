@@ -272,8 +272,10 @@ class CompiledSchedule:
         return [self.label(i) for i in range(self.num_nodes)]
 
     def _derive_plan(self) -> list[tuple[int, tuple, int]]:
-        preds, kind_of = self.preds, self.kind_of.tolist()
-        return [(i, tuple(preds[i]), kind_of[i]) for i in self.topo]
+        """The Python walk's plan: (node, its predecessors, its kind) in topological order."""
+        _topo, _k, ptr, idx = self._csr
+        flat, bounds, kind_of = idx.tolist(), ptr.tolist(), self.kind_of.tolist()
+        return [(i, tuple(flat[bounds[i]:bounds[i + 1]]), kind_of[i]) for i in self.topo]
 
     # -- evaluation -------------------------------------------------------------------------
 
@@ -412,11 +414,17 @@ class CompiledSchedule:
         as num_nodes, or None if some node has more than two (blocking transfers): branch-free
         and about twice as fast as the general loop on 24k nodes."""
         if "_pairs" not in self.__dict__:
+            topo, kind, ptr, idx = self._csr
             n = self.num_nodes
-            ok = all(len(ps) <= 2 for _i, ps, _k in self._plan)
-            self.__dict__["_pairs"] = [
-                (i, ps[0] if ps else n, ps[1] if len(ps) > 1 else n, k)
-                for i, ps, k in self._plan] if ok else None
+            count = np.diff(ptr)[topo]
+            pairs = None
+            if count.max(initial=0) <= 2:  # from the CSR arrays, in topological order
+                padded = np.append(idx, n)  # idx[ptr[i]] may be one past the end: count 0
+                first = np.where(count >= 1, padded[ptr[topo]], n)
+                second = np.where(count >= 2, padded[np.minimum(ptr[topo] + 1, idx.size)], n)
+                pairs = list(zip(topo.tolist(), first.tolist(), second.tolist(),
+                                 kind[topo].tolist()))
+            self.__dict__["_pairs"] = pairs
         return self.__dict__["_pairs"]
 
     def _trace(self, arg, last: int) -> list[int]:

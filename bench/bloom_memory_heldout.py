@@ -5,9 +5,10 @@
 data/published_bloom_memory_heldout.json holds the memory readings of the other dated tables
 of BigScience's chronicles-prequel.md (02-21 to 02-28: other micro-batches, head counts, hidden
 sizes and depths, ZeRO stage 0, the BF16 optimizer, two more out-of-memory runs). Each row is
-built as the reference set's 02-25 rows are (formats/published.py bloom_heldout_inputs: the reference row of its precision with the row's shape and layout in place)
-and its stage-0 memory (the first node's nvidia-smi) is set against the reading; out-of-memory
-rows check that some stage is predicted above the GPU. Nothing is fitted to these rows; the allowance in use
+built as the reference set's 02-25 rows are (formats/published.py bloom_heldout_inputs: the
+reference row of its precision with the row's shape and layout in place) and its stage-0
+memory (the first node's nvidia-smi) is set against the reading; out-of-memory rows check that
+some stage is predicted above the GPU. Nothing is fitted to these rows; the allowance in use
 (bench/calibrate_overheads.py) was chosen on the reference set's readings alone.
 Prints per row the reading, the prediction and the error, then the median and largest |error|
 by tensor-parallel size and precision, and the out-of-memory outcomes. `--context-gib` and

@@ -186,11 +186,11 @@ def held_out(fits: dict) -> None:
                               for (t, b), v in sorted(cells.items())))
     print("\nthe forms of 1, fitted on the reference runs, applied unchanged to the aligned rows:")
     for k in ("+ c N", "+ c N TP"):
-        a, c = fits[k]
         out = {}
         for name, sel in (("all", aligned), ("before 02-25", early), ("from 02-25", late)):
-            out[name] = [(a * x["pred"] + c * x["n"] * (x["tp"] if k.endswith("TP") else 1))
-                         / x["pub"] - 1 for x in sel]
+            P, M = (np.array([x[f] for x in sel]) for f in ("pred", "pub"))
+            F = np.array([x["n"] * (x["tp"] if k.endswith("TP") else 1) for x in sel], float)
+            out[name] = list(predict(fits[k], P, F) / M - 1)
         print(f"  {k:<9} all {_summary(out['all'])}")
         for name in ("before 02-25", "from 02-25"):
             print(f"  {'':<9}   {name}: {_summary(out[name])}")

@@ -166,7 +166,8 @@ TokenizerOpt = Annotated[Optional[str], typer.Option(
 FwVersionOpt = Annotated[Optional[str], typer.Option(
     "--framework-version", help="The framework release to emit for: NeMo bridge (a "
     "Megatron-Bridge recipe) or 1 (NeMo 1.x YAML); torchtitan 0.2 (v0.2.x, the current "
-    "release) or 0.1 (v0.1.0 to the 2025-10 main) [the current one].")]
+    "release) or 0.1 (v0.1.0 to the 2025-10 main; its estimate counts K and V repeated to "
+    "the query heads, as v0.1 runs attention) [the current one].")]
 GanttOpt = Annotated[Optional[Path], typer.Option(
     "--gantt", help="Write the schedule's Gantt chart to this PNG.")]
 PlacementPngOpt = Annotated[Optional[Path], typer.Option(
@@ -274,7 +275,8 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             distopt: bool | None = None, attention: str = "flash", allow_list: bool = False,
             framework: str = "megatron", grad_reduce_in_bf16: bool = False,
             fp8_param_gather: bool = False, fp8_recipe: str = "delayed",
-            moe_capacity_factor: float = 1.0, compile_blocks: bool = True):
+            moe_capacity_factor: float = 1.0, compile_blocks: bool = True,
+            framework_version: str | None = None):
     from formats import presets
     from formats.clusters import cluster as load_cluster
     from model.specs import JobSpec
@@ -287,6 +289,8 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
                   grad_reduce_in_bf16=grad_reduce_in_bf16, fp8_param_gather=fp8_param_gather,
                   fp8_recipe=fp8_recipe,
                   moe_capacity_factor=moe_capacity_factor, compile=compile_blocks,
+                  # torchtitan v0.1 repeats K and V to the query heads (JobSpec.repeat_kv)
+                  repeat_kv=framework == "torchtitan" and framework_version == "0.1",
                   source="options")
     return m, job, c
 
@@ -491,7 +495,7 @@ def estimate(
     outputs = dict(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
                    placement_png=placement_png, force=force, tokenizer=tokenizer,
                    version=framework_version)
-    check_outputs(**outputs)
+    check_outputs(**outputs, job_framework=None if plan_file is not None else framework.value)
     if plan_file is not None:  # inputs and decisions from a plan file
         m, job, c0, plan, opts0, _meta = _load_plan_only(ctx, plan_file)
         c, opts, prof, cal = _calibrated(c0, opts0, calibration)
@@ -502,7 +506,8 @@ def estimate(
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
                         framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
-                        moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
+                        moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
+                        framework_version=framework_version)
     lay = None
     if layers is not None:
         try:
@@ -724,13 +729,14 @@ def solve(
 
     check_outputs(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
                   placement_png=placement_png, force=force, tokenizer=tokenizer,
-                  version=framework_version)
+                  version=framework_version, job_framework=framework.value)
 
     m, job, c0 = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                          allow_list=True, framework=framework.value,
                          grad_reduce_in_bf16=grad_reduce_in_bf16,
                          fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
-                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
+                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
+                         framework_version=framework_version)
     opts0 = _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,

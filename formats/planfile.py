@@ -80,7 +80,7 @@ def job_to_dict(j: JobSpec) -> dict:
             "grad_reduce_in_bf16": j.grad_reduce_in_bf16,
             "fp8_param_gather": j.fp8_param_gather, "fp8_recipe": j.fp8_recipe,
             "moe_capacity_factor": j.moe_capacity_factor, "compile": j.compile,
-            "compile_loss": j.compile_loss}
+            "compile_loss": j.compile_loss, "repeat_kv": j.repeat_kv}
 
 
 def options_to_dict(o: Options) -> dict:
@@ -259,6 +259,7 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
                        moe_capacity_factor=rd.get(d, "moe_capacity_factor", w, float, 1.0),
                        compile=rd.get(d, "compile", w, bool, True),
                        compile_loss=rd.get(d, "compile_loss", w, bool, None, nullable=True),
+                       repeat_kv=rd.get(d, "repeat_kv", w, bool, False),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None

@@ -307,10 +307,11 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
     compiled = "compile" in other
     # the loss stayed eager in torchtitan's code of the time (train.py: "compiling loss
     # function causes CUDA errors, turning off for now"), whose memory differs from a
-    # compiled loss's (model/memory.py LOSS_BYTES_PER_LOGIT)
+    # compiled loss's (model/memory.py LOSS_BYTES_PER_LOGIT); its Llama repeated K and V to
+    # the query heads before SDPA (repeat_kv, models/llama/model.py at ba24697)
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
                   precision="bf16", fp8=fp8, zero=3, attention="flash", framework="torchtitan",
-                  compile=compiled, compile_loss=False)
+                  compile=compiled, compile_loss=False, repeat_kv=True)
     if not compiled:
         notes.append("eager PyTorch element-wise kernels (no torch.compile)")
     else:

@@ -848,6 +848,23 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "(bfloat16 or float32)")
     par: dict = {"tensor_parallel_degree": sh.tp, "pipeline_parallel_degree": sh.pp,
                  "context_parallel_degree": sh.cp}
+    if sh.cp > 1:
+        # the K/V exchange the estimate prices (model/costs.py _cp_exchange_ms), torchtitan's
+        # default in both releases, written out so that the plan pins it
+        par["context_parallel_rotate_method"] = "allgather"
+    # v0.1 repeats K and V to the query heads before attention (repeat_kv), v0.2.2 does not
+    # (v0.2.0 and v0.2.1 still did): with CP or eager kernels the estimate depends on it
+    gqa = model.num_kv_heads < model.num_heads and not model.is_mla
+    if gqa and (sh.cp > 1 or not job.compile) and job.repeat_kv != (version == "0.1"):
+        counted = (f"repeated to the {model.num_heads} query heads" if job.repeat_kv
+                   else f"at the {model.num_kv_heads} kv heads")
+        runs = ("v0.1 repeats them (repeat_kv): estimate with --framework-version 0.1"
+                if version == "0.1" else
+                "v0.2.2 keeps the kv heads (v0.2.0 and v0.2.1 repeat them)")
+        ratio = model.num_heads // model.num_kv_heads
+        warn.append(f"torchtitan [attention]: the estimate counted K and V {counted}; {runs}"
+                    + (f"; the context-parallel K/V exchange differs {ratio}x in bytes"
+                       if sh.cp > 1 else ""))
     # FSDP2 shards over data_parallel_shard_degree ranks and replicates over
     # data_parallel_replicate_degree (HSDP when both > 1); DDP only on 1-D meshes
     if sh.zero >= 3:

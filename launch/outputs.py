@@ -22,10 +22,12 @@ from .emit import launch_set
 def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
                   out: Path | None = None, gantt: Path | None = None,
                   placement_png: Path | None = None, force: bool = False,
-                  tokenizer: str | None = None, version: str | None = None) -> None:
+                  tokenizer: str | None = None, version: str | None = None,
+                  job_framework: str | None = None) -> None:
     """The output options, checked before any work: combinations, the framework name, and
     targets that cannot be written (a folder as a file, a file as a folder, a folder of
-    someone else's files without --force)."""
+    someone else's files without --force). A torchtitan job (`job_framework`) takes
+    --framework-version without --emit: its estimate follows the release (JobSpec.repeat_kv)."""
     from formats.atomic import check_set
 
     from .emit import check_framework
@@ -37,8 +39,10 @@ def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
         raise SpecError("is for --emit; add --emit FRAMEWORK", source="options",
                         field="--tokenizer")
     if version is not None and emit is None:
-        raise SpecError("is for --emit; add --emit FRAMEWORK", source="options",
-                        field="--framework-version")
+        if job_framework != "torchtitan":
+            raise SpecError("is for --emit, and for the estimate of a torchtitan job; add "
+                            "--emit FRAMEWORK", source="options", field="--framework-version")
+        check_framework("torchtitan", version)
     if emit is not None:
         check_framework(emit, version)
     for path, field in ((save_plan, "--save-plan"), (gantt, "--gantt"),
@@ -56,9 +60,10 @@ def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
                   tokenizer: str | None = None,
                   version: str | None = None) -> tuple[list[Path], list[str]]:
     """Plan file, launch files and pictures, as asked; returns (files written, warnings)."""
+    # (without --emit the version was the estimate's, checked with the job's inputs)
     check_outputs(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
                   placement_png=placement_png, force=force, tokenizer=tokenizer,
-                  version=version)
+                  version=version if emit is not None else None)
     ls = None
     if emit is not None:
         ls = launch_set(emit, m, job, c, plan, est=est, options=opts, force=force,

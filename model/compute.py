@@ -387,13 +387,14 @@ class ComputeModel:
     def _eager_attention_copies(self, fwd: Pass, bwd: Pass) -> None:
         """Copies eager torchtitan makes around SDPA (models/llama/model.py): `repeat_kv`
         expands K and V to every query head (read kv, write q-wide, each; the backward sums
-        them back), and `output.transpose(1, 2).contiguous()` copies the attention output
-        (and its gradient back). Compiled, the copy fuses away; the expanded K and V that the
-        compiled block still writes for SDPA are not counted there."""
+        them back) in the releases that repeat them (`JobSpec.repeat_kv`), and
+        `output.transpose(1, 2).contiguous()` copies the attention output (and its gradient
+        back). Compiled, the copy fuses away; the expanded K and V that the compiled block
+        still writes for SDPA are not counted there."""
         m, T, t, ab = self.model, self.T, self.t, self.act_b
         q, kv = m.q_dim / t, m.kv_dim / t
         moved = T * (q * ab * 2)  # output copy: read + write
-        if m.num_kv_heads < m.num_heads:
+        if self.job.repeat_kv and m.num_kv_heads < m.num_heads:
             moved += 2 * T * (kv + q) * ab  # K and V expanded
         fwd.add("attn_copies", elementwise_ms(self.gpu, moved))
         bwd.add("attn_copies", elementwise_ms(self.gpu, moved))

@@ -21,7 +21,7 @@ from .communication import (INTRA_LATENCY_US, allreduce_ms, alltoall_ms, exposed
 from .compute import ComputeModel
 from .memory import fp8_params_apply, gathered_weight_bytes
 from .plan import Shape, layer_params
-from .specs import GPUSpec, JobSpec, ModelSpec, Options
+from .specs import GPUSpec, JobSpec, ModelSpec, Options, element_bytes
 
 # Megatron-LM's DDP buckets gradients (and, with the distributed optimizer, parameters) in
 # buckets of max(40M, 1M x DP) parameters (megatron/core/distributed: the default of
@@ -213,24 +213,47 @@ class CostModel:
     def cp_step_bytes(self) -> float:
         """Bytes one CP rank sends per ring step of one layer's forward: its K and V chunk
         (b s / cp tokens, kv_dim / t channels each, activation precision; latent attention:
-        its up-projected keys and values)."""
-        return self.tokens * self.model.kv_widths / self.shape.tp * self.job.activation_bytes
+        its up-projected keys and values). torchtitan before v0.2.2 repeats K and V to every
+        query head before SDPA (`repeat_kv` in models/llama/model.py at ba24697, 2024-12, to
+        models/llama3/model/model.py at v0.2.1; `JobSpec.repeat_kv`), so its chunks are
+        q_dim / t wide each."""
+        m = self.model
+        width = m.kv_widths
+        if self.job.repeat_kv and not m.is_mla:
+            width = 2 * m.q_dim
+        return self.tokens * width / self.shape.tp * self.job.activation_bytes
 
     def _cp_exchange_ms(self, lc, ring_gb_per_s: float) -> tuple[float, float]:
-        """Exposed ring exchange of context parallelism in one layer (forward, backward).
+        """Exposed K/V exchange of context parallelism in one layer (forward, backward).
 
-        Ring attention (Liu et al. 2023; Megatron-LM / Transformer Engine's p2p context
-        parallelism): the attention core runs in cp steps, one per K/V chunk; while step i
-        computes, chunk i + 1 travels from the previous rank, so each of the cp - 1 transfers
-        hides behind one step's compute (1/cp of the core) and only what outlasts it shows. The
-        backward sends the K/V chunk and its gradient (twice the bytes) beside the backward
-        core's steps."""
+        Megatron-LM (Transformer Engine's p2p ring attention; Liu et al. 2023): the attention
+        core runs in cp steps, one per K/V chunk; while step i computes, chunk i + 1 travels
+        from the previous rank, so each of the cp - 1 transfers hides behind one step's
+        compute (1/cp of the core) and only what outlasts it shows. The backward sends the
+        K/V chunk and its gradient (twice the bytes) beside the backward core's steps.
+
+        torchtitan (PyTorch's context_parallel, torch/distributed/tensor/experimental/
+        _attention.py `_templated_ring_attention` and its backward, with torchtitan's default
+        rotate method "allgather": ba24697 config_manager.py, v0.2 job_config.py): the
+        forward all-gathers every rank's K/V chunk in one collective, launched before step 0
+        and waited for at step 1, so the whole gather, (cp - 1) chunks through the ring's
+        slowest hop, hides only behind step 0. The backward gathers the K/V again the same
+        way, and passes the K/V gradients, accumulated in fp32 (convert_to_f32), to the next
+        rank after every step by an all-to-all: each of those hides behind the next step, and
+        the last, which returns the gradients to their owner, waits in full."""
         cp = self.shape.cp
         if cp <= 1:
             return 0.0, 0.0
         lat = self.cluster.latency_us / 1e3
         step = self.cp_step_bytes() / (ring_gb_per_s * 1e6) + lat
         f_core, b_core = lc.fwd.ms["attention"], lc.bwd.ms["attention"]
+        if self.job.framework == "torchtitan":
+            gather = (cp - 1) * step
+            grad_step = element_bytes("fp32") / self.job.activation_bytes * (step - lat) + lat
+            fwd = exposed_async_ms(gather, f_core / cp)
+            bwd = (exposed_async_ms(gather, b_core / cp)
+                   + (cp - 1) * exposed_async_ms(grad_step, b_core / cp) + grad_step)
+            return fwd, bwd
         fwd = (cp - 1) * exposed_async_ms(step, f_core / cp)
         bwd = (cp - 1) * exposed_async_ms(2 * step, b_core / cp)
         return fwd, bwd

@@ -503,6 +503,11 @@ class JobSpec:
     # follows `compile`. Its 2024-12 benchmark code left the loss eager ("compiling loss
     # function causes CUDA errors", train.py), which formats/published.py says for its runs
     compile_loss: bool | None = None
+    # torchtitan: K and V repeated to every query head before attention (`repeat_kv` in its
+    # Llama model from 2024 to v0.2.1; v0.2.2 passes enable_gqa and keeps the kv heads: "GQA
+    # without kv repeats", pytorch/torchtitan#2259, 2026-01). What context parallelism
+    # exchanges and what eager kernels copy follow it (model/costs.py, model/compute.py)
+    repeat_kv: bool = False
     source: str = "job"
 
     def __post_init__(self):
@@ -581,6 +586,13 @@ class JobSpec:
             raise SpecError(f"compile_loss is torchtitan's (true or false; unset follows "
                             f"compile), got {self.compile_loss!r} for {self.framework}: drop it",
                             source=self.source, field="compile_loss")
+
+        if not isinstance(self.repeat_kv, bool) or (self.repeat_kv
+                                                     and self.framework != "torchtitan"):
+            raise SpecError(f"repeat_kv is torchtitan's (true for its releases before v0.2.2, "
+                            f"which repeat K and V to the query heads), got {self.repeat_kv!r} "
+                            f"for {self.framework}: drop it", source=self.source,
+                            field="repeat_kv")
 
     @property
     def transformer_engine(self) -> bool:

@@ -182,3 +182,26 @@ def test_estimate_warns_of_unaligned_shapes(tmp_path):
     for name in ("llama3-8b", "llama3-70b", "gpt3-175b"):
         assert shape_warnings(presets.model(name), job, SimpleNamespace(
             tp=8, fp8=True, expert_tp=8)) == [], name
+
+
+def test_torchtitan_release_decides_how_kv_is_counted(tmp_path):
+    """`--framework-version 0.1` estimates torchtitan v0.1, which repeats K and V to every
+    query head before attention: its context-parallel K/V exchange (CP 8 across 8 nodes
+    here) moves 8x the bytes, and the plan file records it; the current release does not."""
+    out = {}
+    for version in ("0.1", "0.2"):
+        path = tmp_path / f"plan{version}.json"
+        r = run("estimate", "-m", "llama3-70b", "-c", "h100-8x8", "--gbs", "8", "--seq",
+                "131072", "--framework", "torchtitan", "--tp", "8", "--pp", "1", "--dp", "1",
+                "--cp", "8", "--zero", "3", "--recompute", "full", "--framework-version",
+                version, "--save-plan", str(path), "--json")
+        assert r.exit_code == 0, r.output
+        saved = json.loads(path.read_text())
+        out[version] = (saved["job"]["repeat_kv"], json.loads(r.output)["estimate"])
+    assert out["0.1"][0] is True and out["0.2"][0] is False
+    assert out["0.1"][1]["iteration_ms"] > out["0.2"][1]["iteration_ms"]
+    # another framework's estimate does not read it: one line, exit 2
+    r = run("estimate", "--framework-version", "0.1")
+    assert r.exit_code == 2 and "--framework-version: is for --emit" in r.output
+    r = run("estimate", "--framework", "torchtitan", "--framework-version", "0.3", "--zero", "3")
+    assert r.exit_code == 2 and "not '0.3'" in r.output

@@ -95,6 +95,60 @@ def test_cp_ring_exchange_shows_when_links_are_slow(l3):
     assert times[0] < times[1] < times[2]
 
 
+@pytest.mark.parametrize("repeat_kv", [False, True])
+def test_torchtitan_cp_gathers_kv_and_hides_it_behind_one_step(l3, repeat_kv):
+    """torchtitan's context parallelism (PyTorch's ring attention with its default all-gather
+    rotation): the forward's gather of (cp - 1) K/V chunks hides only behind the first of cp
+    attention steps, the backward gathers again and passes fp32 K/V gradients after every
+    step, the last one waited for in full. The chunks hold the 8 kv heads, or all 32 query
+    heads where torchtitan repeats K and V (before v0.2.2). Megatron-LM's p2p ring on the
+    same links hides each chunk behind one step, never less."""
+    job_tt = JobSpec(global_batch=8, seq_length=131072, framework="torchtitan",
+                     repeat_kv=repeat_kv)
+    job_mg = JobSpec(global_batch=8, seq_length=131072)
+    for inter in (45.0, 5.0):
+        c = h100(8, inter)
+        ex = {}
+        for job in (job_tt, job_mg):
+            plan = make_plan(l3, job, c, tp=2, pp=1, dp=1, cp=32, sequence_parallel=True,
+                             zero=0)
+            ev = Evaluator(l3, job, c, plan.shape)
+            ring = ev.cp_ring(plan.placement, 0, 0)
+            lt = ev.costs.layer_times(c.nodes[0].gpu, 360.0, cp_ring_gb_per_s=ring)
+            lc = ev.costs.compute(c.nodes[0].gpu).layer()
+            ex[job.framework] = (lt, lc, ring)
+        lt, lc, ring = ex["torchtitan"]
+        lat_ms = c.latency_us / 1e3
+        # 131072 / 32 tokens; K and V of (32 or 8) heads x 128 / TP 2 each; 2 bytes
+        heads = 32 if repeat_kv else 8
+        chunk = 4096 * 2 * heads * 128 / 2 * 2
+        step = chunk / (ring * 1e6) + lat_ms
+        grad = 2 * chunk / (ring * 1e6) + lat_ms
+        f, b = lc.fwd.ms["attention"] / 32, lc.bwd.ms["attention"] / 32
+        assert lt.cp_comm_fwd_ms == pytest.approx(max(0.0, 31 * step - f))
+        assert lt.cp_comm_bwd_ms == pytest.approx(
+            max(0.0, 31 * step - b) + 31 * max(0.0, grad - b) + grad)
+        assert lt.cp_comm_fwd_ms > 0
+        mg = ex["megatron"][0]
+        assert lt.cp_comm_fwd_ms > mg.cp_comm_fwd_ms and lt.cp_comm_bwd_ms > mg.cp_comm_bwd_ms
+
+
+def test_torchtitan_emit_warns_when_the_release_treats_kv_otherwise(l3):
+    """The emitted release and the estimate disagree about repeating K and V: a warning
+    names both (v0.1 repeats them; v0.2.2 does not)."""
+    c = h100(2)
+    for repeat_kv, version, warned in ((False, "0.2", False), (True, "0.1", False),
+                                       (False, "0.1", True), (True, "0.2", True)):
+        job = JobSpec(global_batch=8, seq_length=65536, framework="torchtitan",
+                      repeat_kv=repeat_kv)
+        plan = make_plan(l3, job, c, tp=4, pp=1, dp=1, cp=4, sequence_parallel=True, zero=3)
+        warn = [w for w in torchtitan_config(l3, job, c, plan, version)[1]
+                if "[attention]" in w]
+        assert bool(warn) == warned, (repeat_kv, version, warn)
+        if warned:
+            assert "4x in bytes" in warn[0]
+
+
 @pytest.mark.parametrize("jk,pk,msg", [
     (dict(seq_length=32768 + 8), dict(tp=2, cp=4, sequence_parallel=True), "2 x CP x TP"),
     (dict(seq_length=32768, attention="eager"), dict(tp=2, cp=4), "attention = flash"),
@@ -159,6 +213,7 @@ def test_frameworks_get_the_cp_degree(l3):
     plan_tt = make_plan(l3, job_tt, c, tp=4, pp=1, dp=1, cp=4, sequence_parallel=True, zero=3)
     par = torchtitan_config(l3, job_tt, c, plan_tt)[0]["parallelism"]
     assert par["context_parallel_degree"] == 4 and par["data_parallel_shard_degree"] == 1
+    assert par["context_parallel_rotate_method"] == "allgather"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -107,6 +107,7 @@ def _corrupt(src, dst, fn):
     (lambda d: d["job"].update(compile="yes"), ".json: job.compile: must be true or false"),
     (lambda d: d["job"].update(compile_loss=True),
      ".json: job.compile_loss: compile_loss is torchtitan's"),
+    (lambda d: d["job"].update(repeat_kv=True), ".json: job.repeat_kv: repeat_kv is torchtitan's"),
     (lambda d: d["options"]["overheads"].update(fragmentation="x"),
      ".json: options.overheads.fragmentation: must be a number"),
     (lambda d: d["cluster"]["gpu_types"]["A100-80GB"].update(sm_count=1.5),

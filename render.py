@@ -227,12 +227,10 @@ def print_solve(res, c) -> None:
     for why, n in res.not_covered.items():
         con.print(f"certificate: {n} placement problem(s) annealed and bounded in closed form, "
                   f"not by the MILP: {escape(why)}", highlight=False)
-    others = [x for x in res.candidates if x.status != "best" and
-              (x.best_ms is not None or x.quick_ms is not None)]
     t = Table(title="Next best plans and why they lost")
     for col in ("shape", "best found s", "Megatron placement s", "lower bound s", "status"):
         t.add_column(col)
-    for x in others[:8]:
+    for x in next_best(res.candidates):
         t.add_row(x.describe, f"{x.best_ms / 1e3:.3f}" if x.best_ms else "-",
                   f"{x.quick_ms / 1e3:.3f}" if x.quick_ms else "-",
                   f"{x.lower_bound_ms / 1e3:.3f}", escape(x.status))
@@ -252,6 +250,18 @@ def print_solve(res, c) -> None:
         con.print(t)
     if res.plan.shape.cp > 1:
         print_without_cp(res, need)
+
+
+def next_best(candidates, k: int = 8) -> list:
+    """The runners-up a solve reports: shapes that fit and were evaluated (a time found or
+    Megatron-LM's placement estimated), in the solver's order, then those pruned by their lower
+    bound alone, lowest bound first, up to `k`."""
+    fitting = [x for x in candidates
+               if x.status != "best" and not x.status.startswith("does not fit")]
+    timed = [x for x in fitting if x.best_ms is not None or x.quick_ms is not None]
+    bound_only = sorted((x for x in fitting if x.best_ms is None and x.quick_ms is None),
+                        key=lambda x: x.lower_bound_ms)
+    return (timed + bound_only)[:k]
 
 
 def print_without_cp(res, need) -> None:

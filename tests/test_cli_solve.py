@@ -57,6 +57,27 @@ def test_solve_tables_name_the_losers(tiny):
     assert "Next best plans and why they lost" in r.output
 
 
+def test_next_best_lists_bound_pruned_shapes_when_none_was_timed():
+    """A solve whose other fitting shapes were all pruned by their lower bounds still names
+    its runners-up (lowest bound first), after any shape that was timed; misfits and the best
+    plan are not among them."""
+    from types import SimpleNamespace as C
+
+    from render import next_best
+
+    cands = [C(describe="best", status="best", best_ms=1.0, quick_ms=None, lower_bound_ms=1.0),
+             C(describe="p3", status="pruned: bound", best_ms=None, quick_ms=None,
+               lower_bound_ms=3.0),
+             C(describe="oom", status="does not fit: stage 0", best_ms=None, quick_ms=None,
+               lower_bound_ms=0.5),
+             C(describe="p2", status="pruned: bound", best_ms=None, quick_ms=None,
+               lower_bound_ms=2.0)]
+    assert [x.describe for x in next_best(cands)] == ["p2", "p3"]
+    cands.append(C(describe="t", status="gap", best_ms=5.0, quick_ms=6.0, lower_bound_ms=1.5))
+    assert [x.describe for x in next_best(cands)] == ["t", "p2", "p3"]
+    assert [x.describe for x in next_best(cands, k=2)] == ["t", "p2"]
+
+
 def test_solve_nothing_fits_exit_2(tmp_path):
     cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 16384,
            "num_attention_heads": 128, "num_key_value_heads": 8, "intermediate_size": 53248,

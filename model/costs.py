@@ -19,7 +19,7 @@ from .cluster import ClusterSpec
 from .communication import (INTRA_LATENCY_US, allreduce_ms, alltoall_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
-from .memory import fp8_params_apply, gathered_weight_bytes
+from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes
 from .plan import Shape, layer_params
 from .specs import GPUSpec, JobSpec, ModelSpec, Options, element_bytes
 
@@ -212,16 +212,8 @@ class CostModel:
 
     def cp_step_bytes(self) -> float:
         """Bytes one CP rank sends per ring step of one layer's forward: its K and V chunk
-        (b s / cp tokens, kv_dim / t channels each, activation precision; latent attention:
-        its up-projected keys and values). torchtitan before v0.2.2 repeats K and V to every
-        query head before SDPA (`repeat_kv` in models/llama/model.py at ba24697, 2024-12, to
-        models/llama3/model/model.py at v0.2.1; `JobSpec.repeat_kv`), so its chunks are
-        q_dim / t wide each."""
-        m = self.model
-        width = m.kv_widths
-        if self.job.repeat_kv and not m.is_mla:
-            width = 2 * m.q_dim
-        return self.tokens * width / self.shape.tp * self.job.activation_bytes
+        (memory.cp_chunk_bytes)."""
+        return cp_chunk_bytes(self.model, self.job, self.shape)
 
     def _cp_exchange_ms(self, lc, ring_gb_per_s: float) -> tuple[float, float]:
         """Exposed K/V exchange of context parallelism in one layer (forward, backward).

@@ -206,6 +206,30 @@ def attention_score_bytes(model: ModelSpec, job: JobSpec, shape: Shape) -> float
     return per_score * model.num_heads * s * s * b / shape.tp
 
 
+def cp_chunk_bytes(model: ModelSpec, job: JobSpec, shape: Shape) -> float:
+    """One context-parallel rank's K and V chunk of one layer and micro-batch: b s / cp
+    tokens, kv_dim / t channels each in the activation precision (latent attention: its
+    up-projected keys and values). torchtitan before v0.2.2 repeats K and V to every query
+    head before SDPA (`repeat_kv` in models/llama/model.py at ba24697, 2024-12, to
+    models/llama3/model/model.py at v0.2.1; `JobSpec.repeat_kv`): q_dim / t wide each."""
+    width = model.kv_widths
+    if job.repeat_kv and not model.is_mla:
+        width = 2 * model.q_dim
+    tokens = shape.micro_batch * job.seq_length // shape.cp
+    return tokens * width / shape.tp * job.activation_bytes
+
+
+def cp_gather_work_bytes(model: ModelSpec, job: JobSpec, shape: Shape) -> float:
+    """What torchtitan's context parallelism holds during one layer's attention backward
+    (PyTorch's `_templated_ring_attention_backward`, all-gather rotation; model/costs.py
+    `_cp_exchange_ms`): every rank's K/V chunk, gathered (cp chunks), the fp32 K and V
+    gradient accumulators (2 chunks' bytes) and the fp32 gradients on their way to and from
+    the neighbours (2 + 2). Megatron-LM's p2p ring double-buffers one chunk: not counted."""
+    if job.framework != "torchtitan" or shape.cp <= 1:
+        return 0.0
+    return (shape.cp + 6) * cp_chunk_bytes(model, job, shape)
+
+
 def op_sac_tensors(model: ModelSpec, job: JobSpec, shape: Shape
                    ) -> list[tuple[str, float, bool]]:
     """What torchtitan's per-op selective activation checkpointing keeps of one layer (its
@@ -337,6 +361,8 @@ class MemoryModel:
             self.work = attention_score_bytes(model, job, shape)
         else:
             self.work = 0.0
+        # the backward's attention under torchtitan's context parallelism (gathered K/V)
+        self.work += cp_gather_work_bytes(model, job, shape)
         self.bytes_per_param = param_bytes(job, shape)
         per_param = sum(self.bytes_per_param)
         fp8 = fp8_weight_copy_bytes(job, shape)

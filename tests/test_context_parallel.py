@@ -133,6 +133,25 @@ def test_torchtitan_cp_gathers_kv_and_hides_it_behind_one_step(l3, repeat_kv):
         assert lt.cp_comm_fwd_ms > mg.cp_comm_fwd_ms and lt.cp_comm_bwd_ms > mg.cp_comm_bwd_ms
 
 
+@pytest.mark.parametrize("repeat_kv", [False, True])
+def test_torchtitan_cp_backward_holds_the_gathered_kv(l3, repeat_kv):
+    """A torchtitan stage under CP holds, during a layer's attention backward, the gathered
+    K/V of all cp ranks, the fp32 K/V gradient accumulators and the fp32 gradients in flight:
+    (cp + 6) chunks. With nothing recomputed, that is the working memory of a stage that does
+    not compute the loss; Megatron-LM's stage holds none of it."""
+    c = h100(2)
+    works = {}
+    for fw in ("torchtitan", "megatron"):
+        job = JobSpec(global_batch=2, seq_length=131072, framework=fw,
+                      repeat_kv=repeat_kv and fw == "torchtitan")
+        plan = make_plan(l3, job, c, tp=1, pp=2, dp=1, cp=8, zero=0, recompute="none")
+        works[fw] = estimate(l3, job, c, plan).stages[0].memory.working_gib
+    heads = 32 if repeat_kv else 8
+    chunk = 131072 // 8 * 2 * heads * 128 * 2  # tokens x (K and V) x width x 2 bytes
+    assert works["torchtitan"] == pytest.approx((8 + 6) * chunk / 2**30)
+    assert works["megatron"] == 0.0
+
+
 def test_torchtitan_emit_warns_when_the_release_treats_kv_otherwise(l3):
     """The emitted release and the estimate disagree about repeating K and V: a warning
     names both (v0.1 repeats them; v0.2.2 does not)."""

@@ -763,25 +763,20 @@ def solve(
                         "distributed optimizer, so its weights stay 16-bit (the flag applies to "
                         "plans with both)"]
     interval = _interval(prof, m, job, c0, res.plan, opts0)
-    runner_up = next((x for x in res.candidates if x.best_ms is not None
-                      and x.status not in ("best",)), None)
-    toss_up = (interval is not None and runner_up is not None
-               and runner_up.best_ms / 1e3 <= interval[2])
+    toss, maybe = res.toss_up(interval[2] * 1e3) if interval is not None else (None, None)
     if as_json:
         d = render.solve_json(res, m, c, files, warnings, space)
         if interval is not None:
             d["interval_s"] = {"estimate": interval[0], "low": interval[1], "high": interval[2],
                                "level": 0.95, "profile": cal["profile"],
-                               "toss_up_with": runner_up.describe if toss_up else None}
+                               "toss_up_with": toss.describe if toss else None,
+                               "toss_up_possible_with": maybe.describe if maybe else None}
         render.echo_json(d)
         return
     render.print_solve(res, c)
     if interval is not None:
         render.print_interval(interval, cal["profile"])
-        if toss_up:
-            render.console().print(
-                f"toss-up: the next best plan, {runner_up.describe}, at "
-                f"{runner_up.best_ms / 1e3:.3f} s, is inside the best plan's 95% interval")
+        render.print_toss_up(toss, maybe)
     render.print_written(files, warnings)
 
 

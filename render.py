@@ -252,6 +252,18 @@ def print_solve(res, c) -> None:
         print_without_cp(res, need)
 
 
+def print_toss_up(toss, maybe) -> None:
+    """What SolveResult.toss_up found inside the best plan's 95% interval."""
+    if toss is not None:
+        t_ms = min(t for t in (toss.best_ms, toss.quick_ms) if t is not None)
+        console().print(f"toss-up: the next best plan, {toss.describe}, at {t_ms / 1e3:.3f} s, "
+                        "is inside the best plan's 95% interval", highlight=False)
+    elif maybe is not None:
+        console().print(f"possible toss-up: {maybe.describe} was not timed inside the best "
+                        f"plan's 95% interval, but its lower bound, "
+                        f"{maybe.lower_bound_ms / 1e3:.3f} s, is inside it", highlight=False)
+
+
 def next_best(candidates, k: int = 8) -> list:
     """The runners-up a solve reports: shapes that fit and were evaluated (a time found or
     Megatron-LM's placement estimated), in the solver's order, then those pruned by their lower

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from model.estimator import Estimate
@@ -70,6 +71,24 @@ class SolveResult:
         if self.plan is None:
             return float("inf")
         return max(0.0, (self.objective_ms - self.bound_ms) / self.objective_ms)
+
+    def toss_up(self, high_ms: float) -> tuple[Candidate | None, Candidate | None]:
+        """Runners-up inside an interval around the best plan that ends at `high_ms`:
+        (the fastest other shape with a plan timed inside it, or None; failing that, the
+        shape with the lowest lower bound inside it, none of whose plans was timed inside
+        it: a toss-up the search cannot rule out, or None). Shapes that do not fit are not
+        runners-up."""
+        others = [c for c in self.candidates
+                  if c.status != "best" and not c.status.startswith("does not fit")]
+
+        def timed(c: Candidate) -> float:
+            return min((t for t in (c.best_ms, c.quick_ms) if t is not None), default=math.inf)
+
+        inside = [c for c in others if timed(c) <= high_ms]
+        if inside:
+            return min(inside, key=timed), None
+        maybe = [c for c in others if c.lower_bound_ms <= high_ms]
+        return None, min(maybe, key=lambda c: c.lower_bound_ms, default=None)
 
     def status_dict(self) -> dict:
         return {"method": self.method, "termination": self.termination,

@@ -220,8 +220,28 @@ def test_solve_with_a_profile_gives_an_interval_and_names_a_toss_up(tmp_path):
     iv = d["interval_s"]
     assert iv["low"] < iv["estimate"] < iv["high"]
     assert iv["estimate"] == pytest.approx(d["solver"]["objective_ms"] / 1e3, rel=1e-9)
-    assert iv["toss_up_with"] is not None
+    assert iv["toss_up_with"] is not None and iv["toss_up_possible_with"] is None
     assert json.loads(plan.read_text())["calibration"]["gpu"] == "A100-80GB"
+
+
+def test_toss_up_separates_timed_runners_up_from_bounds_only():
+    """A runner-up timed inside the interval is a toss-up; failing that, a shape whose lower
+    bound lies inside it (pruned, or timed only above it) is one the search cannot rule out;
+    shapes that do not fit, and bounds above the interval, are neither."""
+    from solvers.result import Candidate, SolveResult
+
+    def result(*cands):
+        return SolveResult(None, None, 100.0, 99.9, "optimal", "exact", 1.0,
+                           [Candidate("best", 99.9, best_ms=100.0, status="best"), *cands])
+
+    oom = Candidate("oom", 50.0, status="does not fit: stage 0 needs 90 GiB > 80 GiB")
+    pruned = Candidate("pruned", 103.0, status="pruned: its lower bound is above the best plan")
+    slow = Candidate("slow", 101.0, quick_ms=110.0, best_ms=108.0, status="slower")
+    fast = Candidate("fast", 101.0, quick_ms=104.0, status="slower")
+    assert result(oom, pruned, slow).toss_up(105.0) == (None, slow)
+    assert result(oom, pruned).toss_up(105.0) == (None, pruned)
+    assert result(oom, pruned, slow, fast).toss_up(105.0) == (fast, None)
+    assert result(oom, pruned, slow, fast).toss_up(100.5) == (None, None)
 
 
 def test_prior_keeps_what_few_runs_cannot_pin_near_the_presets():

@@ -403,11 +403,13 @@ class Evaluator:
             extra = m.num_layers * m.attention_core_flops_fwd(tokens, job.seq_length)
         return model_flops, extra
 
-    def alltoall_on_path(self, pl: Placement, r: int, counts: np.ndarray) -> float:
+    def comm_on_path(self, pl: Placement, r: int, counts: np.ndarray, kind: str) -> float:
         """Milliseconds of column r's critical path (`counts`: times it visits each
-        operation) spent in expert-parallel all-to-alls: each forward of a layer carries a
-        dispatch and a combine, each backward their gradients' (and a full recompute's
-        forward ones again)."""
+        operation) spent in one kind of layer communication that sits inside the layers'
+        F and B: "ep" the expert-parallel all-to-alls (each forward of a layer carries a
+        dispatch and a combine, each backward their gradients'), "cp" the exposed
+        context-parallel K/V exchange (costs.CostModel._cp_exchange_ms); a full recompute's
+        forward carries its forward part again."""
         sh, K = self.shape, self.kinds
         total = 0.0
         for s in range(sh.pp):
@@ -415,11 +417,11 @@ class Evaluator:
             lt = self.costs.layer_times(node.gpu, node.ring_gb_per_s(pl.gpus[s][r]),
                                         self.shard_ring(pl, s), self.cp_ring(pl, s, r),
                                         self.ep_alltoall(pl, s, r))
-            per_b = lt.ep_comm_bwd_ms + (lt.ep_comm_fwd_ms if sh.recompute == "full" else 0.0)
+            f, b = getattr(lt, f"{kind}_comm_fwd_ms"), getattr(lt, f"{kind}_comm_bwd_ms")
+            per_b = b + (f if sh.recompute == "full" else 0.0)
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
-                total += sh.layers[j] * (counts[K.F(j)] * lt.ep_comm_fwd_ms
-                                         + counts[K.B(j)] * per_b)
+                total += sh.layers[j] * (counts[K.F(j)] * f + counts[K.B(j)] * per_b)
         return float(total)
 
     def estimate(self, pl: Placement) -> Estimate:
@@ -458,15 +460,17 @@ class Evaluator:
         hops = []
         for h in range(sh.pp if sh.chunks > 1 else sh.pp - 1):
             hops.append((max(d[K.xf(h)] for d in durs), max(d[K.xb(h)] for d in durs)))
-        ep_part = {}
-        if sh.ep > 1:
-            # the expert-parallel all-to-all on the critical path (inside each F and B)
-            a2a = self.alltoall_on_path(pl, worst, counts)
-            compute -= a2a
-            ep_part["ep_alltoall_ms"] = a2a
+        comm_part = {}
+        # the expert-parallel all-to-all and the context-parallel K/V exchange on the
+        # critical path (inside each F and B), apart from the compute
+        for kind, key, on in (("ep", "ep_alltoall_ms", sh.ep > 1),
+                              ("cp", "cp_exchange_ms", sh.cp > 1)):
+            if on:
+                comm_part[key] = self.comm_on_path(pl, worst, counts, kind)
+                compute -= comm_part[key]
         breakdown = {
             "compute_ms": compute,
-            **ep_part,
+            **comm_part,
             "pipeline_p2p_ms": p2p,
             "dp_sync_exposed_ms": sync_exposed,
             "optimizer_ms": opt,

@@ -152,6 +152,27 @@ def test_torchtitan_cp_backward_holds_the_gathered_kv(l3, repeat_kv):
     assert works["megatron"] == 0.0
 
 
+def test_breakdown_shows_the_cp_exchange_on_the_critical_path(l3):
+    """One stage, no recompute: the critical path runs every micro-batch's F and B of every
+    layer, so the breakdown's cp_exchange_ms is layers x micro-batches x the exposed exchange
+    of one layer's forward and backward, taken out of the compute; the parts add up."""
+    c = h100(8, 5.0)
+    job = JobSpec(global_batch=4, seq_length=131072, framework="torchtitan", repeat_kv=True)
+    plan = make_plan(l3, job, c, tp=2, pp=1, dp=1, cp=32, sequence_parallel=True, zero=0,
+                     recompute="none")
+    ev = Evaluator(l3, job, c, plan.shape)
+    e = ev.estimate(plan.placement)
+    lt = ev.costs.layer_times(c.nodes[0].gpu, 360.0,
+                              cp_ring_gb_per_s=ev.cp_ring(plan.placement, 0, 0))
+    assert e.breakdown_ms["cp_exchange_ms"] == pytest.approx(
+        l3.num_layers * 4 * (lt.cp_comm_fwd_ms + lt.cp_comm_bwd_ms))
+    assert e.breakdown_ms["cp_exchange_ms"] > e.breakdown_ms["compute_ms"]  # slow links
+    assert sum(e.breakdown_ms.values()) == pytest.approx(e.iteration_ms)
+    mg = JobSpec(global_batch=8, seq_length=8192)
+    p1 = make_plan(l3, mg, c, tp=8, pp=1, dp=8, cp=1, sequence_parallel=True)
+    assert "cp_exchange_ms" not in estimate(l3, mg, c, p1).breakdown_ms
+
+
 def test_torchtitan_emit_warns_when_the_release_treats_kv_otherwise(l3):
     """The emitted release and the estimate disagree about repeating K and V: a warning
     names both (v0.1 repeats them; v0.2.2 does not)."""

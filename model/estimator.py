@@ -408,9 +408,14 @@ class Evaluator:
         operation) spent in one kind of layer communication that sits inside the layers'
         F and B: "ep" the expert-parallel all-to-alls (each forward of a layer carries a
         dispatch and a combine, each backward their gradients'), "cp" the exposed
-        context-parallel K/V exchange (costs.CostModel._cp_exchange_ms); a full recompute's
-        forward carries its forward part again."""
+        context-parallel K/V exchange (costs.CostModel._cp_exchange_ms), "tp" the exposed
+        tensor-parallel collectives (costs.CostModel._layer_tp_comm). A full recompute's
+        forward carries the forward part again; torchtitan's per-op selective recompute
+        half of the tensor-parallel part (costs.CostModel._op_sac_recompute_ms)."""
         sh, K = self.shape, self.kinds
+        again = 1.0 if sh.recompute == "full" else (
+            0.5 if kind == "tp" and sh.recompute == "selective"
+            and self.job.framework == "torchtitan" else 0.0)
         total = 0.0
         for s in range(sh.pp):
             node = self.cluster.nodes[pl.node[s][r]]
@@ -418,7 +423,7 @@ class Evaluator:
                                         self.shard_ring(pl, s), self.cp_ring(pl, s, r),
                                         self.ep_alltoall(pl, s, r))
             f, b = getattr(lt, f"{kind}_comm_fwd_ms"), getattr(lt, f"{kind}_comm_bwd_ms")
-            per_b = b + (f if sh.recompute == "full" else 0.0)
+            per_b = b + again * f
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 total += sh.layers[j] * (counts[K.F(j)] * f + counts[K.B(j)] * per_b)
@@ -461,9 +466,11 @@ class Evaluator:
         for h in range(sh.pp if sh.chunks > 1 else sh.pp - 1):
             hops.append((max(d[K.xf(h)] for d in durs), max(d[K.xb(h)] for d in durs)))
         comm_part = {}
-        # the expert-parallel all-to-all and the context-parallel K/V exchange on the
-        # critical path (inside each F and B), apart from the compute
-        for kind, key, on in (("ep", "ep_alltoall_ms", sh.ep > 1),
+        # the exposed tensor-parallel collectives, the expert-parallel all-to-all and the
+        # context-parallel K/V exchange on the critical path (inside each F and B), apart
+        # from the compute
+        for kind, key, on in (("tp", "tp_comm_ms", sh.tp > 1),
+                              ("ep", "ep_alltoall_ms", sh.ep > 1),
                               ("cp", "cp_exchange_ms", sh.cp > 1)):
             if on:
                 comm_part[key] = self.comm_on_path(pl, worst, counts, kind)

@@ -253,3 +253,28 @@ def test_estimate_is_fast_enough_for_solvers(gpt175, job175):
     assert ev.m == 64
     full = ev.estimate(plan.placement)
     assert ev.iteration_ms(plan.placement) == pytest.approx(full.iteration_ms, rel=1e-12)
+
+
+@pytest.mark.parametrize("framework,recompute,again", [
+    ("megatron", "none", 0.0), ("megatron", "full", 1.0), ("megatron", "selective", 0.0),
+    ("torchtitan", "selective", 0.5)])
+def test_breakdown_shows_exposed_tp_collectives(framework, recompute, again):
+    """One stage: the critical path runs every micro-batch's F and B of every layer, so the
+    breakdown's tp_comm_ms is layers x micro-batches x (the exposed forward collectives, the
+    backward's, and the forward's again as far as the recompute reruns them: all of them
+    under full recompute, half under torchtitan's per-op selective one); it is taken out of
+    the compute, and the parts still add up to the iteration."""
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 100.0, 50.0)
+    job = JobSpec(global_batch=4, seq_length=8192, framework=framework,
+                  zero=3 if framework == "torchtitan" else None)
+    plan = make_plan(m, job, c, tp=8, pp=1, dp=1, sequence_parallel=True, recompute=recompute)
+    ev = Evaluator(m, job, c, plan.shape)
+    e = ev.estimate(plan.placement)
+    node = c.nodes[0]
+    lt = ev.costs.layer_times(node.gpu, node.ring_gb_per_s(plan.placement.gpus[0][0]),
+                              ev.shard_ring(plan.placement, 0))
+    assert lt.tp_comm_fwd_ms > 0
+    want = m.num_layers * 4 * ((1 + again) * lt.tp_comm_fwd_ms + lt.tp_comm_bwd_ms)
+    assert e.breakdown_ms["tp_comm_ms"] == pytest.approx(want)
+    assert sum(e.breakdown_ms.values()) == pytest.approx(e.iteration_ms)

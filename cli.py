@@ -76,6 +76,11 @@ class Schedule(str, Enum):
     interleaved = "interleaved"
 
 
+class KvRotate(str, Enum):
+    allgather = "allgather"
+    alltoall = "alltoall"
+
+
 class Recompute(str, Enum):
     none = "none"
     selective = "selective"
@@ -206,6 +211,9 @@ ShardListOpt = Annotated[Optional[str], typer.Option(
 CpListOpt = Annotated[Optional[str], typer.Option(
     "--cp", help="Context-parallel degrees to search: a value or a list [1; for sequences of "
     "16k tokens or more, every power of two the sequence admits].")]
+KvRotateListOpt = Annotated[Optional[str], typer.Option(
+    "--kv-rotate", help="torchtitan with CP: its K/V rotation (context_parallel_rotate_method) "
+    "to search, allgather, alltoall or both comma-separated [both].")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     "--calibration", help="A calibration profile (`calibrate`): its fitted parameters replace "
     "the presets' for its GPU type, and estimates carry 95% prediction intervals.")]
@@ -373,11 +381,15 @@ def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
     return tuple(out)
 
 
+# torchtitan's K/V rotations under context parallelism (Shape.cp_alltoall)
+KV_ROTATIONS = ("allgather", "alltoall")
+
+
 def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
            tp: str | None = None, pp: str | None = None, mbs: str | None = None,
            schedule: str | None = None, recompute: str | None = None,
            zero: str | None = None, shard_size: str | None = None, cp: str | None = None,
-           ep: str | None = None):
+           ep: str | None = None, kv_rotate: str | None = None):
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
@@ -394,6 +406,9 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
                        shard_sizes=_int_list(shard_size, "--shard-size", allow_zero=True),
                        cp=_int_list(cp, "--cp"),
                        ep=_int_list(ep, "--ep"),
+                       cp_alltoall=tuple(dict.fromkeys(
+                           r == "alltoall" for r in _choice_list(kv_rotate, "--kv-rotate",
+                                                                 KV_ROTATIONS) or KV_ROTATIONS)),
                        tp_comm_overlap=(tp_comm_overlap,),
                        overlap_grad_reduce=(overlap_grad_reduce,),
                        overlap_param_gather=(overlap_param_gather,))
@@ -456,6 +471,9 @@ def estimate(
     dp: Annotated[Optional[int], typer.Option(
         help="Data-parallel degree [GPUs/(TP*PP*CP)].")] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
+    kv_rotate: Annotated[KvRotate, typer.Option(
+        "--kv-rotate", help="torchtitan with CP: its K/V rotation "
+        "(context_parallel_rotate_method).")] = KvRotate.allgather,
     ep: Annotated[int, typer.Option(help="Expert-parallel degree (mixture of experts).")] = 1,
     mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
@@ -517,7 +535,8 @@ def estimate(
                             source="options", field="--layers") from None
     c0, opts0 = c, _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
-    plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mbs,
+    plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp,
+                     cp_alltoall=kv_rotate == KvRotate.alltoall, ep=ep, micro_batch=mbs,
                      schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
                      sequence_parallel=sp, distributed_optimizer=distopt, zero=zero,
@@ -704,6 +723,7 @@ def solve(
     shard_size: ShardListOpt = None,
     cp: CpListOpt = None,
     ep: EpListOpt = None,
+    kv_rotate: KvRotateListOpt = None,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
@@ -740,7 +760,7 @@ def solve(
     opts0 = _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
-                   schedule, recompute, zero, shard_size, cp, ep)
+                   schedule, recompute, zero, shard_size, cp, ep, kv_rotate)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
@@ -813,6 +833,7 @@ def compare(
     shard_size: ShardListOpt = None,
     cp: CpListOpt = None,
     ep: EpListOpt = None,
+    kv_rotate: KvRotateListOpt = None,
     sharding: Annotated[bool, typer.Option(
         "--sharding", help="Instead: the best plan under ZeRO-1, ZeRO-3 and HSDP, side by "
         "side (time and memory).")] = False,
@@ -832,7 +853,7 @@ def compare(
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
-                   cp, ep)
+                   cp, ep, kv_rotate)
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
     opts = None

@@ -307,6 +307,8 @@ def _titan_cases():
     jcp = JobSpec(global_batch=32, seq_length=32768, framework="torchtitan")
     out.append(("Llama-3 8B CP=4 TP=2 seq 32k", l3, jcp, h100,
                 make_plan(l3, jcp, h100, tp=2, pp=1, cp=4, zero=3, sequence_parallel=True)))
+    out.append(("Llama-3 8B CP=8 TP=1, K/V alltoall", l3, jcp, h100,
+                make_plan(l3, jcp, h100, tp=1, pp=1, cp=8, cp_alltoall=True, zero=3)))
     jf8 = JobSpec(global_batch=128, seq_length=8192, fp8=True, framework="torchtitan")
     out.append(("Llama-3 70B Float8, async TP", l70, jf8, h100,
                 make_plan(l70, jf8, h100, tp=8, pp=1, zero=3, sequence_parallel=True,
@@ -341,6 +343,8 @@ def titan_expected(model, job, plan, version) -> list[tuple[str, object, str]]:
         ("micro_batch", sh.micro_batch, "parallelism"),
         ("ac_mode", sh.recompute, "recompute"),
         ("float8", sh.fp8, "precision"), ("async_tp", sh.tp_comm_overlap, "overlap"),
+        ("cp_rotate", ("alltoall" if sh.cp_alltoall else "allgather") if sh.cp > 1 else None,
+         "parallelism"),
     ]
     return rows
 
@@ -358,7 +362,8 @@ def titan_built(v: dict) -> dict:
         "tokens_per_step": v["global_batch"] * v["seq_len"],
         "micro_batch": v["microbatch"] if v["pp"] > 1 else v["local_batch"],
         "ac_mode": v["ac_mode"], "float8": "float8" in v["converters"],
-        "async_tp": v["async_tp"]}
+        "async_tp": v["async_tp"],
+        "cp_rotate": v["cp_rotate"] if v["cp"] > 1 else None}
 
 
 def check_torchtitan(python: str, version: str, root: str, work: Path) -> int:

@@ -341,6 +341,7 @@ def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
         raise rd.err(f"{sw}.layers", "must be a list of integers (layers per virtual stage)")
     shape = Shape(tp=rd.get(sd, "tp", sw, int), pp=rd.get(sd, "pp", sw, int),
                   dp=rd.get(sd, "dp", sw, int), cp=rd.get(sd, "cp", sw, int, 1),
+                  cp_alltoall=rd.get(sd, "cp_alltoall", sw, bool, False),
                   ep=rd.get(sd, "ep", sw, int, 1), etp=rd.get(sd, "etp", sw, int, 0),
                   micro_batch=rd.get(sd, "micro_batch", sw, int),
                   schedule=rd.get(sd, "schedule", sw, str), chunks=rd.get(sd, "chunks", sw, int),

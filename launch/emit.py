@@ -849,9 +849,9 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     par: dict = {"tensor_parallel_degree": sh.tp, "pipeline_parallel_degree": sh.pp,
                  "context_parallel_degree": sh.cp}
     if sh.cp > 1:
-        # the K/V exchange the estimate prices (model/costs.py _cp_exchange_ms), torchtitan's
-        # default in both releases, written out so that the plan pins it
-        par["context_parallel_rotate_method"] = "allgather"
+        # the K/V rotation the estimate priced (model/costs.py _cp_exchange_ms; "allgather"
+        # is torchtitan's default in both releases), written out so that the plan pins it
+        par["context_parallel_rotate_method"] = "alltoall" if sh.cp_alltoall else "allgather"
     # v0.1 repeats K and V to the query heads before attention (repeat_kv), v0.2.2 does not
     # (v0.2.0 and v0.2.1 still did): with CP or eager kernels the estimate depends on it
     gqa = model.num_kv_heads < model.num_heads and not model.is_mla

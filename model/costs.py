@@ -232,7 +232,11 @@ class CostModel:
         slowest hop, hides only behind step 0. The backward gathers the K/V again the same
         way, and passes the K/V gradients, accumulated in fp32 (convert_to_f32), to the next
         rank after every step by an all-to-all: each of those hides behind the next step, and
-        the last, which returns the gradients to their owner, waits in full."""
+        the last, which returns the gradients to their owner, waits in full. With its
+        "alltoall" rotation (`Shape.cp_alltoall`, `_AllToAllRotater`) the forward passes each
+        chunk on to the next rank while a step computes, as the ring above, and in the
+        backward each step also carries the previous step's fp32 gradients (the last
+        gradients waited for in full)."""
         cp = self.shape.cp
         if cp <= 1:
             return 0.0, 0.0
@@ -240,8 +244,16 @@ class CostModel:
         step = self.cp_step_bytes() / (ring_gb_per_s * 1e6) + lat
         f_core, b_core = lc.fwd.ms["attention"], lc.bwd.ms["attention"]
         if self.job.framework == "torchtitan":
-            gather = (cp - 1) * step
             grad_step = element_bytes("fp32") / self.job.activation_bytes * (step - lat) + lat
+            if self.shape.cp_alltoall:
+                # backward step windows: the first carries the next K/V chunk, the middle
+                # cp - 2 a chunk and the previous step's gradients, the last the gradients
+                b = b_core / cp
+                fwd = (cp - 1) * exposed_async_ms(step, f_core / cp)
+                bwd = (exposed_async_ms(step, b) + (cp - 2) * exposed_async_ms(step + grad_step, b)
+                       + exposed_async_ms(grad_step, b) + grad_step)
+                return fwd, bwd
+            gather = (cp - 1) * step
             fwd = exposed_async_ms(gather, f_core / cp)
             bwd = (exposed_async_ms(gather, b_core / cp)
                    + (cp - 1) * exposed_async_ms(grad_step, b_core / cp) + grad_step)

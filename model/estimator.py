@@ -548,7 +548,8 @@ def default_layers(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
 
 
 def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, pp: int,
-              dp: int | None = None, cp: int = 1, ep: int = 1, etp: int = 0,
+              dp: int | None = None, cp: int = 1, cp_alltoall: bool = False, ep: int = 1,
+              etp: int = 0,
               micro_batch: int = 1,
               schedule: str = "1f1b",
               chunks: int = 1, layers: tuple[int, ...] | None = None, recompute: str = "none",
@@ -569,8 +570,8 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
                 else (job.zero or 0))
     if fp8 is None:
         fp8 = bool(job.fp8)
-    shape = Shape(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=micro_batch,
-                  schedule=schedule,
+    shape = Shape(tp=tp, pp=pp, dp=dp, cp=cp, cp_alltoall=cp_alltoall, ep=ep, etp=etp,
+                  micro_batch=micro_batch, schedule=schedule,
                   chunks=chunks, layers=(), recompute=recompute,
                   sequence_parallel=sequence_parallel, zero=zero, shard_size=shard_size,
                   fp8=fp8,

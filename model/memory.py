@@ -221,13 +221,15 @@ def cp_chunk_bytes(model: ModelSpec, job: JobSpec, shape: Shape) -> float:
 
 def cp_gather_work_bytes(model: ModelSpec, job: JobSpec, shape: Shape) -> float:
     """What torchtitan's context parallelism holds during one layer's attention backward
-    (PyTorch's `_templated_ring_attention_backward`, all-gather rotation; model/costs.py
-    `_cp_exchange_ms`): every rank's K/V chunk, gathered (cp chunks), the fp32 K and V
-    gradient accumulators (2 chunks' bytes) and the fp32 gradients on their way to and from
-    the neighbours (2 + 2). Megatron-LM's p2p ring double-buffers one chunk: not counted."""
+    (PyTorch's `_templated_ring_attention_backward`; model/costs.py `_cp_exchange_ms`): every
+    rank's K/V chunk, gathered (cp chunks; with the alltoall rotation, `Shape.cp_alltoall`,
+    the chunk in use and the next: 2), the fp32 K and V gradient accumulators (2 chunks'
+    bytes) and the fp32 gradients on their way to and from the neighbours (2 + 2).
+    Megatron-LM's p2p ring double-buffers one chunk: not counted."""
     if job.framework != "torchtitan" or shape.cp <= 1:
         return 0.0
-    return (shape.cp + 6) * cp_chunk_bytes(model, job, shape)
+    held = 2 if shape.cp_alltoall else shape.cp
+    return (held + 6) * cp_chunk_bytes(model, job, shape)
 
 
 def op_sac_tensors(model: ModelSpec, job: JobSpec, shape: Shape

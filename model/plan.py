@@ -66,6 +66,10 @@ class Shape:
     # each of cp ranks holds 1/cp of every sequence (2 * cp chunks, rank i the i-th and the
     # (2cp-1-i)-th, which balances causal attention) and passes K and V around a ring
     cp: int = 1
+    # torchtitan's K/V rotation under CP (its context_parallel_rotate_method): False its
+    # default "allgather" (one gather of every rank's K/V per layer), True "alltoall" (each
+    # step's chunk passed on while the step computes); model/costs.py prices both
+    cp_alltoall: bool = False
     # expert parallelism (Megatron-LM --expert-model-parallel-size): the routed experts of
     # every MoE layer are split over ep consecutive columns of a stage (rank order
     # tp-cp-ep-dp-pp: the EP group sits inside the data x context parallel ranks), and each
@@ -130,6 +134,8 @@ class Shape:
                 f" hsdp{self.shard_size}x{self.dp // self.shard_size}"
         if self.fp8:
             s += " fp8"
+        if self.cp_alltoall:
+            s += " kv-alltoall"
         for f, tag in (("tp_comm_overlap", "tp-overlap"), ("overlap_grad_reduce", "grad-overlap"),
                        ("overlap_param_gather", "param-overlap")):
             if getattr(self, f):
@@ -323,6 +329,11 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         raise SpecError("ZeRO-3 prefetches and overlaps its per-layer collectives itself; the "
                         "bucket overlaps (--overlap-grad-reduce / --overlap-param-gather) are "
                         "for ZeRO-0 to 2", source=src, field="overlap_grad_reduce")
+    if shape.cp_alltoall and (job.framework != "torchtitan" or shape.cp <= 1):
+        raise SpecError("is torchtitan's choice of K/V rotation under context parallelism "
+                        "(context_parallel_rotate_method alltoall); it needs framework "
+                        "torchtitan and CP > 1 (Megatron-LM's ring passes K/V step by step "
+                        "already)", source=src, field="cp_alltoall")
     if job.framework == "torchtitan" and shape.zero not in (0, 3):
         raise SpecError("torchtitan shards with FSDP2 (ZeRO-3) or replicates (DDP); ZeRO-1/2 "
                         "are not among its options", source=src, field="zero")

@@ -93,6 +93,8 @@ class SearchSpace:
     # context-parallel degrees; None: 1, and for sequences of at least CP_MIN_SEQ tokens every
     # power of two up to the GPU count that the sequence admits (validate_shape)
     cp: tuple[int, ...] | None = None
+    # torchtitan's K/V rotation under CP (Shape.cp_alltoall): both by default
+    cp_alltoall: tuple[bool, ...] = (False, True)
     # expert-parallel degrees (mixture-of-experts models); None: every degree that divides
     # the experts and the data x context parallel columns (1 for dense models)
     ep: tuple[int, ...] | None = None
@@ -142,10 +144,14 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     if sched != "interleaved" and pp == 1 and sched != "1f1b":
                         continue
                     shardings = _shardings(job, space, tp, pp, dp, cp, G)
+                    rotations = (space.cp_alltoall if cp > 1 and job.framework == "torchtitan"
+                                 else (False,))
                     for rc in space.recompute:
-                        for (zero, ss), f8, ovl, (ep, etp) in itertools.product(
-                                shardings, fp8s, overlaps, _eps(model, space, tp, dp * cp)):
-                            sh = Shape(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp,
+                        for (zero, ss), f8, ovl, (ep, etp), a2a in itertools.product(
+                                shardings, fp8s, overlaps, _eps(model, space, tp, dp * cp),
+                                rotations):
+                            sh = Shape(tp=tp, pp=pp, dp=dp, cp=cp, cp_alltoall=a2a, ep=ep,
+                                       etp=etp,
                                        micro_batch=mbs,
                                        schedule=sched,
                                        chunks=v, layers=(), recompute=rc,

@@ -205,3 +205,20 @@ def test_torchtitan_release_decides_how_kv_is_counted(tmp_path):
     assert r.exit_code == 2 and "--framework-version: is for --emit" in r.output
     r = run("estimate", "--framework", "torchtitan", "--framework-version", "0.3", "--zero", "3")
     assert r.exit_code == 2 and "not '0.3'" in r.output
+
+
+def test_kv_rotate_option(tmp_path):
+    """`estimate --kv-rotate alltoall` plans torchtitan's alltoall K/V rotation (the plan file
+    keeps it); a Megatron-LM plan refuses it, and `solve` a rotation it does not know, in one
+    line each."""
+    path = tmp_path / "p.json"
+    common = ("-m", "llama3-8b", "-c", "h100-8x8", "--gbs", "8", "--seq", "65536", "--tp", "2",
+              "--pp", "1", "--dp", "4", "--cp", "8", "--recompute", "full")
+    r = run("estimate", *common, "--framework", "torchtitan", "--zero", "3", "--kv-rotate",
+            "alltoall", "--save-plan", str(path), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(path.read_text())["plan"]["shape"]["cp_alltoall"] is True
+    r = run("estimate", *common, "--kv-rotate", "alltoall")
+    assert r.exit_code == 2 and "cp_alltoall: is torchtitan's choice" in r.output
+    r = run("solve", "--kv-rotate", "ring")
+    assert r.exit_code == 2 and "--kv-rotate" in r.output

@@ -131,25 +131,40 @@ def test_torchtitan_cp_gathers_kv_and_hides_it_behind_one_step(l3, repeat_kv):
         assert lt.cp_comm_fwd_ms > 0
         mg = ex["megatron"][0]
         assert lt.cp_comm_fwd_ms > mg.cp_comm_fwd_ms and lt.cp_comm_bwd_ms > mg.cp_comm_bwd_ms
+        # its "alltoall" rotation passes each chunk on beside one step, K/V and gradients
+        # together in the backward: its forward never exposes more than the gather's (its
+        # backward can, where the gather fits behind the first step and the gradients alone
+        # behind the others)
+        plan = make_plan(l3, job_tt, c, tp=2, pp=1, dp=1, cp=32, cp_alltoall=True,
+                         sequence_parallel=True, zero=0)
+        ev = Evaluator(l3, job_tt, c, plan.shape)
+        a2a = ev.costs.layer_times(c.nodes[0].gpu, 360.0, cp_ring_gb_per_s=ring)
+        assert a2a.cp_comm_fwd_ms == pytest.approx(31 * max(0.0, step - f))
+        assert a2a.cp_comm_bwd_ms == pytest.approx(
+            max(0.0, step - b) + 30 * max(0.0, step + grad - b) + max(0.0, grad - b) + grad)
+        assert a2a.cp_comm_fwd_ms <= lt.cp_comm_fwd_ms * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("repeat_kv", [False, True])
 def test_torchtitan_cp_backward_holds_the_gathered_kv(l3, repeat_kv):
     """A torchtitan stage under CP holds, during a layer's attention backward, the gathered
-    K/V of all cp ranks, the fp32 K/V gradient accumulators and the fp32 gradients in flight:
-    (cp + 6) chunks. With nothing recomputed, that is the working memory of a stage that does
+    K/V of all cp ranks (2 chunks with the alltoall rotation), the fp32 K/V gradient
+    accumulators and the fp32 gradients in flight: (cp + 6) chunks. With nothing recomputed, that is the working memory of a stage that does
     not compute the loss; Megatron-LM's stage holds none of it."""
     c = h100(2)
     works = {}
-    for fw in ("torchtitan", "megatron"):
+    for fw, a2a in (("torchtitan", False), ("torchtitan", True), ("megatron", False)):
         job = JobSpec(global_batch=2, seq_length=131072, framework=fw,
                       repeat_kv=repeat_kv and fw == "torchtitan")
-        plan = make_plan(l3, job, c, tp=1, pp=2, dp=1, cp=8, zero=0, recompute="none")
-        works[fw] = estimate(l3, job, c, plan).stages[0].memory.working_gib
+        plan = make_plan(l3, job, c, tp=1, pp=2, dp=1, cp=8, cp_alltoall=a2a, zero=0,
+                         recompute="none")
+        works[fw, a2a] = estimate(l3, job, c, plan).stages[0].memory.working_gib
     heads = 32 if repeat_kv else 8
     chunk = 131072 // 8 * 2 * heads * 128 * 2  # tokens x (K and V) x width x 2 bytes
-    assert works["torchtitan"] == pytest.approx((8 + 6) * chunk / 2**30)
-    assert works["megatron"] == 0.0
+    assert works["torchtitan", False] == pytest.approx((8 + 6) * chunk / 2**30)
+    # the alltoall rotation holds the chunk in use and the next instead of all 8
+    assert works["torchtitan", True] == pytest.approx((2 + 6) * chunk / 2**30)
+    assert works["megatron", False] == 0.0
 
 
 def test_breakdown_shows_the_cp_exchange_on_the_critical_path(l3):
@@ -187,6 +202,57 @@ def test_torchtitan_emit_warns_when_the_release_treats_kv_otherwise(l3):
         assert bool(warn) == warned, (repeat_kv, version, warn)
         if warned:
             assert "4x in bytes" in warn[0]
+
+
+def test_kv_rotation_is_torchtitans_choice_and_searched_for_it(l3, tmp_path):
+    """Shape.cp_alltoall: torchtitan's to choose under CP, refused in one line elsewhere; the
+    search tries both rotations for torchtitan CP shapes only; the TOML names the one chosen;
+    a plan file keeps it, and one written before it existed reads as the default."""
+    c = h100(2)
+    tt = JobSpec(global_batch=8, seq_length=65536, framework="torchtitan")
+    mg = JobSpec(global_batch=8, seq_length=65536)
+    for job, kw in ((mg, dict(cp=4)), (tt, dict(cp=1))):
+        with pytest.raises(SpecError) as e:
+            make_plan(l3, job, c, tp=4, pp=1, cp_alltoall=True, sequence_parallel=True,
+                      zero=3 if job is tt else 0, **kw)
+        assert e.value.field == "cp_alltoall"
+    space = SearchSpace(tp=(4,), pp=(1,), micro_batch=(1,), recompute=("full",))
+    rot = {(sh.cp, sh.cp_alltoall) for sh in enumerate_shapes(l3, tt, c, space)}
+    assert {(4, False), (4, True), (1, False)} <= rot and (1, True) not in rot
+    assert {a for _, a in ((sh.cp, sh.cp_alltoall)
+                           for sh in enumerate_shapes(l3, mg, c, space))} == {False}
+    only = SearchSpace(tp=(4,), pp=(1,), micro_batch=(1,), recompute=("full",),
+                       cp_alltoall=(True,))
+    assert all(sh.cp_alltoall for sh in enumerate_shapes(l3, tt, c, only) if sh.cp > 1)
+    plan = make_plan(l3, tt, c, tp=4, pp=1, dp=1, cp=4, cp_alltoall=True,
+                     sequence_parallel=True, zero=3)
+    assert "kv-alltoall" in plan.shape.describe()
+    par = torchtitan_config(l3, tt, c, plan)[0]["parallelism"]
+    assert par["context_parallel_rotate_method"] == "alltoall"
+    from formats.planfile import load_plan, save_plan
+    tmp = tmp_path / "p.json"
+    save_plan(tmp, l3, tt, c, plan, estimate(l3, tt, c, plan))
+    assert load_plan(tmp)[3].shape.cp_alltoall is True
+    d = json.loads(tmp.read_text())
+    del d["plan"]["shape"]["cp_alltoall"]
+    tmp.write_text(json.dumps(d))
+    assert load_plan(tmp)[3].shape.cp_alltoall is False
+
+
+def test_torchtitan_cp_solve_weighs_both_rotations(l3):
+    """A torchtitan long-context solve considers both K/V rotations of every CP shape, and
+    the plan it returns re-evaluates to its objective."""
+    job = JobSpec(global_batch=4, seq_length=131072, framework="torchtitan", repeat_kv=True)
+    c = h100(2, 5.0)
+    space = SearchSpace(tp=(2,), pp=(1,), micro_batch=(1,), schedules=(("1f1b", 1),),
+                        recompute=("full",))
+    res = solve(l3, job, c, time_limit_s=30, space=space)
+    described = {x.describe for x in res.candidates}
+    cp_shapes = [d for d in described if "CP=" in d]
+    assert any("kv-alltoall" in d for d in cp_shapes)
+    assert any("kv-alltoall" not in d for d in cp_shapes)
+    e = estimate(l3, job, c, res.plan)
+    assert e.iteration_ms == pytest.approx(res.objective_ms, rel=1e-9)
 
 
 @pytest.mark.parametrize("jk,pk,msg", [

@@ -74,6 +74,7 @@ def titan_view(item):
            "converters": list(getattr(cfg.model, "converters", []) or []),
            "tp": par.tensor_parallel_degree, "pp": par.pipeline_parallel_degree,
            "cp": par.context_parallel_degree,
+           "cp_rotate": par.context_parallel_rotate_method,
            "dp_replicate": par.data_parallel_replicate_degree,
            "dp_shard": par.data_parallel_shard_degree,
            "ep": getattr(par, "expert_parallel_degree", 1),

@@ -385,6 +385,16 @@ def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
 KV_ROTATIONS = ("allgather", "alltoall")
 
 
+def _kv_rotate_check(kv_rotate, framework: str) -> None:
+    """--kv-rotate is torchtitan's; given for another framework it is refused, not ignored."""
+    from model.errors import SpecError
+
+    if kv_rotate is not None and framework != "torchtitan":
+        raise SpecError(f"is torchtitan's K/V rotation under context parallelism; {framework} "
+                        "has its own ring: drop it or use --framework torchtitan",
+                        source="options", field="--kv-rotate")
+
+
 def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
            tp: str | None = None, pp: str | None = None, mbs: str | None = None,
            schedule: str | None = None, recompute: str | None = None,
@@ -471,9 +481,9 @@ def estimate(
     dp: Annotated[Optional[int], typer.Option(
         help="Data-parallel degree [GPUs/(TP*PP*CP)].")] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
-    kv_rotate: Annotated[KvRotate, typer.Option(
+    kv_rotate: Annotated[Optional[KvRotate], typer.Option(
         "--kv-rotate", help="torchtitan with CP: its K/V rotation "
-        "(context_parallel_rotate_method).")] = KvRotate.allgather,
+        "(context_parallel_rotate_method) [allgather, its default].")] = None,
     ep: Annotated[int, typer.Option(help="Expert-parallel degree (mixture of experts).")] = 1,
     mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
@@ -521,6 +531,7 @@ def estimate(
         _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
                           interval=_interval(prof, m, job, c0, plan, opts0), **outputs)
         return
+    _kv_rotate_check(kv_rotate, framework.value)
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
                         framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
@@ -759,6 +770,7 @@ def solve(
                          framework_version=framework_version)
     opts0 = _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration)
+    _kv_rotate_check(kv_rotate, framework.value)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate)
     prog = render.Progress(not as_json)
@@ -852,6 +864,7 @@ def compare(
                         grad_reduce_in_bf16=grad_reduce_in_bf16,
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
+    _kv_rotate_check(kv_rotate, framework.value)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep, kv_rotate)
     instances = [c] if generated <= 0 else [

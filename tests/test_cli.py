@@ -219,6 +219,11 @@ def test_kv_rotate_option(tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(path.read_text())["plan"]["shape"]["cp_alltoall"] is True
     r = run("estimate", *common, "--kv-rotate", "alltoall")
+    assert r.exit_code == 2 and "--kv-rotate: is torchtitan's K/V rotation" in r.output
+    r = run("estimate", *common, "--framework", "torchtitan", "--zero", "3", "--cp", "1",
+            "--dp", "32", "--gbs", "32", "--kv-rotate", "alltoall")
     assert r.exit_code == 2 and "cp_alltoall: is torchtitan's choice" in r.output
-    r = run("solve", "--kv-rotate", "ring")
+    r = run("solve", "--kv-rotate", "alltoall")  # the example is a Megatron-LM job
+    assert r.exit_code == 2 and "--kv-rotate: is torchtitan's K/V rotation" in r.output
+    r = run("solve", "--framework", "torchtitan", "--kv-rotate", "ring")
     assert r.exit_code == 2 and "--kv-rotate" in r.output

@@ -132,7 +132,7 @@ def _bounded(flag: str, lo: float, hi: float, why: str = ""):
 # bounds of the job options, with the reason (model.specs)
 GbsOpt = Annotated[int, typer.Option("--gbs", help="Global batch (sequences).",
                                      callback=_bounded("--gbs", 1, MAX_GLOBAL_BATCH))]
-SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length [model's].",
+SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length \\[model's].",
                                                callback=_bounded("--seq", 1, MAX_SEQ_LENGTH))]
 PrecOpt = Annotated[str, typer.Option(
     "--precision", help="fp32, fp16, bf16 or fp8 (FP8 linear layers over bf16); solve and "
@@ -159,20 +159,20 @@ SavePlanOpt = Annotated[Optional[Path], typer.Option(
 EmitOpt = Annotated[Optional[str], typer.Option(
     "--emit", help="Write launch files: megatron, nemo, torchtitan or deepspeed.")]
 LaunchOutOpt = Annotated[Optional[Path], typer.Option(
-    "--out", "-o", help="Folder for the launch files [launch-<framework>].")]
+    "--out", "-o", help="Folder for the launch files \\[launch-<framework>].")]
 FileOutOpt = Annotated[Optional[Path], typer.Option("--out", "-o",
-                                                   help="Write the TOML here [stdout].")]
+                                                   help="Write the TOML here \\[stdout].")]
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Emit a plan that does not fit in memory (every file then says so), and "
     "write into an --out folder holding files this tool did not write.")]
 TokenizerOpt = Annotated[Optional[str], typer.Option(
     "--tokenizer", help="Hugging Face tokenizer (name or path) for the emitted Megatron-LM "
-    "arguments and NeMo configs [NullTokenizer of the model's vocabulary].")]
+    "arguments and NeMo configs \\[NullTokenizer of the model's vocabulary].")]
 FwVersionOpt = Annotated[Optional[str], typer.Option(
     "--framework-version", help="The framework release to emit for: NeMo bridge (a "
     "Megatron-Bridge recipe) or 1 (NeMo 1.x YAML); torchtitan 0.2 (v0.2.x, the current "
     "release) or 0.1 (v0.1.0 to the 2025-10 main; its estimate counts K and V repeated to "
-    "the query heads, as v0.1 runs attention) [the current one].")]
+    "the query heads, as v0.1 runs attention) \\[the current one].")]
 GanttOpt = Annotated[Optional[Path], typer.Option(
     "--gantt", help="Write the schedule's Gantt chart to this PNG.")]
 PlacementPngOpt = Annotated[Optional[Path], typer.Option(
@@ -191,29 +191,29 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.",
                                       callback=_bounded("--seed", 0, 2**32 - 1,
                                                         "numpy seeds are 32-bit"))]
 TpListOpt = Annotated[Optional[str], typer.Option(
-    "--tp", help="Tensor-parallel degrees to search: a value or a list, e.g. 4,8 [all].")]
+    "--tp", help="Tensor-parallel degrees to search: a value or a list, e.g. 4,8 \\[all].")]
 PpListOpt = Annotated[Optional[str], typer.Option(
-    "--pp", help="Pipeline-parallel degrees to search: a value or a list [all].")]
+    "--pp", help="Pipeline-parallel degrees to search: a value or a list \\[all].")]
 MbsListOpt = Annotated[Optional[str], typer.Option(
-    "--mbs", help="Micro-batch sizes to search: a value or a list [1,2,4,8].")]
+    "--mbs", help="Micro-batch sizes to search: a value or a list \\[1,2,4,8].")]
 ScheduleListOpt = Annotated[Optional[str], typer.Option(
     "--schedule", help="Schedules to search: 1f1b, gpipe, interleaved, interleaved:V, "
-    "comma-separated [1f1b,interleaved].")]
+    "comma-separated \\[1f1b,interleaved].")]
 RecomputeListOpt = Annotated[Optional[str], typer.Option(
     "--recompute", help="Recompute modes to search: none, selective, full, comma-separated "
-    "[all].")]
+    "\\[all].")]
 ZeroListOpt = Annotated[Optional[str], typer.Option(
     "--zero", help="ZeRO stages to search (0 none, 1 optimizer state / distributed optimizer, 2 "
-    "+ gradients, 3 + parameters / FSDP), e.g. 1,3 [what the framework offers].")]
+    "+ gradients, 3 + parameters / FSDP), e.g. 1,3 \\[what the framework offers].")]
 ShardListOpt = Annotated[Optional[str], typer.Option(
     "--shard-size", help="HSDP: data-parallel ranks per shard group for ZeRO-3, a value or a "
-    "list; 0 shards over the whole group [0 and one node's replicas].")]
+    "list; 0 shards over the whole group \\[0 and one node's replicas].")]
 CpListOpt = Annotated[Optional[str], typer.Option(
-    "--cp", help="Context-parallel degrees to search: a value or a list [1; for sequences of "
+    "--cp", help="Context-parallel degrees to search: a value or a list \\[1; for sequences of "
     "16k tokens or more, every power of two the sequence admits].")]
 KvRotateListOpt = Annotated[Optional[str], typer.Option(
     "--kv-rotate", help="torchtitan with CP: its K/V rotation (context_parallel_rotate_method) "
-    "to search, allgather, alltoall or both comma-separated [both].")]
+    "to search, allgather, alltoall or both comma-separated \\[both].")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     "--calibration", help="A calibration profile (`calibrate`): its fitted parameters replace "
     "the presets' for its GPU type, and estimates carry 95% prediction intervals.")]
@@ -244,7 +244,7 @@ CapacityOpt = Annotated[float, typer.Option(
     "padded).")]
 EpListOpt = Annotated[Optional[str], typer.Option(
     "--ep", help="Expert-parallel degrees to search (mixture-of-experts models): a value or a "
-    "list [every degree dividing the experts and DP x CP].")]
+    "list \\[every degree dividing the experts and DP x CP].")]
 GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset of every node (see `presets`).")]
 GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 IntraTopologyOpt = Annotated[Optional[str], typer.Option(
@@ -479,17 +479,17 @@ def estimate(
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 4,
     dp: Annotated[Optional[int], typer.Option(
-        help="Data-parallel degree [GPUs/(TP*PP*CP)].")] = None,
+        help="Data-parallel degree \\[GPUs/(TP*PP*CP)].")] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
     kv_rotate: Annotated[Optional[KvRotate], typer.Option(
         "--kv-rotate", help="torchtitan with CP: its K/V rotation "
-        "(context_parallel_rotate_method) [allgather, its default].")] = None,
+        "(context_parallel_rotate_method) \\[allgather, its default].")] = None,
     ep: Annotated[int, typer.Option(help="Expert-parallel degree (mixture of experts).")] = 1,
     mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option(help="Model chunks per stage (interleaved).")] = 1,
     layers: Annotated[Optional[str], typer.Option(
-        help="Layers per virtual stage, comma-separated [balanced].")] = None,
+        help="Layers per virtual stage, comma-separated \\[balanced].")] = None,
     recompute: Annotated[Recompute, typer.Option(help="Activation recompute.")] = Recompute.none,
     sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
     distopt: Annotated[bool, typer.Option("--distopt/--no-distopt",
@@ -616,9 +616,9 @@ def sweep(
     rest: Annotated[Optional[list[str]], typer.Argument(help="With `report`: the results "
                                                         "store.")] = None,
     results: Annotated[Optional[Path], typer.Option(
-        "--results", help="The results store (SQLite) [sweeps/<name>.sqlite].")] = None,
+        "--results", help="The results store (SQLite) \\[sweeps/<name>.sqlite].")] = None,
     jobs: Annotated[Optional[int], typer.Option(
-        "--jobs", help="Worker processes [all cores].")] = None,
+        "--jobs", help="Worker processes \\[all cores].")] = None,
     ray: Annotated[Optional[str], typer.Option(
         "--ray", help="Run on Ray: a cluster address, or `local` for ray.init() here.")] = None,
     out: Annotated[Path, typer.Option("--out", help="With `report`: the folder for tables "
@@ -724,7 +724,7 @@ def solve(
     seed: SeedOpt = 0,
     distopt: Annotated[Optional[bool], typer.Option(
         "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
-        "[solver chooses].")] = None,
+        "\\[solver chooses].")] = None,
     tp: TpListOpt = None,
     pp: PpListOpt = None,
     mbs: MbsListOpt = None,
@@ -750,7 +750,7 @@ def solve(
     tokenizer: TokenizerOpt = None,
     framework_version: FwVersionOpt = None,
     jobs: Annotated[Optional[int], typer.Option(
-        "--jobs", help="Worker processes that bound and screen the shapes [all cores]; the "
+        "--jobs", help="Worker processes that bound and screen the shapes \\[all cores]; the "
         "plan found does not depend on it.",
         callback=_bounded("--jobs", 1, 4096))] = None,
 ):
@@ -835,7 +835,7 @@ def compare(
     seed: SeedOpt = 0,
     distopt: Annotated[Optional[bool], typer.Option(
         "--distopt/--no-distopt", help="Force the distributed optimizer on or off "
-        "[solver chooses].")] = None,
+        "\\[solver chooses].")] = None,
     tp: TpListOpt = None,
     pp: PpListOpt = None,
     mbs: MbsListOpt = None,
@@ -931,22 +931,22 @@ def cluster_import(
     gpu: GpuOpt,
     gpus_per_node: GpusPerNodeOpt,
     intra_gb_per_s: Annotated[Optional[float], typer.Option(
-        help="One direction of one GPU's intra-node link, GB/s [from --intra-topology].")] = None,
+        help="One direction of one GPU's intra-node link, GB/s \\[from --intra-topology].")] = None,
     intra_topology: IntraTopologyOpt = None,
     fmt: Annotated[str, typer.Option("--format",
                                      help="auto, nccl, mpigraph, csv or json.")] = "auto",
     node_names: Annotated[Optional[str], typer.Option(
         "--node-names", help="Expected node names, comma-separated, in cluster order "
-        "[as measured].")] = None,
+        "\\[as measured].")] = None,
     fill: Annotated[Optional[list[str]], typer.Option(
         help="Fill missing pairs (repeatable, applied in order): symmetric, min-row.")] = None,
     strict: Annotated[bool, typer.Option(help="Asymmetry is an error, not a warning.")] = False,
     asym_ratio: Annotated[float, typer.Option(help="Asymmetry warning ratio.")] = 1.5,
     units: Annotated[Optional[str], typer.Option(
-        help="CSV/JSON units: gb_per_s, mb_per_s, mib_per_s, gbit_per_s [gb_per_s].")] = None,
+        help="CSV/JSON units: gb_per_s, mb_per_s, mib_per_s, gbit_per_s \\[gb_per_s].")] = None,
     mpigraph_table: Annotated[str, typer.Option(help="mpiGraph table: recv, send, min.")] = "recv",
     nccl_test: Annotated[Optional[str], typer.Option(
-        help="sendrecv or all_reduce [from the file names].")] = None,
+        help="sendrecv or all_reduce \\[from the file names].")] = None,
     name: Annotated[str, typer.Option(help="Cluster name.")] = "imported",
     latency_us: LatencyOpt = 5.0,
     out: FileOutOpt = None,
@@ -1009,7 +1009,7 @@ def cluster_synth(
     noise: Annotated[float, typer.Option(help="Uniform multiplicative noise half-width.")] = 0.03,
     latency_us: LatencyOpt = 5.0,
     seed: SeedOpt = 0,
-    name: Annotated[Optional[str], typer.Option(help="Cluster name [synth-...].")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Cluster name \\[synth-...].")] = None,
     out: FileOutOpt = None,
     as_json: JsonOpt = False,
 ):

@@ -227,3 +227,12 @@ def test_kv_rotate_option(tmp_path):
     assert r.exit_code == 2 and "--kv-rotate: is torchtitan's K/V rotation" in r.output
     r = run("solve", "--framework", "torchtitan", "--kv-rotate", "ring")
     assert r.exit_code == 2 and "--kv-rotate" in r.output
+
+
+def test_help_shows_bracketed_defaults():
+    """Help texts end with their default in brackets; rich markup must not swallow them as
+    style tags (they are escaped)."""
+    r = runner.invoke(app, ["solve", "--help"], env={"COLUMNS": "300"})
+    assert r.exit_code == 0
+    for text in ("[solver chooses]", "[all cores]", "[model's]", "e.g. 4,8 [all]"):
+        assert text in r.output, text

@@ -181,6 +181,22 @@ class ClusterSpec:
         return tuple(nd for _i, nd in first.values()), np.array(index, dtype=np.int64)
 
     @cached_property
+    def max_intra_link_gb_per_s(self) -> float:
+        """The fastest one-direction GPU-to-GPU link inside any node (0 where no node has two
+        GPUs); one node of each kind is enough to look at (`node_kinds`)."""
+        best = 0.0
+        for nd in self.node_kinds:
+            if nd.num_gpus < 2:
+                continue
+            m = nd.intra_matrix_gb_per_s
+            if m is None:
+                best = max(best, nd.intra_gb_per_s)
+            else:
+                off = ~np.eye(nd.num_gpus, dtype=bool)
+                best = max(best, float(np.asarray(m, dtype=float)[off].max()))
+        return best
+
+    @cached_property
     def inbound_max_gb_per_s(self) -> np.ndarray:
         """Per receiving node m, the fastest stream into it from another node: max over n != m
         of inter_gb_per_s[n][m] (0 for a single node)."""

@@ -91,10 +91,8 @@ def best_cp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape) -> float:
     fits in one, else one of its hops leaves a node: at most the fastest inter-node stream."""
     if shape.cp <= 1:
         return math.inf
-    intra = max(max(nd.link_gb_per_s(a, b) for a in range(nd.num_gpus)
-                    for b in range(nd.num_gpus) if a != b) if nd.num_gpus > 1 else 0.0
-                for nd in cluster.nodes)
-    if shape.cp * shape.tp <= max(nd.num_gpus for nd in cluster.nodes):
+    intra = cluster.max_intra_link_gb_per_s
+    if shape.cp * shape.tp <= max(nd.num_gpus for nd in cluster.node_kinds):
         return max(intra, _top_inter(cluster, 0.0))
     return _top_inter(cluster, math.inf)
 
@@ -112,10 +110,8 @@ def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape)
         return 0.0
     chunk = costs.ep_alltoall_bytes() / ep
     top = _top_inter(cluster, 0.0)
-    link = max(max(nd.link_gb_per_s(a, b) for a in range(nd.num_gpus)
-                   for b in range(nd.num_gpus) if a != b) if nd.num_gpus > 1 else 0.0
-               for nd in cluster.nodes)
-    q = min(ep, max(nd.num_gpus for nd in cluster.nodes) // shape.expert_tp)
+    link = cluster.max_intra_link_gb_per_s
+    q = min(ep, max(nd.num_gpus for nd in cluster.node_kinds) // shape.expert_tp)
     lat = min(cluster.latency_us, INTRA_LATENCY_US) * (ep - 1) / 1e3
     net = (ep - q) * chunk / (top * 1e6) if top > 0 else math.inf
     if q < ep:
@@ -147,6 +143,35 @@ def _memory_caps(model, job, cluster, shape, options, costs) -> list[int] | None
         caps.append(min(model.num_layers, int(np.floor(np.min((budget - const) / per)
                                                        + 1e-9))))
     return caps
+
+
+def _interleaved_can_fit(model, job, cluster, shape, options, costs) -> bool:
+    """False only where no split of an interleaved shape fits in the smallest GPU memory: a
+    relaxation of `space.min_max_memory_split`. At each in-flight event of a stage the peak is
+    its constant bytes plus, per chunk, layers x (stored activations x micro-batches in flight
+    + static bytes per layer); charging every layer of the stage at the cheapest chunk's rate
+    can only lower it, so a stage holds at most min over events of (budget - constant) /
+    cheapest rate layers, and the stages must hold all L layers, at least one per chunk."""
+    m = num_microbatches(job, shape)
+    cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
+    mm = MemoryModel(model, job, shape, cs, options)
+    ovh = options.overheads
+    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+    budget = (cap - ovh.context_gib) / (1 + ovh.fragmentation) * GIB
+    p, v = shape.pp, shape.chunks
+    zero = (0,) * shape.num_virtual
+    total = 0
+    for s in range(p):
+        base = mm.const_static_bytes(costs.stage_params(s, zero), s)
+        is_b, counts = cs.inflight_arrays(s)
+        chunk0 = np.array([mm.chunk_act_bytes(c * p + s, 0) for c in range(v)])
+        const = base + np.where(is_b, mm.stage_work(s), 0.0) + counts @ chunk0
+        rate = counts.min(axis=1) * mm.act_layer + mm.layer_static_bytes
+        most = int(np.floor(np.min((budget - const) / rate) + 1e-9))
+        if most < v:
+            return False
+        total += most
+    return total >= model.num_layers
 
 
 def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
@@ -219,6 +244,8 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
 
     caps = _memory_caps(model, job, cluster, shape, options, costs) or [L] * p
     if any(x < v for x in caps) or sum(caps) < L:
+        return math.inf
+    if v > 1 and not _interleaved_can_fit(model, job, cluster, shape, options, costs):
         return math.inf
     extra = [v * fill] * p  # per micro-batch, on top of the layers
     extra[0] += e_first

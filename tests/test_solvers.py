@@ -478,6 +478,53 @@ def test_closed_form_bound_property(nodes, tp, pp_pick, sched, nic, seed, mult, 
         assert lb <= best * (1 + 1e-9), (sh.describe(), blk, lb, best)
 
 
+@pytest.mark.parametrize("name,seq,gbs", [("llama3-70b", 8192, 64), ("llama3-405b", 32768, 64),
+                                          ("gpt3-175b", 2048, 512),
+                                          ("qwen3-30b-a3b", 4096, 128)])
+def test_interleaved_memory_relaxation_never_rejects_a_fitting_shape(name, seq, gbs):
+    """The closed-form bound calls an interleaved shape infinite (nothing fits) only where
+    the most memory-balanced split overflows too, and catches most of those: over every
+    interleaved shape of a search space (both framework byte tables; 32 GPUs of 80 GiB)."""
+    from formats import presets
+    from solvers.bounds import shape_bound_ms
+    from solvers.space import SearchSpace, min_max_memory_split
+    m = presets.model(name)
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 45.0)
+    space = SearchSpace(tp=(2, 8), schedules=(("interleaved", 2),), micro_batch=(1, 2),
+                        recompute=("none", "full"), ep=(1, 8) if m.is_moe else None)
+    caught = misfits = 0
+    for fw in ("megatron", "torchtitan"):
+        job = JobSpec(global_batch=gbs, seq_length=seq, fp8=None, framework=fw)
+        for sh in enumerate_shapes(m, job, c, space):
+            peak = min_max_memory_split(m, job, c, sh, Options())[1]
+            bound = shape_bound_ms(m, job, c, sh, Options())
+            if peak <= 80:
+                assert math.isfinite(bound), (fw, sh.describe(), peak)
+            else:
+                misfits += 1
+                caught += not math.isfinite(bound)
+    assert caught >= 0.5 * misfits, (caught, misfits)
+
+
+def test_fastest_intra_link_is_the_maximum_over_every_node():
+    """ClusterSpec.max_intra_link_gb_per_s (read by the CP and EP bounds, once per cluster):
+    the fastest GPU-to-GPU link of any node, as a scan of every node and pair finds it (nodes
+    with their own measured matrices, the diagonal left out)."""
+    import dataclasses
+    rng = np.random.default_rng(0)
+    c = synth_cluster(SynthParams(num_nodes=5, gpus_per_node=4, seed=0))
+    nodes = []
+    for nd in c.nodes:
+        mat = rng.uniform(20.0, 300.0, size=(4, 4))
+        np.fill_diagonal(mat, 1e6)  # the diagonal is no link
+        nodes.append(dataclasses.replace(nd, intra_matrix_gb_per_s=mat))
+    c = dataclasses.replace(c, nodes=tuple(nodes))
+    scan = max(nd.link_gb_per_s(a, b) for nd in c.nodes for a in range(nd.num_gpus)
+               for b in range(nd.num_gpus) if a != b)
+    assert c.max_intra_link_gb_per_s == pytest.approx(scan, rel=1e-12)
+    assert scan < 300.0
+
+
 def test_worker_processes_change_nothing():
     """--jobs: shapes bounded and screened by 2 worker processes give the same shapes, splits,
     quick scores and misfits as one process, and the same solve result."""

@@ -382,7 +382,7 @@ def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
 
 
 # torchtitan's K/V rotations under context parallelism (Shape.cp_alltoall)
-KV_ROTATIONS = ("allgather", "alltoall")
+KV_ROTATIONS = tuple(r.value for r in KvRotate)
 
 
 def _kv_rotate_check(kv_rotate, framework: str) -> None:

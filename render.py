@@ -230,7 +230,7 @@ def print_solve(res, c) -> None:
     t = Table(title="Next best plans and why they lost")
     for col in ("shape", "best found s", "Megatron placement s", "lower bound s", "status"):
         t.add_column(col)
-    for x in next_best(res.candidates):
+    for x in res.runners_up(8):
         t.add_row(x.describe, f"{x.best_ms / 1e3:.3f}" if x.best_ms else "-",
                   f"{x.quick_ms / 1e3:.3f}" if x.quick_ms else "-",
                   f"{x.lower_bound_ms / 1e3:.3f}", escape(x.status))
@@ -255,25 +255,13 @@ def print_solve(res, c) -> None:
 def print_toss_up(toss, maybe) -> None:
     """What SolveResult.toss_up found inside the best plan's 95% interval."""
     if toss is not None:
-        t_ms = min(t for t in (toss.best_ms, toss.quick_ms) if t is not None)
-        console().print(f"toss-up: the next best plan, {toss.describe}, at {t_ms / 1e3:.3f} s, "
+        console().print(f"toss-up: the next best plan, {toss.describe}, at "
+                        f"{toss.timed_ms / 1e3:.3f} s, "
                         "is inside the best plan's 95% interval", highlight=False)
     elif maybe is not None:
         console().print(f"possible toss-up: {maybe.describe} was not timed inside the best "
                         f"plan's 95% interval, but its lower bound, "
                         f"{maybe.lower_bound_ms / 1e3:.3f} s, is inside it", highlight=False)
-
-
-def next_best(candidates, k: int = 8) -> list:
-    """The runners-up a solve reports: shapes that fit and were evaluated (a time found or
-    Megatron-LM's placement estimated), in the solver's order, then those pruned by their lower
-    bound alone, lowest bound first, up to `k`."""
-    fitting = [x for x in candidates
-               if x.status != "best" and not x.status.startswith("does not fit")]
-    timed = [x for x in fitting if x.best_ms is not None or x.quick_ms is not None]
-    bound_only = sorted((x for x in fitting if x.best_ms is None and x.quick_ms is None),
-                        key=lambda x: x.lower_bound_ms)
-    return (timed + bound_only)[:k]
 
 
 def print_without_cp(res, need) -> None:

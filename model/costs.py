@@ -67,6 +67,11 @@ class LayerTimes:
     shard_fill_bwd_ms: float = 0.0  # ... its first gather and last reduce-scatter
     ep_comm_fwd_ms: float = 0.0  # expert parallelism: dispatch + combine all-to-all in fwd_ms
     ep_comm_bwd_ms: float = 0.0  # ... and their gradients' inside bwd_ms (without recompute)
+    # what the backward's recompute reruns of each exposed communication (inside bwd_ms): all
+    # of the forward's under full recompute, half the TP part under torchtitan's per-op SAC
+    tp_comm_rerun_ms: float = 0.0
+    cp_comm_rerun_ms: float = 0.0
+    ep_comm_rerun_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -160,10 +165,15 @@ class CostModel:
         ep_f = ep_b = 2 * ep_alltoall_ms
         fwd = lc.fwd.total_ms + f_comm + cp_f + ep_f
         bwd = lc.bwd.total_ms + b_comm + cp_b + ep_b
+        rerun = (0.0, 0.0, 0.0)  # (tp, cp, ep) communication the recompute runs again
         if sh.recompute == "full":
             bwd += fwd  # the forward runs again, collectives included
+            rerun = (f_comm, cp_f, ep_f)
         elif sh.recompute == "selective" and self.job.framework == "torchtitan":
-            bwd += self._op_sac_recompute_ms(lc, f_comm)
+            # it reruns the tensor-parallel all-gathers: half of the forward's collectives
+            # (the reduce-scatter outputs are kept)
+            rerun = (f_comm / 2, 0.0, 0.0)
+            bwd += self._op_sac_recompute_ms(lc) + rerun[0]
         elif sh.recompute == "selective":
             bwd += lc.attention_fwd_ms  # the attention core (Korthikanti et al. Sec. 5)
         ef, eb = cm.embedding()
@@ -193,22 +203,22 @@ class CostModel:
             emb_f, emb_b = emb_f + e_ag, emb_b + e_ag + e_rs
             head_f, head_b = head_f + e_ag, head_b + e_ag + e_rs
         out = LayerTimes(fwd, bwd, emb_f, emb_b, head_f, head_b, f_comm, b_comm, cp_f, cp_b,
-                         fill_f, fill_b, ep_f, ep_b)
+                         fill_f, fill_b, ep_f, ep_b, *rerun)
         self._layer_cache[key] = out
         return out
 
-    def _op_sac_recompute_ms(self, lc, tp_comm_fwd_ms: float) -> float:
-        """torchtitan's per-op selective checkpointing reruns in the backward every forward
-        operation whose output it did not keep (memory.op_sac_tensors): the k, o and w3
-        multiplies, the norms, rotary and activation kernels, and the tensor-parallel
-        all-gathers (half of the forward's collectives; the reduce-scatter outputs are kept)."""
+    def _op_sac_recompute_ms(self, lc) -> float:
+        """The compute torchtitan's per-op selective checkpointing reruns in the backward:
+        every forward operation whose output it did not keep (memory.op_sac_tensors), the k, o
+        and w3 multiplies, the norms, rotary and activation kernels (its tensor-parallel
+        all-gathers: `layer_times`)."""
         m, F = self.model, lc.fwd.ms
         q, kv = m.q_dim, m.kv_dim
         kept = F["attention"] + F["qkv"] * (q + kv) / (q + 2 * kv) + F["fc2"] + (
             F["fc1"] / 2 if m.gated_mlp else F["fc1"])
         kept += sum(v for k, v in F.items() if k.endswith(".cast") and k.split(".")[0] in
                     ("qkv", "fc1", "fc2")) / 2
-        return max(0.0, lc.fwd.total_ms - kept) + tp_comm_fwd_ms / 2
+        return max(0.0, lc.fwd.total_ms - kept)
 
     def cp_step_bytes(self) -> float:
         """Bytes one CP rank sends per ring step of one layer's forward: its K and V chunk
@@ -242,25 +252,19 @@ class CostModel:
             return 0.0, 0.0
         lat = self.cluster.latency_us / 1e3
         step = self.cp_step_bytes() / (ring_gb_per_s * 1e6) + lat
-        f_core, b_core = lc.fwd.ms["attention"], lc.bwd.ms["attention"]
-        if self.job.framework == "torchtitan":
-            grad_step = element_bytes("fp32") / self.job.activation_bytes * (step - lat) + lat
-            if self.shape.cp_alltoall:
-                # backward step windows: the first carries the next K/V chunk, the middle
-                # cp - 2 a chunk and the previous step's gradients, the last the gradients
-                b = b_core / cp
-                fwd = (cp - 1) * exposed_async_ms(step, f_core / cp)
-                bwd = (exposed_async_ms(step, b) + (cp - 2) * exposed_async_ms(step + grad_step, b)
-                       + exposed_async_ms(grad_step, b) + grad_step)
-                return fwd, bwd
-            gather = (cp - 1) * step
-            fwd = exposed_async_ms(gather, f_core / cp)
-            bwd = (exposed_async_ms(gather, b_core / cp)
-                   + (cp - 1) * exposed_async_ms(grad_step, b_core / cp) + grad_step)
-            return fwd, bwd
-        fwd = (cp - 1) * exposed_async_ms(step, f_core / cp)
-        bwd = (cp - 1) * exposed_async_ms(2 * step, b_core / cp)
-        return fwd, bwd
+        f, b = lc.fwd.ms["attention"] / cp, lc.bwd.ms["attention"] / cp  # one step each
+        ring_fwd = (cp - 1) * exposed_async_ms(step, f)  # a chunk beside each step
+        if self.job.framework != "torchtitan":
+            return ring_fwd, (cp - 1) * exposed_async_ms(2 * step, b)
+        grad_step = element_bytes("fp32") / self.job.activation_bytes * (step - lat) + lat
+        if self.shape.cp_alltoall:
+            # backward step windows: the first carries the next K/V chunk, the middle cp - 2
+            # a chunk and the previous step's gradients, the last the gradients
+            return ring_fwd, (exposed_async_ms(step, b) + (cp - 2) * exposed_async_ms(
+                step + grad_step, b) + exposed_async_ms(grad_step, b) + grad_step)
+        gather = (cp - 1) * step
+        return exposed_async_ms(gather, f), (exposed_async_ms(gather, b) + (cp - 1)
+                                             * exposed_async_ms(grad_step, b) + grad_step)
 
     def ep_alltoall_bytes(self) -> float:
         """Bytes one GPU holds for one all-to-all of expert parallelism: its tokens (1/tp of

@@ -409,21 +409,17 @@ class Evaluator:
         F and B: "ep" the expert-parallel all-to-alls (each forward of a layer carries a
         dispatch and a combine, each backward their gradients'), "cp" the exposed
         context-parallel K/V exchange (costs.CostModel._cp_exchange_ms), "tp" the exposed
-        tensor-parallel collectives (costs.CostModel._layer_tp_comm). A full recompute's
-        forward carries the forward part again; torchtitan's per-op selective recompute
-        half of the tensor-parallel part (costs.CostModel._op_sac_recompute_ms)."""
+        tensor-parallel collectives (costs.CostModel._layer_tp_comm); each backward also
+        carries what its recompute runs again (LayerTimes.*_comm_rerun_ms)."""
         sh, K = self.shape, self.kinds
-        again = 1.0 if sh.recompute == "full" else (
-            0.5 if kind == "tp" and sh.recompute == "selective"
-            and self.job.framework == "torchtitan" else 0.0)
         total = 0.0
         for s in range(sh.pp):
             node = self.cluster.nodes[pl.node[s][r]]
             lt = self.costs.layer_times(node.gpu, node.ring_gb_per_s(pl.gpus[s][r]),
                                         self.shard_ring(pl, s), self.cp_ring(pl, s, r),
                                         self.ep_alltoall(pl, s, r))
-            f, b = getattr(lt, f"{kind}_comm_fwd_ms"), getattr(lt, f"{kind}_comm_bwd_ms")
-            per_b = b + again * f
+            f = getattr(lt, f"{kind}_comm_fwd_ms")
+            per_b = getattr(lt, f"{kind}_comm_bwd_ms") + getattr(lt, f"{kind}_comm_rerun_ms")
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 total += sh.layers[j] * (counts[K.F(j)] * f + counts[K.B(j)] * per_b)

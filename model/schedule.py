@@ -107,14 +107,15 @@ class CompiledSchedule:
 
     Node ids: the operations stage by stage in execution order, then the transfers (for each
     micro-batch and virtual-stage boundary j, the activation's then the gradient's), then one
-    tail per stage (`label`, `labels`). Predecessors are kept in CSR form (`_csr`), each
-    node's sorted and unique; `preds` and the Python walk's plan are derived from it when
-    first asked for."""
+    tail per stage (`label`, `labels`). The topological order and the predecessors are kept
+    as arrays (`_csr`: CSR form, each node's predecessors sorted and unique); `topo`, `preds`
+    and the Python walk's plan are derived from them when first asked for."""
 
     # Built on first use (`_build`): memory estimates need only the per-stage orders, and the
     # solvers screen many shapes by memory whose graphs are never walked.
-    _GRAPH = frozenset({"num_nodes", "kind_of", "tails", "topo", "_csr"})
-    _DERIVED = {"preds": "_derive_preds", "labels": "_derive_labels", "_plan": "_derive_plan"}
+    _GRAPH = frozenset({"num_nodes", "kind_of", "tails", "_csr"})
+    _DERIVED = {"topo": "_derive_topo", "preds": "_derive_preds", "labels": "_derive_labels",
+                "_plan": "_derive_plan"}
 
     def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool):
         self.schedule, self.p, self.m, self.v, self.blocking = schedule, p, m, v, blocking
@@ -216,11 +217,10 @@ class CompiledSchedule:
         self.num_nodes = n
         self.kind_of = kind_of
         self.tails = tails.tolist()
-        self.topo = self._topological(n, d_, s_all)
-        self._csr = (np.array(self.topo, dtype=np.int64), kind_of, ptr, s_all)
+        self._csr = (self._topological(n, d_, s_all), kind_of, ptr, s_all)
 
     @staticmethod
-    def _topological(n: int, dst: np.ndarray, src: np.ndarray) -> list[int]:
+    def _topological(n: int, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
         """Kahn's order over the edges src -> dst (compiled once the walks are: the same
         order); the graph is acyclic by construction, checked here."""
         order = np.argsort(src, kind="stable")
@@ -229,7 +229,7 @@ class CompiledSchedule:
         indeg = np.bincount(dst, minlength=n)
         kj = walk_jit.kernels()
         if kj is not None:
-            topo = kj.topological(sptr, np.ascontiguousarray(dst[order]), indeg).tolist()
+            topo = kj.topological(sptr, np.ascontiguousarray(dst[order]), indeg)
         else:
             succ, sptr, indeg = dst[order].tolist(), sptr.tolist(), indeg.tolist()
             stack = [u for u in range(n) if indeg[u] == 0]
@@ -244,7 +244,11 @@ class CompiledSchedule:
                         push(w)
         if len(topo) != n:
             raise RuntimeError("schedule graph has a cycle")  # internal invariant
-        return topo
+        return np.asarray(topo, dtype=np.int64)
+
+    def _derive_topo(self) -> list[int]:
+        """The topological order as a list (the Python walks'; `_csr` holds it as an array)."""
+        return self._csr[0].tolist()
 
     def preds_of(self, i: int) -> list[int]:
         """Node i's predecessors (without deriving `preds` for every node)."""
@@ -315,7 +319,7 @@ class CompiledSchedule:
         work.charge("walk_node", self.num_nodes * durs.shape[0])
         kj = walk_jit.kernels()
         if kj is not None:
-            return kj.tail_starts_batch(*self._arrays(), self._tails_arr,
+            return kj.tail_starts_batch(*self._csr, self._tails_arr,
                                         np.ascontiguousarray(durs))
         walk_jit.note_python_walk(self.num_nodes * durs.shape[0])
         levels, tail_preds = self._level_plan()
@@ -370,7 +374,7 @@ class CompiledSchedule:
         work.charge("walk_node", self.num_nodes)
         kj = walk_jit.kernels()
         if kj is not None:
-            return kj.walk(*self._arrays(), np.asarray(dur, dtype=float))
+            return kj.walk(*self._csr, np.asarray(dur, dtype=float))
         d = dur.tolist() if isinstance(dur, np.ndarray) else list(dur)
         n = self.num_nodes
         walk_jit.note_python_walk(n)
@@ -397,11 +401,6 @@ class CompiledSchedule:
             end[i] = st + d[k]
             arg[i] = a
         return end, arg
-
-    def _arrays(self):
-        """The graph for the compiled walks: topological order, kind per node, and the
-        predecessors in CSR form (pointers, indices), all int64."""
-        return self._csr
 
     @property
     def _tails_arr(self) -> np.ndarray:

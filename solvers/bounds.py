@@ -29,12 +29,11 @@ from model import work
 from model.cluster import ClusterSpec
 from model.communication import INTRA_LATENCY_US
 from model.costs import CostModel, bucket_params
-from model.memory import GIB, MemoryModel
+from model.memory import GIB
 from model.plan import Shape, num_microbatches
-from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
 
-from .space import blocks_for
+from .space import blocks_for, stage_memory_events
 
 
 def _top_inter(cluster: ClusterSpec, single_node: float) -> float:
@@ -121,57 +120,18 @@ def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape)
     return min(nv, one_off) + lat
 
 
-def _memory_caps(model, job, cluster, shape, options, costs) -> list[int] | None:
-    """Most layers each stage can hold within the smallest GPU memory (one chunk per stage);
-    None for interleaved schedules (not used there)."""
-    if shape.chunks != 1:
-        return None
-    m = num_microbatches(job, shape)
-    cs = compile_schedule(shape.schedule, shape.pp, m, 1, options.blocking_p2p)
-    mm = MemoryModel(model, job, shape, cs, options)
+def _memory_caps(model, job, cluster, shape, options, costs) -> list[int]:
+    """Most layers each stage can hold within the smallest GPU memory, from the events of
+    `space.stage_memory_events`: at each event a stage's bytes are its constant plus, per
+    chunk, layers x bytes per layer; charging every layer of the stage at its cheapest chunk's
+    rate can only lower them (exact with one chunk per stage), so a stage holds at most
+    min over events of (budget - constant) / cheapest rate layers."""
     ovh = options.overheads
     cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
     budget = (cap - ovh.context_gib) / (1 + ovh.fragmentation) * GIB
-    zero = (0,) * shape.pp
-    caps = []
-    for s in range(shape.pp):
-        base = mm.const_static_bytes(costs.stage_params(s, zero), s)
-        is_b, counts = cs.inflight_arrays(s)
-        n = counts[:, 0]
-        const = base + np.where(is_b, mm.stage_work(s), 0.0) + n * mm.chunk_act_bytes(s, 0)
-        per = n * mm.act_layer + mm.layer_static_bytes
-        caps.append(min(model.num_layers, int(np.floor(np.min((budget - const) / per)
-                                                       + 1e-9))))
-    return caps
-
-
-def _interleaved_can_fit(model, job, cluster, shape, options, costs) -> bool:
-    """False only where no split of an interleaved shape fits in the smallest GPU memory: a
-    relaxation of `space.min_max_memory_split`. At each in-flight event of a stage the peak is
-    its constant bytes plus, per chunk, layers x (stored activations x micro-batches in flight
-    + static bytes per layer); charging every layer of the stage at the cheapest chunk's rate
-    can only lower it, so a stage holds at most min over events of (budget - constant) /
-    cheapest rate layers, and the stages must hold all L layers, at least one per chunk."""
-    m = num_microbatches(job, shape)
-    cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
-    mm = MemoryModel(model, job, shape, cs, options)
-    ovh = options.overheads
-    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
-    budget = (cap - ovh.context_gib) / (1 + ovh.fragmentation) * GIB
-    p, v = shape.pp, shape.chunks
-    zero = (0,) * shape.num_virtual
-    total = 0
-    for s in range(p):
-        base = mm.const_static_bytes(costs.stage_params(s, zero), s)
-        is_b, counts = cs.inflight_arrays(s)
-        chunk0 = np.array([mm.chunk_act_bytes(c * p + s, 0) for c in range(v)])
-        const = base + np.where(is_b, mm.stage_work(s), 0.0) + counts @ chunk0
-        rate = counts.min(axis=1) * mm.act_layer + mm.layer_static_bytes
-        most = int(np.floor(np.min((budget - const) / rate) + 1e-9))
-        if most < v:
-            return False
-        total += most
-    return total >= model.num_layers
+    return [min(model.num_layers, int(np.floor(np.min((budget - const) / per.min(axis=1))
+                                               + 1e-9)))
+            for const, per in stage_memory_events(model, job, cluster, shape, options, costs)]
 
 
 def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
@@ -242,10 +202,8 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                 t += e_red + e_gat
         return t
 
-    caps = _memory_caps(model, job, cluster, shape, options, costs) or [L] * p
+    caps = _memory_caps(model, job, cluster, shape, options, costs)
     if any(x < v for x in caps) or sum(caps) < L:
-        return math.inf
-    if v > 1 and not _interleaved_can_fit(model, job, cluster, shape, options, costs):
         return math.inf
     extra = [v * fill] * p  # per micro-batch, on top of the layers
     extra[0] += e_first

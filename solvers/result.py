@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from model.estimator import Estimate
@@ -43,6 +42,12 @@ class Candidate:
     plan: Plan | None = None
     shape: Shape | None = None
 
+    @property
+    def timed_ms(self) -> float | None:
+        """Its fastest plan timed: the best found or Megatron-LM's placement (None: neither,
+        e.g. pruned by its bound)."""
+        return min((t for t in (self.best_ms, self.quick_ms) if t is not None), default=None)
+
 
 @dataclass
 class SolveResult:
@@ -72,21 +77,25 @@ class SolveResult:
             return float("inf")
         return max(0.0, (self.objective_ms - self.bound_ms) / self.objective_ms)
 
+    def runners_up(self, k: int | None = None) -> list[Candidate]:
+        """The other shapes that fit: those timed (`Candidate.timed_ms`) in the solver's
+        order, then those pruned by their lower bound alone, lowest bound first; the first k."""
+        fitting = [c for c in self.candidates
+                   if c.status != "best" and not c.status.startswith("does not fit")]
+        timed = [c for c in fitting if c.timed_ms is not None]
+        bound_only = sorted((c for c in fitting if c.timed_ms is None),
+                            key=lambda c: c.lower_bound_ms)
+        return (timed + bound_only)[:k]
+
     def toss_up(self, high_ms: float) -> tuple[Candidate | None, Candidate | None]:
         """Runners-up inside an interval around the best plan that ends at `high_ms`:
         (the fastest other shape with a plan timed inside it, or None; failing that, the
         shape with the lowest lower bound inside it, none of whose plans was timed inside
-        it: a toss-up the search cannot rule out, or None). Shapes that do not fit are not
-        runners-up."""
-        others = [c for c in self.candidates
-                  if c.status != "best" and not c.status.startswith("does not fit")]
-
-        def timed(c: Candidate) -> float:
-            return min((t for t in (c.best_ms, c.quick_ms) if t is not None), default=math.inf)
-
-        inside = [c for c in others if timed(c) <= high_ms]
+        it: a toss-up the search cannot rule out, or None)."""
+        others = self.runners_up()
+        inside = [c for c in others if c.timed_ms is not None and c.timed_ms <= high_ms]
         if inside:
-            return min(inside, key=timed), None
+            return min(inside, key=lambda c: c.timed_ms), None
         maybe = [c for c in others if c.lower_bound_ms <= high_ms]
         return None, min(maybe, key=lambda c: c.lower_bound_ms, default=None)
 

@@ -235,6 +235,33 @@ def memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Sh
     return lay, peak
 
 
+def stage_memory_events(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                        options: Options, costs: CostModel | None = None) -> list[tuple]:
+    """Per stage, (constant bytes, bytes per layer) of each in-flight event
+    (schedule.inflight_profile), the stage's layer counts left free: an event's bytes are
+    constant[e] + sum over the stage's chunks c of per_layer[e, c] x layers of chunk c. The
+    MemoryModel's accounting, as min_max_memory_split and the closed-form bounds read it."""
+    import numpy as np
+
+    from model.memory import MemoryModel
+
+    m = num_microbatches(job, shape)
+    cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
+    mm = MemoryModel(model, job, shape, cs, options)
+    costs = costs or CostModel(model, job, cluster, shape, options)
+    p = shape.pp
+    zero = (0,) * shape.num_virtual
+    out = []
+    for s in range(p):
+        base = mm.const_static_bytes(costs.stage_params(s, zero), s)
+        is_b, counts = cs.inflight_arrays(s)
+        chunk0 = np.array([mm.chunk_act_bytes(c * p + s, 0) for c in range(shape.chunks)])
+        # weights, grads and optimizer state grow with every layer, stored or not
+        out.append((base + np.where(is_b, mm.stage_work(s), 0.0) + counts @ chunk0,
+                    counts * mm.act_layer + mm.layer_static_bytes))
+    return out
+
+
 def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                          options: Options) -> tuple[tuple[int, ...], float, int]:
     """The layer split that minimizes the largest stage memory, that memory (GiB) and the stage
@@ -246,28 +273,17 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     some split"; uses the same MemoryModel as the estimator."""
     import numpy as np
 
-    from model.memory import MemoryModel
-
-    m = num_microbatches(job, shape)
-    cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
-    mm = MemoryModel(model, job, shape, cs, options)
-    costs = CostModel(model, job, cluster, shape, options)
     p, V = shape.pp, shape.num_virtual
-    zero = (0,) * V
     ovh = options.overheads
     scale = (1 + ovh.fragmentation) / GIB
     # per stage: events as constant bytes (vector) and bytes per layer of each chunk (events
     # x V matrix, zero outside the stage's chunks)
     ev_const, ev_coef = [], []
-    for s in range(p):
-        base = mm.const_static_bytes(costs.stage_params(s, zero), s)
-        is_b, counts = cs.inflight_arrays(s)
-        chunk0 = np.array([mm.chunk_act_bytes(c * p + s, 0) for c in range(shape.chunks)])
-        ev_const.append(base + np.where(is_b, mm.stage_work(s), 0.0) + counts @ chunk0)
-        coef = np.zeros((len(is_b), V))
-        for c in range(shape.chunks):
-            # weights, grads and optimizer state grow with every layer, stored or not
-            coef[:, c * p + s] = counts[:, c] * mm.act_layer + mm.layer_static_bytes
+    for s, (const, per_layer) in enumerate(stage_memory_events(model, job, cluster, shape,
+                                                               options)):
+        ev_const.append(const)
+        coef = np.zeros((len(const), V))
+        coef[:, [c * p + s for c in range(shape.chunks)]] = per_layer
         ev_coef.append(coef)
 
     def stage_peaks_gib(lay):

@@ -61,9 +61,13 @@ def test_next_best_lists_bound_pruned_shapes_when_none_was_timed():
     """A solve whose other fitting shapes were all pruned by their lower bounds still names
     its runners-up (lowest bound first), after any shape that was timed; misfits and the best
     plan are not among them."""
-    from types import SimpleNamespace as C
+    from solvers.result import Candidate, SolveResult
 
-    from render import next_best
+    def C(describe, status, best_ms, quick_ms, lower_bound_ms):
+        return Candidate(describe, lower_bound_ms, quick_ms, best_ms, status)
+
+    def next_best(cands, k=8):  # what solve's "Next best plans" table lists
+        return SolveResult(None, None, 1.0, 1.0, "optimal", "exact", 0.0, cands).runners_up(k)
 
     cands = [C(describe="best", status="best", best_ms=1.0, quick_ms=None, lower_bound_ms=1.0),
              C(describe="p3", status="pruned: bound", best_ms=None, quick_ms=None,

@@ -221,6 +221,11 @@ def print_solve(res, c) -> None:
               f"{res.shapes_solved} placement-optimized"
               + (f" ({res.blocks_enumerated} block(s) small enough to enumerate every "
                  "placement and split)" if res.blocks_enumerated else ""), highlight=False)
+    unbounded = sum("not bounded" in x.status for x in res.candidates)
+    if unbounded:
+        con.print(f"bound: {unbounded} of {res.shapes_total} shapes were not bounded within the "
+                  "time limit, so the bound is the trivial 0; a longer --time-limit bounds "
+                  "them", highlight=False)
     for e in res.errors:
         con.print(f"[yellow]solver error caught (search went on):[/yellow] {escape(e)}",
                   highlight=False)
@@ -235,13 +240,13 @@ def print_solve(res, c) -> None:
                   f"{x.quick_ms / 1e3:.3f}" if x.quick_ms else "-",
                   f"{x.lower_bound_ms / 1e3:.3f}", escape(x.status))
     con.print(t)
+    def need(x):
+        try:
+            return float(x.status.split("needs ")[1].split(" ")[0])
+        except (IndexError, ValueError):
+            return float("inf")
     misfits = [x for x in res.candidates if x.status.startswith("does not fit")]
     if misfits:
-        def need(x):
-            try:
-                return float(x.status.split("needs ")[1].split(" ")[0])
-            except (IndexError, ValueError):
-                return float("inf")
         t = Table(title=f"Shapes that do not fit ({len(misfits)}; closest first)")
         t.add_column("shape")
         t.add_column("why")

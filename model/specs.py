@@ -276,7 +276,8 @@ class ModelSpec:
         """Width of the attention output (the output projection's input)."""
         return self.num_heads * self.mla_v_head_dim if self.is_mla else self.q_dim
 
-    @property
+    # cached: read per stage of every shape the search bounds
+    @cached_property
     def attention_linear_params(self) -> int:
         """Weights of one block's attention projections. Ordinary: QKV h (q + 2 kv) and output
         q h. Latent (Megatron-LM MultiLatentAttention): query down h x q_lora and up
@@ -306,7 +307,7 @@ class ModelSpec:
     def _mlp_params(self, ffn: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * ffn
 
-    @property
+    @cached_property
     def linear_params_per_layer(self) -> int:
         """Weights of the linear layers of one block (QKV, output projection, MLP up (and
         gate), MLP down; with experts: every routed and shared expert's MLP and the router):
@@ -318,14 +319,14 @@ class ModelSpec:
                     * self._mlp_params(self.expert_ffn))
         return attn + self._mlp_params(self.ffn_hidden_size)
 
-    @property
+    @cached_property
     def expert_params_per_layer(self) -> int:
         """Weights of one block's routed experts (0 for a dense model): the part expert
         parallelism divides (the router and shared experts are replicated like the dense
         layers; Megatron-LM's MoELayer)."""
         return self.num_experts * self._mlp_params(self.expert_ffn) if self.is_moe else 0
 
-    @property
+    @cached_property
     def active_linear_params_per_layer(self) -> int:
         """The linear weights one token passes through: attention, the router, its top-k
         experts and the shared ones (= linear_params_per_layer for a dense model)."""
@@ -335,7 +336,7 @@ class ModelSpec:
         return (self.attention_linear_params + h * self.num_experts
                 + (self.moe_topk + self.moe_shared_experts) * self._mlp_params(self.expert_ffn))
 
-    @property
+    @cached_property
     def params_per_layer(self) -> int:
         """Weights of one block: the linear layers, their biases and two norms (Narayanan
         eq. 2 has 12h^2 + 13h for a GPT block: 4h of LayerNorm, 9h of biases)."""

@@ -140,6 +140,10 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     solvers consider (module docstring); inf if no split fits in memory."""
     work.charge("shape_bound")
     costs = CostModel(model, job, cluster, shape, options)
+    # memory first: most shapes of a large space fail it, and it is cheaper than the times
+    caps = _memory_caps(model, job, cluster, shape, options, costs)
+    if any(x < shape.chunks for x in caps) or sum(caps) < model.num_layers:
+        return math.inf
     shard_ring = (best_dp_ring_gb_per_s(cluster, shape, shape.shard_group)
                   if shape.zero >= 3 else math.inf)
     fastest = _fastest_layer_times(costs, cluster, shape.tp, shard_ring,
@@ -202,9 +206,6 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                 t += e_red + e_gat
         return t
 
-    caps = _memory_caps(model, job, cluster, shape, options, costs)
-    if any(x < v for x in caps) or sum(caps) < L:
-        return math.inf
     extra = [v * fill] * p  # per micro-batch, on top of the layers
     extra[0] += e_first
     extra[p - 1] += e_last

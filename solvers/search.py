@@ -45,6 +45,14 @@ AUTO_EXACT_MAX_NODES = 16
 # shape, best quick score first, the time left divided by min(blocks left, ANNEAL_SHARES).
 SCREEN_FRACTION = 0.4
 BOUND_FRACTION = 0.5
+# the closed-form bounds of the shapes stop at this share of the time limit (once some shape
+# has a finite one): on a 24k-shape space they take ~2.5 s on 2 cores, longer than a short
+# limit allows (bench/README.md, "Time-true limits"). The shapes left unbounded keep the trivial bound 0 until the search reaches them,
+# and the reported bound (and gap) says so. They are bounded in batches of BOUND_BATCH that
+# each sample the whole space (a stride through the enumeration), so a cut-short pass still
+# bounds shapes of every degree.
+CLOSED_BOUND_FRACTION = 0.35
+BOUND_BATCH = 256
 ANNEAL_SHARES = 3
 # With the exact method the shape of the best quick score is optimized first, with at most this
 # share of the time limit; the annealing warm start of each MILP takes at most WARM_START_S.
@@ -73,6 +81,7 @@ class ShapeInfo:
     peak_gib: float
     quick_ms: float | None = None
     screened: bool = True  # False: the screening's time ran out before this shape
+    bounded: bool = True  # False: the bounding's time ran out; bound_ms is the trivial 0
 
 
 def _uniform_block(pr: PlacementProblem, cuts: list, best_ms: float, left_s: float):
@@ -188,10 +197,31 @@ def _bound_of(i: int) -> float:
     return shape_bound_ms(model, job, cluster, shapes[i], options)
 
 
-def _screen_of(item: tuple[int, float, float]):
+def _screen_of(item: tuple[int, float | None, float]):
+    """Screen shape i; a shape not bounded yet (bound None) is bounded first."""
     i, bound, best_quick = item
     model, job, cluster, options, shapes = _WORK
+    if bound is None:
+        bound = shape_bound_ms(model, job, cluster, shapes[i], options)
+        if not math.isfinite(bound):
+            return None, closed_form_misfit(cluster, shapes[i])
     return screen_shape(model, job, cluster, options, shapes[i], bound, best_quick)
+
+
+def closed_form_misfit(cluster, sh: Shape):
+    """The candidate of a shape whose closed-form bound is infinite: the relaxation of
+    min_max_memory_split in solvers.bounds (every layer at its cheapest chunk's bytes) finds
+    no split within the smallest GPU's memory, so none exists."""
+    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+    return Candidate(sh.describe(), math.inf, status=f"does not fit: no layer split fits in "
+                     f"{cap:g} GiB (closed-form memory bound)", shape=sh)
+
+
+def _bound_order(n: int) -> list[int]:
+    """Enumeration indices in bounding order: batch b holds b, b + k, b + 2k, ... for k
+    batches, so each batch samples every part of the enumeration."""
+    k = max(1, -(-n // BOUND_BATCH))
+    return [i for b in range(k) for i in range(b, n, k)]
 
 
 def _workers(jobs: int | None, n_items: int):
@@ -210,15 +240,18 @@ def _workers(jobs: int | None, n_items: int):
 
 
 def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None,
-                   jobs: int | None = 1):
+                   jobs: int | None = 1, bound_deadline=None):
     """Every shape: its cheap lower bound, whether it fits (and the split that makes it fit),
     and its quick score (Megatron-LM placement, that split). Shapes are screened in order of
     their bound, in batches of SCREEN_BATCH; a shape whose bound is already at or above the
     best quick score of the batches before cannot win, so its quick score is skipped (it is
     pruned by that bound later). Past `deadline` (work.now()), once some shape has a
     quick score, the remaining shapes are left unscreened (`screened=False`, only their bound
-    known). `jobs` worker processes share the bounds and each batch (None: all cores); the
-    result is the same for any number. Lists keep enumeration order."""
+    known). Past `bound_deadline`, once some shape has a finite bound, the shapes not bounded
+    yet keep the trivial bound 0 (`bounded=False`) and are screened after the bounded ones
+    (bounded first when they are). `jobs` worker processes share the bounds and each batch
+    (None: all cores); without deadlines the result is the same for any number. Lists keep
+    enumeration order."""
     global _WORK
     infos, rejected = [], []
     shapes = list(enumerate_shapes(model, job, cluster, space))
@@ -226,8 +259,22 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
     pool = _workers(jobs, len(shapes))
     try:
         run = pool.map if pool is not None else lambda f, xs: [f(x) for x in xs]
-        bounds = run(_bound_of, range(len(shapes)))
-        order = sorted(range(len(shapes)), key=lambda i: bounds[i])
+        bounds: list[float | None] = [None] * len(shapes)
+        todo = _bound_order(len(shapes))
+        for start in range(0, len(todo), BOUND_BATCH):
+            if bound_deadline is not None and work.now() > bound_deadline and \
+                    any(b is not None and math.isfinite(b) for b in bounds):
+                break
+            if progress:
+                progress(f"bounding shapes {start}/{len(shapes)}")
+            batch = todo[start:start + BOUND_BATCH]
+            for i, b in zip(batch, run(_bound_of, batch)):
+                bounds[i] = b
+        # the bounded shapes by bound, then the unbounded ones (which may fit), the shapes no
+        # split fits last
+        order = sorted(range(len(shapes)), key=lambda i: (
+            (0, bounds[i]) if bounds[i] is not None and math.isfinite(bounds[i]) else
+            (1, 0.0) if bounds[i] is None else (2, 0.0)))
         found: list[tuple[int, object]] = []
         best_quick = math.inf
         for start in range(0, len(order), SCREEN_BATCH):
@@ -236,8 +283,9 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
                 progress(f"screening shapes {start}/{len(shapes)}")
             if deadline is not None and math.isfinite(best_quick) and \
                     work.now() > deadline:
-                found += [(i, ShapeInfo(shapes[i], bounds[i], None, math.nan, screened=False))
-                          for i in batch]
+                found += [(i, ShapeInfo(shapes[i], 0.0 if bounds[i] is None else bounds[i], None,
+                                        math.nan, screened=False,
+                                        bounded=bounds[i] is not None)) for i in batch]
                 continue
             scored = run(_screen_of, [(i, bounds[i], best_quick) for i in batch])
             for i, (info, misfit) in zip(batch, scored):
@@ -312,7 +360,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     # screening may take up to 40% of the time limit once some shape has a quick score
     infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress,
                                             deadline=t0 + SCREEN_FRACTION * time_limit_s,
-                                            jobs=jobs)
+                                            jobs=jobs, bound_deadline=t0 +
+                                            CLOSED_BOUND_FRACTION * time_limit_s)
     if total == 0:
         given = {f: getattr(space, f) for f in ("tp", "pp", "cp", "micro_batch", "zero",
                                                   "shard_sizes")
@@ -368,6 +417,10 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         """A shape whose bound cannot beat the incumbent is settled: record and skip it."""
         if info.bound_ms < best_ms * (1 - 1e-9):
             return False
+        if math.isinf(info.bound_ms):
+            cand.status = closed_form_misfit(cluster, info.shape).status
+            bounds_left[id(info)] = math.inf
+            return True
         cand.status = "pruned: its lower bound is above the best plan"
         bounds_left[id(info)] = max(info.bound_ms, best_ms)
         return True
@@ -500,7 +553,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             continue
         left = time_limit_s - (work.now() - t0)
         if left <= 0 or not info.screened:
-            cand.status = "not searched (time limit)"
+            cand.status = "not searched (time limit)" if info.bounded else \
+                "not searched (time limit; not bounded, lower bound 0)"
             continue
         probs = [PlacementProblem(model, job, cluster, info.shape, blk, options)
                  for blk in blocks_for(cluster, info.shape)]
@@ -618,11 +672,17 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     # anytime: time left over (the phases ended early) screens the shapes the screening's
     # deadline skipped, smallest bound first; a better quick score becomes the plan (its
     # bound stays the closed form: not a proof)
-    late = sorted((i for i in infos if not i.screened), key=lambda i: i.bound_ms)
+    late = sorted((i for i in infos if not i.screened), key=lambda i: (i.bounded, i.bound_ms))
     for info in late:
         cand = candidates[id(info)]
         if time_limit_s - (work.now() - t0) < 2 * MIN_CALL_S:
             break
+        if not info.bounded:  # the bounding's deadline cut it off: bound it now
+            info.bound_ms = cand.lower_bound_ms = shape_bound_ms(model, job, cluster,
+                                                                 info.shape, options)
+            info.bounded = True
+            bounds_left[id(info)] = info.bound_ms
+            cand.status = "not searched (time limit)"
         if pruned(info, cand):
             continue
         new, misfit = screen_shape(model, job, cluster, options, info.shape, info.bound_ms,

@@ -630,3 +630,39 @@ def test_one_slot_per_node_placement_equals_the_general_build(order, grid):
                               slots=[slots[i] for i in idx])
     assert fast == general
     assert fast.node == tuple(tuple(order[s * dp:(s + 1) * dp]) for s in range(pp))
+
+
+def test_bounding_cut_short_by_its_deadline_keeps_every_bound_valid():
+    """Past the bounding's deadline the shapes not bounded yet keep the trivial bound 0
+    (bounded=False); the bounding order samples the whole enumeration; a solve whose limit
+    is too short to bound every shape reports the trivial bound and says which shapes, and
+    every bound it does report is at most the shape's true closed-form bound."""
+    from formats import presets
+    from solvers.search import (BOUND_BATCH, _bound_order, prepare_shapes)
+    from solvers.space import SearchSpace
+    assert sorted(_bound_order(1000)) == list(range(1000))
+    first = _bound_order(1000)[:BOUND_BATCH]
+    assert max(first) - min(first) >= 1000 - 1000 // BOUND_BATCH - 4  # spans the space
+    m = presets.model("gpt-3.6b")
+    job = JobSpec(512, 2048, "bf16")
+    c = uniform_cluster(64, 8, "A100-80GB", 240.0, 25.0)
+    space = SearchSpace()
+    full, rej_full, n = prepare_shapes(m, job, c, Options(), space)
+    assert n > BOUND_BATCH
+    cut, rej_cut, n2 = prepare_shapes(m, job, c, Options(), space, deadline=0.0,
+                                      bound_deadline=0.0)
+    assert n2 == n
+    true = {i.shape: i.bound_ms for i in full}
+    unbounded = [i for i in cut if not i.bounded]
+    assert unbounded and all(i.bound_ms == 0.0 and not i.screened for i in unbounded)
+    assert any(i.bounded and math.isfinite(i.bound_ms) for i in cut)
+    for i in cut:  # every bound it keeps is the shape's own (or the trivial 0)
+        assert i.bound_ms in (true.get(i.shape, math.inf), 0.0) or not math.isfinite(
+            true.get(i.shape, math.inf))
+    # a whole solve under a limit too short to bound the space: a plan, and an honest bound
+    r = solve(m, job, c, time_limit_s=0.3)
+    lost = [x for x in r.candidates if "not bounded" in x.status]
+    if lost:  # this machine was too slow to bound every shape in 0.3 s
+        assert r.bound_ms == 0.0 and r.termination == "time_limit"
+    assert r.plan is not None and r.bound_ms <= r.objective_ms
+    assert r.objective_ms >= min(true.values()) * (1 - 1e-9)

@@ -140,6 +140,12 @@ def print_calibration(prof, out) -> None:
         t.add_row(k, f"{v:.4f}" + (f" ({edges[k]} bound)" if k in edges else ""),
                   "-" if e is None else f"{e:.4f}")
     con.print(t)
+    if "intra_latency_scale" in prof.values:
+        con.print(f"intra_latency_scale: every step of a collective inside a node costs "
+                  f"{prof.values['intra_latency_scale']:.2f} x the cluster's intra_latency_us "
+                  "(10 us unless its file sets one); far above 1, the runs pay a fixed cost "
+                  "per tensor-parallel collective that the links do not explain",
+                  highlight=False)
     for k, edge in edges.items():
         con.print(f"[yellow]{k} ended at its {edge} bound: the runs ask for more than its range "
                   "allows; the cost model misses something in them, or a run's plan is not "
@@ -496,7 +502,7 @@ def print_presets(gpus, models, clusters) -> None:
 
 
 def cluster_json(c, written, warnings=()) -> dict:
-    return {"name": c.name, "latency_us": c.latency_us,
+    return {"name": c.name, "latency_us": c.latency_us, "intra_latency_us": c.intra_latency_us,
             "written": str(written) if written else None,
             "nodes": [{"name": nd.name, "gpu": nd.gpu.name, "gpus": nd.num_gpus,
                        "intra_gb_per_s": nd.intra_gb_per_s} for nd in c.nodes],

@@ -13,7 +13,8 @@ draw. The issue's goal: after, at most 5% for every group with 5+ runs.
 
 `--bloom-heldout` also judges each BLOOM draw's fit on the 83 held-out BLOOM iteration times
 whose head dimension is a multiple of 8 (data/published_bloom_time_heldout.json; the other 14 run
-kernels the model does not price: bench/bloom_time_residuals.py), before and after.
+kernels the model does not price: bench/bloom_time_residuals.py), before and after, and the
+same fit (with the prior) on all of the group's runs, judged on those 83.
 
 `--floor` adds what no draw of k runs can beat by calibrating these parameters: the median
 |time error| over all of the group's runs when the parameters are fitted on all of them (no
@@ -136,6 +137,10 @@ def main() -> None:
                   f"{100 * _median_err(held, {}, gpu):.1f}% before, "
                   f"{100 * statistics.median(held_after):.1f}% after (median over the draws; "
                   f"{100 * min(held_after):.1f}-{100 * max(held_after):.1f}%)")
+            whole, _ = fit(runs, names, gpu, fit_fragmentation=False, prior=not args.no_prior)
+            print(f"{'':<34} fitted on all {len(runs)} runs ({_show(whole.values)}; in-sample "
+                  f"{100 * _median_err(runs, whole.values, gpu):.1f}%): the {len(held)} held "
+                  f"out {100 * _median_err(held, whole.values, gpu):.1f}%")
         if args.floor:
             ins, grid, at_fit, at_grid = floor(runs, names, gpu)
             line = (f"{'':<34} floor: fitted on all {len(runs)} runs {100 * ins:.1f}% "

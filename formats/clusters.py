@@ -4,7 +4,8 @@ data/clusters/, synthetic leaf/spine clusters and uniform clusters.
 File format (TOML), nodes in matrix order (the bandwidth convention is model/cluster.py's):
 
     name = "my-cluster"
-    latency_us = 5.0
+    latency_us = 5.0                  # per message between nodes
+    intra_latency_us = 10.0           # optional: per step of a collective inside a node
     [[nodes]]
     name = "node00"
     gpu = "A100-80GB"
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from model.cluster import (MAX_GPUS_PER_NODE, MAX_NODES, ClusterSpec, NodeSpec,
-                           check_name)
+from model.cluster import (INTRA_LATENCY_US, MAX_GPUS_PER_NODE, MAX_NODES, ClusterSpec,
+                           NodeSpec, check_name)
 from model.errors import SpecError
 
 from . import presets
@@ -103,8 +104,11 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
     mat = _matrix(inter["gb_per_s"], len(nodes), src, "inter.gb_per_s")
     # ranges and names are ClusterSpec's to check; here only that the types are right
     lat = _number(raw.get("latency_us", 5.0), src, "latency_us", "a number >= 0")
+    intra_lat = _number(raw.get("intra_latency_us", INTRA_LATENCY_US), src, "intra_latency_us",
+                        "a number >= 0")
     return ClusterSpec(name=raw.get("name", Path(src).stem), nodes=tuple(nodes),
-                       inter_gb_per_s=mat, latency_us=lat, source=src)
+                       inter_gb_per_s=mat, latency_us=lat, source=src,
+                       intra_latency_us=intra_lat)
 
 
 def _topology_matrix(nd: dict, topo_name, gpus: int, src: str, where: str):
@@ -162,7 +166,8 @@ def _toml_num(v) -> str:
 def cluster_to_toml(c: ClusterSpec) -> str:
     """Serialize a cluster to the TOML format `load_cluster` reads (names escaped, numbers
     written in full so that the file reads back to the same cluster)."""
-    out = [f"name = {_toml_str(c.name)}", f"latency_us = {_toml_num(c.latency_us)}", ""]
+    out = [f"name = {_toml_str(c.name)}", f"latency_us = {_toml_num(c.latency_us)}",
+           f"intra_latency_us = {_toml_num(c.intra_latency_us)}", ""]
     for nd in c.nodes:
         out += ["[[nodes]]", f"name = {_toml_str(nd.name)}", f"gpu = {_toml_str(nd.gpu.name)}",
                 f"gpus = {int(nd.num_gpus)}", f"intra_gb_per_s = {_toml_num(nd.intra_gb_per_s)}"]

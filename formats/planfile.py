@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from formats.atomic import write_atomic
-from model.cluster import ClusterSpec, NodeSpec
+from model.cluster import INTRA_LATENCY_US, ClusterSpec, NodeSpec
 from model.errors import SpecError
 from model.estimator import Estimate
 from model.plan import Placement, Plan, Shape, validate_placement, validate_shape
@@ -109,7 +109,8 @@ def cluster_to_dict(c: ClusterSpec) -> dict:
         if nd.intra_matrix_gb_per_s is not None:
             row["intra_matrix_gb_per_s"] = nd.intra_matrix_gb_per_s.tolist()
         nodes.append(row)
-    return {"name": c.name, "latency_us": c.latency_us, "gpu_types": gpus, "nodes": nodes,
+    return {"name": c.name, "latency_us": c.latency_us,
+            "intra_latency_us": c.intra_latency_us, "gpu_types": gpus, "nodes": nodes,
             "inter": {"gb_per_s": c.inter_gb_per_s.tolist()}}
 
 
@@ -327,7 +328,9 @@ def _read_cluster(rd: _Reader, d: dict) -> ClusterSpec:
     try:
         return ClusterSpec(name=rd.get(d, "name", w, str, "cluster"), nodes=tuple(nodes),
                            inter_gb_per_s=mat,
-                           latency_us=rd.get(d, "latency_us", w, float, 5.0), source=rd.src)
+                           latency_us=rd.get(d, "latency_us", w, float, 5.0), source=rd.src,
+                           intra_latency_us=rd.get(d, "intra_latency_us", w, float,
+                                                   INTRA_LATENCY_US))
     except SpecError as e:
         raise rd.wrap(e, w) from None
 

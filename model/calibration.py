@@ -11,6 +11,9 @@ Parameters (each multiplies a preset figure; bounds keep them physical):
 - `nvlink_scale`: the intra-node links;
 - `hbm_scale`: its `hbm_efficiency` (element-wise kernels' fraction of the datasheet HBM
   bandwidth; capped at 1.0);
+- `intra_latency_scale`: the cluster's `intra_latency_us`, the per-step latency of a
+  collective inside a node (the tensor-parallel rings pay it 2 (TP - 1) times per
+  all-reduce: a cost per layer and micro-batch that grows with TP, whatever the bytes);
 - `fragmentation`: `Overheads.fragmentation`, fitted apart on memory readings of the
   allocator's reserved peak (reserved = (1 + fragmentation) x the tensors counted).
 
@@ -52,13 +55,17 @@ TIME_PARAMETERS = {  # name -> (lower, upper) bounds of the multiplier
     "network_scale": (0.1, 3.0),
     "nvlink_scale": (0.2, 2.0),
     "hbm_scale": (0.3, 2.0),
+    "intra_latency_scale": (0.1, 100.0),
 }
 # prior sd of log(multiplier): efficiencies of compute kernels within ~15-20% of the preset
 # (clocks, power limits: the torchtitan 500 W H100 runs at 0.77 of the SXM curve,
 # bench/fit_h100_500w.py), links within ~50% (NCCL over Omni-Path, InfiniBand or RoCE, and
 # how many NICs a node really uses)
+# the least known: nccl-tests' small-message all-reduce on an NVSwitch node is ~10 us a step,
+# what a training step pays per collective (launches, synchronization) can be several times
+# that, so a factor e per sd
 PRIOR_SD = {"gemm_scale": 0.15, "attention_scale": 0.2, "network_scale": 0.5,
-            "nvlink_scale": 0.3, "hbm_scale": 0.2}
+            "nvlink_scale": 0.3, "hbm_scale": 0.2, "intra_latency_scale": 1.0}
 # run-to-run noise of one measured iteration time (log): BLOOM's two identical DP8/TP4/PP12
 # rows differ by 2.7% (data/published_runs.json); 5% as the scale the prior is weighed against
 NOISE_SD = 0.05
@@ -149,7 +156,9 @@ def apply_profile(prof: Profile | None, cluster: ClusterSpec, options: Options,
             nd, gpu=gpu, intra_gb_per_s=nd.intra_gb_per_s * nv_s,
             intra_matrix_gb_per_s=None if mat is None else mat * nv_s))
     out = dataclasses.replace(cluster, nodes=tuple(nodes),
-                              inter_gb_per_s=cluster.inter_gb_per_s * net_s)
+                              inter_gb_per_s=cluster.inter_gb_per_s * net_s,
+                              intra_latency_us=cluster.intra_latency_us
+                              * vals.get("intra_latency_scale", 1.0))
     if "fragmentation" in vals:
         options = dataclasses.replace(options, overheads=dataclasses.replace(
             options.overheads, fragmentation=vals["fragmentation"]))
@@ -360,7 +369,8 @@ class KernelReading:
 def kernel_ms(k: KernelReading, gpu: GPUSpec, intra_gb_per_s: float) -> float:
     """What the cost model predicts for one probe reading: the same functions the estimator
     calls (model/compute.py, model/communication.py)."""
-    from .communication import INTRA_LATENCY_US, allreduce_ms, gather_ms
+    from .cluster import INTRA_LATENCY_US
+    from .communication import allreduce_ms, gather_ms
     from .compute import elementwise_ms, flash_attention_ms, gemm_ms
     if k.kind == "gemm":
         b = element_bytes(k.dtype)

@@ -7,7 +7,8 @@ Bandwidth convention (used by every formula in the cost model):
   different GPUs of a node do not share it. The matrix may be asymmetric; the diagonal is unused.
 - `intra_gb_per_s` is one direction of one GPU's intra-node link (NVLink/NVSwitch) as measured;
   `intra_matrix_gb_per_s`, when given, is GPU-by-GPU for non-uniform nodes (DGX-1, PCIe).
-- `latency_us` is the per-message latency added to every transfer.
+- `latency_us` is the per-message latency added to every transfer between nodes;
+  `intra_latency_us` the per-step latency of a collective inside a node (NVLink/NVSwitch).
 
 Cluster files, presets and synthetic clusters are built in `formats/clusters.py`.
 """
@@ -22,6 +23,10 @@ import numpy as np
 from .errors import SpecError
 from .specs import GPUSpec
 from .topology import best_ring_gb_per_s
+
+# one step of an NCCL collective inside an NVLink node, small-message regime: the preset of
+# ClusterSpec.intra_latency_us (a cluster file or a calibration profile may replace it)
+INTRA_LATENCY_US = 10.0
 
 
 def _strongly_connected(adj: np.ndarray) -> bool:
@@ -91,6 +96,7 @@ class ClusterSpec:
     inter_gb_per_s: np.ndarray
     latency_us: float = 5.0
     source: str = "cluster"
+    intra_latency_us: float = INTRA_LATENCY_US
 
     def __post_init__(self):
         n = len(self.nodes)
@@ -120,10 +126,11 @@ class ClusterSpec:
             raise SpecError(f"bandwidth from {names[i]} to {names[j]} is {float(m[i, j])!r}; "
                             "every off-diagonal entry must be a positive number of GB/s, at "
                             f"most {MAX_LINK_GB_PER_S:g}", source=src, field="inter.gb_per_s")
-        lat = self.latency_us
-        if isinstance(lat, bool) or not (0 <= lat <= MAX_LATENCY_US):
-            raise SpecError(f"is {lat!r}; give 0 to {MAX_LATENCY_US:g} microseconds",
-                            source=src, field="latency_us")
+        for fld in ("latency_us", "intra_latency_us"):
+            lat = getattr(self, fld)
+            if isinstance(lat, bool) or not (0 <= lat <= MAX_LATENCY_US):
+                raise SpecError(f"is {lat!r}; give 0 to {MAX_LATENCY_US:g} microseconds",
+                                source=src, field=fld)
         for nd in self.nodes:
             g = nd.num_gpus
             if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or not (

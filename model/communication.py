@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from .cluster import ClusterSpec
 
-INTRA_LATENCY_US = 10.0  # one NCCL collective inside an NVLink node, small-message regime
-
 
 def ring_ms(nbytes: float, n: int, gb_per_s: float, latency_us: float, factor: float) -> float:
     """`factor` (n-1)/n of the buffer through a ring of n at `gb_per_s`, plus per-step latency."""

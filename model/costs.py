@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster import ClusterSpec
-from .communication import (INTRA_LATENCY_US, allreduce_ms, alltoall_ms, exposed_async_ms,
+from .communication import (allreduce_ms, alltoall_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
 from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes
@@ -283,7 +283,7 @@ class CostModel:
         if len(members) <= 1:
             return 0.0
         inter = len({n for n, _ in members}) > 1
-        lat = cluster.latency_us if inter else INTRA_LATENCY_US
+        lat = cluster.latency_us if inter else cluster.intra_latency_us
         return alltoall_ms(cluster, members, self.ep_alltoall_bytes(), lat)
 
     def _shard_collectives(self, params: float, ring_gb_per_s: float) -> tuple[float, float]:
@@ -301,7 +301,7 @@ class CostModel:
         the same 66.75 s on 768 and 1,536 GPUs (per-GPU traffic is constant, compute halves),
         i.e. they are communication-bound at about one 25 GB/s HDR stream per GPU."""
         d = self.shape.shard_group
-        lat = min(self.cluster.latency_us, INTRA_LATENCY_US)
+        lat = min(self.cluster.latency_us, self.cluster.intra_latency_us)
         extra = 0.0
         if self.job.framework == "deepspeed" and d > 1:
             extra = (self.model.tensors_per_layer - 1) * (d - 1) * lat / 1e3
@@ -311,8 +311,8 @@ class CostModel:
     def _tp(self, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-reduce, all-gather or reduce-scatter) of one activation over the TP ring."""
         t, M = self.shape.tp, self.act_msg_bytes
-        return (allreduce_ms(M, t, ring_gb_per_s, INTRA_LATENCY_US),
-                gather_ms(M, t, ring_gb_per_s, INTRA_LATENCY_US))
+        lat = self.cluster.intra_latency_us
+        return (allreduce_ms(M, t, ring_gb_per_s, lat), gather_ms(M, t, ring_gb_per_s, lat))
 
     def _layer_tp_comm(self, lc, ring_gb_per_s: float) -> tuple[float, float]:
         """Exposed tensor-parallel communication of one layer, forward and backward.
@@ -394,7 +394,8 @@ class CostModel:
         if t <= 1:
             return (0.0, 0.0), (0.0, 0.0)
         ar, ag = self._tp(ring_gb_per_s)
-        ce = 3 * allreduce_ms(4.0 * self.tokens, t, ring_gb_per_s, INTRA_LATENCY_US)
+        ce = 3 * allreduce_ms(4.0 * self.tokens, t, ring_gb_per_s,
+                              self.cluster.intra_latency_us)
         wgrad = head_bwd.ms["logits.wgrad"]
         if sh.sequence_parallel:
             emb = (ag, ag)
@@ -446,12 +447,13 @@ class CostModel:
         tensor parallelism: every tensor rank sends the whole activation to its peer.
         """
         t = self.shape.tp
-        lat = INTRA_LATENCY_US if same_node else self.cluster.latency_us
+        lat = self.cluster.intra_latency_us if same_node else self.cluster.latency_us
         if self.job.framework == "deepspeed":
             return lat / 1e3 + self.act_msg_bytes / (link_gb_per_s * 1e6)
         ms = lat / 1e3 + self.act_msg_bytes / t / (link_gb_per_s * 1e6)
         if t > 1 and not self.shape.sequence_parallel:
-            ms += gather_ms(self.act_msg_bytes, t, recv_ring_gb_per_s, INTRA_LATENCY_US)
+            ms += gather_ms(self.act_msg_bytes, t, recv_ring_gb_per_s,
+                            self.cluster.intra_latency_us)
         return ms
 
     def node_hop_ms(self, a: int, b: int) -> float:
@@ -491,7 +493,7 @@ class CostModel:
             out = c.latency_us / 1e3 + per_rank / (bw_gb_per_s * 1e6)
         if t > 1 and not self.shape.sequence_parallel and self.job.framework != "deepspeed":
             gath = np.array([gather_ms(self.act_msg_bytes, t, nd.ring_gb_per_s(
-                tuple(range(min(t, nd.num_gpus)))), INTRA_LATENCY_US) for nd in c.node_kinds])
+                tuple(range(min(t, nd.num_gpus)))), c.intra_latency_us) for nd in c.node_kinds])
             out = out + gath[c.node_kind_index]
         return out
 
@@ -583,7 +585,7 @@ class CostModel:
         d = self.sync_group() if group is None else group
         if d <= 1:
             return 0.0, 0.0
-        lat = self.cluster.latency_us if inter_node else INTRA_LATENCY_US
+        lat = self.cluster.latency_us if inter_node else self.cluster.intra_latency_us
         grad, gather = self.sync_bytes(params, linear)
         if sh.zero in (1, 2):
             return (gather_ms(grad, d, dp_ring_gb_per_s, lat),

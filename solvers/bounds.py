@@ -27,7 +27,6 @@ import numpy as np
 
 from model import work
 from model.cluster import ClusterSpec
-from model.communication import INTRA_LATENCY_US
 from model.costs import CostModel, bucket_params
 from model.memory import GIB
 from model.plan import Shape, num_microbatches
@@ -111,7 +110,7 @@ def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape)
     top = _top_inter(cluster, 0.0)
     link = cluster.max_intra_link_gb_per_s
     q = min(ep, max(nd.num_gpus for nd in cluster.node_kinds) // shape.expert_tp)
-    lat = min(cluster.latency_us, INTRA_LATENCY_US) * (ep - 1) / 1e3
+    lat = min(cluster.latency_us, cluster.intra_latency_us) * (ep - 1) / 1e3
     net = (ep - q) * chunk / (top * 1e6) if top > 0 else math.inf
     if q < ep:
         return net + lat

@@ -72,7 +72,6 @@ import numpy as np
 from networkx.utils import UnionFind
 
 from model import work
-from model.communication import INTRA_LATENCY_US
 from model.costs import FP8_RECAST_BYTES_PER_PARAM, adam_bytes_per_param, bucket_params
 from model.errors import SolverUnavailableError
 from model.memory import GIB
@@ -118,7 +117,7 @@ def lat_us_for(cl, ev, pl) -> float:
     """Latency of the HSDP replica ring: inter-node when its members sit on several nodes."""
     sh = ev.shape
     nodes = {pl.node[0][r] for r in range(0, sh.cols, sh.shard_group)}
-    return cl.latency_us if len(nodes) > 1 else INTRA_LATENCY_US
+    return cl.latency_us if len(nodes) > 1 else cl.intra_latency_us
 
 
 def milp_supported(prob: PlacementProblem) -> str | None:
@@ -244,7 +243,7 @@ class _Data:
         # reduction sig_r params u + lam_r, all-gather sig_g params u + lam_g (costs.py)
         f = (d - 1) / d / 1e6 if d > 1 else 0.0
         self.inter_ring = self.D > 1
-        lat_us = cl.latency_us if self.inter_ring else INTRA_LATENCY_US
+        lat_us = cl.latency_us if self.inter_ring else cl.intra_latency_us
         lat = (d - 1) * lat_us / 1e3 if d > 1 else 0.0
         if sh.zero >= 3:
             # per-layer gathers live in F and B; HSDP all-reduces each shard across the
@@ -370,7 +369,7 @@ class _Data:
         self.exp_sig = (grad_b + weight_b) * fe if sh.zero in (1, 2) else 2 * grad_b * fe
         members = [(ident.node[0][c], ident.gpus[0][c][t]) for c, t in expert_dp_groups(sh)[0]]
         bw, inter = ev0.ring(members)
-        self.exp_lam = 2 * (de - 1) * (cl.latency_us if inter else INTRA_LATENCY_US) / 1e3
+        self.exp_lam = 2 * (de - 1) * (cl.latency_us if inter else cl.intra_latency_us) / 1e3
         if cl.uniform() or not self.inter_ring:
             self.u_e_const = 1.0 / bw
             return

@@ -280,3 +280,46 @@ def test_runs_the_parameters_cannot_reconcile_weigh_the_prior_more(monkeypatch):
     monkeypatch.setattr(calibration, "NOISE_ROUNDS", 5)
     b, _ = fit(good, names, "A100-80GB")
     assert a.values == pytest.approx(b.values, rel=1e-9)
+
+
+def test_intra_node_latency_is_a_parameter_the_fit_recovers(tmp_path):
+    """intra_latency_scale multiplies the cluster's per-step latency of collectives inside a
+    node (ClusterSpec.intra_latency_us), which each tensor-parallel all-reduce pays 2 (TP - 1)
+    times: it slows a TP 8 plan far more than a TP 1 plan of the same node; runs with 20x the
+    preset latency and 2% noise calibrate back to it within 3 standard errors; cluster and
+    plan files keep a cluster's own latency; the solver's objective is the estimator's time
+    under it (one cost model)."""
+    import dataclasses
+
+    from formats.clusters import cluster_to_toml, load_cluster
+    from formats.planfile import load_plan, save_plan
+    from model.estimator import estimate
+    from solvers.search import solve
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 6.0)
+    slow, _ = apply_profile(None, c, Options(), {"intra_latency_scale": 20.0})
+    assert slow.intra_latency_us == pytest.approx(20 * c.intra_latency_us)
+    m, job = presets.model("gpt-3.6b"), JobSpec(global_batch=128, seq_length=2048)
+    one = uniform_cluster(1, 8, "A100-80GB", 240.0, 6.0)
+    one_slow, _ = apply_profile(None, one, Options(), {"intra_latency_scale": 20.0})
+    ratio = {}
+    for tp in (8, 1):
+        plan = make_plan(m, job, one, tp=tp, pp=1, micro_batch=1, recompute="full")
+        a, b = (estimate(m, job, cl, plan).iteration_ms for cl in (one, one_slow))
+        ratio[tp] = b / a
+    assert ratio[8] > 1.05 and ratio[1] < 1.001, ratio  # TP 1: one data-parallel sync only
+    truth = {"gemm_scale": 0.9, "intra_latency_scale": 20.0}
+    runs = _runs(truth, 0.02, seed=3, n=12)
+    prof, _ = fit(runs, ("gemm_scale", "intra_latency_scale"), "A100-80GB",
+                  fit_fragmentation=False)
+    for k, v in truth.items():
+        assert prof.stderr[k] is not None
+        assert abs(prof.values[k] - v) <= 3 * prof.stderr[k] + 1e-9, (k, prof.values[k])
+    odd = dataclasses.replace(c, intra_latency_us=37.5)
+    p = tmp_path / "c.toml"
+    p.write_text(cluster_to_toml(odd))
+    assert load_cluster(str(p)).intra_latency_us == 37.5
+    res = solve(m, job, odd, time_limit_s=30)
+    est = estimate(m, job, odd, res.plan)
+    assert est.iteration_ms == pytest.approx(res.objective_ms)
+    save_plan(tmp_path / "p.json", m, job, odd, res.plan, est)
+    assert load_plan(tmp_path / "p.json")[2].intra_latency_us == 37.5

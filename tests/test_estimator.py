@@ -177,12 +177,12 @@ def test_uniform_stages_without_communication_match_1f1b_formula(monkeypatch):
     work (a tiny vocabulary, and their kernels set to nothing): the estimator gives
     (m + p - 1)(f + b) plus the optimizer."""
     from model.compute import Pass
-    monkeypatch.setattr("model.costs.INTRA_LATENCY_US", 0.0)
     monkeypatch.setattr("model.compute.ComputeModel.embedding", lambda self: (Pass(), Pass()))
     empty_head = Pass(ms={"logits.wgrad": 0.0})
     monkeypatch.setattr("model.compute.ComputeModel.head", lambda self: (Pass(), empty_head))
     m = ModelSpec("uniform", 8, 4096, 32, 32, 16384, 8, 2048)
-    c = uniform_cluster(1, 4, "A100-80GB", 1e12, 1e12, latency_us=0.0)
+    c = dataclasses.replace(uniform_cluster(1, 4, "A100-80GB", 1e12, 1e12, latency_us=0.0),
+                            intra_latency_us=0.0)
     job = JobSpec(global_batch=16, seq_length=2048)
     plan = make_plan(m, job, c, tp=1, pp=4, micro_batch=1, layers=(2, 2, 2, 2))
     ev = Evaluator(m, job, c, plan.shape)

@@ -347,10 +347,16 @@ def interval_s(prof: Profile, model, job, cluster, plan, options) -> tuple[float
 
 # -- kernel readings (probe/gemm.py) ------------------------------------------------------------
 
-# which multiplier each kind of timed kernel measures
+# which multiplier each kind of timed kernel measures (a collective: its links' rate, or where
+# the preset puts most of its time in the per-step latency, that latency: `kernel_parameter`)
 KERNEL_PARAMETER = {"elementwise": "hbm_scale", "gemm": "gemm_scale",
                     "attention": "attention_scale", "allreduce": "nvlink_scale",
                     "allgather": "nvlink_scale"}
+# a collective's time is bytes / rate + steps x latency: the two are fitted in turn until they
+# settle (each round re-fits one with the other in place)
+COLLECTIVE_ROUNDS = 8
+KERNEL_FIT_ORDER = ("hbm_scale", "gemm_scale", "attention_scale") + (
+    "nvlink_scale", "intra_latency_scale") * COLLECTIVE_ROUNDS
 
 
 @dataclass(frozen=True)
@@ -366,11 +372,14 @@ class KernelReading:
     measured_ms: float
 
 
-def kernel_ms(k: KernelReading, gpu: GPUSpec, intra_gb_per_s: float) -> float:
+def kernel_ms(k: KernelReading, gpu: GPUSpec, intra_gb_per_s: float,
+              intra_latency_us: float | None = None) -> float:
     """What the cost model predicts for one probe reading: the same functions the estimator
-    calls (model/compute.py, model/communication.py)."""
+    calls (model/compute.py, model/communication.py); collectives with `intra_latency_us`
+    per ring step (the preset's by default)."""
     from .cluster import INTRA_LATENCY_US
     from .communication import allreduce_ms, gather_ms
+    lat_us = INTRA_LATENCY_US if intra_latency_us is None else intra_latency_us
     from .compute import elementwise_ms, flash_attention_ms, gemm_ms
     if k.kind == "gemm":
         b = element_bytes(k.dtype)
@@ -384,8 +393,19 @@ def kernel_ms(k: KernelReading, gpu: GPUSpec, intra_gb_per_s: float) -> float:
         return elementwise_ms(gpu, k.shape[0])
     if k.kind in ("allreduce", "allgather"):
         fn = allreduce_ms if k.kind == "allreduce" else gather_ms
-        return fn(k.shape[0], k.shape[1], intra_gb_per_s, INTRA_LATENCY_US)
+        return fn(k.shape[0], k.shape[1], intra_gb_per_s, lat_us)
     raise ValueError(f"unknown kernel kind {k.kind!r}")
+
+
+def kernel_parameter(k: KernelReading, intra_gb_per_s: float) -> str:
+    """The multiplier a reading measures: KERNEL_PARAMETER, except that a collective whose
+    preset time is mostly per-step latency (a small buffer) measures intra_latency_scale."""
+    name = KERNEL_PARAMETER[k.kind]
+    if name != "nvlink_scale":
+        return name
+    gpu = None  # collectives do not read the GPU
+    no_lat = kernel_ms(k, gpu, intra_gb_per_s, 0.0)
+    return "intra_latency_scale" if kernel_ms(k, gpu, intra_gb_per_s) > 2 * no_lat else name
 
 
 def _fit_one(residuals, lo: float, hi: float) -> tuple[float, float | None]:
@@ -425,13 +445,14 @@ def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: flo
     NVLink rate `intra_gb_per_s` the cluster files state): each multiplier fitted alone on
     its kernels (robust, bounded; the bounds of TIME_PARAMETERS, or wide ones when
     `planning` is False, the CPU test mode), in the order element-wise, GEMM, attention,
-    collectives, each with the earlier ones in place (memory-bound GEMMs depend on the HBM
-    rate). The covariance is diagonal (one fit per parameter); no iteration-level residual
+    large collectives (the links), small ones (the per-step latency: `kernel_parameter`),
+    each with the earlier ones in place (memory-bound GEMMs depend on the HBM rate). The covariance is diagonal (one fit per parameter); no iteration-level residual
     spread: intervals from such a profile carry the parameters' uncertainty only."""
     values: dict = {}
     stderr: dict = {}
-    for name in ("hbm_scale", "gemm_scale", "attention_scale", "nvlink_scale"):
-        mine = [k for k in readings if KERNEL_PARAMETER[k.kind] == name]
+    from .cluster import INTRA_LATENCY_US
+    for name in KERNEL_FIT_ORDER:
+        mine = [k for k in readings if kernel_parameter(k, intra_gb_per_s) == name]
         if not mine:
             continue
         meas = np.array([k.measured_ms for k in mine])
@@ -440,9 +461,12 @@ def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: flo
             vals = dict(values, **{name: x})
             g = scaled_gpu(gpu, vals)
             intra = intra_gb_per_s * vals.get("nvlink_scale", 1.0)
-            return np.log(np.array([kernel_ms(k, g, intra) for k in mine]) / meas)
+            lat = INTRA_LATENCY_US * vals.get("intra_latency_scale", 1.0)
+            return np.log(np.array([kernel_ms(k, g, intra, lat) for k in mine]) / meas)
 
-        lo, hi = TIME_PARAMETERS[name] if planning else (1e-5, 10.0)
+        lo, hi = TIME_PARAMETERS[name]
+        if not planning:  # the CPU test mode: anything the CPU gives
+            lo, hi = 1e-5, max(10.0, hi)
         values[name], stderr[name] = _fit_one(residuals, lo, hi)
     names = tuple(values)
     cov = ([[(stderr[a] ** 2 if a == b else 0.0) for b in names] for a in names]
@@ -451,8 +475,9 @@ def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: flo
                    device=device)
     g0, g1 = gpu, scaled_gpu(gpu, values)
     intra1 = intra_gb_per_s * values.get("nvlink_scale", 1.0)
+    lat1 = INTRA_LATENCY_US * values.get("intra_latency_scale", 1.0)
     prof.kernels = [{"kind": k.kind, "shape": list(k.shape), "dtype": k.dtype,
                      "measured_ms": k.measured_ms,
                      "before_ms": kernel_ms(k, g0, intra_gb_per_s),
-                     "after_ms": kernel_ms(k, g1, intra1)} for k in readings]
+                     "after_ms": kernel_ms(k, g1, intra1, lat1)} for k in readings]
     return prof

@@ -18,13 +18,13 @@ around each on a GPU, perf_counter on the CPU; the median per call is the readin
 - an element-wise kernel: `torch.add(a, b, out=c)` on 64 and 256 MiB tensors (3 tensors'
   bytes through HBM);
 - NCCL all-reduce and all-gather among `--gpus` GPUs of the node (one process each), buffers
-  of 64 MiB to 1 GiB.
+  of 64 MiB to 1 GiB (the links' rate) and of 64 and 256 KiB (the per-step latency).
 
 The fit (model/calibration.py `fit_kernels`) compares each reading with the cost model's own
 prediction for it against the GPU preset (the device's name mapped to a preset, or `--gpu`):
 `hbm_scale`, `gemm_scale`, `attention_scale`, `nvlink_scale` (against the node's NVLink rate
-as the presets state it: the GPU's datasheet figure, or `--nvlink-gb-per-s`), each with its
-standard error. The profile keeps every reading with its predicted time before and after, so
+as the presets state it: the GPU's datasheet figure, or `--nvlink-gb-per-s`) and
+`intra_latency_scale` (against the preset 10 us per ring step), each with its standard error. The profile keeps every reading with its predicted time before and after, so
 the fitted curve (achieved TFLOP/s against shape) can be read off it.
 
 Test mode: without a CUDA device (or with `--cpu`) the same code runs on the CPU with tiny
@@ -64,7 +64,7 @@ DEVICE_PRESETS = (
     ("A100-PCIE-40GB", "A100-40GB"), ("A100", "A100-80GB"), ("V100", "V100-32GB"),
     ("MI300X", "MI300X"), ("L40S", "L40S"),
 )
-GPU_COLLECTIVE_MIB = (64, 256, 1024)
+GPU_COLLECTIVE_MIB = (0.0625, 0.25, 64, 256, 1024)
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,7 @@ def run(argv: list[str] | None = None, log=print) -> dict:
     else:
         name = f"CPU ({os.cpu_count()} cores), test mode"
         gpu = gpu_preset(a.gpu or "A100-80GB")
-        sz = Sizes(tiny_model(), 64, (1, 2), (1, 2), (1.0, 4.0), (0.0625, 0.5), 2, "fp32")
+        sz = Sizes(tiny_model(), 64, (1, 2), (1, 2), (1.0, 4.0), (0.0625, 16.0), 2, "fp32")
         device, backend, iters, warmup = "cpu", "gloo", min(a.iters, 3), min(a.warmup, 1)
     log(f"probe on {name}: {gpu.name} preset, {sz.dtype}")
     readings = time_kernels(sz, gpu, device, iters, warmup, log)

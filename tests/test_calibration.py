@@ -323,3 +323,15 @@ def test_intra_node_latency_is_a_parameter_the_fit_recovers(tmp_path):
     assert est.iteration_ms == pytest.approx(res.objective_ms)
     save_plan(tmp_path / "p.json", m, job, odd, res.plan, est)
     assert load_plan(tmp_path / "p.json")[2].intra_latency_us == 37.5
+    # the CLI fits it from logs and says what the value means
+    args = []
+    for k, r in enumerate(runs[:6]):
+        pf, lf = tmp_path / f"q{k}.json", tmp_path / f"q{k}.log"
+        save_plan(pf, r.model, r.job, r.cluster, r.plan, estimate(r.model, r.job, r.cluster,
+                                                                  r.plan))
+        _megatron_log(lf, r.measured_s)
+        args += [str(lf), "--plan", str(pf)]
+    out = CliRunner().invoke(app, ["calibrate", *args, "--fit", "gemm_scale,intra_latency_scale",
+                                   "--out", str(tmp_path / "cal.json")])
+    assert out.exit_code == 0, out.output
+    assert "x the cluster's intra_latency_us" in " ".join(out.output.split())

@@ -246,21 +246,16 @@ def print_solve(res, c) -> None:
                   f"{x.quick_ms / 1e3:.3f}" if x.quick_ms else "-",
                   f"{x.lower_bound_ms / 1e3:.3f}", escape(x.status))
     con.print(t)
-    def need(x):
-        try:
-            return float(x.status.split("needs ")[1].split(" ")[0])
-        except (IndexError, ValueError):
-            return float("inf")
     misfits = [x for x in res.candidates if x.status.startswith("does not fit")]
     if misfits:
         t = Table(title=f"Shapes that do not fit ({len(misfits)}; closest first)")
         t.add_column("shape")
         t.add_column("why")
-        for x in sorted(misfits, key=need)[:6]:
+        for x in sorted(misfits, key=lambda x: x.needs_gib)[:6]:
             t.add_row(x.describe, escape(x.status))
         con.print(t)
     if res.plan.shape.cp > 1:
-        print_without_cp(res, need)
+        print_without_cp(res)
 
 
 def print_toss_up(toss, maybe) -> None:
@@ -275,7 +270,7 @@ def print_toss_up(toss, maybe) -> None:
                         f"{maybe.lower_bound_ms / 1e3:.3f} s, is inside it", highlight=False)
 
 
-def print_without_cp(res, need) -> None:
+def print_without_cp(res) -> None:
     """Why no plan without context parallelism won: per TP x PP x DP, how many variants
     (micro-batch, schedule, recompute, sharding) do not fit, with the closest one's
     overflowing stage, and the best of those that fit (every one is in --json)."""
@@ -293,7 +288,7 @@ def print_without_cp(res, need) -> None:
         mis = [x for x in xs if x.status.startswith("does not fit")]
         ok = [x for x in xs if not x.status.startswith("does not fit")]
         if mis:
-            c = min(mis, key=need)
+            c = min(mis, key=lambda x: x.needs_gib)
             why = f"{len(mis)}; {c.shape.describe(degrees=False)}: " + c.status.removeprefix(
                 "does not fit: ").split(" even")[0]
         else:

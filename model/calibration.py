@@ -379,8 +379,8 @@ def kernel_ms(k: KernelReading, gpu: GPUSpec, intra_gb_per_s: float,
     per ring step (the preset's by default)."""
     from .cluster import INTRA_LATENCY_US
     from .communication import allreduce_ms, gather_ms
-    lat_us = INTRA_LATENCY_US if intra_latency_us is None else intra_latency_us
     from .compute import elementwise_ms, flash_attention_ms, gemm_ms
+    lat_us = INTRA_LATENCY_US if intra_latency_us is None else intra_latency_us
     if k.kind == "gemm":
         b = element_bytes(k.dtype)
         return gemm_ms(gpu, *k.shape, gpu.peak_flops(k.dtype), in_bytes=b, out_bytes=b)
@@ -446,8 +446,9 @@ def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: flo
     its kernels (robust, bounded; the bounds of TIME_PARAMETERS, or wide ones when
     `planning` is False, the CPU test mode), in the order element-wise, GEMM, attention,
     large collectives (the links), small ones (the per-step latency: `kernel_parameter`),
-    each with the earlier ones in place (memory-bound GEMMs depend on the HBM rate). The covariance is diagonal (one fit per parameter); no iteration-level residual
-    spread: intervals from such a profile carry the parameters' uncertainty only."""
+    each with the earlier ones in place (memory-bound GEMMs depend on the HBM rate). The
+    covariance is diagonal (one fit per parameter); no iteration-level residual spread:
+    intervals from such a profile carry the parameters' uncertainty only."""
     values: dict = {}
     stderr: dict = {}
     from .cluster import INTRA_LATENCY_US

@@ -24,7 +24,8 @@ The fit (model/calibration.py `fit_kernels`) compares each reading with the cost
 prediction for it against the GPU preset (the device's name mapped to a preset, or `--gpu`):
 `hbm_scale`, `gemm_scale`, `attention_scale`, `nvlink_scale` (against the node's NVLink rate
 as the presets state it: the GPU's datasheet figure, or `--nvlink-gb-per-s`) and
-`intra_latency_scale` (against the preset 10 us per ring step), each with its standard error. The profile keeps every reading with its predicted time before and after, so
+`intra_latency_scale` (against the preset 10 us per ring step), each with its standard error.
+The profile keeps every reading with its predicted time before and after, so
 the fitted curve (achieved TFLOP/s against shape) can be read off it.
 
 Test mode: without a CUDA device (or with `--cpu`) the same code runs on the CPU with tiny

@@ -48,6 +48,16 @@ class Candidate:
         e.g. pruned by its bound)."""
         return min((t for t in (self.best_ms, self.quick_ms) if t is not None), default=None)
 
+    @property
+    def needs_gib(self) -> float:
+        """A misfit's memory on its fullest stage with the most memory-balanced split (its
+        status "... needs X GiB ..."); inf where the status gives none (a closed-form
+        misfit, or a shape that fits)."""
+        try:
+            return float(self.status.split("needs ")[1].split(" ")[0])
+        except (IndexError, ValueError):
+            return float("inf")
+
 
 @dataclass
 class SolveResult:

@@ -47,8 +47,8 @@ SCREEN_FRACTION = 0.4
 BOUND_FRACTION = 0.5
 # the closed-form bounds of the shapes stop at this share of the time limit (once some shape
 # has a finite one): on a 24k-shape space they take ~2.5 s on 2 cores, longer than a short
-# limit allows (bench/README.md, "Time-true limits"). The shapes left unbounded keep the trivial bound 0 until the search reaches them,
-# and the reported bound (and gap) says so. They are bounded in batches of BOUND_BATCH that
+# limit allows (bench/README.md, "Time-true limits"). The shapes left unbounded keep the
+# trivial bound 0 until the search reaches them, and the reported bound (and gap) says so. They are bounded in batches of BOUND_BATCH that
 # each sample the whole space (a stride through the enumeration), so a cut-short pass still
 # bounds shapes of every degree.
 CLOSED_BOUND_FRACTION = 0.35
@@ -375,9 +375,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             "and fit in a node, the global batch divide by micro-batch x DP, and the sequence "
             "by 2 x CP (x TP with sequence parallelism)." + limits)
     if not infos:
-        closest = min(rejected, key=lambda c: float(c.status.split("needs ")[1].split(" ")[0])
-                      ) if rejected else None
-        hint = (f" The closest is {closest.describe}: {closest.status.removeprefix('does not fit: ')}."
+        closest = min(rejected, key=lambda c: c.needs_gib) if rejected else None
+        hint = (f" The closest is {closest.describe}: "
+                f"{closest.status.removeprefix('does not fit: ')}."
                 if closest else " No shape is valid for this model and cluster.")
         raise InfeasibleError(
             "nothing fits in GPU memory." + hint + " To make it fit: add GPUs or nodes (more "

@@ -666,3 +666,10 @@ def test_bounding_cut_short_by_its_deadline_keeps_every_bound_valid():
         assert r.bound_ms == 0.0 and r.termination == "time_limit"
     assert r.plan is not None and r.bound_ms <= r.objective_ms
     assert r.objective_ms >= min(true.values()) * (1 - 1e-9)
+    # a misfit found by the closed form names no GiB figure: "closest first" puts it last
+    from solvers.result import Candidate
+    from solvers.search import closed_form_misfit
+    cf = closed_form_misfit(c, cut[0].shape)
+    near = Candidate("x", 1.0, status="does not fit: stage 0 needs 81.5 GiB > 80 GiB")
+    assert cf.status.startswith("does not fit") and math.isinf(cf.needs_gib)
+    assert near.needs_gib == 81.5 and min([cf, near], key=lambda x: x.needs_gib) is near

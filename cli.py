@@ -251,6 +251,8 @@ IntraTopologyOpt = Annotated[Optional[str], typer.Option(
     "--intra-topology", help="Intra-node topology preset (data/topologies: dgx-a100, "
     "dgx1-v100, ...) instead of a uniform link.")]
 LatencyOpt = Annotated[float, typer.Option("--latency-us", help="Per-message latency, us.")]
+IntraLatencyOpt = Annotated[Optional[float], typer.Option(
+    "--intra-latency-us", help="Per step of a collective inside a node, us \\[10].")]
 
 
 def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
@@ -950,12 +952,32 @@ def cluster_import(
         help="sendrecv or all_reduce \\[from the file names].")] = None,
     name: Annotated[str, typer.Option(help="Cluster name.")] = "imported",
     latency_us: LatencyOpt = 5.0,
+    intra_latency_us: IntraLatencyOpt = None,
+    intra_allreduce: Annotated[Optional[Path], typer.Option(
+        "--intra-allreduce", help="An all_reduce_perf run among one node's GPUs: its "
+        "smallest message gives --intra-latency-us, its largest --intra-gb-per-s (unless "
+        "given).")] = None,
     out: FileOutOpt = None,
     as_json: JsonOpt = False,
 ):
     """Build a cluster TOML from measured bandwidth (nccl-tests, mpiGraph, CSV, JSON)."""
-    from formats.bandwidth import build_cluster, check_and_fill, load_measurements
+    from formats.bandwidth import (build_cluster, check_and_fill, intra_node_allreduce,
+                                   load_measurements)
+    from model.cluster import INTRA_LATENCY_US
+    from model.errors import SpecError
 
+    intra_notes: list[str] = []
+    if intra_allreduce is not None:
+        if intra_latency_us is not None:
+            raise SpecError("give --intra-latency-us or --intra-allreduce (which measures it), "
+                            "not both", source="options", field="--intra-latency-us")
+        intra_latency_us, bw, note, intra_notes = intra_node_allreduce(intra_allreduce)
+        intra_notes = [f"read: {note}", *(f"warning: {w}" for w in intra_notes)]
+        if intra_gb_per_s is None and intra_topology is None:
+            intra_gb_per_s = bw
+        else:
+            intra_notes.append("read: its busbw is not used (--intra-gb-per-s or "
+                               "--intra-topology given)")
     meas = load_measurements(sources, fmt, units=units, mpigraph_table=mpigraph_table,
                              nccl_test=nccl_test)
     node_list = [x.strip() for x in node_names.split(",")] if node_names else None
@@ -963,8 +985,12 @@ def cluster_import(
                                         strict=strict, asym_ratio=asym_ratio)
     c = build_cluster(names, m, gpu=gpu, gpus_per_node=gpus_per_node,
                       intra_gb_per_s=intra_gb_per_s, intra_topology=intra_topology,
-                      latency_us=latency_us, name=name, source=meas.source)
+                      latency_us=latency_us, name=name, source=meas.source,
+                      intra_latency_us=(INTRA_LATENCY_US if intra_latency_us is None
+                                        else intra_latency_us))
     # what was read and the warnings, once the cluster is built (an error stays one line)
+    for line in intra_notes:
+        typer.echo(line, err=True)
     for note in meas.notes:
         typer.echo(f"read: {note}", err=True)
     for w in warnings:
@@ -1009,6 +1035,7 @@ def cluster_synth(
     degraded_factor: Annotated[float, typer.Option(help="Degraded NIC rate factor.")] = 0.5,
     noise: Annotated[float, typer.Option(help="Uniform multiplicative noise half-width.")] = 0.03,
     latency_us: LatencyOpt = 5.0,
+    intra_latency_us: IntraLatencyOpt = None,
     seed: SeedOpt = 0,
     name: Annotated[Optional[str], typer.Option(help="Cluster name \\[synth-...].")] = None,
     out: FileOutOpt = None,
@@ -1016,12 +1043,14 @@ def cluster_synth(
 ):
     """A synthetic cluster (leaf/spine, degraded NICs, noise; see README)."""
     from formats.clusters import SynthParams, synth_cluster
+    from model.cluster import INTRA_LATENCY_US
 
     c = synth_cluster(SynthParams(
         num_nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_gb_per_s=intra_gb_per_s,
         nic_gb_per_s=nic_gb_per_s, leaf_size=leaf_size, oversubscription=oversubscription,
         degraded=degraded, degraded_factor=degraded_factor, noise=noise, latency_us=latency_us,
-        seed=seed, name=name))
+        seed=seed, name=name, intra_latency_us=(INTRA_LATENCY_US if intra_latency_us is None
+                                                else intra_latency_us)))
     if intra_topology is not None:
         from formats.topologies import cluster_with_topology
         c = cluster_with_topology(c, intra_topology)

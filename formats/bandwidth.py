@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from networkx.utils import UnionFind
 
+from model.cluster import INTRA_LATENCY_US
 from model.errors import SpecError
 
 from .reading import read_text
@@ -289,6 +290,8 @@ class NcclRun:
     algbw_gb_per_s: float   # mean of out-of-place and in-place at that size
     busbw_gb_per_s: float
     rows: int
+    # every row: (size in bytes, time in us), the mean of out-of-place and in-place
+    times_us: list[tuple[int, float]] = field(default_factory=list)
 
 
 def parse_nccl(text: str, src: str) -> NcclRun:
@@ -299,6 +302,7 @@ def parse_nccl(text: str, src: str) -> NcclRun:
     header = None
     best = None
     nrows = 0
+    times: list[tuple[int, float]] = []
     for ln_no, ln in enumerate(text.splitlines(), start=1):
         s = ln.strip()
         mt = _RANK_LINE.match(s)
@@ -320,13 +324,17 @@ def parse_nccl(text: str, src: str) -> NcclRun:
                             f"({' '.join(header)})", source=src, field=f"line {ln_no}")
         alg = [i for i, h in enumerate(header) if h == "algbw"]
         bus = [i for i, h in enumerate(header) if h == "busbw"]
+        tim = [i for i, h in enumerate(header) if h == "time"]
         try:
             size = int(toks[header.index("size")])
             algs = [float(toks[i]) for i in alg]
             buses = [float(toks[i]) for i in bus]
+            ts = [float(toks[i]) for i in tim]
         except ValueError:
-            raise SpecError("size, algbw and busbw must be numbers", source=src,
+            raise SpecError("size, time, algbw and busbw must be numbers", source=src,
                             field=f"line {ln_no}") from None
+        if ts:
+            times.append((size, float(np.mean(ts))))
         nrows += 1
         if best is None or size > best[0]:
             best = (size, float(np.mean(algs)), float(np.mean(buses)))
@@ -336,7 +344,49 @@ def parse_nccl(text: str, src: str) -> NcclRun:
     if best is None:
         raise SpecError("the nccl-tests table has no data rows (did the run fail?)", source=src)
     ranks = [hosts[r] for r in sorted(hosts)]
-    return NcclRun(src, ranks, best[0], best[1], best[2], nrows)
+    return NcclRun(src, ranks, best[0], best[1], best[2], nrows, times)
+
+
+# the smallest message of an intra-node all-reduce run above this: its time is mostly bandwidth,
+# so the latency taken from it is imprecise (nccl-tests sweeps from -b 8 bytes)
+LATENCY_MAX_BYTES = 1 << 16
+
+
+def intra_node_allreduce(path: str | Path) -> tuple[float, float, str, list[str]]:
+    """(per-step latency in us, busbw in GB/s, a note, warnings) of an all_reduce_perf run
+    among the GPUs of one node.
+
+    busbw at the largest size is the rate each link of the ring carries (nccl-tests
+    doc/PERFORMANCE.md, "AllReduce": busbw = algbw x 2(n-1)/n), the cluster's intra_gb_per_s.
+    The cost model's all-reduce of S bytes over n GPUs takes 2(n-1)/n S / rate + 2(n-1) steps
+    of latency (model/communication.py ring_ms), so the latency per step is the smallest
+    message's time less its bandwidth part, over 2(n-1)."""
+    src = str(path)
+    run = parse_nccl(_read_text(path), src)
+    n = len(run.hosts)
+    if n < 2:
+        raise SpecError("needs the '# Rank N ... on HOST' lines of at least 2 ranks (keep the "
+                        "full all_reduce_perf output, run with -g 8 or one process per GPU)",
+                        source=src)
+    if len(set(run.hosts)) != 1:
+        raise SpecError(f"ranks on {len(set(run.hosts))} hosts; an intra-node run keeps every "
+                        "rank on one node", source=src, field="# Rank lines")
+    _check_busbw_factor(run, 2 * (n - 1) / n, "all_reduce")
+    bw = run.busbw_gb_per_s
+    if not run.times_us:
+        raise SpecError("no time column in the table", source=src)
+    size, t_us = min(run.times_us)
+    steps = 2 * (n - 1)
+    bw_part_us = steps / n * size / (bw * 1e3)  # GB/s = 1e3 bytes per us
+    lat = max(0.0, t_us - bw_part_us) / steps
+    warnings = []
+    if size > LATENCY_MAX_BYTES:
+        warnings.append(f"{src}: smallest message is {size} B (> {LATENCY_MAX_BYTES} B); the "
+                        "latency taken from it is imprecise, rerun with -b 8")
+    note = (f"intra-node all_reduce over {n} GPUs: busbw {bw:.1f} GB/s at {run.size_bytes} B; "
+            f"{t_us:.1f} us at {size} B = {steps} steps of {lat:.2f} us")
+    return lat, bw, note, warnings
+
 
 
 def nccl_stream_gb_per_s(run: NcclRun, test: str) -> tuple[float, str]:
@@ -365,15 +415,21 @@ def nccl_stream_gb_per_s(run: NcclRun, test: str) -> tuple[float, str]:
     else:
         raise SpecError(f"unknown nccl test '{test}'; use {' or '.join(NCCL_TESTS)}",
                         source=run.source, field="--nccl-test")
-    if run.algbw_gb_per_s > 0:
-        ratio = run.busbw_gb_per_s / run.algbw_gb_per_s
-        if abs(ratio - factor) > 0.03 * factor:
-            raise SpecError(f"busbw/algbw = {ratio:.3f} but {test} over {n or '?'} ranks "
-                            f"gives {factor:.3f}; is this file from another nccl test?",
-                            source=run.source, field="busbw")
+    _check_busbw_factor(run, factor, test)
     note = (f"{test}: busbw at {run.size_bytes} B"
             + (f" (= algbw x 2(n-1)/n, n={n})" if test == "all_reduce" else " (= algbw)"))
     return run.busbw_gb_per_s, note
+
+
+def _check_busbw_factor(run: NcclRun, factor: float, test: str) -> None:
+    """The printed busbw / algbw is the test's factor (within 3%): a file from another test
+    fails here."""
+    if run.algbw_gb_per_s > 0:
+        ratio = run.busbw_gb_per_s / run.algbw_gb_per_s
+        if abs(ratio - factor) > 0.03 * factor:
+            raise SpecError(f"busbw/algbw = {ratio:.3f} but {test} over {len(run.hosts) or '?'}"
+                            f" ranks gives {factor:.3f}; is this file from another nccl test?",
+                            source=run.source, field="busbw")
 
 
 _PAIR_NAME = re.compile(r"^(?P<test>sendrecv|all_reduce)(?:_perf)?_(?P<a>[^_]+)_(?P<b>[^_]+)$")
@@ -616,7 +672,8 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
 
 def build_cluster(names: list[str], gb_per_s: np.ndarray, *, gpu: str, gpus_per_node: int,
                   intra_gb_per_s: float | None = None, intra_topology: str | None = None,
-                  latency_us: float = 5.0, name: str = "imported", source: str = "import"):
+                  latency_us: float = 5.0, name: str = "imported", source: str = "import",
+                  intra_latency_us: float = INTRA_LATENCY_US):
     """A ClusterSpec through formats.clusters.cluster_from_dict (the file format's own checks)."""
     if intra_gb_per_s is None and intra_topology is None:
         raise SpecError("give --intra-gb-per-s (one direction of one GPU's NVLink, as measured)"
@@ -629,8 +686,8 @@ def build_cluster(names: list[str], gb_per_s: np.ndarray, *, gpu: str, gpus_per_
         if intra_topology is not None:
             nd["intra_topology"] = intra_topology
         nodes.append(nd)
-    raw = {"name": name, "latency_us": latency_us, "nodes": nodes,
-           "inter": {"gb_per_s": [[float(v) for v in row] for row in gb_per_s]}}
+    raw = {"name": name, "latency_us": latency_us, "intra_latency_us": intra_latency_us,
+           "nodes": nodes, "inter": {"gb_per_s": [[float(v) for v in row] for row in gb_per_s]}}
     return cluster_from_dict(raw, source)
 
 

@@ -220,6 +220,7 @@ class SynthParams:
     latency_us: float = 5.0
     seed: int = 0
     name: str | None = None
+    intra_latency_us: float = INTRA_LATENCY_US
     degraded_nodes: tuple[int, ...] | None = field(default=None)
 
 
@@ -237,7 +238,7 @@ def synth_cluster(p: SynthParams) -> ClusterSpec:
         raise SpecError(f"must be a GPU preset name, got {str(p.gpu)[:40]}", source=src,
                         field="gpu")
     for f in ("intra_gb_per_s", "nic_gb_per_s", "oversubscription", "degraded_factor",
-              "noise", "latency_us"):
+              "noise", "latency_us", "intra_latency_us"):
         _number(getattr(p, f), src, f, "a finite number")
     if not (0 < p.nic_gb_per_s and 0 < p.intra_gb_per_s):
         raise SpecError("link rates must be positive GB/s", source=src, field="nic_gb_per_s")
@@ -270,7 +271,7 @@ def synth_cluster(p: SynthParams) -> ClusterSpec:
                   for i in range(n))
     name = p.name or f"synth-{n}x{p.gpus_per_node}-{gpu.name}-s{p.seed}"
     return ClusterSpec(name=name, nodes=nodes, inter_gb_per_s=bw, latency_us=p.latency_us,
-                       source=src)
+                       source=src, intra_latency_us=p.intra_latency_us)
 
 
 def uniform_cluster(num_nodes: int, gpus_per_node: int, gpu: str, intra_gb_per_s: float,

@@ -261,3 +261,35 @@ def test_cli_synth_matches_generator(tmp_path):
     r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx-h100", "--gpu",
             "H100-SXM-80GB")
     assert r.exit_code == 0 and "intra_matrix_gb_per_s" in r.output
+
+
+def test_intra_node_allreduce_gives_the_latency_and_link_rate(tmp_path):
+    """An all_reduce_perf run among 8 GPUs of one node (tests/fixtures/all_reduce_intra_
+    node01.txt: nccl-tests' table layout, times made from the cost model's ring with 1.6 us a
+    step and 360 GB/s, out-of-place 0.2 us faster than in-place): the latency per step comes
+    back from the smallest message, the link rate is busbw at the largest; `cluster import
+    --intra-allreduce` writes both, a given --intra-gb-per-s wins over the busbw, and a
+    cross-node run or both latency options are one-line errors."""
+    from formats.bandwidth import intra_node_allreduce
+    f = DATA / "all_reduce_intra_node01.txt"
+    lat, bw, note, warns = intra_node_allreduce(f)
+    assert lat == pytest.approx(1.6 + 0.1 / 14, abs=0.01) and bw == pytest.approx(348.0)
+    assert "14 steps" in note and warns == []
+    out = tmp_path / "c.toml"
+    r = cli("cluster", "import", str(DATA / "nccl_pairs"), "--gpu", "H100-SXM-80GB",
+            "--gpus-per-node", "8", "--intra-allreduce", str(f), "--out", str(out))
+    assert r.exit_code == 0, r.output
+    c = load_cluster(str(out))
+    assert c.intra_latency_us == pytest.approx(lat) and c.nodes[0].intra_gb_per_s == 348.0
+    r = cli(*IMPORT, str(DATA / "nccl_pairs"), "--intra-allreduce", str(f), "--out",
+            str(tmp_path / "c2.toml"))
+    assert r.exit_code == 0 and "not used" in r.output
+    assert load_cluster(str(tmp_path / "c2.toml")).nodes[0].intra_gb_per_s == 240.0
+    r = cli(*IMPORT, str(DATA / "nccl_pairs"), "--intra-allreduce", str(f),
+            "--intra-latency-us", "3")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    r = cli(*IMPORT, str(DATA / "nccl_pairs"), "--intra-allreduce",
+            str(DATA / "all_reduce_4nodes.txt"))
+    assert r.exit_code == 2 and "one node" in r.output
+    r = cli("cluster", "synth", "--nodes", "2", "--intra-latency-us", "25", "--json")
+    assert json.loads(r.output)["intra_latency_us"] == 25.0

@@ -339,6 +339,10 @@ def print_sharding(rows, title: str, csv_path=None) -> None:
 
 
 def validate_json(s) -> dict:
+    a100 = s.a100()
+
+    def pct(v):
+        return None if v is None else 100 * v
     return {
         "runs": [{"id": x.id, "skipped": x.skipped, "predicted_s": x.predicted_s,
                   "published_s": x.published_s, "time_source": x.time_source,
@@ -350,7 +354,10 @@ def validate_json(s) -> dict:
         "time_median_pct": 100 * s.time_median, "time_mean_pct": 100 * s.time_mean,
         "time_median_pct_by_group": {g: {"median_pct": 100 * m, "runs": n}
                                      for g, (m, n) in s.group_medians().items()},
+        "a100_time_median_pct": pct(a100.time_median),
         "table1_error_slope_pct_per_decade": s.size_trend(),
+        "bloom_memory_median_pct": pct(a100.mem_median),
+        "bloom_memory_max_pct": pct(a100.mem_max),
         "memory_median_pct": 100 * s.mem_median, "memory_max_pct": 100 * s.mem_max,
         "memory_bloom_per_configuration_pct": [100 * e for e in s.config_mem_errs("bloom")],
         "memory_reserved_without_context_pct": [100 * e for e in s.reserved_mem_errs()],
@@ -425,6 +432,10 @@ def print_validate(s, verbose: bool) -> None:
               f"{s.time_mean * 100:.1f}% over {len(s._errs('time_err'))} runs")
     con.print("  median by source group: " + ", ".join(
         f"{g} {100 * m:.1f}% ({n})" for g, (m, n) in s.group_medians().items()))
+    a100 = s.a100()
+    if a100.time_median is not None:
+        con.print(f"  A100 runs (every group but torchtitan's H100 runs): median "
+                  f"{a100.time_median * 100:.1f}% over {len(a100._errs('time_err'))}")
     slope = s.size_trend()
     if slope is not None:
         con.print(f"  error vs model size (Narayanan et al. Table 1): {slope:+.1f} points per "
@@ -434,6 +445,9 @@ def print_validate(s, verbose: bool) -> None:
               "stage 0; torchtitan: the largest over all GPUs)")
     con.print("  median by source group: " + ", ".join(
         f"{g} {100 * m:.1f}% ({n})" for g, (m, n) in s.group_medians("mem_err").items()))
+    if a100.mem_median is not None:
+        con.print(f"  BLOOM, every reading: median {a100.mem_median * 100:.1f}%, max "
+                  f"{a100.mem_max * 100:.1f}% over {len(a100._errs('mem_err'))}")
     conf = s.config_mem_errs("bloom")
     if conf:
         con.print("  BLOOM per configuration (a configuration read more than once: the mean of "

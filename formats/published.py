@@ -487,6 +487,11 @@ class Summary:
         e = self._errs("mem_err")
         return max(e) if e else None
 
+    def a100(self) -> "Summary":
+        """The A100 runs (Megatron-LM, Megatron-DeepSpeed): every group but torchtitan's H100
+        runs, the set issue 10's goals are stated over."""
+        return Summary([x for x in self.rows if not x.group.startswith("torchtitan")])
+
     def config_mem_errs(self, group_prefix: str = "") -> list[float]:
         """|memory error| per configuration of the rows whose group starts with
         `group_prefix`: a configuration read more than once (BLOOM's DP 8 / TP 4 / PP 12 /

@@ -426,6 +426,12 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
                        overlap_param_gather=(overlap_param_gather,))
 
 
+def _interval_json(interval, profile: str) -> dict:
+    """The 95% prediction interval (estimate, low, high in s) as --json gives it."""
+    return {"estimate": interval[0], "low": interval[1], "high": interval[2], "level": 0.95,
+            "profile": profile}
+
+
 def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
                       calibration=None, interval=None, **outputs):
     """Write the outputs asked for, then print the estimate and what was written."""
@@ -441,8 +447,7 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     if as_json:
         d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
         if interval is not None:
-            d["interval_s"] = {"estimate": interval[0], "low": interval[1], "high": interval[2],
-                               "level": 0.95, "profile": calibration["profile"]}
+            d["interval_s"] = _interval_json(interval, calibration["profile"])
         render.echo_json(d)
         return
     render.print_estimate(est, plan, c)
@@ -802,8 +807,7 @@ def solve(
     if as_json:
         d = render.solve_json(res, m, c, files, warnings, space)
         if interval is not None:
-            d["interval_s"] = {"estimate": interval[0], "low": interval[1], "high": interval[2],
-                               "level": 0.95, "profile": cal["profile"],
+            d["interval_s"] = {**_interval_json(interval, cal["profile"]),
                                "toss_up_with": toss.describe if toss else None,
                                "toss_up_possible_with": maybe.describe if maybe else None}
         render.echo_json(d)

@@ -24,8 +24,13 @@ from .errors import SpecError
 from .specs import GPUSpec
 from .topology import best_ring_gb_per_s
 
-# one step of an NCCL collective inside an NVLink node, small-message regime: the preset of
-# ClusterSpec.intra_latency_us (a cluster file or a calibration profile may replace it)
+# one step of a ring collective inside an NVLink node (the cost model charges 2 (n - 1) steps
+# per all-reduce over n GPUs, n - 1 per all-gather or reduce-scatter): the preset of
+# ClusterSpec.intra_latency_us. NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc:
+# baseLat and hwLat, ring, Simple protocol, NVLink) charges 8.4 us once plus 3.4 us a step
+# (56 us for an all-reduce over 8 GPUs, against 140 us here). 10 us a step is the assumption
+# A100's curve was fitted with (bench/fit_compute.py), so it stays the preset; a cluster file,
+# `cluster import --intra-allreduce` (measured) or a calibration profile replaces it.
 INTRA_LATENCY_US = 10.0
 
 

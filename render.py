@@ -524,6 +524,8 @@ def print_cluster_summary(c, s, png=None) -> None:
     con = console()
     con.print(f"[bold]{c.name}[/bold]: {c.num_nodes} nodes, {c.num_gpus} GPUs "
               f"({', '.join(sorted({nd.gpu.name for nd in c.nodes}))})")
+    con.print(f"latency: {c.latency_us:g} us per message between nodes, "
+              f"{c.intra_latency_us:g} us per collective step inside a node", highlight=False)
     if s.get("median_gb_per_s") is not None:
         con.print(f"inter-node streams: median {s['median_gb_per_s']:.2f} GB/s, min "
                   f"{s['min_gb_per_s']:.2f}, max {s['max_gb_per_s']:.2f}")

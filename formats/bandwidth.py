@@ -713,7 +713,8 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
     m = np.asarray(c.inter_gb_per_s, dtype=float)
     n = len(names)
     off = ~np.eye(n, dtype=bool)
-    out: dict = {"name": c.name, "nodes": n, "gpus": c.num_gpus}
+    out: dict = {"name": c.name, "nodes": n, "gpus": c.num_gpus, "latency_us": c.latency_us,
+                 "intra_latency_us": c.intra_latency_us}
     if n < 2:
         out.update(median_gb_per_s=None, slowest_links=[], outliers=[],
                    groups=[names], attached={}, asymmetric=[])

@@ -388,7 +388,6 @@ def intra_node_allreduce(path: str | Path) -> tuple[float, float, str, list[str]
     return lat, bw, note, warnings
 
 
-
 def nccl_stream_gb_per_s(run: NcclRun, test: str) -> tuple[float, str]:
     """GB/s of one GPU-to-GPU stream from a pair run, and a note saying what was taken.
 

@@ -227,9 +227,8 @@ def print_solve(res, c) -> None:
               f"{res.shapes_solved} placement-optimized"
               + (f" ({res.blocks_enumerated} block(s) small enough to enumerate every "
                  "placement and split)" if res.blocks_enumerated else ""), highlight=False)
-    unbounded = sum("not bounded" in x.status for x in res.candidates)
-    if unbounded:
-        con.print(f"bound: {unbounded} of {res.shapes_total} shapes were not bounded within the "
+    if res.shapes_unbounded:
+        con.print(f"bound: {res.shapes_unbounded} of {res.shapes_total} shapes were not bounded within the "
                   "time limit, so the bound is the trivial 0; a longer --time-limit bounds "
                   "them", highlight=False)
     for e in res.errors:

@@ -97,6 +97,12 @@ class SolveResult:
                             key=lambda c: c.lower_bound_ms)
         return (timed + bound_only)[:k]
 
+    @property
+    def shapes_unbounded(self) -> int:
+        """Shapes the time limit left without their closed-form bound (each counts 0 in
+        `bound_ms`)."""
+        return sum("not bounded" in c.status for c in self.candidates)
+
     def toss_up(self, high_ms: float) -> tuple[Candidate | None, Candidate | None]:
         """Runners-up inside an interval around the best plan that ends at `high_ms`:
         (the fastest other shape with a plan timed inside it, or None; failing that, the
@@ -113,7 +119,8 @@ class SolveResult:
         return {"method": self.method, "termination": self.termination,
                 "objective_ms": self.objective_ms, "bound_ms": self.bound_ms, "gap": self.gap,
                 "wall_s": self.wall_s, "shapes_total": self.shapes_total,
-                "shapes_solved": self.shapes_solved, "errors": list(self.errors),
+                "shapes_solved": self.shapes_solved, "shapes_unbounded": self.shapes_unbounded,
+                "errors": list(self.errors),
                 "annealed_with_closed_form_bound": dict(self.not_covered),
                 "blocks_enumerated": self.blocks_enumerated,
                 "clock": self.clock, "work_s": self.work_s}

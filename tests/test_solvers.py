@@ -662,6 +662,7 @@ def test_bounding_cut_short_by_its_deadline_keeps_every_bound_valid():
     # a whole solve under a limit too short to bound the space: a plan, and an honest bound
     r = solve(m, job, c, time_limit_s=0.3)
     lost = [x for x in r.candidates if "not bounded" in x.status]
+    assert r.shapes_unbounded == len(lost) == r.status_dict()["shapes_unbounded"]
     if lost:  # this machine was too slow to bound every shape in 0.3 s
         assert r.bound_ms == 0.0 and r.termination == "time_limit"
     assert r.plan is not None and r.bound_ms <= r.objective_ms

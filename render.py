@@ -146,6 +146,11 @@ def print_calibration(prof, out) -> None:
                   "(10 us unless its file sets one); far above 1, the runs pay a fixed cost "
                   "per tensor-parallel collective that the links do not explain",
                   highlight=False)
+    for k in prof.uninformed:
+        con.print(f"[yellow]{k}: no run's time depends on it (doubling it moves each by less "
+                  "than 0.1%), so the runs cannot tell its value; add runs that exercise it "
+                  "(for intra_latency_scale: tensor parallelism inside a node)[/yellow]",
+                  highlight=False)
     for k, edge in edges.items():
         con.print(f"[yellow]{k} ended at its {edge} bound: the runs ask for more than its range "
                   "allows; the cost model misses something in them, or a run's plan is not "

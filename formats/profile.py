@@ -65,6 +65,10 @@ def load_profile(path) -> Profile:
     if cov and (len(cov) != len(names) or any(len(r) != len(names) for r in cov)):
         raise SpecError("covariance must be a square matrix over the fitted parameters",
                         source=src, field="covariance")
+    uninformed = d.get("uninformed") or []
+    if not isinstance(uninformed, list) or not set(uninformed) <= set(names):
+        raise SpecError("must list fitted parameters (those in 'fitted')", source=src,
+                        field="uninformed")
     return Profile(d["gpu"], values, stderr, names, cov, d.get("residual_sd_log"),
                    d.get("runs") or [], src, device=str(d.get("device") or ""),
-                   kernels=d.get("kernels") or [])
+                   kernels=d.get("kernels") or [], uninformed=tuple(uninformed))

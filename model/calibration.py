@@ -73,6 +73,10 @@ NOISE_SD = 0.05
 NOISE_ROUNDS = 5
 FRAGMENTATION_BOUNDS = (0.0, 1.0)
 HUBER_DELTA = 0.05
+# a fitted parameter whose doubling moves every run's predicted time by less than this share
+# (d log t / d multiplier at the preset) cannot be told from the runs: e.g. intra_latency_scale
+# on runs without tensor parallelism or collectives inside a node
+UNINFORMED_SLOPE = 1e-3
 Z95 = 1.959964
 
 
@@ -94,6 +98,8 @@ class Profile:
     device: str = ""  # what the probe ran on
     kernels: list = field(default_factory=list)  # the probe's timed kernels
     prior_sd: dict = field(default_factory=dict)  # the prior the fit used (empty: none)
+    # fitted parameters no run's time depends on (UNINFORMED_SLOPE): left to the prior
+    uninformed: tuple = ()
 
     def at_bounds(self) -> dict[str, str]:
         """Fitted parameters that ended on an edge of their range: name -> "lower" or
@@ -114,6 +120,8 @@ class Profile:
              "fitted": list(self.names), "covariance": self.covariance,
              "residual_sd_log": self.residual_sd, "prior_sd_log": self.prior_sd,
              "runs": self.runs}
+        if self.uninformed:
+            d["uninformed"] = list(self.uninformed)
         if self.kernels or not self.planning:
             d.update(planning=self.planning, device=self.device, kernels=self.kernels)
         return d
@@ -267,6 +275,8 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     theta = np.ones(p)
     r = _residuals(runs, names, theta, {}, gpu)
     J = _jacobian(runs, names, theta, {}, gpu, r) if p else np.zeros((len(runs), 0))
+    uninformed = tuple(nm for k, nm in enumerate(names)
+                       if np.max(np.abs(J[:, k])) < UNINFORMED_SLOPE)
     # The noise the prior is weighed against: NOISE_SD, or the spread the fit leaves where that
     # is larger (runs the parameters cannot reconcile are noisier than assumed, so the prior
     # should weigh more); re-fitted until the two agree (empirical Bayes; NOISE_ROUNDS at most)
@@ -316,7 +326,8 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         stderr["fragmentation"] = (1.2533 * statistics.stdev(fs) / math.sqrt(len(fs))
                                    if len(fs) > 1 else None)
     prof = Profile(gpu, values, stderr, tuple(names), cov, sd,
-                   prior_sd={nm: PRIOR_SD[nm] for nm in names} if prior else {})
+                   prior_sd={nm: PRIOR_SD[nm] for nm in names} if prior else {},
+                   uninformed=uninformed)
     prof.runs = [{"label": rr.label, "measured_s": rr.measured_s, "before_s": b, "after_s": a,
                   "memory_gib": rr.memory_gib, "memory_kind": rr.memory_kind}
                  for rr, b, a in zip(runs, before, after)]

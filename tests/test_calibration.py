@@ -335,3 +335,32 @@ def test_intra_node_latency_is_a_parameter_the_fit_recovers(tmp_path):
                                    "--out", str(tmp_path / "cal.json")])
     assert out.exit_code == 0, out.output
     assert "x the cluster's intra_latency_us" in " ".join(out.output.split())
+
+
+def test_a_parameter_no_run_depends_on_is_reported_uninformed(tmp_path):
+    """Runs without tensor parallelism whose data-parallel rings all cross nodes never pay the
+    intra-node latency: fitting intra_latency_scale on them leaves it at its prior and the
+    profile names it (the calibrate report says to add runs that exercise it); the GEMM scale,
+    which every run depends on, is not named."""
+    model = presets.model("gpt-3.6b")
+    c = uniform_cluster(4, 1, "A100-80GB", 240.0, 6.0)  # one GPU per node: no intra ring
+    runs = []
+    for k, pp in enumerate((1, 2, 4, 1)):
+        job = JobSpec(global_batch=64 * (1 + k), seq_length=2048)
+        plan = make_plan(model, job, c, tp=1, pp=pp, micro_batch=1, recompute="full")
+        run = Run(model, job, c, plan, Options(), 1.0, label=f"r{k}")
+        run.measured_s = _predict(run, {"gemm_scale": 0.9}, "A100-80GB")
+        runs.append(run)
+    prof, _ = fit(runs, ("gemm_scale", "intra_latency_scale"), "A100-80GB",
+                  fit_fragmentation=False)
+    assert prof.uninformed == ("intra_latency_scale",)
+    assert prof.values["intra_latency_scale"] == pytest.approx(1.0, abs=0.05)
+    assert prof.values["gemm_scale"] == pytest.approx(0.9, rel=0.02)
+    assert prof.to_dict()["uninformed"] == ["intra_latency_scale"]
+    save_profile(tmp_path / "p.json", prof)
+    assert load_profile(tmp_path / "p.json").uninformed == ("intra_latency_scale",)
+    d = json.loads((tmp_path / "p.json").read_text())
+    d["uninformed"] = ["nvlink_scale"]  # not fitted
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(SpecError, match="uninformed"):
+        load_profile(tmp_path / "bad.json")

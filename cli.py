@@ -575,8 +575,8 @@ def calibrate(
         "for all.")],
     fit_params: Annotated[str, typer.Option(
         "--fit", help="Time parameters to fit, comma-separated: gemm_scale, attention_scale, "
-        "network_scale, nvlink_scale, hbm_scale, intra_latency_scale.")] =
-        "gemm_scale,network_scale",
+        "network_scale, nvlink_scale, hbm_scale, intra_latency_scale, "
+        "kernel_overhead_us.")] = "gemm_scale,network_scale",
     out: Annotated[Path, typer.Option("--out", help="The profile file to write.")] = Path(
         "calibration.json"),
     prior: Annotated[bool, typer.Option(

@@ -16,6 +16,12 @@ whose head dimension is a multiple of 8 (data/published_bloom_time_heldout.json;
 kernels the model does not price: bench/bloom_time_residuals.py), before and after, and the
 same fit (with the prior) on all of the group's runs, judged on those 83.
 
+`--refit-presets` makes "before" out of sample: for each A100 group, A100's curve is first
+refitted (bench/fit_compute.py, the same fit as the presets') on every A100 run outside the
+group, and the group's runs are built on that GPU. Without it the presets were fitted on the
+groups themselves, so "before" is in-sample. torchtitan's two 500 W H100 factors come from 3 of
+its 18 runs (bench/fit_h100_500w.py) and are not refitted.
+
 `--floor` adds what no draw of k runs can beat by calibrating these parameters: the median
 |time error| over all of the group's runs when the parameters are fitted on all of them (no
 prior; in-sample), and the smallest median over a log-spaced grid of the parameters within
@@ -40,7 +46,9 @@ from model.compute import head_dim_aligned  # noqa: E402
 from model.specs import Options  # noqa: E402
 
 
-def group_runs() -> dict[str, list[Run]]:
+def group_runs(gpu_params: dict | None = None) -> dict[str, list[Run]]:
+    """Each source group's runs with a time, as Runs (`gpu_params` replaces the GPU preset's
+    fields, as formats.published.run_to_inputs does)."""
     groups: dict[str, list[Run]] = {}
     for r in load_runs():
         if _skip_reason(r) or r.get("oom"):
@@ -48,7 +56,7 @@ def group_runs() -> dict[str, list[Run]]:
         pub = r.get("iteration_time_s") or r.get("iteration_time_s_derived")
         if pub is None:
             continue
-        model, job, cluster, plan, _notes = run_to_inputs(r)
+        model, job, cluster, plan, _notes = run_to_inputs(r, gpu_params)
         groups.setdefault(r["source_group"], []).append(
             Run(model, job, cluster, plan, Options(), float(pub), label=r["id"]))
     return {g: v for g, v in groups.items() if len(v) >= 5}
@@ -63,6 +71,15 @@ def bloom_heldout_runs() -> list[Run]:
         out.append(Run(model, job, cluster, plan, Options(), row["sec_per_iteration"],
                        label=f"line {row['line']}"))
     return out
+
+
+def refit_without(group: str) -> dict:
+    """A100's curve parameters refitted by bench/fit_compute.py's fit (least squares on log
+    time, Nelder-Mead from its neutral start) on every A100 run outside `group`."""
+    import fit_compute as fc
+    runs = [r for r in fc.runs_with_time() if r["source_group"] != group]
+    x, _loss = fc.nelder_mead(lambda x: fc.loss(runs, x, "runs"), fc.START, [0.05, 0.05, 4.0])
+    return dict(zip(fc.NAMES, (float(v) for v in x)))
 
 
 FLOOR_GRID = 21  # grid points per parameter for --floor (log-spaced over the bounds)
@@ -102,9 +119,14 @@ def main() -> None:
     ap.add_argument("--no-prior", action="store_true")
     ap.add_argument("--floor", action="store_true",
                     help="also fit on all of a group's runs, and grid-search the parameters")
+    ap.add_argument("--refit-presets", action="store_true",
+                    help="refit A100's curve without each A100 group first (before = out of "
+                    "sample)")
     ap.add_argument("--bloom-heldout", action="store_true",
                     help="also judge the BLOOM fits on the held-out BLOOM iteration times")
     args = ap.parse_args()
+    if args.refit_presets and args.bloom_heldout:
+        ap.error("--bloom-heldout judges the presets' BLOOM fits; run it without --refit-presets")
     held = bloom_heldout_runs() if args.bloom_heldout else []
     names = tuple(args.fit.split(","))
     print(f"calibrate on {args.k} runs of a group ({', '.join(names)}), predict the others; "
@@ -112,6 +134,10 @@ def main() -> None:
     print(f"{'group':<34} {'runs':>4} {'before':>8} {'after':>8} {'after range':>16}  "
           f"fitted (first draw)")
     for g, runs in sorted(group_runs().items()):
+        if args.refit_presets and not g.startswith("torchtitan"):
+            params = refit_without(g)
+            runs = group_runs(params)[g]
+            print(f"{'':<34} A100 curve refitted without this group: {_show(params)}")
         gpu = runs[0].cluster.nodes[0].gpu.name
         befores, afters, first, held_after = [], [], None, []
         for d in range(args.draws):

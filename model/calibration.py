@@ -14,14 +14,18 @@ Parameters (each multiplies a preset figure; bounds keep them physical):
 - `intra_latency_scale`: the cluster's `intra_latency_us`, the per-step latency of a
   collective inside a node (the tensor-parallel rings pay it 2 (TP - 1) times per
   all-reduce: a cost per layer and micro-batch that grows with TP, whatever the bytes);
+- `kernel_overhead_us`: the GPU's `kernel_overhead_us` itself, the gap every kernel adds
+  (launch, host dispatch), in microseconds: not a multiplier (the presets' is 0); it starts at
+  the preset and its prior is on its distance from it;
 - `fragmentation`: `Overheads.fragmentation`, fitted apart on memory readings of the
   allocator's reserved peak (reserved = (1 + fragmentation) x the tensors counted).
 
 Time fit: robust (Huber, delta 5%) bounded Levenberg-Marquardt on r_i = log(predicted_i /
 measured_i) with a finite-difference Jacobian (the estimator is a black box here, the same one
 `estimate` uses). A prior keeps what a few runs cannot pin near the preset: each multiplier's
-log has a normal prior around 0 with sd `PRIOR_SD` (how far a cluster plausibly sits from its
-preset), entered as one more residual (noise / sd) log(theta) per parameter, `noise` the
+log (an additive parameter's value) has a normal prior around 0 with sd `PRIOR_SD` (how far a
+cluster plausibly sits from its preset), entered as one more residual (noise / sd) log(theta)
+(or theta) per parameter, `noise` the
 run-to-run noise of one measured time; the fit is the posterior mode (MAP). Without it, three
 runs of a group fit two parameters exactly and predict the group's other runs worse than the
 presets (bench/calibration_loo.py --no-prior). `noise` is NOISE_SD, or the residual spread the
@@ -56,7 +60,12 @@ TIME_PARAMETERS = {  # name -> (lower, upper) bounds of the multiplier
     "nvlink_scale": (0.2, 2.0),
     "hbm_scale": (0.3, 2.0),
     "intra_latency_scale": (0.1, 100.0),
+    "kernel_overhead_us": (0.0, 50.0),  # microseconds, not a multiplier (ABSOLUTE)
 }
+# parameters that replace a preset figure rather than multiply it: they start at the preset
+# (the GPU's own figure) and their prior is on the distance from it (sd in the parameter's
+# unit), not on a log
+ABSOLUTE = frozenset({"kernel_overhead_us"})
 # prior sd of log(multiplier): efficiencies of compute kernels within ~15-20% of the preset
 # (clocks, power limits: the torchtitan 500 W H100 runs at 0.77 of the SXM curve,
 # bench/fit_h100_500w.py), links within ~50% (NCCL over Omni-Path, InfiniBand or RoCE, and
@@ -64,8 +73,11 @@ TIME_PARAMETERS = {  # name -> (lower, upper) bounds of the multiplier
 # the least known: nccl-tests' small-message all-reduce on an NVSwitch node is ~10 us a step,
 # what a training step pays per collective (launches, synchronization) can be several times
 # that, so a factor e per sd
+# a kernel's host-side gap: CUDA's launch latency is a few us, eager PyTorch's dispatch tens
+# (bench/fit_compute.py bounds the A100 fit to 0-50 us), so 10 us per sd
 PRIOR_SD = {"gemm_scale": 0.15, "attention_scale": 0.2, "network_scale": 0.5,
-            "nvlink_scale": 0.3, "hbm_scale": 0.2, "intra_latency_scale": 1.0}
+            "nvlink_scale": 0.3, "hbm_scale": 0.2, "intra_latency_scale": 1.0,
+            "kernel_overhead_us": 10.0}
 # run-to-run noise of one measured iteration time (log): BLOOM's two identical DP8/TP4/PP12
 # rows differ by 2.7% (data/published_runs.json); 5% as the scale the prior is weighed against
 NOISE_SD = 0.05
@@ -107,6 +119,8 @@ class Profile:
         out = {}
         for k, v in self.values.items():
             lo, hi = TIME_PARAMETERS.get(k, FRAGMENTATION_BOUNDS)
+            if k in ABSOLUTE and v <= lo + 1e-9:  # no overhead at all: a floor, not a limit
+                continue
             if v <= lo * (1 + 1e-6):
                 out[k] = "lower"
             elif v >= hi * (1 - 1e-6):
@@ -136,7 +150,8 @@ def scaled_gpu(gpu: GPUSpec, values: dict) -> GPUSpec:
         fp8_gemm_efficiency=None if g8 is None else min(1.0, g8 * values.get("gemm_scale", 1.0)),
         attention_efficiency=min(1.0, gpu.attention_efficiency
                                  * values.get("attention_scale", 1.0)),
-        hbm_efficiency=min(1.0, gpu.hbm_efficiency * values.get("hbm_scale", 1.0)))
+        hbm_efficiency=min(1.0, gpu.hbm_efficiency * values.get("hbm_scale", 1.0)),
+        kernel_overhead_us=values.get("kernel_overhead_us", gpu.kernel_overhead_us))
 
 
 def apply_profile(prof: Profile | None, cluster: ClusterSpec, options: Options,
@@ -242,20 +257,30 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     weights = _huber_weights
     n = len(runs)
 
+    absolute = np.array([nm in ABSOLUTE for nm in names], dtype=bool)
+    preset_gpu = next(nd.gpu for rr in runs for nd in rr.cluster.nodes if nd.gpu.name == gpu)
+    start = np.array([getattr(preset_gpu, nm) if nm in ABSOLUTE else 1.0 for nm in names])
+
+    def phi(th):  # what the prior is on: a multiplier's log, an absolute value's distance
+        return np.where(absolute, th - start, np.log(np.where(absolute, 1.0, th)))
+
+    def dphi(th):
+        return np.where(absolute, 1.0, 1.0 / np.where(absolute, 1.0, th))
+
     def map_fit(theta, r, J, noise_sd):
         """Levenberg-Marquardt to the posterior mode, the prior's residuals
-        (noise_sd / PRIOR_SD) log(theta) (module docstring)."""
+        (noise_sd / PRIOR_SD) phi(theta) (module docstring; phi = log for multipliers)."""
         pw = np.array([noise_sd / PRIOR_SD[nm] if prior else 0.0 for nm in names])
 
         def total(res, th):
-            return _huber_cost(res) + 0.5 * float(np.sum((pw * np.log(th)) ** 2))
+            return _huber_cost(res) + 0.5 * float(np.sum((pw * phi(th)) ** 2))
 
         lam = 1e-3
         for _ in range(max_iter if p else 0):
             w = weights(r)
-            Jp = np.diag(pw / theta)
+            Jp = np.diag(pw * dphi(theta))
             A = J.T @ (w[:, None] * J) + Jp.T @ Jp
-            g = J.T @ (w * r) + Jp.T @ (pw * np.log(theta))
+            g = J.T @ (w * r) + Jp.T @ (pw * phi(theta))
             step = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
             cand = np.clip(theta + step, lo, hi)
             r_c = _residuals(runs, names, cand, {}, gpu)
@@ -272,7 +297,7 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
                     break
         return theta, r, J, pw
 
-    theta = np.ones(p)
+    theta = start.copy()
     r = _residuals(runs, names, theta, {}, gpu)
     J = _jacobian(runs, names, theta, {}, gpu, r) if p else np.zeros((len(runs), 0))
     uninformed = tuple(nm for k, nm in enumerate(names)
@@ -302,7 +327,7 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         s2 = sd * sd
         if p:
             # the prior's rows are in units of noise_sd; rescaled to the fitted noise s
-            Jp = np.diag(pw / theta) * (sd / noise_sd if sd > 0 else 1.0)
+            Jp = np.diag(pw * dphi(theta)) * (sd / noise_sd if sd > 0 else 1.0)
             A = J.T @ (w[:, None] * J) + Jp.T @ Jp
             try:
                 C = s2 * np.linalg.inv(A)

@@ -364,3 +364,25 @@ def test_a_parameter_no_run_depends_on_is_reported_uninformed(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(d))
     with pytest.raises(SpecError, match="uninformed"):
         load_profile(tmp_path / "bad.json")
+
+
+def test_kernel_overhead_is_an_additive_parameter_the_fit_recovers():
+    """kernel_overhead_us is fitted as the GPU's per-kernel gap itself (the presets' is 0, so a
+    multiplier could not move it): it starts at the preset, its prior is on the distance from
+    it, runs made with 8 us and 2% noise fit back to it within 3 standard errors, and ending
+    at 0 (no overhead) is not reported as a bound the runs push against."""
+    truth = {"gemm_scale": 0.9, "kernel_overhead_us": 8.0}
+    runs = _runs(truth, 0.02, seed=5, n=12)
+    prof, _ = fit(runs, ("gemm_scale", "kernel_overhead_us"), "A100-80GB",
+                  fit_fragmentation=False)
+    for k, v in truth.items():
+        assert prof.stderr[k] is not None
+        assert abs(prof.values[k] - v) <= 3 * prof.stderr[k] + 1e-9, (k, prof.values[k])
+    zero, _ = fit(_runs({"gemm_scale": 0.9}, 0.0, seed=5, n=6),
+                  ("gemm_scale", "kernel_overhead_us"), "A100-80GB", fit_fragmentation=False)
+    # the prior pulls gemm_scale toward 1 a little, the overhead makes up for it: < 2 us
+    assert zero.values["kernel_overhead_us"] < 2.0 and zero.at_bounds() == {}
+    from model.calibration import Profile
+    assert Profile("A100-80GB", {"kernel_overhead_us": 0.0}).at_bounds() == {}
+    assert Profile("A100-80GB", {"kernel_overhead_us": 50.0}).at_bounds() == {
+        "kernel_overhead_us": "upper"}

@@ -94,6 +94,17 @@ def _runs(truth: dict, noise: float, seed: int, n: int):
     return out
 
 
+def _assert_recovered(truth: dict, seed: int):
+    """12 runs made with `truth` and 2% noise fit back to it within 3 standard errors; the
+    runs."""
+    runs = _runs(truth, 0.02, seed=seed, n=12)
+    prof, _ = fit(runs, tuple(truth), "A100-80GB", fit_fragmentation=False)
+    for k, v in truth.items():
+        assert prof.stderr[k] is not None
+        assert abs(prof.values[k] - v) <= 3 * prof.stderr[k] + 1e-9, (k, prof.values[k])
+    return runs
+
+
 def test_a_parameter_the_runs_push_past_its_range_is_reported_at_its_bound():
     """Runs 4x slower than the GEMM curve allows (gemm_scale 0.25 against a lower bound of
     0.3): the fit ends on the bound and says so (the calibrate table and JSON name it)."""
@@ -307,13 +318,7 @@ def test_intra_node_latency_is_a_parameter_the_fit_recovers(tmp_path):
         a, b = (estimate(m, job, cl, plan).iteration_ms for cl in (one, one_slow))
         ratio[tp] = b / a
     assert ratio[8] > 1.05 and ratio[1] < 1.001, ratio  # TP 1: one data-parallel sync only
-    truth = {"gemm_scale": 0.9, "intra_latency_scale": 20.0}
-    runs = _runs(truth, 0.02, seed=3, n=12)
-    prof, _ = fit(runs, ("gemm_scale", "intra_latency_scale"), "A100-80GB",
-                  fit_fragmentation=False)
-    for k, v in truth.items():
-        assert prof.stderr[k] is not None
-        assert abs(prof.values[k] - v) <= 3 * prof.stderr[k] + 1e-9, (k, prof.values[k])
+    runs = _assert_recovered({"gemm_scale": 0.9, "intra_latency_scale": 20.0}, seed=3)
     odd = dataclasses.replace(c, intra_latency_us=37.5)
     p = tmp_path / "c.toml"
     p.write_text(cluster_to_toml(odd))
@@ -366,18 +371,12 @@ def test_a_parameter_no_run_depends_on_is_reported_uninformed(tmp_path):
         load_profile(tmp_path / "bad.json")
 
 
-def test_kernel_overhead_is_an_additive_parameter_the_fit_recovers():
+def test_kernel_overhead_is_an_absolute_parameter_the_fit_recovers():
     """kernel_overhead_us is fitted as the GPU's per-kernel gap itself (the presets' is 0, so a
     multiplier could not move it): it starts at the preset, its prior is on the distance from
     it, runs made with 8 us and 2% noise fit back to it within 3 standard errors, and ending
     at 0 (no overhead) is not reported as a bound the runs push against."""
-    truth = {"gemm_scale": 0.9, "kernel_overhead_us": 8.0}
-    runs = _runs(truth, 0.02, seed=5, n=12)
-    prof, _ = fit(runs, ("gemm_scale", "kernel_overhead_us"), "A100-80GB",
-                  fit_fragmentation=False)
-    for k, v in truth.items():
-        assert prof.stderr[k] is not None
-        assert abs(prof.values[k] - v) <= 3 * prof.stderr[k] + 1e-9, (k, prof.values[k])
+    _assert_recovered({"gemm_scale": 0.9, "kernel_overhead_us": 8.0}, seed=5)
     zero, _ = fit(_runs({"gemm_scale": 0.9}, 0.0, seed=5, n=6),
                   ("gemm_scale", "kernel_overhead_us"), "A100-80GB", fit_fragmentation=False)
     # the prior pulls gemm_scale toward 1 a little, the overhead makes up for it: < 2 us

@@ -388,11 +388,15 @@ def interval_s(prof: Profile, model, job, cluster, plan, options) -> tuple[float
 KERNEL_PARAMETER = {"elementwise": "hbm_scale", "gemm": "gemm_scale",
                     "attention": "attention_scale", "allreduce": "nvlink_scale",
                     "allgather": "nvlink_scale"}
-# a collective's time is bytes / rate + steps x latency: the two are fitted in turn until they
-# settle (each round re-fits one with the other in place)
-COLLECTIVE_ROUNDS = 8
-KERNEL_FIT_ORDER = ("hbm_scale", "gemm_scale", "attention_scale") + (
-    "nvlink_scale", "intra_latency_scale") * COLLECTIVE_ROUNDS
+# each parameter is fitted alone on its readings, in this order, with the others in place; the
+# rounds repeat until no value moves (a kernel's time mixes several: a collective's bytes / rate
+# and steps x latency, every kernel's gap), FIT_ROUNDS at most
+KERNEL_FIT_ORDER = ("kernel_overhead_us", "hbm_scale", "gemm_scale", "attention_scale",
+                    "nvlink_scale", "intra_latency_scale")
+FIT_ROUNDS = 8
+# an element-wise reading of at most this many bytes measures the per-kernel gap: at HBM rates
+# its bytes take well under a microsecond
+TINY_KERNEL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -434,9 +438,12 @@ def kernel_ms(k: KernelReading, gpu: GPUSpec, intra_gb_per_s: float,
 
 
 def kernel_parameter(k: KernelReading, intra_gb_per_s: float) -> str:
-    """The multiplier a reading measures: KERNEL_PARAMETER, except that a collective whose
-    preset time is mostly per-step latency (a small buffer) measures intra_latency_scale."""
+    """The parameter a reading measures: KERNEL_PARAMETER, except that a collective whose
+    preset time is mostly per-step latency (a small buffer) measures intra_latency_scale, and
+    a tiny element-wise kernel (TINY_KERNEL_BYTES) the per-kernel gap."""
     name = KERNEL_PARAMETER[k.kind]
+    if k.kind == "elementwise" and k.shape[0] <= TINY_KERNEL_BYTES:
+        return "kernel_overhead_us"
     if name != "nvlink_scale":
         return name
     gpu = None  # collectives do not read the GPU
@@ -444,28 +451,38 @@ def kernel_parameter(k: KernelReading, intra_gb_per_s: float) -> str:
     return "intra_latency_scale" if kernel_ms(k, gpu, intra_gb_per_s) > 2 * no_lat else name
 
 
-def _fit_one(residuals, lo: float, hi: float) -> tuple[float, float | None]:
-    """One multiplier x in [lo, hi] minimizing the Huber cost of residuals(x) (log ratios):
-    a log-spaced scan, then golden-section search around the best point. Standard error from
-    the weighted residual variance over n - 1 degrees of freedom and the derivative of the
-    residuals (the one-parameter case of the covariance in the module docstring)."""
-    xs = np.exp(np.linspace(math.log(lo), math.log(hi), 161))
+def _fit_one(residuals, lo: float, hi: float, linear: bool = False
+             ) -> tuple[float, float | None]:
+    """One parameter x in [lo, hi] minimizing the Huber cost of residuals(x) (log ratios):
+    a log-spaced scan (`linear`: an even one, for an absolute parameter whose range starts at
+    0), then golden-section search around the best point. Standard error from the weighted
+    residual variance over n - 1 degrees of freedom and the derivative of the residuals (the
+    one-parameter case of the covariance in the module docstring)."""
+    to, back = (float, float) if linear else (math.log, math.exp)
+    xs = [back(u) for u in np.linspace(to(lo), to(hi), 161)]
     costs = [_huber_cost(residuals(x)) for x in xs]
     i = int(np.argmin(costs))
-    a, b = math.log(xs[max(i - 1, 0)]), math.log(xs[min(i + 1, len(xs) - 1)])
+    a, b = to(xs[max(i - 1, 0)]), to(xs[min(i + 1, len(xs) - 1)])
     phi = (math.sqrt(5) - 1) / 2
     for _ in range(60):
         c, d = b - phi * (b - a), a + phi * (b - a)
-        if _huber_cost(residuals(math.exp(c))) <= _huber_cost(residuals(math.exp(d))):
+        if _huber_cost(residuals(back(c))) <= _huber_cost(residuals(back(d))):
             b = d
         else:
             a = c
-    x = math.exp((a + b) / 2)
+    x = back((a + b) / 2)
     if _huber_cost(residuals(xs[i])) < _huber_cost(residuals(x)):
         x = float(xs[i])
     r = residuals(x)
     n = len(r)
-    h = 1e-4 * x
+    h = 1e-4 * max(x, 1.0 if linear else x)
+    if linear and x - h < lo:  # one-sided at the range's start
+        J = (residuals(x + h) - r) / h
+        w = _huber_weights(r)
+        info = float(np.sum(w * J ** 2))
+        if n < 2 or info <= 0:
+            return x, None
+        return x, math.sqrt(float(np.sum(w * r ** 2) / (n - 1)) / info)
     J = (residuals(x + h) - residuals(x - h)) / (2 * h)
     w = _huber_weights(r)
     info = float(np.sum(w * J ** 2))
@@ -478,33 +495,40 @@ def _fit_one(residuals, lo: float, hi: float) -> tuple[float, float | None]:
 def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: float, *,
                 planning: bool = True, device: str = "") -> Profile:
     """A profile from the probe's kernel readings against the GPU preset `gpu` (and the node's
-    NVLink rate `intra_gb_per_s` the cluster files state): each multiplier fitted alone on
+    NVLink rate `intra_gb_per_s` the cluster files state): each parameter fitted alone on
     its kernels (robust, bounded; the bounds of TIME_PARAMETERS, or wide ones when
-    `planning` is False, the CPU test mode), in the order element-wise, GEMM, attention,
-    large collectives (the links), small ones (the per-step latency: `kernel_parameter`),
-    each with the earlier ones in place (memory-bound GEMMs depend on the HBM rate). The
-    covariance is diagonal (one fit per parameter); no iteration-level residual spread:
+    `planning` is False, the CPU test mode), in the order tiny element-wise kernels (the
+    per-kernel gap), large ones (HBM), GEMM, attention, large collectives (the links), small
+    ones (the per-step latency: `kernel_parameter`), each with the others in place, in rounds
+    until no value moves (KERNEL_FIT_ORDER, FIT_ROUNDS). The covariance is diagonal (one fit per parameter); no iteration-level residual spread:
     intervals from such a profile carry the parameters' uncertainty only."""
     values: dict = {}
     stderr: dict = {}
     from .cluster import INTRA_LATENCY_US
-    for name in KERNEL_FIT_ORDER:
-        mine = [k for k in readings if kernel_parameter(k, intra_gb_per_s) == name]
-        if not mine:
-            continue
-        meas = np.array([k.measured_ms for k in mine])
+    kinds = {name: [k for k in readings if kernel_parameter(k, intra_gb_per_s) == name]
+             for name in KERNEL_FIT_ORDER}
+    for _round in range(FIT_ROUNDS):
+        before = dict(values)
+        for name in KERNEL_FIT_ORDER:
+            mine = kinds[name]
+            if not mine:
+                continue
+            meas = np.array([k.measured_ms for k in mine])
 
-        def residuals(x, mine=mine, meas=meas, name=name):
-            vals = dict(values, **{name: x})
-            g = scaled_gpu(gpu, vals)
-            intra = intra_gb_per_s * vals.get("nvlink_scale", 1.0)
-            lat = INTRA_LATENCY_US * vals.get("intra_latency_scale", 1.0)
-            return np.log(np.array([kernel_ms(k, g, intra, lat) for k in mine]) / meas)
+            def residuals(x, mine=mine, meas=meas, name=name):
+                vals = dict(values, **{name: x})
+                g = scaled_gpu(gpu, vals)
+                intra = intra_gb_per_s * vals.get("nvlink_scale", 1.0)
+                lat = INTRA_LATENCY_US * vals.get("intra_latency_scale", 1.0)
+                return np.log(np.array([kernel_ms(k, g, intra, lat) for k in mine]) / meas)
 
-        lo, hi = TIME_PARAMETERS[name]
-        if not planning:  # the CPU test mode: anything the CPU gives
-            lo, hi = 1e-5, max(10.0, hi)
-        values[name], stderr[name] = _fit_one(residuals, lo, hi)
+            lo, hi = TIME_PARAMETERS[name]
+            if not planning:  # the CPU test mode: anything the CPU gives
+                lo, hi = (0.0 if name in ABSOLUTE else 1e-5), max(10.0, hi)
+            values[name], stderr[name] = _fit_one(residuals, lo, hi, linear=name in ABSOLUTE)
+        if before and all(abs(values[k] - before[k]) <= 1e-7 * max(1.0, abs(before[k]))
+                          for k in values):
+            break
     names = tuple(values)
     cov = ([[(stderr[a] ** 2 if a == b else 0.0) for b in names] for a in names]
            if all(stderr[n] is not None for n in names) else [])

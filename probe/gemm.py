@@ -16,7 +16,7 @@ around each on a GPU, perf_counter on the CPU; the median per call is the readin
 - causal attention: `torch.nn.functional.scaled_dot_product_attention(is_causal=True)`,
   forward plus backward, at the model's head dimension and heads / TP, per micro-batch;
 - an element-wise kernel: `torch.add(a, b, out=c)` on 64 and 256 MiB tensors (3 tensors'
-  bytes through HBM);
+  bytes through HBM), and on 4 and 16 KiB ones (the per-kernel gap: launch and host dispatch);
 - NCCL all-reduce and all-gather among `--gpus` GPUs of the node (one process each), buffers
   of 64 MiB to 1 GiB (the links' rate) and of 64 and 256 KiB (the per-step latency).
 
@@ -24,7 +24,8 @@ The fit (model/calibration.py `fit_kernels`) compares each reading with the cost
 prediction for it against the GPU preset (the device's name mapped to a preset, or `--gpu`):
 `hbm_scale`, `gemm_scale`, `attention_scale`, `nvlink_scale` (against the node's NVLink rate
 as the presets state it: the GPU's datasheet figure, or `--nvlink-gb-per-s`) and
-`intra_latency_scale` (against the preset 10 us per ring step), each with its standard error.
+`intra_latency_scale` (against the preset 10 us per ring step) and `kernel_overhead_us` (the
+tiny kernels' time itself), each with its standard error.
 The profile keeps every reading with its predicted time before and after, so
 the fitted curve (achieved TFLOP/s against shape) can be read off it.
 
@@ -66,6 +67,7 @@ DEVICE_PRESETS = (
     ("MI300X", "MI300X"), ("L40S", "L40S"),
 )
 GPU_COLLECTIVE_MIB = (0.0625, 0.25, 64, 256, 1024)
+GPU_ELEMENTWISE_MIB = (1 / 256, 1 / 64, 64.0, 256.0)
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ def time_kernels(sz: Sizes, gpu: GPUSpec, device: str, iters: int, warmup: int,
         a, b, c = (torch.randn(n, device=device).to(dt) for _ in range(3))
         ms = time_ms(lambda a=a, b=b, c=c: torch.add(a, b, out=c), iters, warmup)
         out.append(KernelReading("elementwise", (3 * n * esize,), sz.dtype, ms))
-        log(f"  elementwise {3 * n * esize / 2 ** 20:.0f} MiB: {ms:.3f} ms, "
+        log(f"  elementwise {3 * n * esize / 2 ** 10:.0f} KiB: {ms:.4f} ms, "
             f"{3 * n * esize / ms / 1e6:.1f} GB/s")
         del a, b, c
 
@@ -294,12 +296,14 @@ def run(argv: list[str] | None = None, log=print) -> dict:
         gpus = a.gpus or torch.cuda.device_count()
         sz = Sizes(model, a.seq, tuple(t for t in _ints(a.tp, "--tp")
                                        if model.num_heads % t == 0),
-                   _ints(a.mbs, "--mbs"), (64.0, 256.0), GPU_COLLECTIVE_MIB, gpus, a.dtype)
+                   _ints(a.mbs, "--mbs"), GPU_ELEMENTWISE_MIB, GPU_COLLECTIVE_MIB, gpus,
+                   a.dtype)
         device, backend, iters, warmup = "cuda", "nccl", a.iters, a.warmup
     else:
         name = f"CPU ({os.cpu_count()} cores), test mode"
         gpu = gpu_preset(a.gpu or "A100-80GB")
-        sz = Sizes(tiny_model(), 64, (1, 2), (1, 2), (1.0, 4.0), (0.0625, 16.0), 2, "fp32")
+        sz = Sizes(tiny_model(), 64, (1, 2), (1, 2), (1 / 256, 1 / 64, 1.0, 4.0), (0.0625, 16.0), 2,
+                   "fp32")
         device, backend, iters, warmup = "cpu", "gloo", min(a.iters, 3), min(a.warmup, 1)
     log(f"probe on {name}: {gpu.name} preset, {sz.dtype}")
     readings = time_kernels(sz, gpu, device, iters, warmup, log)

@@ -475,15 +475,11 @@ def _fit_one(residuals, lo: float, hi: float, linear: bool = False
         x = float(xs[i])
     r = residuals(x)
     n = len(r)
-    h = 1e-4 * max(x, 1.0 if linear else x)
-    if linear and x - h < lo:  # one-sided at the range's start
+    h = 1e-4 * (max(x, 1.0) if linear else x)
+    if x - h < lo:  # one-sided at the range's start (an absolute parameter at 0)
         J = (residuals(x + h) - r) / h
-        w = _huber_weights(r)
-        info = float(np.sum(w * J ** 2))
-        if n < 2 or info <= 0:
-            return x, None
-        return x, math.sqrt(float(np.sum(w * r ** 2) / (n - 1)) / info)
-    J = (residuals(x + h) - residuals(x - h)) / (2 * h)
+    else:
+        J = (residuals(x + h) - residuals(x - h)) / (2 * h)
     w = _huber_weights(r)
     info = float(np.sum(w * J ** 2))
     if n < 2 or info <= 0:
@@ -500,8 +496,9 @@ def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: flo
     `planning` is False, the CPU test mode), in the order tiny element-wise kernels (the
     per-kernel gap), large ones (HBM), GEMM, attention, large collectives (the links), small
     ones (the per-step latency: `kernel_parameter`), each with the others in place, in rounds
-    until no value moves (KERNEL_FIT_ORDER, FIT_ROUNDS). The covariance is diagonal (one fit per parameter); no iteration-level residual spread:
-    intervals from such a profile carry the parameters' uncertainty only."""
+    until no value moves (KERNEL_FIT_ORDER, FIT_ROUNDS). The covariance is diagonal (one fit
+    per parameter); no iteration-level residual spread: intervals from such a profile carry
+    the parameters' uncertainty only."""
     values: dict = {}
     stderr: dict = {}
     from .cluster import INTRA_LATENCY_US

@@ -141,9 +141,10 @@ def print_calibration(prof, out) -> None:
                   "-" if e is None else f"{e:.4f}")
     con.print(t)
     if "intra_latency_scale" in prof.values:
+        from model.cluster import INTRA_LATENCY_US
         con.print(f"intra_latency_scale: every step of a collective inside a node costs "
                   f"{prof.values['intra_latency_scale']:.2f} x the cluster's intra_latency_us "
-                  "(10 us unless its file sets one); far above 1, the runs pay a fixed cost "
+                  f"({INTRA_LATENCY_US:g} us unless its file sets one); far above 1, the runs pay a fixed cost "
                   "per tensor-parallel collective that the links do not explain",
                   highlight=False)
     for k in prof.uninformed:
@@ -233,9 +234,9 @@ def print_solve(res, c) -> None:
               + (f" ({res.blocks_enumerated} block(s) small enough to enumerate every "
                  "placement and split)" if res.blocks_enumerated else ""), highlight=False)
     if res.shapes_unbounded:
-        con.print(f"bound: {res.shapes_unbounded} of {res.shapes_total} shapes were not bounded within the "
-                  "time limit, so the bound is the trivial 0; a longer --time-limit bounds "
-                  "them", highlight=False)
+        con.print(f"bound: {res.shapes_unbounded} of {res.shapes_total} shapes were not "
+                  "bounded within the time limit, so the bound is the trivial 0; a longer "
+                  "--time-limit bounds them", highlight=False)
     for e in res.errors:
         con.print(f"[yellow]solver error caught (search went on):[/yellow] {escape(e)}",
                   highlight=False)

@@ -92,5 +92,6 @@ def main() -> None:
               f"{x1.predicted_gib - x0.predicted_gib:+5.1f} (A {da:+5.1f}); read / A "
               f"{(y1 - y0) / da:4.2f}")
 
+
 if __name__ == "__main__":
     main()

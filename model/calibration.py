@@ -23,9 +23,9 @@ Parameters (each multiplies a preset figure; bounds keep them physical):
 Time fit: robust (Huber, delta 5%) bounded Levenberg-Marquardt on r_i = log(predicted_i /
 measured_i) with a finite-difference Jacobian (the estimator is a black box here, the same one
 `estimate` uses). A prior keeps what a few runs cannot pin near the preset: each multiplier's
-log (an additive parameter's value) has a normal prior around 0 with sd `PRIOR_SD` (how far a
-cluster plausibly sits from its preset), entered as one more residual (noise / sd) log(theta)
-(or theta) per parameter, `noise` the
+log (an absolute parameter's distance from its preset) has a normal prior around 0 with sd
+`PRIOR_SD` (how far a cluster plausibly sits from its preset), entered as one more residual
+(noise / sd) log(theta) (or theta - preset) per parameter, `noise` the
 run-to-run noise of one measured time; the fit is the posterior mode (MAP). Without it, three
 runs of a group fit two parameters exactly and predict the group's other runs worse than the
 presets (bench/calibration_loo.py --no-prior). `noise` is NOISE_SD, or the residual spread the
@@ -258,7 +258,12 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     n = len(runs)
 
     absolute = np.array([nm in ABSOLUTE for nm in names], dtype=bool)
-    preset_gpu = next(nd.gpu for rr in runs for nd in rr.cluster.nodes if nd.gpu.name == gpu)
+    # an absolute parameter starts at the runs' own GPU figure (the preset it replaces)
+    preset_gpu = next((nd.gpu for rr in runs for nd in rr.cluster.nodes if nd.gpu.name == gpu),
+                      None) if absolute.any() else None
+    if absolute.any() and preset_gpu is None:
+        raise SpecError(f"no run is on {gpu}, whose figures the profile is for",
+                        source="options", field="LOG")
     start = np.array([getattr(preset_gpu, nm) if nm in ABSOLUTE else 1.0 for nm in names])
 
     def phi(th):  # what the prior is on: a multiplier's log, an absolute value's distance

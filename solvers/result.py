@@ -59,6 +59,11 @@ class Candidate:
             return float("inf")
 
 
+# the status of a shape the time limit left unsearched before its closed-form bound was known
+# (its lower bound counts as 0); solvers.search sets it, SolveResult.shapes_unbounded counts it
+NOT_BOUNDED = "not searched (time limit; not bounded, lower bound 0)"
+
+
 @dataclass
 class SolveResult:
     plan: Plan | None
@@ -101,7 +106,7 @@ class SolveResult:
     def shapes_unbounded(self) -> int:
         """Shapes the time limit left without their closed-form bound (each counts 0 in
         `bound_ms`)."""
-        return sum("not bounded" in c.status for c in self.candidates)
+        return sum(c.status == NOT_BOUNDED for c in self.candidates)
 
     def toss_up(self, high_ms: float) -> tuple[Candidate | None, Candidate | None]:
         """Runners-up inside an interval around the best plan that ends at `high_ms`:

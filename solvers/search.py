@@ -29,7 +29,7 @@ from .bounds import shape_bound_ms
 from .brute import brute_force, enumerable
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
-from .result import Candidate, SolveResult
+from .result import NOT_BOUNDED, Candidate, SolveResult
 from .space import (SearchSpace, blocks_for, enumerate_shapes, min_max_memory_split,
                     with_layers)
 
@@ -48,9 +48,9 @@ BOUND_FRACTION = 0.5
 # the closed-form bounds of the shapes stop at this share of the time limit (once some shape
 # has a finite one): on a 24k-shape space they take ~2.5 s on 2 cores, longer than a short
 # limit allows (bench/README.md, "Time-true limits"). The shapes left unbounded keep the
-# trivial bound 0 until the search reaches them, and the reported bound (and gap) says so. They are bounded in batches of BOUND_BATCH that
-# each sample the whole space (a stride through the enumeration), so a cut-short pass still
-# bounds shapes of every degree.
+# trivial bound 0 until the search reaches them, and the reported bound (and gap) says so.
+# They are bounded in batches of BOUND_BATCH that each sample the whole space (a stride
+# through the enumeration), so a cut-short pass still bounds shapes of every degree.
 CLOSED_BOUND_FRACTION = 0.35
 BOUND_BATCH = 256
 ANNEAL_SHARES = 3
@@ -553,8 +553,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             continue
         left = time_limit_s - (work.now() - t0)
         if left <= 0 or not info.screened:
-            cand.status = "not searched (time limit)" if info.bounded else \
-                "not searched (time limit; not bounded, lower bound 0)"
+            cand.status = "not searched (time limit)" if info.bounded else NOT_BOUNDED
             continue
         probs = [PlacementProblem(model, job, cluster, info.shape, blk, options)
                  for blk in blocks_for(cluster, info.shape)]

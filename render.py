@@ -144,8 +144,9 @@ def print_calibration(prof, out) -> None:
         from model.cluster import INTRA_LATENCY_US
         con.print(f"intra_latency_scale: every step of a collective inside a node costs "
                   f"{prof.values['intra_latency_scale']:.2f} x the cluster's intra_latency_us "
-                  f"({INTRA_LATENCY_US:g} us unless its file sets one); far above 1, the runs pay a fixed cost "
-                  "per tensor-parallel collective that the links do not explain",
+                  f"({INTRA_LATENCY_US:g} us unless its file sets one); far above 1, the runs "
+                  "pay a fixed cost per tensor-parallel collective that the links do not "
+                  "explain",
                   highlight=False)
     for k in prof.uninformed:
         con.print(f"[yellow]{k}: no run's time depends on it (doubling it moves each by less "

@@ -14,9 +14,9 @@ the chunk-0 part of the stages before k must pass first: at least one layer each
 is the smallest T for which some integer split satisfies every k, each stage within its memory
 (binary search on T; for a given T the layers placed before each stage form an interval, which
 `feasible` carries from stage to stage). Durations are each operation's fastest on any GPU
-type of the cluster; hop_min is the cheapest transfer anywhere; the tail is taken at its smallest (stage 0 with one
-layer, the data-parallel ring at the best rate any block layout could give, only the last
-bucket when the plan overlaps).
+type of the cluster; hop_min is the cheapest transfer anywhere; the tail is taken at its
+smallest (stage 0 with one layer, the data-parallel ring at the best rate any block layout
+could give, only the last bucket when the plan overlaps).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from formats.planfile import gpu_to_dict, model_to_dict
 from formats.views import estimate_to_dict, plan_to_dict
+from model import plan as plan_rules
 
 
 def console():
@@ -234,6 +235,12 @@ def print_solve(res, c) -> None:
               f"{res.shapes_solved} placement-optimized"
               + (f" ({res.blocks_enumerated} block(s) small enough to enumerate every "
                  "placement and split)" if res.blocks_enumerated else ""), highlight=False)
+    if res.shapes_too_long:
+        con.print(f"left out: {res.shapes_too_long} shapes whose schedules are longer than "
+                  f"the {plan_rules.MAX_SCHEDULE_SLOTS:,} slots (micro-batches per replica x "
+                  "PP x chunks) the cost model builds; the plan and its bound cover the "
+                  "others (a smaller global batch or larger micro-batches bring them in)",
+                  highlight=False)
     if res.shapes_unbounded:
         con.print(f"bound: {res.shapes_unbounded} of {res.shapes_total} shapes were not "
                   "bounded within the time limit, so the bound is the trivial 0; a longer "

@@ -26,6 +26,12 @@ class SpecError(PipetteError):
         super().__init__(one_line(": ".join(parts + [problem])))
 
 
+class ScheduleTooLongError(SpecError):
+    """A plan whose schedule graph (micro-batches per replica x pipeline stages x chunks) is
+    beyond what the cost model builds (model.plan.MAX_SCHEDULE_SLOTS); the search counts the
+    shapes it leaves out for this reason and says so."""
+
+
 class InfeasibleError(PipetteError):
     """No plan fits; the message says why and what would make one fit."""
 

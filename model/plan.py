@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
-from .errors import SpecError
+from .errors import ScheduleTooLongError, SpecError
 from .specs import RECOMPUTE, SCHEDULES, JobSpec, ModelSpec
 from .topology import best_tp_groups
 
@@ -236,6 +236,21 @@ def num_microbatches(job: JobSpec, shape: Shape) -> int:
     return job.global_batch // (shape.micro_batch * shape.dp)
 
 
+# The largest schedule graph the cost model builds, in slots: micro-batches per replica x
+# pipeline stages x chunks (each slot a forward and a backward node per stage, walked on every
+# evaluation). Measured on this project's 2-core machine (`estimate`, Llama-2 7B, TP 8 x PP 8,
+# 1F1B): 2^18 slots take 3.7 s and 0.63 GiB, 2^20 slots 18.6 s and 2.0 GiB, and 2^22 slots
+# 98.6 s and 7.1 GiB; 10^9 sequences at DP 4 ran out of 24 GiB. 2^18 covers PP 64 with 4,096
+# micro-batches per replica, and keeps one evaluation within a few seconds of a time limit.
+MAX_SCHEDULE_SLOTS = 2 ** 18
+
+
+def schedule_slots(job: JobSpec, shape: Shape) -> int:
+    """Micro-batches per replica x pipeline stages x chunks: the size of the plan's schedule
+    graph (MAX_SCHEDULE_SLOTS)."""
+    return num_microbatches(job, shape) * shape.pp * shape.chunks
+
+
 def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                    src: str = "plan", check_layers: bool = True) -> None:
     """Raise SpecError with the field and the fix for anything Megatron-LM could not run."""
@@ -250,6 +265,14 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if model.ffn_hidden_size % shape.tp:
         raise SpecError(f"TP={shape.tp} does not divide ffn_hidden_size "
                         f"{model.ffn_hidden_size}", source=src, field="tp")
+    # every GPU plays a rank and every TP group sits inside one node, so TP divides each
+    # node's GPU count
+    odd = sorted({nd.num_gpus for nd in cluster.nodes if nd.num_gpus % shape.tp})
+    if odd:
+        raise SpecError(f"TP={shape.tp} does not divide the {'/'.join(map(str, odd))} GPUs of "
+                        "some nodes: a tensor-parallel group must fit inside one node and the "
+                        "groups must fill every node; choose a TP that divides each node's "
+                        "GPU count", source=src, field="tp")
     n = shape.tp * shape.pp * shape.dp * shape.cp
     if n != cluster.num_gpus:
         names = "TP x PP x DP" + (" x CP" if shape.cp > 1 else "")
@@ -362,6 +385,15 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         raise SpecError(f"{model.name} has {model.num_layers} layers, fewer than the "
                         f"{shape.num_virtual} virtual stages (PP x chunks)", source=src,
                         field="pp")
+    # last, so that a shape counted as too long (the search says how many) is otherwise valid
+    if schedule_slots(job, shape) > MAX_SCHEDULE_SLOTS:
+        raise ScheduleTooLongError(
+            f"{num_microbatches(job, shape):,} micro-batches per replica over PP {shape.pp}"
+            + (f" x {shape.chunks} chunks" if shape.chunks > 1 else "")
+            + f" is a schedule of {schedule_slots(job, shape):,} slots, more than the "
+            f"{MAX_SCHEDULE_SLOTS:,} the cost model builds; use a larger micro-batch or DP, or "
+            "a smaller global batch (past a few times PP micro-batches the time grows about "
+            "linearly with them)", source=src, field="micro_batch")
     if not check_layers:
         return
     if len(shape.layers) != shape.num_virtual:

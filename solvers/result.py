@@ -82,6 +82,9 @@ class SolveResult:
     not_covered: dict[str, int] = field(default_factory=dict)
     # blocks small enough that the exact method tried every placement and split
     blocks_enumerated: int = 0
+    # shapes left out because their schedule is longer than the cost model builds
+    # (model.plan.MAX_SCHEDULE_SLOTS): the result and its bound cover the others
+    shapes_too_long: int = 0
     # "work": the time limit was in work seconds (model.work); work_s is what the search used
     clock: str = "wall"
     work_s: float | None = None
@@ -128,4 +131,5 @@ class SolveResult:
                 "errors": list(self.errors),
                 "annealed_with_closed_form_bound": dict(self.not_covered),
                 "blocks_enumerated": self.blocks_enumerated,
+                "shapes_too_long": self.shapes_too_long,
                 "clock": self.clock, "work_s": self.work_s}

@@ -21,7 +21,8 @@ from model import work
 from model.cluster import ClusterSpec
 from model.errors import InfeasibleError, SpecError
 from model.estimator import Evaluator, default_layers
-from model.plan import Plan, Shape, megatron_placement, num_microbatches
+from model import plan as plan_rules
+from model.plan import Plan, Shape, megatron_placement, num_microbatches, schedule_slots
 from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
@@ -240,7 +241,7 @@ def _workers(jobs: int | None, n_items: int):
 
 
 def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None,
-                   jobs: int | None = 1, bound_deadline=None):
+                   jobs: int | None = 1, bound_deadline=None, too_long: list | None = None):
     """Every shape: its cheap lower bound, whether it fits (and the split that makes it fit),
     and its quick score (Megatron-LM placement, that split). Shapes are screened in order of
     their bound, in batches of SCREEN_BATCH; a shape whose bound is already at or above the
@@ -251,10 +252,11 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
     yet keep the trivial bound 0 (`bounded=False`) and are screened after the bounded ones
     (bounded first when they are). `jobs` worker processes share the bounds and each batch
     (None: all cores); without deadlines the result is the same for any number. Lists keep
-    enumeration order."""
+    enumeration order. Shapes left out for their schedule's size go to `too_long`
+    (enumerate_shapes)."""
     global _WORK
     infos, rejected = [], []
-    shapes = list(enumerate_shapes(model, job, cluster, space))
+    shapes = list(enumerate_shapes(model, job, cluster, space, too_long))
     _WORK = (model, job, cluster, options, shapes)
     pool = _workers(jobs, len(shapes))
     try:
@@ -358,10 +360,20 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             cluster.num_nodes <= AUTO_EXACT_MAX_NODES and cluster.homogeneous
             and not cluster.gpu_specific_links) else "anneal"
     # screening may take up to 40% of the time limit once some shape has a quick score
+    too_long: list[Shape] = []
     infos, rejected, total = prepare_shapes(model, job, cluster, options, space, progress,
                                             deadline=t0 + SCREEN_FRACTION * time_limit_s,
                                             jobs=jobs, bound_deadline=t0 +
-                                            CLOSED_BOUND_FRACTION * time_limit_s)
+                                            CLOSED_BOUND_FRACTION * time_limit_s,
+                                            too_long=too_long)
+    if total == 0 and too_long:
+        fewest = min(too_long, key=lambda sh: schedule_slots(job, sh))
+        raise InfeasibleError(
+            f"every plan in the search space ({len(too_long)} shapes) has a schedule longer "
+            f"than the {plan_rules.MAX_SCHEDULE_SLOTS:,} slots (micro-batches per replica x PP "
+            f"x chunks) the cost model builds; the shortest, {fewest.describe()}, has "
+            f"{schedule_slots(job, fewest):,}. Use a smaller global batch, or larger "
+            "micro-batches (--mbs)")
     if total == 0:
         given = {f: getattr(space, f) for f in ("tp", "pp", "cp", "micro_batch", "zero",
                                                   "shard_sizes")
@@ -704,6 +716,11 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             c.status = "slower"
         elif c.status == "":
             c.status = "not searched"
+    if best_plan is None:  # every shape that fits was left with an infinite lower bound
+        raise InfeasibleError(
+            f"no plan could be timed: the {len(infos)} shapes that fit in memory all have an "
+            f"infinite lower bound (the first: {infos[0].shape.describe()}); this is a bug of "
+            "the search, please report it with the command line")
     bound = min(bounds_left.values())
     bound = min(bound, best_ms)
     gap = (best_ms - bound) / best_ms if best_ms > 0 else 0.0
@@ -721,5 +738,5 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     return SolveResult(best_plan, est, best_ms, bound, termination, method,
                        time.perf_counter() - wall0, ordered + rejected, total, solved,
                        errors=errors, not_covered=not_covered, clock=clock,
-                       blocks_enumerated=enumerated[0],
+                       blocks_enumerated=enumerated[0], shapes_too_long=len(too_long),
                        work_s=work.now() - t0 if clock == "work" else None)

@@ -19,7 +19,7 @@ from typing import Iterator
 from model.cluster import ClusterSpec
 from model.costs import CostModel
 from model.memory import GIB
-from model.errors import SpecError
+from model.errors import ScheduleTooLongError, SpecError
 from model.plan import Placement, Shape, block_placement, num_microbatches, validate_shape
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
@@ -109,8 +109,11 @@ class SearchSpace:
 
 
 def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
-                     space: SearchSpace = SearchSpace()) -> Iterator[Shape]:
-    """Every shape Megatron-LM could run on this cluster (layers left empty).
+                     space: SearchSpace = SearchSpace(),
+                     too_long: list | None = None) -> Iterator[Shape]:
+    """Every shape Megatron-LM could run on this cluster (layers left empty). Shapes whose
+    schedule is beyond what the cost model builds (model.plan.MAX_SCHEDULE_SLOTS) are left out
+    and appended to `too_long` when it is given, so that the search can say so.
 
     Sequence parallelism is on whenever TP > 1: it moves the same bytes as plain TP and stores
     less (its backward overlaps fewer bytes, which the cost model counts). FP8 is enumerated when
@@ -162,6 +165,10 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                             seen.add(sh)
                             try:
                                 validate_shape(model, job, cluster, sh, check_layers=False)
+                            except ScheduleTooLongError:
+                                if too_long is not None:
+                                    too_long.append(sh)
+                                continue
                             except SpecError:
                                 continue
                             yield sh

@@ -99,12 +99,14 @@ def _plan_file(tmp_path) -> tuple:
     return p, json.loads(p.read_text())
 
 
-@pytest.mark.parametrize("edit", ["gbs_huge", "zero_link", "inf_link", "nan_latency",
-                                  "neg_layers", "bool_tp"])
+@pytest.mark.parametrize("edit", ["gbs_huge", "gbs_long", "zero_link", "inf_link",
+                                  "nan_latency", "neg_layers", "bool_tp"])
 def test_plan_file_values(tmp_path, edit):
     p, doc = _plan_file(tmp_path)
     if edit == "gbs_huge":
         doc["job"]["global_batch"] = 10**12
+    elif edit == "gbs_long":  # valid, but 250,000,000 micro-batches per replica
+        doc["job"]["global_batch"] = 10**9
     elif edit == "zero_link":
         doc["cluster"]["inter"]["gb_per_s"][0][1] = 0
     elif edit == "inf_link":
@@ -124,6 +126,15 @@ def test_plan_file_values(tmp_path, edit):
                                   ["--seed", "-1"], ["--gbs", str(2**40)]])
 def test_solve_options_out_of_range(args):
     one_error_line(RUN.invoke(app, ["solve", "-m", "gpt-1.7b", *args]))
+
+
+@pytest.mark.parametrize("args,says", [(["--gbs", str(10**9)], "slots"),
+                                       (["--tp", "16"], "no plan in the search space")])
+def test_solve_spaces_nothing_can_run(args, says):
+    """A global batch whose every schedule is too long to model, a TP larger than a node:
+    one line (these built graphs until memory ran out, and raised an AttributeError)."""
+    assert says in one_error_line(RUN.invoke(app, ["solve", "-m", "gpt-1.7b", "--seq", "2048",
+                                                   *args]))
 
 
 @pytest.mark.parametrize("seq", ["0", "-0", "-5", str(2**30)])

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from formats.clusters import SynthParams, synth_cluster, uniform_cluster
 from model.errors import InfeasibleError
 from model.estimator import Evaluator, estimate
-from model.plan import Shape
+from model.plan import Shape, validate_shape
 from model.specs import JobSpec, ModelSpec, Options
 from solvers.anneal import anneal
 from solvers.brute import brute_force
@@ -355,6 +355,44 @@ def test_nothing_fits_says_why():
     c = uniform_cluster(1, 2, "A100-40GB", 240, 20)
     with pytest.raises(InfeasibleError, match=r"nothing fits.*closest.*needs .* GiB"):
         solve(big, JobSpec(global_batch=8, seq_length=8192), c, time_limit_s=10)
+
+
+def test_shapes_with_too_long_schedules_are_left_out_and_counted(monkeypatch):
+    """Shapes whose schedule graph is beyond MAX_SCHEDULE_SLOTS are not searched; the result
+    counts them, its plan and bound cover the others, and when every shape is too long the
+    search says so instead of building graphs that would not fit in memory."""
+    from model import plan as plan_mod
+    from model.plan import schedule_slots
+    monkeypatch.setattr(plan_mod, "MAX_SCHEDULE_SLOTS", 64)
+    c = tiny_cluster(4, 0)
+    job = JobSpec(global_batch=32, seq_length=2048)
+    left: list = []
+    kept = list(enumerate_shapes(TINY, job, c, too_long=left))
+    assert left and kept
+    assert all(schedule_slots(job, sh) > 64 for sh in left)
+    assert all(schedule_slots(job, sh) <= 64 for sh in kept)
+    res = solve(TINY, job, c, method="exact", time_limit_s=20)
+    assert res.shapes_too_long == len(left) and res.status_dict()["shapes_too_long"] == len(left)
+    assert schedule_slots(job, res.plan.shape) <= 64
+    assert estimate(TINY, job, c, res.plan).iteration_ms == pytest.approx(res.objective_ms,
+                                                                          rel=1e-9)
+    big = JobSpec(global_batch=8192, seq_length=2048)  # >= 128 micro-batches per replica
+    with pytest.raises(InfeasibleError, match=r"schedule longer than the 64 slots"):
+        solve(TINY, big, c, time_limit_s=5)
+
+
+def test_tp_that_cannot_fill_the_nodes_is_refused():
+    """TP must divide every node's GPU count (groups inside a node, every GPU used): the
+    search says no shape is valid instead of failing, the estimator names the field."""
+    from model.errors import SpecError
+    c = tiny_cluster(4, 0)  # 2 GPUs per node
+    job = JobSpec(global_batch=8, seq_length=2048)
+    from solvers.space import SearchSpace
+    with pytest.raises(InfeasibleError, match="no plan in the search space is valid"):
+        solve(TINY, job, c, space=SearchSpace(tp=(4,)), time_limit_s=5)
+    with pytest.raises(SpecError, match="TP=4 does not divide"):
+        validate_shape(TINY, job, c, Shape(tp=4, pp=1, dp=2, micro_batch=1, schedule="1f1b",
+                                           layers=(8,), recompute="none"))
 
 
 def test_anneal_method_gives_a_plan_that_reevaluates():

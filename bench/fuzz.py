@@ -363,12 +363,19 @@ def fam_options(rng: random.Random) -> Case:
                 invalid |= bad_v
         return Case("options", ["cluster", "synth", *opts, "--out", "{syn.toml}"],
                     invalid=True if invalid else None, toml_out="syn.toml")
-    # solve: only cheap ones
+    # solve: only cheap ones; search-space lists that the cluster or the batch may leave
+    # empty (a TP larger than a node, 10^9 sequences): a plan or one clean line, either way
     v, bad = _pick(rng, [0.5, 1], [-1, "nan", "inf", 0, -0.0, "x", 10**12])
     seed, bad2 = _pick(rng, [0, 3], [-1, 2**32, 2**70])
-    return Case("options", ["solve", "-m", "gpt-1.7b", "-c", "{cl.toml}", "--gbs", "8",
+    space = []
+    for flag, values in (("--tp", ["1", "2", "1,2", "16", "64"]), ("--mbs", ["1", "1,2", "3"]),
+                         ("--pp", ["1", "2", "1,4", "128"])):
+        if rng.random() < 0.3:
+            space += [flag, rng.choice(values)]
+    gbs = rng.choice(["8", "8", "6", "1", str(10**9)])
+    return Case("options", ["solve", "-m", "gpt-1.7b", "-c", "{cl.toml}", "--gbs", gbs,
                             "--seq", "256", "--method", "anneal", "--time-limit", v, "--seed",
-                            seed, "--json"], {"cl.toml": _small_cluster_toml(rng)},
+                            seed, *space, "--json"], {"cl.toml": _small_cluster_toml(rng)},
                 invalid=True if (bad or bad2) else None)
 
 

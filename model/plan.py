@@ -266,8 +266,8 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         raise SpecError(f"TP={shape.tp} does not divide ffn_hidden_size "
                         f"{model.ffn_hidden_size}", source=src, field="tp")
     # every GPU plays a rank and every TP group sits inside one node, so TP divides each
-    # node's GPU count
-    odd = sorted({nd.num_gpus for nd in cluster.nodes if nd.num_gpus % shape.tp})
+    # node's GPU count (one node of each kind: every Evaluator the search builds checks this)
+    odd = sorted({nd.num_gpus for nd in cluster.node_kinds if nd.num_gpus % shape.tp})
     if odd:
         raise SpecError(f"TP={shape.tp} does not divide the {'/'.join(map(str, odd))} GPUs of "
                         "some nodes: a tensor-parallel group must fit inside one node and the "

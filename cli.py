@@ -596,10 +596,11 @@ def calibrate(
     if len(plan) not in (1, len(logs)):
         raise SpecError(f"{len(plan)} plan files for {len(logs)} logs; give one per log or one "
                         "for all", source="options", field="--plan")
-    runs, gpus = [], set()
+    runs, gpus, readings = [], set(), []
     for k, log in enumerate(logs):
         m, job, c, pl, opts, _meta = load_plan(plan[k if len(plan) > 1 else 0])
         reading = read_log(log)
+        readings.append(reading)
         gpus |= {nd.gpu.name for nd in c.nodes}
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
             job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
@@ -612,9 +613,10 @@ def calibrate(
     prof, _ = fit(runs, names, gpus.pop(), prior=prior)
     save_profile(out, prof)
     if as_json:
-        render.echo_json({**prof.to_dict(), "written": str(out), "at_bound": prof.at_bounds()})
+        render.echo_json({**prof.to_dict(), "written": str(out), "at_bound": prof.at_bounds(),
+                          "logs": [render.log_reading_dict(r) for r in readings]})
         return
-    render.print_calibration(prof, out)
+    render.print_calibration(prof, out, readings)
 
 
 @command()

@@ -130,8 +130,22 @@ def print_interval(interval, profile: str) -> None:
                     "prediction interval)")
 
 
-def print_calibration(prof, out) -> None:
+def log_reading_dict(r) -> dict:
+    """What calibrate read from one log: its framework, the readings it used and left out."""
+    return {"log": r.path, "framework": r.framework, "readings_used": len(r.values),
+            "warmup_skipped": r.skipped, "processes": r.processes,
+            "validation_lines_left_out": r.validation_lines}
+
+
+def print_calibration(prof, out, readings=()) -> None:
     con = console()
+    for r in readings:
+        extra = (f" over {r.processes} training processes (restarts or ranks), each warming up"
+                 if r.processes > 1 else "")
+        val = (f"; {r.validation_lines} validation lines left out" if r.validation_lines
+               else "")
+        con.print(f"{r.path}: {r.framework}, {len(r.values)} readings used, {r.skipped} "
+                  f"warm-up skipped{extra}{val}", highlight=False)
     t = Table(title=f"Calibration for {prof.gpu} (written to {out})")
     for col in ("parameter", "value", "std. error"):
         t.add_column(col, justify="right" if col != "parameter" else "left")

@@ -1,9 +1,14 @@
 """Training logs in their frameworks' own formats: per-iteration time and peak memory.
 
 Each reader mirrors the line its framework prints (file and line cited at each pattern). The
-first WARMUP_READINGS timing readings of a log are skipped (compilation, allocator growth,
-NCCL setup) and the median of the rest is the log's iteration time. A log with no recognized
-line, or with too few readings after warm-up, is refused with one line naming the file.
+first WARMUP_READINGS timing readings of every training process in a log are skipped
+(compilation, allocator growth, NCCL setup) and the median of the rest is the log's iteration
+time. A log may hold several processes: a job restarted from its checkpoint (a step number not
+above the one before, or the framework's start-of-training line) warms up again, and each
+rank's lines under torchrun's `[rankN]:` prefix are a process of their own; the warm-up of each
+is skipped. torchtitan's validation lines (`validate step: ..`, forward only) are not training
+steps and are left out. A log with no recognized line, or with too few readings after warm-up,
+is refused with one line naming the file.
 
 What each framework reports, and how it becomes an iteration time (s) for the job of the plan
 the log is paired with (global batch B, sequence S, G GPUs):
@@ -55,8 +60,9 @@ _BRIDGE_KEYS = (("mem-max-reserved-gigabytes", "reserved"),
                 ("mem-max-allocated-gigabytes", "allocated"))
 # torchtitan/components/metrics.py (MetricsProcessor.log): 'step: {step:2}  loss: ..
 # memory: {max_reserved_gib:5.2f}GiB({pct:.2f}%)  tps: {round(tps):,}  tflops: ..'
-_TITAN = re.compile(r"step:\s*(\d+)\s+loss:.*?memory:\s*" + _NUM + r"GiB\(.*?\)\s+tps:\s*"
-                    + _NUM)
+# ('validate step: ..' from MetricsProcessor.log_validation is a forward-only pass: not a step)
+_TITAN = re.compile(r"(?<!validate )step:\s*(\d+)\s+loss:.*?memory:\s*" + _NUM
+                    + r"GiB\(.*?\)\s+tps:\s*" + _NUM)
 # nemo/lightning/pytorch/callbacks/progress_printer.py (format_string): '<description> epoch
 # E, iteration N/M | metric: value | ...' with 'train_step_timing in s' from
 # nemo/utils/exp_manager.py (TimingCallback._on_batch_end)
@@ -66,6 +72,18 @@ _NEMO = re.compile(r"iteration\s+(\d+)/\d+\s*\|.*?train_step_timing in s:\s*" + 
 _DEEPSPEED = re.compile(r"global_step=(\d+),\s*RunningAvgSamplesPerSec=" + _NUM
                         + r",\s*CurrSamplesPerSec=" + _NUM + r",\s*MemAllocated=" + _NUM
                         + r"GB,\s*MaxMemAllocated=" + _NUM + "GB")
+
+
+_TITAN_VALIDATION = re.compile(r"validate step:\s*\d+\s.*?tps:\s*" + _NUM)
+# a training process starting: Megatron-LM's print_datetime('before the start of training
+# step') (megatron/training/training.py, train loop set-up: '[{string}] datetime: {time}'),
+# torchtitan's 'Training starts at step {step + 1}' (torchtitan/trainer.py, Trainer.train)
+_START = re.compile(r"\[before the start of training step\] datetime:|Training starts at step "
+                    r"\d+")
+# the prefix torchrun puts on each rank's lines ('[rank3]:', torch.distributed.elastic's
+# --local-ranks-filter / --tee output), '[default3]:' under NeMo-Run's launcher (NeMo's
+# examples/llm/resiliency/resiliency-in-pretraining-demo.ipynb)
+_RANK = re.compile(r"\[(?:rank|default)(\d+)\]:")
 
 
 def _f(text: str) -> float:
@@ -84,7 +102,9 @@ class LogReading:
     unit: str = "s"
     memory_gib: float | None = None
     memory_kind: str = ""  # "reserved" (fitted) or "allocated" (reported only)
-    skipped: int = 0
+    skipped: int = 0  # warm-up readings skipped, over every process
+    processes: int = 1  # training processes found (restarts and ranks), each warmed up apart
+    validation_lines: int = 0  # torchtitan validation lines left out
 
     def iteration_s(self, global_batch: int, seq_length: int, num_gpus: int) -> float:
         """The median iteration time in seconds for the job of the paired plan."""
@@ -101,20 +121,45 @@ def read_log(path) -> LogReading:
     src = str(path)
     text = read_text(path, field="log", what="the log", errors="replace")
     text = _ANSI.sub("", text)
-    found = []
+    found = []  # (framework, process, step, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
+    # start-of-training lines seen so far: without a rank prefix (they apply to every rank,
+    # key None) and per rank prefix (to that rank only)
+    starts: dict = {None: 0}
+    last: dict = {}  # rank -> (start lines when its process began, restarts, its last step)
+    validation = 0
+
+    def process(rank, step: int):
+        """The training process of this reading: the rank's current one, or a new one when
+        a start line came since it began or the step is not above its last."""
+        now = (starts[None], starts.get(rank, 0))
+        began, restarts, prev = last.get(rank, (now, 0, None))
+        if prev is not None and (began != now or step <= prev):
+            began, restarts = now, restarts + 1
+        last[rank] = (began, restarts, step)
+        return rank, restarts
+
     for line in text.splitlines():
+        rank = int(m.group(1)) if (m := _RANK.search(line)) else None
+        if _START.search(line):
+            starts[rank] = starts.get(rank, 0) + 1
         if (m := _MEGATRON_ITER.search(line)):
-            found.append(("megatron", int(m.group(1)), _f(m.group(2)) / 1e3))
+            step = int(m.group(1))
+            found.append(("megatron", process(rank, step), step, _f(m.group(2)) / 1e3))
         elif (m := _TITAN.search(line)):
-            found.append(("torchtitan", int(m.group(1)), _f(m.group(3))))
+            step = int(m.group(1))
+            found.append(("torchtitan", process(rank, step), step, _f(m.group(3))))
             mem.setdefault("torchtitan", []).append(_f(m.group(2)))
         elif (m := _NEMO.search(line)):
-            found.append(("nemo", int(m.group(1)), _f(m.group(2))))
+            step = int(m.group(1))
+            found.append(("nemo", process(rank, step), step, _f(m.group(2))))
         elif (m := _DEEPSPEED.search(line)):
-            found.append(("deepspeed", int(m.group(1)), _f(m.group(3))))
+            step = int(m.group(1))
+            found.append(("deepspeed", process(rank, step), step, _f(m.group(3))))
             mem.setdefault("deepspeed", []).append(_f(m.group(5)))
+        elif _TITAN_VALIDATION.search(line):
+            validation += 1
         if (m := _MEGATRON_MEM.search(line)):
             mem.setdefault("megatron", []).append(_f(m.group(5)) / 1024)
         elif (m := _BRIDGE_MEM.search(line)):
@@ -128,19 +173,28 @@ def read_log(path) -> LogReading:
                         "torchtitan (step: .. tps:), NeMo (train_step_timing in s) or "
                         "DeepSpeed (CurrSamplesPerSec) found; give the log the framework "
                         "printed", source=src, field="log")
-    frameworks = {f for f, _i, _v in found}
+    frameworks = {x[0] for x in found}
     if len(frameworks) > 1:
         raise SpecError(f"lines of several frameworks ({', '.join(sorted(frameworks))}) in one "
                         "log; give one run's log per file", source=src, field="log")
     fw = frameworks.pop()
-    values = [v for _f_, _i, v in found]
-    if len(values) - WARMUP_READINGS < MIN_READINGS:
-        raise SpecError(f"{len(values)} timing readings; at least {WARMUP_READINGS + MIN_READINGS}"
-                        f" are needed (the first {WARMUP_READINGS} are warm-up); log more "
-                        "iterations", source=src, field="log")
+    seen: dict = {}  # process -> its readings so far
+    values = []
+    for _fw, proc, _step, v in found:
+        seen[proc] = seen.get(proc, 0) + 1
+        if seen[proc] > WARMUP_READINGS:
+            values.append(v)
+    if len(values) < MIN_READINGS:
+        per = (f" over {len(seen)} training processes (restarts or ranks), each warming up"
+               if len(seen) > 1 else "")
+        raise SpecError(f"{len(found)} timing readings{per}; at least "
+                        f"{WARMUP_READINGS + MIN_READINGS} in one process are needed (the first "
+                        f"{WARMUP_READINGS} of each are warm-up); log more iterations",
+                        source=src, field="log")
     unit = {"megatron": "s", "nemo": "s", "torchtitan": "tokens/s/gpu",
             "deepspeed": "samples/s"}[fw]
-    reading = LogReading(src, fw, values[WARMUP_READINGS:], unit, skipped=WARMUP_READINGS)
+    reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
+                         processes=len(seen), validation_lines=validation)
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

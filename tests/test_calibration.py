@@ -4,6 +4,7 @@ file and the CLI."""
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,49 @@ def test_bridge_memory_without_reserved_keys_is_reported_not_fitted(tmp_path):
     assert r.memory_kind == "allocated"
     assert r.memory_gib == pytest.approx(75.223e9 / 2 ** 30)
     assert read_log(LOGS / "megatron_bridge.log").memory_kind == "reserved"
+
+
+def test_restarted_log_warms_up_again():
+    """An in-job restart from the step-10 checkpoint (NeMo's resiliency notebook's pattern):
+    the iteration number falls back, and the restarted process's first readings are warm-up
+    too (58.9, 45.2 and 43.7 s here), not iteration times."""
+    r = read_log(LOGS / "nemo_restart.log")
+    assert r.framework == "nemo" and r.processes == 2
+    assert r.skipped == 2 * WARMUP_READINGS
+    assert r.values == pytest.approx([43.55, 43.49, 43.52, 43.50, 43.57, 43.48, 43.53, 43.51,
+                                      43.56, 43.49, 43.54, 43.50, 43.52,
+                                      43.53, 43.55, 43.49, 43.51, 43.58, 43.50, 43.54])
+
+
+def test_torchtitan_validation_lines_are_not_steps():
+    """torchtitan's `validate step:` lines (forward only, tps 18,950 here) are neither timing
+    readings nor the training memory peak, nor a restart (their step repeats the last)."""
+    r = read_log(LOGS / "torchtitan_validation.log")
+    assert r.validation_lines == 2 and r.processes == 1 and r.skipped == WARMUP_READINGS
+    assert r.values == [6004, 5998, 6020, 6007, 5992, 6013, 6001]
+    assert r.memory_gib == pytest.approx(61.27)
+
+
+def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
+    """Two ranks' lines interleaved under torchrun's `[rankN]:` prefixes warm up apart; a
+    Megatron-LM job resumed from a checkpoint (its start-of-training line, then iterations above
+    the last) warms up again."""
+    one = read_log(LOGS / "torchtitan.log")
+    lines = (LOGS / "torchtitan.log").read_text().splitlines()
+    p = tmp_path / "two_ranks.log"
+    p.write_text("\n".join(x for line in lines
+                           for x in (line, line.replace("[rank0]:", "[rank1]:", 1))))
+    r = read_log(p)
+    assert r.processes == 2 and r.skipped == 2 * WARMUP_READINGS
+    assert sorted(r.values) == sorted(one.values * 2)
+    text = (LOGS / "megatron.log").read_text()
+    resumed = re.sub(r"iteration\s+(\d+)/",
+                     lambda m: f"iteration {int(m.group(1)) + 50:8d}/", text)
+    assert resumed != text
+    p.write_text(text + resumed)
+    r = read_log(p)
+    m1 = read_log(LOGS / "megatron.log")
+    assert r.processes == 2 and sorted(r.values) == sorted(m1.values * 2)
 
 
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
@@ -190,6 +234,10 @@ def test_cli_calibrate_then_estimate_with_intervals(tmp_path):
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert d["parameters"]["gemm_scale"]["value"] == pytest.approx(0.8, abs=0.08)
+    assert [x["log"] for x in d["logs"]] == logs
+    assert {x["warmup_skipped"] for x in d["logs"]} == {WARMUP_READINGS}
+    res = runner.invoke(app, ["calibrate", *logs, *plans, "--out", str(out)])
+    assert res.exit_code == 0 and f"{WARMUP_READINGS} warm-up skipped" in res.output
     res = runner.invoke(app, ["estimate", "--plan", str(tmp_path / "p0.json"),
                               "--calibration", str(out), "--json"])
     assert res.exit_code == 0, res.output

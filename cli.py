@@ -600,7 +600,7 @@ def calibrate(
     for k, log in enumerate(logs):
         m, job, c, pl, opts, _meta = load_plan(plan[k if len(plan) > 1 else 0])
         reading = read_log(log)
-        readings.append(reading)
+        readings.append((reading, job.global_batch))
         gpus |= {nd.gpu.name for nd in c.nodes}
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
             job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
@@ -614,7 +614,7 @@ def calibrate(
     save_profile(out, prof)
     if as_json:
         render.echo_json({**prof.to_dict(), "written": str(out), "at_bound": prof.at_bounds(),
-                          "logs": [render.log_reading_dict(r) for r in readings]})
+                          "logs": [render.log_reading_dict(r, b) for r, b in readings]})
         return
     render.print_calibration(prof, out, readings)
 

@@ -130,22 +130,31 @@ def print_interval(interval, profile: str) -> None:
                     "prediction interval)")
 
 
-def log_reading_dict(r) -> dict:
-    """What calibrate read from one log: its framework, the readings it used and left out."""
-    return {"log": r.path, "framework": r.framework, "readings_used": len(r.values),
+def log_reading_dict(r, global_batch: int) -> dict:
+    """What calibrate read from one log (paired with a plan of this global batch): its
+    framework, the readings it used and those it left out."""
+    used = len(r.at_batch(global_batch))
+    return {"log": r.path, "framework": r.framework, "readings_used": used,
             "warmup_skipped": r.skipped, "processes": r.processes,
+            "other_batch_left_out": len(r.values) - used,
             "validation_lines_left_out": r.validation_lines}
 
 
 def print_calibration(prof, out, readings=()) -> None:
+    """The fitted profile, and before it what was read from each (log, plan's global batch)
+    in `readings`."""
     con = console()
-    for r in readings:
+    for r, gbs in readings:
+        d = log_reading_dict(r, gbs)
         extra = (f" over {r.processes} training processes (restarts or ranks), each warming up"
                  if r.processes > 1 else "")
-        val = (f"; {r.validation_lines} validation lines left out" if r.validation_lines
-               else "")
-        con.print(f"{r.path}: {r.framework}, {len(r.values)} readings used, {r.skipped} "
-                  f"warm-up skipped{extra}{val}", highlight=False)
+        if d["other_batch_left_out"]:
+            extra += (f"; {d['other_batch_left_out']} at a global batch other than the plan's "
+                      f"{gbs} left out")
+        if r.validation_lines:
+            extra += f"; {r.validation_lines} validation lines left out"
+        con.print(f"{r.path}: {r.framework}, {d['readings_used']} readings used, {r.skipped} "
+                  f"warm-up skipped{extra}", highlight=False)
     t = Table(title=f"Calibration for {prof.gpu} (written to {out})")
     for col in ("parameter", "value", "std. error"):
         t.add_column(col, justify="right" if col != "parameter" else "left")

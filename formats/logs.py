@@ -74,6 +74,9 @@ _DEEPSPEED = re.compile(r"global_step=(\d+),\s*RunningAvgSamplesPerSec=" + _NUM
                         + r"GB,\s*MaxMemAllocated=" + _NUM + "GB")
 
 
+# the global batch on a timing line: Megatron-LM's ' global batch size: {batch_size:5d} |'
+# (training_log), NeMo's '| global_batch_size: N |' (the progress printer's logged metric)
+_GBS = re.compile(r"global(?: batch size|_batch_size):\s*(\d+)")
 _TITAN_VALIDATION = re.compile(r"validate step:\s*\d+\s.*?tps:\s*" + _NUM)
 # a training process starting: Megatron-LM's print_datetime('before the start of training
 # step') (megatron/training/training.py, train loop set-up: '[{string}] datetime: {time}'),
@@ -105,10 +108,27 @@ class LogReading:
     skipped: int = 0  # warm-up readings skipped, over every process
     processes: int = 1  # training processes found (restarts and ranks), each warmed up apart
     validation_lines: int = 0  # torchtitan validation lines left out
+    # the global batch each reading in `values` printed (Megatron-LM, NeMo), else None
+    batches: list = field(default_factory=list)
+
+    def at_batch(self, global_batch: int) -> list[float]:
+        """The readings of a run at this global batch: where the log prints its batch, those
+        that printed this one (a batch-size ramp-up's smaller batches are left out); refused
+        when none did, since the log is then not the run of the plan it was paired with."""
+        if not any(b is not None for b in self.batches):
+            return self.values
+        vals = [v for v, b in zip(self.values, self.batches) if b in (None, global_batch)]
+        if not vals:
+            ran = ", ".join(map(str, sorted({b for b in self.batches if b is not None})))
+            raise SpecError(f"the log ran global batch {ran} and its plan has {global_batch}; "
+                            "pair each log with the plan file of the run it logged",
+                            source=self.path, field="global batch size")
+        return vals
 
     def iteration_s(self, global_batch: int, seq_length: int, num_gpus: int) -> float:
-        """The median iteration time in seconds for the job of the paired plan."""
-        v = statistics.median(self.values)
+        """The median iteration time in seconds for the job of the paired plan (of its
+        readings at the plan's global batch, `at_batch`)."""
+        v = statistics.median(self.at_batch(global_batch))
         if self.unit == "s":
             return v
         if self.unit == "tokens/s/gpu":
@@ -121,7 +141,7 @@ def read_log(path) -> LogReading:
     src = str(path)
     text = read_text(path, field="log", what="the log", errors="replace")
     text = _ANSI.sub("", text)
-    found = []  # (framework, process, step, value)
+    found = []  # (framework, process, global batch or None, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
     # start-of-training lines seen so far: without a rank prefix (they apply to every rank,
@@ -144,19 +164,20 @@ def read_log(path) -> LogReading:
         rank = int(m.group(1)) if (m := _RANK.search(line)) else None
         if _START.search(line):
             starts[rank] = starts.get(rank, 0) + 1
+        batch = int(m.group(1)) if (m := _GBS.search(line)) else None
         if (m := _MEGATRON_ITER.search(line)):
             step = int(m.group(1))
-            found.append(("megatron", process(rank, step), step, _f(m.group(2)) / 1e3))
+            found.append(("megatron", process(rank, step), batch, _f(m.group(2)) / 1e3))
         elif (m := _TITAN.search(line)):
             step = int(m.group(1))
-            found.append(("torchtitan", process(rank, step), step, _f(m.group(3))))
+            found.append(("torchtitan", process(rank, step), None, _f(m.group(3))))
             mem.setdefault("torchtitan", []).append(_f(m.group(2)))
         elif (m := _NEMO.search(line)):
             step = int(m.group(1))
-            found.append(("nemo", process(rank, step), step, _f(m.group(2))))
+            found.append(("nemo", process(rank, step), batch, _f(m.group(2))))
         elif (m := _DEEPSPEED.search(line)):
             step = int(m.group(1))
-            found.append(("deepspeed", process(rank, step), step, _f(m.group(3))))
+            found.append(("deepspeed", process(rank, step), None, _f(m.group(3))))
             mem.setdefault("deepspeed", []).append(_f(m.group(5)))
         elif _TITAN_VALIDATION.search(line):
             validation += 1
@@ -179,11 +200,12 @@ def read_log(path) -> LogReading:
                         "log; give one run's log per file", source=src, field="log")
     fw = frameworks.pop()
     seen: dict = {}  # process -> its readings so far
-    values = []
-    for _fw, proc, _step, v in found:
+    values, batches = [], []
+    for _fw, proc, batch, v in found:
         seen[proc] = seen.get(proc, 0) + 1
         if seen[proc] > WARMUP_READINGS:
             values.append(v)
+            batches.append(batch)
     if len(values) < MIN_READINGS:
         per = (f" over {len(seen)} training processes (restarts or ranks), each warming up"
                if len(seen) > 1 else "")
@@ -194,7 +216,7 @@ def read_log(path) -> LogReading:
     unit = {"megatron": "s", "nemo": "s", "torchtitan": "tokens/s/gpu",
             "deepspeed": "samples/s"}[fw]
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
-                         processes=len(seen), validation_lines=validation)
+                         processes=len(seen), validation_lines=validation, batches=batches)
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

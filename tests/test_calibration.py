@@ -96,6 +96,30 @@ def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     assert r.processes == 2 and sorted(r.values) == sorted(m1.values * 2)
 
 
+def test_readings_at_another_global_batch(tmp_path):
+    """Where the log prints its global batch (Megatron-LM, NeMo): a batch-size ramp-up's
+    smaller batches are left out of the plan's time, and a log paired with the plan of another
+    batch is refused in one line."""
+    text = (LOGS / "nemo_restart.log").read_text()
+    for i in range(3, 7):  # four readings after warm-up at batch 128
+        text = text.replace(f"global_batch_size: 256 | global_step: {i} |",
+                            f"global_batch_size: 128 | global_step: {i} |")
+    p = tmp_path / "ramp.log"
+    p.write_text(text)
+    r = read_log(p)
+    assert len(r.values) == 20 and len(r.at_batch(256)) == 16
+    assert r.iteration_s(128, 4096, 8) == pytest.approx(43.51)  # 43.55, 43.49, 43.52, 43.50
+    with pytest.raises(SpecError) as e:
+        r.iteration_s(512, 4096, 8)
+    assert e.value.field == "global batch size" and "128, 256" in str(e.value)
+    runner = CliRunner()
+    pf = tmp_path / "p512.json"
+    assert runner.invoke(app, ["estimate", "--gbs", "512", "--save-plan", str(pf)]).exit_code == 0
+    res = runner.invoke(app, ["calibrate", str(LOGS / "nemo.log"), "--plan", str(pf)])
+    assert res.exit_code == 2 and "nemo.log" in res.output and "global batch 256" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("hello\nnot a training log\n")

@@ -1,12 +1,13 @@
 """Training logs in their frameworks' own formats: per-iteration time and peak memory.
 
 Each reader mirrors the line its framework prints (file and line cited at each pattern). The
-first WARMUP_READINGS timing readings of every training process in a log are skipped
+readings of the first WARMUP_READINGS steps of every training process in a log are skipped
 (compilation, allocator growth, NCCL setup) and the median of the rest is the log's iteration
-time. A log may hold several processes: a job restarted from its checkpoint (a step number not
-above the one before, or the framework's start-of-training line) warms up again, and each
+time. A log may hold several processes: a job restarted from its checkpoint (a step number
+below the one before, or the framework's start-of-training line) warms up again, and each
 rank's lines under torchrun's `[rankN]:` prefix are a process of their own; the warm-up of each
-is skipped. torchtitan's validation lines (`validate step: ..`, forward only) are not training
+is skipped. Ranks that print the same step without a prefix (DeepSpeed's timer logs on every
+rank) are one process, every rank's line of a warm-up step skipped. torchtitan's validation lines (`validate step: ..`, forward only) are not training
 steps and are left out. A log with no recognized line, or with too few readings after warm-up,
 is refused with one line naming the file.
 
@@ -141,7 +142,7 @@ def read_log(path) -> LogReading:
     src = str(path)
     text = read_text(path, field="log", what="the log", errors="replace")
     text = _ANSI.sub("", text)
-    found = []  # (framework, process, global batch or None, value)
+    found = []  # (framework, process, step, global batch or None, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
     # start-of-training lines seen so far: without a rank prefix (they apply to every rank,
@@ -152,10 +153,11 @@ def read_log(path) -> LogReading:
 
     def process(rank, step: int):
         """The training process of this reading: the rank's current one, or a new one when
-        a start line came since it began or the step is not above its last."""
+        a start line came since it began or the step falls below its last (an equal step is
+        another rank's line where ranks print without a prefix, as DeepSpeed's timer does)."""
         now = (starts[None], starts.get(rank, 0))
         began, restarts, prev = last.get(rank, (now, 0, None))
-        if prev is not None and (began != now or step <= prev):
+        if prev is not None and (began != now or step < prev):
             began, restarts = now, restarts + 1
         last[rank] = (began, restarts, step)
         return rank, restarts
@@ -167,17 +169,17 @@ def read_log(path) -> LogReading:
         batch = int(m.group(1)) if (m := _GBS.search(line)) else None
         if (m := _MEGATRON_ITER.search(line)):
             step = int(m.group(1))
-            found.append(("megatron", process(rank, step), batch, _f(m.group(2)) / 1e3))
+            found.append(("megatron", process(rank, step), step, batch, _f(m.group(2)) / 1e3))
         elif (m := _TITAN.search(line)):
             step = int(m.group(1))
-            found.append(("torchtitan", process(rank, step), None, _f(m.group(3))))
+            found.append(("torchtitan", process(rank, step), step, None, _f(m.group(3))))
             mem.setdefault("torchtitan", []).append(_f(m.group(2)))
         elif (m := _NEMO.search(line)):
             step = int(m.group(1))
-            found.append(("nemo", process(rank, step), batch, _f(m.group(2))))
+            found.append(("nemo", process(rank, step), step, batch, _f(m.group(2))))
         elif (m := _DEEPSPEED.search(line)):
             step = int(m.group(1))
-            found.append(("deepspeed", process(rank, step), None, _f(m.group(3))))
+            found.append(("deepspeed", process(rank, step), step, None, _f(m.group(3))))
             mem.setdefault("deepspeed", []).append(_f(m.group(5)))
         elif _TITAN_VALIDATION.search(line):
             validation += 1
@@ -199,11 +201,15 @@ def read_log(path) -> LogReading:
         raise SpecError(f"lines of several frameworks ({', '.join(sorted(frameworks))}) in one "
                         "log; give one run's log per file", source=src, field="log")
     fw = frameworks.pop()
-    seen: dict = {}  # process -> its readings so far
+    # warm-up: the readings of each process's first WARMUP_READINGS steps (every rank's line
+    # of those steps, where ranks print without a prefix)
+    seen: dict = {}  # process -> its first steps
     values, batches = [], []
-    for _fw, proc, batch, v in found:
-        seen[proc] = seen.get(proc, 0) + 1
-        if seen[proc] > WARMUP_READINGS:
+    for _fw, proc, step, batch, v in found:
+        first = seen.setdefault(proc, [])
+        if step not in first and len(first) < WARMUP_READINGS:
+            first.append(step)
+        if step not in first:
             values.append(v)
             batches.append(batch)
     if len(values) < MIN_READINGS:

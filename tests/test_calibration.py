@@ -77,7 +77,7 @@ def test_torchtitan_validation_lines_are_not_steps():
 def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     """Two ranks' lines interleaved under torchrun's `[rankN]:` prefixes warm up apart; a
     Megatron-LM job resumed from a checkpoint (its start-of-training line, then iterations above
-    the last) warms up again."""
+    the last) warms up again; ranks printing the same step without a prefix are one process."""
     one = read_log(LOGS / "torchtitan.log")
     lines = (LOGS / "torchtitan.log").read_text().splitlines()
     p = tmp_path / "two_ranks.log"
@@ -94,6 +94,14 @@ def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     r = read_log(p)
     m1 = read_log(LOGS / "megatron.log")
     assert r.processes == 2 and sorted(r.values) == sorted(m1.values * 2)
+    # DeepSpeed's timer prints on every rank, without a prefix: each step's lines repeat, one
+    # process, and every rank's line of the warm-up steps is skipped
+    ds = read_log(LOGS / "deepspeed.log")
+    p.write_text("\n".join(x for line in (LOGS / "deepspeed.log").read_text().splitlines()
+                           for x in [line] * 4))
+    r = read_log(p)
+    assert r.processes == 1 and r.skipped == 4 * WARMUP_READINGS
+    assert sorted(r.values) == sorted(ds.values * 4)
 
 
 def test_readings_at_another_global_batch(tmp_path):

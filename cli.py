@@ -600,6 +600,7 @@ def calibrate(
     for k, log in enumerate(logs):
         m, job, c, pl, opts, _meta = load_plan(plan[k if len(plan) > 1 else 0])
         reading = read_log(log)
+        _check_logged_args(reading, m, job, pl, plan[k if len(plan) > 1 else 0])
         readings.append((reading, job.global_batch))
         gpus |= {nd.gpu.name for nd in c.nodes}
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
@@ -617,6 +618,22 @@ def calibrate(
                           "logs": [render.log_reading_dict(r, b) for r, b in readings]})
         return
     render.print_calibration(prof, out, readings)
+
+
+def _check_logged_args(reading, m, job, pl, plan_file) -> None:
+    """A Megatron-LM log whose printed arguments differ from its plan on what the cost model
+    prices is the log of another run: one line naming the log and the first differences."""
+    from launch.emit import megatron_args_mismatch
+    from model.errors import SpecError
+
+    for logged in reading.megatron_args:
+        diff = megatron_args_mismatch(m, job, pl, logged)
+        if diff:
+            said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])
+            more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+            raise SpecError(f"the run differs from its plan {plan_file}: {said}{more}; pair each "
+                            "log with the plan file of the run it logged (estimate --save-plan "
+                            "with the run's settings)", source=reading.path, field=diff[0][0])
 
 
 @command()

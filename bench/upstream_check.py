@@ -62,7 +62,8 @@ sys.path.insert(0, str(ROOT))
 
 from formats import presets  # noqa: E402
 from formats.clusters import SynthParams, cluster, synth_cluster, uniform_cluster  # noqa: E402
-from launch.emit import emit  # noqa: E402
+from formats.logs import megatron_arg_blocks  # noqa: E402
+from launch.emit import emit, megatron_args_mismatch, megatron_planned_args  # noqa: E402
 from model.estimator import estimate, make_plan  # noqa: E402
 from model.memory import fp8_params_apply  # noqa: E402
 from model.plan import block_placement, ep_groups  # noqa: E402
@@ -640,6 +641,29 @@ def check_bridge(python: str, bridge: str, megatron: str, work: Path) -> int:
                               "dataset.blend=[[/data/corpus_text_document],null]"])
 
 
+def check_printed_args(m, job, plan, printed: str | None) -> int:
+    """`calibrate`'s check of a Megatron-LM log against its plan, on the arguments block
+    Megatron itself printed for the launch set emitted from that plan: 1 (and the differences
+    printed) when the check would refuse the log of the very run the plan asked for, or when
+    Megatron printed no block; 0 otherwise. Runners that print none (printed None) skip it."""
+    if printed is None:
+        return 0
+    blocks = megatron_arg_blocks(printed)
+    if not blocks:
+        print("    calibrate's argument check: no arguments block printed")
+        return 1
+    printed_args = blocks[-1]
+    diff = megatron_args_mismatch(m, job, plan, printed_args)
+    for name, logged, planned in diff:
+        print(f"    calibrate's argument check refuses the run: {name} printed {logged}, "
+              f"planned {planned}")
+    names = set(megatron_planned_args(m, job, plan)) | {"fp8"}
+    missing = sorted(names - set(printed_args))
+    if missing:  # a name Megatron no longer prints is a check calibrate no longer makes
+        print(f"    calibrate's argument check: not printed by Megatron: {', '.join(missing)}")
+    return bool(diff) or bool(missing)
+
+
 def _check_core(python: str, names: tuple[str, str], fw: str, version: str | None,
                 runner: str, root: str, path: list[str], work: Path,
                 extra: list[str] = ()) -> int:
@@ -681,6 +705,7 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
         good, total = check_ranks(c, plan, recs, v["groups"])
         bad += report(name, fits, short, compare(m, job, plan, v), warns, f"{good}/{total}")
         bad += good != total
+        bad += check_printed_args(m, job, plan, v.get("printed"))
         if v["order"] != "tp-cp-ep-dp-pp":
             print(f"    rank order {v['order']} (use_tp_pp_dp_mapping)")
     print(f"\n{len(cases) - bad}/{len(cases)} plans accepted with every difference warned "

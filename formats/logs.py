@@ -78,6 +78,11 @@ _DEEPSPEED = re.compile(r"global_step=(\d+),\s*RunningAvgSamplesPerSec=" + _NUM
 # the global batch on a timing line: Megatron-LM's ' global batch size: {batch_size:5d} |'
 # (training_log), NeMo's '| global_batch_size: N |' (the progress printer's logged metric)
 _GBS = re.compile(r"global(?: batch size|_batch_size):\s*(\d+)")
+# Megatron-LM's arguments at start-up (megatron/training/arguments.py, _print_args): a
+# '---- arguments ----' line, one '  {arg} {dots} {value}' line each (dots: 48 - len(arg)),
+# '---- end of arguments ----'
+_ARGS_BEGIN = re.compile(r"-{4,} arguments -{4,}")
+_ARG = re.compile(r"(?:^|\]:)  (\w+) (?:\.+ | )(.*?)\s*$")
 _TITAN_VALIDATION = re.compile(r"validate step:\s*\d+\s.*?tps:\s*" + _NUM)
 # a training process starting: Megatron-LM's print_datetime('before the start of training
 # step') (megatron/training/training.py, train loop set-up: '[{string}] datetime: {time}'),
@@ -111,6 +116,9 @@ class LogReading:
     validation_lines: int = 0  # torchtitan validation lines left out
     # the global batch each reading in `values` printed (Megatron-LM, NeMo), else None
     batches: list = field(default_factory=list)
+    # each arguments block a Megatron-LM log printed (a restart prints its own): name -> value
+    # as printed (str of the value: '8', 'True', 'None', 'selective')
+    megatron_args: list = field(default_factory=list)
 
     def at_batch(self, global_batch: int) -> list[float]:
         """The readings of a run at this global batch: where the log prints its batch, those
@@ -135,6 +143,23 @@ class LogReading:
         if self.unit == "tokens/s/gpu":
             return global_batch * seq_length / (v * num_gpus)
         return global_batch / v  # samples/s (global)
+
+
+def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
+    """Each arguments block Megatron-LM printed in `text` (_ARGS_BEGIN), as name -> the value
+    printed; a block ends at its end line or at the first line that is not an argument
+    (truncated output)."""
+    blocks: list[dict[str, str]] = []
+    inside = False
+    for line in text.splitlines():
+        if _ARGS_BEGIN.search(line):
+            inside = True
+            blocks.append({})
+        elif inside and (m := _ARG.search(line)):
+            blocks[-1][m.group(1)] = m.group(2)
+        else:
+            inside = False
+    return [b for b in blocks if b]
 
 
 def read_log(path) -> LogReading:
@@ -222,7 +247,8 @@ def read_log(path) -> LogReading:
     unit = {"megatron": "s", "nemo": "s", "torchtitan": "tokens/s/gpu",
             "deepspeed": "samples/s"}[fw]
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
-                         processes=len(seen), validation_lines=validation, batches=batches)
+                         processes=len(seen), validation_lines=validation, batches=batches,
+                         megatron_args=megatron_arg_blocks(text) if fw == "megatron" else [])
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

@@ -128,6 +128,46 @@ def test_readings_at_another_global_batch(tmp_path):
     assert len(res.output.strip().splitlines()) == 1
 
 
+def _megatron_args_block(args: dict) -> str:
+    """Megatron-LM's start-up print of its arguments (megatron/training/arguments.py,
+    _print_args): '  {name} {48 - len(name) dots} {value}', sorted case-insensitively."""
+    lines = sorted((f"  {k} {'.' * (48 - len(k))} {v}" for k, v in args.items()),
+                   key=str.lower)
+    return "\n".join(["------------------------ arguments ------------------------", *lines,
+                      "-------------------- end of arguments ---------------------"]) + "\n"
+
+
+def test_megatron_log_of_another_run_is_refused(tmp_path):
+    """The arguments a Megatron-LM log printed are checked against the paired plan on what the
+    cost model prices (the built-in example: Llama-2 70B, TP 8, PP 4, micro-batch 1, bf16);
+    the run's own arguments pass, one different degree is one line, exit 2."""
+    runner = CliRunner()
+    pf = tmp_path / "plan.json"
+    assert runner.invoke(app, ["estimate", "--save-plan", str(pf)]).exit_code == 0
+    ran = {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 4,
+           "context_parallel_size": 1, "micro_batch_size": 1, "global_batch_size": 256,
+           "seq_length": 4096, "num_layers": 80, "hidden_size": 8192,
+           "ffn_hidden_size": 28672, "num_attention_heads": 64, "num_query_groups": 8,
+           "virtual_pipeline_model_parallel_size": None, "sequence_parallel": False,
+           "use_distributed_optimizer": False, "recompute_granularity": None, "bf16": True,
+           "fp16": False, "fp8": None, "lr": 0.0003, "attention_backend": "AttnBackend.auto",
+           "a_name_longer_than_forty_eight_characters_in_all_of_it": True}
+    timing = (LOGS / "megatron.log").read_text()
+    log = tmp_path / "run.log"
+    log.write_text(_megatron_args_block(ran) + timing)
+    assert read_log(log).megatron_args[0]["lr"] == "0.0003"
+    out = tmp_path / "cal.json"
+    res = runner.invoke(app, ["calibrate", str(log), "--plan", str(pf), "--out", str(out),
+                              "--fit", "gemm_scale"])
+    assert res.exit_code == 0, res.output
+    log.write_text(_megatron_args_block({**ran, "tensor_model_parallel_size": 4,
+                                         "fp8": "hybrid"}) + timing)
+    res = runner.invoke(app, ["calibrate", str(log), "--plan", str(pf), "--out", str(out)])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "tensor_model_parallel_size 4 in the log, 8 in the plan" in res.output
+    assert "fp8 hybrid in the log, None in the plan" in res.output
+
+
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("hello\nnot a training log\n")

@@ -112,6 +112,7 @@ def megatron_view(item):
         else "tp-cp-ep-dp-pp",
     }
     out["groups"] = megatron_groups(out)
+    out["printed"] = log.getvalue()  # what it printed, its arguments block (_print_args) in it
     return out
 
 

@@ -279,7 +279,8 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
     sh = plan.shape
     want: dict[str, object] = {
         "tensor_model_parallel_size": sh.tp, "pipeline_model_parallel_size": sh.pp,
-        "context_parallel_size": sh.cp, "micro_batch_size": sh.micro_batch,
+        "context_parallel_size": sh.cp, "data_parallel_size": sh.dp,
+        "micro_batch_size": sh.micro_batch,
         "global_batch_size": job.global_batch, "seq_length": job.seq_length,
         "num_layers": model.num_layers, "hidden_size": model.hidden_size,
         "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_heads,

@@ -145,7 +145,8 @@ def test_megatron_log_of_another_run_is_refused(tmp_path):
     pf = tmp_path / "plan.json"
     assert runner.invoke(app, ["estimate", "--save-plan", str(pf)]).exit_code == 0
     ran = {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 4,
-           "context_parallel_size": 1, "micro_batch_size": 1, "global_batch_size": 256,
+           "context_parallel_size": 1, "data_parallel_size": 2, "micro_batch_size": 1,
+           "global_batch_size": 256,
            "seq_length": 4096, "num_layers": 80, "hidden_size": 8192,
            "ffn_hidden_size": 28672, "num_attention_heads": 64, "num_query_groups": 8,
            "virtual_pipeline_model_parallel_size": None, "sequence_parallel": False,

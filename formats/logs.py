@@ -34,7 +34,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from model.errors import SpecError
-from .reading import read_text
+from .reading import text_lines
 
 # readings skipped at the start of every log (documented in the README: warm-up iterations)
 WARMUP_READINGS = 3
@@ -145,28 +145,37 @@ class LogReading:
         return global_batch / v  # samples/s (global)
 
 
-def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
-    """Each arguments block Megatron-LM printed in `text` (_ARGS_BEGIN), as name -> the value
+class _ArgBlocks:
+    """Megatron-LM's arguments blocks (_ARGS_BEGIN), fed line by line: name -> the value
     printed; a block ends at its end line or at the first line that is not an argument
     (truncated output)."""
-    blocks: list[dict[str, str]] = []
-    inside = False
-    for line in text.splitlines():
+
+    def __init__(self):
+        self.blocks: list[dict[str, str]] = []
+        self.inside = False
+
+    def feed(self, line: str) -> None:
         if _ARGS_BEGIN.search(line):
-            inside = True
-            blocks.append({})
-        elif inside and (m := _ARG.search(line)):
-            blocks[-1][m.group(1)] = m.group(2)
+            self.inside = True
+            self.blocks.append({})
+        elif self.inside and (m := _ARG.search(line)):
+            self.blocks[-1][m.group(1)] = m.group(2)
         else:
-            inside = False
-    return [b for b in blocks if b]
+            self.inside = False
+
+
+def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
+    """Each arguments block Megatron-LM printed in `text` (_ArgBlocks)."""
+    ab = _ArgBlocks()
+    for line in text.splitlines():
+        ab.feed(line)
+    return [b for b in ab.blocks if b]
 
 
 def read_log(path) -> LogReading:
     """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
     src = str(path)
-    text = read_text(path, field="log", what="the log", errors="replace")
-    text = _ANSI.sub("", text)
+    args = _ArgBlocks()
     found = []  # (framework, process, step, global batch or None, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
@@ -187,7 +196,9 @@ def read_log(path) -> LogReading:
         last[rank] = (began, restarts, step)
         return rank, restarts
 
-    for line in text.splitlines():
+    for line in text_lines(path, field="log", what="the log"):
+        line = _ANSI.sub("", line)
+        args.feed(line)
         rank = int(m.group(1)) if (m := _RANK.search(line)) else None
         if _START.search(line):
             starts[rank] = starts.get(rank, 0) + 1
@@ -248,7 +259,7 @@ def read_log(path) -> LogReading:
             "deepspeed": "samples/s"}[fw]
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
                          processes=len(seen), validation_lines=validation, batches=batches,
-                         megatron_args=megatron_arg_blocks(text) if fw == "megatron" else [])
+                         megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [])
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

@@ -1,12 +1,16 @@
-"""Reading the user's input files: one function, so that every reader refuses the same things
+"""Reading the user's input files: one module, so that every reader refuses the same things
 the same way, with one line naming the file: a missing path, a folder, a FIFO, a device or
 socket (refused from `stat`, never opened: reading a FIFO would wait for a writer, a device
-might never end), a file over MAX_INPUT_BYTES, and text that is not UTF-8."""
+might never end), a file over MAX_INPUT_BYTES, and text that is not UTF-8. Training logs are
+streamed instead (text_lines): any size, gzip or plain."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
 import stat
+import zlib
 from pathlib import Path
 
 from model.errors import SpecError
@@ -15,9 +19,9 @@ from model.errors import SpecError
 MAX_INPUT_BYTES = 256 * 2**20
 
 
-def read_text(path: str | Path, field: str | None = None, what: str = "the file",
-              errors: str = "strict") -> str:
-    """The text of a regular file; every problem is one SpecError naming the file."""
+def _regular_file(path: str | Path, field: str | None, what: str) -> os.stat_result:
+    """The stat of a regular file; a missing path, a folder, a FIFO, device or socket is one
+    SpecError naming the file (refused from `stat`, never opened)."""
     src = str(path)
     try:
         st = os.stat(path)
@@ -30,6 +34,14 @@ def read_text(path: str | Path, field: str | None = None, what: str = "the file"
     if not stat.S_ISREG(st.st_mode):
         raise SpecError(f"is not a regular file (a FIFO, device or socket); give {what} as a "
                         "file", source=src, field=field)
+    return st
+
+
+def read_text(path: str | Path, field: str | None = None, what: str = "the file",
+              errors: str = "strict") -> str:
+    """The text of a regular file; every problem is one SpecError naming the file."""
+    src = str(path)
+    st = _regular_file(path, field, what)
     if st.st_size > MAX_INPUT_BYTES:
         raise SpecError(f"is {st.st_size / 2**20:.0f} MiB; inputs over "
                         f"{MAX_INPUT_BYTES // 2**20} MiB are refused", source=src, field=field)
@@ -42,3 +54,22 @@ def read_text(path: str | Path, field: str | None = None, what: str = "the file"
     except UnicodeDecodeError as e:
         raise SpecError(f"is not UTF-8 text (byte {e.start}); save it as UTF-8", source=src,
                         field=field) from None
+
+
+def text_lines(path: str | Path, field: str | None = None, what: str = "the file"):
+    """The lines of a regular file as a stream, whatever its size (a long run's training log
+    can be gigabytes), gunzipped where it is gzip (a rotated log: its magic bytes, whatever
+    its name), bytes that are not UTF-8 replaced; refused as read_text refuses a path."""
+    src = str(path)
+    _regular_file(path, field, what)
+    gz = False
+    try:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            stream = gzip.GzipFile(fileobj=raw) if gz else raw
+            for line in io.TextIOWrapper(stream, encoding="utf-8", errors="replace"):
+                yield line.rstrip("\r\n")
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        why = "a damaged gzip file" if gz else getattr(e, "strerror", None) or str(e)
+        raise SpecError(f"cannot read {what} ({why})", source=src, field=field) from None

@@ -169,6 +169,30 @@ def test_megatron_log_of_another_run_is_refused(tmp_path):
     assert "fp8 hybrid in the log, None in the plan" in res.output
 
 
+def test_logs_are_streamed_gzip_or_plain_whatever_their_size(tmp_path, monkeypatch):
+    """A rotated log gzipped reads as the plain one; logs are not held to the input size cap
+    (a long run's log can be gigabytes); a damaged gzip or a folder is one error naming it."""
+    import gzip
+
+    from formats import reading
+    plain = read_log(LOGS / "megatron.log")
+    gz = tmp_path / "megatron.log.1"  # rotated: recognized by its bytes, not its name
+    data = gzip.compress((LOGS / "megatron.log").read_bytes())
+    gz.write_bytes(data)
+    r = read_log(gz)
+    assert (r.values, r.memory_gib, r.skipped) == (plain.values, plain.memory_gib, plain.skipped)
+    monkeypatch.setattr(reading, "MAX_INPUT_BYTES", 100)
+    assert read_log(LOGS / "megatron.log").values == plain.values
+    bad = tmp_path / "cut.log.gz"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SpecError) as e:
+        read_log(bad)
+    assert "damaged gzip" in str(e.value) and str(bad) in str(e.value)
+    with pytest.raises(SpecError) as e:
+        read_log(tmp_path)
+    assert "folder" in str(e.value)
+
+
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("hello\nnot a training log\n")

@@ -570,9 +570,14 @@ def estimate(
 def calibrate(
     logs: Annotated[list[Path], typer.Argument(help="Training logs (Megatron-LM, torchtitan, "
                                                 "NeMo, DeepSpeed), one per run.")],
-    plan: Annotated[list[Path], typer.Option(
+    plan: Annotated[Optional[list[Path]], typer.Option(
         "--plan", help="The plan file each log ran (--save-plan): one per log, in order, or one "
-        "for all.")],
+        "for all.")] = None,
+    cluster: Annotated[Optional[list[str]], typer.Option(
+        "--cluster", "-c", help="Instead of --plan, for Megatron-LM logs: the cluster each ran on "
+        "(preset or file; one per log or one for all); the plan is read from the arguments "
+        "the log printed, ranks in Megatron-LM's order over the cluster's nodes as listed.")]
+    = None,
     fit_params: Annotated[str, typer.Option(
         "--fit", help="Time parameters to fit, comma-separated: gemm_scale, attention_scale, "
         "network_scale, nvlink_scale, hbm_scale, intra_latency_scale, "
@@ -592,16 +597,28 @@ def calibrate(
     from formats.profile import save_profile
     from model.calibration import Run, fit
     from model.errors import SpecError
+    from model.specs import Options
 
-    if len(plan) not in (1, len(logs)):
-        raise SpecError(f"{len(plan)} plan files for {len(logs)} logs; give one per log or one "
-                        "for all", source="options", field="--plan")
+    if bool(plan) == bool(cluster):
+        raise SpecError("give --plan (the plan file each log ran), or --cluster to read each "
+                        "Megatron-LM log's plan from the arguments it printed; not both",
+                        source="options", field="--plan" if plan else "--cluster")
+    given, flag = (plan, "--plan") if plan else (cluster, "--cluster")
+    if len(given) not in (1, len(logs)):
+        raise SpecError(f"{len(given)} {flag} for {len(logs)} logs; give one per log or one "
+                        "for all", source="options", field=flag)
     runs, gpus, readings = [], set(), []
     for k, log in enumerate(logs):
-        m, job, c, pl, opts, _meta = load_plan(plan[k if len(plan) > 1 else 0])
+        one = given[k if len(given) > 1 else 0]
         reading = read_log(log)
-        _check_logged_args(reading, m, job, pl, plan[k if len(plan) > 1 else 0])
-        readings.append((reading, job.global_batch))
+        if plan:
+            m, job, c, pl, opts, _meta = load_plan(one)
+            described = None
+        else:
+            m, job, c, pl = _plan_from_log(reading, one)
+            opts, described = Options(), pl.shape.describe()
+        _check_logged_args(reading, m, job, pl, one if plan else "read from its arguments")
+        readings.append((reading, job.global_batch, described))
         gpus |= {nd.gpu.name for nd in c.nodes}
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
             job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
@@ -615,9 +632,26 @@ def calibrate(
     save_profile(out, prof)
     if as_json:
         render.echo_json({**prof.to_dict(), "written": str(out), "at_bound": prof.at_bounds(),
-                          "logs": [render.log_reading_dict(r, b) for r, b in readings]})
+                          "logs": [render.log_reading_dict(*x) for x in readings]})
         return
     render.print_calibration(prof, out, readings)
+
+
+def _plan_from_log(reading, cluster_name: str):
+    """(model, job, cluster, plan) of a Megatron-LM log's run, from the arguments it printed
+    (its last block: a restart's), on the named cluster."""
+    from formats.clusters import cluster as load_cluster
+    from formats.megatron_args import plan_from_megatron_args
+    from model.errors import SpecError
+
+    if not reading.megatron_args:
+        raise SpecError("no Megatron-LM arguments block in the log (its start-up print of "
+                        "'---- arguments ----'); give --plan for it", source=reading.path,
+                        field="log")
+    c = load_cluster(cluster_name)
+    m, job, pl = plan_from_megatron_args(reading.megatron_args[-1], c, source=reading.path,
+                                         vocab=reading.padded_vocab)
+    return m, job, c, pl
 
 
 def _check_logged_args(reading, m, job, pl, plan_file) -> None:
@@ -631,9 +665,11 @@ def _check_logged_args(reading, m, job, pl, plan_file) -> None:
         if diff:
             said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])
             more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
-            raise SpecError(f"the run differs from its plan {plan_file}: {said}{more}; pair each "
-                            "log with the plan file of the run it logged (estimate --save-plan "
-                            "with the run's settings)", source=reading.path, field=diff[0][0])
+            raise SpecError(f"the run differs from its plan ({plan_file}): {said}{more}; pair "
+                            "each log with the plan file of the run it logged (estimate "
+                            "--save-plan with the run's settings), and split a log whose "
+                            "restarts ran other arguments", source=reading.path,
+                            field=diff[0][0])
 
 
 @command()

@@ -130,22 +130,24 @@ def print_interval(interval, profile: str) -> None:
                     "prediction interval)")
 
 
-def log_reading_dict(r, global_batch: int) -> dict:
-    """What calibrate read from one log (paired with a plan of this global batch): its
+def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict:
+    """What calibrate read from one log (paired with a plan of this global batch; `plan_read`:
+    the plan read from its printed arguments, None when a plan file was given): its
     framework, the readings it used and those it left out."""
     used = len(r.at_batch(global_batch))
     return {"log": r.path, "framework": r.framework, "readings_used": used,
             "warmup_skipped": r.skipped, "processes": r.processes,
             "other_batch_left_out": len(r.values) - used,
-            "validation_lines_left_out": r.validation_lines}
+            "validation_lines_left_out": r.validation_lines,
+            "plan_from_arguments": plan_read}
 
 
 def print_calibration(prof, out, readings=()) -> None:
     """The fitted profile, and before it what was read from each (log, plan's global batch)
     in `readings`."""
     con = console()
-    for r, gbs in readings:
-        d = log_reading_dict(r, gbs)
+    for r, gbs, plan_read in readings:
+        d = log_reading_dict(r, gbs, plan_read)
         extra = (f" over {r.processes} training processes (restarts or ranks), each warming up"
                  if r.processes > 1 else "")
         if d["other_batch_left_out"]:
@@ -155,6 +157,8 @@ def print_calibration(prof, out, readings=()) -> None:
             extra += f"; {r.validation_lines} validation lines left out"
         con.print(f"{r.path}: {r.framework}, {d['readings_used']} readings used, {r.skipped} "
                   f"warm-up skipped{extra}", highlight=False)
+        if plan_read:
+            con.print(f"  plan read from its arguments: {plan_read}", highlight=False)
     t = Table(title=f"Calibration for {prof.gpu} (written to {out})")
     for col in ("parameter", "value", "std. error"):
         t.add_column(col, justify="right" if col != "parameter" else "left")

@@ -436,8 +436,25 @@ def fam_paths(rng: random.Random) -> Case:
     return case
 
 
+_ARG_VALUES = ["None", "True", "False", "0", "-3", "1", "7", "abc", "1e9", "2147483648",
+               "[0, 1]", "[1, 0]", "Ettt|tt", "nan", "", "selective", "full", "RMSNorm"]
+
+
 def fam_logs(rng: random.Random, tmp: Path) -> Case:
-    """A mutated training log (Megatron-LM, torchtitan, NeMo, DeepSpeed) with a valid plan."""
+    """A mutated training log (Megatron-LM, torchtitan, NeMo, DeepSpeed) with a valid plan;
+    or a Megatron-LM log whose printed arguments have some values replaced, its plan read from
+    them on the example cluster (`calibrate --cluster`)."""
+    if rng.random() < 0.3:
+        text = (FIX / "logs" / rng.choice(["megatron_args_70b.txt",
+                                           "megatron_args_mixtral.txt"])).read_text()
+        lines = text.splitlines()
+        args = [k for k, line in enumerate(lines) if line.startswith("  ") and " .." in line]
+        for k in rng.sample(args, rng.randint(1, 4)):
+            name = lines[k].split()[0]
+            lines[k] = f"  {name} {'.' * max(0, 48 - len(name))} {rng.choice(_ARG_VALUES)}"
+        log = "\n".join(lines) + "\n" + (FIX / "logs" / "megatron.log").read_text()
+        return Case("logs", ["calibrate", "{run.log}", "--cluster", "example", "--fit",
+                             "gemm_scale"], {"run.log": log})
     name = rng.choice(sorted(p.name for p in (FIX / "logs").iterdir()))
     data = (FIX / "logs" / name).read_bytes()
     for _ in range(rng.randint(1, 3)):

@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -641,11 +642,19 @@ def check_bridge(python: str, bridge: str, megatron: str, work: Path) -> int:
                               "dataset.blend=[[/data/corpus_text_document],null]"])
 
 
-def check_printed_args(m, job, plan, printed: str | None) -> int:
-    """`calibrate`'s check of a Megatron-LM log against its plan, on the arguments block
-    Megatron itself printed for the launch set emitted from that plan: 1 (and the differences
-    printed) when the check would refuse the log of the very run the plan asked for, or when
-    Megatron printed no block; 0 otherwise. Runners that print none (printed None) skip it."""
+def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None) -> int:
+    """`calibrate` on the arguments block Megatron itself printed for the launch set emitted
+    from the plan (runners that print none, printed None, skip this): its check of a log
+    against its plan must pass, every name it checks must be printed, and the plan it reads
+    back from the block (`calibrate --cluster`) must be the plan, costing the same once placed
+    in Megatron-LM's order (a log does not record placement), but where warnings.txt announced
+    the difference or the reader refuses what it cannot price. Returns 1 on a failure (printed)
+    or 0."""
+    import dataclasses
+
+    from formats.megatron_args import plan_from_megatron_args
+    from model.errors import SpecError
+
     if printed is None:
         return 0
     blocks = megatron_arg_blocks(printed)
@@ -661,7 +670,26 @@ def check_printed_args(m, job, plan, printed: str | None) -> int:
     missing = sorted(names - set(printed_args))
     if missing:  # a name Megatron no longer prints is a check calibrate no longer makes
         print(f"    calibrate's argument check: not printed by Megatron: {', '.join(missing)}")
-    return bool(diff) or bool(missing)
+    try:
+        m2, j2, p2 = plan_from_megatron_args(printed_args, c, source="log")
+    except SpecError as e:
+        print(f"    plan read from the arguments: refused ({e.field}), calibrate needs --plan")
+        return bool(diff) or bool(missing)
+    moved = [f.name for f in dataclasses.fields(plan.shape)
+             if getattr(plan.shape, f.name) != getattr(p2.shape, f.name)]
+    kinds = {k.group(1) for w in warns if (k := re.search(r"\[(\w+)\]", w))}
+    unwarned = [f for f in moved if not (f == "schedule" and "schedule" in kinds)]
+    t_plan = estimate(m, job, c, dataclasses.replace(plan, placement=p2.placement))
+    t_read = estimate(m2, j2, c, p2)
+    same = t_plan.iteration_ms == t_read.iteration_ms and \
+        t_plan.peak_memory_gib == t_read.peak_memory_gib
+    if moved or not same:
+        print(f"    plan read from the arguments: {', '.join(moved) or 'same shape'}; "
+              f"{t_read.iteration_ms / t_plan.iteration_ms - 1:+.2%} time, "
+              f"{t_read.peak_memory_gib - t_plan.peak_memory_gib:+.2f} GiB"
+              + ("" if unwarned or same and not moved else " (as warned)"))
+    fail = bool(unwarned) or (not same and not moved and "model" not in kinds)
+    return bool(diff) or bool(missing) or fail
 
 
 def _check_core(python: str, names: tuple[str, str], fw: str, version: str | None,
@@ -705,7 +733,7 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
         good, total = check_ranks(c, plan, recs, v["groups"])
         bad += report(name, fits, short, compare(m, job, plan, v), warns, f"{good}/{total}")
         bad += good != total
-        bad += check_printed_args(m, job, plan, v.get("printed"))
+        bad += check_printed_args(m, job, c, plan, warns, v.get("printed"))
         if v["order"] != "tp-cp-ep-dp-pp":
             print(f"    rank order {v['order']} (use_tp_pp_dp_mapping)")
     print(f"\n{len(cases) - bad}/{len(cases)} plans accepted with every difference warned "

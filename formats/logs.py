@@ -83,6 +83,10 @@ _GBS = re.compile(r"global(?: batch size|_batch_size):\s*(\d+)")
 # '---- end of arguments ----'
 _ARGS_BEGIN = re.compile(r"-{4,} arguments -{4,}")
 _ARG = re.compile(r"(?:^|\]:)  (\w+) (?:\.+ | )(.*?)\s*$")
+# megatron/core/tokenizers/utils/build_tokenizer.py (vocab_size_with_padding; earlier
+# megatron/training/tokenizer): ' > padded vocab (size: {}) with {} dummy tokens (new size: {})'
+_PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: "
+                           r"(\d+)\)")
 _TITAN_VALIDATION = re.compile(r"validate step:\s*\d+\s.*?tps:\s*" + _NUM)
 # a training process starting: Megatron-LM's print_datetime('before the start of training
 # step') (megatron/training/training.py, train loop set-up: '[{string}] datetime: {time}'),
@@ -119,6 +123,8 @@ class LogReading:
     # each arguments block a Megatron-LM log printed (a restart prints its own): name -> value
     # as printed (str of the value: '8', 'True', 'None', 'selective')
     megatron_args: list = field(default_factory=list)
+    # the vocabulary Megatron-LM built, from its ' > padded vocab ... (new size: N)' line
+    padded_vocab: int | None = None
 
     def at_batch(self, global_batch: int) -> list[float]:
         """The readings of a run at this global batch: where the log prints its batch, those
@@ -176,6 +182,7 @@ def read_log(path) -> LogReading:
     """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
     src = str(path)
     args = _ArgBlocks()
+    vocab = None
     found = []  # (framework, process, step, global batch or None, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
@@ -199,6 +206,8 @@ def read_log(path) -> LogReading:
     for line in text_lines(path, field="log", what="the log"):
         line = _ANSI.sub("", line)
         args.feed(line)
+        if (m := _PADDED_VOCAB.search(line)):
+            vocab = int(m.group(1))
         rank = int(m.group(1)) if (m := _RANK.search(line)) else None
         if _START.search(line):
             starts[rank] = starts.get(rank, 0) + 1
@@ -259,7 +268,8 @@ def read_log(path) -> LogReading:
             "deepspeed": "samples/s"}[fw]
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
                          processes=len(seen), validation_lines=validation, batches=batches,
-                         megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [])
+                         megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [],
+                         padded_vocab=vocab)
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

@@ -193,6 +193,99 @@ def test_logs_are_streamed_gzip_or_plain_whatever_their_size(tmp_path, monkeypat
     assert "folder" in str(e.value)
 
 
+def _set_arg(text: str, name: str, value) -> str:
+    """A Megatron-LM arguments block with one printed value changed."""
+    out, n = re.subn(rf"(?m)^  {name} \.* ?.*$", f"  {name} {'.' * (48 - len(name))} {value}",
+                     text)
+    assert n == 1, name
+    return out
+
+
+def test_plan_read_from_megatron_arguments():
+    """Megatron-LM's own arguments block (printed for the launch set emitted from a plan) reads
+    back as that plan: the model, job and plan time the same as the preset's; the layout string,
+    first/last counts with interleaving (Megatron-Core's get_num_layers_to_build: per pipeline
+    rank, even over its virtual stages) and a mixture of experts too; what the cost model
+    cannot price as it ran is refused naming the argument."""
+    from formats.clusters import cluster as load_cluster
+    from formats.logs import megatron_arg_blocks
+    from formats.megatron_args import plan_from_megatron_args
+    from model.estimator import estimate
+
+    ex = load_cluster("example")
+    text = (LOGS / "megatron_args_70b.txt").read_text()
+    m, job, plan = plan_from_megatron_args(megatron_arg_blocks(text)[0], ex, source="t")
+    sh = plan.shape
+    assert (sh.tp, sh.pp, sh.dp, sh.micro_batch, sh.schedule, sh.recompute, sh.layers,
+            sh.sequence_parallel, sh.zero, sh.fp8) == (8, 4, 2, 1, "1f1b", "selective",
+                                                       (20, 20, 20, 20), True, 1, False)
+    ref = presets.model("llama2-70b")
+    ref_job = JobSpec(global_batch=256, seq_length=4096, precision="bf16")
+    ref_plan = make_plan(ref, ref_job, ex, tp=8, pp=4, recompute="selective",
+                         sequence_parallel=True, distributed_optimizer=True)
+    assert (m.num_layers, m.hidden_size, m.num_kv_heads, m.vocab_size, m.norm, m.gated_mlp) == \
+        (80, 8192, 8, 32000, "rmsnorm", True)
+    assert job.global_batch == 256 and job.precision == "bf16"
+    assert estimate(m, job, ex, plan).iteration_ms == \
+        pytest.approx(estimate(ref, ref_job, ex, ref_plan).iteration_ms, rel=1e-12)
+
+    def read(t):
+        return plan_from_megatron_args(megatron_arg_blocks(t)[0], ex, source="t")[2].shape
+    lay = "E" + "t" * 19 + "|" + "t" * 21 + "|" + "t" * 20 + "|" + "t" * 20 + "L"
+    assert read(_set_arg(text, "pipeline_model_parallel_layout", lay)).layers == \
+        (19, 21, 20, 20)
+    fl = _set_arg(_set_arg(_set_arg(text, "virtual_pipeline_model_parallel_size", 2),
+                           "decoder_first_pipeline_num_layers", 18),
+                  "decoder_last_pipeline_num_layers", 18)
+    assert read(fl).layers == (9, 11, 11, 9, 9, 11, 11, 9)
+    mx = read((LOGS / "megatron_args_mixtral.txt").read_text())
+    assert (mx.tp, mx.pp, mx.ep, mx.etp, mx.chunks, mx.layers) == (2, 4, 8, 1, 2, (4,) * 8)
+    for name, value in (("multi_latent_attention", True), ("use_tp_pp_dp_mapping", True),
+                        ("recompute_method", "block"), ("normalization", "Foo")):
+        changed = _set_arg(text, name, value)
+        if name == "recompute_method":
+            changed = _set_arg(changed, "recompute_granularity", "full")
+        with pytest.raises(SpecError) as e:
+            read(changed)
+        assert e.value.field in (name, "recompute_granularity") and "--plan" in str(e.value)
+    with pytest.raises(SpecError) as e:  # the run's GPUs against the cluster's
+        read(_set_arg(text, "data_parallel_size", 4))
+    assert "cluster has 64" in str(e.value)
+
+
+def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):
+    """`calibrate LOG --cluster C`: the plan of a Megatron-LM log from its arguments block; the
+    fit runs and the report names the plan read; without --plan or --cluster, or for a log
+    without arguments, one line and exit 2."""
+    runner = CliRunner()
+    log = tmp_path / "run.log"
+    log.write_text((LOGS / "megatron_args_70b.txt").read_text()
+                   + (LOGS / "megatron.log").read_text())
+    out = tmp_path / "cal.json"
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--fit",
+                              "gemm_scale", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "plan read from its arguments: TP=8 PP=4 DP=2 mbs=1 1f1b recompute=selective" in \
+        res.output
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--json",
+                              "--out", str(out)])
+    assert json.loads(res.output)["logs"][0]["plan_from_arguments"].startswith("TP=8 PP=4")
+    # a tokenizer's vocabulary: --vocab-size prints None, the padding line gives the size
+    hf = _set_arg((LOGS / "megatron_args_70b.txt").read_text(), "vocab_size", None)
+    log.write_text(hf + (LOGS / "megatron.log").read_text())
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--out", str(out)])
+    assert res.exit_code == 2 and "vocab_size" in res.output, res.output
+    log.write_text(hf + " > padded vocab (size: 31999) with 1 dummy tokens (new size: 32000)\n"
+                   + (LOGS / "megatron.log").read_text())
+    assert read_log(log).padded_vocab == 32000
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    for args in (["calibrate", str(log)],
+                 ["calibrate", str(LOGS / "nemo.log"), "--cluster", "example"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+
+
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("hello\nnot a training log\n")

@@ -1,0 +1,262 @@
+"""A plan read back from the arguments a Megatron-LM log printed, for `calibrate` without a plan
+file: what the run was (model, job, parallel layout, schedule, recompute, precision) from the
+block `_print_args` writes at start-up (megatron/training/arguments.py, after validate_args:
+the values that ran), on the cluster the user names (ranks in Megatron-LM's default order over
+its nodes in file order, as a hostfile in that order places them).
+
+The names are Megatron-LM's args namespace (arguments.py and the TransformerConfig fields it
+adds); the mapping is the inverse of launch/emit.py `megatron_args`. What the cost model cannot
+price as the run ran it is refused in one line naming the argument (latent attention, a layout
+with other than transformer layers, recompute other than Megatron's full-uniform-1 or
+selective core attention, token dropping without padding, FP8 recipes other than delayed and
+tensorwise, the tp-pp-dp rank order), never approximated.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+
+from model.cluster import ClusterSpec
+from model.errors import SpecError
+from model.estimator import make_plan
+from model.plan import Plan
+from model.specs import JobSpec, ModelSpec
+
+# --position-embedding-type -> the cost model's: 'none' has no position weights and no rotation,
+# which is how the cost model prices ALiBi (a bias on the scores), so it maps there
+_POSITIONS = {"rope": "rope", "learned_absolute": "learned", "none": "alibi"}
+_NORMS = {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"}
+# Megatron-FSDP's --data-parallel-sharding-strategy -> ZeRO stage (launch/emit.py's mapping)
+_FSDP_ZERO = {"optim_grads": 2, "optim_grads_params": 3}
+
+
+class _Args:
+    """The printed values, read with one error line naming the log and argument."""
+
+    def __init__(self, printed: dict[str, str], source: str):
+        self.p, self.source = printed, source
+
+    def _raw(self, name: str) -> str:
+        if name not in self.p:
+            raise SpecError("the log's Megatron-LM arguments do not print it; give --plan",
+                            source=self.source, field=name)
+        return self.p[name]
+
+    def fail(self, name: str, why: str):
+        raise SpecError(f"{why}; give --plan for this log", source=self.source, field=name)
+
+    def integer(self, name: str, default: int | None = None) -> int | None:
+        v = self.p.get(name, "None") if default is not None else self._raw(name)
+        if v == "None":
+            if default is None:
+                self.fail(name, "printed None where a number is needed")
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            self.fail(name, f"printed {v!r}, not an integer")
+
+    def number(self, name: str, default: float, lo: float = 0.0,
+               hi: float = math.inf) -> float:
+        v = self.p.get(name, "None")
+        try:
+            x = default if v == "None" else float(v)
+        except ValueError:
+            self.fail(name, f"printed {v!r}, not a number")
+        if not lo <= x <= hi:  # NaN fails too
+            self.fail(name, f"printed {v!r}, outside [{lo:g}, {hi:g}]")
+        return x
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        v = self.p.get(name)
+        if v is None:
+            return default
+        if v not in ("True", "False"):
+            self.fail(name, f"printed {v!r}, not True or False")
+        return v == "True"
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        v = self.p.get(name)
+        return default if v in (None, "None") else v
+
+
+def padded_vocab(a: _Args, tp: int) -> int:
+    """The vocabulary Megatron-LM builds when the log has no ' > padded vocab' line: the
+    NullTokenizer's --vocab-size padded to a multiple of make_vocab_size_divisible_by x TP
+    (megatron/training/vocab_utils.py, _vocab_size_with_padding)."""
+    v = a.integer("vocab_size", default=0)
+    if not v:
+        a.fail("vocab_size", "no vocabulary size printed (a tokenizer's own, and no ' > padded "
+               "vocab' line in the log)")
+    multiple = a.integer("make_vocab_size_divisible_by", default=128) * tp
+    if multiple < 1:
+        a.fail("make_vocab_size_divisible_by", "printed a multiple below 1")
+    return math.ceil(v / multiple) * multiple
+
+
+def _layers(a: _Args, num_layers: int, pp: int, vp: int) -> tuple[int, ...]:
+    """Layers per virtual stage in model order (chunk-major, then pipeline rank), as
+    Megatron-Core builds them (transformer_block.py get_num_layers_to_build): its layout string
+    (one '|'-separated segment per virtual stage, 't' a transformer layer, 'E' the embedding,
+    'L' the loss); else per pipeline rank the first and last ranks' counts
+    (--decoder-first/last-pipeline-num-layers) and the rest even, or all even (the embedding
+    and loss counted as a layer each where the split accounts for them), each rank's count
+    even over its vp virtual stages."""
+    layout = a.text("pipeline_model_parallel_layout")
+    if layout is not None:
+        segs = layout.split("|")
+        if len(segs) != pp * vp or set(layout) - set("tEL|"):
+            a.fail("pipeline_model_parallel_layout",
+                   f"layout {layout!r} is not {pp * vp} segments of transformer layers ('t'), "
+                   "the embedding ('E') and the loss ('L')")
+        return tuple(s.count("t") for s in segs)
+    first = a.integer("decoder_first_pipeline_num_layers", default=0)
+    last = a.integer("decoder_last_pipeline_num_layers", default=0)
+    emb = a.flag("account_for_embedding_in_pipeline_split")
+    loss = a.flag("account_for_loss_in_pipeline_split")
+    if first or last:
+        left, rest = pp - bool(first) - bool(last), num_layers - first - last
+        if rest < 0 or (rest % left if left else rest):
+            a.fail("decoder_first_pipeline_num_layers", f"{num_layers} layers do not split "
+                   f"over {pp} pipeline ranks with {first} first and {last} last")
+        per_rank = [rest // left if left else 0] * pp
+        per_rank[0] = first or per_rank[0]
+        per_rank[-1] = last or per_rank[-1]
+    else:
+        per_rank = [(num_layers + emb + loss) // pp] * pp
+    if sum(per_rank) != num_layers + (0 if first or last else emb + loss) or \
+            any(r % vp for r in per_rank):
+        a.fail("num_layers", f"{num_layers} layers do not split evenly over {pp} pipeline "
+               f"ranks of {vp} virtual stages")
+    out = [r // vp for _c in range(vp) for r in per_rank]
+    if emb and not (first or last):
+        out[0] -= 1
+    if loss and not (first or last):
+        out[-1] -= 1
+    return tuple(out)
+
+
+def _model(a: _Args, vocab: int, name: str) -> ModelSpec:
+    """The architecture the run built."""
+    if a.flag("multi_latent_attention"):
+        a.fail("multi_latent_attention", "latent attention's dimensions are not read from a "
+               "log")
+    heads = a.integer("num_attention_heads")
+    hidden = a.integer("hidden_size")
+    pos = a.text("position_embedding_type", "learned_absolute")
+    if pos not in _POSITIONS:
+        a.fail("position_embedding_type", f"{pos!r} is not priced (rope, learned_absolute, "
+               "none)")
+    norm = a.text("normalization", "LayerNorm")
+    if norm not in _NORMS:
+        a.fail("normalization", f"{norm!r} is not priced (RMSNorm, LayerNorm)")
+    kv = a.integer("kv_channels", default=0)
+    experts = a.integer("num_experts", default=0)
+    moe: dict = {}
+    if experts:
+        ffn_e = a.integer("moe_ffn_hidden_size", default=0)
+        shared = a.integer("moe_shared_expert_intermediate_size", default=0)
+        if shared and (not ffn_e or shared % ffn_e):
+            a.fail("moe_shared_expert_intermediate_size", f"{shared} is not a whole number of "
+                   f"experts of {ffn_e}")
+        freq = a.text("moe_layer_freq", "1")
+        dense = 0
+        if freq != "1":
+            try:
+                pattern = ast.literal_eval(freq)
+            except (ValueError, SyntaxError):
+                pattern = None
+            if not isinstance(pattern, list) or pattern != sorted(pattern) or \
+                    set(pattern) - {0, 1} or len(pattern) != a.integer("num_layers"):
+                a.fail("moe_layer_freq", f"{freq} is not one entry per layer, leading dense "
+                       "layers (0) then experts (1)")
+            dense = pattern.count(0)
+        moe = dict(num_experts=experts, moe_topk=a.integer("moe_router_topk"),
+                   moe_ffn_hidden_size=ffn_e if ffn_e != a.integer("ffn_hidden_size") else 0,
+                   moe_shared_experts=shared // ffn_e if shared else 0,
+                   first_dense_layers=dense)
+    return ModelSpec(
+        name=name, num_layers=a.integer("num_layers"), hidden_size=hidden, num_heads=heads,
+        num_kv_heads=a.integer("num_query_groups") if a.flag("group_query_attention") else heads,
+        ffn_hidden_size=a.integer("ffn_hidden_size"), vocab_size=vocab,
+        seq_length=a.integer("max_position_embeddings", default=0) or a.integer("seq_length"),
+        gated_mlp=a.flag("swiglu"),
+        tied_embeddings=not a.flag("untie_embeddings_and_output_weights"),
+        position_embedding=_POSITIONS[pos], norm=_NORMS[norm],
+        bias=a.flag("add_bias_linear", True),
+        dropout=a.number("hidden_dropout", 0.1, hi=1.0) > 0 or
+        a.number("attention_dropout", 0.1, hi=1.0) > 0,
+        kv_channels=kv if kv and kv * heads != hidden else 0,
+        rope_base=a.number("rotary_base", 0.0) if pos == "rope" else 0.0,
+        rotary_percent=a.number("rotary_percent", 1.0), source=name, **moe)
+
+
+def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, source: str,
+                            vocab: int | None = None) -> tuple[ModelSpec, JobSpec, Plan]:
+    """(model, job, plan) of the run whose arguments block is `printed`, on `cluster`.
+    `vocab`: the padded vocabulary the log printed (' > padded vocab ... (new size: N)'), else
+    padded from the printed --vocab-size as Megatron-LM pads it."""
+    a = _Args(printed, source)
+    tp, pp, cp = (a.integer("tensor_model_parallel_size"), a.integer("pipeline_model_parallel_size"),
+                  a.integer("context_parallel_size", default=1))
+    dp = a.integer("data_parallel_size")
+    if tp * pp * cp * dp != cluster.num_gpus:
+        a.fail("data_parallel_size", f"TP {tp} x PP {pp} x CP {cp} x DP {dp} = "
+               f"{tp * pp * cp * dp} GPUs ran, the cluster has {cluster.num_gpus}")
+    if a.flag("use_tp_pp_dp_mapping"):
+        a.fail("use_tp_pp_dp_mapping", "the tp-pp-dp rank order is not read back from a log")
+    model = _model(a, vocab or padded_vocab(a, tp), f"{source} (Megatron-LM arguments)")
+    fp8 = a.text("fp8") is not None
+    recipe = a.text("fp8_recipe", "delayed")
+    if fp8 and recipe not in ("delayed", "tensorwise"):
+        a.fail("fp8_recipe", f"{recipe!r} is not priced (delayed, tensorwise)")
+    cap = a.number("moe_expert_capacity_factor", 1.0)
+    if model.num_experts and cap != 1.0 and not a.flag("moe_pad_expert_input_to_capacity"):
+        a.fail("moe_pad_expert_input_to_capacity", "token dropping without padding to "
+               "capacity is not priced (each expert's load is the router's)")
+    precision = "bf16" if a.flag("bf16") else "fp16" if a.flag("fp16") else "fp32"
+    job = JobSpec(global_batch=a.integer("global_batch_size"), seq_length=a.integer("seq_length"),
+                  precision=precision, fp8=fp8, fp8_recipe=recipe if fp8 else "delayed",
+                  attention="eager" if a.text("attention_backend", "") in (
+                      "AttnBackend.unfused", "unfused") else "flash",
+                  framework="megatron", grad_reduce_in_bf16=a.flag("grad_reduce_in_bf16"),
+                  fp8_param_gather=a.flag("fp8_param_gather"),
+                  moe_capacity_factor=cap if model.num_experts else 1.0, source=source)
+    granularity = a.text("recompute_granularity")
+    if granularity is None:
+        recompute = "none"
+    elif granularity == "selective" and a.text("recompute_modules") in (None, "['core_attn']"):
+        recompute = "selective"
+    elif granularity == "full" and a.text("recompute_method") == "uniform" and \
+            a.integer("recompute_num_layers", default=0) == 1:
+        recompute = "full"
+    else:
+        a.fail("recompute_granularity", "recompute other than full (uniform, one layer per "
+               "group) or selective core attention is not priced")
+    if a.flag("use_megatron_fsdp"):
+        strategy = a.text("data_parallel_sharding_strategy")
+        if strategy not in _FSDP_ZERO:
+            a.fail("data_parallel_sharding_strategy", f"{strategy!r} is not priced "
+                   "(optim_grads, optim_grads_params)")
+        zero = _FSDP_ZERO[strategy]
+    else:
+        zero = int(a.flag("use_distributed_optimizer"))
+    vp = a.integer("virtual_pipeline_model_parallel_size", default=1)
+    if vp < 1:
+        a.fail("virtual_pipeline_model_parallel_size", f"printed {vp}, not a count of stages")
+    etp = a.integer("expert_tensor_parallel_size", default=tp) if model.num_experts else tp
+    if etp < 1:
+        a.fail("expert_tensor_parallel_size", f"printed {etp}, not a degree")
+    etp = 0 if etp == tp else etp  # the plan's 0: expert TP = TP
+    plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp,
+                     ep=a.integer("expert_model_parallel_size", default=1),
+                     etp=etp,
+                     micro_batch=a.integer("micro_batch_size"),
+                     schedule="interleaved" if vp > 1 else "1f1b", chunks=vp,
+                     layers=_layers(a, model.num_layers, pp, vp), recompute=recompute,
+                     sequence_parallel=a.flag("sequence_parallel"), zero=zero, fp8=fp8,
+                     tp_comm_overlap=a.flag("tp_comm_overlap"),
+                     overlap_grad_reduce=a.flag("overlap_grad_reduce"),
+                     overlap_param_gather=a.flag("overlap_param_gather"))
+    return model, job, plan

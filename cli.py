@@ -650,7 +650,9 @@ def _plan_from_log(reading, cluster_name: str):
                         field="log")
     c = load_cluster(cluster_name)
     m, job, pl = plan_from_megatron_args(reading.megatron_args[-1], c, source=reading.path,
-                                         vocab=reading.padded_vocab)
+                                         vocab=reading.padded_vocab,
+                                         deepspeed_zero=reading.deepspeed_zero,
+                                         deepspeed_layers=reading.deepspeed_layers)
     return m, job, c, pl
 
 

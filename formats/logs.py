@@ -87,6 +87,13 @@ _ARG = re.compile(r"(?:^|\]:)  (\w+) (?:\.+ | )(.*?)\s*$")
 # megatron/training/tokenizer): ' > padded vocab (size: {}) with {} dummy tokens (new size: {})'
 _PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: "
                            r"(\d+)\)")
+# DeepSpeed's engine configuration print (deepspeed/runtime/config.py, DeepSpeedConfig.print:
+# '  {name} {dots} {value}' under '[INFO] [config.py:...:print]'), and its pipeline module's
+# partition (deepspeed/runtime/pipe/module.py, _partition_layers: 'stage={stage}
+# layers={count}', then '    {index}: {layer name}' per layer)
+_DS_ZERO = re.compile(r"\bzero_optimization_stage \.+ (\d+)")
+_DS_STAGE = re.compile(r"^stage=(\d+) layers=\d+\s*$")
+_DS_LAYER = re.compile(r"^\s+\d+: (\S+)")
 _TITAN_VALIDATION = re.compile(r"validate step:\s*\d+\s.*?tps:\s*" + _NUM)
 # a training process starting: Megatron-LM's print_datetime('before the start of training
 # step') (megatron/training/training.py, train loop set-up: '[{string}] datetime: {time}'),
@@ -125,6 +132,10 @@ class LogReading:
     megatron_args: list = field(default_factory=list)
     # the vocabulary Megatron-LM built, from its ' > padded vocab ... (new size: N)' line
     padded_vocab: int | None = None
+    # Megatron-DeepSpeed: the ZeRO stage DeepSpeed's engine printed with its configuration,
+    # and the transformer layers its pipeline engine put on each stage
+    deepspeed_zero: int | None = None
+    deepspeed_layers: tuple = ()
 
     def at_batch(self, global_batch: int) -> list[float]:
         """The readings of a run at this global batch: where the log prints its batch, those
@@ -182,7 +193,8 @@ def read_log(path) -> LogReading:
     """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
     src = str(path)
     args = _ArgBlocks()
-    vocab = None
+    vocab = ds_zero = None
+    ds_stage, ds_layers = None, {}  # the partition's stage being listed; stage -> its layers
     found = []  # (framework, process, step, global batch or None, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
@@ -208,6 +220,15 @@ def read_log(path) -> LogReading:
         args.feed(line)
         if (m := _PADDED_VOCAB.search(line)):
             vocab = int(m.group(1))
+        if (m := _DS_ZERO.search(line)):
+            ds_zero = int(m.group(1))
+        if (m := _DS_STAGE.match(line)):
+            ds_stage = int(m.group(1))
+            ds_layers[ds_stage] = 0
+        elif ds_stage is not None and (m := _DS_LAYER.match(line)):
+            ds_layers[ds_stage] += "TransformerLayer" in m.group(1)
+        else:
+            ds_stage = None
         rank = int(m.group(1)) if (m := _RANK.search(line)) else None
         if _START.search(line):
             starts[rank] = starts.get(rank, 0) + 1
@@ -269,7 +290,9 @@ def read_log(path) -> LogReading:
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
                          processes=len(seen), validation_lines=validation, batches=batches,
                          megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [],
-                         padded_vocab=vocab)
+                         padded_vocab=vocab, deepspeed_zero=ds_zero,
+                         deepspeed_layers=tuple(ds_layers[k] for k in sorted(ds_layers))
+                         if sorted(ds_layers) == list(range(len(ds_layers))) else ())
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

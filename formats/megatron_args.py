@@ -9,7 +9,9 @@ adds); the mapping is the inverse of launch/emit.py `megatron_args`. What the co
 price as the run ran it is refused in one line naming the argument (latent attention, a layout
 with other than transformer layers, recompute other than Megatron's full-uniform-1 or
 selective core attention, token dropping without padding, FP8 recipes other than delayed and
-tensorwise, the tp-pp-dp rank order), never approximated.
+tensorwise, the tp-pp-dp rank order, activations partitioned over tensor ranks), never
+approximated. Megatron-DeepSpeed logs (--deepspeed) read with DeepSpeed's own prints: its ZeRO
+stage and its pipeline partition.
 """
 
 from __future__ import annotations
@@ -137,6 +139,15 @@ def _layers(a: _Args, num_layers: int, pp: int, vp: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _deepspeed_layers(a: _Args, printed: tuple, pp: int, num_layers: int) -> tuple[int, ...]:
+    """The transformer layers DeepSpeed's pipeline engine put on each stage, as it printed
+    them (one count per stage, summing to the model's layers)."""
+    if len(printed) != pp or sum(printed) != num_layers:
+        a.fail("pipeline_model_parallel_size", f"DeepSpeed's pipeline partition print gives "
+               f"{list(printed) or 'no stages'}, not {num_layers} layers over {pp} stages")
+    return tuple(printed)
+
+
 def _model(a: _Args, vocab: int, name: str) -> ModelSpec:
     """The architecture the run built."""
     if a.flag("multi_latent_attention"):
@@ -192,11 +203,53 @@ def _model(a: _Args, vocab: int, name: str) -> ModelSpec:
         rotary_percent=a.number("rotary_percent", 1.0), source=name, **moe)
 
 
+def _attention(a: _Args) -> str:
+    """flash or eager (scores stored): Megatron-Core's --attention-backend (its unfused and
+    local backends store the scores, flash, fused and auto do not); before it,
+    Megatron-DeepSpeed's --use-flash-attn(-v2); a log that prints neither ran Megatron's
+    fused scale-mask-softmax, which stores the scores."""
+    backend = a.text("attention_backend")
+    if backend is not None:
+        return "eager" if backend.split(".")[-1] in ("unfused", "local") else "flash"
+    if a.flag("use_flash_attn") or a.flag("use_flash_attn_v2"):
+        return "flash"
+    return "eager"
+
+
+def _recompute(a: _Args) -> str:
+    """none, selective or full: --recompute-granularity, or before it (Megatron-LM to 2022,
+    Megatron-DeepSpeed) --checkpoint-activations with --checkpoint-num-layers 1 (every layer
+    recomputed from its input: full)."""
+    for name in ("distribute_saved_activations", "distribute_checkpointed_activations",
+                 "partition_activations"):
+        if a.flag(name):
+            a.fail(name, "activations partitioned over tensor-parallel ranks are not priced")
+    if "recompute_granularity" not in a.p and a.flag("checkpoint_activations"):
+        if a.integer("checkpoint_num_layers", default=1) != 1:
+            a.fail("checkpoint_num_layers", "recompute in groups of more than one layer is "
+                   "not priced")
+        return "full"
+    granularity = a.text("recompute_granularity")
+    if granularity is None:
+        return "none"
+    if granularity == "selective" and a.text("recompute_modules") in (None, "['core_attn']"):
+        return "selective"
+    if granularity == "full" and a.text("recompute_method") == "uniform" and \
+            a.integer("recompute_num_layers", default=0) == 1:
+        return "full"
+    a.fail("recompute_granularity", "recompute other than full (uniform, one layer per group) "
+           "or selective core attention is not priced")
+
+
 def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, source: str,
-                            vocab: int | None = None) -> tuple[ModelSpec, JobSpec, Plan]:
+                            vocab: int | None = None, deepspeed_zero: int | None = None,
+                            deepspeed_layers: tuple = ()) -> tuple[ModelSpec, JobSpec, Plan]:
     """(model, job, plan) of the run whose arguments block is `printed`, on `cluster`.
     `vocab`: the padded vocabulary the log printed (' > padded vocab ... (new size: N)'), else
-    padded from the printed --vocab-size as Megatron-LM pads it."""
+    padded from the printed --vocab-size as Megatron-LM pads it. A Megatron-DeepSpeed run
+    (--deepspeed) follows DeepSpeed's rules (the cost model's deepspeed framework): its ZeRO
+    stage is the one DeepSpeed's engine printed (`deepspeed_zero`), its layers per pipeline
+    stage those its pipeline engine printed (`deepspeed_layers`)."""
     a = _Args(printed, source)
     tp, pp, cp = (a.integer("tensor_model_parallel_size"), a.integer("pipeline_model_parallel_size"),
                   a.integer("context_parallel_size", default=1))
@@ -216,25 +269,20 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
         a.fail("moe_pad_expert_input_to_capacity", "token dropping without padding to "
                "capacity is not priced (each expert's load is the router's)")
     precision = "bf16" if a.flag("bf16") else "fp16" if a.flag("fp16") else "fp32"
+    ds = a.flag("deepspeed")
     job = JobSpec(global_batch=a.integer("global_batch_size"), seq_length=a.integer("seq_length"),
                   precision=precision, fp8=fp8, fp8_recipe=recipe if fp8 else "delayed",
-                  attention="eager" if a.text("attention_backend", "") in (
-                      "AttnBackend.unfused", "unfused") else "flash",
-                  framework="megatron", grad_reduce_in_bf16=a.flag("grad_reduce_in_bf16"),
+                  attention=_attention(a), framework="deepspeed" if ds else "megatron",
+                  grad_reduce_in_bf16=a.flag("grad_reduce_in_bf16"),
                   fp8_param_gather=a.flag("fp8_param_gather"),
                   moe_capacity_factor=cap if model.num_experts else 1.0, source=source)
-    granularity = a.text("recompute_granularity")
-    if granularity is None:
-        recompute = "none"
-    elif granularity == "selective" and a.text("recompute_modules") in (None, "['core_attn']"):
-        recompute = "selective"
-    elif granularity == "full" and a.text("recompute_method") == "uniform" and \
-            a.integer("recompute_num_layers", default=0) == 1:
-        recompute = "full"
-    else:
-        a.fail("recompute_granularity", "recompute other than full (uniform, one layer per "
-               "group) or selective core attention is not priced")
-    if a.flag("use_megatron_fsdp"):
+    recompute = _recompute(a)
+    if ds:
+        if deepspeed_zero is None:
+            a.fail("deepspeed", "a Megatron-DeepSpeed log without DeepSpeed's configuration "
+                   "print (zero_optimization_stage)")
+        zero = deepspeed_zero
+    elif a.flag("use_megatron_fsdp"):
         strategy = a.text("data_parallel_sharding_strategy")
         if strategy not in _FSDP_ZERO:
             a.fail("data_parallel_sharding_strategy", f"{strategy!r} is not priced "
@@ -254,7 +302,9 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                      etp=etp,
                      micro_batch=a.integer("micro_batch_size"),
                      schedule="interleaved" if vp > 1 else "1f1b", chunks=vp,
-                     layers=_layers(a, model.num_layers, pp, vp), recompute=recompute,
+                     layers=_deepspeed_layers(a, deepspeed_layers, pp, model.num_layers)
+                     if ds and pp > 1 else _layers(a, model.num_layers, pp, vp),
+                     recompute=recompute,
                      sequence_parallel=a.flag("sequence_parallel"), zero=zero, fp8=fp8,
                      tp_comm_overlap=a.flag("tp_comm_overlap"),
                      overlap_grad_reduce=a.flag("overlap_grad_reduce"),

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cli import app
 from formats import presets
 from formats.clusters import uniform_cluster
-from formats.logs import WARMUP_READINGS, read_log
+from formats.logs import WARMUP_READINGS, megatron_arg_blocks, read_log
 from formats.profile import load_profile, save_profile
 from model.calibration import Run, _predict, apply_profile, fit, interval_s
 from model.errors import SpecError
@@ -208,7 +208,6 @@ def test_plan_read_from_megatron_arguments():
     rank, even over its virtual stages) and a mixture of experts too; what the cost model
     cannot price as it ran is refused naming the argument."""
     from formats.clusters import cluster as load_cluster
-    from formats.logs import megatron_arg_blocks
     from formats.megatron_args import plan_from_megatron_args
     from model.estimator import estimate
 
@@ -251,6 +250,53 @@ def test_plan_read_from_megatron_arguments():
     with pytest.raises(SpecError) as e:  # the run's GPUs against the cluster's
         read(_set_arg(text, "data_parallel_size", 4))
     assert "cluster has 64" in str(e.value)
+
+
+def test_plan_read_from_older_megatron_and_megatron_deepspeed_logs(tmp_path):
+    """Older arguments blocks: --checkpoint-activations (1 layer per group) is full recompute,
+    no attention backend printed is Megatron's fused softmax (scores stored: eager); a
+    Megatron-DeepSpeed run (--deepspeed) takes DeepSpeed's printed ZeRO stage and pipeline
+    partition (deepspeed/runtime/config.py DeepSpeedConfig.print, dots 29 - len(name);
+    deepspeed/runtime/pipe/module.py _partition_layers: 'stage={s} layers={n}', then
+    '    {index:2d}: {name}'), and refuses without them."""
+    from formats.clusters import cluster as load_cluster
+    from formats.megatron_args import plan_from_megatron_args
+
+    text = (LOGS / "megatron_args_70b.txt").read_text()
+    old = re.sub(r"(?m)^  (recompute_\w+|attention_backend) .*\n", "", text)
+    old = _set_arg(_set_arg(old, "sequence_parallel", False), "use_distributed_optimizer", False)
+    old = old.replace("-------------------- end of arguments",
+                      f"  checkpoint_activations {'.' * 26} True\n"
+                      f"  checkpoint_num_layers {'.' * 27} 1\n"
+                      f"  deepspeed {'.' * 39} True\n"
+                      "-------------------- end of arguments")
+    timing = (LOGS / "megatron.log").read_text()
+    stages = "".join(f"stage={k} layers={20 + (k in (0, 3)) * 2}\n"
+                     + ("     0: EmbeddingPipe\n     1: <lambda>\n" if k == 0 else "")
+                     + "".join(f"    {2 + 20 * k + i:2d}: ParallelTransformerLayerPipe\n"
+                               for i in range(20))
+                     + ("    82: <lambda>\n    83: EmbeddingPipe\n" if k == 3 else "")
+                     for k in range(4))
+    ds_config = ("[2021-06-10 20:47:51,887] [INFO] [config.py:904:print]   "
+                 f"zero_optimization_stage {'.' * 6} 1\n")
+    log = tmp_path / "ds.log"
+    log.write_text(old + stages + ds_config + timing)
+    r = read_log(log)
+    assert r.deepspeed_zero == 1 and r.deepspeed_layers == (20, 20, 20, 20)
+    m, job, plan = plan_from_megatron_args(r.megatron_args[-1], load_cluster("example"),
+                                           source="t", deepspeed_zero=r.deepspeed_zero,
+                                           deepspeed_layers=r.deepspeed_layers)
+    assert (plan.shape.recompute, plan.shape.zero, plan.shape.layers) == \
+        ("full", 1, (20, 20, 20, 20))
+    assert (job.attention, job.framework) == ("eager", "deepspeed")
+    with pytest.raises(SpecError) as e:  # no DeepSpeed configuration print
+        plan_from_megatron_args(r.megatron_args[-1], load_cluster("example"), source="t")
+    assert e.value.field == "deepspeed"
+    with pytest.raises(SpecError) as e:  # checkpointing in groups of two layers
+        plan_from_megatron_args(megatron_arg_blocks(_set_arg(old, "checkpoint_num_layers", 2))[0],
+                                load_cluster("example"), source="t", deepspeed_zero=1,
+                                deepspeed_layers=(20,) * 4)
+    assert e.value.field == "checkpoint_num_layers"
 
 
 def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):

@@ -578,6 +578,9 @@ def calibrate(
         "(preset or file; one per log or one for all); the plan is read from the arguments "
         "the log printed, ranks in Megatron-LM's order over the cluster's nodes as listed.")]
     = None,
+    hostfile: Annotated[Optional[list[Path]], typer.Option(
+        "--hostfile", help="With --cluster: the hostfile each run used (one per log or one for "
+        "all): ranks fill the nodes in its order, not the cluster file's.")] = None,
     fit_params: Annotated[str, typer.Option(
         "--fit", help="Time parameters to fit, comma-separated: gemm_scale, attention_scale, "
         "network_scale, nvlink_scale, hbm_scale, intra_latency_scale, "
@@ -603,10 +606,14 @@ def calibrate(
         raise SpecError("give --plan (the plan file each log ran), or --cluster to read each "
                         "Megatron-LM log's plan from the arguments it printed; not both",
                         source="options", field="--plan" if plan else "--cluster")
+    if hostfile and not cluster:
+        raise SpecError("--hostfile goes with --cluster (a plan file records its placement)",
+                        source="options", field="--hostfile")
     given, flag = (plan, "--plan") if plan else (cluster, "--cluster")
-    if len(given) not in (1, len(logs)):
-        raise SpecError(f"{len(given)} {flag} for {len(logs)} logs; give one per log or one "
-                        "for all", source="options", field=flag)
+    for lst, name in ((given, flag), (hostfile or [None], "--hostfile")):
+        if len(lst) not in (1, len(logs)):
+            raise SpecError(f"{len(lst)} {name} for {len(logs)} logs; give one per log or one "
+                            "for all", source="options", field=name)
     runs, gpus, readings = [], set(), []
     for k, log in enumerate(logs):
         one = given[k if len(given) > 1 else 0]
@@ -615,7 +622,8 @@ def calibrate(
             m, job, c, pl, opts, _meta = load_plan(one)
             described = None
         else:
-            m, job, c, pl = _plan_from_log(reading, one)
+            hosts = (hostfile or [None])[k if hostfile and len(hostfile) > 1 else 0]
+            m, job, c, pl = _plan_from_log(reading, one, hosts)
             opts, described = Options(), pl.shape.describe()
         _check_logged_args(reading, m, job, pl, one if plan else "read from its arguments")
         readings.append((reading, job.global_batch, described))
@@ -637,10 +645,12 @@ def calibrate(
     render.print_calibration(prof, out, readings)
 
 
-def _plan_from_log(reading, cluster_name: str):
+def _plan_from_log(reading, cluster_name: str, hostfile: Path | None):
     """(model, job, cluster, plan) of a Megatron-LM log's run, from the arguments it printed
-    (its last block: a restart's), on the named cluster."""
+    (its last block: a restart's), on the named cluster, ranks over its nodes in the
+    hostfile's order where one is given."""
     from formats.clusters import cluster as load_cluster
+    from formats.clusters import hostfile_order
     from formats.megatron_args import plan_from_megatron_args
     from model.errors import SpecError
 
@@ -652,7 +662,9 @@ def _plan_from_log(reading, cluster_name: str):
     m, job, pl = plan_from_megatron_args(reading.megatron_args[-1], c, source=reading.path,
                                          vocab=reading.padded_vocab,
                                          deepspeed_zero=reading.deepspeed_zero,
-                                         deepspeed_layers=reading.deepspeed_layers)
+                                         deepspeed_layers=reading.deepspeed_layers,
+                                         node_order=hostfile_order(hostfile, c) if hostfile
+                                         else None)
     return m, job, c, pl
 
 

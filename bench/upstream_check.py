@@ -63,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 from formats import presets  # noqa: E402
 from formats.clusters import SynthParams, cluster, synth_cluster, uniform_cluster  # noqa: E402
+from formats.clusters import hostfile_order  # noqa: E402
 from formats.logs import megatron_arg_blocks  # noqa: E402
 from launch.emit import emit, megatron_args_mismatch, megatron_planned_args  # noqa: E402
 from model.estimator import estimate, make_plan  # noqa: E402
@@ -642,13 +643,15 @@ def check_bridge(python: str, bridge: str, megatron: str, work: Path) -> int:
                               "dataset.blend=[[/data/corpus_text_document],null]"])
 
 
-def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None) -> int:
+def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None,
+                       hostfile: Path | None = None) -> int:
     """`calibrate` on the arguments block Megatron itself printed for the launch set emitted
     from the plan (runners that print none, printed None, skip this): its check of a log
     against its plan must pass, every name it checks must be printed, and the plan it reads
     back from the block (`calibrate --cluster`) must be the plan, costing the same once placed
     in Megatron-LM's order (a log does not record placement), but where warnings.txt announced
-    the difference or the reader refuses what it cannot price. Returns 1 on a failure (printed)
+    the difference or the reader refuses what it cannot price. Ranks fill the nodes in the
+    order of the emitted `hostfile` (calibrate --hostfile). Returns 1 on a failure (printed)
     or 0."""
     import dataclasses
 
@@ -671,7 +674,9 @@ def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None) -
     if missing:  # a name Megatron no longer prints is a check calibrate no longer makes
         print(f"    calibrate's argument check: not printed by Megatron: {', '.join(missing)}")
     try:
-        m2, j2, p2 = plan_from_megatron_args(printed_args, c, source="log")
+        m2, j2, p2 = plan_from_megatron_args(
+            printed_args, c, source="log",
+            node_order=hostfile_order(hostfile, c) if hostfile else None)
     except SpecError as e:
         print(f"    plan read from the arguments: refused ({e.field}), calibrate needs --plan")
         return bool(diff) or bool(missing)
@@ -679,7 +684,9 @@ def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None) -
              if getattr(plan.shape, f.name) != getattr(p2.shape, f.name)]
     kinds = {k.group(1) for w in warns if (k := re.search(r"\[(\w+)\]", w))}
     unwarned = [f for f in moved if not (f == "schedule" and "schedule" in kinds)]
-    t_plan = estimate(m, job, c, dataclasses.replace(plan, placement=p2.placement))
+    if plan.placement != p2.placement:
+        moved.append("placement")
+    t_plan = estimate(m, job, c, plan)
     t_read = estimate(m2, j2, c, p2)
     same = t_plan.iteration_ms == t_read.iteration_ms and \
         t_plan.peak_memory_gib == t_read.peak_memory_gib
@@ -725,7 +732,7 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
     print(f"\n{label} at {root}; {len(cases)} plans; launch.sh run per node\n")
     _table_header(short)
     bad = 0
-    for (name, m, job, c, plan, warns, recs, fits), v in zip(meta, views):
+    for k, ((name, m, job, c, plan, warns, recs, fits), v) in enumerate(zip(meta, views)):
         if not v["accepted"]:
             bad += 1
             rejected(name, fits, f"{v['error']} ({v['where']})")
@@ -733,7 +740,8 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
         good, total = check_ranks(c, plan, recs, v["groups"])
         bad += report(name, fits, short, compare(m, job, plan, v), warns, f"{good}/{total}")
         bad += good != total
-        bad += check_printed_args(m, job, c, plan, warns, v.get("printed"))
+        bad += check_printed_args(m, job, c, plan, warns, v.get("printed"),
+                                  work / f"{label}{k}" / "hostfile")
         if v["order"] != "tp-cp-ep-dp-pp":
             print(f"    rank order {v['order']} (use_tp_pp_dp_mapping)")
     print(f"\n{len(cases) - bad}/{len(cases)} plans accepted with every difference warned "

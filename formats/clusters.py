@@ -304,3 +304,29 @@ def cluster(name_or_path: str) -> ClusterSpec:
 
 def cluster_names() -> list[str]:
     return sorted(q.stem for q in presets.data_path("clusters").glob("*.toml"))
+
+
+def hostfile_order(path, cluster: ClusterSpec) -> list[int]:
+    """The cluster's node indices in the order a hostfile lists them: one host per line, the
+    first word its name (`name slots=N`, the DeepSpeed / OpenMPI format launch/ranks.py writes,
+    or a bare name as `scontrol show hostnames` prints); '#' starts a comment. Every node of
+    the cluster once, and nothing else."""
+    src = str(path)
+    index = {nd.name: k for k, nd in enumerate(cluster.nodes)}
+    order: list[int] = []
+    for line in read_text(path, field="hostfile", what="the hostfile").splitlines():
+        name = line.split("#", 1)[0].split()
+        if not name:
+            continue
+        if name[0] not in index:
+            raise SpecError(f"host {name[0]!r} is not a node of cluster {cluster.name!r}",
+                            source=src, field="hostfile")
+        if index[name[0]] in order:
+            raise SpecError(f"host {name[0]!r} is listed twice", source=src, field="hostfile")
+        order.append(index[name[0]])
+    if len(order) != cluster.num_nodes:
+        missing = [nd.name for k, nd in enumerate(cluster.nodes) if k not in order]
+        raise SpecError(f"{len(missing)} of the cluster's nodes are not listed (first: "
+                        f"{missing[0]}); list every node the run used", source=src,
+                        field="hostfile")
+    return order

@@ -1,16 +1,17 @@
 """A plan read back from the arguments a Megatron-LM log printed, for `calibrate` without a plan
 file: what the run was (model, job, parallel layout, schedule, recompute, precision) from the
 block `_print_args` writes at start-up (megatron/training/arguments.py, after validate_args:
-the values that ran), on the cluster the user names (ranks in Megatron-LM's default order over
-its nodes in file order, as a hostfile in that order places them).
+the values that ran), on the cluster the user names (ranks in Megatron-LM's order over its nodes
+in the order of the run's hostfile, by default the cluster file's).
 
 The names are Megatron-LM's args namespace (arguments.py and the TransformerConfig fields it
 adds); the mapping is the inverse of launch/emit.py `megatron_args`. What the cost model cannot
 price as the run ran it is refused in one line naming the argument (latent attention, a layout
 with other than transformer layers, recompute other than Megatron's full-uniform-1 or
 selective core attention, token dropping without padding, FP8 recipes other than delayed and
-tensorwise, the tp-pp-dp rank order, activations partitioned over tensor ranks), never
-approximated. Megatron-DeepSpeed logs (--deepspeed) read with DeepSpeed's own prints: its ZeRO
+tensorwise, activations partitioned over tensor ranks), never approximated. Ranks follow
+Megatron-LM's order (tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp where the run says
+--use-tp-pp-dp-mapping). Megatron-DeepSpeed logs (--deepspeed) read with DeepSpeed's own prints: its ZeRO
 stage and its pipeline partition.
 """
 
@@ -22,7 +23,7 @@ import math
 from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import make_plan
-from model.plan import Plan
+from model.plan import Plan, megatron_placement, tp_pp_dp_placement
 from model.specs import JobSpec, ModelSpec
 
 # --position-embedding-type -> the cost model's: 'none' has no position weights and no rotation,
@@ -243,13 +244,16 @@ def _recompute(a: _Args) -> str:
 
 def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, source: str,
                             vocab: int | None = None, deepspeed_zero: int | None = None,
-                            deepspeed_layers: tuple = ()) -> tuple[ModelSpec, JobSpec, Plan]:
+                            deepspeed_layers: tuple = (), node_order: list[int] | None = None
+                            ) -> tuple[ModelSpec, JobSpec, Plan]:
     """(model, job, plan) of the run whose arguments block is `printed`, on `cluster`.
     `vocab`: the padded vocabulary the log printed (' > padded vocab ... (new size: N)'), else
     padded from the printed --vocab-size as Megatron-LM pads it. A Megatron-DeepSpeed run
     (--deepspeed) follows DeepSpeed's rules (the cost model's deepspeed framework): its ZeRO
     stage is the one DeepSpeed's engine printed (`deepspeed_zero`), its layers per pipeline
-    stage those its pipeline engine printed (`deepspeed_layers`)."""
+    stage those its pipeline engine printed (`deepspeed_layers`). `node_order`: the cluster's
+    node indices in the order the run's hostfile lists them (ranks fill nodes in that order;
+    default: the cluster's)."""
     a = _Args(printed, source)
     tp, pp, cp = (a.integer("tensor_model_parallel_size"), a.integer("pipeline_model_parallel_size"),
                   a.integer("context_parallel_size", default=1))
@@ -257,8 +261,6 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     if tp * pp * cp * dp != cluster.num_gpus:
         a.fail("data_parallel_size", f"TP {tp} x PP {pp} x CP {cp} x DP {dp} = "
                f"{tp * pp * cp * dp} GPUs ran, the cluster has {cluster.num_gpus}")
-    if a.flag("use_tp_pp_dp_mapping"):
-        a.fail("use_tp_pp_dp_mapping", "the tp-pp-dp rank order is not read back from a log")
     model = _model(a, vocab or padded_vocab(a, tp), f"{source} (Megatron-LM arguments)")
     fp8 = a.text("fp8") is not None
     recipe = a.text("fp8_recipe", "delayed")
@@ -308,5 +310,8 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                      sequence_parallel=a.flag("sequence_parallel"), zero=zero, fp8=fp8,
                      tp_comm_overlap=a.flag("tp_comm_overlap"),
                      overlap_grad_reduce=a.flag("overlap_grad_reduce"),
-                     overlap_param_gather=a.flag("overlap_param_gather"))
+                     overlap_param_gather=a.flag("overlap_param_gather"),
+                     placement=tp_pp_dp_placement(cluster, tp, pp, dp, cp, node_order)
+                     if a.flag("use_tp_pp_dp_mapping")
+                     else megatron_placement(cluster, tp, pp, dp * cp, node_order))
     return model, job, plan

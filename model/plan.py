@@ -435,18 +435,22 @@ def validate_placement(cluster: ClusterSpec, shape: Shape, pl: Placement,
                 used.add((n, x))
 
 
-def megatron_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int) -> Placement:
-    """Megatron-LM rank order, ranks filling nodes in cluster order."""
-    flat = [(n, g) for n, nd in enumerate(cluster.nodes) for g in range(nd.num_gpus)]
-    if tp * pp * dp != len(flat):
-        raise SpecError(f"TP x PP x DP = {tp * pp * dp} but the cluster has {len(flat)} GPUs",
-                        field="tp/pp/dp")
+def _ordered_placement(cluster: ClusterSpec, tp: int, pp: int, cols: int, first_rank,
+                       node_order: list[int] | None) -> Placement:
+    """The placement of a rank order: ranks fill the nodes in `node_order` (cluster order by
+    default: a hostfile listing them so), each node's GPUs in order; `first_rank(stage,
+    column)` is the first rank of that tensor group, whose TP ranks follow it."""
+    order = range(cluster.num_nodes) if node_order is None else node_order
+    flat = [(n, g) for n in order for g in range(cluster.nodes[n].num_gpus)]
+    if tp * pp * cols != len(flat):
+        raise SpecError(f"TP x PP x DP x CP = {tp * pp * cols} but the cluster has {len(flat)} "
+                        "GPUs", field="tp/pp/dp")
     node, gpus = [], []
     for s in range(pp):
         nrow, grow = [], []
-        for r in range(dp):
-            ranks = [s * tp * dp + r * tp + i for i in range(tp)]
-            members = [flat[k] for k in ranks]
+        for col in range(cols):
+            first = first_rank(s, col)
+            members = flat[first:first + tp]
             if len({n for n, _ in members}) != 1:
                 raise SpecError(f"TP={tp} tensor-parallel group would span nodes; TP must fit "
                                 "inside one node", field="tp")
@@ -455,6 +459,26 @@ def megatron_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int) -> Place
         node.append(tuple(nrow))
         gpus.append(tuple(grow))
     return Placement(tuple(node), tuple(gpus))
+
+
+def megatron_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int,
+                       node_order: list[int] | None = None) -> Placement:
+    """Megatron-LM rank order (tp-cp-ep-dp-pp; `dp` counts the columns, replicas x CP),
+    ranks filling nodes in cluster order (or `node_order`)."""
+    return _ordered_placement(cluster, tp, pp, dp, lambda s, col: s * tp * dp + col * tp,
+                              node_order)
+
+
+def tp_pp_dp_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, cp: int = 1,
+                       node_order: list[int] | None = None) -> Placement:
+    """Megatron-LM's rank order under --use-tp-pp-dp-mapping (tp-cp-ep-pp-dp: rank = replica
+    x TP x CP x PP + stage x TP x CP + cp_rank x TP + tensor rank; launch/ranks.py), ranks
+    filling nodes in cluster order (or `node_order`); columns replica x CP + cp_rank as
+    megatron_placement's."""
+    def first(s: int, col: int) -> int:
+        r, c = divmod(col, cp)
+        return r * tp * cp * pp + s * tp * cp + c * tp
+    return _ordered_placement(cluster, tp, pp, dp * cp, first, node_order)
 
 
 def block_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, stages_per_node: int,

@@ -210,6 +210,7 @@ def test_plan_read_from_megatron_arguments():
     from formats.clusters import cluster as load_cluster
     from formats.megatron_args import plan_from_megatron_args
     from model.estimator import estimate
+    from model.plan import tp_pp_dp_placement
 
     ex = load_cluster("example")
     text = (LOGS / "megatron_args_70b.txt").read_text()
@@ -239,7 +240,12 @@ def test_plan_read_from_megatron_arguments():
     assert read(fl).layers == (9, 11, 11, 9, 9, 11, 11, 9)
     mx = read((LOGS / "megatron_args_mixtral.txt").read_text())
     assert (mx.tp, mx.pp, mx.ep, mx.etp, mx.chunks, mx.layers) == (2, 4, 8, 1, 2, (4,) * 8)
-    for name, value in (("multi_latent_attention", True), ("use_tp_pp_dp_mapping", True),
+    mapped = plan_from_megatron_args(
+        megatron_arg_blocks(_set_arg(text, "use_tp_pp_dp_mapping", True))[0], ex,
+        source="t", node_order=list(range(7, -1, -1)))[2]
+    assert mapped.placement == tp_pp_dp_placement(ex, 8, 4, 2, 1, list(range(7, -1, -1)))
+    assert mapped.placement != plan.placement
+    for name, value in (("multi_latent_attention", True),
                         ("recompute_method", "block"), ("normalization", "Foo")):
         changed = _set_arg(text, name, value)
         if name == "recompute_method":
@@ -326,8 +332,20 @@ def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):
     assert read_log(log).padded_vocab == 32000
     res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--out", str(out)])
     assert res.exit_code == 0, res.output
+    # the run's hostfile: ranks fill its nodes in its order; a host not in the cluster is
+    # one line
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("# hosts\n" + "".join(f"node{k:02d} slots=8\n" for k in range(7, -1, -1)))
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--hostfile",
+                              str(hosts), "--json", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    hosts.write_text("node00\nnodeXX\n")
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--hostfile",
+                              str(hosts), "--out", str(out)])
+    assert res.exit_code == 2 and "nodeXX" in res.output, res.output
     for args in (["calibrate", str(log)],
-                 ["calibrate", str(LOGS / "nemo.log"), "--cluster", "example"]):
+                 ["calibrate", str(LOGS / "nemo.log"), "--cluster", "example"],
+                 ["calibrate", str(log), "--plan", str(out), "--hostfile", str(hosts)]):
         res = runner.invoke(app, args)
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
 

@@ -582,6 +582,9 @@ def calibrate(
     hostfile: Annotated[Optional[list[Path]], typer.Option(
         "--hostfile", help="With --cluster: the hostfile each run used (one per log or one for "
         "all): ranks fill the nodes in its order, not the cluster file's.")] = None,
+    save_plans: Annotated[Optional[Path], typer.Option(
+        "--save-plans", help="With --cluster: write each plan read from a log to this folder "
+        "(<log name>.plan.json, for estimate --plan, emit, or beside solve's choice).")] = None,
     fit_params: Annotated[str, typer.Option(
         "--fit", help="Time parameters to fit, comma-separated: gemm_scale, attention_scale, "
         "network_scale, nvlink_scale, hbm_scale, intra_latency_scale, "
@@ -607,9 +610,10 @@ def calibrate(
         raise SpecError("give --plan (the plan file each log ran), or --cluster to read each "
                         "Megatron-LM log's plan from the arguments it printed; not both",
                         source="options", field="--plan" if plan else "--cluster")
-    if hostfile and not cluster:
-        raise SpecError("--hostfile goes with --cluster (a plan file records its placement)",
-                        source="options", field="--hostfile")
+    if (hostfile or save_plans) and not cluster:
+        raise SpecError(f"{'--hostfile' if hostfile else '--save-plans'} goes with --cluster "
+                        "(the plans are read from the logs then)", source="options",
+                        field="--hostfile" if hostfile else "--save-plans")
     given, flag = (plan, "--plan") if plan else (cluster, "--cluster")
     for lst, name in ((given, flag), (hostfile or [None], "--hostfile")):
         if len(lst) not in (1, len(logs)):
@@ -626,6 +630,12 @@ def calibrate(
             hosts = (hostfile or [None])[k if hostfile and len(hostfile) > 1 else 0]
             m, job, c, pl = _plan_from_log(reading, one, hosts)
             opts, described = Options(), pl.shape.describe()
+            if save_plans:
+                from formats.planfile import save_plan
+                from model.estimator import estimate
+                written = Path(save_plans) / f"{Path(log).name}.plan.json"
+                save_plan(written, m, job, c, pl, estimate(m, job, c, pl, opts), options=opts)
+                described += f" (saved to {written})"
         _check_logged_args(reading, m, job, pl, one if plan else "read from its arguments")
         readings.append((reading, job.global_batch, described))
         gpus |= {nd.gpu.name for nd in c.nodes}

@@ -320,8 +320,11 @@ def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):
     assert "plan read from its arguments: TP=8 PP=4 DP=2 mbs=1 1f1b recompute=selective" in \
         res.output
     res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--json",
-                              "--out", str(out)])
+                              "--out", str(out), "--save-plans", str(tmp_path / "plans")])
     assert json.loads(res.output)["logs"][0]["plan_from_arguments"].startswith("TP=8 PP=4")
+    res = runner.invoke(app, ["estimate", "--plan", str(tmp_path / "plans" / "run.log.plan.json"),
+                              "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["estimate"]["fits"] is True
     # a tokenizer's vocabulary: --vocab-size prints None, the padding line gives the size
     hf = _set_arg((LOGS / "megatron_args_70b.txt").read_text(), "vocab_size", None)
     log.write_text(hf + (LOGS / "megatron.log").read_text())

@@ -574,8 +574,8 @@ def calibrate(
         "--plan", help="The plan file each log ran (--save-plan): one per log, in order, or one "
         "for all.")] = None,
     cluster: Annotated[Optional[list[str]], typer.Option(
-        "--cluster", "-c", help="Instead of --plan, for Megatron-LM and Megatron-DeepSpeed logs: "
-        "the cluster each ran on (preset or file; one per log or one for all); the plan is read "
+        "--cluster", "-c", help="Instead of --plan, for Megatron-LM and Megatron-DeepSpeed "
+        "logs: the cluster each ran on (preset or file; one per log or one for all); the plan is read "
         "from the arguments the log printed, ranks in Megatron-LM's order over the cluster's "
         "nodes as listed (or as --hostfile lists them).")]
     = None,

@@ -7,9 +7,10 @@ time. A log may hold several processes: a job restarted from its checkpoint (a s
 below the one before, or the framework's start-of-training line) warms up again, and each
 rank's lines under torchrun's `[rankN]:` prefix are a process of their own; the warm-up of each
 is skipped. Ranks that print the same step without a prefix (DeepSpeed's timer logs on every
-rank) are one process, every rank's line of a warm-up step skipped. torchtitan's validation lines (`validate step: ..`, forward only) are not training
-steps and are left out. A log with no recognized line, or with too few readings after warm-up,
-is refused with one line naming the file.
+rank) are one process, every rank's line of a warm-up step skipped. torchtitan's validation
+lines (`validate step: ..`, forward only) are not training steps and are left out. A log with
+no recognized line, or with too few readings after warm-up, is refused with one line naming
+the file.
 
 What each framework reports, and how it becomes an iteration time (s) for the job of the plan
 the log is paired with (global batch B, sequence S, G GPUs):
@@ -181,6 +182,53 @@ class _ArgBlocks:
             self.inside = False
 
 
+class _Partition:
+    """DeepSpeed's pipeline partition print (_DS_STAGE), fed line by line: stage -> its
+    transformer layers."""
+
+    def __init__(self):
+        self.stage: int | None = None  # the stage being listed
+        self.layers: dict[int, int] = {}
+
+    def feed(self, line: str) -> None:
+        if (m := _DS_STAGE.match(line)):
+            self.stage = int(m.group(1))
+            self.layers[self.stage] = 0
+        elif self.stage is not None and (m := _DS_LAYER.match(line)):
+            self.layers[self.stage] += "TransformerLayer" in m.group(1)
+        else:
+            self.stage = None
+
+    def per_stage(self) -> tuple[int, ...]:
+        """Layers per stage in stage order; () unless stages 0..n-1 were all printed."""
+        if sorted(self.layers) != list(range(len(self.layers))):
+            return ()
+        return tuple(self.layers[k] for k in range(len(self.layers)))
+
+
+class _Processes:
+    """Which training process each timing reading belongs to, fed line by line: a rank's
+    current one, or a new one when a start-of-training line came since it began (one without
+    a rank prefix applies to every rank, one with a prefix to that rank) or the step falls
+    below its last (an equal step is another rank's line where ranks print without a prefix,
+    as DeepSpeed's timer does)."""
+
+    def __init__(self):
+        self.starts: dict = {None: 0}  # start lines so far: unprefixed (None), per rank
+        self.last: dict = {}  # rank -> (start lines when its process began, restarts, step)
+
+    def start_line(self, rank) -> None:
+        self.starts[rank] = self.starts.get(rank, 0) + 1
+
+    def of(self, rank, step: int) -> tuple:
+        now = (self.starts[None], self.starts.get(rank, 0))
+        began, restarts, prev = self.last.get(rank, (now, 0, None))
+        if prev is not None and (began != now or step < prev):
+            began, restarts = now, restarts + 1
+        self.last[rank] = (began, restarts, step)
+        return rank, restarts
+
+
 def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
     """Each arguments block Megatron-LM printed in `text` (_ArgBlocks)."""
     ab = _ArgBlocks()
@@ -192,60 +240,37 @@ def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
 def read_log(path) -> LogReading:
     """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
     src = str(path)
-    args = _ArgBlocks()
+    args, partition, procs = _ArgBlocks(), _Partition(), _Processes()
     vocab = ds_zero = None
-    ds_stage, ds_layers = None, {}  # the partition's stage being listed; stage -> its layers
     found = []  # (framework, process, step, global batch or None, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
-    # start-of-training lines seen so far: without a rank prefix (they apply to every rank,
-    # key None) and per rank prefix (to that rank only)
-    starts: dict = {None: 0}
-    last: dict = {}  # rank -> (start lines when its process began, restarts, its last step)
     validation = 0
-
-    def process(rank, step: int):
-        """The training process of this reading: the rank's current one, or a new one when
-        a start line came since it began or the step falls below its last (an equal step is
-        another rank's line where ranks print without a prefix, as DeepSpeed's timer does)."""
-        now = (starts[None], starts.get(rank, 0))
-        began, restarts, prev = last.get(rank, (now, 0, None))
-        if prev is not None and (began != now or step < prev):
-            began, restarts = now, restarts + 1
-        last[rank] = (began, restarts, step)
-        return rank, restarts
-
     for line in text_lines(path, field="log", what="the log"):
         line = _ANSI.sub("", line)
         args.feed(line)
+        partition.feed(line)
         if (m := _PADDED_VOCAB.search(line)):
             vocab = int(m.group(1))
         if (m := _DS_ZERO.search(line)):
             ds_zero = int(m.group(1))
-        if (m := _DS_STAGE.match(line)):
-            ds_stage = int(m.group(1))
-            ds_layers[ds_stage] = 0
-        elif ds_stage is not None and (m := _DS_LAYER.match(line)):
-            ds_layers[ds_stage] += "TransformerLayer" in m.group(1)
-        else:
-            ds_stage = None
         rank = int(m.group(1)) if (m := _RANK.search(line)) else None
         if _START.search(line):
-            starts[rank] = starts.get(rank, 0) + 1
+            procs.start_line(rank)
         batch = int(m.group(1)) if (m := _GBS.search(line)) else None
         if (m := _MEGATRON_ITER.search(line)):
             step = int(m.group(1))
-            found.append(("megatron", process(rank, step), step, batch, _f(m.group(2)) / 1e3))
+            found.append(("megatron", procs.of(rank, step), step, batch, _f(m.group(2)) / 1e3))
         elif (m := _TITAN.search(line)):
             step = int(m.group(1))
-            found.append(("torchtitan", process(rank, step), step, None, _f(m.group(3))))
+            found.append(("torchtitan", procs.of(rank, step), step, None, _f(m.group(3))))
             mem.setdefault("torchtitan", []).append(_f(m.group(2)))
         elif (m := _NEMO.search(line)):
             step = int(m.group(1))
-            found.append(("nemo", process(rank, step), step, batch, _f(m.group(2))))
+            found.append(("nemo", procs.of(rank, step), step, batch, _f(m.group(2))))
         elif (m := _DEEPSPEED.search(line)):
             step = int(m.group(1))
-            found.append(("deepspeed", process(rank, step), step, None, _f(m.group(3))))
+            found.append(("deepspeed", procs.of(rank, step), step, None, _f(m.group(3))))
             mem.setdefault("deepspeed", []).append(_f(m.group(5)))
         elif _TITAN_VALIDATION.search(line):
             validation += 1
@@ -291,8 +316,7 @@ def read_log(path) -> LogReading:
                          processes=len(seen), validation_lines=validation, batches=batches,
                          megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [],
                          padded_vocab=vocab, deepspeed_zero=ds_zero,
-                         deepspeed_layers=tuple(ds_layers[k] for k in sorted(ds_layers))
-                         if sorted(ds_layers) == list(range(len(ds_layers))) else ())
+                         deepspeed_layers=partition.per_stage())
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

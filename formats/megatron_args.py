@@ -11,8 +11,8 @@ with other than transformer layers, recompute other than Megatron's full-uniform
 selective core attention, token dropping without padding, FP8 recipes other than delayed and
 tensorwise, activations partitioned over tensor ranks), never approximated. Ranks follow
 Megatron-LM's order (tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp where the run says
---use-tp-pp-dp-mapping). Megatron-DeepSpeed logs (--deepspeed) read with DeepSpeed's own prints: its ZeRO
-stage and its pipeline partition.
+--use-tp-pp-dp-mapping). Megatron-DeepSpeed logs (--deepspeed) are read with DeepSpeed's own
+prints: its ZeRO stage and its pipeline partition.
 """
 
 from __future__ import annotations
@@ -255,8 +255,9 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     node indices in the order the run's hostfile lists them (ranks fill nodes in that order;
     default: the cluster's)."""
     a = _Args(printed, source)
-    tp, pp, cp = (a.integer("tensor_model_parallel_size"), a.integer("pipeline_model_parallel_size"),
-                  a.integer("context_parallel_size", default=1))
+    tp = a.integer("tensor_model_parallel_size")
+    pp = a.integer("pipeline_model_parallel_size")
+    cp = a.integer("context_parallel_size", default=1)
     dp = a.integer("data_parallel_size")
     if tp * pp * cp * dp != cluster.num_gpus:
         a.fail("data_parallel_size", f"TP {tp} x PP {pp} x CP {cp} x DP {dp} = "

@@ -599,49 +599,13 @@ def calibrate(
 ):
     """Fit a few named cost-model parameters to your own runs' logs; write a profile for
     --calibration (fragmentation too, where the logs report reserved memory)."""
-    from formats.logs import read_log
-    from formats.planfile import load_plan
     from formats.profile import save_profile
-    from model.calibration import Run, fit
+    from formats.runs import calibration_runs
+    from model.calibration import fit
     from model.errors import SpecError
-    from model.specs import Options
 
-    if bool(plan) == bool(cluster):
-        raise SpecError("give --plan (the plan file each log ran), or --cluster to read each "
-                        "Megatron-LM log's plan from the arguments it printed; not both",
-                        source="options", field="--plan" if plan else "--cluster")
-    if (hostfile or save_plans) and not cluster:
-        raise SpecError(f"{'--hostfile' if hostfile else '--save-plans'} goes with --cluster "
-                        "(the plans are read from the logs then)", source="options",
-                        field="--hostfile" if hostfile else "--save-plans")
-    given, flag = (plan, "--plan") if plan else (cluster, "--cluster")
-    for lst, name in ((given, flag), (hostfile or [None], "--hostfile")):
-        if len(lst) not in (1, len(logs)):
-            raise SpecError(f"{len(lst)} {name} for {len(logs)} logs; give one per log or one "
-                            "for all", source="options", field=name)
-    runs, gpus, readings = [], set(), []
-    for k, log in enumerate(logs):
-        one = given[k if len(given) > 1 else 0]
-        reading = read_log(log)
-        if plan:
-            m, job, c, pl, opts, _meta = load_plan(one)
-            described = None
-        else:
-            hosts = (hostfile or [None])[k if hostfile and len(hostfile) > 1 else 0]
-            m, job, c, pl = _plan_from_log(reading, one, hosts)
-            opts, described = Options(), pl.shape.describe()
-            if save_plans:
-                from formats.planfile import save_plan
-                from model.estimator import estimate
-                written = Path(save_plans) / f"{Path(log).name}.plan.json"
-                save_plan(written, m, job, c, pl, estimate(m, job, c, pl, opts), options=opts)
-                described += f" (saved to {written})"
-        _check_logged_args(reading, m, job, pl, one if plan else "read from its arguments")
-        readings.append((reading, job.global_batch, described))
-        gpus |= {nd.gpu.name for nd in c.nodes}
-        runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
-            job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
-            reading.memory_kind, label=Path(log).name))
+    runs, readings = calibration_runs(logs, plan, cluster, hostfile, save_plans)
+    gpus = {nd.gpu.name for r in runs for nd in r.cluster.nodes}
     if len(gpus) != 1:
         raise SpecError(f"the plans run on several GPU types ({', '.join(sorted(gpus))}); a "
                         "profile is for one: calibrate each type apart", source="options",
@@ -654,47 +618,6 @@ def calibrate(
                           "logs": [render.log_reading_dict(*x) for x in readings]})
         return
     render.print_calibration(prof, out, readings)
-
-
-def _plan_from_log(reading, cluster_name: str, hostfile: Path | None):
-    """(model, job, cluster, plan) of a Megatron-LM log's run, from the arguments it printed
-    (its last block: a restart's), on the named cluster, ranks over its nodes in the
-    hostfile's order where one is given."""
-    from formats.clusters import cluster as load_cluster
-    from formats.clusters import hostfile_order
-    from formats.megatron_args import plan_from_megatron_args
-    from model.errors import SpecError
-
-    if not reading.megatron_args:
-        raise SpecError("no Megatron-LM arguments block in the log (its start-up print of "
-                        "'---- arguments ----'); give --plan for it", source=reading.path,
-                        field="log")
-    c = load_cluster(cluster_name)
-    m, job, pl = plan_from_megatron_args(reading.megatron_args[-1], c, source=reading.path,
-                                         vocab=reading.padded_vocab,
-                                         deepspeed_zero=reading.deepspeed_zero,
-                                         deepspeed_layers=reading.deepspeed_layers,
-                                         node_order=hostfile_order(hostfile, c) if hostfile
-                                         else None)
-    return m, job, c, pl
-
-
-def _check_logged_args(reading, m, job, pl, plan_file) -> None:
-    """A Megatron-LM log whose printed arguments differ from its plan on what the cost model
-    prices is the log of another run: one line naming the log and the first differences."""
-    from launch.emit import megatron_args_mismatch
-    from model.errors import SpecError
-
-    for logged in reading.megatron_args:
-        diff = megatron_args_mismatch(m, job, pl, logged)
-        if diff:
-            said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])
-            more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
-            raise SpecError(f"the run differs from its plan ({plan_file}): {said}{more}; pair "
-                            "each log with the plan file of the run it logged (estimate "
-                            "--save-plan with the run's settings), and split a log whose "
-                            "restarts ran other arguments", source=reading.path,
-                            field=diff[0][0])
 
 
 @command()

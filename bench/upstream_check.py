@@ -65,7 +65,8 @@ from formats import presets  # noqa: E402
 from formats.clusters import SynthParams, cluster, synth_cluster, uniform_cluster  # noqa: E402
 from formats.clusters import hostfile_order  # noqa: E402
 from formats.logs import megatron_arg_blocks  # noqa: E402
-from launch.emit import emit, megatron_args_mismatch, megatron_planned_args  # noqa: E402
+from formats.megatron_args import megatron_args_mismatch, megatron_planned_args  # noqa: E402
+from launch.emit import emit  # noqa: E402
 from model.estimator import estimate, make_plan  # noqa: E402
 from model.memory import fp8_params_apply  # noqa: E402
 from model.plan import block_placement, ep_groups  # noqa: E402

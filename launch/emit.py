@@ -269,50 +269,6 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
     return a, warn
 
 
-def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[str, str]:
-    """What a Megatron-LM log's printed arguments (`_print_args`, after validate_args: the
-    values that ran) must say for the plan, on what the cost model prices, in Megatron-LM's
-    names (the args namespace of megatron/training/arguments.py and TransformerConfig) and as
-    it prints them (str of the value). The layer split is not among them (its flags have
-    several equivalent spellings), nor the FP8 format (`fp8`: e4m3 or hybrid are both FP8;
-    megatron_args_mismatch checks only that it is set)."""
-    sh = plan.shape
-    want: dict[str, object] = {
-        "tensor_model_parallel_size": sh.tp, "pipeline_model_parallel_size": sh.pp,
-        "context_parallel_size": sh.cp, "data_parallel_size": sh.dp,
-        "micro_batch_size": sh.micro_batch,
-        "global_batch_size": job.global_batch, "seq_length": job.seq_length,
-        "num_layers": model.num_layers, "hidden_size": model.hidden_size,
-        "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_heads,
-        # validate_args sets it from --num-layers-per-virtual-pipeline-stage (None: no
-        # interleaving)
-        "virtual_pipeline_model_parallel_size": sh.chunks if sh.chunks > 1 else None,
-        "sequence_parallel": sh.sequence_parallel and sh.tp > 1,  # validate_args: off at TP 1
-        "use_distributed_optimizer": sh.zero >= 1,
-        "recompute_granularity": None if sh.recompute == "none" else sh.recompute,
-        "bf16": job.precision == "bf16", "fp16": job.precision == "fp16",
-    }
-    if model.num_kv_heads != model.num_heads:  # printed as None without GQA
-        want["num_query_groups"] = model.num_kv_heads
-    if model.num_experts:
-        want.update(num_experts=model.num_experts, expert_model_parallel_size=sh.ep,
-                    moe_router_topk=model.moe_topk)
-    return {k: str(v) for k, v in want.items()}
-
-
-def megatron_args_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
-                           logged: dict[str, str]) -> list[tuple[str, str, str]]:
-    """Where the arguments a Megatron-LM log printed differ from the plan
-    (megatron_planned_args; names the log does not print are not checked): (name, logged,
-    planned) per difference."""
-    out = [(k, logged[k], v) for k, v in megatron_planned_args(model, job, plan).items()
-           if k in logged and logged[k] != v]
-    # --fp8-format (dest fp8): e4m3 or hybrid, None without FP8; either is FP8 to the plan
-    if "fp8" in logged and (logged["fp8"] != "None") != plan.shape.fp8:
-        out.append(("fp8", logged["fp8"], "an FP8 format" if plan.shape.fp8 else "None"))
-    return out
-
-
 def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
                     warn: list[str]) -> list[str]:
     """The architecture (arguments.py _add_network_size_args, _add_regularization_args,

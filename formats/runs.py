@@ -1,0 +1,103 @@
+"""The runs `calibrate` fits: each training log paired with the plan it ran, from a plan file
+(--plan) or read from the Megatron-LM arguments the log printed on a named cluster (--cluster,
+formats/megatron_args.py). Either way a Megatron-LM log's printed arguments are checked against
+the plan, so that a log is never fitted as the run of another plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from model.calibration import Run
+from model.errors import SpecError
+from model.estimator import estimate
+from model.specs import Options
+
+from .clusters import cluster as load_cluster
+from .clusters import hostfile_order
+from .logs import LogReading, read_log
+from .megatron_args import megatron_args_mismatch, plan_from_megatron_args
+from .planfile import load_plan, save_plan
+
+
+def _pick(given: list | None, k: int, n_logs: int, flag: str):
+    """The k-th log's entry of an option given once per log or once for all (None if not
+    given)."""
+    if not given:
+        return None
+    if len(given) not in (1, n_logs):
+        raise SpecError(f"{len(given)} {flag} for {n_logs} logs; give one per log or one for "
+                        "all", source="options", field=flag)
+    return given[k if len(given) > 1 else 0]
+
+
+def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) -> None:
+    """A Megatron-LM log whose printed arguments (any of its blocks: restarts print their
+    own) differ from the plan on what the cost model prices is the log of another run: one
+    line naming the log and the first differences."""
+    for logged in reading.megatron_args:
+        diff = megatron_args_mismatch(model, job, plan, logged)
+        if diff:
+            said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])
+            more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+            raise SpecError(f"the run differs from its plan ({plan_label}): {said}{more}; pair "
+                            "each log with the plan file of the run it logged (estimate "
+                            "--save-plan with the run's settings), and split a log whose "
+                            "restarts ran other arguments", source=reading.path,
+                            field=diff[0][0])
+
+
+def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None):
+    """(model, job, cluster, plan) of a Megatron-LM log's run, from the arguments it printed
+    (its last block: a restart's), on the named cluster, ranks over its nodes in the
+    hostfile's order where one is given."""
+    if not reading.megatron_args:
+        raise SpecError("no Megatron-LM arguments block in the log (its start-up print of "
+                        "'---- arguments ----'); give --plan for it", source=reading.path,
+                        field="log")
+    c = load_cluster(cluster_name)
+    m, job, pl = plan_from_megatron_args(reading.megatron_args[-1], c, source=reading.path,
+                                         vocab=reading.padded_vocab,
+                                         deepspeed_zero=reading.deepspeed_zero,
+                                         deepspeed_layers=reading.deepspeed_layers,
+                                         node_order=hostfile_order(hostfile, c) if hostfile
+                                         else None)
+    return m, job, c, pl
+
+
+def calibration_runs(logs: list, plans: list | None = None, clusters: list | None = None,
+                     hostfiles: list | None = None, save_plans: Path | None = None):
+    """(runs, readings): a Run per log, and per log (its LogReading, the plan's global batch,
+    the plan read from its arguments or None). `plans` (plan files) or `clusters` (with
+    optional `hostfiles`, and `save_plans`, a folder for the plans read), each once per log or
+    once for all."""
+    if bool(plans) == bool(clusters):
+        raise SpecError("give --plan (the plan file each log ran), or --cluster to read each "
+                        "Megatron-LM log's plan from the arguments it printed; not both",
+                        source="options", field="--plan" if plans else "--cluster")
+    if (hostfiles or save_plans) and not clusters:
+        flag = "--hostfile" if hostfiles else "--save-plans"
+        raise SpecError(f"{flag} goes with --cluster (the plans are read from the logs then)",
+                        source="options", field=flag)
+    runs, readings = [], []
+    for k, log in enumerate(logs):
+        plan_file = _pick(plans, k, len(logs), "--plan")
+        cluster_name = _pick(clusters, k, len(logs), "--cluster")
+        hosts = _pick(hostfiles, k, len(logs), "--hostfile")
+        reading = read_log(log)
+        if plan_file:
+            m, job, c, pl, opts, _meta = load_plan(plan_file)
+            described = None
+        else:
+            m, job, c, pl = plan_from_log(reading, cluster_name, hosts)
+            opts, described = Options(), pl.shape.describe()
+            if save_plans:
+                written = Path(save_plans) / f"{Path(log).name}.plan.json"
+                save_plan(written, m, job, c, pl, estimate(m, job, c, pl, opts), options=opts)
+                described += f" (saved to {written})"
+        check_logged_args(reading, m, job, pl, str(plan_file) if plan_file
+                          else "read from its arguments")
+        readings.append((reading, job.global_batch, described))
+        runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
+            job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
+            reading.memory_kind, label=Path(log).name))
+    return runs, readings

@@ -93,8 +93,9 @@ _PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens 
 # partition (deepspeed/runtime/pipe/module.py, _partition_layers: 'stage={stage}
 # layers={count}', then '    {index}: {layer name}' per layer)
 _DS_ZERO = re.compile(r"\bzero_optimization_stage \.+ (\d+)")
-_DS_STAGE = re.compile(r"^stage=(\d+) layers=\d+\s*$")
-_DS_LAYER = re.compile(r"^\s+\d+: (\S+)")
+# (each with or without torchrun's rank prefix)
+_DS_STAGE = re.compile(r"^(?:\[\w+\]:)?stage=(\d+) layers=\d+\s*$")
+_DS_LAYER = re.compile(r"^(?:\[\w+\]:)?\s+\d+: (\S+)")
 _TITAN_VALIDATION = re.compile(r"validate step:\s*\d+\s.*?tps:\s*" + _NUM)
 # a training process starting: Megatron-LM's print_datetime('before the start of training
 # step') (megatron/training/training.py, train loop set-up: '[{string}] datetime: {time}'),

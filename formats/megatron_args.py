@@ -28,8 +28,12 @@ from model.plan import Plan, megatron_placement, tp_pp_dp_placement
 from model.specs import JobSpec, ModelSpec
 
 # --position-embedding-type -> the cost model's: 'none' has no position weights and no rotation,
-# which is how the cost model prices ALiBi (a bias on the scores), so it maps there
-_POSITIONS = {"rope": "rope", "learned_absolute": "learned", "none": "alibi"}
+# which is how the cost model prices ALiBi (a bias on the scores), so it maps there; rotary,
+# absolute and alibi are Megatron-DeepSpeed's names (its PositionEmbeddingType enum, printed
+# with the enum's name in front: BLOOM trained with --position-embedding-type alibi,
+# bigscience-workshop/bigscience train/tr11-176B-ml)
+_POSITIONS = {"rope": "rope", "learned_absolute": "learned", "none": "alibi",
+              "rotary": "rope", "absolute": "learned", "alibi": "alibi"}
 _NORMS = {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"}
 # Megatron-FSDP's --data-parallel-sharding-strategy -> ZeRO stage (launch/emit.py's mapping)
 _FSDP_ZERO = {"optim_grads": 2, "optim_grads_params": 3}
@@ -201,7 +205,7 @@ def _model(a: _Args, vocab: int, name: str) -> ModelSpec:
                "log")
     heads = a.integer("num_attention_heads")
     hidden = a.integer("hidden_size")
-    pos = a.text("position_embedding_type", "learned_absolute")
+    pos = a.text("position_embedding_type", "learned_absolute").split(".")[-1]
     if pos not in _POSITIONS:
         a.fail("position_embedding_type", f"{pos!r} is not priced (rope, learned_absolute, "
                "none)")
@@ -241,11 +245,13 @@ def _model(a: _Args, vocab: int, name: str) -> ModelSpec:
         gated_mlp=a.flag("swiglu"),
         tied_embeddings=not a.flag("untie_embeddings_and_output_weights"),
         position_embedding=_POSITIONS[pos], norm=_NORMS[norm],
+        # Megatron-DeepSpeed's --embed-layernorm (BLOOM's LayerNorm after the embedding)
+        embedding_norm=a.flag("embed_layernorm"),
         bias=a.flag("add_bias_linear", True),
         dropout=a.number("hidden_dropout", 0.1, hi=1.0) > 0 or
         a.number("attention_dropout", 0.1, hi=1.0) > 0,
         kv_channels=kv if kv and kv * heads != hidden else 0,
-        rope_base=a.number("rotary_base", 0.0) if pos == "rope" else 0.0,
+        rope_base=a.number("rotary_base", 0.0) if _POSITIONS[pos] == "rope" else 0.0,
         rotary_percent=a.number("rotary_percent", 1.0), source=name, **moe)
 
 

@@ -295,6 +295,13 @@ def test_plan_read_from_older_megatron_and_megatron_deepspeed_logs(tmp_path):
     assert (plan.shape.recompute, plan.shape.zero, plan.shape.layers) == \
         ("full", 1, (20, 20, 20, 20))
     assert (job.attention, job.framework) == ("eager", "deepspeed")
+    bloomish = old.replace("-------------------- end of arguments",
+                           f"  embed_layernorm {'.' * 33} True\n"
+                           "-------------------- end of arguments")
+    bloomish = _set_arg(bloomish, "position_embedding_type", "PositionEmbeddingType.alibi")
+    m2 = plan_from_megatron_args(megatron_arg_blocks(bloomish)[0], load_cluster("example"),
+                                 source="t", deepspeed_zero=1, deepspeed_layers=(20,) * 4)[0]
+    assert (m2.position_embedding, m2.embedding_norm, m2.rope_base) == ("alibi", True, 0.0)
     with pytest.raises(SpecError) as e:  # no DeepSpeed configuration print
         plan_from_megatron_args(r.megatron_args[-1], load_cluster("example"), source="t")
     assert e.value.field == "deepspeed"

@@ -143,8 +143,8 @@ def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict
 
 
 def print_calibration(prof, out, readings=()) -> None:
-    """The fitted profile, and before it what was read from each (log, plan's global batch)
-    in `readings`."""
+    """The fitted profile, and before it what was read from each log: `readings` holds (its
+    LogReading, its plan's global batch, the plan read from its arguments or None)."""
     con = console()
     for r, gbs, plan_read in readings:
         d = log_reading_dict(r, gbs, plan_read)

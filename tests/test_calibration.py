@@ -360,6 +360,34 @@ def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
 
 
+def test_hostfile_order_and_option_counts(tmp_path):
+    """A hostfile orders the cluster's nodes (names first on each line, comments and blank
+    lines skipped); a host twice, a host outside the cluster or a node left out is one error;
+    --plan / --cluster / --hostfile given neither once nor once per log is one error."""
+    from formats.clusters import cluster as load_cluster
+    from formats.clusters import hostfile_order
+
+    ex = load_cluster("example")
+    names = [nd.name for nd in ex.nodes]
+    h = tmp_path / "hosts"
+    h.write_text("# job 42\n\n" + "".join(f"{n} slots=8\n" for n in reversed(names)))
+    assert hostfile_order(h, ex) == list(range(len(names)))[::-1]
+    for text, says in (("\n".join(names + names[:1]), "twice"),
+                       ("\n".join(names[:-1]), "not listed"),
+                       ("\n".join(names[:-1] + ["elsewhere"]), "not a node")):
+        h.write_text(text)
+        with pytest.raises(SpecError) as e:
+            hostfile_order(h, ex)
+        assert says in str(e.value) and e.value.field == "hostfile"
+    runner = CliRunner()
+    log = str(LOGS / "megatron.log")
+    for args in (["--plan", "a.json", "--plan", "b.json"],
+                 ["--cluster", "example", "--hostfile", str(h), "--hostfile", str(h)]):
+        res = runner.invoke(app, ["calibrate", log, log, log, *args])
+        assert res.exit_code == 2 and "give one per log or one for all" in res.output, \
+            res.output
+
+
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("hello\nnot a training log\n")

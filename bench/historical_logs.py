@@ -45,6 +45,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repo", default=MIRROR)
     a = ap.parse_args()
+    if not Path(a.repo).exists():
+        print(f"{a.repo}: no snapshot of bigscience-workshop/bigscience here; give its git "
+              "directory with --repo", file=sys.stderr)
+        return 2
     paths = logs_with_arguments(a.repo)
     read = planned = 0
     with tempfile.TemporaryDirectory() as tmp:

@@ -574,14 +574,20 @@ def calibrate(
         "--plan", help="The plan file each log ran (--save-plan): one per log, in order, or one "
         "for all.")] = None,
     cluster: Annotated[Optional[list[str]], typer.Option(
-        "--cluster", "-c", help="Instead of --plan, for Megatron-LM and Megatron-DeepSpeed "
-        "logs: the cluster each ran on (preset or file; one per log or one for all); the plan is read "
-        "from the arguments the log printed, ranks in Megatron-LM's order over the cluster's "
-        "nodes as listed (or as --hostfile lists them).")]
+        "--cluster", "-c", help="Instead of --plan: the cluster each run ran on (preset or file; "
+        "one per log or one for all); the plan is read from the arguments a Megatron-LM or "
+        "Megatron-DeepSpeed log printed, or from a torchtitan run's --run-config; ranks in "
+        "Megatron-LM's order over the cluster's nodes as listed (or as --hostfile lists "
+        "them).")]
     = None,
     hostfile: Annotated[Optional[list[Path]], typer.Option(
         "--hostfile", help="With --cluster: the hostfile each run used (one per log or one for "
         "all): ranks fill the nodes in its order, not the cluster file's.")] = None,
+    run_config: Annotated[Optional[list[Path]], typer.Option(
+        "--run-config", help="With --cluster, for torchtitan logs: the TOML job config each run "
+        "was launched with (one per log or one for all; --framework-version 0.1 or 0.2).")]
+    = None,
+    framework_version: FwVersionOpt = None,
     save_plans: Annotated[Optional[Path], typer.Option(
         "--save-plans", help="With --cluster: write each plan read from a log to this folder "
         "(<log name>.plan.json, for estimate --plan, emit, or beside solve's choice).")] = None,
@@ -604,7 +610,8 @@ def calibrate(
     from model.calibration import fit
     from model.errors import SpecError
 
-    runs, readings = calibration_runs(logs, plan, cluster, hostfile, save_plans)
+    runs, readings = calibration_runs(logs, plan, cluster, hostfile, save_plans, run_config,
+                                      framework_version)
     gpus = {nd.gpu.name for r in runs for nd in r.cluster.nodes}
     if len(gpus) != 1:
         raise SpecError(f"the plans run on several GPU types ({', '.join(sorted(gpus))}); a "

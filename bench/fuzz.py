@@ -444,6 +444,19 @@ def fam_logs(rng: random.Random, tmp: Path) -> Case:
     """A mutated training log (Megatron-LM, torchtitan, NeMo, DeepSpeed) with a valid plan;
     or a Megatron-LM log whose printed arguments have some values replaced, its plan read from
     them on the example cluster (`calibrate --cluster`)."""
+    if rng.random() < 0.15:  # a torchtitan run's TOML, mutated, read with its log
+        doc = {"model": {"name": "llama3", "flavor": rng.choice(["8B", "70B"])},
+               "training": {"local_batch_size": 2, "global_batch_size": 128, "seq_len": 4096},
+               "parallelism": {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2,
+                               "pipeline_parallel_schedule": "1F1B",
+                               "module_fqns_per_model_part": [
+                                   [f"layers.{i}" for i in range(16)],
+                                   [f"layers.{i}" for i in range(16, 32)]]},
+               "activation_checkpoint": {"mode": "full"}}
+        return Case("logs", ["calibrate", "{run.log}", "--cluster", "h100-8x8", "--run-config",
+                             "{run.toml}", "--fit", "gemm_scale"],
+                    {"run.log": (FIX / "logs" / "torchtitan.log").read_text(),
+                     "run.toml": to_toml(mutate(doc, rng, rng.randint(0, 3)))})
     if rng.random() < 0.3:
         text = (FIX / "logs" / rng.choice(["megatron_args_70b.txt",
                                            "megatron_args_mixtral.txt"])).read_text()

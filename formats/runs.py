@@ -1,7 +1,8 @@
 """The runs `calibrate` fits: each training log paired with the plan it ran, from a plan file
-(--plan) or read from the Megatron-LM arguments the log printed on a named cluster (--cluster,
-formats/megatron_args.py). Either way a Megatron-LM log's printed arguments are checked against
-the plan, so that a log is never fitted as the run of another plan."""
+(--plan), or on a named cluster (--cluster) read from the Megatron-LM arguments the log printed
+(formats/megatron_args.py) or from a torchtitan run's TOML (formats/torchtitan_config.py).
+Either way a Megatron-LM log's printed arguments are checked against the plan, so that a log
+is never fitted as the run of another plan."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .clusters import hostfile_order
 from .logs import LogReading, read_log
 from .megatron_args import megatron_args_mismatch, plan_from_megatron_args
 from .planfile import load_plan, save_plan
+from .torchtitan_config import TORCHTITAN_VERSIONS, plan_from_torchtitan_toml
 
 
 def _pick(given: list | None, k: int, n_logs: int, flag: str):
@@ -46,10 +48,25 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) ->
                             field=diff[0][0])
 
 
-def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None):
-    """(model, job, cluster, plan) of a Megatron-LM log's run, from the arguments it printed
-    (its last block: a restart's), on the named cluster, ranks over its nodes in the
-    hostfile's order where one is given."""
+def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
+                  run_config: Path | None = None, version: str | None = None):
+    """(model, job, cluster, plan) of a log's run on the named cluster, ranks over its nodes in
+    the hostfile's order where one is given: a Megatron-LM log's from the arguments it printed
+    (its last block: a restart's), a torchtitan log's from the TOML it was launched with
+    (`run_config`, torchtitan release `version`, 0.2 by default)."""
+    if reading.framework == "torchtitan":
+        if run_config is None:
+            raise SpecError("torchtitan's log prints neither its batch nor its layout; give "
+                            "--run-config (the TOML the run was launched with) or --plan",
+                            source=reading.path, field="log")
+        c = load_cluster(cluster_name)
+        m, job, pl = plan_from_torchtitan_toml(
+            run_config, c, version or TORCHTITAN_VERSIONS[0],
+            node_order=hostfile_order(hostfile, c) if hostfile else None)
+        return m, job, c, pl
+    if run_config is not None:
+        raise SpecError(f"--run-config is the TOML of a torchtitan run; this is a "
+                        f"{reading.framework} log", source=reading.path, field="--run-config")
     if not reading.megatron_args:
         raise SpecError("no Megatron-LM arguments block in the log (its start-up print of "
                         "'---- arguments ----'); give --plan for it", source=reading.path,
@@ -65,17 +82,18 @@ def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None)
 
 
 def calibration_runs(logs: list, plans: list | None = None, clusters: list | None = None,
-                     hostfiles: list | None = None, save_plans: Path | None = None):
+                     hostfiles: list | None = None, save_plans: Path | None = None,
+                     run_configs: list | None = None, version: str | None = None):
     """(runs, readings): a Run per log, and per log (its LogReading, the plan's global batch,
-    the plan read from its arguments or None). `plans` (plan files) or `clusters` (with
-    optional `hostfiles`, and `save_plans`, a folder for the plans read), each once per log or
-    once for all."""
+    the plan read from it or None). `plans` (plan files) or `clusters` (with optional
+    `hostfiles`, torchtitan `run_configs` and `version`, and `save_plans`, a folder for the
+    plans read), each once per log or once for all."""
     if bool(plans) == bool(clusters):
         raise SpecError("give --plan (the plan file each log ran), or --cluster to read each "
                         "Megatron-LM log's plan from the arguments it printed; not both",
                         source="options", field="--plan" if plans else "--cluster")
-    if (hostfiles or save_plans) and not clusters:
-        flag = "--hostfile" if hostfiles else "--save-plans"
+    if (hostfiles or save_plans or run_configs) and not clusters:
+        flag = "--hostfile" if hostfiles else "--save-plans" if save_plans else "--run-config"
         raise SpecError(f"{flag} goes with --cluster (the plans are read from the logs then)",
                         source="options", field=flag)
     runs, readings = [], []
@@ -83,12 +101,13 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         plan_file = _pick(plans, k, len(logs), "--plan")
         cluster_name = _pick(clusters, k, len(logs), "--cluster")
         hosts = _pick(hostfiles, k, len(logs), "--hostfile")
+        run_config = _pick(run_configs, k, len(logs), "--run-config")
         reading = read_log(log)
         if plan_file:
             m, job, c, pl, opts, _meta = load_plan(plan_file)
             described = None
         else:
-            m, job, c, pl = plan_from_log(reading, cluster_name, hosts)
+            m, job, c, pl = plan_from_log(reading, cluster_name, hosts, run_config, version)
             opts, described = Options(), pl.shape.describe()
             if save_plans:
                 written = Path(save_plans) / f"{Path(log).name}.plan.json"

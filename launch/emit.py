@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from formats.torchtitan_config import TORCHTITAN_VERSIONS, torchtitan_flavor
 from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.memory import fp8_params_apply
@@ -775,38 +776,6 @@ def to_toml(d: dict, comments: list[str] = ()) -> str:
         out.append(f"\n[{sec}]")
         out += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
     return "\n".join(out).lstrip("\n") + "\n"
-
-
-# torchtitan releases whose TOML job config the emitter writes: "0.2" (v0.2.x, the current
-# release: torchtitan/config/job_config.py, layers per pipeline part as
-# module_fqns_per_model_part) and "0.1" (v0.1.0 .. the 2025-10 main: torchtitan/config_manager.py,
-# pipeline_parallel_split_points). torchtitan main after v0.2.2 replaced the TOML by Python
-# configurations (--module/--config), not targeted here.
-TORCHTITAN_VERSIONS = ("0.2", "0.1")
-# torchtitan model flavors by their dimensions: (name, flavor, layers, hidden, heads, kv heads,
-# dense FFN, routed experts, vocabulary, oldest version). From torchtitan/models/<name>/
-# __init__.py and model/args.py at v0.2.2 (llama3 also at v0.1.0, where the vocabulary comes
-# from the Llama-3 tokenizer); the FFN is llama3's rounding of ffn_dim_multiplier x 8/3 dim up
-# to multiple_of, the others' hidden_dim / inter_dim. Llama-2 70B has Llama-3 70B's layers but
-# a 32,000 vocabulary: no flavor.
-TORCHTITAN_FLAVORS = (
-    ("llama3", "8B", 32, 4096, 32, 8, 14336, 0, 128256, "0.1"),
-    ("llama3", "70B", 80, 8192, 64, 8, 28672, 0, 128256, "0.1"),
-    ("llama3", "405B", 126, 16384, 128, 8, 53248, 0, 128256, "0.1"),
-    ("qwen3", "30B-A3B", 48, 2048, 32, 4, 6144, 128, 151936, "0.2"),
-    ("qwen3", "235B-A22B", 94, 4096, 64, 4, 12288, 128, 151936, "0.2"),
-    ("deepseek_v3", "671B", 61, 7168, 128, 128, 18432, 256, 129280, "0.2"),
-)
-
-
-def torchtitan_flavor(model: ModelSpec, version: str) -> tuple[str, str] | None:
-    """The torchtitan (name, flavor) with the model's dimensions in that release, if any."""
-    dims = (model.num_layers, model.hidden_size, model.num_heads, model.num_kv_heads,
-            model.ffn_hidden_size, model.num_experts, model.vocab_size)
-    for name, flavor, *d, oldest in TORCHTITAN_FLAVORS:
-        if tuple(d) == dims and float(version) >= float(oldest):
-            return name, flavor
-    return None
 
 
 def torchtitan_parts(sh: Shape) -> list[list[str]]:

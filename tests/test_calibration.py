@@ -388,6 +388,74 @@ def test_hostfile_order_and_option_counts(tmp_path):
             res.output
 
 
+def test_plan_read_from_torchtitan_toml(tmp_path):
+    """A torchtitan run's plan from the TOML it was launched with: the TOML the emitter writes
+    for a plan (both releases) reads back as that plan, costing the same; absent keys take
+    torchtitan's defaults (job_config.py at v0.2.2: local batch 8, global = local x DP,
+    sequence 2048, data_parallel_shard_degree -1 = the ranks left); what is not priced as it
+    ran is refused naming the key."""
+    from formats.clusters import cluster as load_cluster
+    from formats.torchtitan_config import plan_from_torchtitan_toml
+    from launch.emit import to_toml, torchtitan_config
+    from model.estimator import estimate
+
+    h100 = load_cluster("h100-8x8")
+    l8, l70 = presets.model("llama3-8b"), presets.model("llama3-70b")
+    job8 = JobSpec(global_batch=64, seq_length=8192, precision="bf16", zero=3,
+                   framework="torchtitan")
+    cases = [(l8, job8, dict(tp=1, pp=1, recompute="full", zero=3)),
+             (l8, job8, dict(tp=2, pp=1, cp=2, cp_alltoall=True, sequence_parallel=True,
+                             recompute="selective", zero=3, shard_size=8)),
+             (l70, JobSpec(global_batch=64, seq_length=4096, precision="bf16", fp8=True,
+                           zero=3, framework="torchtitan"),
+              dict(tp=8, pp=4, schedule="interleaved", chunks=2, sequence_parallel=True,
+                   recompute="full", zero=3, tp_comm_overlap=True, fp8=True))]
+    f = tmp_path / "run.toml"
+    for m, job, knobs in cases:
+        plan = make_plan(m, job, h100, **knobs)
+        for version in ("0.2", "0.1"):
+            f.write_text(to_toml(torchtitan_config(m, job, h100, plan, version)[0]))
+            m2, j2, p2 = plan_from_torchtitan_toml(f, h100, version)
+            assert p2.shape == plan.shape and p2.placement == plan.placement
+            if version == "0.2":  # v0.1 repeats K and V to the query heads (JobSpec.repeat_kv)
+                assert estimate(m2, j2, h100, p2).iteration_ms == \
+                    pytest.approx(estimate(m, job, h100, plan).iteration_ms, rel=1e-12)
+    f.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
+                 'mode = "full"\n')
+    m, job, plan = plan_from_torchtitan_toml(f, h100)
+    assert (m.num_layers, job.global_batch, job.seq_length, job.precision, job.compile) == \
+        (32, 8 * 64, 2048, "bf16", False)
+    assert (plan.shape.dp, plan.shape.zero, plan.shape.micro_batch, plan.shape.recompute) == \
+        (64, 3, 8, "full")
+    for toml, field in (('[model]\nname = "llama3"\nflavor = "8B"\n',
+                         "activation_checkpoint.selective_ac_option"),
+                        ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["mx"]\n',
+                         "model.converters"),
+                        ('[model]\nname = "llama3"\nflavor = "debugmodel"\n', "model.flavor"),
+                        ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
+                         'mode = "none"\n[parallelism]\npipeline_parallel_degree = 2\n',
+                         "parallelism.module_fqns_per_model_part")):
+        f.write_text(toml)
+        with pytest.raises(SpecError) as e:
+            plan_from_torchtitan_toml(f, h100)
+        assert e.value.field == field, str(e.value)
+    # the CLI: a torchtitan log with its TOML; without it, or a TOML for a Megatron-LM log,
+    # one line
+    f.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
+                 'mode = "full"\n')
+    runner = CliRunner()
+    out = tmp_path / "cal.json"
+    res = runner.invoke(app, ["calibrate", str(LOGS / "torchtitan.log"), "--cluster", "h100-8x8",
+                              "--run-config", str(f), "--fit", "gemm_scale", "--out", str(out)])
+    assert res.exit_code == 0 and "plan read from" in res.output, res.output
+    for args in ([str(LOGS / "torchtitan.log"), "--cluster", "h100-8x8"],
+                 [str(tmp_path / "m.log"), "--cluster", "example", "--run-config", str(f)]):
+        (tmp_path / "m.log").write_text((LOGS / "megatron_args_70b.txt").read_text()
+                                        + (LOGS / "megatron.log").read_text())
+        res = runner.invoke(app, ["calibrate", *args, "--out", str(out)])
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+
+
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("hello\nnot a training log\n")

@@ -1,0 +1,229 @@
+"""torchtitan's TOML job configs: the releases and model flavors the emitter writes for
+(launch/emit.py `torchtitan_config`), and the way back, a plan read from the TOML a run was
+launched with, for `calibrate LOG --cluster C --run-config TOML` (torchtitan's log prints
+neither its batch nor its layout).
+
+Read back: the model is the preset with the dimensions of [model] name/flavor; the job and plan
+follow torchtitan's own defaults where a key is absent (torchtitan/config/job_config.py at
+v0.2.2, torchtitan/config_manager.py at v0.1.0: local_batch_size 8, global_batch_size -1 =
+local x DP, seq_len 2048, bfloat16, data_parallel_shard_degree -1 = the ranks left,
+activation checkpointing "selective" with selective_ac_option "2", compile off). Ranks follow
+its device mesh (pp, dp_replicate, dp_shard, cp, tp: Megatron-LM's order) over the nodes in the
+hostfile's order. What the cost model cannot price as it ran is refused naming the key:
+layer-wise selective checkpointing ("2": every second layer), memory-budget checkpointing,
+converters other than float8, schedules other than 1F1B, GPipe and Interleaved1F1B, and a
+pipeline split left to torchtitan's default (give module_fqns_per_model_part or
+pipeline_parallel_split_points).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+from model.cluster import ClusterSpec
+from model.errors import SpecError
+from model.estimator import make_plan
+from model.plan import Plan, megatron_placement
+from model.specs import JobSpec, ModelSpec
+
+from . import presets
+from .reading import read_text
+
+# torchtitan releases whose TOML job config the emitter writes: "0.2" (v0.2.x, the current
+# release: torchtitan/config/job_config.py, layers per pipeline part as
+# module_fqns_per_model_part) and "0.1" (v0.1.0 .. the 2025-10 main: torchtitan/config_manager.py,
+# pipeline_parallel_split_points). torchtitan main after v0.2.2 replaced the TOML by Python
+# configurations (--module/--config), not targeted here.
+TORCHTITAN_VERSIONS = ("0.2", "0.1")
+# torchtitan model flavors by their dimensions: (name, flavor, layers, hidden, heads, kv heads,
+# dense FFN, routed experts, vocabulary, oldest version). From torchtitan/models/<name>/
+# __init__.py and model/args.py at v0.2.2 (llama3 also at v0.1.0, where the vocabulary comes
+# from the Llama-3 tokenizer); the FFN is llama3's rounding of ffn_dim_multiplier x 8/3 dim up
+# to multiple_of, the others' hidden_dim / inter_dim. Llama-2 70B has Llama-3 70B's layers but
+# a 32,000 vocabulary: no flavor.
+TORCHTITAN_FLAVORS = (
+    ("llama3", "8B", 32, 4096, 32, 8, 14336, 0, 128256, "0.1"),
+    ("llama3", "70B", 80, 8192, 64, 8, 28672, 0, 128256, "0.1"),
+    ("llama3", "405B", 126, 16384, 128, 8, 53248, 0, 128256, "0.1"),
+    ("qwen3", "30B-A3B", 48, 2048, 32, 4, 6144, 128, 151936, "0.2"),
+    ("qwen3", "235B-A22B", 94, 4096, 64, 4, 12288, 128, 151936, "0.2"),
+    ("deepseek_v3", "671B", 61, 7168, 128, 128, 18432, 256, 129280, "0.2"),
+)
+
+
+def torchtitan_flavor(model: ModelSpec, version: str) -> tuple[str, str] | None:
+    """The torchtitan (name, flavor) with the model's dimensions in that release, if any."""
+    dims = (model.num_layers, model.hidden_size, model.num_heads, model.num_kv_heads,
+            model.ffn_hidden_size, model.num_experts, model.vocab_size)
+    for name, flavor, *d, oldest in TORCHTITAN_FLAVORS:
+        if tuple(d) == dims and float(version) >= float(oldest):
+            return name, flavor
+    return None
+
+
+
+# torch.distributed.pipelining schedule names -> (schedule, one model part per stage)
+_SCHEDULES = {"1F1B": ("1f1b", True), "GPipe": ("gpipe", True),
+              "Interleaved1F1B": ("interleaved", False)}
+_LAYER = re.compile(r"^layers\.(\d+)$")
+
+
+def _model_of(name: str, flavor: str, version: str, src: str) -> ModelSpec:
+    """The preset whose dimensions are torchtitan's flavor in that release."""
+    for key in presets.model_names():
+        m = presets.model(key)
+        if torchtitan_flavor(m, version) == (name, flavor):
+            return m
+    raise SpecError(f"torchtitan {version}'s {name} {flavor} matches no model preset "
+                    "(TORCHTITAN_FLAVORS); give --plan for this run", source=src,
+                    field="model.flavor")
+
+
+def _split(par: dict, version: str, num_layers: int, parts: int, src: str) -> tuple[int, ...]:
+    """Transformer layers per model part from the explicit split: v0.2's
+    module_fqns_per_model_part (the modules of each part; 'layers.<i>' are the blocks), v0.1's
+    pipeline_parallel_split_points (the first module of every part after the first)."""
+    if version == "0.2" and par.get("module_fqns_per_model_part"):
+        fqns = par["module_fqns_per_model_part"]
+        counts = tuple(sum(bool(_LAYER.match(str(x))) for x in part) for part in fqns)
+    elif version == "0.1" and par.get("pipeline_parallel_split_points"):
+        cuts = []
+        for x in par["pipeline_parallel_split_points"]:
+            if not (m := _LAYER.match(str(x))):
+                raise SpecError(f"split point {x!r} is not a transformer block (layers.<i>)",
+                                source=src, field="parallelism.pipeline_parallel_split_points")
+            cuts.append(int(m.group(1)))
+        edges = [0, *cuts, num_layers]
+        counts = tuple(b - a for a, b in zip(edges, edges[1:]))
+    else:
+        key = ("module_fqns_per_model_part" if version == "0.2"
+               else "pipeline_parallel_split_points")
+        raise SpecError(f"the pipeline split is left to torchtitan's default; give {key} (or "
+                        "--plan) for this run", source=src, field=f"parallelism.{key}")
+    if len(counts) != parts or sum(counts) != num_layers or min(counts) < 1:
+        raise SpecError(f"the split gives layers {list(counts)}, not {num_layers} over {parts} "
+                        "model parts", source=src, field="parallelism")
+    return counts
+
+
+def plan_from_torchtitan_toml(path, cluster: ClusterSpec, version: str = "0.2",
+                              node_order: list[int] | None = None
+                              ) -> tuple[ModelSpec, JobSpec, Plan]:
+    """(model, job, plan) of the torchtitan run launched with the TOML at `path` (release
+    `version`: "0.2" or "0.1") on `cluster`."""
+    src = str(path)
+    if version not in TORCHTITAN_VERSIONS:
+        raise SpecError(f"torchtitan version {version!r}; one of "
+                        f"{', '.join(TORCHTITAN_VERSIONS)}", source=src, field="version")
+    try:
+        cfg = tomllib.loads(read_text(path, field="run config", what="the torchtitan TOML"))
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"not TOML ({e})", source=src, field="run config") from None
+    sec = {k: cfg.get(k) if isinstance(cfg.get(k), dict) else {}
+           for k in ("model", "training", "parallelism", "activation_checkpoint", "compile")}
+    mod, tr, par, ac = sec["model"], sec["training"], sec["parallelism"], \
+        sec["activation_checkpoint"]
+
+    def get(d: dict, key: str, default, kind, where: str):
+        v = d.get(key, default)
+        if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+            raise SpecError(f"is {v!r}; torchtitan expects a {kind.__name__}", source=src,
+                            field=f"{where}.{key}")
+        return v
+
+    model = _model_of(get(mod, "name", "llama3", str, "model"),
+                      get(mod, "flavor", "debugmodel", str, "model"), version, src)
+    converters = get(mod, "converters", [], list, "model")
+    if any(x != "float8" for x in converters):
+        raise SpecError(f"converters {converters}: only float8 is priced; give --plan",
+                        source=src, field="model.converters")
+    tp = get(par, "tensor_parallel_degree", 1, int, "parallelism")
+    pp = get(par, "pipeline_parallel_degree", 1, int, "parallelism")
+    cp = get(par, "context_parallel_degree", 1, int, "parallelism")
+    rep = get(par, "data_parallel_replicate_degree", 1, int, "parallelism")
+    shard = get(par, "data_parallel_shard_degree", -1, int, "parallelism")
+    if min(tp, pp, cp, rep) < 1 or shard == 0 or shard < -1:
+        raise SpecError("a parallel degree below 1 (data_parallel_shard_degree may be -1)",
+                        source=src, field="parallelism")
+    if shard == -1:  # the ranks left (ParallelDims)
+        shard = cluster.num_gpus // (rep * tp * pp * cp)
+    dp = rep * shard
+    if dp * tp * pp * cp != cluster.num_gpus or dp < 1:
+        raise SpecError(f"degrees for {rep * shard * tp * pp * cp} GPUs, the cluster has "
+                        f"{cluster.num_gpus}", source=src, field="parallelism")
+    local = get(tr, "local_batch_size", 8, int, "training")
+    gbs = get(tr, "global_batch_size", -1, int, "training")
+    gbs = local * dp if gbs == -1 else gbs
+    if local < 1 or gbs % (local * dp):
+        raise SpecError(f"global batch {gbs} is not a multiple of local batch {local} x DP "
+                        f"{dp}", source=src, field="training.global_batch_size")
+    precision = {"bfloat16": "bf16", "float32": "fp32"}.get(
+        get(tr, "mixed_precision_param", "bfloat16", str, "training"))
+    if precision is None:
+        raise SpecError("mixed_precision_param must be bfloat16 or float32", source=src,
+                        field="training.mixed_precision_param")
+    if version == "0.1":  # training.compile: the blocks and the loss together
+        compiled = loss_compiled = get(tr, "compile", False, bool, "training")
+    else:
+        comp = sec["compile"]
+        on = get(comp, "enable", False, bool, "compile")
+        parts = get(comp, "components", ["model", "loss"], list, "compile")
+        compiled, loss_compiled = on and "model" in parts, on and "loss" in parts
+    mode = get(ac, "mode", "selective", str, "activation_checkpoint")
+    option = str(ac.get("selective_ac_option", "2"))
+    if mode == "selective" and option != "op":
+        raise SpecError(f"selective_ac_option {option!r}: layer-wise selective checkpointing "
+                        "is not priced (op-level 'op' is); give --plan", source=src,
+                        field="activation_checkpoint.selective_ac_option")
+    if mode not in ("selective", "full", "none"):
+        raise SpecError(f"mode {mode!r} is not priced (none, selective with 'op', full)",
+                        source=src, field="activation_checkpoint.mode")
+    schedule, chunks = "1f1b", 1
+    layers = None
+    if pp > 1:
+        name = get(par, "pipeline_parallel_schedule", "1F1B", str, "parallelism")
+        if name not in _SCHEDULES:
+            raise SpecError(f"schedule {name!r} is not priced ({', '.join(_SCHEDULES)})",
+                            source=src, field="parallelism.pipeline_parallel_schedule")
+        schedule, single = _SCHEDULES[name]
+        fqns = par.get("module_fqns_per_model_part") or []
+        points = par.get("pipeline_parallel_split_points") or []
+        if not (isinstance(fqns, list) and all(isinstance(x, list) and
+                                               all(isinstance(y, str) for y in x)
+                                               for x in fqns)):
+            raise SpecError("must be a list of lists of module names", source=src,
+                            field="parallelism.module_fqns_per_model_part")
+        if not (isinstance(points, list) and all(isinstance(x, str) for x in points)):
+            raise SpecError("must be a list of module names", source=src,
+                            field="parallelism.pipeline_parallel_split_points")
+        parts = (len(fqns) if version == "0.2" else len(points) + 1) or pp
+        chunks = 1 if single else parts // pp
+        if parts != pp * chunks or (not single and chunks < 2):
+            raise SpecError(f"{parts} model parts for PP {pp} and schedule {name}",
+                            source=src, field="parallelism")
+        layers = _split(par, version, model.num_layers, parts, src)
+        mbs = get(par, "pipeline_parallel_microbatch_size", 1, int, "parallelism")
+        if mbs < 1 or local % mbs:
+            raise SpecError(f"micro-batch {mbs} does not divide the local batch {local}",
+                            source=src, field="parallelism.pipeline_parallel_microbatch_size")
+    else:
+        mbs = local  # each local batch one micro-batch, the rest gradient accumulation
+    fp8 = "float8" in converters
+    job = JobSpec(global_batch=gbs, seq_length=get(tr, "seq_len", 2048, int, "training"),
+                  precision=precision, fp8=fp8, attention="flash", framework="torchtitan",
+                  zero=3 if shard > 1 else 0, compile=compiled, compile_loss=loss_compiled,
+                  repeat_kv=version == "0.1", source=src)
+    rotate = get(par, "context_parallel_rotate_method", "allgather", str, "parallelism")
+    plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp,
+                     cp_alltoall=rotate == "alltoall",
+                     ep=get(par, "expert_parallel_degree", 1, int, "parallelism")
+                     if model.num_experts else 1,
+                     micro_batch=mbs, schedule=schedule, chunks=chunks, layers=layers,
+                     recompute=mode, sequence_parallel=tp > 1,  # its TP plan shards norms
+                     zero=3 if shard > 1 else 0, shard_size=shard if shard > 1 and rep > 1
+                     else 0, fp8=fp8,
+                     tp_comm_overlap=get(par, "enable_async_tensor_parallel", False, bool,
+                                         "parallelism"),
+                     placement=megatron_placement(cluster, tp, pp, dp * cp, node_order))
+    return model, job, plan

@@ -24,7 +24,7 @@ import math
 from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import make_plan
-from model.plan import Plan, megatron_placement, tp_pp_dp_placement
+from model.plan import TP_PP_DP_ORDER, Plan, megatron_placement, ordered_placement
 from model.specs import JobSpec, ModelSpec
 
 # --position-embedding-type -> the cost model's: 'none' has no position weights and no rotation,
@@ -363,7 +363,8 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                      tp_comm_overlap=a.flag("tp_comm_overlap"),
                      overlap_grad_reduce=a.flag("overlap_grad_reduce"),
                      overlap_param_gather=a.flag("overlap_param_gather"),
-                     placement=tp_pp_dp_placement(cluster, tp, pp, dp, cp, node_order)
+                     placement=ordered_placement(cluster, tp, pp, dp, cp, TP_PP_DP_ORDER,
+                                                 node_order)
                      if a.flag("use_tp_pp_dp_mapping")
                      else megatron_placement(cluster, tp, pp, dp * cp, node_order))
     return model, job, plan

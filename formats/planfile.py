@@ -29,7 +29,7 @@ from model.plan import Placement, Plan, Shape, validate_placement, validate_shap
 from model.specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
 
 from .views import estimate_to_dict, placement_to_dict, shape_to_dict
-from formats.reading import read_text
+from formats.reading import FieldReader, read_text
 
 SCHEMA_VERSION = 2  # 2: the per-operation cost model (GPU curve, FP8, attention, overlaps)
 KIND = "pipette-plan"
@@ -149,65 +149,7 @@ def save_plan(path, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: 
 # reading
 
 
-class _Reader:
-    """Typed field access that names the file and the dotted field on every problem."""
-
-    def __init__(self, src: str):
-        self.src = src
-
-    def err(self, fld: str, problem: str) -> SpecError:
-        return SpecError(problem, source=self.src, field=fld)
-
-    def obj(self, d, key: str, where: str, optional=False) -> dict | None:
-        fld = f"{where}.{key}" if where else key
-        if key not in d or d[key] is None:
-            if optional:
-                return None
-            raise self.err(fld, "missing; the plan file must have this section")
-        v = d[key]
-        if not isinstance(v, dict):
-            raise self.err(fld, f"must be an object, got {type(v).__name__}")
-        return v
-
-    def get(self, d: dict, key: str, where: str, kind, default=..., nullable=False):
-        fld = f"{where}.{key}" if where else key
-        if key not in d:
-            if default is not ...:
-                return default
-            raise self.err(fld, "missing")
-        v = d[key]
-        if v is None and nullable:
-            return None
-        if kind is int:
-            ok = isinstance(v, int) and not isinstance(v, bool)
-            name = "an integer"
-        elif kind is float:
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-            name = "a number"
-        elif kind is bool:
-            ok = isinstance(v, bool)
-            name = "true or false"
-        elif kind is str:
-            ok = isinstance(v, str)
-            name = "a string"
-        elif kind is list:
-            ok = isinstance(v, list)
-            name = "a list"
-        else:  # pragma: no cover - internal
-            raise TypeError(kind)
-        if not ok:
-            raise self.err(fld, f"must be {name}{' or null' if nullable else ''}, got {v!r}")
-        return float(v) if kind is float else v
-
-    def wrap(self, e: SpecError, prefix: str) -> SpecError:
-        """A spec's error under the file's path to it (`prefix`); an error `get` raised inside
-        the same try already names its field from the file's root and keeps it."""
-        named = e.field and (e.field == prefix or e.field.startswith(prefix + "."))
-        fld = e.field if named else (f"{prefix}.{e.field}" if e.field else prefix)
-        return SpecError(e.problem, source=self.src, field=fld)
-
-
-def _matrix(rd: _Reader, rows, n: int, fld: str) -> np.ndarray:
+def _matrix(rd: FieldReader, rows, n: int, fld: str) -> np.ndarray:
     if not isinstance(rows, list) or len(rows) != n or any(
             not isinstance(r, list) or len(r) != n for r in rows):
         raise rd.err(fld, f"must be a {n}x{n} list of rows (one per node, in nodes order)")
@@ -216,7 +158,7 @@ def _matrix(rd: _Reader, rows, n: int, fld: str) -> np.ndarray:
     return np.array(rows, dtype=float)
 
 
-def _read_model(rd: _Reader, d: dict) -> ModelSpec:
+def _read_model(rd: FieldReader, d: dict) -> ModelSpec:
     w = "model"
     kw = {"name": rd.get(d, "name", w, str)}
     for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
@@ -242,7 +184,7 @@ def _read_model(rd: _Reader, d: dict) -> ModelSpec:
         raise rd.wrap(e, w) from None
 
 
-def _read_job(rd: _Reader, d: dict) -> JobSpec:
+def _read_job(rd: FieldReader, d: dict) -> JobSpec:
     w = "job"
     try:
         return JobSpec(global_batch=rd.get(d, "global_batch", w, int),
@@ -266,7 +208,7 @@ def _read_job(rd: _Reader, d: dict) -> JobSpec:
         raise rd.wrap(e, w) from None
 
 
-def _read_options(rd: _Reader, d: dict | None) -> Options:
+def _read_options(rd: FieldReader, d: dict | None) -> Options:
     if d is None:
         return Options()
     w = "options"
@@ -279,7 +221,7 @@ def _read_options(rd: _Reader, d: dict | None) -> Options:
     return Options(blocking_p2p=rd.get(d, "blocking_p2p", w, bool, True), overheads=ov)
 
 
-def _read_cluster(rd: _Reader, d: dict) -> ClusterSpec:
+def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
     w = "cluster"
     types_raw = rd.obj(d, "gpu_types", w)
     gpus: dict[str, GPUSpec] = {}
@@ -335,7 +277,7 @@ def _read_cluster(rd: _Reader, d: dict) -> ClusterSpec:
         raise rd.wrap(e, w) from None
 
 
-def _read_plan(rd: _Reader, d: dict, model: ModelSpec, job: JobSpec,
+def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
                cluster: ClusterSpec) -> Plan:
     sw = "plan.shape"
     sd = rd.obj(d, "shape", "plan")
@@ -404,7 +346,7 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     holds the stored "estimate", "solver", "schema_version" and "generator" as written."""
     path = Path(path)
     src = str(path)
-    rd = _Reader(src)
+    rd = FieldReader(src)
     text = read_text(path, what="the plan file (written by --save-plan or solve)")
     try:
         doc = json.loads(text)

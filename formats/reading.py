@@ -73,3 +73,62 @@ def text_lines(path: str | Path, field: str | None = None, what: str = "the file
     except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
         why = "a damaged gzip file" if gz else getattr(e, "strerror", None) or str(e)
         raise SpecError(f"cannot read {what} ({why})", source=src, field=field) from None
+
+
+class FieldReader:
+    """Typed field access into a parsed document (JSON, TOML) that names the file and the dotted
+    field on every problem (plan files, torchtitan TOML)."""
+
+    def __init__(self, src: str):
+        self.src = src
+
+    def err(self, fld: str, problem: str) -> SpecError:
+        return SpecError(problem, source=self.src, field=fld)
+
+    def obj(self, d, key: str, where: str, optional=False) -> dict | None:
+        fld = f"{where}.{key}" if where else key
+        if key not in d or d[key] is None:
+            if optional:
+                return None
+            raise self.err(fld, "missing; the file must have this section")
+        v = d[key]
+        if not isinstance(v, dict):
+            raise self.err(fld, f"must be an object, got {type(v).__name__}")
+        return v
+
+    def get(self, d: dict, key: str, where: str, kind, default=..., nullable=False):
+        fld = f"{where}.{key}" if where else key
+        if key not in d:
+            if default is not ...:
+                return default
+            raise self.err(fld, "missing")
+        v = d[key]
+        if v is None and nullable:
+            return None
+        if kind is int:
+            ok = isinstance(v, int) and not isinstance(v, bool)
+            name = "an integer"
+        elif kind is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            name = "a number"
+        elif kind is bool:
+            ok = isinstance(v, bool)
+            name = "true or false"
+        elif kind is str:
+            ok = isinstance(v, str)
+            name = "a string"
+        elif kind is list:
+            ok = isinstance(v, list)
+            name = "a list"
+        else:  # pragma: no cover - internal
+            raise TypeError(kind)
+        if not ok:
+            raise self.err(fld, f"must be {name}{' or null' if nullable else ''}, got {v!r}")
+        return float(v) if kind is float else v
+
+    def wrap(self, e: SpecError, prefix: str) -> SpecError:
+        """A spec's error under the file's path to it (`prefix`); an error `get` raised inside
+        the same try already names its field from the file's root and keeps it."""
+        named = e.field and (e.field == prefix or e.field.startswith(prefix + "."))
+        fld = e.field if named else (f"{prefix}.{e.field}" if e.field else prefix)
+        return SpecError(e.problem, source=self.src, field=fld)

@@ -54,30 +54,28 @@ def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
     the hostfile's order where one is given: a Megatron-LM log's from the arguments it printed
     (its last block: a restart's), a torchtitan log's from the TOML it was launched with
     (`run_config`, torchtitan release `version`, 0.2 by default)."""
-    if reading.framework == "torchtitan":
-        if run_config is None:
-            raise SpecError("torchtitan's log prints neither its batch nor its layout; give "
-                            "--run-config (the TOML the run was launched with) or --plan",
-                            source=reading.path, field="log")
-        c = load_cluster(cluster_name)
-        m, job, pl = plan_from_torchtitan_toml(
-            run_config, c, version or TORCHTITAN_VERSIONS[0],
-            node_order=hostfile_order(hostfile, c) if hostfile else None)
-        return m, job, c, pl
-    if run_config is not None:
+    if reading.framework == "torchtitan" and run_config is None:
+        raise SpecError("torchtitan's log prints neither its batch nor its layout; give "
+                        "--run-config (the TOML the run was launched with) or --plan",
+                        source=reading.path, field="log")
+    if reading.framework != "torchtitan" and run_config is not None:
         raise SpecError(f"--run-config is the TOML of a torchtitan run; this is a "
                         f"{reading.framework} log", source=reading.path, field="--run-config")
-    if not reading.megatron_args:
+    if reading.framework != "torchtitan" and not reading.megatron_args:
         raise SpecError("no Megatron-LM arguments block in the log (its start-up print of "
                         "'---- arguments ----'); give --plan for it", source=reading.path,
                         field="log")
     c = load_cluster(cluster_name)
-    m, job, pl = plan_from_megatron_args(reading.megatron_args[-1], c, source=reading.path,
-                                         vocab=reading.padded_vocab,
-                                         deepspeed_zero=reading.deepspeed_zero,
-                                         deepspeed_layers=reading.deepspeed_layers,
-                                         node_order=hostfile_order(hostfile, c) if hostfile
-                                         else None)
+    order = hostfile_order(hostfile, c) if hostfile else None
+    if run_config is not None:
+        m, job, pl = plan_from_torchtitan_toml(run_config, c, version or TORCHTITAN_VERSIONS[0],
+                                               node_order=order)
+    else:
+        m, job, pl = plan_from_megatron_args(reading.megatron_args[-1], c, source=reading.path,
+                                             vocab=reading.padded_vocab,
+                                             deepspeed_zero=reading.deepspeed_zero,
+                                             deepspeed_layers=reading.deepspeed_layers,
+                                             node_order=order)
     return m, job, c, pl
 
 

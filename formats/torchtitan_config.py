@@ -28,7 +28,7 @@ from model.plan import Plan, megatron_placement
 from model.specs import JobSpec, ModelSpec
 
 from . import presets
-from .reading import read_text
+from .reading import FieldReader, read_text
 
 # torchtitan releases whose TOML job config the emitter writes: "0.2" (v0.2.x, the current
 # release: torchtitan/config/job_config.py, layers per pipeline part as
@@ -120,29 +120,23 @@ def plan_from_torchtitan_toml(path, cluster: ClusterSpec, version: str = "0.2",
         cfg = tomllib.loads(read_text(path, field="run config", what="the torchtitan TOML"))
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not TOML ({e})", source=src, field="run config") from None
-    sec = {k: cfg.get(k) if isinstance(cfg.get(k), dict) else {}
+    rd = FieldReader(src)
+    sec = {k: rd.obj(cfg, k, "", optional=True) or {}
            for k in ("model", "training", "parallelism", "activation_checkpoint", "compile")}
     mod, tr, par, ac = sec["model"], sec["training"], sec["parallelism"], \
         sec["activation_checkpoint"]
 
-    def get(d: dict, key: str, default, kind, where: str):
-        v = d.get(key, default)
-        if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
-            raise SpecError(f"is {v!r}; torchtitan expects a {kind.__name__}", source=src,
-                            field=f"{where}.{key}")
-        return v
-
-    model = _model_of(get(mod, "name", "llama3", str, "model"),
-                      get(mod, "flavor", "debugmodel", str, "model"), version, src)
-    converters = get(mod, "converters", [], list, "model")
+    model = _model_of(rd.get(mod, "name", "model", str, "llama3"),
+                      rd.get(mod, "flavor", "model", str, "debugmodel"), version, src)
+    converters = rd.get(mod, "converters", "model", list, [])
     if any(x != "float8" for x in converters):
         raise SpecError(f"converters {converters}: only float8 is priced; give --plan",
                         source=src, field="model.converters")
-    tp = get(par, "tensor_parallel_degree", 1, int, "parallelism")
-    pp = get(par, "pipeline_parallel_degree", 1, int, "parallelism")
-    cp = get(par, "context_parallel_degree", 1, int, "parallelism")
-    rep = get(par, "data_parallel_replicate_degree", 1, int, "parallelism")
-    shard = get(par, "data_parallel_shard_degree", -1, int, "parallelism")
+    tp = rd.get(par, "tensor_parallel_degree", "parallelism", int, 1)
+    pp = rd.get(par, "pipeline_parallel_degree", "parallelism", int, 1)
+    cp = rd.get(par, "context_parallel_degree", "parallelism", int, 1)
+    rep = rd.get(par, "data_parallel_replicate_degree", "parallelism", int, 1)
+    shard = rd.get(par, "data_parallel_shard_degree", "parallelism", int, -1)
     if min(tp, pp, cp, rep) < 1 or shard == 0 or shard < -1:
         raise SpecError("a parallel degree below 1 (data_parallel_shard_degree may be -1)",
                         source=src, field="parallelism")
@@ -152,25 +146,25 @@ def plan_from_torchtitan_toml(path, cluster: ClusterSpec, version: str = "0.2",
     if dp * tp * pp * cp != cluster.num_gpus or dp < 1:
         raise SpecError(f"degrees for {rep * shard * tp * pp * cp} GPUs, the cluster has "
                         f"{cluster.num_gpus}", source=src, field="parallelism")
-    local = get(tr, "local_batch_size", 8, int, "training")
-    gbs = get(tr, "global_batch_size", -1, int, "training")
+    local = rd.get(tr, "local_batch_size", "training", int, 8)
+    gbs = rd.get(tr, "global_batch_size", "training", int, -1)
     gbs = local * dp if gbs == -1 else gbs
     if local < 1 or gbs % (local * dp):
         raise SpecError(f"global batch {gbs} is not a multiple of local batch {local} x DP "
                         f"{dp}", source=src, field="training.global_batch_size")
     precision = {"bfloat16": "bf16", "float32": "fp32"}.get(
-        get(tr, "mixed_precision_param", "bfloat16", str, "training"))
+        rd.get(tr, "mixed_precision_param", "training", str, "bfloat16"))
     if precision is None:
         raise SpecError("mixed_precision_param must be bfloat16 or float32", source=src,
                         field="training.mixed_precision_param")
     if version == "0.1":  # training.compile: the blocks and the loss together
-        compiled = loss_compiled = get(tr, "compile", False, bool, "training")
+        compiled = loss_compiled = rd.get(tr, "compile", "training", bool, False)
     else:
         comp = sec["compile"]
-        on = get(comp, "enable", False, bool, "compile")
-        parts = get(comp, "components", ["model", "loss"], list, "compile")
+        on = rd.get(comp, "enable", "compile", bool, False)
+        parts = rd.get(comp, "components", "compile", list, ["model", "loss"])
         compiled, loss_compiled = on and "model" in parts, on and "loss" in parts
-    mode = get(ac, "mode", "selective", str, "activation_checkpoint")
+    mode = rd.get(ac, "mode", "activation_checkpoint", str, "selective")
     option = str(ac.get("selective_ac_option", "2"))
     if mode == "selective" and option != "op":
         raise SpecError(f"selective_ac_option {option!r}: layer-wise selective checkpointing "
@@ -182,7 +176,7 @@ def plan_from_torchtitan_toml(path, cluster: ClusterSpec, version: str = "0.2",
     schedule, chunks = "1f1b", 1
     layers = None
     if pp > 1:
-        name = get(par, "pipeline_parallel_schedule", "1F1B", str, "parallelism")
+        name = rd.get(par, "pipeline_parallel_schedule", "parallelism", str, "1F1B")
         if name not in _SCHEDULES:
             raise SpecError(f"schedule {name!r} is not priced ({', '.join(_SCHEDULES)})",
                             source=src, field="parallelism.pipeline_parallel_schedule")
@@ -203,27 +197,26 @@ def plan_from_torchtitan_toml(path, cluster: ClusterSpec, version: str = "0.2",
             raise SpecError(f"{parts} model parts for PP {pp} and schedule {name}",
                             source=src, field="parallelism")
         layers = _split(par, version, model.num_layers, parts, src)
-        mbs = get(par, "pipeline_parallel_microbatch_size", 1, int, "parallelism")
+        mbs = rd.get(par, "pipeline_parallel_microbatch_size", "parallelism", int, 1)
         if mbs < 1 or local % mbs:
             raise SpecError(f"micro-batch {mbs} does not divide the local batch {local}",
                             source=src, field="parallelism.pipeline_parallel_microbatch_size")
     else:
         mbs = local  # each local batch one micro-batch, the rest gradient accumulation
     fp8 = "float8" in converters
-    job = JobSpec(global_batch=gbs, seq_length=get(tr, "seq_len", 2048, int, "training"),
+    job = JobSpec(global_batch=gbs, seq_length=rd.get(tr, "seq_len", "training", int, 2048),
                   precision=precision, fp8=fp8, attention="flash", framework="torchtitan",
                   zero=3 if shard > 1 else 0, compile=compiled, compile_loss=loss_compiled,
                   repeat_kv=version == "0.1", source=src)
-    rotate = get(par, "context_parallel_rotate_method", "allgather", str, "parallelism")
+    rotate = rd.get(par, "context_parallel_rotate_method", "parallelism", str, "allgather")
+    async_tp = rd.get(par, "enable_async_tensor_parallel", "parallelism", bool, False)
+    ep = rd.get(par, "expert_parallel_degree", "parallelism", int, 1) if model.num_experts else 1
     plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp,
-                     cp_alltoall=rotate == "alltoall",
-                     ep=get(par, "expert_parallel_degree", 1, int, "parallelism")
-                     if model.num_experts else 1,
+                     cp_alltoall=rotate == "alltoall", ep=ep,
                      micro_batch=mbs, schedule=schedule, chunks=chunks, layers=layers,
                      recompute=mode, sequence_parallel=tp > 1,  # its TP plan shards norms
                      zero=3 if shard > 1 else 0, shard_size=shard if shard > 1 and rep > 1
                      else 0, fp8=fp8,
-                     tp_comm_overlap=get(par, "enable_async_tensor_parallel", False, bool,
-                                         "parallelism"),
+                     tp_comm_overlap=async_tp,
                      placement=megatron_placement(cluster, tp, pp, dp * cp, node_order))
     return model, job, plan

@@ -42,27 +42,13 @@ import shlex
 from dataclasses import dataclass
 
 from model.cluster import ClusterSpec
-from model.plan import Plan
+from model.plan import DEFAULT_ORDER, TP_PP_DP_ORDER, Plan, megatron_rank
 
 
-DEFAULT_ORDER = "tp-cp-ep-dp-pp"
-TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"  # Megatron-LM --use-tp-pp-dp-mapping
 # the rank orders each framework can be told to use: torchtitan's device mesh and DeepSpeed's
 # PipeModelDataParallelTopology put the pipeline dimension outermost, always
 ORDERS = {"megatron": (DEFAULT_ORDER, TP_PP_DP_ORDER), "nemo": (DEFAULT_ORDER, TP_PP_DP_ORDER),
           "torchtitan": (DEFAULT_ORDER,), "deepspeed": (DEFAULT_ORDER,)}
-
-
-def megatron_rank(tp: int, cols: int, stage: int, col: int, tensor_rank: int,
-                  order: str = DEFAULT_ORDER, pp: int = 1, cp: int = 1) -> int:
-    """Global rank of (stage, column, tensor rank), column = replica * cp + cp_rank and cols =
-    dp * cp. Default order: tensor fastest, then context, then data, then pipeline; the
-    tp-pp-dp order puts the pipeline before data (Megatron-LM parallel_state rank orders, see
-    module docstring; `pp` and `cp` are needed only for it)."""
-    if order == TP_PP_DP_ORDER:
-        replica, cp_rank = divmod(col, cp)
-        return replica * (tp * cp * pp) + stage * (tp * cp) + cp_rank * tp + tensor_rank
-    return stage * (tp * cols) + col * tp + tensor_rank
 
 
 @dataclass(frozen=True)

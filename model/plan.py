@@ -435,13 +435,34 @@ def validate_placement(cluster: ClusterSpec, shape: Shape, pl: Placement,
                 used.add((n, x))
 
 
-def _ordered_placement(cluster: ClusterSpec, tp: int, pp: int, cols: int, first_rank,
-                       node_order: list[int] | None) -> Placement:
-    """The placement of a rank order: ranks fill the nodes in `node_order` (cluster order by
-    default: a hostfile listing them so), each node's GPUs in order; `first_rank(stage,
-    column)` is the first rank of that tensor group, whose TP ranks follow it."""
-    order = range(cluster.num_nodes) if node_order is None else node_order
-    flat = [(n, g) for n in order for g in range(cluster.nodes[n].num_gpus)]
+# Megatron-LM's rank orders (megatron/core/parallel_state.py initialize_model_parallel; the
+# derivation is in launch/ranks.py): tensor fastest, then context, data, pipeline; or, with
+# --use-tp-pp-dp-mapping, pipeline before data
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"
+
+
+def megatron_rank(tp: int, cols: int, stage: int, col: int, tensor_rank: int,
+                  order: str = DEFAULT_ORDER, pp: int = 1, cp: int = 1) -> int:
+    """Global rank of (stage, column, tensor rank), column = replica * cp + cp_rank and cols =
+    dp * cp. Default order: tensor fastest, then context, then data, then pipeline; the
+    tp-pp-dp order puts the pipeline before data (Megatron-LM parallel_state rank orders, see
+    launch/ranks.py's docstring; `pp` and `cp` are needed only for it)."""
+    if order == TP_PP_DP_ORDER:
+        replica, cp_rank = divmod(col, cp)
+        return replica * (tp * cp * pp) + stage * (tp * cp) + cp_rank * tp + tensor_rank
+    return stage * (tp * cols) + col * tp + tensor_rank
+
+
+def ordered_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, cp: int = 1,
+                      order: str = DEFAULT_ORDER,
+                      node_order: list[int] | None = None) -> Placement:
+    """The placement a Megatron-LM rank order gives: ranks fill the nodes in `node_order`
+    (cluster order by default: a hostfile listing them so), each node's GPUs in order; columns
+    replica x CP + cp_rank (megatron_rank)."""
+    order_n = range(cluster.num_nodes) if node_order is None else node_order
+    flat = [(n, g) for n in order_n for g in range(cluster.nodes[n].num_gpus)]
+    cols = dp * cp
     if tp * pp * cols != len(flat):
         raise SpecError(f"TP x PP x DP x CP = {tp * pp * cols} but the cluster has {len(flat)} "
                         "GPUs", field="tp/pp/dp")
@@ -449,7 +470,7 @@ def _ordered_placement(cluster: ClusterSpec, tp: int, pp: int, cols: int, first_
     for s in range(pp):
         nrow, grow = [], []
         for col in range(cols):
-            first = first_rank(s, col)
+            first = megatron_rank(tp, cols, s, col, 0, order, pp, cp)
             members = flat[first:first + tp]
             if len({n for n, _ in members}) != 1:
                 raise SpecError(f"TP={tp} tensor-parallel group would span nodes; TP must fit "
@@ -463,22 +484,9 @@ def _ordered_placement(cluster: ClusterSpec, tp: int, pp: int, cols: int, first_
 
 def megatron_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int,
                        node_order: list[int] | None = None) -> Placement:
-    """Megatron-LM rank order (tp-cp-ep-dp-pp; `dp` counts the columns, replicas x CP),
-    ranks filling nodes in cluster order (or `node_order`)."""
-    return _ordered_placement(cluster, tp, pp, dp, lambda s, col: s * tp * dp + col * tp,
-                              node_order)
-
-
-def tp_pp_dp_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, cp: int = 1,
-                       node_order: list[int] | None = None) -> Placement:
-    """Megatron-LM's rank order under --use-tp-pp-dp-mapping (tp-cp-ep-pp-dp: rank = replica
-    x TP x CP x PP + stage x TP x CP + cp_rank x TP + tensor rank; launch/ranks.py), ranks
-    filling nodes in cluster order (or `node_order`); columns replica x CP + cp_rank as
-    megatron_placement's."""
-    def first(s: int, col: int) -> int:
-        r, c = divmod(col, cp)
-        return r * tp * cp * pp + s * tp * cp + c * tp
-    return _ordered_placement(cluster, tp, pp, dp * cp, first, node_order)
+    """Megatron-LM's default rank order (`dp` counts the columns, replicas x CP), ranks
+    filling nodes in cluster order (or `node_order`)."""
+    return ordered_placement(cluster, tp, pp, dp, node_order=node_order)
 
 
 def block_placement(cluster: ClusterSpec, tp: int, pp: int, dp: int, stages_per_node: int,

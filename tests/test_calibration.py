@@ -210,7 +210,7 @@ def test_plan_read_from_megatron_arguments():
     from formats.clusters import cluster as load_cluster
     from formats.megatron_args import plan_from_megatron_args
     from model.estimator import estimate
-    from model.plan import tp_pp_dp_placement
+    from model.plan import TP_PP_DP_ORDER, ordered_placement
 
     ex = load_cluster("example")
     text = (LOGS / "megatron_args_70b.txt").read_text()
@@ -243,7 +243,8 @@ def test_plan_read_from_megatron_arguments():
     mapped = plan_from_megatron_args(
         megatron_arg_blocks(_set_arg(text, "use_tp_pp_dp_mapping", True))[0], ex,
         source="t", node_order=list(range(7, -1, -1)))[2]
-    assert mapped.placement == tp_pp_dp_placement(ex, 8, 4, 2, 1, list(range(7, -1, -1)))
+    assert mapped.placement == ordered_placement(ex, 8, 4, 2, 1, TP_PP_DP_ORDER,
+                                                 list(range(7, -1, -1)))
     assert mapped.placement != plan.placement
     for name, value in (("multi_latent_attention", True),
                         ("recompute_method", "block"), ("normalization", "Foo")):

@@ -139,6 +139,7 @@ def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict
             "warmup_skipped": r.skipped, "processes": r.processes,
             "other_batch_left_out": len(r.values) - used,
             "validation_lines_left_out": r.validation_lines,
+            "same_steps_lines_left_out": r.same_steps_lines,
             "plan_from_arguments": plan_read}
 
 
@@ -155,6 +156,9 @@ def print_calibration(prof, out, readings=()) -> None:
                       f"{gbs} left out")
         if r.validation_lines:
             extra += f"; {r.validation_lines} validation lines left out"
+        if r.same_steps_lines:
+            extra += (f"; {r.same_steps_lines} DeepSpeed lines timing the same steps left "
+                      "out")
         con.print(f"{r.path}: {r.framework}, {d['readings_used']} readings used, {r.skipped} "
                   f"warm-up skipped{extra}", highlight=False)
         if plan_read:

@@ -24,8 +24,16 @@ the log is paired with (global batch B, sequence S, G GPUs):
 - torchtitan: `tps` (tokens per second per GPU): B S / (tps G); memory: `memory: X GiB`, the
   peak reserved memory it prints.
 - NeMo (Lightning): `train_step_timing in s`, directly (no memory line).
-- DeepSpeed: `CurrSamplesPerSec` of the ThroughputTimer (global samples per second): B / it;
-  memory: `MaxMemAllocated` (allocated, not reserved: reported, not fitted).
+- DeepSpeed: its pipeline engine's `iter time (s)` (the train_batch timer over the steps since
+  its last print, each step's mean), directly; without the pipeline engine, `CurrSamplesPerSec`
+  of the ThroughputTimer (global samples per second): B / it, where both print the same steps
+  the pipeline engine's line is read; memory: `MaxMemAllocated` (allocated, not reserved:
+  reported, not fitted). Not read: the flops profiler's summary (one step, its profile_step,
+  1 by default: a warm-up step) and the wall-clock breakdown (per-phase timers, no step time).
+- Megatron-DeepSpeed (a Megatron-LM arguments block with `deepspeed True`) prints Megatron's
+  iteration line and DeepSpeed's own for the same steps: Megatron's is read (it times the
+  whole train step) and DeepSpeed's left out, counted. In any other log, lines of two
+  frameworks are refused.
 """
 
 from __future__ import annotations
@@ -75,6 +83,11 @@ _DEEPSPEED = re.compile(r"global_step=(\d+),\s*RunningAvgSamplesPerSec=" + _NUM
                         + r",\s*CurrSamplesPerSec=" + _NUM + r",\s*MemAllocated=" + _NUM
                         + r"GB,\s*MaxMemAllocated=" + _NUM + "GB")
 
+# deepspeed/runtime/pipe/engine.py (PipelineEngine.train_batch, every steps_per_print steps, on
+# global rank 0): 'steps: {global_steps} loss: {loss:0.4f} [{name}: {loss:0.4f} ]iter time (s):
+# {iter_time:0.3f} samples/sec: {tput:0.3f}'
+_DS_PIPE = re.compile(r"\bsteps:\s*(\d+)\s+loss:.*?iter time \(s\):\s*" + _NUM
+                      + r"\s+samples/sec:\s*" + _NUM)
 
 # the global batch on a timing line: Megatron-LM's ' global batch size: {batch_size:5d} |'
 # (training_log), NeMo's '| global_batch_size: N |' (the progress printer's logged metric)
@@ -127,6 +140,9 @@ class LogReading:
     skipped: int = 0  # warm-up readings skipped, over every process
     processes: int = 1  # training processes found (restarts and ranks), each warmed up apart
     validation_lines: int = 0  # torchtitan validation lines left out
+    # DeepSpeed's timing lines of steps another line of the same run timed (Megatron-DeepSpeed:
+    # Megatron's; the pipeline engine: its own over the ThroughputTimer's), left out
+    same_steps_lines: int = 0
     # the global batch each reading in `values` printed (Megatron-LM, NeMo), else None
     batches: list = field(default_factory=list)
     # each arguments block a Megatron-LM log printed (a restart prints its own): name -> value
@@ -276,6 +292,9 @@ def read_log(path) -> LogReading:
             step = int(m.group(1))
             found.append(("deepspeed", procs.of(rank, step), step, None, _f(m.group(3))))
             mem.setdefault("deepspeed", []).append(_f(m.group(5)))
+        elif "iter time (s)" in line and (m := _DS_PIPE.search(line)):
+            step = int(m.group(1))
+            found.append(("deepspeed-pipe", procs.of(rank, step), step, None, _f(m.group(2))))
         elif "validate step" in line and _TITAN_VALIDATION.search(line):
             validation += 1
         if "memory (MB)" in line and (m := _MEGATRON_MEM.search(line)):
@@ -289,13 +308,28 @@ def read_log(path) -> LogReading:
     if not found:
         raise SpecError("no training-step line of Megatron-LM (elapsed time per iteration), "
                         "torchtitan (step: .. tps:), NeMo (train_step_timing in s) or "
-                        "DeepSpeed (CurrSamplesPerSec) found; give the log the framework "
-                        "printed", source=src, field="log")
+                        "DeepSpeed (iter time (s), CurrSamplesPerSec) found; give the log the "
+                        "framework printed", source=src, field="log")
     frameworks = {x[0] for x in found}
+    # one run's second timer of the same steps (module docstring): left out, counted
+    ds = frameworks & {"deepspeed", "deepspeed-pipe"}
+    if ("megatron" in frameworks and ds
+            and any(b.get("deepspeed") == "True" for b in args.blocks)):
+        drop = ds
+    elif ds == {"deepspeed", "deepspeed-pipe"}:
+        drop = {"deepspeed"}
+    else:
+        drop = set()
+    same_steps = sum(x[0] in drop for x in found)
+    found = [x for x in found if x[0] not in drop]
+    frameworks -= drop
     if len(frameworks) > 1:
         raise SpecError(f"lines of several frameworks ({', '.join(sorted(frameworks))}) in one "
                         "log; give one run's log per file", source=src, field="log")
     fw = frameworks.pop()
+    unit = {"megatron": "s", "nemo": "s", "torchtitan": "tokens/s/gpu",
+            "deepspeed": "samples/s", "deepspeed-pipe": "s"}[fw]
+    fw = fw.removesuffix("-pipe")
     # warm-up: the readings of each process's first WARMUP_READINGS steps (every rank's line
     # of those steps, where ranks print without a prefix)
     seen: dict = {}  # process -> its first steps
@@ -314,10 +348,9 @@ def read_log(path) -> LogReading:
                         f"{WARMUP_READINGS + MIN_READINGS} in one process are needed (the first "
                         f"{WARMUP_READINGS} of each are warm-up); log more iterations",
                         source=src, field="log")
-    unit = {"megatron": "s", "nemo": "s", "torchtitan": "tokens/s/gpu",
-            "deepspeed": "samples/s"}[fw]
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
                          processes=len(seen), validation_lines=validation, batches=batches,
+                         same_steps_lines=same_steps,
                          megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [],
                          padded_vocab=vocab, deepspeed_zero=ds_zero,
                          deepspeed_layers=partition.per_stage())

@@ -29,6 +29,8 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
     ("torchtitan", "torchtitan", 256 * 4096 / (6005.5 * 128), 61.27),
     ("nemo", "nemo", 43.52, None),
     ("deepspeed", "deepspeed", 256 / 5.86, 61.4),
+    # its pipeline engine's 'iter time (s)' read over the ThroughputTimer's lines of the steps
+    ("deepspeed_pipe", "deepspeed", 43.51, 61.4),
     # Megatron-Bridge: Megatron's iteration line, memory in GB (10^9 bytes) by named key
     ("megatron_bridge", "megatron", 43.48, 80.531e9 / 2 ** 30),
 ])
@@ -102,6 +104,34 @@ def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     r = read_log(p)
     assert r.processes == 1 and r.skipped == 4 * WARMUP_READINGS
     assert sorted(r.values) == sorted(ds.values * 4)
+
+
+def test_megatron_deepspeed_prints_two_timers_of_the_same_steps(tmp_path):
+    """Megatron-DeepSpeed prints Megatron's iteration line and DeepSpeed's pipeline engine line
+    for each step (as BigScience's experiments/gpt2-meg-ds-3d-old logs show): Megatron's is
+    read and DeepSpeed's counted as left out; the pipeline engine's line over the timer's in a
+    DeepSpeed log; without the arguments block saying `deepspeed True`, two frameworks' lines
+    are refused."""
+    pipe = read_log(LOGS / "deepspeed_pipe.log")
+    assert pipe.unit == "s" and pipe.same_steps_lines == 10 and len(pipe.values) == 7
+    mega = (LOGS / "megatron.log").read_text().splitlines()
+    steps = [i for i, line in enumerate(mega) if "elapsed time per iteration" in line]
+    for k, i in enumerate(reversed(steps)):
+        mega.insert(i, f"steps: {len(steps) - k} loss: 10.0000 iter time (s): 99.000 "
+                       "samples/sec: 2.586")
+    block = ["-------------------- arguments --------------------",
+             "  deepspeed ....................... True",
+             "---------------- end of arguments ----------------"]
+    p = tmp_path / "meg_ds.log"
+    p.write_text("\n".join(block + mega))
+    r = read_log(p)
+    m1 = read_log(LOGS / "megatron.log")
+    assert r.framework == "megatron" and r.values == m1.values
+    assert r.same_steps_lines == len(steps)
+    p.write_text("\n".join(mega))
+    with pytest.raises(SpecError) as e:
+        read_log(p)
+    assert "several frameworks" in str(e.value)
 
 
 def test_readings_at_another_global_batch(tmp_path):

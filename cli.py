@@ -569,14 +569,15 @@ def estimate(
 @command()
 def calibrate(
     logs: Annotated[list[Path], typer.Argument(help="Training logs (Megatron-LM, torchtitan, "
-                                                "NeMo, DeepSpeed), one per run.")],
+                                                "Megatron-Bridge, NeMo, DeepSpeed), one per run.")],
     plan: Annotated[Optional[list[Path]], typer.Option(
         "--plan", help="The plan file each log ran (--save-plan): one per log, in order, or one "
         "for all.")] = None,
     cluster: Annotated[Optional[list[str]], typer.Option(
         "--cluster", "-c", help="Instead of --plan: the cluster each run ran on (preset or file; "
         "one per log or one for all); the plan is read from the arguments a Megatron-LM or "
-        "Megatron-DeepSpeed log printed, or from a torchtitan run's --run-config; ranks in "
+        "Megatron-DeepSpeed log printed, or from the --run-config of a torchtitan or "
+        "Megatron-Bridge run; ranks in "
         "Megatron-LM's order over the cluster's nodes as listed (or as --hostfile lists "
         "them).")]
     = None,
@@ -584,8 +585,9 @@ def calibrate(
         "--hostfile", help="With --cluster: the hostfile each run used (one per log or one for "
         "all): ranks fill the nodes in its order, not the cluster file's.")] = None,
     run_config: Annotated[Optional[list[Path]], typer.Option(
-        "--run-config", help="With --cluster, for torchtitan logs: the TOML job config each run "
-        "was launched with (one per log or one for all; --framework-version 0.1 or 0.2).")]
+        "--run-config", help="With --cluster, one per log or one for all: for torchtitan logs "
+        "the TOML job config each run was launched with (--framework-version 0.1 or 0.2); for "
+        "Megatron-Bridge logs the run_config.yaml of one of its checkpoints (iter_N/).")]
     = None,
     framework_version: FwVersionOpt = None,
     save_plans: Annotated[Optional[Path], typer.Option(

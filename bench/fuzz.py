@@ -440,10 +440,47 @@ _ARG_VALUES = ["None", "True", "False", "0", "-3", "1", "7", "abc", "1e9", "2147
                "[0, 1]", "[1, 0]", "Ettt|tt", "nan", "", "selective", "full", "RMSNorm"]
 
 
+# the settings formats/bridge_config.py reads from a Megatron-Bridge run_config.yaml
+_BRIDGE_KEYS = [("model", k) for k in (
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+    "virtual_pipeline_model_parallel_size", "num_layers", "hidden_size", "ffn_hidden_size",
+    "num_attention_heads", "num_query_groups", "kv_channels", "seq_length", "vocab_size",
+    "make_vocab_size_divisible_by", "should_pad_vocab", "recompute_granularity",
+    "recompute_method", "recompute_num_layers", "recompute_modules", "sequence_parallel",
+    "normalization", "position_embedding_type", "pipeline_model_parallel_layout",
+    "num_layers_in_first_pipeline_stage", "num_moe_experts", "moe_router_topk",
+    "expert_model_parallel_size", "attention_backend", "hidden_dropout", "rotary_base",
+    "share_embeddings_and_output_weights", "cross_entropy_loss_fusion", "transformer")] + [
+    ("train", "global_batch_size"), ("train", "micro_batch_size"),
+    ("ddp", "use_distributed_optimizer"), ("ddp", "use_megatron_fsdp"),
+    ("ddp", "data_parallel_sharding_strategy"), ("mixed_precision", "bf16"),
+    ("mixed_precision", "fp8"), ("mixed_precision", "fp8_recipe"),
+    ("dataset", "seq_length"), ("dist", "use_tp_pp_dp_mapping"), (None, "mixed_precision"),
+    (None, "comm_overlap"), (None, "model"), (None, "dist")]
+
+
 def fam_logs(rng: random.Random, tmp: Path) -> Case:
     """A mutated training log (Megatron-LM, torchtitan, NeMo, DeepSpeed) with a valid plan;
     or a Megatron-LM log whose printed arguments have some values replaced, its plan read from
-    them on the example cluster (`calibrate --cluster`)."""
+    them on the example cluster (`calibrate --cluster`); or a Megatron-Bridge log with its
+    run_config.yaml, settings the reader uses replaced or removed (`--run-config`)."""
+    if rng.random() < 0.12:
+        import yaml
+
+        doc = yaml.safe_load((FIX / "logs" / "bridge_run_config_70b.yaml").read_text())
+        for _ in range(rng.randint(1, 4)):
+            sec, key = rng.choice(_BRIDGE_KEYS)
+            where = doc if sec is None else doc.get(sec)
+            if not isinstance(where, dict):
+                continue
+            if rng.random() < 0.2:
+                where.pop(key, None)
+            else:
+                where[key] = copy.deepcopy(rng.choice(WEIRD + _ARG_VALUES))
+        return Case("logs", ["calibrate", "{run.log}", "--cluster", "example", "--run-config",
+                             "{run.yaml}", "--fit", "gemm_scale"],
+                    {"run.log": (FIX / "logs" / "megatron_bridge.log").read_text(),
+                     "run.yaml": yaml.safe_dump(doc)})
     if rng.random() < 0.15:  # a torchtitan run's TOML, mutated, read with its log
         doc = {"model": {"name": "llama3", "flavor": rng.choice(["8B", "70B"])},
                "training": {"local_batch_size": 2, "global_batch_size": 128, "seq_len": 4096},

@@ -641,7 +641,95 @@ def check_bridge(python: str, bridge: str, megatron: str, work: Path) -> int:
     return _check_core(python, ("Megatron-Bridge", "Bridge"), "nemo", "bridge",
                        "run_bridge.py", bridge, [str(Path(bridge) / "src"), megatron], work,
                        extra=["train.train_iters=1000",
-                              "dataset.blend=[[/data/corpus_text_document],null]"])
+                              "dataset.blend=[[/data/corpus_text_document],null]"]) + \
+        check_bridge_recipes(python, bridge, megatron, work)
+
+
+# Megatron-Bridge's own recipes (067f987, recipes/llama/h100/llama3.py), each run as it stands
+# on WORLD_SIZE 64 (the h100-8x8 preset), its checkpoint's run_config.yaml read back by
+# `calibrate --run-config`: (recipe function, the preset model of its Hugging Face id, that id)
+BRIDGE_RECIPES = (
+    ("llama3_8b_pretrain_2gpu_h100_bf16_config", "llama3-8b", "meta-llama/Meta-Llama-3-8B"),
+    ("llama3_8b_pretrain_16gpu_h100_bf16_16k_config", "llama3-8b",
+     "meta-llama/Meta-Llama-3-8B"),
+    ("llama3_70b_pretrain_32gpu_h100_bf16_config", "llama3-70b", "meta-llama/Meta-Llama-3-70B"),
+    ("llama3_8b_pretrain_2gpu_h100_fp8cs_config", "llama3-8b", "meta-llama/Meta-Llama-3-8B"),
+)
+
+
+def _hf_cache(home: Path, repo: str, model) -> None:
+    """A Hugging Face cache under `home` holding `repo`'s config.json, written from the preset
+    (whose source is that config.json; rms_norm_eps 1e-05 and hidden_act silu as there): the
+    recipes read it, and this machine has no network."""
+    snap = home / "hub" / f"models--{repo.replace('/', '--')}"
+    rev = "0" * 40
+    (snap / "refs").mkdir(parents=True, exist_ok=True)
+    (snap / "refs" / "main").write_text(rev)
+    (snap / "snapshots" / rev).mkdir(parents=True, exist_ok=True)
+    (snap / "snapshots" / rev / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
+        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
+        "num_key_value_heads": model.num_kv_heads, "vocab_size": model.vocab_size,
+        "max_position_embeddings": model.seq_length, "rope_theta": model.rope_base,
+        "rms_norm_eps": 1e-05, "tie_word_embeddings": model.tied_embeddings,
+        "attention_bias": model.bias, "torch_dtype": "bfloat16", "bos_token_id": 128000,
+        "eos_token_id": 128001}))
+
+
+def check_bridge_recipes(python: str, bridge: str, megatron: str, work: Path) -> int:
+    """Megatron-Bridge's own recipes: built as they stand by Bridge (run_bridge.py), their
+    run_config.yaml read back by `calibrate --run-config` on the h100-8x8 cluster and compared
+    field by field with what Bridge built. Prints each recipe's differences (the reader
+    refusing what it cannot price is no failure); returns the number of recipes read back
+    differently from what Bridge built."""
+    from formats.bridge_config import plan_from_bridge_config
+    from formats.runs import loss_fused
+    from model.errors import SpecError
+
+    c = cluster("h100-8x8")
+    home = work / "hf"
+    items = []
+    for k, (fn, preset, repo) in enumerate(BRIDGE_RECIPES):
+        _hf_cache(home, repo, presets.model(preset))
+        items.append({"recipe": f"megatron.bridge.recipes.llama.h100.llama3:{fn}",
+                      "world_size": c.num_gpus, "gpu_arch": 9,
+                      "run_config": str(work / f"recipe{k}.yaml")})
+    (work / "recipes.json").write_text(json.dumps(items))
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(bridge) / "src"), megatron])}
+    run = subprocess.run([python, str(HERE / "run_bridge.py"), str(work / "recipes.json"),
+                          str(work / "recipes-views.json")], cwd=bridge, env=env,
+                         capture_output=True, text=True)
+    if run.returncode:
+        print(run.stderr[-3000:])
+        return len(items)
+    views = json.loads((work / "recipes-views.json").read_text())
+    print(f"\nMegatron-Bridge's own recipes on {c.num_gpus} GPUs (h100-8x8), their "
+          "run_config.yaml read back by calibrate --run-config\n")
+    bad = 0
+    for (fn, _p, _r), v in zip(BRIDGE_RECIPES, views):
+        if not v["accepted"]:
+            print(f"{fn}: Bridge refused it: {v['error']}")
+            bad += 1
+            continue
+        try:
+            m, job, plan, settings = plan_from_bridge_config(Path(v["run_config"]), c)
+        except SpecError as e:
+            print(f"{fn}: refused ({e.field}): {str(e).split(': ', 1)[-1]}")
+            continue
+        # the fused loss the cost model does not price: calibrate keeps the run's memory out
+        # of its fit (formats/runs.py loss_fused); every other field must be as built
+        diffs = [d for d in compare(m, job, plan, v)
+                 if not (d[0] == "cross_entropy_loss_fusion" and loss_fused([settings]))]
+        print(f"{fn}: {plan.shape.describe()}; "
+              + ("as Bridge built it" if not diffs else f"{len(diffs)} differences")
+              + ("; fused loss: its memory reported, not fitted" if loss_fused([settings])
+                 else ""))
+        for f, want, have, kind in diffs:
+            print(f"    [{kind}] {f}: read {want}, Bridge builds {have}")
+        bad += bool(diffs)
+    return bad
 
 
 def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None,
@@ -654,8 +742,6 @@ def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None,
     the difference or the reader refuses what it cannot price. Ranks fill the nodes in the
     order of the emitted `hostfile` (calibrate --hostfile). Returns 1 on a failure (printed)
     or 0."""
-    import dataclasses
-
     from formats.megatron_args import plan_from_megatron_args
     from model.errors import SpecError
 
@@ -681,6 +767,36 @@ def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None,
     except SpecError as e:
         print(f"    plan read from the arguments: refused ({e.field}), calibrate needs --plan")
         return bool(diff) or bool(missing)
+    return bool(diff) or bool(missing) or \
+        read_back_differs(m, job, c, plan, warns, (m2, j2, p2), "the arguments")
+
+
+def check_run_config(m, job, c, plan, warns: list[str], path: str | None,
+                     hostfile: Path | None = None) -> int:
+    """`calibrate --run-config` on the run_config.yaml Megatron-Bridge itself wrote for the
+    launch set emitted from the plan (the file a checkpoint of the run holds): the plan read
+    from it must be the plan, as in check_printed_args. Returns 1 on a failure, else 0."""
+    from formats.bridge_config import plan_from_bridge_config
+    from model.errors import SpecError
+
+    if path is None:
+        return 0
+    try:
+        read = plan_from_bridge_config(
+            Path(path), c, node_order=hostfile_order(hostfile, c) if hostfile else None)[:3]
+    except SpecError as e:
+        print(f"    plan read from its run_config.yaml: refused ({e.field}: {e}), calibrate "
+              "needs --plan")
+        return 0
+    return read_back_differs(m, job, c, plan, warns, read, "its run_config.yaml")
+
+
+def read_back_differs(m, job, c, plan, warns: list[str], read: tuple, what: str) -> bool:
+    """Whether the plan `calibrate` read back (model, job, plan) differs from the plan beyond
+    what warnings.txt announced (printed either way): its shape, its placement, its cost."""
+    import dataclasses
+
+    m2, j2, p2 = read
     moved = [f.name for f in dataclasses.fields(plan.shape)
              if getattr(plan.shape, f.name) != getattr(p2.shape, f.name)]
     kinds = {k.group(1) for w in warns if (k := re.search(r"\[(\w+)\]", w))}
@@ -692,12 +808,11 @@ def check_printed_args(m, job, c, plan, warns: list[str], printed: str | None,
     same = t_plan.iteration_ms == t_read.iteration_ms and \
         t_plan.peak_memory_gib == t_read.peak_memory_gib
     if moved or not same:
-        print(f"    plan read from the arguments: {', '.join(moved) or 'same shape'}; "
+        print(f"    plan read from {what}: {', '.join(moved) or 'same shape'}; "
               f"{t_read.iteration_ms / t_plan.iteration_ms - 1:+.2%} time, "
               f"{t_read.peak_memory_gib - t_plan.peak_memory_gib:+.2f} GiB"
               + ("" if unwarned or same and not moved else " (as warned)"))
-    fail = bool(unwarned) or (not same and not moved and "model" not in kinds)
-    return bool(diff) or bool(missing) or fail
+    return bool(unwarned) or (not same and not moved and "model" not in kinds)
 
 
 def _check_core(python: str, names: tuple[str, str], fw: str, version: str | None,
@@ -719,7 +834,8 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
         first = recs[c.nodes[0].name]
         assert all(r["args"] == first["args"] for r in recs.values()), "args differ by node"
         arch = 9 if c.nodes[0].gpu.name.startswith("H") else 8
-        items.append({"record": first, "world_size": c.num_gpus, "gpu_arch": arch})
+        items.append({"record": first, "world_size": c.num_gpus, "gpu_arch": arch,
+                      "run_config": str(folder / "run_config.yaml") if version else None})
         meta.append((name, m, job, c, plan, warns, recs, est.fits))
     (work / f"{label}-items.json").write_text(json.dumps(items))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
@@ -743,6 +859,8 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
         bad += good != total
         bad += check_printed_args(m, job, c, plan, warns, v.get("printed"),
                                   work / f"{label}{k}" / "hostfile")
+        bad += check_run_config(m, job, c, plan, warns, v.get("run_config"),
+                                work / f"{label}{k}" / "hostfile")
         if v["order"] != "tp-cp-ep-dp-pp":
             print(f"    rank order {v['order']} (use_tp_pp_dp_mapping)")
     print(f"\n{len(cases) - bad}/{len(cases)} plans accepted with every difference warned "

@@ -1,6 +1,7 @@
 """The runs `calibrate` fits: each training log paired with the plan it ran, from a plan file
 (--plan), or on a named cluster (--cluster) read from the Megatron-LM arguments the log printed
-(formats/megatron_args.py) or from a torchtitan run's TOML (formats/torchtitan_config.py).
+(formats/megatron_args.py), from a torchtitan run's TOML (formats/torchtitan_config.py) or from
+a Megatron-Bridge run's run_config.yaml (formats/bridge_config.py).
 Either way a Megatron-LM log's printed arguments are checked against the plan, so that a log
 is never fitted as the run of another plan."""
 
@@ -13,6 +14,7 @@ from model.errors import SpecError
 from model.estimator import estimate
 from model.specs import Options
 
+from .bridge_config import plan_from_bridge_config
 from .clusters import cluster as load_cluster
 from .clusters import hostfile_order
 from .logs import LogReading, read_log
@@ -48,35 +50,57 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) ->
                             field=diff[0][0])
 
 
+def loss_fused(settings: list[dict[str, str]]) -> bool:
+    """Whether a run whose settings (Megatron-LM's names, as printed) are these fused its
+    cross-entropy loss (--cross-entropy-loss-fusion, on in Megatron-Bridge's recipes). The
+    cost model prices Megatron's unfused loss (model/memory.py LOSS_BYTES_PER_LOGIT); the fused
+    paths peak otherwise (native: 10 bytes per logit against 6, measured; Transformer
+    Engine's: not measured), so such a run's memory is reported and not fitted."""
+    return any(s.get("cross_entropy_loss_fusion") == "True" for s in settings)
+
+
 def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
                   run_config: Path | None = None, version: str | None = None):
-    """(model, job, cluster, plan) of a log's run on the named cluster, ranks over its nodes in
+    """(model, job, cluster, plan, the settings read in Megatron-LM's names or None) of a
+    log's run on the named cluster, ranks over its nodes in
     the hostfile's order where one is given: a Megatron-LM log's from the arguments it printed
     (its last block: a restart's), a torchtitan log's from the TOML it was launched with
-    (`run_config`, torchtitan release `version`, 0.2 by default)."""
+    (`run_config`, torchtitan release `version`, 0.2 by default), a Megatron-Bridge log's from
+    its run_config.yaml (`run_config`)."""
     if reading.framework == "torchtitan" and run_config is None:
         raise SpecError("torchtitan's log prints neither its batch nor its layout; give "
                         "--run-config (the TOML the run was launched with) or --plan",
                         source=reading.path, field="log")
-    if reading.framework != "torchtitan" and run_config is not None:
-        raise SpecError(f"--run-config is the TOML of a torchtitan run; this is a "
-                        f"{reading.framework} log", source=reading.path, field="--run-config")
-    if reading.framework != "torchtitan" and not reading.megatron_args:
+    bridge = reading.framework == "megatron" and run_config is not None
+    if reading.framework not in ("torchtitan", "megatron") and run_config is not None:
+        raise SpecError(f"--run-config is the TOML of a torchtitan run or the run_config.yaml "
+                        f"of a Megatron-Bridge run; this is a {reading.framework} log",
+                        source=reading.path, field="--run-config")
+    if bridge and version is not None:
+        raise SpecError("--framework-version is torchtitan's release; a Megatron-Bridge run "
+                        "config carries its own", source=reading.path,
+                        field="--framework-version")
+    if reading.framework != "torchtitan" and not reading.megatron_args and not bridge:
         raise SpecError("no Megatron-LM arguments block in the log (its start-up print of "
-                        "'---- arguments ----'); give --plan for it", source=reading.path,
-                        field="log")
+                        "'---- arguments ----'); give --plan for it, or for a Megatron-Bridge "
+                        "run --run-config (a checkpoint's iter_N/run_config.yaml)",
+                        source=reading.path, field="log")
     c = load_cluster(cluster_name)
     order = hostfile_order(hostfile, c) if hostfile else None
-    if run_config is not None:
+    if bridge:
+        m, job, pl, settings = plan_from_bridge_config(run_config, c, node_order=order)
+    elif run_config is not None:
         m, job, pl = plan_from_torchtitan_toml(run_config, c, version or TORCHTITAN_VERSIONS[0],
                                                node_order=order)
+        settings = None
     else:
-        m, job, pl = plan_from_megatron_args(reading.megatron_args[-1], c, source=reading.path,
+        settings = reading.megatron_args[-1]
+        m, job, pl = plan_from_megatron_args(settings, c, source=reading.path,
                                              vocab=reading.padded_vocab,
                                              deepspeed_zero=reading.deepspeed_zero,
                                              deepspeed_layers=reading.deepspeed_layers,
                                              node_order=order)
-    return m, job, c, pl
+    return m, job, c, pl, settings
 
 
 def calibration_runs(logs: list, plans: list | None = None, clusters: list | None = None,
@@ -101,11 +125,13 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         hosts = _pick(hostfiles, k, len(logs), "--hostfile")
         run_config = _pick(run_configs, k, len(logs), "--run-config")
         reading = read_log(log)
+        settings = None
         if plan_file:
             m, job, c, pl, opts, _meta = load_plan(plan_file)
             described = None
         else:
-            m, job, c, pl = plan_from_log(reading, cluster_name, hosts, run_config, version)
+            m, job, c, pl, settings = plan_from_log(reading, cluster_name, hosts, run_config,
+                                                    version)
             opts, described = Options(), pl.shape.describe()
             if save_plans:
                 written = Path(save_plans) / f"{Path(log).name}.plan.json"
@@ -113,8 +139,11 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
                 described += f" (saved to {written})"
         check_logged_args(reading, m, job, pl, str(plan_file) if plan_file
                           else "read from its arguments")
+        kind = reading.memory_kind
+        if kind and loss_fused(reading.megatron_args + ([settings] if settings else [])):
+            kind += ", fused loss: not fitted"
         readings.append((reading, job.global_batch, described))
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
             job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
-            reading.memory_kind, label=Path(log).name))
+            kind, label=Path(log).name))
     return runs, readings

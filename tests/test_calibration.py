@@ -487,6 +487,103 @@ def test_plan_read_from_torchtitan_toml(tmp_path):
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
 
 
+def test_plan_read_from_bridge_run_config(tmp_path):
+    """A Megatron-Bridge run's plan from the run_config.yaml its checkpoints hold, files written
+    by Bridge (067f987) itself (fixtures/logs/README.md): those of the recipes emitted for two
+    plans read back as the plans, placement and cost included; Bridge's own 70B recipe (its
+    TransformerConfig nested under model.transformer) as Bridge built it; what is not priced is
+    refused naming the field. The CLI pairs a Bridge log with its file; a run that fused its
+    loss has its memory reported and not fitted."""
+    import yaml
+
+    from formats.bridge_config import plan_from_bridge_config
+    from formats.clusters import cluster as load_cluster
+    from model.estimator import estimate
+
+    ex, h100 = load_cluster("example"), load_cluster("h100-8x8")
+    job = JobSpec(global_batch=256, seq_length=4096)
+    l70, mx = presets.model("llama2-70b"), presets.model("mixtral-8x7b")
+    for name, m, plan in (
+            ("bridge_run_config_70b.yaml", l70,
+             make_plan(l70, job, ex, tp=8, pp=4, recompute="selective", sequence_parallel=True,
+                       distributed_optimizer=True, layers=(20,) * 4)),
+            ("bridge_run_config_mixtral.yaml", mx,
+             make_plan(mx, job, ex, tp=2, pp=4, ep=8, etp=1, schedule="interleaved", chunks=2,
+                       sequence_parallel=True, distributed_optimizer=True))):
+        m2, j2, p2, settings = plan_from_bridge_config(LOGS / name, ex)
+        assert p2.shape == plan.shape and p2.placement == plan.placement, name
+        assert estimate(m2, j2, ex, p2).iteration_ms == \
+            pytest.approx(estimate(m, job, ex, plan).iteration_ms, rel=1e-12)
+        assert settings["cross_entropy_loss_fusion"] == "False"  # the emitter turns it off
+    m, j, p, settings = plan_from_bridge_config(LOGS / "bridge_recipe_llama3_70b.yaml", h100)
+    sh = p.shape
+    assert (sh.tp, sh.pp, sh.cp, sh.dp, sh.chunks, sh.micro_batch, sh.recompute,
+            sh.sequence_parallel, sh.tp_comm_overlap, sh.zero) == \
+        (4, 4, 2, 2, 5, 1, "none", True, True, 1)
+    # NullTokenizer's 32000 padded to 128 x TP (should_pad_vocab, set by Bridge's setup)
+    assert (m.num_layers, m.hidden_size, m.num_kv_heads, m.vocab_size, m.rope_base,
+            m.tied_embeddings) == (80, 8192, 8, 32256, 500000.0, False)
+    assert (j.global_batch, j.seq_length, j.precision, j.attention, j.fp8) == \
+        (512, 8192, "bf16", "flash", False)
+    assert settings["cross_entropy_loss_fusion"] == "True"
+
+    doc = yaml.safe_load((LOGS / "bridge_run_config_70b.yaml").read_text())
+    f = tmp_path / "run_config.yaml"
+
+    def refused(change, cl=ex) -> str:
+        d = yaml.safe_load(yaml.safe_dump(doc))
+        change(d)
+        f.write_text(yaml.safe_dump(d))
+        with pytest.raises(SpecError) as e:
+            plan_from_bridge_config(f, cl)
+        assert str(f) in str(e.value)
+        return e.value.field
+
+    assert refused(lambda d: d.update(mixed_precision="bf16_mixed")) == "mixed_precision"
+    assert refused(lambda d: d["model"].update(multi_latent_attention=True)) == \
+        "multi_latent_attention"
+    assert refused(lambda d: d["mixed_precision"].update(fp8="hybrid",
+                                                         first_last_layers_bf16=True)) == \
+        "first_last_layers_bf16"
+    assert refused(lambda d: d["mixed_precision"].update(fp4="nvfp4")) == "fp4"
+    assert refused(lambda d: d["model"].update(recompute_granularity="full",
+                                               recompute_method="block")) == \
+        "recompute_granularity"
+    assert refused(lambda d: d.update(comm_overlap={"data_parallel_size": 4})) == \
+        "comm_overlap.data_parallel_size"
+    assert refused(lambda d: d.pop("train")) == "train"
+    assert refused(lambda d: None, uniform_cluster(3, 8, "H100-SXM-80GB", 360.0, 50.0)) == \
+        "tensor_model_parallel_size"  # TP 8 x PP 4 does not divide 24 GPUs
+    f.write_text("model: [unclosed\n")
+    with pytest.raises(SpecError) as e:
+        plan_from_bridge_config(f, ex)
+    assert e.value.field == "--run-config"
+
+    # the CLI: a Bridge log (its iteration line at global batch 256) with its run_config.yaml;
+    # with the loss fused, the reserved peak is reported, and no fragmentation is fitted
+    runner = CliRunner()
+    out = tmp_path / "cal.json"
+    args = ["calibrate", str(LOGS / "megatron_bridge.log"), "--cluster", "example",
+            "--run-config", str(LOGS / "bridge_run_config_70b.yaml"), "--fit", "gemm_scale",
+            "--out", str(out), "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["runs"][0]["memory_kind"] == "reserved" and "fragmentation" in got["parameters"]
+    assert got["logs"][0]["plan_from_arguments"].startswith("TP=8 PP=4 DP=2")
+    d = yaml.safe_load(yaml.safe_dump(doc))
+    d["model"]["cross_entropy_loss_fusion"] = True
+    f.write_text(yaml.safe_dump(d))
+    res = runner.invoke(app, args[:5] + [str(f)] + args[6:])
+    got = json.loads(res.output)
+    assert got["runs"][0]["memory_kind"] == "reserved, fused loss: not fitted"
+    assert "fragmentation" not in got["parameters"]
+    for bad in (args[:4], args[:5] + [str(LOGS / "bridge_run_config_70b.yaml"),
+                                      "--framework-version", "0.2"]):
+        res = runner.invoke(app, bad + ["--out", str(out)])
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+
+
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("hello\nnot a training log\n")

@@ -10,15 +10,19 @@ first: the mixed-precision and communication-overlap settings applied to the mod
 ConfigContainer.validate(), which finalizes the model's TransformerConfig, the DDP, optimizer, train and scheduler configs and
 derives the data-parallel size from WORLD_SIZE), builds the tokenizer and sizes the vocabulary
 as megatron/bridge/training/setup.py does, and prints what it built as JSON with the keys of
-run_megatron.py's view, so that bench/upstream_check.py compares both alike.
+run_megatron.py's view, so that bench/upstream_check.py compares both alike. Where an item
+names a "run_config" path it writes there the run_config.yaml a checkpoint of that run would
+hold (ConfigContainer.to_yaml, as checkpointing.py writes it), for `calibrate --run-config`.
 
 Stand-ins for what this CPU machine lacks, and nothing else: typing.override on Python 3.11
 (PEP 698, a marker), an import-only stand-in for Transformer Engine (Megatron-Bridge imports it
 at module level; nothing here calls it), the GPU generation, and Transformer Engine's fused RoPE
 kernel whose presence TransformerConfig checks.
 
-usage: python run_bridge.py ITEMS.json RESULTS.json  (ITEMS: a list of {"record": ...,
-"world_size": N, "gpu_arch": 8|9|10}); writes a JSON list of results.
+usage: python run_bridge.py ITEMS.json RESULTS.json  (ITEMS: a list of {"record": ... or
+"recipe": "module:function", "world_size": N, "gpu_arch": 8|9|10, "run_config": path or
+null}); writes a JSON list of results. Bridge's own recipes read their model's Hugging Face
+config.json: run offline (HF_HUB_OFFLINE=1) with HF_HOME holding it.
 """
 
 import importlib.abc
@@ -97,7 +101,10 @@ def _install_stand_ins() -> None:
 
 
 def bridge_view(item: dict) -> dict:
-    rec = item["record"]
+    """What Megatron-Bridge builds for one item: a launch record (the emitted recipe and its
+    overrides) or, for {"recipe": "module:function"}, one of Bridge's own recipes as it
+    stands."""
+    rec = item.get("record") or {"env": {}, "args": []}
     for k in ("CUDA_DEVICE_MAX_CONNECTIONS",):
         os.environ.pop(k, None)
     os.environ.update(rec["env"])
@@ -113,13 +120,17 @@ def bridge_view(item: dict) -> dict:
                 process_config_with_overrides)
             from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
 
-            spec = importlib.util.spec_from_file_location("pipette_recipe", rec["script"])
-            recipe = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(recipe)
+            if item.get("recipe"):
+                module, fn = item["recipe"].split(":")
+                make = getattr(importlib.import_module(module), fn)
+            else:
+                spec = importlib.util.spec_from_file_location("pipette_recipe", rec["script"])
+                recipe = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(recipe)
+                make = recipe.pipette_pretrain_config
             from megatron.bridge.training.config import runtime_config_update
 
-            cfg = process_config_with_overrides(recipe.pipette_pretrain_config(),
-                                                cli_overrides=rec["args"] or None)
+            cfg = process_config_with_overrides(make(), cli_overrides=rec["args"] or None)
             runtime_config_update(cfg)  # what pretrain() does first: precision, overlap, validate
             tok = build_tokenizer(cfg.tokenizer)
             vocab, pad = _validate_and_set_vocab_size(
@@ -128,6 +139,11 @@ def bridge_view(item: dict) -> dict:
             padded = (calculate_padded_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by,
                                                   cfg.model.tensor_model_parallel_size)
                       if pad else vocab)
+            # setup.py sets the model's vocabulary so before training; every checkpoint then
+            # writes the container as its run_config.yaml (checkpointing.py, cfg.to_yaml)
+            cfg.model.vocab_size, cfg.model.should_pad_vocab = vocab, pad
+            if item.get("run_config"):
+                cfg.to_yaml(item["run_config"])
     except BaseException as e:  # AssertionError, ValueError, anything the library raises
         tb = traceback.extract_tb(e.__traceback__)
         where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
@@ -142,7 +158,7 @@ def bridge_view(item: dict) -> dict:
     ddp = cfg.ddp
     tp_pp_dp = bool(cfg.dist.use_tp_pp_dp_mapping)
     out = {
-        "accepted": True,
+        "accepted": True, "run_config": item.get("run_config"),
         "num_layers": m.num_layers, "hidden_size": m.hidden_size,
         "ffn_hidden_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
         "num_query_groups": m.num_query_groups, "kv_channels": m.kv_channels,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 
 from model.cluster import ClusterSpec
 from model.errors import SpecError
@@ -147,6 +148,31 @@ def padded_vocab(a: _Args, tp: int) -> int:
     return math.ceil(v / multiple) * multiple
 
 
+_LAYOUT_CHARS_MAX = 1_000_000  # an expanded layout beyond this is not a real model's
+
+
+def expand_layout(text: str) -> str | None:
+    """A pipeline layout string with its shorthand written out, as Megatron-Core reads it
+    (pipeline_parallel_layer_layout.py parse_str_to_list: commas are cosmetic, '(...)*n'
+    repeats a group n times, then 'x*n' a character; its docstring's example
+    'Ettt|(tt|)*29,m|L'); None where the shorthand is beyond that (nested groups) or would
+    expand past any real model's size."""
+    text = text.replace(",", "")
+
+    def times(m) -> str:
+        body, n = m.group(1), int(m.group(2))
+        if n * len(body) > _LAYOUT_CHARS_MAX:
+            raise OverflowError
+        return body * n
+
+    try:
+        text = re.sub(r"\(([^()]+)\)\*(\d+)", times, text)
+        text = re.sub(r"(.)\*(\d+)", times, text)
+    except OverflowError:
+        return None
+    return None if set(text) & set("()*") or len(text) > _LAYOUT_CHARS_MAX else text
+
+
 def _layers(a: _Args, num_layers: int, pp: int, vp: int) -> tuple[int, ...]:
     """Layers per virtual stage in model order (chunk-major, then pipeline rank), as
     Megatron-Core builds them (transformer_block.py get_num_layers_to_build): its layout string
@@ -155,13 +181,17 @@ def _layers(a: _Args, num_layers: int, pp: int, vp: int) -> tuple[int, ...]:
     (--decoder-first/last-pipeline-num-layers) and the rest even, or all even (the embedding
     and loss counted as a layer each where the split accounts for them), each rank's count
     even over its vp virtual stages."""
-    layout = a.text("pipeline_model_parallel_layout")
-    if layout is not None:
+    printed = a.text("pipeline_model_parallel_layout")
+    if printed is not None:
+        layout = expand_layout(printed)
+        if layout is None:
+            a.fail("pipeline_model_parallel_layout", f"layout {printed[:80]!r} has shorthand "
+                   "beyond Megatron-Core's ('(...)*n', 'x*n')")
         segs = layout.split("|")
         if len(segs) != pp * vp or set(layout) - set("tEL|"):
             a.fail("pipeline_model_parallel_layout",
-                   f"layout {layout!r} is not {pp * vp} segments of transformer layers ('t'), "
-                   "the embedding ('E') and the loss ('L')")
+                   f"layout {printed[:80]!r} is not {pp * vp} segments of transformer layers "
+                   "('t'), the embedding ('E') and the loss ('L')")
         return tuple(s.count("t") for s in segs)
     first = a.integer("decoder_first_pipeline_num_layers", default=0)
     last = a.integer("decoder_last_pipeline_num_layers", default=0)

@@ -264,6 +264,14 @@ def test_plan_read_from_megatron_arguments():
     lay = "E" + "t" * 19 + "|" + "t" * 21 + "|" + "t" * 20 + "|" + "t" * 20 + "L"
     assert read(_set_arg(text, "pipeline_model_parallel_layout", lay)).layers == \
         (19, 21, 20, 20)
+    # Megatron-Core's shorthand (pipeline_parallel_layer_layout.py: ',' cosmetic, (..)*n, x*n)
+    for short in ("Et*19|t*21|t*20|t*20L", "E(t*19,|)*1t*21|(t*20|)*1t*20L"):
+        assert read(_set_arg(text, "pipeline_model_parallel_layout", short)).layers == \
+            (19, 21, 20, 20), short
+    for bad in ("Et*99999999999|t|t|tL", "E((t|)*2)*2L"):
+        with pytest.raises(SpecError) as e:
+            read(_set_arg(text, "pipeline_model_parallel_layout", bad))
+        assert e.value.field == "pipeline_model_parallel_layout"
     fl = _set_arg(_set_arg(_set_arg(text, "virtual_pipeline_model_parallel_size", 2),
                            "decoder_first_pipeline_num_layers", 18),
                   "decoder_last_pipeline_num_layers", 18)

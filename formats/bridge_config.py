@@ -36,8 +36,6 @@ from model.specs import JobSpec, ModelSpec
 
 from .megatron_args import padded_vocab, plan_from_megatron_args, _Args
 
-BRIDGE_COMMIT = "067f987"  # the Megatron-Bridge snapshot whose config code this mirrors
-
 # TransformerConfig / GPTModelConfig field -> Megatron-LM argument name, where they differ
 _RENAMES = {"num_moe_experts": "num_experts",
             "num_layers_in_first_pipeline_stage": "decoder_first_pipeline_num_layers",

@@ -592,6 +592,25 @@ def test_plan_read_from_bridge_run_config(tmp_path):
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
 
 
+def test_fused_loss_memory_is_reported_not_fitted(tmp_path):
+    """A Megatron-LM run with --cross-entropy-loss-fusion (its arguments block says so): the
+    cost model prices the unfused loss, so the log's reserved peak is reported and no
+    fragmentation is fitted from it; the same log unfused fits it."""
+    text = (LOGS / "megatron_args_70b.txt").read_text()
+    log = tmp_path / "m.log"
+    out = tmp_path / "cal.json"
+    kinds = []
+    for fused in (False, True):
+        log.write_text(_set_arg(text, "cross_entropy_loss_fusion", fused)
+                       + (LOGS / "megatron.log").read_text())
+        res = CliRunner().invoke(app, ["calibrate", str(log), "--cluster", "example", "--fit",
+                                       "gemm_scale", "--out", str(out), "--json"])
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.output)
+        kinds.append((got["runs"][0]["memory_kind"], "fragmentation" in got["parameters"]))
+    assert kinds == [("reserved", True), ("reserved, fused loss: not fitted", False)]
+
+
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("hello\nnot a training log\n")

@@ -220,6 +220,10 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option(
 GradBf16Opt = Annotated[bool, typer.Option(
     "--grad-reduce-in-bf16", help="Megatron-LM: bf16 main gradients, reduced in bf16 (2 bytes "
     "per parameter instead of fp32's 4).")]
+FusedLossOpt = Annotated[bool, typer.Option(
+    "--fused-loss", help="Megatron-LM: Megatron-Core's fused cross-entropy, its native "
+    "implementation (--cross-entropy-loss-fusion; Megatron-Bridge's default): the loss step "
+    "peaks at 10 bytes per logit instead of 6.")]
 Fp8ParamsOpt = Annotated[bool, typer.Option(
     "--fp8-param-gather", help="Megatron-LM: keep FP8 linear layers' weights in FP8 only "
     "(--fp8-param-gather; plans with fp8 and the distributed optimizer): 2 bytes per weight "
@@ -284,7 +288,8 @@ def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
 def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             distopt: bool | None = None, attention: str = "flash", allow_list: bool = False,
             framework: str = "megatron", grad_reduce_in_bf16: bool = False,
-            fp8_param_gather: bool = False, fp8_recipe: str = "delayed",
+            fused_loss: bool = False, fp8_param_gather: bool = False,
+            fp8_recipe: str = "delayed",
             moe_capacity_factor: float = 1.0, compile_blocks: bool = True,
             framework_version: str | None = None):
     from formats import presets
@@ -296,7 +301,8 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
     c = load_cluster(cluster)
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
-                  grad_reduce_in_bf16=grad_reduce_in_bf16, fp8_param_gather=fp8_param_gather,
+                  grad_reduce_in_bf16=grad_reduce_in_bf16, fused_loss=fused_loss,
+                  fp8_param_gather=fp8_param_gather,
                   fp8_recipe=fp8_recipe,
                   moe_capacity_factor=moe_capacity_factor, compile=compile_blocks,
                   # torchtitan v0.1 repeats K and V to the query heads (JobSpec.repeat_kv)
@@ -479,6 +485,7 @@ def estimate(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    fused_loss: FusedLossOpt = False,
     fp8_param_gather: Fp8ParamsOpt = False,
     fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
@@ -541,6 +548,7 @@ def estimate(
     _kv_rotate_check(kv_rotate, framework.value)
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
                         framework=framework.value, grad_reduce_in_bf16=grad_reduce_in_bf16,
+                        fused_loss=fused_loss,
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
                         framework_version=framework_version)
@@ -734,6 +742,7 @@ def solve(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    fused_loss: FusedLossOpt = False,
     fp8_param_gather: Fp8ParamsOpt = False,
     fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
@@ -784,7 +793,7 @@ def solve(
 
     m, job, c0 = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                          allow_list=True, framework=framework.value,
-                         grad_reduce_in_bf16=grad_reduce_in_bf16,
+                         grad_reduce_in_bf16=grad_reduce_in_bf16, fused_loss=fused_loss,
                          fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                          moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
                          framework_version=framework_version)
@@ -841,6 +850,7 @@ def compare(
     attention: AttentionOpt = Attention.flash,
     framework: FrameworkOpt = JobFramework.megatron,
     grad_reduce_in_bf16: GradBf16Opt = False,
+    fused_loss: FusedLossOpt = False,
     fp8_param_gather: Fp8ParamsOpt = False,
     fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
@@ -880,7 +890,7 @@ def compare(
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value,
-                        grad_reduce_in_bf16=grad_reduce_in_bf16,
+                        grad_reduce_in_bf16=grad_reduce_in_bf16, fused_loss=fused_loss,
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     _kv_rotate_check(kv_rotate, framework.value)

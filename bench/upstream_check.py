@@ -1,7 +1,7 @@
 """Feed emitted launch sets to the frameworks' own code and print what they accept and build.
 
 For each plan of a fixed set (Llama-2 70B and 7B, Mixtral, DeepSeek-V2-Lite, Llama-3 8B with
-context parallelism, BLOOM; even, uneven and interleaved splits; TP=1 DP=64; Megatron-FSDP;
+context parallelism and the fused loss, BLOOM; even, uneven and interleaved splits; TP=1 DP=64; Megatron-FSDP;
 FP8; a placement that needs --use-tp-pp-dp-mapping; a 16-node synthetic cluster placed by the
 annealer) the Megatron-LM launch set is written and run as a user would: `launch.sh` is
 executed once per node (NODE_NAME set) with `torchrun` replaced by bench/upstream/fake_torchrun,
@@ -117,8 +117,8 @@ def _cases():
     out.append(("70B 16-node synthetic, annealed", l70, job, syn, res.plan))
     h100 = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
     l3 = presets.model("llama3-8b")
-    jcp = JobSpec(global_batch=32, seq_length=32768)
-    out.append(("Llama-3 8B CP=4 seq 32k", l3, jcp, h100,
+    jcp = JobSpec(global_batch=32, seq_length=32768, fused_loss=True)
+    out.append(("Llama-3 8B CP=4 32k, fused loss", l3, jcp, h100,
                 make_plan(l3, jcp, h100, tp=2, pp=1, cp=4, sequence_parallel=True,
                           distributed_optimizer=True)))
     jf8 = JobSpec(global_batch=256, seq_length=4096, fp8=True, fp8_param_gather=True)
@@ -209,8 +209,8 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
         ("fp8_param_gather", fp8_params_apply(job, sh), "precision"),
         *([("fp8_recipe", job.fp8_recipe, "precision"),
            ("first_last_layers_bf16", False, "precision")] if sh.fp8 else []),
-        # the unfused loss, whose peak the memory model counts (model/memory.py)
-        ("cross_entropy_loss_fusion", False, "memory"),
+        # the loss whose peak the memory model counts (model/memory.py LOSS_BYTES_PER_LOGIT)
+        ("cross_entropy_loss_fusion", job.fused_loss, "memory"),
     ]
 
 
@@ -684,7 +684,7 @@ def check_bridge_recipes(python: str, bridge: str, megatron: str, work: Path) ->
     refusing what it cannot price is no failure); returns the number of recipes read back
     differently from what Bridge built."""
     from formats.bridge_config import plan_from_bridge_config
-    from formats.runs import loss_fused
+    from formats.megatron_args import loss_unpriced
     from model.errors import SpecError
 
     c = cluster("h100-8x8")
@@ -718,14 +718,15 @@ def check_bridge_recipes(python: str, bridge: str, megatron: str, work: Path) ->
         except SpecError as e:
             print(f"{fn}: refused ({e.field}): {str(e).split(': ', 1)[-1]}")
             continue
-        # the fused loss the cost model does not price: calibrate keeps the run's memory out
-        # of its fit (formats/runs.py loss_fused); every other field must be as built
+        # Transformer Engine's fused loss, which the cost model does not price: calibrate
+        # keeps the run's memory out of its fit (formats/runs.py); every other field must be
+        # as built
+        te_loss = loss_unpriced(settings)
         diffs = [d for d in compare(m, job, plan, v)
-                 if not (d[0] == "cross_entropy_loss_fusion" and loss_fused([settings]))]
+                 if not (d[0] == "cross_entropy_loss_fusion" and te_loss)]
         print(f"{fn}: {plan.shape.describe()}; "
               + ("as Bridge built it" if not diffs else f"{len(diffs)} differences")
-              + ("; fused loss: its memory reported, not fitted" if loss_fused([settings])
-                 else ""))
+              + ("; TE fused loss: its memory reported, not fitted" if te_loss else ""))
         for f, want, have, kind in diffs:
             print(f"    [{kind}] {f}: read {want}, Bridge builds {have}")
         bad += bool(diffs)

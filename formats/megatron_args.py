@@ -81,7 +81,21 @@ def megatron_args_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
     # --fp8-format (dest fp8): e4m3 or hybrid, None without FP8; either is FP8 to the plan
     if "fp8" in logged and (logged["fp8"] != "None") != plan.shape.fp8:
         out.append(("fp8", logged["fp8"], "an FP8 format" if plan.shape.fp8 else "None"))
+    # the fused loss the plan prices (native); Transformer Engine's is not priced either way
+    # (calibrate reports such a run's memory without fitting it: formats/runs.py)
+    if "cross_entropy_loss_fusion" in logged and not loss_unpriced(logged) and \
+            (logged["cross_entropy_loss_fusion"] == "True") != job.fused_loss:
+        out.append(("cross_entropy_loss_fusion", logged["cross_entropy_loss_fusion"],
+                    str(job.fused_loss)))
     return out
+
+
+def loss_unpriced(printed: dict[str, str]) -> bool:
+    """Whether the run's arguments say it fused its cross-entropy loss with Transformer
+    Engine's implementation (--cross-entropy-fusion-impl te), whose memory is not measured
+    and not priced (model/memory.py LOSS_BYTES_PER_LOGIT: unfused, and native fused)."""
+    return printed.get("cross_entropy_loss_fusion") == "True" and \
+        printed.get("cross_entropy_fusion_impl") == "te"
 
 
 class _Args:
@@ -358,6 +372,10 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                   precision=precision, fp8=fp8, fp8_recipe=recipe if fp8 else "delayed",
                   attention=_attention(a), framework="deepspeed" if ds else "megatron",
                   grad_reduce_in_bf16=a.flag("grad_reduce_in_bf16"),
+                  # the native fused loss (its default implementation); Transformer Engine's
+                  # is not priced (loss_unpriced: calibrate does not fit such a run's memory)
+                  fused_loss=a.flag("cross_entropy_loss_fusion") and not ds
+                  and a.text("cross_entropy_fusion_impl", "native") == "native",
                   fp8_param_gather=a.flag("fp8_param_gather"),
                   moe_capacity_factor=cap if model.num_experts else 1.0, source=source)
     recompute = _recompute(a)

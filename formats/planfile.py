@@ -80,7 +80,8 @@ def job_to_dict(j: JobSpec) -> dict:
             "grad_reduce_in_bf16": j.grad_reduce_in_bf16,
             "fp8_param_gather": j.fp8_param_gather, "fp8_recipe": j.fp8_recipe,
             "moe_capacity_factor": j.moe_capacity_factor, "compile": j.compile,
-            "compile_loss": j.compile_loss, "repeat_kv": j.repeat_kv}
+            "compile_loss": j.compile_loss, "repeat_kv": j.repeat_kv,
+            "fused_loss": j.fused_loss}
 
 
 def options_to_dict(o: Options) -> dict:
@@ -203,6 +204,7 @@ def _read_job(rd: FieldReader, d: dict) -> JobSpec:
                        compile=rd.get(d, "compile", w, bool, True),
                        compile_loss=rd.get(d, "compile_loss", w, bool, None, nullable=True),
                        repeat_kv=rd.get(d, "repeat_kv", w, bool, False),
+                       fused_loss=rd.get(d, "fused_loss", w, bool, False),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None

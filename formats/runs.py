@@ -18,7 +18,7 @@ from .bridge_config import plan_from_bridge_config
 from .clusters import cluster as load_cluster
 from .clusters import hostfile_order
 from .logs import LogReading, read_log
-from .megatron_args import megatron_args_mismatch, plan_from_megatron_args
+from .megatron_args import loss_unpriced, megatron_args_mismatch, plan_from_megatron_args
 from .planfile import load_plan, save_plan
 from .torchtitan_config import TORCHTITAN_VERSIONS, plan_from_torchtitan_toml
 
@@ -48,15 +48,6 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) ->
                             "--save-plan with the run's settings), and split a log whose "
                             "restarts ran other arguments", source=reading.path,
                             field=diff[0][0])
-
-
-def loss_fused(settings: list[dict[str, str]]) -> bool:
-    """Whether a run whose settings (Megatron-LM's names, as printed) are these fused its
-    cross-entropy loss (--cross-entropy-loss-fusion, on in Megatron-Bridge's recipes). The
-    cost model prices Megatron's unfused loss (model/memory.py LOSS_BYTES_PER_LOGIT); the fused
-    paths peak otherwise (native: 10 bytes per logit against 6, measured; Transformer
-    Engine's: not measured), so such a run's memory is reported and not fitted."""
-    return any(s.get("cross_entropy_loss_fusion") == "True" for s in settings)
 
 
 def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
@@ -139,9 +130,11 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
                 described += f" (saved to {written})"
         check_logged_args(reading, m, job, pl, str(plan_file) if plan_file
                           else "read from its arguments")
+        # a loss fused by Transformer Engine: its memory is not priced, so not fitted
         kind = reading.memory_kind
-        if kind and loss_fused(reading.megatron_args + ([settings] if settings else [])):
-            kind += ", fused loss: not fitted"
+        if kind and any(loss_unpriced(s) for s in
+                        reading.megatron_args + ([settings] if settings else [])):
+            kind += ", TE fused loss: not fitted"
         readings.append((reading, job.global_batch, described))
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
             job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,

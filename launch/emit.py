@@ -243,6 +243,8 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
             a.append("--grad-reduce-in-bf16")
     elif job.precision == "fp16":
         a.append("--fp16")
+    if job.fused_loss:  # Megatron-Core's fused cross-entropy, its default native implementation
+        a.append("--cross-entropy-loss-fusion")
     if sh.fp8 and job.fp8_recipe == "tensorwise":
         # Transformer Engine's per-tensor current scaling: E4M3 forward, E5M2 gradients
         a += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
@@ -467,6 +469,10 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     }
     if model.gated_mlp:
         m["activation"] = "fast-swiglu"  # NeMo llama configs
+    if job.fused_loss:
+        # a TransformerConfig field found in the model config passes to Megatron-Core
+        # (megatron_base_model.py build_transformer_config, NeMo 8cfedd7); its default is False
+        m["cross_entropy_loss_fusion"] = True
     if model.is_mla:
         m.update(multi_latent_attention=True, kv_lora_rank=model.mla_kv_lora_rank,
                  q_lora_rank=model.mla_q_lora_rank or None, qk_head_dim=model.head_dim,
@@ -641,10 +647,13 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     m.update(recompute_granularity=rec[0], recompute_method=rec[1], recompute_num_layers=rec[2])
     m["attention_backend"] = _Code("AttnBackend.auto" if job.attention == "flash"
                                    else "AttnBackend.unfused")
-    # the loss the estimate's memory counts, Megatron-LM's default: the unfused
-    # vocab_parallel_cross_entropy, 6 bytes per logit at its peak; the library's default
-    # fused native path peaks at 10 (both measured by bench/activation_memory.py)
-    m["cross_entropy_loss_fusion"] = False
+    # the loss the estimate's memory counts (model/memory.py LOSS_BYTES_PER_LOGIT): Megatron's
+    # unfused vocab_parallel_cross_entropy, 6 bytes per logit at its peak, unless the job
+    # fuses it (JobSpec.fused_loss: the native implementation, 10; the provider's default is
+    # fused, so it is always set)
+    m["cross_entropy_loss_fusion"] = job.fused_loss
+    if job.fused_loss:
+        m["cross_entropy_fusion_impl"] = "native"
     ddp = {"use_distributed_optimizer": sh.zero >= 1,
            "overlap_grad_reduce": sh.overlap_grad_reduce,
            "overlap_param_gather": sh.overlap_param_gather,

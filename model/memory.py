@@ -55,22 +55,22 @@ FP8_WEIGHT_COPY_BYTES = 2  # FP8 weight + its transpose, per linear-layer weight
 # - Megatron-LM (unfused vocab_parallel_cross_entropy, its default), measured by
 #   bench/activation_memory.py on Megatron-LM's own function: the fp32 copy it works on in
 #   place (4) beside the caller's bf16 logits (2); in the backward the fp32 gradient (the
-#   softmax's storage) and its cast to the logits' dtype (4 + 2). Its fused native path peaks
-#   at 10 (torch.compile'd helpers, not in place); the emitted Megatron-Bridge recipes turn it
-#   off (launch/emit.py).
+#   softmax's storage) and its cast to the logits' dtype (4 + 2). Its fused native path
+#   (--cross-entropy-loss-fusion, JobSpec.fused_loss) keeps 4 and peaks at 10 (torch.compile'd
+#   helpers, not in place), measured by the same bench.
 # DeepSpeed (Megatron-DeepSpeed's older copy of Megatron's function) is not measured: its kept
 # fp32 logits only (Korthikanti et al. Sec. 4.3).
 LOSS_BYTES_PER_LOGIT = {
     "torchtitan": (4.0, 12.0), "torchtitan-loss-parallel": (4.0, 16.0),
     "torchtitan-compiled": (2.0, 4.0), "torchtitan-compiled-loss-parallel": (4.0, 10.0),
-    "megatron": (4.0, 6.0), "deepspeed": (4.0, 4.0),
+    "megatron": (4.0, 6.0), "megatron-fused": (4.0, 10.0), "deepspeed": (4.0, 4.0),
 }
 
 
 def loss_path(job: JobSpec, shape: Shape) -> str:
     """The key of LOSS_BYTES_PER_LOGIT the job's loss runs."""
     if job.framework != "torchtitan":
-        return job.framework
+        return job.framework + ("-fused" if job.fused_loss else "")
     return ("torchtitan" + ("-compiled" if job.loss_compiled else "")
             + ("-loss-parallel" if shape.tp > 1 else ""))
 

@@ -499,6 +499,12 @@ class JobSpec:
     # GEMMs, its all-to-all share and its stored activations are c times the balanced ones
     moe_capacity_factor: float = 1.0
     compile: bool = True
+    # Megatron-Core's fused cross-entropy, its native implementation (Megatron-LM
+    # --cross-entropy-loss-fusion with --cross-entropy-fusion-impl native, its default; on by
+    # default in Megatron-Bridge's GPTModelProvider): the loss step peaks at 10 bytes per logit
+    # against the unfused path's 6 (model/memory.py LOSS_BYTES_PER_LOGIT, measured). Transformer
+    # Engine's implementation is not measured and not priced
+    fused_loss: bool = False
     # torchtitan: torch.compile of the loss as well (its default with compile since v0.1.0:
     # build_cross_entropy_loss, and [compile] components ["model", "loss"] in v0.2); None
     # follows `compile`. Its 2024-12 benchmark code left the loss eager ("compiling loss
@@ -582,6 +588,11 @@ class JobSpec:
             raise SpecError(f"compile = false (--no-compile) models torchtitan's eager PyTorch "
                             f"kernels; {self.framework} always runs fused kernels: drop it or "
                             "use framework torchtitan", source=self.source, field="compile")
+        if not isinstance(self.fused_loss, bool) or (self.fused_loss
+                                                     and self.framework != "megatron"):
+            raise SpecError(f"fused_loss is Megatron-Core's fused cross-entropy (true or "
+                            f"false), got {self.fused_loss!r} for {self.framework}: drop it or "
+                            "use framework megatron", source=self.source, field="fused_loss")
         if self.compile_loss is not None and (not isinstance(self.compile_loss, bool)
                                               or self.framework != "torchtitan"):
             raise SpecError(f"compile_loss is torchtitan's (true or false; unset follows "

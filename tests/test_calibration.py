@@ -15,6 +15,7 @@ from cli import app
 from formats import presets
 from formats.clusters import uniform_cluster
 from formats.logs import WARMUP_READINGS, megatron_arg_blocks, read_log
+from formats.planfile import save_plan
 from formats.profile import load_profile, save_profile
 from model.calibration import Run, _predict, apply_profile, fit, interval_s
 from model.errors import SpecError
@@ -533,7 +534,7 @@ def test_plan_read_from_bridge_run_config(tmp_path):
             m.tied_embeddings) == (80, 8192, 8, 32256, 500000.0, False)
     assert (j.global_batch, j.seq_length, j.precision, j.attention, j.fp8) == \
         (512, 8192, "bf16", "flash", False)
-    assert settings["cross_entropy_loss_fusion"] == "True"
+    assert settings["cross_entropy_loss_fusion"] == "True" and not j.fused_loss  # TE's
 
     doc = yaml.safe_load((LOGS / "bridge_run_config_70b.yaml").read_text())
     f = tmp_path / "run_config.yaml"
@@ -584,7 +585,12 @@ def test_plan_read_from_bridge_run_config(tmp_path):
     f.write_text(yaml.safe_dump(d))
     res = runner.invoke(app, args[:5] + [str(f)] + args[6:])
     got = json.loads(res.output)
-    assert got["runs"][0]["memory_kind"] == "reserved, fused loss: not fitted"
+    assert got["runs"][0]["memory_kind"] == "reserved" and "fragmentation" in got["parameters"]
+    d["model"]["cross_entropy_fusion_impl"] = "te"
+    f.write_text(yaml.safe_dump(d))
+    res = runner.invoke(app, args[:5] + [str(f)] + args[6:])
+    got = json.loads(res.output)
+    assert got["runs"][0]["memory_kind"] == "reserved, TE fused loss: not fitted"
     assert "fragmentation" not in got["parameters"]
     for bad in (args[:4], args[:5] + [str(LOGS / "bridge_run_config_70b.yaml"),
                                       "--framework-version", "0.2"]):
@@ -592,23 +598,45 @@ def test_plan_read_from_bridge_run_config(tmp_path):
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
 
 
-def test_fused_loss_memory_is_reported_not_fitted(tmp_path):
-    """A Megatron-LM run with --cross-entropy-loss-fusion (its arguments block says so): the
-    cost model prices the unfused loss, so the log's reserved peak is reported and no
-    fragmentation is fitted from it; the same log unfused fits it."""
+def test_fused_loss_read_and_priced_or_not_fitted(tmp_path):
+    """A Megatron-LM run's loss from its arguments block: unfused, or fused natively
+    (--cross-entropy-loss-fusion, JobSpec.fused_loss, priced at its measured 10 bytes per logit)
+    read into the plan and fitted; fused by Transformer Engine (not measured) read as a run
+    whose memory is reported and not fitted. A plan file whose loss differs from the log's is
+    refused."""
+    from formats.clusters import cluster as load_cluster
+    from formats.megatron_args import plan_from_megatron_args
+    from model.estimator import estimate
+
     text = (LOGS / "megatron_args_70b.txt").read_text()
     log = tmp_path / "m.log"
     out = tmp_path / "cal.json"
-    kinds = []
-    for fused in (False, True):
-        log.write_text(_set_arg(text, "cross_entropy_loss_fusion", fused)
-                       + (LOGS / "megatron.log").read_text())
+    got_kinds, peaks = [], []
+    ex = load_cluster("example")
+    for fused, impl in ((False, "native"), (True, "native"), (True, "te")):
+        block = _set_arg(_set_arg(text, "cross_entropy_loss_fusion", fused),
+                         "cross_entropy_fusion_impl", impl)
+        m, job, plan = plan_from_megatron_args(megatron_arg_blocks(block)[0], ex, source="t")
+        assert job.fused_loss == (fused and impl == "native")
+        peaks.append(estimate(m, job, ex, plan).stages[-1].memory.total_gib)
+        log.write_text(block + (LOGS / "megatron.log").read_text())
         res = CliRunner().invoke(app, ["calibrate", str(log), "--cluster", "example", "--fit",
                                        "gemm_scale", "--out", str(out), "--json"])
         assert res.exit_code == 0, res.output
         got = json.loads(res.output)
-        kinds.append((got["runs"][0]["memory_kind"], "fragmentation" in got["parameters"]))
-    assert kinds == [("reserved", True), ("reserved, fused loss: not fitted", False)]
+        got_kinds.append((got["runs"][0]["memory_kind"], "fragmentation" in got["parameters"]))
+    assert got_kinds == [("reserved", True), ("reserved", True),
+                         ("reserved, TE fused loss: not fitted", False)]
+    assert peaks[1] > peaks[0] == peaks[2]  # the native fused loss peaks higher (10 vs 6)
+    # the unfused plan's file against the natively fused run's log: another run
+    m, job, plan = plan_from_megatron_args(megatron_arg_blocks(text)[0], ex, source="t")
+    plan_file = tmp_path / "p.json"
+    save_plan(plan_file, m, job, ex, plan, estimate(m, job, ex, plan), options=Options())
+    log.write_text(_set_arg(text, "cross_entropy_loss_fusion", True)
+                   + (LOGS / "megatron.log").read_text())
+    res = CliRunner().invoke(app, ["calibrate", str(log), "--plan", str(plan_file), "--out",
+                                   str(out)])
+    assert res.exit_code == 2 and "cross_entropy_loss_fusion" in res.output, res.output
 
 
 def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
@@ -736,7 +764,6 @@ def test_cli_calibrate_then_estimate_with_intervals(tmp_path):
     truth = {"gemm_scale": 0.8, "network_scale": 0.7}
     for k, r in enumerate(_runs(truth, 0.01, seed=4, n=5)):
         pf = tmp_path / f"p{k}.json"
-        from formats.planfile import save_plan
         from model.estimator import estimate
         save_plan(pf, r.model, r.job, r.cluster, r.plan, estimate(r.model, r.job, r.cluster,
                                                                   r.plan))

@@ -75,13 +75,16 @@ def test_the_loss_step_peak_sits_on_the_last_stage_only():
     from model.memory import LOSS_BYTES_PER_LOGIT
     m = presets.model("llama3-8b")
     c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
-    cases = (("megatron", 2, None, "megatron"), ("deepspeed", 2, None, "deepspeed"),
+    cases = (("megatron", 2, None, "megatron"), ("megatron-fused", 2, None, "megatron-fused"),
+             ("deepspeed", 2, None, "deepspeed"),
              ("torchtitan", 2, False, "torchtitan-loss-parallel"),
              ("torchtitan", 1, False, "torchtitan"),
              ("torchtitan", 1, None, "torchtitan-compiled"),
              ("torchtitan", 2, None, "torchtitan-compiled-loss-parallel"))
     for fw, t, compile_loss, path in cases:
-        job = JobSpec(global_batch=16, seq_length=8192, framework=fw, compile_loss=compile_loss)
+        fused = fw == "megatron-fused"  # JobSpec.fused_loss: Megatron-Core's native fused loss
+        job = JobSpec(global_batch=16, seq_length=8192, framework=fw.removesuffix("-fused"),
+                      compile_loss=compile_loss, fused_loss=fused)
         plan = make_plan(m, job, c, tp=t, pp=2, micro_batch=2, recompute="full",
                          sequence_parallel=t > 1, zero=3 if fw == "torchtitan" else 1)
         mem = Evaluator(m, job, c, plan.shape).mem

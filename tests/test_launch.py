@@ -11,7 +11,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from launch.emit import FRAMEWORKS, emit, megatron_args, pipeline_layout
+from launch.emit import FRAMEWORKS, emit, megatron_args, nemo_config, pipeline_layout
 from launch.ranks import rank_mapping
 from formats import presets
 from formats.clusters import uniform_cluster
@@ -896,6 +896,19 @@ def test_bridge_recipe_builds_the_plan(llama, c32, tmp_path, monkeypatch):
         assert (m.virtual_pipeline_model_parallel_size or 1) == chunks
         assert m.recompute_granularity == "full" and m.recompute_num_layers == 1
         assert m.cross_entropy_loss_fusion is False  # the loss the memory model counts
+    # a job that fuses its loss (JobSpec.fused_loss: the native implementation) says so to
+    # every Megatron-Core emitter; other frameworks have no such loss
+    fj = JobSpec(global_batch=64, seq_length=4096, fused_loss=True)
+    fplan = make_plan(llama, fj, c32, tp=8, pp=4, **kw)
+    emit("nemo", llama, fj, c32, fplan, tmp_path / "f")
+    m = run_bridge_recipe(tmp_path / "f" / "bridge_recipe.py", monkeypatch).model
+    assert m.cross_entropy_loss_fusion is True and m.cross_entropy_fusion_impl == "native"
+    assert "--cross-entropy-loss-fusion" in megatron_args(llama, fj, fplan)[0]
+    assert "--cross-entropy-loss-fusion" not in megatron_args(llama, job, fplan)[0]
+    assert nemo_config(llama, fj, c32, fplan)[0]["model"]["cross_entropy_loss_fusion"] is True
+    with pytest.raises(SpecError) as e:
+        JobSpec(global_batch=64, seq_length=4096, framework="torchtitan", fused_loss=True)
+    assert e.value.field == "fused_loss"
     paired = make_plan(llama, job, c32, tp=4, pp=4, dp=2, placement=block_placement(
         c32, 4, 4, 2, 2), **kw)
     emit("nemo", llama, job, c32, paired, tmp_path / "p", tokenizer="meta-llama/Llama-2-70b-hf")

@@ -81,6 +81,7 @@ def test_cli_plan_round_trip(setup, tmp_path):
     assert "--tp cannot be combined with --plan" in r.output
     # job options too (these four were once taken silently and ignored)
     for opt in (["--grad-reduce-in-bf16"], ["--fp8-param-gather"], ["--no-compile"],
+                ["--fused-loss"],
                 ["--fp8-recipe", "tensorwise"],
                 ["--moe-capacity-factor", "1.5"], ["--ep", "2"]):
         r = runner.invoke(app, ["estimate", "--plan", str(path), *opt])

@@ -461,6 +461,9 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
         "schedule": "interleaved" if vp > 1 else "1f1b" if m["pipeline_model_parallel_size"] > 1
         else "none",
         "fsdp": bool(m.get("fsdp", False)),
+        # a TransformerConfig field in the model config reaches Megatron-Core
+        # (megatron_base_model.py build_transformer_config); False unless set
+        "fused_loss": bool(m.get("cross_entropy_loss_fusion", False)),
     }
     want = {
         "exp_manager": True, "world": cluster.num_gpus, "tp": sh.tp, "pp": sh.pp,
@@ -479,6 +482,7 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
         "rank_order": order,
         "experts": model.num_experts, "ep": sh.ep,
         "schedule": sh.schedule if sh.pp > 1 else "none", "fsdp": sh.zero >= 2,
+        "fused_loss": job.fused_loss,
     }
     kinds = {"layers": "split", "vp": "schedule", "num_layers": "model",
              "hidden_size": "model", "ffn_hidden_size": "model", "heads": "model",
@@ -486,7 +490,7 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
              "bias": "model", "position": "model", "rotary_base": "model",
              "dropout": "model", "tokenizer": "model", "experts": "model",
              "recompute": "recompute", "fp8": "precision", "fp8_params": "precision",
-             "rank_order": "placement",
+             "rank_order": "placement", "fused_loss": "memory",
              "schedule": "schedule"}
     return [(f, want[f], built[f], kinds.get(f, "parallelism")) for f in want
             if want[f] != built[f]]

@@ -44,6 +44,24 @@ def test_readers_on_each_frameworks_format(name, framework, median_s, mem):
     assert r.memory_gib == (pytest.approx(mem) if mem is not None else None)
 
 
+def test_bridge_documented_iteration_line(tmp_path):
+    """The iteration line as Megatron-Bridge's own documentation prints it (docs/training/
+    multi-token-prediction.md at 067f987, verbatim, with its extra loss columns), six steps of
+    it: read as Megatron-LM's, at its printed global batch."""
+    line = ("iteration      100/  300000 | consumed samples:         3200 | elapsed time per "
+            "iteration (ms): 3738.6 | learning rate: 6.000000E-05 | global batch size:    32 | "
+            "lm loss: 7.968678E+00 | load_balancing_loss: 1.329517E+00 | mtp_1 loss: "
+            "7.925096E+00 | loss scale: 1.0 | grad norm: 1.040 | number of skipped "
+            "iterations:   0 | number of nan iterations:   0 |")
+    p = tmp_path / "bridge_doc.log"
+    p.write_text("\n".join(line.replace("iteration      100/", f"iteration {100 * k:8d}/")
+                           for k in range(1, 7)))
+    r = read_log(p)
+    assert r.framework == "megatron" and r.skipped == WARMUP_READINGS
+    assert r.values == [3.7386] * 3 and r.batches == [32] * 3
+    assert r.iteration_s(32, 4096, 8) == pytest.approx(3.7386)
+
+
 def test_bridge_memory_without_reserved_keys_is_reported_not_fitted(tmp_path):
     """A Megatron-Bridge run whose memory_keys leave out the reserved peak: its allocated
     peak is read as allocated (reported; calibration fits fragmentation on reserved only)."""

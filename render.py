@@ -145,7 +145,8 @@ def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict
 
 def print_calibration(prof, out, readings=()) -> None:
     """The fitted profile, and before it what was read from each log: `readings` holds (its
-    LogReading, its plan's global batch, the plan read from its arguments or None)."""
+    LogReading, its plan's global batch, the plan read from the run's printed arguments or its
+    run config, or None)."""
     con = console()
     for r, gbs, plan_read in readings:
         d = log_reading_dict(r, gbs, plan_read)
@@ -162,7 +163,7 @@ def print_calibration(prof, out, readings=()) -> None:
         con.print(f"{r.path}: {r.framework}, {d['readings_used']} readings used, {r.skipped} "
                   f"warm-up skipped{extra}", highlight=False)
         if plan_read:
-            con.print(f"  plan read from its arguments: {plan_read}", highlight=False)
+            con.print(f"  plan read from the run's own settings: {plan_read}", highlight=False)
     t = Table(title=f"Calibration for {prof.gpu} (written to {out})")
     for col in ("parameter", "value", "std. error"):
         t.add_column(col, justify="right" if col != "parameter" else "left")

@@ -129,7 +129,7 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
                 save_plan(written, m, job, c, pl, estimate(m, job, c, pl, opts), options=opts)
                 described += f" (saved to {written})"
         check_logged_args(reading, m, job, pl, str(plan_file) if plan_file
-                          else "read from its arguments")
+                          else "read from the run's own settings")
         # a loss fused by Transformer Engine: its memory is not priced, so not fitted
         kind = reading.memory_kind
         if kind and any(loss_unpriced(s) for s in

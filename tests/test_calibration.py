@@ -382,8 +382,8 @@ def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):
     res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--fit",
                               "gemm_scale", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "plan read from its arguments: TP=8 PP=4 DP=2 mbs=1 1f1b recompute=selective" in \
-        res.output
+    assert ("plan read from the run's own settings: TP=8 PP=4 DP=2 mbs=1 1f1b "
+            "recompute=selective") in res.output
     res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--json",
                               "--out", str(out), "--save-plans", str(tmp_path / "plans")])
     assert json.loads(res.output)["logs"][0]["plan_from_arguments"].startswith("TP=8 PP=4")

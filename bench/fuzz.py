@@ -339,7 +339,7 @@ def fam_options(rng: random.Random) -> Case:
                 v, bad_v = _pick(rng, good, bad)
                 opts += [flag, v]
                 invalid |= bad_v
-        for flag in ("--fp8-param-gather", "--distopt", "--no-distopt"):  # switches
+        for flag in ("--fp8-param-gather", "--fused-loss", "--distopt", "--no-distopt"):
             if rng.random() < 0.2:
                 opts.append(flag)
         return Case("options", ["estimate", "-m", "llama2-7b", "--recompute", "full", *opts,

@@ -33,7 +33,7 @@ Setup (nothing here is a dependency of the project; any subset of the checkouts 
         tiktoken blobfile && DS_BUILD_OPS=0 /tmp/upstream/bin/pip install deepspeed
     /tmp/upstream/bin/pip install nvidia-modelopt diffusers megatron-energon omegaconf \
         "transformers==5.12.1" "tokenizers<0.23" einops peft mistral-common qwen-vl-utils \
-        timm datasets accelerate  # Bridge (067f987 pins transformers >=5.8,<=5.12.1)
+        timm datasets accelerate pillow  # Bridge (067f987 pins transformers >=5.8,<=5.12.1)
     git clone https://github.com/NVIDIA/Megatron-LM /tmp/megatron-lm   # main; d98e8a6 checked
     git clone https://github.com/NVIDIA-NeMo/Megatron-Bridge /tmp/bridge  # 067f987 checked
     git clone https://github.com/NVIDIA/NeMo /tmp/nemo                  # 8cfedd7 checked

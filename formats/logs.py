@@ -110,6 +110,19 @@ _DS_ZERO = re.compile(r"\bzero_optimization_stage \.+ (\d+)")
 _DS_STAGE = re.compile(r"^(?:\[\w+\]:)?stage=(\d+) layers=\d+\s*$")
 _DS_LAYER = re.compile(r"^(?:\[\w+\]:)?\s+\d+: (\S+)")
 _TITAN_VALIDATION = re.compile(r"validate step:\s*\d+\s.*?tps:\s*" + _NUM)
+# what a torchtitan run prints of itself at start-up (v0.1.0 and v0.2.2): torchtitan/train.py
+# (Trainer.__init__) 'Model {name} {flavor} size: {count:,} total parameters' and 'Trainer is
+# initialized with local batch size {l}, global batch size {g}, gradient accumulation steps
+# {a}, sequence length {s}, ...'; torchtitan/distributed/parallel_dims.py (build_mesh) at
+# v0.2.2 'Building device mesh with parallelism: pp={}, dp_replicate={}, dp_shard={}, cp={},
+# tp={}, ep={}, etp={}', at v0.1.0 'Building {n}-D device mesh with {names}, {degrees}' (the
+# dimensions above 1 only)
+_TITAN_PARAMS = re.compile(r"Model \S+ \S+ size: ([\d,]+) total parameters")
+_TITAN_TRAINER = re.compile(r"Trainer is initialized with local batch size (\d+), global batch "
+                            r"size (\d+), gradient accumulation steps (\d+), sequence length "
+                            r"(\d+)")
+_TITAN_MESH = re.compile(r"Building device mesh with parallelism: ((?:\w+=\d+(?:, )?)+)")
+_TITAN_MESH_01 = re.compile(r"Building \d+-D device mesh with \[([^\]]*)\], \[([^\]]*)\]")
 # a training process starting: Megatron-LM's print_datetime('before the start of training
 # step') (megatron/training/training.py, train loop set-up: '[{string}] datetime: {time}'),
 # torchtitan's 'Training starts at step {step + 1}' (torchtitan/trainer.py, Trainer.train)
@@ -154,6 +167,10 @@ class LogReading:
     # and the transformer layers its pipeline engine put on each stage
     deepspeed_zero: int | None = None
     deepspeed_layers: tuple = ()
+    # what a torchtitan run printed of itself, per start (a restart prints again): 'params',
+    # 'global_batch', 'local_batch', 'grad_accum', 'seq_len' and the mesh degrees ('pp',
+    # 'dp_replicate', 'dp_shard', 'cp', 'tp', 'ep', 'etp'; v0.1.0 prints those above 1 only)
+    torchtitan_settings: list = field(default_factory=list)
 
     def at_batch(self, global_batch: int) -> list[float]:
         """The readings of a run at this global batch: where the log prints its batch, those
@@ -246,6 +263,32 @@ class _Processes:
         return rank, restarts
 
 
+def _titan_settings(line: str, starts: list[dict]) -> None:
+    """Add what one torchtitan start-up line says (_TITAN_PARAMS, _TITAN_TRAINER, _TITAN_MESH)
+    to the current start's settings; a setting printed again begins another start (a restart,
+    or another rank's lines)."""
+    got: dict = {}
+    if m := _TITAN_PARAMS.search(line):
+        got["params"] = int(m.group(1).replace(",", ""))
+    elif m := _TITAN_TRAINER.search(line):
+        got.update(zip(("local_batch", "global_batch", "grad_accum", "seq_len"),
+                       map(int, m.groups())))
+    elif m := _TITAN_MESH.search(line):
+        got.update((k, int(v)) for k, v in (kv.split("=") for kv in m.group(1).split(", ")))
+    elif m := _TITAN_MESH_01.search(line):
+        names = [x.strip().strip("'\"") for x in m.group(1).split(",") if x.strip()]
+        degrees = [x.strip() for x in m.group(2).split(",") if x.strip()]
+        if len(names) != len(degrees) or not all(d.isdigit() for d in degrees):
+            return
+        got.update({k: 1 for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp")})
+        got.update(zip(names, map(int, degrees)))
+    if not got:
+        return
+    if not starts or set(got) & set(starts[-1]):
+        starts.append({})
+    starts[-1].update(got)
+
+
 def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
     """Each arguments block Megatron-LM printed in `text` (_ArgBlocks)."""
     ab = _ArgBlocks()
@@ -262,6 +305,7 @@ def read_log(path) -> LogReading:
     found = []  # (framework, process, step, global batch or None, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
+    titan: list[dict] = []  # torchtitan's start-up prints (LogReading.torchtitan_settings)
     validation = 0
     # each pattern is tried only on lines holding a word it needs (a plain substring test is
     # ~20 times cheaper than a search): a long run's log has millions of lines
@@ -269,6 +313,9 @@ def read_log(path) -> LogReading:
         if "\x1b" in line:
             line = _ANSI.sub("", line)
         args.feed(line)
+        if ("total parameters" in line or "Trainer is initialized" in line
+                or "device mesh with" in line):
+            _titan_settings(line, titan)
         partition.feed(line)
         if "padded vocab" in line and (m := _PADDED_VOCAB.search(line)):
             vocab = int(m.group(1))
@@ -353,7 +400,8 @@ def read_log(path) -> LogReading:
                          same_steps_lines=same_steps,
                          megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [],
                          padded_vocab=vocab, deepspeed_zero=ds_zero,
-                         deepspeed_layers=partition.per_stage())
+                         deepspeed_layers=partition.per_stage(),
+                         torchtitan_settings=titan if fw == "torchtitan" else [])
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

@@ -20,7 +20,8 @@ from .clusters import hostfile_order
 from .logs import LogReading, read_log
 from .megatron_args import loss_unpriced, megatron_args_mismatch, plan_from_megatron_args
 from .planfile import load_plan, save_plan
-from .torchtitan_config import TORCHTITAN_VERSIONS, plan_from_torchtitan_toml
+from .torchtitan_config import (TORCHTITAN_VERSIONS, plan_from_torchtitan_toml,
+                                torchtitan_logged_mismatch)
 
 
 def _pick(given: list | None, k: int, n_logs: int, flag: str):
@@ -36,10 +37,14 @@ def _pick(given: list | None, k: int, n_logs: int, flag: str):
 
 def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) -> None:
     """A Megatron-LM log whose printed arguments (any of its blocks: restarts print their
-    own) differ from the plan on what the cost model prices is the log of another run: one
-    line naming the log and the first differences."""
-    for logged in reading.megatron_args:
-        diff = megatron_args_mismatch(model, job, plan, logged)
+    own), or a torchtitan log whose start-up prints (model size, batch, sequence, mesh),
+    differ from the plan on what the cost model prices is the log of another run: one line
+    naming the log and the first differences."""
+    diffs = [megatron_args_mismatch(model, job, plan, logged)
+             for logged in reading.megatron_args]
+    diffs += [torchtitan_logged_mismatch(model, job, plan, logged)
+              for logged in reading.torchtitan_settings]
+    for diff in diffs:
         if diff:
             said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])
             more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""

@@ -220,3 +220,27 @@ def plan_from_torchtitan_toml(path, cluster: ClusterSpec, version: str = "0.2",
                      tp_comm_overlap=async_tp,
                      placement=megatron_placement(cluster, tp, pp, dp * cp, node_order))
     return model, job, plan
+
+
+def torchtitan_logged_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
+                               logged: dict) -> list[tuple[str, object, object]]:
+    """Where what a torchtitan log printed of its run at start-up (formats/logs.py
+    LogReading.torchtitan_settings: batch, sequence, mesh degrees, parameter count) differs
+    from the plan: (what, logged, planned) per difference; what it did not print is not
+    checked. The parameter count is compared within 1% (torchtitan counts the module's
+    parameters; the cost model's count is ModelSpec.total_params, the same for Llama 3)."""
+    sh = plan.shape
+    want = {"global batch": ("global_batch", job.global_batch),
+            "sequence length": ("seq_len", job.seq_length),
+            "pp": ("pp", sh.pp), "cp": ("cp", sh.cp), "tp": ("tp", sh.tp)}
+    out = [(name, logged[k], v) for name, (k, v) in want.items()
+           if k in logged and logged[k] != v]
+    if "dp_shard" in logged or "dp_replicate" in logged:
+        dp = logged.get("dp_replicate", 1) * logged.get("dp_shard", 1)
+        if dp != sh.dp:
+            out.append(("dp_replicate x dp_shard", dp, sh.dp))
+    if model.num_experts and "ep" in logged and logged["ep"] != sh.ep:
+        out.append(("ep", logged["ep"], sh.ep))
+    if "params" in logged and abs(logged["params"] / model.total_params - 1) > 0.01:
+        out.append(("total parameters", f"{logged['params']:,}", f"{model.total_params:,}"))
+    return out

@@ -506,6 +506,34 @@ def test_plan_read_from_torchtitan_toml(tmp_path):
     res = runner.invoke(app, ["calibrate", str(LOGS / "torchtitan.log"), "--cluster", "h100-8x8",
                               "--run-config", str(f), "--fit", "gemm_scale", "--out", str(out)])
     assert res.exit_code == 0 and "plan read from" in res.output, res.output
+    # what torchtitan prints of the run at start-up (train.py, parallel_dims.py at v0.2.2 and
+    # v0.1.0) must be the plan's: model size, batch, sequence, mesh
+    head = "[rank0]:[titan] 2026-11-30 09:59:00,000 - root - INFO - "
+    start = [head + "Building device mesh with parallelism: pp=1, dp_replicate=1, "
+             "dp_shard=64, cp=1, tp=1, ep=1, etp=1",
+             head + "\x1b[34mModel llama3 8B \x1b[31msize: 8,030,261,248 total "
+             "parameters\x1b[39m",
+             head + "Trainer is initialized with local batch size 8, global batch size 512, "
+             "gradient accumulation steps 1, sequence length 2048, total steps 1000 (warmup "
+             "200)"]
+    titan_log = tmp_path / "tt.log"
+    for change, exit_code, named in (
+            ({}, 0, None), ({"global batch size 512": "global batch size 256"}, 2,
+                            "global batch"),
+            ({"8,030,261,248": "70,553,706,496"}, 2, "total parameters"),
+            ({"Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard=64, "
+              "cp=1, tp=1, ep=1, etp=1": "Building 2-D device mesh with ['dp_shard', 'tp'], "
+              "[32, 2]"}, 2, "tp")):
+        text = "\n".join(start) + "\n" + (LOGS / "torchtitan.log").read_text()
+        for a, b in change.items():
+            text = text.replace(a, b)
+        titan_log.write_text(text)
+        assert len(read_log(titan_log).torchtitan_settings) == 1
+        res = runner.invoke(app, ["calibrate", str(titan_log), "--cluster", "h100-8x8",
+                                  "--run-config", str(f), "--out", str(out)])
+        assert res.exit_code == exit_code, (change, res.output)
+        if named:
+            assert f"{named} " in res.output and "in the plan" in res.output, res.output
     for args in ([str(LOGS / "torchtitan.log"), "--cluster", "h100-8x8"],
                  [str(tmp_path / "m.log"), "--cluster", "example", "--run-config", str(f)]):
         (tmp_path / "m.log").write_text((LOGS / "megatron_args_70b.txt").read_text()

@@ -10,7 +10,8 @@ mirror, /work/.mirror/bigscience-workshop+bigscience/repo). For each log it prin
 DeepSpeed's ZeRO stage and pipeline partition) and the plan `calibrate --cluster` reads back
 from the arguments (formats/megatron_args.py) on a cluster of the run's size, 4 V100 32 GB per
 node (the links are placeholders: the plan read does not depend on them, and nothing is
-estimated). The logs' times are not used: they are a published measurement set, kept apart
+estimated), then calibrate's check of the log against that plan (formats/runs.py
+check_logged_args: every arguments block, DeepSpeed's printed configuration). The logs' times are not used: they are a published measurement set, kept apart
 from calibration and tests; this reads their format only.
 """
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from formats.clusters import uniform_cluster  # noqa: E402
 from formats.logs import read_log  # noqa: E402
 from formats.megatron_args import plan_from_megatron_args  # noqa: E402
+from formats.runs import check_logged_args  # noqa: E402
 from model.errors import SpecError  # noqa: E402
 
 MIRROR = "/work/.mirror/bigscience-workshop+bigscience/repo"
@@ -50,7 +52,7 @@ def main() -> int:
               "directory with --repo", file=sys.stderr)
         return 2
     paths = logs_with_arguments(a.repo)
-    read = planned = 0
+    read = planned = checked = 0
     with tempfile.TemporaryDirectory() as tmp:
         for path in paths:
             local = Path(tmp) / Path(path).name
@@ -82,7 +84,15 @@ def main() -> int:
             print(f"    plan: {m.num_layers} x {m.hidden_size}, {m.num_heads} heads, "
                   f"{job.precision}, {job.attention} attention, {job.framework}; "
                   f"{plan.shape.describe()}; layers {list(plan.shape.layers)}")
-    print(f"\n{len(paths)} logs with an arguments block: {read} read, {planned} plans read back")
+            try:  # calibrate's check of the log against the plan (every block, DeepSpeed's)
+                check_logged_args(r, m, job, plan, "read from its arguments")
+                checked += 1
+            except SpecError as e:
+                print(f"    check against the plan refused it: {e.field}")
+            if r.deepspeed_config:
+                print(f"    DeepSpeed's configuration print: {r.deepspeed_config}")
+    print(f"\n{len(paths)} logs with an arguments block: {read} read, {planned} plans read back, "
+          f"{checked} pass calibrate's check against their plan")
     return 0
 
 

@@ -105,7 +105,8 @@ _PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens 
 # '  {name} {dots} {value}' under '[INFO] [config.py:...:print]'), and its pipeline module's
 # partition (deepspeed/runtime/pipe/module.py, _partition_layers: 'stage={stage}
 # layers={count}', then '    {index}: {layer name}' per layer)
-_DS_ZERO = re.compile(r"\bzero_optimization_stage \.+ (\d+)")
+_DS_CONFIG = re.compile(r"\b(train_batch_size|train_micro_batch_size_per_gpu|"
+                        r"gradient_accumulation_steps|zero_optimization_stage) \.* (\d+)\s*$")
 # (each with or without torchrun's rank prefix)
 _DS_STAGE = re.compile(r"^(?:\[\w+\]:)?stage=(\d+) layers=\d+\s*$")
 _DS_LAYER = re.compile(r"^(?:\[\w+\]:)?\s+\d+: (\S+)")
@@ -166,6 +167,9 @@ class LogReading:
     # Megatron-DeepSpeed: the ZeRO stage DeepSpeed's engine printed with its configuration,
     # and the transformer layers its pipeline engine put on each stage
     deepspeed_zero: int | None = None
+    # DeepSpeed's engine configuration print: train_batch_size, train_micro_batch_size_per_gpu,
+    # gradient_accumulation_steps, zero_optimization_stage (the last value printed of each)
+    deepspeed_config: dict = field(default_factory=dict)
     deepspeed_layers: tuple = ()
     # what a torchtitan run printed of itself, per start (a restart prints again): 'params',
     # 'global_batch', 'local_batch', 'grad_accum', 'seq_len' and the mesh degrees ('pp',
@@ -301,7 +305,8 @@ def read_log(path) -> LogReading:
     """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
     src = str(path)
     args, partition, procs = _ArgBlocks(), _Partition(), _Processes()
-    vocab = ds_zero = None
+    vocab = None
+    ds_config: dict[str, int] = {}
     found = []  # (framework, process, step, global batch or None, value)
     mem = {}
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
@@ -319,8 +324,9 @@ def read_log(path) -> LogReading:
         partition.feed(line)
         if "padded vocab" in line and (m := _PADDED_VOCAB.search(line)):
             vocab = int(m.group(1))
-        if "zero_optimization_stage" in line and (m := _DS_ZERO.search(line)):
-            ds_zero = int(m.group(1))
+        if ("_size" in line or "_stage" in line or "_steps" in line) and \
+                (m := _DS_CONFIG.search(line)):
+            ds_config[m.group(1)] = int(m.group(2))
         rank = int(m.group(1)) if "]:" in line and (m := _RANK.search(line)) else None
         if "start" in line and _START.search(line):
             procs.start_line(rank)
@@ -399,7 +405,9 @@ def read_log(path) -> LogReading:
                          processes=len(seen), validation_lines=validation, batches=batches,
                          same_steps_lines=same_steps,
                          megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [],
-                         padded_vocab=vocab, deepspeed_zero=ds_zero,
+                         padded_vocab=vocab,
+                         deepspeed_zero=ds_config.get("zero_optimization_stage"),
+                         deepspeed_config=ds_config,
                          deepspeed_layers=partition.per_stage(),
                          torchtitan_settings=titan if fw == "torchtitan" else [])
     if mem.get(fw):

@@ -37,13 +37,15 @@ def _pick(given: list | None, k: int, n_logs: int, flag: str):
 
 def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) -> None:
     """A Megatron-LM log whose printed arguments (any of its blocks: restarts print their
-    own), or a torchtitan log whose start-up prints (model size, batch, sequence, mesh),
-    differ from the plan on what the cost model prices is the log of another run: one line
+    own), a torchtitan log whose start-up prints (model size, batch, sequence, mesh) or a
+    DeepSpeed log whose engine configuration (batch, micro-batch, ZeRO stage) differ from the
+    plan on what the cost model prices is the log of another run: one line
     naming the log and the first differences."""
     diffs = [megatron_args_mismatch(model, job, plan, logged)
              for logged in reading.megatron_args]
     diffs += [torchtitan_logged_mismatch(model, job, plan, logged)
               for logged in reading.torchtitan_settings]
+    diffs.append(deepspeed_config_mismatch(job, plan, reading.deepspeed_config))
     for diff in diffs:
         if diff:
             said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])
@@ -53,6 +55,16 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) ->
                             "--save-plan with the run's settings), and split a log whose "
                             "restarts ran other arguments", source=reading.path,
                             field=diff[0][0])
+
+
+def deepspeed_config_mismatch(job, plan, printed: dict[str, int]) -> list[tuple]:
+    """Where DeepSpeed's printed engine configuration (deepspeed/runtime/config.py
+    DeepSpeedConfig.print: the values that ran) differs from the plan: its global and
+    micro-batch and its ZeRO stage; (name, printed, planned) each."""
+    want = {"train_batch_size": job.global_batch,
+            "train_micro_batch_size_per_gpu": plan.shape.micro_batch,
+            "zero_optimization_stage": plan.shape.zero}
+    return [(k, printed[k], v) for k, v in want.items() if k in printed and printed[k] != v]
 
 
 def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,

@@ -153,6 +153,34 @@ def test_megatron_deepspeed_prints_two_timers_of_the_same_steps(tmp_path):
     assert "several frameworks" in str(e.value)
 
 
+def test_deepspeed_configuration_print_is_checked_against_the_plan(tmp_path):
+    """DeepSpeed's engine configuration print (deepspeed/runtime/config.py DeepSpeedConfig.print:
+    '  {name} {dots} {value}', dots 29 - len(name), none past 29 characters) gives the batch,
+    micro-batch and ZeRO stage that ran; a plan that differs in any is another run's."""
+    from formats.clusters import cluster as load_cluster
+    from formats.runs import deepspeed_config_mismatch
+
+    head = "[2026-11-30 09:59:00,000] [INFO] [config.py:1013:print]   "
+    cfg = [f"{name} {'.' * (29 - len(name))} {v}" for name, v in (
+        ("gradient_accumulation_steps", 2), ("train_batch_size", 256),
+        ("train_micro_batch_size_per_gpu", 2), ("zero_optimization_stage", 1))]
+    log = tmp_path / "ds.log"
+    log.write_text("".join(head + c + "\n" for c in cfg) + (LOGS / "deepspeed.log").read_text())
+    r = read_log(log)
+    assert r.deepspeed_config == {"gradient_accumulation_steps": 2, "train_batch_size": 256,
+                                  "train_micro_batch_size_per_gpu": 2,
+                                  "zero_optimization_stage": 1}
+    assert r.deepspeed_zero == 1
+    ex = load_cluster("example")
+    m = presets.model("llama2-7b")
+    job = JobSpec(global_batch=256, seq_length=4096, framework="deepspeed")
+    assert deepspeed_config_mismatch(job, make_plan(m, job, ex, tp=1, pp=1, micro_batch=2,
+                                                    zero=1), r.deepspeed_config) == []
+    other = make_plan(m, job, ex, tp=1, pp=1, micro_batch=4, zero=2)
+    assert [d[0] for d in deepspeed_config_mismatch(job, other, r.deepspeed_config)] == \
+        ["train_micro_batch_size_per_gpu", "zero_optimization_stage"]
+
+
 def test_readings_at_another_global_batch(tmp_path):
     """Where the log prints its global batch (Megatron-LM, NeMo): a batch-size ramp-up's
     smaller batches are left out of the plan's time, and a log paired with the plan of another

@@ -34,7 +34,7 @@ from model.errors import SpecError
 from model.plan import Plan
 from model.specs import JobSpec, ModelSpec
 
-from .megatron_args import padded_vocab, plan_from_megatron_args, _Args
+from .megatron_args import PrintedArgs, padded_vocab, plan_from_megatron_args
 
 # TransformerConfig / GPTModelConfig field -> Megatron-LM argument name, where they differ
 _RENAMES = {"num_moe_experts": "num_experts",
@@ -156,7 +156,7 @@ def bridge_printed(doc: dict, num_gpus: int, source: str) -> tuple[dict[str, str
         printed[k] = str(train.get(k))
     printed["use_tp_pp_dp_mapping"] = str(flag(dist, "use_tp_pp_dp_mapping"))
 
-    a = _Args(printed, source)
+    a = PrintedArgs(printed, source)
     tp = a.integer("tensor_model_parallel_size")
     per_replica = tp * a.integer("pipeline_model_parallel_size") * \
         a.integer("context_parallel_size", default=1)

@@ -98,8 +98,9 @@ def loss_unpriced(printed: dict[str, str]) -> bool:
         printed.get("cross_entropy_fusion_impl") == "te"
 
 
-class _Args:
-    """The printed values, read with one error line naming the log and argument."""
+class PrintedArgs:
+    """The printed values (Megatron-LM's names, str of each value), read with one error line
+    naming the log and argument."""
 
     def __init__(self, printed: dict[str, str], source: str):
         self.p, self.source = printed, source
@@ -148,7 +149,7 @@ class _Args:
         return default if v in (None, "None") else v
 
 
-def padded_vocab(a: _Args, tp: int) -> int:
+def padded_vocab(a: PrintedArgs, tp: int) -> int:
     """The vocabulary Megatron-LM builds when the log has no ' > padded vocab' line: the
     NullTokenizer's --vocab-size padded to a multiple of make_vocab_size_divisible_by x TP
     (megatron/training/vocab_utils.py, _vocab_size_with_padding)."""
@@ -187,7 +188,7 @@ def expand_layout(text: str) -> str | None:
     return None if set(text) & set("()*") or len(text) > _LAYOUT_CHARS_MAX else text
 
 
-def _layers(a: _Args, num_layers: int, pp: int, vp: int) -> tuple[int, ...]:
+def _layers(a: PrintedArgs, num_layers: int, pp: int, vp: int) -> tuple[int, ...]:
     """Layers per virtual stage in model order (chunk-major, then pipeline rank), as
     Megatron-Core builds them (transformer_block.py get_num_layers_to_build): its layout string
     (one '|'-separated segment per virtual stage, 't' a transformer layer, 'E' the embedding,
@@ -233,7 +234,8 @@ def _layers(a: _Args, num_layers: int, pp: int, vp: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _deepspeed_layers(a: _Args, printed: tuple, pp: int, num_layers: int) -> tuple[int, ...]:
+def _deepspeed_layers(a: PrintedArgs, printed: tuple, pp: int,
+                      num_layers: int) -> tuple[int, ...]:
     """The transformer layers DeepSpeed's pipeline engine put on each stage, as it printed
     them (one count per stage, summing to the model's layers)."""
     if len(printed) != pp or sum(printed) != num_layers:
@@ -242,7 +244,7 @@ def _deepspeed_layers(a: _Args, printed: tuple, pp: int, num_layers: int) -> tup
     return tuple(printed)
 
 
-def _model(a: _Args, vocab: int, name: str) -> ModelSpec:
+def _model(a: PrintedArgs, vocab: int, name: str) -> ModelSpec:
     """The architecture the run built."""
     if a.flag("multi_latent_attention"):
         a.fail("multi_latent_attention", "latent attention's dimensions are not read from a "
@@ -299,7 +301,7 @@ def _model(a: _Args, vocab: int, name: str) -> ModelSpec:
         rotary_percent=a.number("rotary_percent", 1.0), source=name, **moe)
 
 
-def _attention(a: _Args) -> str:
+def _attention(a: PrintedArgs) -> str:
     """flash or eager (scores stored): Megatron-Core's --attention-backend (its unfused and
     local backends store the scores, flash, fused and auto do not); before it,
     Megatron-DeepSpeed's --use-flash-attn(-v2); a log that prints neither ran Megatron's
@@ -312,7 +314,7 @@ def _attention(a: _Args) -> str:
     return "eager"
 
 
-def _recompute(a: _Args) -> str:
+def _recompute(a: PrintedArgs) -> str:
     """none, selective or full: --recompute-granularity, or before it (Megatron-LM to 2022,
     Megatron-DeepSpeed) --checkpoint-activations with --checkpoint-num-layers 1 (every layer
     recomputed from its input: full)."""
@@ -349,7 +351,7 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     stage those its pipeline engine printed (`deepspeed_layers`). `node_order`: the cluster's
     node indices in the order the run's hostfile lists them (ranks fill nodes in that order;
     default: the cluster's)."""
-    a = _Args(printed, source)
+    a = PrintedArgs(printed, source)
     tp = a.integer("tensor_model_parallel_size")
     pp = a.integer("pipeline_model_parallel_size")
     cp = a.integer("context_parallel_size", default=1)

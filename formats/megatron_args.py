@@ -6,11 +6,12 @@ in the order of the run's hostfile, by default the cluster file's).
 
 The names are Megatron-LM's args namespace (arguments.py and the TransformerConfig fields it
 adds); the mapping is the inverse of launch/emit.py `megatron_args`. `megatron_planned_args`
-goes the other way, for the check that a log paired with a plan file is the plan's run. What the cost model cannot
-price as the run ran it is refused in one line naming the argument (latent attention, a layout
-with other than transformer layers, recompute other than Megatron's full-uniform-1 or
-selective core attention, token dropping without padding, FP8 recipes other than delayed and
-tensorwise, activations partitioned over tensor ranks), never approximated. Ranks follow
+goes the other way, for the check that a log paired with a plan file is the plan's run. What
+the cost model cannot price as the run ran it is refused in one line naming the argument
+(latent attention, a layout with other than transformer layers, recompute other than
+Megatron's full-uniform-1 or selective core attention, token dropping without padding, FP8
+recipes other than delayed and tensorwise, activations partitioned over tensor ranks), never
+approximated; Transformer Engine's fused loss is read, and calibrate does not fit its memory. Ranks follow
 Megatron-LM's order (tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp where the run says
 --use-tp-pp-dp-mapping). Megatron-DeepSpeed logs (--deepspeed) are read with DeepSpeed's own
 prints: its ZeRO stage and its pipeline partition.

@@ -11,9 +11,9 @@ the cost model cannot price as the run ran it is refused in one line naming the 
 (latent attention, a layout with other than transformer layers, recompute other than
 Megatron's full-uniform-1 or selective core attention, token dropping without padding, FP8
 recipes other than delayed and tensorwise, activations partitioned over tensor ranks), never
-approximated; Transformer Engine's fused loss is read, and calibrate does not fit its memory. Ranks follow
-Megatron-LM's order (tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp where the run says
---use-tp-pp-dp-mapping). Megatron-DeepSpeed logs (--deepspeed) are read with DeepSpeed's own
+approximated; Transformer Engine's fused loss is read, and calibrate does not fit its
+memory. Ranks follow Megatron-LM's order (tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp where the run
+says --use-tp-pp-dp-mapping). Megatron-DeepSpeed logs (--deepspeed) are read with DeepSpeed's own
 prints: its ZeRO stage and its pipeline partition.
 """
 

@@ -684,9 +684,10 @@ def _hf_cache(home: Path, repo: str, model) -> None:
 def check_bridge_recipes(python: str, bridge: str, megatron: str, work: Path) -> int:
     """Megatron-Bridge's own recipes: built as they stand by Bridge (run_bridge.py), their
     run_config.yaml read back by `calibrate --run-config` on the h100-8x8 cluster and compared
-    field by field with what Bridge built. Prints each recipe's differences (the reader
-    refusing what it cannot price is no failure); returns the number of recipes read back
-    differently from what Bridge built."""
+    field by field with what Bridge built, and the configuration summary Bridge printed checked
+    against it as calibrate checks a log. Prints each recipe's differences (the reader refusing
+    what it cannot price is no failure); returns the number of recipes read back differently
+    from what Bridge built or refused by the check."""
     from formats.bridge_config import plan_from_bridge_config
     from formats.megatron_args import loss_unpriced
     from model.errors import SpecError
@@ -733,7 +734,7 @@ def check_bridge_recipes(python: str, bridge: str, megatron: str, work: Path) ->
               + ("; TE fused loss: its memory reported, not fitted" if te_loss else ""))
         for f, want, have, kind in diffs:
             print(f"    [{kind}] {f}: read {want}, Bridge builds {have}")
-        bad += bool(diffs)
+        bad += bool(diffs) + check_summary(m, job, plan, v.get("summary"))
     return bad
 
 
@@ -794,6 +795,26 @@ def check_run_config(m, job, c, plan, warns: list[str], path: str | None,
               "needs --plan")
         return 0
     return read_back_differs(m, job, c, plan, warns, read, "its run_config.yaml")
+
+
+def check_summary(m, job, plan, text: str | None) -> int:
+    """`calibrate`'s check of a Megatron-Bridge log against its plan, on the configuration
+    summary Bridge itself printed for the launch set emitted from the plan (formats/runs.py
+    check_logged_args): it must find the summary and pass. Returns 1 on a failure, else 0."""
+    from formats.bridge_config import bridge_summary_args
+    from formats.logs import bridge_summaries
+
+    if text is None:
+        return 0
+    found = bridge_summaries(text)
+    if not found:
+        print("    calibrate's check: no configuration summary printed")
+        return 1
+    diff = megatron_args_mismatch(m, job, plan, bridge_summary_args(found[-1]))
+    for name, logged, planned in diff:
+        print(f"    calibrate's check refuses the run: {name} in the summary {logged}, "
+              f"planned {planned}")
+    return int(bool(diff))
 
 
 def read_back_differs(m, job, c, plan, warns: list[str], read: tuple, what: str) -> bool:
@@ -866,6 +887,7 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
                                   work / f"{label}{k}" / "hostfile")
         bad += check_run_config(m, job, c, plan, warns, v.get("run_config"),
                                 work / f"{label}{k}" / "hostfile")
+        bad += check_summary(m, job, plan, v.get("summary"))
         if v["order"] != "tp-cp-ep-dp-pp":
             print(f"    rank order {v['order']} (use_tp_pp_dp_mapping)")
     print(f"\n{len(cases) - bad}/{len(cases)} plans accepted with every difference warned "

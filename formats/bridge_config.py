@@ -175,6 +175,39 @@ def bridge_printed(doc: dict, num_gpus: int, source: str) -> tuple[dict[str, str
     return printed, vocab
 
 
+# Megatron Core's defaults of the values checked against a plan (model_parallel_config.py and
+# transformer_config.py, Megatron-LM d98e8a6): what Bridge's summary leaves out equals these
+_MCORE_DEFAULTS = {"tensor_model_parallel_size": "1", "pipeline_model_parallel_size": "1",
+                   "context_parallel_size": "1", "virtual_pipeline_model_parallel_size": "None",
+                   "sequence_parallel": "False", "expert_model_parallel_size": "1",
+                   "bf16": "False", "fp16": "False", "recompute_granularity": "None",
+                   "fp8": "None", "cross_entropy_loss_fusion": "False",
+                   "cross_entropy_fusion_impl": "native", "use_distributed_optimizer": "False",
+                   "num_query_groups": "None", "num_experts": "None", "moe_router_topk": "2"}
+
+
+def bridge_summary_args(summary: dict[str, str]) -> dict[str, str]:
+    """The settings a Megatron-Bridge log's configuration summary (formats/logs.py
+    LogReading.bridge_summaries: 'section.name' -> repr) gives, in Megatron-LM's names as
+    _print_args prints them, for formats/megatron_args.py megatron_args_mismatch: the model
+    section's values (Megatron Core's default where the summary leaves one out), the train
+    section's batch sizes, the dataset's sequence and the DDP section's distributed
+    optimizer."""
+    def plain(v: str) -> str:  # a repr'd string as printed bare
+        return v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"" else v
+
+    out = dict(_MCORE_DEFAULTS)
+    for key, v in summary.items():
+        section, name = key.split(".", 1)
+        if section == "model":
+            out[_RENAMES.get(name, name)] = plain(v)
+        elif (section, name) in (("train", "global_batch_size"), ("train", "micro_batch_size"),
+                                 ("dataset", "seq_length"),
+                                 ("ddp", "use_distributed_optimizer")):
+            out[name] = plain(v)
+    return out
+
+
 def plan_from_bridge_config(path: Path, cluster: ClusterSpec,
                             node_order: list[int] | None = None
                             ) -> tuple[ModelSpec, JobSpec, Plan, dict[str, str]]:

@@ -129,6 +129,14 @@ _TITAN_MESH_01 = re.compile(r"Building \d+-D device mesh with \[([^\]]*)\], \[([
 # torchtitan's 'Training starts at step {step + 1}' (torchtitan/trainer.py, Trainer.train)
 _START = re.compile(r"\[before the start of training step\] datetime:|Training starts at step "
                     r"\d+")
+# Megatron-Bridge's start-up summary (src/megatron/bridge/training/config.py
+# log_non_default_values, called by setup.py, 067f987): a 'Configuration Summary (Non-Default
+# Values vs Megatron Core)' title, '[section] Non-default values (vs Mcore ...):' or
+# '[section]:' headers, and one '  {name}: {value!r}' line per value (Megatron Core's config
+# classes: only where it differs from their default, '  (Mcore default: ..)' after it)
+_BRIDGE_SUMMARY = "Configuration Summary (Non-Default Values vs Megatron Core)"
+_BRIDGE_SECTION = re.compile(r"^\[(\w+)\](?: Non-default values \(vs Mcore \w+\))?:\s*$")
+_BRIDGE_VALUE = re.compile(r"^  (\w+): (.*?)(?:  \(Mcore default: .*\))?\s*$")
 # the prefix torchrun puts on each rank's lines ('[rank3]:', torch.distributed.elastic's
 # --local-ranks-filter / --tee output), '[default3]:' under NeMo-Run's launcher (NeMo's
 # examples/llm/resiliency/resiliency-in-pretraining-demo.ipynb)
@@ -175,6 +183,9 @@ class LogReading:
     # 'global_batch', 'local_batch', 'grad_accum', 'seq_len' and the mesh degrees ('pp',
     # 'dp_replicate', 'dp_shard', 'cp', 'tp', 'ep', 'etp'; v0.1.0 prints those above 1 only)
     torchtitan_settings: list = field(default_factory=list)
+    # Megatron-Bridge's configuration summaries ('section.name' -> the value's repr), one per
+    # start
+    bridge_summaries: list = field(default_factory=list)
 
     def at_batch(self, global_batch: int) -> list[float]:
         """The readings of a run at this global batch: where the log prints its batch, those
@@ -218,6 +229,32 @@ class _ArgBlocks:
             self.blocks[-1][m.group(1)] = m.group(2)
         else:
             self.inside = False
+
+
+class _BridgeSummary:
+    """Megatron-Bridge's configuration summaries (_BRIDGE_SUMMARY), fed line by line:
+    'section.name' -> the value as printed (its repr), one dict per summary printed."""
+
+    def __init__(self):
+        self.summaries: list[dict[str, str]] = []
+        self.section: str | None = None
+        self.inside = False
+
+    def feed(self, line: str) -> None:
+        if _BRIDGE_SUMMARY in line:
+            self.inside, self.section = True, None
+            self.summaries.append({})
+            return
+        if not self.inside:
+            return
+        text = _RANK.sub("", line, count=1) if "]:" in line[:16] else line
+        if m := _BRIDGE_SECTION.match(text):
+            self.section = m.group(1)
+        elif self.section and (m := _BRIDGE_VALUE.match(text)):
+            self.summaries[-1][f"{self.section}.{m.group(1)}"] = m.group(2)
+        elif text.strip() and set(text.strip()) - set("=-") and \
+                text.strip() != "Other Configuration Values:":
+            self.inside = False  # the summary is over
 
 
 class _Partition:
@@ -293,6 +330,14 @@ def _titan_settings(line: str, starts: list[dict]) -> None:
     starts[-1].update(got)
 
 
+def bridge_summaries(text: str) -> list[dict[str, str]]:
+    """Each configuration summary Megatron-Bridge printed in `text` (_BridgeSummary)."""
+    bs = _BridgeSummary()
+    for line in text.splitlines():
+        bs.feed(line)
+    return [d for d in bs.summaries if d]
+
+
 def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
     """Each arguments block Megatron-LM printed in `text` (_ArgBlocks)."""
     ab = _ArgBlocks()
@@ -305,6 +350,7 @@ def read_log(path) -> LogReading:
     """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
     src = str(path)
     args, partition, procs = _ArgBlocks(), _Partition(), _Processes()
+    summary = _BridgeSummary()
     vocab = None
     ds_config: dict[str, int] = {}
     found = []  # (framework, process, step, global batch or None, value)
@@ -318,6 +364,8 @@ def read_log(path) -> LogReading:
         if "\x1b" in line:
             line = _ANSI.sub("", line)
         args.feed(line)
+        if summary.inside or "Configuration Summary" in line:
+            summary.feed(line)
         if ("total parameters" in line or "Trainer is initialized" in line
                 or "device mesh with" in line):
             _titan_settings(line, titan)
@@ -409,7 +457,9 @@ def read_log(path) -> LogReading:
                          deepspeed_zero=ds_config.get("zero_optimization_stage"),
                          deepspeed_config=ds_config,
                          deepspeed_layers=partition.per_stage(),
-                         torchtitan_settings=titan if fw == "torchtitan" else [])
+                         torchtitan_settings=titan if fw == "torchtitan" else [],
+                         bridge_summaries=[d for d in summary.summaries if d]
+                         if fw == "megatron" else [])
     if mem.get(fw):
         reading.memory_gib = max(mem[fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

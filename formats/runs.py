@@ -14,7 +14,7 @@ from model.errors import SpecError
 from model.estimator import estimate
 from model.specs import Options
 
-from .bridge_config import plan_from_bridge_config
+from .bridge_config import bridge_summary_args, plan_from_bridge_config
 from .clusters import cluster as load_cluster
 from .clusters import hostfile_order
 from .logs import LogReading, read_log
@@ -37,15 +37,17 @@ def _pick(given: list | None, k: int, n_logs: int, flag: str):
 
 def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) -> None:
     """A Megatron-LM log whose printed arguments (any of its blocks: restarts print their
-    own), a torchtitan log whose start-up prints (model size, batch, sequence, mesh) or a
-    DeepSpeed log whose engine configuration (batch, micro-batch, ZeRO stage) differ from the
-    plan on what the cost model prices is the log of another run: one line
+    own), a Megatron-Bridge log's configuration summary, a torchtitan log whose start-up
+    prints (model size, batch, sequence, mesh) or a DeepSpeed log whose engine configuration
+    (batch, micro-batch, ZeRO stage) differ from the plan on what the cost model prices is the log of another run: one line
     naming the log and the first differences."""
     diffs = [megatron_args_mismatch(model, job, plan, logged)
              for logged in reading.megatron_args]
     diffs += [torchtitan_logged_mismatch(model, job, plan, logged)
               for logged in reading.torchtitan_settings]
     diffs.append(deepspeed_config_mismatch(job, plan, reading.deepspeed_config))
+    diffs += [megatron_args_mismatch(model, job, plan, bridge_summary_args(summary))
+              for summary in reading.bridge_summaries]
     for diff in diffs:
         if diff:
             said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])

@@ -44,6 +44,47 @@ def test_readers_on_each_frameworks_format(name, framework, median_s, mem):
     assert r.memory_gib == (pytest.approx(mem) if mem is not None else None)
 
 
+def test_bridge_configuration_summary_is_checked_against_the_plan(tmp_path):
+    """Megatron-Bridge's configuration summary (log_non_default_values), as Bridge 067f987
+    printed it for the recipe emitted for the 70B plan (fixtures/logs/README.md), read from a
+    log: its plan file passes calibrate's check; a plan differing in a value the summary prints
+    (TP, recompute) or in one it leaves at Megatron Core's default (interleaving) is another
+    run's. The same log with its run_config.yaml passes too."""
+    from formats.clusters import cluster as load_cluster
+    from model.estimator import estimate
+
+    log = tmp_path / "bridge.log"
+    log.write_text((LOGS / "bridge_summary_70b.txt").read_text()
+                   + (LOGS / "megatron_bridge.log").read_text())
+    r = read_log(log)
+    assert len(r.bridge_summaries) == 1
+    got = r.bridge_summaries[0]
+    assert (got["model.tensor_model_parallel_size"], got["model.normalization"],
+            got["train.global_batch_size"], got["dataset.seq_length"]) == \
+        ("8", "'RMSNorm'", "256", "4096")
+    ex = load_cluster("example")
+    l70 = presets.model("llama2-70b")
+    job = JobSpec(global_batch=256, seq_length=4096)
+    kw = dict(pp=4, sequence_parallel=True, distributed_optimizer=True)
+    runner = CliRunner()
+    out = tmp_path / "cal.json"
+    for name, knobs, code in (("ran", dict(tp=8, recompute="selective", layers=(20,) * 4), 0),
+                              ("tp", dict(tp=4, recompute="selective"), 2),
+                              ("recompute", dict(tp=8, recompute="full"), 2),
+                              ("vp", dict(tp=8, recompute="selective", schedule="interleaved",
+                                          chunks=2), 2)):
+        plan = make_plan(l70, job, ex, **knobs, **kw)
+        pf = tmp_path / f"{name}.json"
+        save_plan(pf, l70, job, ex, plan, estimate(l70, job, ex, plan), options=Options())
+        res = runner.invoke(app, ["calibrate", str(log), "--plan", str(pf), "--out", str(out)])
+        assert res.exit_code == code, (name, res.output)
+        if code:
+            assert "differs from its plan" in res.output, res.output
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--run-config",
+                              str(LOGS / "bridge_run_config_70b.yaml"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+
+
 def test_bridge_documented_iteration_line(tmp_path):
     """The iteration line as Megatron-Bridge's own documentation prints it (docs/training/
     multi-token-prediction.md at 067f987, verbatim, with its extra loss columns), six steps of

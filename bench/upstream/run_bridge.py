@@ -12,7 +12,8 @@ derives the data-parallel size from WORLD_SIZE), builds the tokenizer and sizes 
 as megatron/bridge/training/setup.py does, and prints what it built as JSON with the keys of
 run_megatron.py's view, so that bench/upstream_check.py compares both alike. Where an item
 names a "run_config" path it writes there the run_config.yaml a checkpoint of that run would
-hold (ConfigContainer.to_yaml, as checkpointing.py writes it), for `calibrate --run-config`.
+hold (ConfigContainer.to_yaml, as checkpointing.py writes it), for `calibrate --run-config`;
+"summary" holds the configuration summary Bridge's setup logs (log_non_default_values).
 
 Stand-ins for what this CPU machine lacks, and nothing else: typing.override on Python 3.11
 (PEP 698, a marker), an import-only stand-in for Transformer Engine (Megatron-Bridge imports it
@@ -144,6 +145,10 @@ def bridge_view(item: dict) -> dict:
             cfg.model.vocab_size, cfg.model.should_pad_vocab = vocab, pad
             if item.get("run_config"):
                 cfg.to_yaml(item["run_config"])
+        # what setup then logs of the run (setup.py: cfg.log_non_default_values, on rank 0)
+        summary = io.StringIO()
+        with redirect_stdout(summary):
+            cfg.log_non_default_values()
     except BaseException as e:  # AssertionError, ValueError, anything the library raises
         tb = traceback.extract_tb(e.__traceback__)
         where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
@@ -158,7 +163,7 @@ def bridge_view(item: dict) -> dict:
     ddp = cfg.ddp
     tp_pp_dp = bool(cfg.dist.use_tp_pp_dp_mapping)
     out = {
-        "accepted": True, "run_config": item.get("run_config"),
+        "accepted": True, "run_config": item.get("run_config"), "summary": summary.getvalue(),
         "num_layers": m.num_layers, "hidden_size": m.hidden_size,
         "ffn_hidden_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
         "num_query_groups": m.num_query_groups, "kv_channels": m.kv_channels,

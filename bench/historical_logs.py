@@ -11,8 +11,9 @@ DeepSpeed's ZeRO stage and pipeline partition) and the plan `calibrate --cluster
 from the arguments (formats/megatron_args.py) on a cluster of the run's size, 4 V100 32 GB per
 node (the links are placeholders: the plan read does not depend on them, and nothing is
 estimated), then calibrate's check of the log against that plan (formats/runs.py
-check_logged_args: every arguments block, DeepSpeed's printed configuration). The logs' times are not used: they are a published measurement set, kept apart
-from calibration and tests; this reads their format only.
+check_logged_args: every arguments block, DeepSpeed's printed configuration). The logs'
+times are not used: they are a published measurement set, kept apart from calibration and
+tests; this reads their format only.
 """
 
 from __future__ import annotations

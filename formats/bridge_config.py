@@ -35,6 +35,7 @@ from model.plan import Plan
 from model.specs import JobSpec, ModelSpec
 
 from .megatron_args import PrintedArgs, padded_vocab, plan_from_megatron_args
+from .reading import FieldReader, read_text
 
 # TransformerConfig / GPTModelConfig field -> Megatron-LM argument name, where they differ
 _RENAMES = {"num_moe_experts": "num_experts",
@@ -88,25 +89,20 @@ def bridge_printed(doc: dict, num_gpus: int, source: str) -> tuple[dict[str, str
     def fail(field: str, why: str):
         raise SpecError(f"{why}; give --plan for this log", source=source, field=field)
 
-    def section(name: str, required: bool = False) -> dict:
-        v = doc.get(name)
-        if v is None and not required:
-            return {}
-        if not isinstance(v, dict):
-            raise SpecError(f"{'no' if v is None else 'a malformed'} '{name}' section: not a "
-                            "Megatron-Bridge run_config.yaml (a checkpoint's "
+    rd = FieldReader(source)
+    for name in ("model", "train", "ddp"):
+        if not isinstance(doc.get(name), dict):
+            raise SpecError(f"{'no' if doc.get(name) is None else 'a malformed'} '{name}' "
+                            "section: not a Megatron-Bridge run_config.yaml (a checkpoint's "
                             "iter_N/run_config.yaml, or the file logger.save_config_filepath "
                             "names)", source=source, field=name)
-        return v
-
-    model, train, ddp = (section(n, required=True) for n in ("model", "train", "ddp"))
-    dist, data, overlap = section("dist"), section("dataset"), section("comm_overlap")
-    mp = doc.get("mixed_precision")
-    if isinstance(mp, str):
-        fail("mixed_precision", f"the recipe name {mp!r}: this file was written before Bridge "
-             "applied it (runtime_config_update), so its model fields are not what ran; give "
-             "a checkpoint's run_config.yaml")
-    mp = section("mixed_precision")
+    model, train, ddp = doc["model"], doc["train"], doc["ddp"]
+    if isinstance(doc.get("mixed_precision"), str):
+        fail("mixed_precision", f"the recipe name {doc['mixed_precision']!r}: this file was "
+             "written before Bridge applied it (runtime_config_update), so its model fields "
+             "are not what ran; give a checkpoint's run_config.yaml")
+    dist, data, overlap, mp = (rd.obj(doc, n, "", optional=True) or {} for n in (
+        "dist", "dataset", "comm_overlap", "mixed_precision"))
     tr = model["transformer"] if isinstance(model.get("transformer"), dict) else model
     fields = {k: v for k, v in tr.items() if not k.startswith("_")}
     fields.update({k: model[k] for k in _MODEL_FIELDS if k in model})
@@ -117,10 +113,7 @@ def bridge_printed(doc: dict, num_gpus: int, source: str) -> tuple[dict[str, str
                                       "first_last_layers_bf16", "fp4", "grad_reduce_in_fp32")
                    if k in mp})
     def flag(where: dict, name: str, default: bool = False) -> bool:
-        v = where.get(name, default)
-        if not isinstance(v, bool):
-            fail(name, f"{v!r} is not true or false")
-        return v
+        return rd.get(where, name, "", bool, default)
 
     if flag(dist, "use_torch_fsdp2"):
         fail("use_torch_fsdp2", "torch FSDP2 under Megatron is not priced")
@@ -132,7 +125,7 @@ def bridge_printed(doc: dict, num_gpus: int, source: str) -> tuple[dict[str, str
     if fields.get("fp8") is not None and flag(fields, "first_last_layers_bf16"):
         fail("first_last_layers_bf16", "FP8 with the first and last layers in bf16 (Bridge's "
              "current-scaling recipes) is not priced")
-    flag(fields, "cross_entropy_loss_fusion")  # read by calibrate (formats/runs.py loss_fused)
+    flag(fields, "cross_entropy_loss_fusion")  # read by calibrate (megatron_args loss_unpriced)
 
     printed = {_RENAMES.get(k, k): _plain(v) for k, v in fields.items()}
     printed["pipeline_model_parallel_layout"] = str(_layout(
@@ -217,11 +210,10 @@ def plan_from_bridge_config(path: Path, cluster: ClusterSpec,
     import yaml  # the file is YAML (Bridge's yaml_utils.dump_dataclass_to_yaml: safe_dump)
 
     src = str(path)
+    text = read_text(path, field="--run-config", what="the run's run_config.yaml")
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise SpecError(f"cannot read it ({e.strerror})", source=src, field="--run-config")
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
         raise SpecError(f"not YAML ({str(e).splitlines()[0]})", source=src,
                         field="--run-config")
     if not isinstance(doc, dict):

@@ -330,20 +330,21 @@ def _titan_settings(line: str, starts: list[dict]) -> None:
     starts[-1].update(got)
 
 
+def _fed(reader, text: str):
+    """A line-fed reader (_ArgBlocks, _BridgeSummary) after every line of `text`."""
+    for line in text.splitlines():
+        reader.feed(line)
+    return reader
+
+
 def bridge_summaries(text: str) -> list[dict[str, str]]:
     """Each configuration summary Megatron-Bridge printed in `text` (_BridgeSummary)."""
-    bs = _BridgeSummary()
-    for line in text.splitlines():
-        bs.feed(line)
-    return [d for d in bs.summaries if d]
+    return [d for d in _fed(_BridgeSummary(), text).summaries if d]
 
 
 def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
     """Each arguments block Megatron-LM printed in `text` (_ArgBlocks)."""
-    ab = _ArgBlocks()
-    for line in text.splitlines():
-        ab.feed(line)
-    return [b for b in ab.blocks if b]
+    return [b for b in _fed(_ArgBlocks(), text).blocks if b]
 
 
 def read_log(path) -> LogReading:

@@ -39,8 +39,8 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) ->
     """A Megatron-LM log whose printed arguments (any of its blocks: restarts print their
     own), a Megatron-Bridge log's configuration summary, a torchtitan log whose start-up
     prints (model size, batch, sequence, mesh) or a DeepSpeed log whose engine configuration
-    (batch, micro-batch, ZeRO stage) differ from the plan on what the cost model prices is the log of another run: one line
-    naming the log and the first differences."""
+    (batch, micro-batch, ZeRO stage) differ from the plan on what the cost model prices is the
+    log of another run: one line naming the log and the first differences."""
     diffs = [megatron_args_mismatch(model, job, plan, logged)
              for logged in reading.megatron_args]
     diffs += [torchtitan_logged_mismatch(model, job, plan, logged)

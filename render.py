@@ -199,7 +199,9 @@ def print_calibration(prof, out, readings=()) -> None:
                   f"{100 * (r['before_s'] / m - 1):+.1f}%", f"{r['after_s']:.3f}",
                   f"{100 * (r['after_s'] / m - 1):+.1f}%",
                   "-" if r["memory_gib"] is None else f"{r['memory_gib']:.1f} "
-                  f"({r['memory_kind']})")
+                  f"({r['memory_kind']}"
+                  + ("" if r.get("memory_stage") is None else f", stage {r['memory_stage']}")
+                  + ")")
     con.print(t)
     sd = prof.residual_sd
     con.print("residual sd of log time: " + ("not determined (no more runs than parameters)"

@@ -23,7 +23,11 @@ the log is paired with (global batch B, sequence S, G GPUs):
   (allocated: reported, not fitted).
 - torchtitan: `tps` (tokens per second per GPU): B S / (tps G); memory: `memory: X GiB`, the
   peak reserved memory it prints.
-- NeMo (Lightning): `train_step_timing in s`, directly (no memory line).
+- NeMo (Lightning): `train_step_timing in s`, directly, from NeMo 2's progress printer or
+  from the TQDM progress bar NeMo 1.x shows (Lightning's bar in NeMo's CustomProgressBar,
+  refreshed twice a step: once with the last step's metrics, once with its own, so each
+  step's last line is read, the step its `global_step` metric names); memory: the bar's
+  `max_memory_reserved` (bytes; NeMo 1.x with NEMO_LOG_MEMORY_USAGE=1), rank 0's only.
 - DeepSpeed: its pipeline engine's `iter time (s)` (the train_batch timer over the steps since
   its last print, each step's mean), directly; without the pipeline engine, `CurrSamplesPerSec`
   of the ThroughputTimer (global samples per second): B / it, where both print the same steps
@@ -77,6 +81,16 @@ _TITAN = re.compile(r"(?<!validate )step:\s*(\d+)\s+loss:.*?memory:\s*" + _NUM
 # E, iteration N/M | metric: value | ...' with 'train_step_timing in s' from
 # nemo/utils/exp_manager.py (TimingCallback._on_batch_end)
 _NEMO = re.compile(r"iteration\s+(\d+)/\d+\s*\|.*?train_step_timing in s:\s*" + _NUM)
+# NeMo 1.x's progress bar: nemo/collections/nlp/parts/nlp_overrides.py (CustomProgressBar,
+# bar_format '{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}
+# {postfix}]') over Lightning's TQDMProgressBar, whose postfix is ', name=value' per metric
+# logged with prog_bar=True (numbers through Lightning's Tqdm.format_num: 3 significant
+# digits, padded: '44.00', '7.83e+10'); MegatronGPTModel.training_step logs global_step,
+# consumed_samples, reduced_train_loss and, with NEMO_LOG_MEMORY_USAGE=1, max_memory_reserved
+# and max_memory_allocated in bytes (megatron_gpt_model.py, rank_zero_only); lines end in '\r'
+_NEMO_BAR = re.compile(r"\b(\d+)/\d+ \[[^\]]*?train_step_timing in s=" + _NUM)
+_NEMO_BAR_STEP = re.compile(r"[ ,]global_step=" + _NUM)
+_NEMO_BAR_MEM = re.compile(r"[ ,]max_memory_reserved=" + _NUM)
 # deepspeed/utils/timer.py (ThroughputTimer.stop): 'epoch={}/micro_step={}/global_step={},
 # RunningAvgSamplesPerSec={}, CurrSamplesPerSec={}, MemAllocated={}GB, MaxMemAllocated={}GB'
 _DEEPSPEED = re.compile(r"global_step=(\d+),\s*RunningAvgSamplesPerSec=" + _NUM
@@ -159,6 +173,9 @@ class LogReading:
     unit: str = "s"
     memory_gib: float | None = None
     memory_kind: str = ""  # "reserved" (fitted) or "allocated" (reported only)
+    # the pipeline stage the memory reading is of: None, the largest over the ranks that
+    # printed (each stage's); 0, rank 0's only (NeMo 1.x's bar), pipeline stage 0
+    memory_stage: int | None = None
     skipped: int = 0  # warm-up readings skipped, over every process
     processes: int = 1  # training processes found (restarts and ranks), each warmed up apart
     validation_lines: int = 0  # torchtitan validation lines left out
@@ -390,6 +407,12 @@ def read_log(path) -> LogReading:
         elif "train_step_timing" in line and (m := _NEMO.search(line)):
             step = int(m.group(1))
             found.append(("nemo", procs.of(rank, step), step, batch, _f(m.group(2))))
+        elif "train_step_timing in s=" in line and (m := _NEMO_BAR.search(line)):
+            g = _NEMO_BAR_STEP.search(line)
+            step = int(_f(g.group(1))) if g else int(m.group(1))
+            found.append(("nemo-bar", procs.of(rank, step), step, None, _f(m.group(2))))
+            if g := _NEMO_BAR_MEM.search(line):
+                mem.setdefault("nemo-bar", []).append(_f(g.group(1)) / 2 ** 30)
         elif "CurrSamplesPerSec" in line and (m := _DEEPSPEED.search(line)):
             step = int(m.group(1))
             found.append(("deepspeed", procs.of(rank, step), step, None, _f(m.group(3))))
@@ -429,9 +452,16 @@ def read_log(path) -> LogReading:
         raise SpecError(f"lines of several frameworks ({', '.join(sorted(frameworks))}) in one "
                         "log; give one run's log per file", source=src, field="log")
     fw = frameworks.pop()
-    unit = {"megatron": "s", "nemo": "s", "torchtitan": "tokens/s/gpu",
+    unit = {"megatron": "s", "nemo": "s", "nemo-bar": "s", "torchtitan": "tokens/s/gpu",
             "deepspeed": "samples/s", "deepspeed-pipe": "s"}[fw]
-    fw = fw.removesuffix("-pipe")
+    if fw == "nemo-bar":
+        # the bar prints each step twice or more (module docstring): its last line is read
+        last = {(x[1], x[2]): k for k, x in enumerate(found)}
+        found = [found[k] for k in sorted(last.values())]
+    # memory: the bar's own figures; DeepSpeed's pipeline engine prints none, its
+    # ThroughputTimer does
+    mem_fw = fw if fw == "nemo-bar" else fw.split("-")[0]
+    fw = fw.split("-")[0]
     # warm-up: the readings of each process's first WARMUP_READINGS steps (every rank's line
     # of those steps, where ranks print without a prefix)
     seen: dict = {}  # process -> its first steps
@@ -461,9 +491,10 @@ def read_log(path) -> LogReading:
                          torchtitan_settings=titan if fw == "torchtitan" else [],
                          bridge_summaries=[d for d in summary.summaries if d]
                          if fw == "megatron" else [])
-    if mem.get(fw):
-        reading.memory_gib = max(mem[fw])
+    if mem.get(mem_fw):
+        reading.memory_gib = max(mem[mem_fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"
+        reading.memory_stage = 0 if mem_fw == "nemo-bar" else None
     elif fw == "megatron" and bridge_mem:
         kind = "reserved" if "reserved" in bridge_mem else "allocated"
         reading.memory_gib, reading.memory_kind = max(bridge_mem[kind]), kind

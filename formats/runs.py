@@ -157,5 +157,5 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         readings.append((reading, job.global_batch, described))
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
             job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
-            kind, label=Path(log).name))
+            kind, label=Path(log).name, memory_stage=reading.memory_stage))
     return runs, readings

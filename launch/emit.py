@@ -1099,6 +1099,10 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
                "--config-path=$HERE", "--config-name=nemo_config",
                "hydra.searchpath=[file://$NEMO_DIR/examples/nlp/language_modeling/conf]"]
         env = megatron_env(cluster, plan)
+        # MegatronGPTModel logs max_memory_reserved to the progress bar with this set
+        # (megatron_gpt_model.py, NeMo 8cfedd7): the log's memory, for `calibrate`
+        env["NEMO_LOG_MEMORY_USAGE"] = ("1", "NeMo logs the peak reserved memory each step "
+                                        "(read by calibrate)")
         requires = {"NEMO_DIR": "a NeMo 1.x checkout (its examples/nlp/language_modeling)"}
     elif fw == "torchtitan":
         ver = version or TORCHTITAN_VERSIONS[0]

@@ -201,6 +201,8 @@ class Run:
     memory_gib: float | None = None
     memory_kind: str = ""
     label: str = ""
+    # the pipeline stage memory_gib is of (None: the largest stage's; formats/logs.py)
+    memory_stage: int | None = None
 
 
 def _predict(run: Run, values: dict, gpu: str) -> float:
@@ -349,7 +351,9 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         for rr in mem_runs:
             cl, opts = apply_profile(Profile(gpu), rr.cluster, rr.options, values)
             est = estimate(rr.model, rr.job, cl, rr.plan, opts)
-            tensors = max(st.memory.total_gib - st.memory.allowance_gib for st in est.stages)
+            stages = (est.stages if rr.memory_stage is None else
+                      [st for st in est.stages if st.stage == rr.memory_stage])
+            tensors = max(st.memory.total_gib - st.memory.allowance_gib for st in stages)
             fs.append(rr.memory_gib / tensors - 1)
         f = min(max(statistics.median(fs), FRAGMENTATION_BOUNDS[0]), FRAGMENTATION_BOUNDS[1])
         values["fragmentation"] = f
@@ -359,7 +363,8 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
                    prior_sd={nm: PRIOR_SD[nm] for nm in names} if prior else {},
                    uninformed=uninformed)
     prof.runs = [{"label": rr.label, "measured_s": rr.measured_s, "before_s": b, "after_s": a,
-                  "memory_gib": rr.memory_gib, "memory_kind": rr.memory_kind}
+                  "memory_gib": rr.memory_gib, "memory_kind": rr.memory_kind,
+                  "memory_stage": rr.memory_stage}
                  for rr, b, a in zip(runs, before, after)]
     return prof, {rr.label: (b, a) for rr, b, a in zip(runs, before, after)}
 

@@ -29,6 +29,9 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
     ("megatron", "megatron", 43.48, 75.0),       # max reserved over ranks, MB / 1024
     ("torchtitan", "torchtitan", 256 * 4096 / (6005.5 * 128), 61.27),
     ("nemo", "nemo", 43.52, None),
+    # NeMo 1.x's TQDM bar (bench/upstream/run_nemo1_log.py): each step's last refresh, by
+    # its global_step; max_memory_reserved in bytes, 3 significant digits
+    ("nemo1_bar", "nemo", 43.3, 7.83e10 / 2 ** 30),
     ("deepspeed", "deepspeed", 256 / 5.86, 61.4),
     # its pipeline engine's 'iter time (s)' read over the ThroughputTimer's lines of the steps
     ("deepspeed_pipe", "deepspeed", 43.51, 61.4),
@@ -113,6 +116,54 @@ def test_bridge_memory_without_reserved_keys_is_reported_not_fitted(tmp_path):
     assert r.memory_kind == "allocated"
     assert r.memory_gib == pytest.approx(75.223e9 / 2 ** 30)
     assert read_log(LOGS / "megatron_bridge.log").memory_kind == "reserved"
+
+
+def test_nemo1_bar_reads_each_steps_own_refresh(tmp_path):
+    """NeMo 1.x's progress bar refreshes twice a step (Lightning's _update_n with the last
+    step's postfix, then set_postfix with its own): each step is read once, from the line whose
+    global_step names it (the fixture's step 3 took 42.90 s, printed beside step 4's count
+    too). Without a global_step metric the bar's count is the step, still read once. Its
+    memory is rank 0's: stage 0's."""
+    r = read_log(LOGS / "nemo1_bar.log")
+    assert r.values == pytest.approx([42.9, 42.7, 43.5, 43.8, 43.4, 42.9, 43.3, 44.1, 42.9])
+    assert r.processes == 1 and r.memory_kind == "reserved" and r.memory_stage == 0
+    import re
+    text = (LOGS / "nemo1_bar.log").read_text()
+    p = tmp_path / "no_step.log"
+    p.write_text(re.sub(r" global_step=[0-9.]+,", "", text))
+    r = read_log(p)
+    assert len(r.values) == 9 and r.skipped == WARMUP_READINGS
+    # a restart: the bar's count starts again, a process of its own, warmed up again
+    p.write_text(text + text)
+    r = read_log(p)
+    assert r.processes == 2 and len(r.values) == 18
+
+
+def test_rank0_memory_fits_fragmentation_on_stage_0():
+    """A memory reading of rank 0 only (NeMo 1.x) is compared with pipeline stage 0's
+    tensors, not with the largest stage's: the fitted fragmentation is the reading over stage
+    0's tensors, less 1."""
+    from formats.clusters import cluster as load_cluster
+    from model.estimator import estimate
+    c = load_cluster("example")
+    m = presets.model("llama2-70b")
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(m, job, c, tp=8, pp=4, recompute="full", sequence_parallel=True,
+                     layers=(17, 21, 21, 21))
+    est = estimate(m, job, c, plan)
+    tensors = [st.memory.total_gib - st.memory.allowance_gib for st in est.stages]
+    assert tensors[0] != max(tensors)
+    t = est.iteration_ms / 1e3
+    got = {}
+    for stage in (0, None):
+        runs = [Run(m, job, c, plan, Options(), t * (1 + 0.01 * k),
+                    memory_gib=1.1 * max(tensors), memory_kind="reserved", label=f"r{k}",
+                    memory_stage=stage)
+                for k in range(3)]
+        prof, _ = fit(runs, ("gemm_scale",), c.nodes[0].gpu.name)
+        got[stage] = prof.values["fragmentation"]
+    assert got[None] == pytest.approx(0.1, abs=1e-6)
+    assert got[0] == pytest.approx(1.1 * max(tensors) / tensors[0] - 1, abs=1e-6) != got[None]
 
 
 def test_restarted_log_warms_up_again():

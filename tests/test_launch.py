@@ -871,6 +871,8 @@ def test_nemo_yaml_is_a_full_config(llama, c32, tmp_path):
     assert warn == []
     script = (tmp_path / "launch.sh").read_text()
     assert 'NEMO_DIR:?' in script and "hydra.searchpath=" in script
+    # MegatronGPTModel then logs the peak reserved memory to the bar (calibrate reads it)
+    assert "export NEMO_LOG_MEMORY_USAGE=1" in script
     mid = make_plan(llama, job, c32, tp=8, pp=4, layers=(19, 21, 20, 20), recompute="full",
                     sequence_parallel=True, distributed_optimizer=True)
     _f, warn = emit("nemo", llama, job, c32, mid, tmp_path / "mid", version="1")

@@ -1,0 +1,113 @@
+"""A NeMo 1.x training log as NeMo's own code prints it, for the log reader's fixture (run with
+the Python that has Lightning 2.4 and NeMo's requirements; imports nothing of this project).
+
+NeMo 1.x's Megatron GPT training (examples/nlp/language_modeling/megatron_gpt_pretraining.py)
+shows its progress through Lightning's TQDM progress bar: MegatronTrainerBuilder appends
+NeMo's CustomProgressBar (nemo/collections/nlp/parts/nlp_overrides.py), exp_manager puts
+NeMo's TimingCallback first among the callbacks (nemo/utils/exp_manager.py, log_step_timing
+True by default), which logs 'train_step_timing in s' to the bar, and MegatronGPTModel's
+training_step logs reduced_train_loss, global_step and consumed_samples to it, and with
+NEMO_LOG_MEMORY_USAGE=1 max_memory_reserved and max_memory_allocated (bytes,
+torch.cuda.max_memory_*; megatron_gpt_model.py).
+
+This script runs Lightning's Trainer (its fit loop, logger connector and TQDM bar) with NeMo's
+CustomProgressBar and TimingCallback, taken from the NeMo checkout given, on a stand-in module
+whose training_step logs those metrics as MegatronGPTModel does. The class CustomProgressBar is
+executed from its own source in nlp_overrides.py (importing that module pulls NeMo's NLP stack,
+which needs an older transformers than this environment has). Stand-ins, and nothing else: the
+wall clock NeMo's timer reads (nemo.utils.timers.time) advances by the step times given, so the
+log carries training-scale times from a CPU run; the memory figures are the numbers given (no
+GPU here); the model is one linear layer.
+
+usage: python run_nemo1_log.py NEMO_DIR OUT.log  (writes what the bar printed to stdout)
+"""
+
+import ast
+import random
+import sys
+from pathlib import Path
+
+
+class Clock:
+    """time.time() for nemo.utils.timers: advanced by the training step."""
+
+    def __init__(self):
+        self.now = 1.7e9
+
+    def time(self):
+        return self.now
+
+
+def custom_progress_bar(nemo: Path):
+    """NeMo's CustomProgressBar, executed from its source in nlp_overrides.py."""
+    from lightning.pytorch.callbacks.progress import TQDMProgressBar
+    from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
+    src_path = nemo / "nemo/collections/nlp/parts/nlp_overrides.py"
+    src = src_path.read_text()
+    node = next(n for n in ast.parse(src).body
+                if isinstance(n, ast.ClassDef) and n.name == "CustomProgressBar")
+    ns = {"TQDMProgressBar": TQDMProgressBar, "_update_n": _update_n}
+    exec(compile(ast.Module([node], []), str(src_path), "exec"), ns)
+    return ns["CustomProgressBar"]
+
+
+def main(nemo: Path, out: Path) -> None:
+    sys.path.insert(0, str(nemo))
+    import torch
+    import lightning.pytorch as pl
+    import nemo.utils.timers as timers
+    from nemo.utils.exp_manager import TimingCallback
+
+    clock = Clock()
+    timers.time = clock  # NamedTimer's start/stop read time.time()
+    rng = random.Random(14)
+    gbs, steps = 256, 12
+    # seconds per step: the first slower (warm-up), then 43.5 s +- 1%
+    step_s = [61.2] + [43.5 * (1 + rng.gauss(0, 0.01)) for _ in range(steps - 1)]
+    reserved = [7.61e10] + [7.83e10] * (steps - 1)
+
+    class GPT(pl.LightningModule):
+        """Logs what MegatronGPTModel.training_step logs to the progress bar."""
+
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            k = self.trainer.global_step
+            clock.now += step_s[k]
+            loss = self.layer(batch).pow(2).mean()
+            self.log("max_memory_reserved", reserved[k], prog_bar=True, rank_zero_only=True,
+                     batch_size=1)
+            self.log("max_memory_allocated", 0.9 * reserved[k], prog_bar=True,
+                     rank_zero_only=True, batch_size=1)
+            self.log("reduced_train_loss", 11.0 - 0.05 * k, prog_bar=True, rank_zero_only=True,
+                     batch_size=1)
+            self.log("lr", 1e-4, rank_zero_only=True, batch_size=1)
+            self.log("global_step", self.trainer.global_step, prog_bar=True,
+                     rank_zero_only=True, batch_size=1)
+            self.log("consumed_samples", float((k + 1) * gbs), prog_bar=True,
+                     rank_zero_only=True, batch_size=1)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.randn(steps, 4), batch_size=1)
+
+    bar = custom_progress_bar(nemo)()
+    # exp_manager inserts the timing callback first (trainer.callbacks.insert(0, ...))
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_model_summary=False,
+                         callbacks=[TimingCallback(), bar], log_every_n_steps=1)
+    with open(out, "w") as f:
+        stdout, sys.stdout = sys.stdout, f
+        try:
+            trainer.fit(GPT())
+        finally:
+            sys.stdout = stdout
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -26,8 +26,10 @@ the log is paired with (global batch B, sequence S, G GPUs):
 - NeMo (Lightning): `train_step_timing in s`, directly, from NeMo 2's progress printer or
   from the TQDM progress bar NeMo 1.x shows (Lightning's bar in NeMo's CustomProgressBar,
   refreshed twice a step: once with the last step's metrics, once with its own, so each
-  step's last line is read, the step its `global_step` metric names); memory: the bar's
-  `max_memory_reserved` (bytes; NeMo 1.x with NEMO_LOG_MEMORY_USAGE=1), rank 0's only.
+  step's last line is read, the step its `global_step` metric names), or from NeMo 1.x's
+  DeltaTimingCallback lines (`Step N: train_step_timing in s=..`; its step count starts
+  again each epoch, which reads as a restart); memory: the bar's `max_memory_reserved`
+  (bytes; NeMo 1.x with NEMO_LOG_MEMORY_USAGE=1), rank 0's only.
 - DeepSpeed: its pipeline engine's `iter time (s)` (the train_batch timer over the steps since
   its last print, each step's mean), directly; without the pipeline engine, `CurrSamplesPerSec`
   of the ThroughputTimer (global samples per second): B / it, where both print the same steps
@@ -89,6 +91,11 @@ _NEMO = re.compile(r"iteration\s+(\d+)/\d+\s*\|.*?train_step_timing in s:\s*" + 
 # consumed_samples, reduced_train_loss and, with NEMO_LOG_MEMORY_USAGE=1, max_memory_reserved
 # and max_memory_allocated in bytes (megatron_gpt_model.py, rank_zero_only); lines end in '\r'
 _NEMO_BAR = re.compile(r"\b(\d+)/\d+ \[[^\]]*?train_step_timing in s=" + _NUM)
+# NeMo 1.x with exp_manager.log_delta_step_timing: nemo/utils/exp_manager.py
+# (DeltaTimingCallback._on_batch_end) logs f'Step {step}: {name} in s={dt}' through NeMo's
+# logger, the seconds since the last step ended, its step counted from 0 each epoch; its name
+# already ends in ' in s' at 8cfedd7 ('train_step_timing in s in s=')
+_NEMO_DELTA = re.compile(r"\bStep (\d+): train_step_timing in s(?: in s)?=" + _NUM)
 _NEMO_BAR_STEP = re.compile(r"[ ,]global_step=" + _NUM)
 _NEMO_BAR_MEM = re.compile(r"[ ,]max_memory_reserved=" + _NUM)
 # deepspeed/utils/timer.py (ThroughputTimer.stop): 'epoch={}/micro_step={}/global_step={},
@@ -407,12 +414,13 @@ def read_log(path) -> LogReading:
         elif "train_step_timing" in line and (m := _NEMO.search(line)):
             step = int(m.group(1))
             found.append(("nemo", procs.of(rank, step), step, batch, _f(m.group(2))))
+        elif "train_step_timing in s" in line and (m := _NEMO_DELTA.search(line)):
+            step = int(m.group(1))
+            found.append(("nemo-delta", procs.of(rank, step), step, None, _f(m.group(2))))
         elif "train_step_timing in s=" in line and (m := _NEMO_BAR.search(line)):
             g = _NEMO_BAR_STEP.search(line)
             step = int(_f(g.group(1))) if g else int(m.group(1))
             found.append(("nemo-bar", procs.of(rank, step), step, None, _f(m.group(2))))
-            if g := _NEMO_BAR_MEM.search(line):
-                mem.setdefault("nemo-bar", []).append(_f(g.group(1)) / 2 ** 30)
         elif "CurrSamplesPerSec" in line and (m := _DEEPSPEED.search(line)):
             step = int(m.group(1))
             found.append(("deepspeed", procs.of(rank, step), step, None, _f(m.group(3))))
@@ -422,6 +430,8 @@ def read_log(path) -> LogReading:
             found.append(("deepspeed-pipe", procs.of(rank, step), step, None, _f(m.group(2))))
         elif "validate step" in line and _TITAN_VALIDATION.search(line):
             validation += 1
+        if "max_memory_reserved=" in line and (m := _NEMO_BAR_MEM.search(line)):
+            mem.setdefault("nemo-bar", []).append(_f(m.group(1)) / 2 ** 30)
         if "memory (MB)" in line and (m := _MEGATRON_MEM.search(line)):
             mem.setdefault("megatron", []).append(_f(m.group(5)) / 1024)
         elif "memory (GB)" in line and (m := _BRIDGE_MEM.search(line)):
@@ -452,15 +462,15 @@ def read_log(path) -> LogReading:
         raise SpecError(f"lines of several frameworks ({', '.join(sorted(frameworks))}) in one "
                         "log; give one run's log per file", source=src, field="log")
     fw = frameworks.pop()
-    unit = {"megatron": "s", "nemo": "s", "nemo-bar": "s", "torchtitan": "tokens/s/gpu",
-            "deepspeed": "samples/s", "deepspeed-pipe": "s"}[fw]
+    unit = {"megatron": "s", "nemo": "s", "nemo-bar": "s", "nemo-delta": "s",
+            "torchtitan": "tokens/s/gpu", "deepspeed": "samples/s", "deepspeed-pipe": "s"}[fw]
     if fw == "nemo-bar":
         # the bar prints each step twice or more (module docstring): its last line is read
         last = {(x[1], x[2]): k for k, x in enumerate(found)}
         found = [found[k] for k in sorted(last.values())]
     # memory: the bar's own figures; DeepSpeed's pipeline engine prints none, its
     # ThroughputTimer does
-    mem_fw = fw if fw == "nemo-bar" else fw.split("-")[0]
+    mem_fw = "nemo-bar" if fw in ("nemo-bar", "nemo-delta") else fw.split("-")[0]
     fw = fw.split("-")[0]
     # warm-up: the readings of each process's first WARMUP_READINGS steps (every rank's line
     # of those steps, where ranks print without a prefix)

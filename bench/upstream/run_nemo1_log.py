@@ -8,18 +8,23 @@ NeMo's TimingCallback first among the callbacks (nemo/utils/exp_manager.py, log_
 True by default), which logs 'train_step_timing in s' to the bar, and MegatronGPTModel's
 training_step logs reduced_train_loss, global_step and consumed_samples to it, and with
 NEMO_LOG_MEMORY_USAGE=1 max_memory_reserved and max_memory_allocated (bytes,
-torch.cuda.max_memory_*; megatron_gpt_model.py).
+torch.cuda.max_memory_*; megatron_gpt_model.py). With exp_manager.log_delta_step_timing
+True, NeMo's DeltaTimingCallback takes the timing callback's place: it logs 'Step N:
+train_step_timing in s=T' through NeMo's logger instead, and the bar carries no timing.
 
 This script runs Lightning's Trainer (its fit loop, logger connector and TQDM bar) with NeMo's
-CustomProgressBar and TimingCallback, taken from the NeMo checkout given, on a stand-in module
+CustomProgressBar and TimingCallback (or DeltaTimingCallback: `--delta`), taken from the NeMo
+checkout given, on a stand-in module
 whose training_step logs those metrics as MegatronGPTModel does. The class CustomProgressBar is
 executed from its own source in nlp_overrides.py (importing that module pulls NeMo's NLP stack,
 which needs an older transformers than this environment has). Stand-ins, and nothing else: the
-wall clock NeMo's timer reads (nemo.utils.timers.time) advances by the step times given, so the
+wall clock NeMo's timers read (nemo.utils.timers.time, exp_manager.time) advances by the step
+times given, so the
 log carries training-scale times from a CPU run; the memory figures are the numbers given (no
 GPU here); the model is one linear layer.
 
-usage: python run_nemo1_log.py NEMO_DIR OUT.log  (writes what the bar printed to stdout)
+usage: python run_nemo1_log.py NEMO_DIR [--delta] > OUT.log  (what the bar and NeMo's logger
+print goes to stdout)
 """
 
 import ast
@@ -51,15 +56,16 @@ def custom_progress_bar(nemo: Path):
     return ns["CustomProgressBar"]
 
 
-def main(nemo: Path, out: Path) -> None:
+def main(nemo: Path, delta: bool) -> None:
     sys.path.insert(0, str(nemo))
     import torch
     import lightning.pytorch as pl
+    import nemo.utils.exp_manager as exp_manager
     import nemo.utils.timers as timers
-    from nemo.utils.exp_manager import TimingCallback
 
     clock = Clock()
     timers.time = clock  # NamedTimer's start/stop read time.time()
+    exp_manager.time = clock  # and so does DeltaTimingCallback
     rng = random.Random(14)
     gbs, steps = 256, 12
     # seconds per step: the first slower (warm-up), then 43.5 s +- 1%
@@ -98,16 +104,12 @@ def main(nemo: Path, out: Path) -> None:
 
     bar = custom_progress_bar(nemo)()
     # exp_manager inserts the timing callback first (trainer.callbacks.insert(0, ...))
+    timing = exp_manager.DeltaTimingCallback() if delta else exp_manager.TimingCallback()
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_model_summary=False,
-                         callbacks=[TimingCallback(), bar], log_every_n_steps=1)
-    with open(out, "w") as f:
-        stdout, sys.stdout = sys.stdout, f
-        try:
-            trainer.fit(GPT())
-        finally:
-            sys.stdout = stdout
+                         callbacks=[timing, bar], log_every_n_steps=1)
+    trainer.fit(GPT())
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), "--delta" in sys.argv[2:])

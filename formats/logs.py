@@ -25,8 +25,9 @@ the log is paired with (global batch B, sequence S, G GPUs):
   peak reserved memory it prints.
 - NeMo (Lightning): `train_step_timing in s`, directly, from NeMo 2's progress printer or
   from the TQDM progress bar NeMo 1.x shows (Lightning's bar in NeMo's CustomProgressBar,
-  refreshed twice a step: once with the last step's metrics, once with its own, so each
-  step's last line is read, the step its `global_step` metric names), or from NeMo 1.x's
+  refreshed twice a step: once with the last step's metrics, once with its own, so the last
+  line at each count of the bar is read; NeMo 2's MegatronProgressBar refreshes once, with
+  the last step's, a shift of one step that the warm-up absorbs), or from NeMo 1.x's
   DeltaTimingCallback lines (`Step N: train_step_timing in s=..`; its step count starts
   again each epoch, which reads as a restart); memory: the bar's `max_memory_reserved`
   (bytes; NeMo 1.x with NEMO_LOG_MEMORY_USAGE=1), rank 0's only.
@@ -87,7 +88,8 @@ _NEMO = re.compile(r"iteration\s+(\d+)/\d+\s*\|.*?train_step_timing in s:\s*" + 
 # bar_format '{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}
 # {postfix}]') over Lightning's TQDMProgressBar, whose postfix is ', name=value' per metric
 # logged with prog_bar=True (numbers through Lightning's Tqdm.format_num: 3 significant
-# digits, padded: '44.00', '7.83e+10'); MegatronGPTModel.training_step logs global_step,
+# digits, padded: '44.00', '7.83e+10', so global_step, 1.23e+5 from 123000 on, does not name
+# a step: the bar's count does); MegatronGPTModel.training_step logs global_step,
 # consumed_samples, reduced_train_loss and, with NEMO_LOG_MEMORY_USAGE=1, max_memory_reserved
 # and max_memory_allocated in bytes (megatron_gpt_model.py, rank_zero_only); lines end in '\r'
 _NEMO_BAR = re.compile(r"\b(\d+)/\d+ \[[^\]]*?train_step_timing in s=" + _NUM)
@@ -96,7 +98,6 @@ _NEMO_BAR = re.compile(r"\b(\d+)/\d+ \[[^\]]*?train_step_timing in s=" + _NUM)
 # logger, the seconds since the last step ended, its step counted from 0 each epoch; its name
 # already ends in ' in s' at 8cfedd7 ('train_step_timing in s in s=')
 _NEMO_DELTA = re.compile(r"\bStep (\d+): train_step_timing in s(?: in s)?=" + _NUM)
-_NEMO_BAR_STEP = re.compile(r"[ ,]global_step=" + _NUM)
 _NEMO_BAR_MEM = re.compile(r"[ ,]max_memory_reserved=" + _NUM)
 # deepspeed/utils/timer.py (ThroughputTimer.stop): 'epoch={}/micro_step={}/global_step={},
 # RunningAvgSamplesPerSec={}, CurrSamplesPerSec={}, MemAllocated={}GB, MaxMemAllocated={}GB'
@@ -418,8 +419,7 @@ def read_log(path) -> LogReading:
             step = int(m.group(1))
             found.append(("nemo-delta", procs.of(rank, step), step, None, _f(m.group(2))))
         elif "train_step_timing in s=" in line and (m := _NEMO_BAR.search(line)):
-            g = _NEMO_BAR_STEP.search(line)
-            step = int(_f(g.group(1))) if g else int(m.group(1))
+            step = int(m.group(1))
             found.append(("nemo-bar", procs.of(rank, step), step, None, _f(m.group(2))))
         elif "CurrSamplesPerSec" in line and (m := _DEEPSPEED.search(line)):
             step = int(m.group(1))

@@ -572,7 +572,8 @@ def check_deepspeed(python: str, work: Path) -> int:
         return len(cases)
     views = json.loads((work / "ds-views.json").read_text())
     print(f"\nDeepSpeed (DeepSpeedConfig); {len(cases)} plans\n")
-    print(f"{'plan':40s} {'DeepSpeed':>9s}  batch / micro / accumulation / ZeRO; ranks ok")
+    print(f"{'plan':40s} {'DeepSpeed':>9s}  batch / micro / accumulation / ZeRO; timing "
+          "lines every N steps; ranks ok")
     bad = 0
     for (name, job, c, plan, folder), v in zip(meta, views):
         sh = plan.shape
@@ -584,10 +585,13 @@ def check_deepspeed(python: str, work: Path) -> int:
                 sh.zero)
         got = (v["train_batch_size"], v["micro_batch"], v["grad_accum"], v["zero_stage"])
         bad += want != got
+        # DeepSpeed prints no timing line for calibrate to read without steps_per_print
+        every = v.get("steps_per_print")
+        bad += not every
         ranks = ds_ranks(folder, c, plan, v["coords"])
         bad += ranks.startswith("MISPLACED")
-        print(f"{name:40s} {'accepted':>9s}  {got}; {ranks}" + ("" if want == got else
-                                                                 f"  planned {want}"))
+        print(f"{name:40s} {'accepted':>9s}  {got}; {every or 'NEVER'}; {ranks}"
+              + ("" if want == got else f"  planned {want}"))
     return bad
 
 

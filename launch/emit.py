@@ -959,6 +959,11 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # ZeRO stage 1 shards optimizer state over data-parallel ranks (Megatron's
         # distributed optimizer), 2 also gradients, 3 also parameters
         "zero_optimization": {"stage": sh.zero},
+        # the engine's timing lines (ThroughputTimer's CurrSamplesPerSec, the pipeline
+        # engine's 'iter time (s)') print every this many steps, and not at all unset
+        # (deepspeed/runtime/constants.py STEPS_PER_PRINT_DEFAULT = None since 0.15.2,
+        # DeepSpeed #6602; 10 before): what `calibrate` reads
+        "steps_per_print": 10,
     }
     if sh.shard_size:
         # ZeRO++ hierarchical partitioning (hpZ): a secondary copy of the weights sharded

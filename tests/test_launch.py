@@ -558,6 +558,8 @@ def test_deepspeed_gets_the_zero_stage(c32, tmp_path):
         emit("deepspeed", m, job, c32, plan, tmp_path, force=True)  # ZeRO-0 needs 123 GiB
         cfg = json.loads((tmp_path / "ds_config.json").read_text())
         assert cfg["zero_optimization"]["stage"] == zero
+        # DeepSpeed prints no timing line without it (calibrate reads those)
+        assert cfg["steps_per_print"] == 10
         if zero == 3:  # the estimate's reduce-scatters wait in line; so must DeepSpeed's
             assert cfg["zero_optimization"]["overlap_comm"] is False
 

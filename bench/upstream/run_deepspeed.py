@@ -57,6 +57,8 @@ def ds_view(item):
             "micro_batch": cfg.train_micro_batch_size_per_gpu,
             "grad_accum": cfg.gradient_accumulation_steps,
             "zero_stage": cfg.zero_optimization_stage,
+            # the engines' timing lines print every this many steps (None: never)
+            "steps_per_print": cfg.steps_per_print,
             "bf16": getattr(cfg, "bfloat16_config", None) is not None
             and bool(getattr(cfg.bfloat16_config, "enabled", False)),
             "fp16": bool(getattr(cfg, "fp16_enabled", False))}

@@ -464,6 +464,11 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
         # a TransformerConfig field in the model config reaches Megatron-Core
         # (megatron_base_model.py build_transformer_config); False unless set
         "fused_loss": bool(m.get("cross_entropy_loss_fusion", False)),
+        # the Megatron-Core model's core attention (megatron_gpt_model.py get_specs): the local
+        # spec's DotProductAttention without Transformer Engine, TE's with it, whose unfused
+        # and local backends store the scores
+        "attention": "eager" if not (m.get("mcore_gpt") and m.get("transformer_engine"))
+        or str(m.get("attention_backend", "auto")) in ("unfused", "local") else "flash",
     }
     want = {
         "exp_manager": True, "world": cluster.num_gpus, "tp": sh.tp, "pp": sh.pp,
@@ -482,7 +487,7 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
         "rank_order": order,
         "experts": model.num_experts, "ep": sh.ep,
         "schedule": sh.schedule if sh.pp > 1 else "none", "fsdp": sh.zero >= 2,
-        "fused_loss": job.fused_loss,
+        "fused_loss": job.fused_loss, "attention": job.attention,
     }
     kinds = {"layers": "split", "vp": "schedule", "num_layers": "model",
              "hidden_size": "model", "ffn_hidden_size": "model", "heads": "model",
@@ -490,7 +495,7 @@ def nemo_compare(model, job, cluster, plan, cfg: dict, order: str) -> list[tuple
              "bias": "model", "position": "model", "rotary_base": "model",
              "dropout": "model", "tokenizer": "model", "experts": "model",
              "recompute": "recompute", "fp8": "precision", "fp8_params": "precision",
-             "rank_order": "placement", "fused_loss": "memory",
+             "rank_order": "placement", "fused_loss": "memory", "attention": "attention",
              "schedule": "schedule"}
     return [(f, want[f], built[f], kinds.get(f, "parallelism")) for f in want
             if want[f] != built[f]]

@@ -531,7 +531,17 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         "casts read each tensor once more than these)")
         if fp8_params_apply(job, sh):  # megatron_gpt_model.py: fp8_param_gather=fp8_params
             m["fp8_params"] = True
+    # Transformer Engine's layer spec: with transformer_engine False (the YAML's default) NeMo's
+    # Megatron-Core model takes the local spec, whose DotProductAttention stores the scores
+    # whatever use_flash_attention says (megatron_gpt_model.py get_specs; use_flash_attention
+    # only reaches the legacy non-mcore model), and FP8 needs TE's layers. TE's attention
+    # picks FlashAttention or cuDNN's fused kernel (attention_backend auto, which NeMo hands
+    # to TransformerConfig: megatron_base_model.py build_transformer_config); eager is its
+    # unfused backend, which stores the scores
+    m["transformer_engine"] = True
     m["use_flash_attention"] = job.attention == "flash"
+    if job.attention != "flash":
+        m["attention_backend"] = "unfused"
     first_last = first_last_split(sh)
     if first_last is None:
         warn.append(f"nemo [split]: the layer split {list(sh.layers)} has no NeMo 1.x YAML key "

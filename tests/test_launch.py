@@ -867,6 +867,14 @@ def test_nemo_yaml_is_a_full_config(llama, c32, tmp_path):
     assert (m["normalization"], m["bias"], m["activation"], m["position_embedding_type"]) == (
         "rmsnorm", False, "fast-swiglu", "rope")
     assert m["rotary_base"] == 10000 and m["hidden_dropout"] == 0
+    # Transformer Engine's layers and attention (FlashAttention or cuDNN's fused kernel, as
+    # priced); without them NeMo's Megatron-Core model stores the scores
+    assert m["transformer_engine"] is True and "attention_backend" not in m
+    eager = JobSpec(global_batch=64, seq_length=4096, attention="eager")
+    emit("nemo", llama, eager, c32, make_plan(llama, eager, c32, tp=8, pp=4, recompute="full"),
+         tmp_path / "eager", version="1", force=True)
+    me = _mini_yaml((tmp_path / "eager" / "nemo_config.yaml").read_text())["model"]
+    assert me["transformer_engine"] is True and me["attention_backend"] == "unfused"
     assert (m["num_layers_in_first_pipeline_stage"], m["num_layers_in_last_pipeline_stage"]) == (
         19, 19)
     assert m["tokenizer"]["library"] == "huggingface"

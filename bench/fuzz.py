@@ -459,6 +459,52 @@ _BRIDGE_KEYS = [("model", k) for k in (
     (None, "comm_overlap"), (None, "model"), (None, "dist")]
 
 
+# the keys formats/nemo_config.py reads from a NeMo 1.x log's printed configuration
+_NEMO_KEYS = [("model", k) for k in (
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+    "virtual_pipeline_model_parallel_size", "sequence_parallel", "micro_batch_size",
+    "global_batch_size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+    "num_query_groups", "encoder_seq_length", "max_position_embeddings", "normalization",
+    "activation", "position_embedding_type", "bias", "share_embeddings_and_output_weights",
+    "activations_checkpoint_granularity", "activations_checkpoint_method",
+    "activations_checkpoint_num_layers", "num_layers_in_first_pipeline_stage", "mcore_gpt",
+    "transformer_engine", "attention_backend", "megatron_amp_O2", "fp8", "fsdp",
+    "fsdp_sharding_strategy", "num_moe_experts", "rampup_batch_size", "optim",
+    "make_vocab_size_divisible_by")] + [
+    ("trainer", "devices"), ("trainer", "num_nodes"), ("trainer", "precision"),
+    (None, "model"), (None, "trainer")]
+
+
+def _mutate_sections(rng: random.Random, doc: dict, keys: list) -> dict:
+    """1-4 of `keys` ((section or None for the top, key)) of a parsed configuration replaced
+    by odd values or removed."""
+    for _ in range(rng.randint(1, 4)):
+        sec, key = rng.choice(keys)
+        where = doc if sec is None else doc.get(sec)
+        if not isinstance(where, dict):
+            continue
+        if rng.random() < 0.2:
+            where.pop(key, None)
+        else:
+            where[key] = copy.deepcopy(rng.choice(WEIRD + _ARG_VALUES))
+    return doc
+
+
+def _nemo_config_log(rng: random.Random) -> str:
+    """The NeMo 1.x fixture log with some keys of its printed configuration replaced or
+    removed (re-indented as NeMo's formatter prints it)."""
+    import yaml
+
+    from formats.logs import read_log
+
+    path = FIX / "logs" / "nemo1_config_70b.log"
+    text = path.read_text()
+    printed = read_log(path).nemo_configs[0]
+    doc = _mutate_sections(rng, yaml.safe_load(printed), _NEMO_KEYS)
+    indent = lambda t: "".join("    " + ln + "\n" for ln in t.splitlines())  # noqa: E731
+    return text.replace(indent(printed), indent(yaml.safe_dump(doc, sort_keys=False)), 1)
+
+
 def fam_logs(rng: random.Random, tmp: Path) -> Case:
     """A mutated training log (Megatron-LM, torchtitan, NeMo, DeepSpeed) with a valid plan;
     or a Megatron-LM log whose printed arguments have some values replaced, its plan read from
@@ -467,20 +513,15 @@ def fam_logs(rng: random.Random, tmp: Path) -> Case:
     if rng.random() < 0.12:
         import yaml
 
-        doc = yaml.safe_load((FIX / "logs" / "bridge_run_config_70b.yaml").read_text())
-        for _ in range(rng.randint(1, 4)):
-            sec, key = rng.choice(_BRIDGE_KEYS)
-            where = doc if sec is None else doc.get(sec)
-            if not isinstance(where, dict):
-                continue
-            if rng.random() < 0.2:
-                where.pop(key, None)
-            else:
-                where[key] = copy.deepcopy(rng.choice(WEIRD + _ARG_VALUES))
+        doc = _mutate_sections(rng, yaml.safe_load(
+            (FIX / "logs" / "bridge_run_config_70b.yaml").read_text()), _BRIDGE_KEYS)
         return Case("logs", ["calibrate", "{run.log}", "--cluster", "example", "--run-config",
                              "{run.yaml}", "--fit", "gemm_scale"],
                     {"run.log": (FIX / "logs" / "megatron_bridge.log").read_text(),
                      "run.yaml": yaml.safe_dump(doc)})
+    if rng.random() < 0.1:  # a NeMo 1.x log's printed configuration, mutated
+        return Case("logs", ["calibrate", "{run.log}", "--cluster", "example", "--fit",
+                             "gemm_scale"], {"run.log": _nemo_config_log(rng)})
     if rng.random() < 0.15:  # a torchtitan run's TOML, mutated, read with its log
         doc = {"model": {"name": "llama3", "flavor": rng.choice(["8B", "70B"])},
                "training": {"local_batch_size": 2, "global_batch_size": 128, "seq_len": 4096},

@@ -50,6 +50,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from model.errors import SpecError
+from .nemo_config import PADDED_VOCAB as _NEMO_VOCAB
+from .nemo_config import NemoConfigBlocks
 from .reading import text_lines
 
 # readings skipped at the start of every log (documented in the README: warm-up iterations)
@@ -211,6 +213,8 @@ class LogReading:
     # Megatron-Bridge's configuration summaries ('section.name' -> the value's repr), one per
     # start
     bridge_summaries: list = field(default_factory=list)
+    # NeMo 1.x's printed configurations (YAML texts, formats/nemo_config.py), one per start
+    nemo_configs: list = field(default_factory=list)
 
     def at_batch(self, global_batch: int) -> list[float]:
         """The readings of a run at this global batch: where the log prints its batch, those
@@ -377,6 +381,7 @@ def read_log(path) -> LogReading:
     src = str(path)
     args, partition, procs = _ArgBlocks(), _Partition(), _Processes()
     summary = _BridgeSummary()
+    nemo_cfg = NemoConfigBlocks()
     vocab = None
     ds_config: dict[str, int] = {}
     found = []  # (framework, process, step, global batch or None, value)
@@ -392,11 +397,15 @@ def read_log(path) -> LogReading:
         args.feed(line)
         if summary.inside or "Configuration Summary" in line:
             summary.feed(line)
+        if nemo_cfg.state or "Experiment configuration" in line:
+            nemo_cfg.feed(_RANK.sub("", line, count=1) if "]:" in line[:16] else line)
         if ("total parameters" in line or "Trainer is initialized" in line
                 or "device mesh with" in line):
             _titan_settings(line, titan)
         partition.feed(line)
         if "padded vocab" in line and (m := _PADDED_VOCAB.search(line)):
+            vocab = int(m.group(1))
+        elif "Padded vocab_size" in line and (m := _NEMO_VOCAB.search(line)):
             vocab = int(m.group(1))
         if ("_size" in line or "_stage" in line or "_steps" in line) and \
                 (m := _DS_CONFIG.search(line)):
@@ -500,7 +509,8 @@ def read_log(path) -> LogReading:
                          deepspeed_layers=partition.per_stage(),
                          torchtitan_settings=titan if fw == "torchtitan" else [],
                          bridge_summaries=[d for d in summary.summaries if d]
-                         if fw == "megatron" else [])
+                         if fw == "megatron" else [],
+                         nemo_configs=nemo_cfg.done() if fw == "nemo" else [])
     if mem.get(mem_fw):
         reading.memory_gib = max(mem[mem_fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

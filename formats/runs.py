@@ -1,7 +1,8 @@
 """The runs `calibrate` fits: each training log paired with the plan it ran, from a plan file
 (--plan), or on a named cluster (--cluster) read from the Megatron-LM arguments the log printed
-(formats/megatron_args.py), from a torchtitan run's TOML (formats/torchtitan_config.py) or from
-a Megatron-Bridge run's run_config.yaml (formats/bridge_config.py).
+(formats/megatron_args.py), from a torchtitan run's TOML (formats/torchtitan_config.py), from
+a Megatron-Bridge run's run_config.yaml (formats/bridge_config.py) or from the configuration a
+NeMo 1.x log printed (formats/nemo_config.py).
 Either way a Megatron-LM log's printed arguments are checked against the plan, so that a log
 is never fitted as the run of another plan."""
 
@@ -19,6 +20,7 @@ from .clusters import cluster as load_cluster
 from .clusters import hostfile_order
 from .logs import LogReading, read_log
 from .megatron_args import loss_unpriced, megatron_args_mismatch, plan_from_megatron_args
+from .nemo_config import load_nemo_config, nemo_printed, plan_from_nemo_config
 from .planfile import load_plan, save_plan
 from .torchtitan_config import (TORCHTITAN_VERSIONS, plan_from_torchtitan_toml,
                                 torchtitan_logged_mismatch)
@@ -37,7 +39,8 @@ def _pick(given: list | None, k: int, n_logs: int, flag: str):
 
 def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) -> None:
     """A Megatron-LM log whose printed arguments (any of its blocks: restarts print their
-    own), a Megatron-Bridge log's configuration summary, a torchtitan log whose start-up
+    own), a Megatron-Bridge log's configuration summary, a NeMo 1.x log's printed
+    configuration, a torchtitan log whose start-up
     prints (model size, batch, sequence, mesh) or a DeepSpeed log whose engine configuration
     (batch, micro-batch, ZeRO stage) differ from the plan on what the cost model prices is the
     log of another run: one line naming the log and the first differences."""
@@ -48,6 +51,9 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) ->
     diffs.append(deepspeed_config_mismatch(job, plan, reading.deepspeed_config))
     diffs += [megatron_args_mismatch(model, job, plan, bridge_summary_args(summary))
               for summary in reading.bridge_summaries]
+    diffs += [megatron_args_mismatch(model, job, plan, nemo_printed(
+        load_nemo_config(text, reading.path), reading.path, strict=False))
+        for text in reading.nemo_configs]
     for diff in diffs:
         if diff:
             said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])
@@ -76,7 +82,8 @@ def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
     the hostfile's order where one is given: a Megatron-LM log's from the arguments it printed
     (its last block: a restart's), a torchtitan log's from the TOML it was launched with
     (`run_config`, torchtitan release `version`, 0.2 by default), a Megatron-Bridge log's from
-    its run_config.yaml (`run_config`)."""
+    its run_config.yaml (`run_config`), a NeMo 1.x log's from the configuration it printed (its
+    last: a restart's)."""
     if reading.framework == "torchtitan" and run_config is None:
         raise SpecError("torchtitan's log prints neither its batch nor its layout; give "
                         "--run-config (the TOML the run was launched with) or --plan",
@@ -90,15 +97,27 @@ def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
         raise SpecError("--framework-version is torchtitan's release; a Megatron-Bridge run "
                         "config carries its own", source=reading.path,
                         field="--framework-version")
-    if reading.framework != "torchtitan" and not reading.megatron_args and not bridge:
+    if version is not None and reading.framework != "torchtitan":
+        raise SpecError(f"--framework-version is torchtitan's release (read with its TOML); "
+                        f"this is a {reading.framework} log", source=reading.path,
+                        field="--framework-version")
+    nemo = reading.framework == "nemo" and bool(reading.nemo_configs)
+    if reading.framework != "torchtitan" and not reading.megatron_args and not bridge \
+            and not nemo:
         raise SpecError("no Megatron-LM arguments block in the log (its start-up print of "
-                        "'---- arguments ----'); give --plan for it, or for a Megatron-Bridge "
-                        "run --run-config (a checkpoint's iter_N/run_config.yaml)",
+                        "'---- arguments ----') nor NeMo 1.x experiment configuration; give "
+                        "--plan for it, or for a Megatron-Bridge run --run-config (a "
+                        "checkpoint's iter_N/run_config.yaml)",
                         source=reading.path, field="log")
     c = load_cluster(cluster_name)
     order = hostfile_order(hostfile, c) if hostfile else None
     if bridge:
         m, job, pl, settings = plan_from_bridge_config(run_config, c, node_order=order)
+    elif nemo:
+        m, job, pl, settings = plan_from_nemo_config(reading.nemo_configs[-1], c,
+                                                     source=reading.path,
+                                                     vocab=reading.padded_vocab,
+                                                     node_order=order)
     elif run_config is not None:
         m, job, pl = plan_from_torchtitan_toml(run_config, c, version or TORCHTITAN_VERSIONS[0],
                                                node_order=order)

@@ -124,7 +124,8 @@ def test_nemo1_bar_reads_each_steps_own_refresh(tmp_path):
     """NeMo 1.x's progress bar refreshes twice a step (Lightning's _update_n with the last
     step's postfix, then set_postfix with its own): each step is read once, from the last line
     at its count (count 4 shows step 2's 43.90 s, then step 3's 42.90 s). NeMo 2's bar
-    refreshes once a step, with the last step's metrics: each read one count late. Its memory is rank 0's: stage 0's."""
+    refreshes once a step, with the last step's metrics: each read one count late. Its memory
+    is rank 0's: stage 0's."""
     r = read_log(LOGS / "nemo1_bar.log")
     assert r.values == pytest.approx([42.9, 42.7, 43.5, 43.8, 43.4, 42.9, 43.3, 44.1, 42.9])
     assert r.processes == 1 and r.memory_kind == "reserved" and r.memory_stage == 0
@@ -668,6 +669,80 @@ def test_plan_read_from_torchtitan_toml(tmp_path):
                                         + (LOGS / "megatron.log").read_text())
         res = runner.invoke(app, ["calibrate", *args, "--out", str(out)])
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_plan_read_from_nemo1_printed_configuration(tmp_path):
+    """NeMo 1.x's log prints its composed configuration and padded vocabulary (written by
+    NeMo's own code for an emitted 70B launch set: fixtures/logs/README.md): the plan read from
+    them is the emitted plan, with the same estimate; `calibrate --cluster` runs on the log
+    alone, and a plan file of another run is refused. What the cost model cannot price as NeMo
+    ran it is refused in one line naming the key; NeMo's local layer spec (no Transformer
+    Engine) is read as attention that stores the scores."""
+    from formats.clusters import cluster as load_cluster
+    from formats.nemo_config import plan_from_nemo_config
+    from model.estimator import estimate
+
+    log = LOGS / "nemo1_config_70b.log"
+    r = read_log(log)
+    assert r.framework == "nemo" and len(r.nemo_configs) == 1 and r.padded_vocab == 32000
+    ex = load_cluster("example")
+    m = presets.model("llama2-70b")
+    job = JobSpec(global_batch=256, seq_length=4096)
+    want = make_plan(m, job, ex, tp=8, pp=4, recompute="selective", zero=1)
+    text = r.nemo_configs[0]
+    gm, gjob, got, _printed = plan_from_nemo_config(text, ex, source="t", vocab=32000)
+    assert got.shape.describe() == want.shape.describe()
+    assert got.placement == want.placement
+    assert estimate(gm, gjob, ex, got).iteration_ms == pytest.approx(
+        estimate(m, job, ex, want).iteration_ms, rel=1e-9)
+
+    runner = CliRunner()
+    out = tmp_path / "cal.json"
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--fit",
+                              "gemm_scale", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    got_json = json.loads(res.output)
+    assert got_json["logs"][0]["plan_from_arguments"].startswith("TP=8 PP=4 DP=2")
+    assert got_json["runs"][0]["memory_stage"] == 0
+    other = tmp_path / "other.json"
+    plain = make_plan(m, job, ex, tp=8, pp=4, recompute="selective", zero=0)
+    save_plan(other, m, job, ex, plain, estimate(m, job, ex, plain), options=Options())
+    res = runner.invoke(app, ["calibrate", str(log), "--plan", str(other), "--out", str(out)])
+    assert res.exit_code == 2 and "use_distributed_optimizer True in the log" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example",
+                              "--framework-version", "0.2", "--out", str(out)])
+    assert res.exit_code == 2 and "--framework-version" in res.output
+
+    # without Transformer Engine, NeMo's Megatron-Core model takes the local spec: eager
+    _m, ejob, _p, _a = plan_from_nemo_config(
+        text.replace("transformer_engine: true", "transformer_engine: false"), ex, source="t",
+        vocab=32000)
+    assert ejob.attention == "eager" and gjob.attention == "flash"
+    # refusals, each naming its key
+    for old, new, key in [
+            ("mcore_gpt: true", "mcore_gpt: false", "model.mcore_gpt"),
+            ("megatron_amp_O2: true", "megatron_amp_O2: false", "model.megatron_amp_O2"),
+            ("    name: distributed_fused_adam", "    name: sgd", "model.optim.name"),
+            ("activation: fast-swiglu", "activation: softplus", "model.activation"),
+            ("rampup_batch_size: null", "rampup_batch_size: [32, 32, 1000]",
+             "model.rampup_batch_size"),
+            ("  devices: 8", "  devices: [0, 1, 2, 3, 4, 5, 6, 7]", "trainer.devices"),
+            ("encoder_seq_length: 4096", "encoder_seq_length: ${oc.env:SEQ}",
+             "model.encoder_seq_length"),
+            ("cpu_offloading: false", "cpu_offloading: true", "model.cpu_offloading")]:
+        assert old in text, old
+        with pytest.raises(SpecError) as e:
+            plan_from_nemo_config(text.replace(old, new, 1), ex, source="t", vocab=32000)
+        assert e.value.field == key, (key, e.value)
+    with pytest.raises(SpecError) as e:
+        plan_from_nemo_config(text, ex, source="t", vocab=None)
+    assert "Padded vocab_size" in str(e.value)
+    # a reference to another key resolves (megatron_gpt_config.yaml's own kind)
+    ref = text.replace("max_position_embeddings: 4096",
+                       "max_position_embeddings: ${.encoder_seq_length}")
+    assert ref != text
+    assert plan_from_nemo_config(ref, ex, source="t", vocab=32000)[0].seq_length == 4096
 
 
 def test_plan_read_from_bridge_run_config(tmp_path):

@@ -23,8 +23,17 @@ times given, so the
 log carries training-scale times from a CPU run; the memory figures are the numbers given (no
 GPU here); the model is one linear layer.
 
-usage: python run_nemo1_log.py NEMO_DIR [--delta] > OUT.log  (what the bar and NeMo's logger
-print goes to stdout)
+With `--emitted DIR --vocab N` the run is an emitted NeMo 1.x launch set's (DIR holds its
+nemo_config.yaml): the configuration is composed by Hydra from the arguments launch.sh hands to
+NeMo's script (--config-path, --config-name, the search path of NeMo's conf folder, a data
+prefix), as NeMo's hydra_runner does, and logged as the script's main() logs it ('**************
+Experiment configuration ***********', then OmegaConf.to_yaml), then the padded vocabulary as
+MegatronBaseModel._vocab_size_with_padding logs it (executed from its source in
+megatron_base_model.py), for a tokenizer of N entries (the stand-in for the tokenizer NeMo
+would load).
+
+usage: python run_nemo1_log.py NEMO_DIR [--delta] [--emitted DIR --vocab N] > OUT.log (what the
+bar and NeMo's logger print goes to stdout)
 """
 
 import ast
@@ -56,8 +65,46 @@ def custom_progress_bar(nemo: Path):
     return ns["CustomProgressBar"]
 
 
-def main(nemo: Path, delta: bool) -> None:
+def _method(nemo: Path, path: str, cls: str, name: str, ns: dict):
+    """A method of one of NeMo's classes, executed from its source as a plain function."""
+    src_path = nemo / path
+    tree = ast.parse(src_path.read_text())
+    klass = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    node = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    exec(compile(ast.Module([node], []), str(src_path), "exec"), ns)
+    return ns[name]
+
+
+def log_configuration(nemo: Path, emitted: Path, vocab: int) -> None:
+    """What NeMo's megatron_gpt_pretraining.py logs before training for the emitted launch set
+    (module docstring)."""
+    import hydra
+    from omegaconf import OmegaConf
+    from nemo.utils import logging
+
+    sys.argv = [sys.argv[0], f"--config-path={emitted}", "--config-name=nemo_config",
+                f"hydra.searchpath=[file://{nemo}/examples/nlp/language_modeling/conf]",
+                "model.data.data_prefix=[1.0,/data/corpus_text_document]",
+                "hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
+                "hydra/hydra_logging=none"]
+
+    @hydra.main(version_base=None, config_path=None, config_name=None)
+    def script_main(cfg):
+        logging.info("\n\n************** Experiment configuration ***********")
+        logging.info(f'\n{OmegaConf.to_yaml(cfg)}')
+        pad = _method(nemo, "nemo/collections/nlp/models/language_modeling/megatron_base_model.py",
+                      "MegatronBaseModel", "_vocab_size_with_padding", {"logging": logging})
+        m = cfg.model
+        pad(None, vocab, m.get("make_vocab_size_divisible_by", 128),
+            m.get("tensor_model_parallel_size", 1))
+
+    script_main()
+
+
+def main(nemo: Path, delta: bool, emitted: Path | None = None, vocab: int = 0) -> None:
     sys.path.insert(0, str(nemo))
+    if emitted is not None:
+        log_configuration(nemo, emitted, vocab)
     import torch
     import lightning.pytorch as pl
     import nemo.utils.exp_manager as exp_manager
@@ -112,4 +159,7 @@ def main(nemo: Path, delta: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), "--delta" in sys.argv[2:])
+    args = sys.argv[2:]
+    where = Path(args[args.index("--emitted") + 1]) if "--emitted" in args else None
+    main(Path(sys.argv[1]), "--delta" in args, where,
+         int(args[args.index("--vocab") + 1]) if "--vocab" in args else 0)

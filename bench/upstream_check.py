@@ -23,7 +23,9 @@ runtime_config_update run as its pretrain() does, the vocabulary sized as its se
 bench/upstream/run_bridge.py; what it built is compared field by field as Megatron-LM's), to
 NeMo 1.x (Hydra composes NeMo's megatron_gpt_config.yaml with the
 emitted YAML and the arguments launch.sh hands over, as NeMo's hydra_runner does:
-bench/upstream/run_nemo.py), and a set of torchtitan plans to torchtitan v0.2.x and v0.1.0
+bench/upstream/run_nemo.py; the composed configuration, which NeMo's script prints at start-up,
+is read back by `calibrate`'s reader as the plan), and a set of torchtitan plans to torchtitan
+v0.2.x and v0.1.0
 (their ConfigManager, then the model from their registry built on the meta device:
 bench/upstream/run_torchtitan.py).
 
@@ -534,7 +536,29 @@ def check_nemo(python: str, nemo: str, work: Path) -> int:
         order = json.loads((folder / "ranks.json").read_text())["framework_order"]
         diffs = nemo_compare(m, job, c, plan, v["config"], order)
         bad += report(name, est.fits, "NeMo", diffs, warns)
+        bad += check_nemo_config(m, c, job, plan, warns, v["config"], folder / "hostfile")
     return bad
+
+
+def check_nemo_config(m, c, job, plan, warns: list[str], cfg: dict, hostfile: Path) -> int:
+    """`calibrate --cluster` on a NeMo 1.x log: the plan read from the configuration NeMo
+    composed for the launch set emitted from the plan (what megatron_gpt_pretraining.py prints
+    at start-up, OmegaConf.to_yaml unresolved) and the vocabulary it pads must be the plan, as
+    in check_run_config. Returns 1 on a failure, else 0."""
+    import yaml
+
+    from formats.nemo_config import plan_from_nemo_config
+    from model.errors import SpecError
+
+    try:
+        read = plan_from_nemo_config(yaml.safe_dump(cfg, sort_keys=False), c,
+                                     source="NeMo's configuration", vocab=m.vocab_size,
+                                     node_order=hostfile_order(hostfile, c))[:3]
+    except SpecError as e:
+        print(f"    plan read from its printed configuration: refused ({e.field}: {e}), "
+              "calibrate needs --plan")
+        return 0
+    return read_back_differs(m, job, c, plan, warns, read, "its printed configuration")
 
 
 def ds_ranks(folder: Path, cluster, plan, coords: list) -> str:
@@ -835,7 +859,8 @@ def read_back_differs(m, job, c, plan, warns: list[str], read: tuple, what: str)
     moved = [f.name for f in dataclasses.fields(plan.shape)
              if getattr(plan.shape, f.name) != getattr(p2.shape, f.name)]
     kinds = {k.group(1) for w in warns if (k := re.search(r"\[(\w+)\]", w))}
-    unwarned = [f for f in moved if not (f == "schedule" and "schedule" in kinds)]
+    unwarned = [f for f in moved if not (f == "schedule" and "schedule" in kinds
+                                         or f == "layers" and "split" in kinds)]
     if plan.placement != p2.placement:
         moved.append("placement")
     t_plan = estimate(m, job, c, plan)

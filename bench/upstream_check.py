@@ -2,8 +2,8 @@
 
 For each plan of a fixed set (Llama-2 70B and 7B, Mixtral, DeepSeek-V2-Lite, Llama-3 8B with
 context parallelism and the fused loss, BLOOM; even, uneven and interleaved splits; TP=1
-DP=64; Megatron-FSDP; FP8; a placement that needs --use-tp-pp-dp-mapping; a 16-node synthetic cluster placed by the
-annealer) the Megatron-LM launch set is written and run as a user would: `launch.sh` is
+DP=64; Megatron-FSDP; FP8; a placement that needs --use-tp-pp-dp-mapping; a 16-node
+synthetic cluster placed by the annealer) the Megatron-LM launch set is written and run as a user would: `launch.sh` is
 executed once per node (NODE_NAME set) with `torchrun` replaced by bench/upstream/fake_torchrun,
 which records the environment and the arguments the script hands over. Those go to
 bench/upstream/run_megatron.py, which runs in a Python that has torch, inside a Megatron-LM

@@ -192,6 +192,10 @@ def nemo_printed(doc: dict, source: str, strict: bool = True) -> dict[str, str]:
             fail(f"model.{key}", f"{v!r}, not a degree")
             v = 1
         per_replica *= v
+    if str(get(m, "model", "tensor_model_parallel_size", 1)) == "1":
+        # NeMo turns sequence parallelism off at TP 1 (megatron_base_model.py
+        # _validate_and_override_config)
+        out["sequence_parallel"] = "False"
     if world % per_replica:
         fail("model.tensor_model_parallel_size", f"TP x PP x CP = {per_replica} does not "
              f"divide the {world} GPUs the trainer ran")

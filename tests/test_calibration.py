@@ -738,6 +738,10 @@ def test_plan_read_from_nemo1_printed_configuration(tmp_path):
     with pytest.raises(SpecError) as e:
         plan_from_nemo_config(text, ex, source="t", vocab=None)
     assert "Padded vocab_size" in str(e.value)
+    # NeMo turns sequence parallelism off at TP 1, after printing the configuration
+    tp1 = text.replace("tensor_model_parallel_size: 8", "tensor_model_parallel_size: 1", 1)
+    tp1 = tp1.replace("sequence_parallel: false", "sequence_parallel: true", 1)
+    assert not plan_from_nemo_config(tp1, ex, source="t", vocab=32000)[2].shape.sequence_parallel
     # a reference to another key resolves (megatron_gpt_config.yaml's own kind)
     ref = text.replace("max_position_embeddings: 4096",
                        "max_position_embeddings: ${.encoder_seq_length}")

@@ -1023,6 +1023,13 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if sh.schedule != "1f1b" and sh.pp > 1:
         warn.append(f"deepspeed [schedule]: the pipeline engine runs its own 1F1B-style "
                     f"TrainSchedule; the plan's {sh.schedule} schedule cannot be expressed")
+    # DeepSpeed's logger is created at WARNING from 0.17.6 on (deepspeed/utils/logging.py,
+    # DeepSpeed #7526); the ThroughputTimer line and the configuration print are INFO, the
+    # pipeline engine's 'iter time' line a print()
+    warn.append("deepspeed [logging]: DeepSpeed 0.17.6 and later keep their logger at WARNING, "
+                "which hides the INFO lines calibrate reads (its configuration print"
+                + ("" if sh.pp > 1 else " and the ThroughputTimer's CurrSamplesPerSec")
+                + "): call deepspeed.utils.set_log_level_from_string('info') in train.py")
     return cfg, warn
 
 

@@ -148,6 +148,35 @@ def test_nemo1_bar_reads_each_steps_own_refresh(tmp_path):
     assert r.processes == 2 and len(r.values) == 18
 
 
+def test_deepspeed_engine_log_from_deepspeeds_own_code(tmp_path):
+    """The log DeepSpeed's own code prints for an emitted ds_config.json (configuration print,
+    ThroughputTimer every steps_per_print = 10 steps: fixtures/logs/README.md): 8 readings, 3 of
+    them warm-up, the iteration time global batch / samples per second; its configuration
+    agrees with the emitted plan's file and not with one of another ZeRO stage."""
+    from formats.clusters import cluster as load_cluster
+    from model.estimator import estimate
+
+    log = LOGS / "deepspeed_engine.log"
+    r = read_log(log)
+    assert r.framework == "deepspeed" and r.skipped == WARMUP_READINGS and len(r.values) == 5
+    assert r.deepspeed_config == {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                  "gradient_accumulation_steps": 4,
+                                  "zero_optimization_stage": 1}
+    assert r.iteration_s(256, 4096, 64) == pytest.approx(5.5, rel=0.01)
+    ex = load_cluster("example")
+    m = presets.model("llama2-7b")
+    job = JobSpec(global_batch=256, seq_length=4096, framework="deepspeed")
+    out = tmp_path / "cal.json"
+    for zero, code in ((1, 0), (0, 2)):
+        plan = make_plan(m, job, ex, tp=1, pp=1, zero=zero, recompute="full")
+        pf = tmp_path / f"p{zero}.json"
+        save_plan(pf, m, job, ex, plan, estimate(m, job, ex, plan), options=Options())
+        res = CliRunner().invoke(app, ["calibrate", str(log), "--plan", str(pf), "--fit",
+                                       "gemm_scale", "--out", str(out)])
+        assert res.exit_code == code, res.output
+    assert "zero_optimization_stage 1 in the log, 0 in the plan" in res.output
+
+
 def test_rank0_memory_fits_fragmentation_on_stage_0():
     """A memory reading of rank 0 only (NeMo 1.x) is compared with pipeline stage 0's
     tensors, not with the largest stage's: the fitted fragmentation is the reading over stage

@@ -560,6 +560,9 @@ def test_deepspeed_gets_the_zero_stage(c32, tmp_path):
         assert cfg["zero_optimization"]["stage"] == zero
         # DeepSpeed prints no timing line without it (calibrate reads those)
         assert cfg["steps_per_print"] == 10
+        # and from 0.17.6 on logs it at INFO under a WARNING logger: the user is told
+        warns = (tmp_path / "warnings.txt").read_text()
+        assert "deepspeed [logging]" in warns and "set_log_level_from_string" in warns
         if zero == 3:  # the estimate's reduce-scatters wait in line; so must DeepSpeed's
             assert cfg["zero_optimization"]["overlap_comm"] is False
 

@@ -584,8 +584,8 @@ def calibrate(
     cluster: Annotated[Optional[list[str]], typer.Option(
         "--cluster", "-c", help="Instead of --plan: the cluster each run ran on (preset or file; "
         "one per log or one for all); the plan is read from the arguments a Megatron-LM or "
-        "Megatron-DeepSpeed log printed or the configuration a NeMo 1.x log printed, or from "
-        "the --run-config of a torchtitan or Megatron-Bridge run; ranks in "
+        "Megatron-DeepSpeed log printed, the configuration a NeMo 1.x or torchtitan log "
+        "printed, or the --run-config of a torchtitan or Megatron-Bridge run; ranks in "
         "Megatron-LM's order over the cluster's nodes as listed (or as --hostfile lists "
         "them).")]
     = None,

@@ -53,6 +53,7 @@ from model.errors import SpecError
 from .nemo_config import PADDED_VOCAB as _NEMO_VOCAB
 from .nemo_config import NemoConfigBlocks
 from .reading import text_lines
+from .torchtitan_config import PrintedConfigs
 
 # readings skipped at the start of every log (documented in the README: warm-up iterations)
 WARMUP_READINGS = 3
@@ -215,6 +216,9 @@ class LogReading:
     bridge_summaries: list = field(default_factory=list)
     # NeMo 1.x's printed configurations (YAML texts, formats/nemo_config.py), one per start
     nemo_configs: list = field(default_factory=list)
+    # torchtitan's printed job configs ((format, text): formats/torchtitan_config.py
+    # PrintedConfigs), one per start and rank that printed
+    torchtitan_configs: list = field(default_factory=list)
 
     def at_batch(self, global_batch: int) -> list[float]:
         """The readings of a run at this global batch: where the log prints its batch, those
@@ -382,6 +386,8 @@ def read_log(path) -> LogReading:
     args, partition, procs = _ArgBlocks(), _Partition(), _Processes()
     summary = _BridgeSummary()
     nemo_cfg = NemoConfigBlocks()
+    titan_cfg: dict = {}  # rank (None: unprefixed) -> PrintedConfigs
+    titan_open = False  # a JSON print not yet closed
     vocab = None
     ds_config: dict[str, int] = {}
     found = []  # (framework, process, step, global batch or None, value)
@@ -399,6 +405,11 @@ def read_log(path) -> LogReading:
             summary.feed(line)
         if nemo_cfg.state or "Experiment configuration" in line:
             nemo_cfg.feed(_RANK.sub("", line, count=1) if "]:" in line[:16] else line)
+        if titan_open or "Running with" in line:  # torchtitan's job config, per rank
+            m = _RANK.match(line) if "]:" in line[:16] else None
+            feeder = titan_cfg.setdefault(m.group(1) if m else None, PrintedConfigs())
+            feeder.feed(line[m.end():] if m else line)
+            titan_open = any(f.block is not None for f in titan_cfg.values())
         if ("total parameters" in line or "Trainer is initialized" in line
                 or "device mesh with" in line):
             _titan_settings(line, titan)
@@ -510,7 +521,9 @@ def read_log(path) -> LogReading:
                          torchtitan_settings=titan if fw == "torchtitan" else [],
                          bridge_summaries=[d for d in summary.summaries if d]
                          if fw == "megatron" else [],
-                         nemo_configs=nemo_cfg.done() if fw == "nemo" else [])
+                         nemo_configs=nemo_cfg.done() if fw == "nemo" else [],
+                         torchtitan_configs=[x for f in titan_cfg.values() for x in f.done()]
+                         if fw == "torchtitan" else [])
     if mem.get(mem_fw):
         reading.memory_gib = max(mem[mem_fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"

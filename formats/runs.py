@@ -22,7 +22,8 @@ from .logs import LogReading, read_log
 from .megatron_args import loss_unpriced, megatron_args_mismatch, plan_from_megatron_args
 from .nemo_config import load_nemo_config, nemo_printed, plan_from_nemo_config
 from .planfile import load_plan, save_plan
-from .torchtitan_config import (TORCHTITAN_VERSIONS, plan_from_torchtitan_toml,
+from .torchtitan_config import (TORCHTITAN_VERSIONS, plan_from_torchtitan_doc,
+                                plan_from_torchtitan_toml, printed_config_doc,
                                 torchtitan_logged_mismatch)
 
 
@@ -81,13 +82,16 @@ def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
     log's run on the named cluster, ranks over its nodes in
     the hostfile's order where one is given: a Megatron-LM log's from the arguments it printed
     (its last block: a restart's), a torchtitan log's from the TOML it was launched with
-    (`run_config`, torchtitan release `version`, 0.2 by default), a Megatron-Bridge log's from
+    (`run_config`, torchtitan release `version`, 0.2 by default) or else from the job config
+    it printed (its last; the release its format says), a Megatron-Bridge log's from
     its run_config.yaml (`run_config`), a NeMo 1.x log's from the configuration it printed (its
     last: a restart's)."""
-    if reading.framework == "torchtitan" and run_config is None:
-        raise SpecError("torchtitan's log prints neither its batch nor its layout; give "
-                        "--run-config (the TOML the run was launched with) or --plan",
-                        source=reading.path, field="log")
+    printed_titan = reading.framework == "torchtitan" and run_config is None
+    if printed_titan and not reading.torchtitan_configs:
+        raise SpecError("torchtitan's log prints neither its batch nor its layout unless [job] "
+                        "print_config (v0.1: print_args) is set; give --run-config (the TOML "
+                        "the run was launched with) or --plan", source=reading.path,
+                        field="log")
     bridge = reading.framework == "megatron" and run_config is not None
     if reading.framework not in ("torchtitan", "megatron") and run_config is not None:
         raise SpecError(f"--run-config is the TOML of a torchtitan run or the run_config.yaml "
@@ -121,6 +125,16 @@ def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
     elif run_config is not None:
         m, job, pl = plan_from_torchtitan_toml(run_config, c, version or TORCHTITAN_VERSIONS[0],
                                                node_order=order)
+        settings = None
+    elif printed_titan:  # the whole job config the run printed (its last: a restart's)
+        doc, printed_version = printed_config_doc(*reading.torchtitan_configs[-1],
+                                                  reading.path)
+        if version is not None and version != printed_version:
+            raise SpecError(f"the log printed torchtitan {printed_version}'s job config; "
+                            f"--framework-version {version} contradicts it",
+                            source=reading.path, field="--framework-version")
+        m, job, pl = plan_from_torchtitan_doc(doc, c, printed_version, reading.path,
+                                              node_order=order)
         settings = None
     else:
         settings = reading.megatron_args[-1]

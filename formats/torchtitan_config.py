@@ -120,6 +120,82 @@ def plan_from_torchtitan_toml(path, cluster: ClusterSpec, version: str = "0.2",
         cfg = tomllib.loads(read_text(path, field="run config", what="the torchtitan TOML"))
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not TOML ({e})", source=src, field="run config") from None
+    return plan_from_torchtitan_doc(cfg, cluster, version, src, node_order)
+
+
+# what torchtitan prints of its whole job config at start-up when [job] asks for it:
+# v0.2.2 train.py -> JobConfig.maybe_log (print_config): 'Running with configs: ' and
+# json.dumps(to_dict(), indent=2); v0.1.0 train.py (print_args) and v0.2.0/v0.2.1
+# (print_config): 'Running with args: ' and the dict's repr on one line
+PRINTED_CONFIG = re.compile(r"Running with (configs|args): (\{.*)$")
+
+
+class PrintedConfigs:
+    """The job configs a torchtitan log printed (PRINTED_CONFIG), fed line by line (a rank
+    prefix already taken off): (format, text) per print, format 'json' (v0.2.2: the dict
+    spans lines up to its closing brace at the line's start) or 'repr' (one line)."""
+
+    def __init__(self):
+        self.found: list[tuple[str, str]] = []
+        self.block: list[str] | None = None
+
+    # a print longer than this is no job config (v0.2.2's is about 250 lines): it is closed
+    # there, and read as cut short
+    MAX_LINES = 20_000
+
+    def feed(self, line: str) -> None:
+        if self.block is not None:
+            self.block.append(line)
+            if line.rstrip() == "}" or len(self.block) > self.MAX_LINES:
+                self.found.append(("json", "\n".join(self.block)))
+                self.block = None
+            return
+        if "Running with" in line and (m := PRINTED_CONFIG.search(line)):
+            if m.group(1) == "args":
+                self.found.append(("repr", m.group(2)))
+            elif m.group(2).rstrip() == "{":
+                self.block = ["{"]
+            else:
+                self.found.append(("json", m.group(2)))
+
+    def done(self) -> list[tuple[str, str]]:
+        """Every print read, one the log's end cut short included (read as incomplete)."""
+        if self.block is not None:
+            self.found.append(("json", "\n".join(self.block)))
+            self.block = None
+        return self.found
+
+
+def printed_config_doc(fmt: str, text: str, source: str) -> tuple[dict, str]:
+    """(the job config as a mapping, the release whose rules read it) from one print: the
+    JSON print is v0.2.2's ("0.2"); the repr print is v0.1.0's ("0.1") where its schema is
+    v0.1's (training.compile), and v0.2.0/v0.2.1's otherwise, which repeat K and V with v0.2's
+    schema, a pair no --framework-version prices: refused."""
+    import ast
+    import json
+
+    try:
+        doc = json.loads(text) if fmt == "json" else ast.literal_eval(text)
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
+        doc = None
+    if not isinstance(doc, dict):
+        raise SpecError("its printed job config (Running with ...) is not a complete mapping; "
+                        "give --run-config (the TOML it was launched with) or --plan",
+                        source=source, field="log")
+    if fmt == "json":
+        return doc, "0.2"
+    if isinstance(doc.get("compile"), dict):
+        raise SpecError("torchtitan v0.2.0 / v0.2.1 (v0.2's config, K and V repeated to the "
+                        "query heads) is not read from its log; give --plan for this run",
+                        source=source, field="log")
+    return doc, "0.1"
+
+
+def plan_from_torchtitan_doc(cfg: dict, cluster: ClusterSpec, version: str, src: str,
+                             node_order: list[int] | None = None
+                             ) -> tuple[ModelSpec, JobSpec, Plan]:
+    """(model, job, plan) of the torchtitan run whose job config is the mapping `cfg` (a
+    TOML's, or the whole config the run printed), release `version`, on `cluster`."""
     rd = FieldReader(src)
     sec = {k: rd.obj(cfg, k, "", optional=True) or {}
            for k in ("model", "training", "parallelism", "activation_checkpoint", "compile")}

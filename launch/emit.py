@@ -947,7 +947,12 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     + (f"; the plan's expert parallelism (EP={sh.ep}) was estimated for "
                        "Megatron-LM's dispatcher, not torchtitan's" if sh.ep > 1 else
                        "; expert parallelism 1 as the estimate assumed"))
-    return {**extra, "training": training, "parallelism": par, "activation_checkpoint": ac}, warn
+    # the whole job config printed at start-up (v0.2.2 JobConfig.maybe_log: 'Running with
+    # configs: ' and its JSON; v0.1.0 train.py: 'Running with args: ' and its repr), from
+    # which `calibrate --cluster` reads the plan of the run's log
+    job_sec = {"print_config" if version == "0.2" else "print_args": True}
+    return {"job": job_sec, **extra, "training": training, "parallelism": par,
+            "activation_checkpoint": ac}, warn
 
 
 # ---------------------------------------------------------------------------------------------

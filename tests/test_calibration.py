@@ -2,6 +2,7 @@
 the fit recovering known parameters from synthetic logs, prediction intervals, the profile
 file and the CLI."""
 
+import dataclasses
 import json
 import math
 import re
@@ -602,6 +603,66 @@ def test_hostfile_order_and_option_counts(tmp_path):
         res = runner.invoke(app, ["calibrate", log, log, log, *args])
         assert res.exit_code == 2 and "give one per log or one for all" in res.output, \
             res.output
+
+
+def test_plan_read_from_torchtitan_printed_config(tmp_path):
+    """torchtitan prints its whole job config with [job] print_config (v0.2.2: JSON over many
+    lines) or print_args (v0.1.0: the dict's repr), which the emitted TOML sets; both printed
+    by torchtitan's own code for an emitted plan (fixtures/logs/README.md). The plan read from
+    the print is the one read from the TOML; `calibrate --cluster` needs no --run-config then.
+    A v0.2.0/v0.2.1 print (v0.2's schema, K and V repeated), a print cut short, or a
+    --framework-version that contradicts the print are refused in one line."""
+    from formats.clusters import cluster as load_cluster
+    from formats.torchtitan_config import (plan_from_torchtitan_doc, plan_from_torchtitan_toml,
+                                           printed_config_doc)
+    from launch.emit import emit
+    from model.estimator import estimate
+
+    c = load_cluster("h100-8x8")
+    m = presets.model("llama3-8b")
+    job = JobSpec(global_batch=128, seq_length=8192, framework="torchtitan")
+    plan = make_plan(m, job, c, tp=2, pp=2, zero=3, sequence_parallel=True, recompute="full")
+    log = LOGS / "torchtitan_printed_config.log"
+    r = read_log(log)
+    assert [f for f, _t in r.torchtitan_configs] == ["json"]
+    for version, printed in (("0.2", r.torchtitan_configs[0]),
+                             ("0.1", ("repr", (LOGS / "torchtitan01_printed_args.txt")
+                                      .read_text().split("Running with args: ", 1)[1]))):
+        emit("torchtitan", m, job, c, plan, tmp_path / version, version=version, force=True)
+        toml = (tmp_path / version / "torchtitan.toml").read_text()
+        assert ("print_config = true" if version == "0.2" else "print_args = true") in toml
+        doc, got_version = printed_config_doc(*printed, "t")
+        assert got_version == version
+        m1, j1, p1 = plan_from_torchtitan_doc(doc, c, version, "t")
+        m2, j2, p2 = plan_from_torchtitan_toml(tmp_path / version / "torchtitan.toml", c,
+                                               version)
+        assert p1.shape == p2.shape and p1.placement == p2.placement and j1 == \
+            dataclasses.replace(j2, source=j1.source)
+        assert p1.shape.describe() == plan.shape.describe()
+        assert estimate(m1, j1, c, p1).iteration_ms == estimate(m2, j2, c, p2).iteration_ms
+    out = tmp_path / "cal.json"
+    res = CliRunner().invoke(app, ["calibrate", str(log), "--cluster", "h100-8x8", "--fit",
+                                   "gemm_scale", "--out", str(out)])
+    assert res.exit_code == 0 and "plan read from" in res.output, res.output
+    res = CliRunner().invoke(app, ["calibrate", str(log), "--cluster", "h100-8x8",
+                                   "--framework-version", "0.1", "--out", str(out)])
+    assert res.exit_code == 2 and "contradicts" in res.output
+    # v0.2.0/v0.2.1's repr print has v0.2's [compile] section: refused
+    with pytest.raises(SpecError, match="v0.2.0"):
+        printed_config_doc("repr", repr({**doc, "compile": {"enable": True}}), "t")
+    # a print cut short by the log's end
+    text = log.read_text()
+    cut = tmp_path / "cut.log"
+    cut.write_text(text.replace("[rank0]:}\n", "", 1))
+    res = CliRunner().invoke(app, ["calibrate", str(cut), "--cluster", "h100-8x8", "--out",
+                                   str(out)])
+    assert res.exit_code == 2 and "not a complete mapping" in res.output
+    # no print at all: the message says how to get one
+    bare = tmp_path / "bare.log"
+    bare.write_text((LOGS / "torchtitan.log").read_text())
+    res = CliRunner().invoke(app, ["calibrate", str(bare), "--cluster", "h100-8x8", "--out",
+                                   str(out)])
+    assert res.exit_code == 2 and "print_config" in res.output
 
 
 def test_plan_read_from_torchtitan_toml(tmp_path):

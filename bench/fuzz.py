@@ -505,6 +505,37 @@ def _nemo_config_log(rng: random.Random) -> str:
     return text.replace(indent(printed), indent(yaml.safe_dump(doc, sort_keys=False)), 1)
 
 
+# the keys formats/torchtitan_config.py reads from a torchtitan job config
+_TITAN_KEYS = [("model", k) for k in ("name", "flavor", "converters")] + [
+    ("training", k) for k in ("local_batch_size", "global_batch_size", "seq_len",
+                              "mixed_precision_param", "compile")] + [
+    ("parallelism", k) for k in (
+        "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+        "data_parallel_replicate_degree", "data_parallel_shard_degree",
+        "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+        "module_fqns_per_model_part", "pipeline_parallel_split_points",
+        "context_parallel_rotate_method", "enable_async_tensor_parallel",
+        "expert_parallel_degree")] + [
+    ("activation_checkpoint", "mode"), ("activation_checkpoint", "selective_ac_option"),
+    ("compile", "enable"), ("compile", "components"), (None, "parallelism"),
+    (None, "training"), (None, "model")]
+
+
+def _titan_printed_log(rng: random.Random) -> str:
+    """The torchtitan fixture log with some keys of its printed job config replaced or removed
+    (printed again as torchtitan v0.2.2 prints it, under torchrun's rank prefix)."""
+    from formats.logs import read_log
+
+    path = FIX / "logs" / "torchtitan_printed_config.log"
+    text = path.read_text()
+    printed = read_log(path).torchtitan_configs[0][1]
+    doc = _mutate_sections(rng, json.loads(printed), _TITAN_KEYS)
+    old = "\n".join("[rank0]:" + ln for ln in printed.splitlines()[1:])
+    new = "\n".join("[rank0]:" + ln
+                    for ln in json.dumps(doc, indent=2, default=str).splitlines()[1:])
+    return text.replace(old, new, 1)
+
+
 def fam_logs(rng: random.Random, tmp: Path) -> Case:
     """A mutated training log (Megatron-LM, torchtitan, NeMo, DeepSpeed) with a valid plan;
     or a Megatron-LM log whose printed arguments have some values replaced, its plan read from
@@ -519,6 +550,9 @@ def fam_logs(rng: random.Random, tmp: Path) -> Case:
                              "{run.yaml}", "--fit", "gemm_scale"],
                     {"run.log": (FIX / "logs" / "megatron_bridge.log").read_text(),
                      "run.yaml": yaml.safe_dump(doc)})
+    if rng.random() < 0.1:  # a torchtitan log's printed job config, mutated
+        return Case("logs", ["calibrate", "{run.log}", "--cluster", "h100-8x8", "--fit",
+                             "gemm_scale"], {"run.log": _titan_printed_log(rng)})
     if rng.random() < 0.1:  # a NeMo 1.x log's printed configuration, mutated
         return Case("logs", ["calibrate", "{run.log}", "--cluster", "example", "--fit",
                              "gemm_scale"], {"run.log": _nemo_config_log(rng)})

@@ -3,9 +3,10 @@
 For each plan of a fixed set (Llama-2 70B and 7B, Mixtral, DeepSeek-V2-Lite, Llama-3 8B with
 context parallelism and the fused loss, BLOOM; even, uneven and interleaved splits; TP=1
 DP=64; Megatron-FSDP; FP8; a placement that needs --use-tp-pp-dp-mapping; a 16-node
-synthetic cluster placed by the annealer) the Megatron-LM launch set is written and run as a user would: `launch.sh` is
-executed once per node (NODE_NAME set) with `torchrun` replaced by bench/upstream/fake_torchrun,
-which records the environment and the arguments the script hands over. Those go to
+synthetic cluster placed by the annealer) the Megatron-LM launch set is written and run as a
+user would: `launch.sh` is executed once per node (NODE_NAME set) with `torchrun` replaced
+by bench/upstream/fake_torchrun, which records the environment and the arguments the script
+hands over. Those go to
 bench/upstream/run_megatron.py, which runs in a Python that has torch, inside a Megatron-LM
 checkout, and calls Megatron's parse_args, validate_args, tokenizer padding,
 core_transformer_config_from_args and RankGenerator. This script then compares what Megatron
@@ -27,7 +28,8 @@ bench/upstream/run_nemo.py; the composed configuration, which NeMo's script prin
 is read back by `calibrate`'s reader as the plan), and a set of torchtitan plans to torchtitan
 v0.2.x and v0.1.0
 (their ConfigManager, then the model from their registry built on the meta device:
-bench/upstream/run_torchtitan.py).
+bench/upstream/run_torchtitan.py; the job config each run prints at start-up is read back by
+`calibrate`'s reader as the plan).
 
 Setup (nothing here is a dependency of the project; any subset of the checkouts will do):
     python3 -m venv /tmp/upstream && /tmp/upstream/bin/pip install torch==2.13.0 numpy \
@@ -416,7 +418,37 @@ def check_torchtitan(python: str, version: str, root: str, work: Path) -> int:
         bad += report(name, fits, "torchtitan", diffs, warns, ranks.replace("ranks ", ""))
         if "model_error" in v:
             print(f"    model lookup: {v['model_error']}")
+        bad += check_titan_printed(m, job, c, plan, warns, v.get("printed"), version,
+                                   folder / "hostfile")
     return bad
+
+
+def check_titan_printed(m, job, c, plan, warns: list[str], printed: str | None, version: str,
+                        hostfile: Path) -> int:
+    """`calibrate --cluster` on a torchtitan log: the plan read from the job config the run
+    prints at start-up (bench/upstream/run_torchtitan.py `_printed`: torchtitan's own print of
+    the emitted TOML as its ConfigManager parsed it) must be the plan, as in check_run_config,
+    and of the release emitted for. Returns 1 on a failure, else 0."""
+    from formats.torchtitan_config import plan_from_torchtitan_doc, printed_config_doc
+    from model.errors import SpecError
+
+    if printed is None:
+        print("    no job config printed at start-up: calibrate needs --run-config")
+        return 1
+    try:
+        doc, read_version = printed_config_doc("json" if version == "0.2" else "repr",
+                                               printed, "the printed job config")
+        if read_version != version:
+            print(f"    the printed job config reads as torchtitan {read_version}")
+            return 1
+        read = plan_from_torchtitan_doc(doc, c, version, "the printed job config",
+                                        node_order=hostfile_order(hostfile, c)
+                                        if hostfile.exists() else None)
+    except SpecError as e:
+        print(f"    plan read from its printed job config: refused ({e.field}: {e}), "
+              "calibrate needs --plan")
+        return 0
+    return read_back_differs(m, job, c, plan, warns, read, "its printed job config")
 
 
 def _nemo_layers(m: dict, pp: int, vp: int) -> list[int]:
@@ -860,7 +892,9 @@ def read_back_differs(m, job, c, plan, warns: list[str], read: tuple, what: str)
              if getattr(plan.shape, f.name) != getattr(p2.shape, f.name)]
     kinds = {k.group(1) for w in warns if (k := re.search(r"\[(\w+)\]", w))}
     unwarned = [f for f in moved if not (f == "schedule" and "schedule" in kinds
-                                         or f == "layers" and "split" in kinds)]
+                                         or f == "layers" and "split" in kinds
+                                         or f in ("zero", "distributed_optimizer")
+                                         and "sharding" in kinds)]
     if plan.placement != p2.placement:
         moved.append("placement")
     t_plan = estimate(m, job, c, plan)
@@ -872,7 +906,9 @@ def read_back_differs(m, job, c, plan, warns: list[str], read: tuple, what: str)
               f"{t_read.iteration_ms / t_plan.iteration_ms - 1:+.2%} time, "
               f"{t_read.peak_memory_gib - t_plan.peak_memory_gib:+.2f} GiB"
               + ("" if unwarned or same and not moved else " (as warned)"))
-    return bool(unwarned) or (not same and not moved and "model" not in kinds)
+    # a cost moved with the shape unchanged: the model, or (torchtitan's repeated K/V) the
+    # attention, each as warned
+    return bool(unwarned) or (not same and not moved and not {"model", "attention"} & kinds)
 
 
 def _check_core(python: str, names: tuple[str, str], fw: str, version: str | None,

@@ -858,6 +858,12 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if sh.zero >= 3:
         g = sh.shard_size or sh.dp
         par.update(data_parallel_replicate_degree=sh.dp // g, data_parallel_shard_degree=g)
+        if g == 1 and sh.cp == 1:
+            # ParallelDims.fsdp_enabled: dp_shard > 1 or CP > 1 (parallel_dims.py, v0.2.2)
+            warn.append("torchtitan [sharding]: data_parallel_shard_degree 1 without context "
+                        "parallelism: torchtitan applies no FSDP; the estimate priced ZeRO-3 "
+                        "over one rank (gathered 16-bit weights beside the fp32 ones), so memory "
+                        "is lower")
     elif sh.tp * sh.pp * sh.cp == 1 and sh.zero == 0:
         par.update(data_parallel_replicate_degree=sh.dp, data_parallel_shard_degree=1)
     else:

@@ -835,9 +835,13 @@ def test_torchtitan_versions_and_flavors(tmp_path):
     job = JobSpec(global_batch=128, seq_length=8192, framework="torchtitan")
     plan = make_plan(l70, job, c, tp=8, pp=4, zero=3, sequence_parallel=True,
                      recompute="full", layers=(19, 21, 21, 19))
-    new, _ = torchtitan_config(l70, job, c, plan, "0.2")
+    new, w_new = torchtitan_config(l70, job, c, plan, "0.2")
     old, _ = torchtitan_config(l70, job, c, plan, "0.1")
     assert new["model"] == {"name": "llama3", "flavor": "70B"} == old["model"]
+    # the whole job config printed at start-up, for calibrate (v0.1: print_args)
+    assert new["job"] == {"print_config": True} and old["job"] == {"print_args": True}
+    # ZeRO-3 over one data-parallel rank: torchtitan applies no FSDP then; the set says so
+    assert plan.shape.dp == 1 and any(w.startswith("torchtitan [sharding]") for w in w_new)
     assert "pipeline_parallel_split_points" not in new["parallelism"]
     assert old["parallelism"]["pipeline_parallel_split_points"] == [
         "layers.19", "layers.40", "layers.61"]

@@ -6,8 +6,9 @@ For each file: torchtitan's ConfigManager parses it as `--job.config_file FILE` 
 (unknown keys are errors), then the model named by [model] name/flavor is looked up in
 torchtitan's train-spec registry and built on the meta device, and what torchtitan would run is
 written as JSON: parallel degrees, schedule, micro-batch, layers per pipeline part, batch,
-activation checkpointing, converters, and the model's layers, width, heads, FFN width, experts
-and parameter count.
+activation checkpointing, converters, the model's layers, width, heads, FFN width, experts and
+parameter count, and the job config as the run would print it at start-up (for `calibrate`'s
+reader of it).
 
 usage: python run_torchtitan.py ITEMS.json RESULTS.json  (ITEMS: a list of {"path": TOML,
 "vocab": the tokenizer's vocabulary, which v0.1 takes at launch})
@@ -59,6 +60,40 @@ def _model_view(name, flavor, vocab):
             "params": sum(p.numel() for p in model.parameters())}
 
 
+def _printed(cfg):
+    """What the run would print of its job config at start-up, the text after 'Running with
+    ...: ': v0.2.2's JobConfig.maybe_log (run, its log record caught) where the release has
+    it; before it, train.py's own line (v0.1.0 with [job] print_args, v0.2.0/v0.2.1 with
+    print_config: f"Running with args: {job_config.to_dict()}"); None when the config does not
+    ask for it."""
+    import logging
+
+    job = cfg.job
+    if hasattr(cfg, "maybe_log"):
+        seen = []
+
+        class Catch(logging.Handler):
+            def emit(self, record):
+                seen.append(record.getMessage())
+
+        from torchtitan.tools.logging import logger
+
+        h = Catch()
+        logger.addHandler(h)
+        level = logger.level
+        logger.setLevel(logging.INFO)  # as torchtitan's init_logger sets it
+        try:
+            cfg.maybe_log()
+        finally:
+            logger.removeHandler(h)
+            logger.setLevel(level)
+        text = next((m for m in seen if m.startswith("Running with")), None)
+        return None if text is None else text.split(": ", 1)[1]
+    if getattr(job, "print_args", False) or getattr(job, "print_config", False):
+        return f"{cfg.to_dict()}"
+    return None
+
+
 def titan_view(item):
     path, vocab = item["path"], item["vocab"]
     try:
@@ -83,6 +118,7 @@ def titan_view(item):
            "local_batch": tr.local_batch_size, "global_batch": tr.global_batch_size,
            "seq_len": tr.seq_len, "ac_mode": cfg.activation_checkpoint.mode,
            "async_tp": par.enable_async_tensor_parallel}
+    out["printed"] = _printed(cfg)
     try:
         out["model"] = _model_view(cfg.model.name, cfg.model.flavor, vocab)
     except BaseException as e:

@@ -81,10 +81,10 @@ def _resolve(doc: dict, where: tuple[str, ...], value, source: str, key: str, de
     node = (list(where[:len(where) - (len(dots) - 1)]) if dots else []) + path.split(".")
     base: object = doc
     for part in node:
-        base = base.get(part) if isinstance(base, dict) else None
-    if base is None:
-        raise SpecError(f"{value!r} refers to no key of the printed configuration; give "
-                        "--plan for this log", source=source, field=key)
+        if not isinstance(base, dict) or part not in base:
+            raise SpecError(f"{value!r} refers to no key of the printed configuration; give "
+                            "--plan for this log", source=source, field=key)
+        base = base[part]
     return _resolve(doc, tuple(node[:-1]), base, source, key, depth + 1)
 
 
@@ -122,9 +122,8 @@ def nemo_printed(doc: dict, source: str, strict: bool = True) -> dict[str, str]:
 
     if not flag("mcore_gpt"):
         fail("model.mcore_gpt", "NeMo's legacy (non-Megatron-Core) GPT model is not priced")
-    for key in ("cpu_offloading",):
-        if flag(key):
-            fail(f"model.{key}", "activation offloading is not priced")
+    if flag("cpu_offloading"):
+        fail("model.cpu_offloading", "activation offloading is not priced")
     if get(m, "model", "rampup_batch_size") is not None:
         fail("model.rampup_batch_size", "a batch-size ramp-up runs other batches than the "
              "plan's")
@@ -210,6 +209,10 @@ class NemoConfigBlocks:
     prefix, less their common indentation (NeMo's formatter indents a message's continuation
     lines by 4 spaces: nemo/utils/formatters/base.py BaseFormatter.format)."""
 
+    # a block longer than this is no configuration (megatron_gpt_config.yaml composes to about
+    # 230 lines): it is closed there
+    MAX_LINES = 20_000
+
     def __init__(self):
         self.texts: list[str] = []
         self.state: str | None = None
@@ -224,7 +227,7 @@ class NemoConfigBlocks:
                 self.state, self.block = "yaml", []
             elif line.strip():
                 self.state = None
-        elif not line.strip() or line.startswith("["):
+        elif not line.strip() or line.startswith("[") or len(self.block) >= self.MAX_LINES:
             self._close()
         else:
             self.block.append(line)

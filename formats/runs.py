@@ -38,7 +38,30 @@ def _pick(given: list | None, k: int, n_logs: int, flag: str):
     return given[k if len(given) > 1 else 0]
 
 
-def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) -> None:
+def torchtitan_printed_mismatch(job, plan, cluster, printed: tuple[str, str],
+                                source: str) -> list[tuple]:
+    """Where the job config a torchtitan log printed (formats/torchtitan_config.py) differs
+    from a plan on what the cost model prices: the plan read from the print on the plan's
+    cluster, compared field by field (degrees, micro-batch, schedule, recompute, FP8,
+    sharding, batch, sequence, compile); (name, printed, planned) each. A print the reader
+    refuses is another run than any plan prices: its refusal is the difference."""
+    doc, version = printed_config_doc(*printed, source)
+    try:
+        _m, pjob, pplan = plan_from_torchtitan_doc(doc, cluster, version, source)
+    except SpecError as e:
+        return [(e.field or "job config", str(e).split(": ")[-1], "a priced plan")]
+    sh, ps = plan.shape, pplan.shape
+    out = [(f, getattr(ps, f), getattr(sh, f)) for f in (
+        "tp", "pp", "cp", "dp", "micro_batch", "schedule", "chunks", "recompute", "fp8", "zero")
+        if getattr(ps, f) != getattr(sh, f)]
+    out += [(f, getattr(pjob, f), getattr(job, f)) for f in (
+        "global_batch", "seq_length", "compile", "loss_compiled", "repeat_kv")
+        if getattr(pjob, f) != getattr(job, f)]
+    return out
+
+
+def check_logged_args(reading: LogReading, model, job, plan, plan_label: str,
+                      cluster=None) -> None:
     """A Megatron-LM log whose printed arguments (any of its blocks: restarts print their
     own), a Megatron-Bridge log's configuration summary, a NeMo 1.x log's printed
     configuration, a torchtitan log whose start-up
@@ -55,6 +78,9 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str) ->
     diffs += [megatron_args_mismatch(model, job, plan, nemo_printed(
         load_nemo_config(text, reading.path), reading.path, strict=False))
         for text in reading.nemo_configs]
+    if cluster is not None:
+        diffs += [torchtitan_printed_mismatch(job, plan, cluster, printed, reading.path)
+                  for printed in reading.torchtitan_configs]
     for diff in diffs:
         if diff:
             said = "; ".join(f"{n} {a} in the log, {b} in the plan" for n, a, b in diff[:3])
@@ -181,7 +207,7 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
                 save_plan(written, m, job, c, pl, estimate(m, job, c, pl, opts), options=opts)
                 described += f" (saved to {written})"
         check_logged_args(reading, m, job, pl, str(plan_file) if plan_file
-                          else "read from the run's own settings")
+                          else "read from the run's own settings", cluster=c)
         # a loss fused by Transformer Engine: its memory is not priced, so not fitted
         kind = reading.memory_kind
         if kind and any(loss_unpriced(s) for s in

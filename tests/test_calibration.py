@@ -149,13 +149,27 @@ def test_nemo1_bar_reads_each_steps_own_refresh(tmp_path):
     assert r.processes == 2 and len(r.values) == 18
 
 
+def _paired(tmp_path, log, model, job, cluster, plans) -> list[tuple[int, str]]:
+    """`calibrate LOG --plan P` for each plan (saved as a plan file): (exit code, output)."""
+    from model.estimator import estimate
+
+    got = []
+    for k, plan in enumerate(plans):
+        pf = tmp_path / f"paired{k}.json"
+        save_plan(pf, model, job, cluster, plan, estimate(model, job, cluster, plan),
+                  options=Options())
+        res = CliRunner().invoke(app, ["calibrate", str(log), "--plan", str(pf), "--fit",
+                                       "gemm_scale", "--out", str(tmp_path / "paired.json")])
+        got.append((res.exit_code, res.output))
+    return got
+
+
 def test_deepspeed_engine_log_from_deepspeeds_own_code(tmp_path):
     """The log DeepSpeed's own code prints for an emitted ds_config.json (configuration print,
     ThroughputTimer every steps_per_print = 10 steps: fixtures/logs/README.md): 8 readings, 3 of
     them warm-up, the iteration time global batch / samples per second; its configuration
     agrees with the emitted plan's file and not with one of another ZeRO stage."""
     from formats.clusters import cluster as load_cluster
-    from model.estimator import estimate
 
     log = LOGS / "deepspeed_engine.log"
     r = read_log(log)
@@ -167,15 +181,10 @@ def test_deepspeed_engine_log_from_deepspeeds_own_code(tmp_path):
     ex = load_cluster("example")
     m = presets.model("llama2-7b")
     job = JobSpec(global_batch=256, seq_length=4096, framework="deepspeed")
-    out = tmp_path / "cal.json"
-    for zero, code in ((1, 0), (0, 2)):
-        plan = make_plan(m, job, ex, tp=1, pp=1, zero=zero, recompute="full")
-        pf = tmp_path / f"p{zero}.json"
-        save_plan(pf, m, job, ex, plan, estimate(m, job, ex, plan), options=Options())
-        res = CliRunner().invoke(app, ["calibrate", str(log), "--plan", str(pf), "--fit",
-                                       "gemm_scale", "--out", str(out)])
-        assert res.exit_code == code, res.output
-    assert "zero_optimization_stage 1 in the log, 0 in the plan" in res.output
+    got = _paired(tmp_path, log, m, job, ex, [
+        make_plan(m, job, ex, tp=1, pp=1, zero=zero, recompute="full") for zero in (1, 0)])
+    assert [code for code, _out in got] == [0, 2], got
+    assert "zero_optimization_stage 1 in the log, 0 in the plan" in got[1][1]
 
 
 def test_rank0_memory_fits_fragmentation_on_stage_0():
@@ -647,6 +656,13 @@ def test_plan_read_from_torchtitan_printed_config(tmp_path):
     res = CliRunner().invoke(app, ["calibrate", str(log), "--cluster", "h100-8x8",
                                    "--framework-version", "0.1", "--out", str(out)])
     assert res.exit_code == 2 and "contradicts" in res.output
+    # with a plan file the print is checked against it: the plan's own file passes, one that
+    # recomputes selectively is another run's
+    got = _paired(tmp_path, log, m, job, c, [
+        make_plan(m, job, c, tp=2, pp=2, zero=3, sequence_parallel=True, recompute=rc)
+        for rc in ("full", "selective")])
+    assert [code for code, _out in got] == [0, 2], got
+    assert "recompute full in the log, selective in the plan" in got[1][1]
     # v0.2.0/v0.2.1's repr print has v0.2's [compile] section: refused
     with pytest.raises(SpecError, match="v0.2.0"):
         printed_config_doc("repr", repr({**doc, "compile": {"enable": True}}), "t")

@@ -1107,6 +1107,7 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
     env: dict = {}
     requires: dict = {}
     args_file = None
+    flags: tuple[str, ...] = ()  # torchrun's own, beyond the rendezvous
     if fw == "megatron":
         args, w = megatron_args(model, job, plan, rank_order=order, tokenizer=tokenizer)
         files["megatron_args.txt"] = megatron_args_text(args, plan, notices)
@@ -1143,6 +1144,10 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         files["torchtitan.toml"] = to_toml(cfg, list(notices) + [
             f"torchtitan {ver}.x job config for {plan.shape.describe()}, model {model.name}"])
         cmd = ["-m", "torchtitan.train", "--job.config_file", "$HERE/torchtitan.toml"]
+        # as torchtitan's own run_train.sh launches (v0.2.2): only local rank 0's output on the
+        # console, each line under its '[rank0]:' prefix, so the job config it prints comes
+        # through whole for `calibrate`
+        flags = ("--local-ranks-filter=0", "--role=rank", "--tee=3")
     else:
         cfg, w = deepspeed_config(model, job, cluster, plan)
         if notices:  # JSON has no comments; DeepSpeed ignores keys it does not know
@@ -1157,7 +1162,7 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
             "hostfile were not written")))
     else:
         files.update(launch_files(cluster, plan, mapping, cmd, args_file, title, env, notices,
-                                  requires))
+                                  requires, flags))
         executable.add("launch.sh")
     if warn:
         files["warnings.txt"] = "".join(f"- {x}\n" for x in warn)

@@ -165,14 +165,16 @@ ORDER_FORMULA = {
 def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
                   train_cmd: list[str], args_file: str | None = None,
                   title: str = "", env: dict[str, str | None] | None = None,
-                  notices: list[str] = (), requires: dict[str, str] | None = None) -> str:
+                  notices: list[str] = (), requires: dict[str, str] | None = None,
+                  torchrun_flags: tuple[str, ...] = ()) -> str:
     """A bash script to run on every node: it picks its own torchrun line by host name
     ($NODE_NAME or `hostname -s`), with the node_rank and CUDA_VISIBLE_DEVICES order the
     plan needs. Flags are torchrun's (torch.distributed.run): --nnodes, --nproc_per_node,
     --node_rank, --master_addr, --master_port. `env` names the variables the framework needs
     exported (None: unset); `notices` become comment lines at the top. The arguments file is
     read one line at a time into an array (no word splitting of values, no globbing), and the
-    script's own arguments are passed on after it (data, learning rate, ...)."""
+    script's own arguments are passed on after it (data, learning rate, ...).
+    `torchrun_flags`: more of torchrun's own flags, in --flag=value form."""
     first = cluster.nodes[mapping.order[0]].name
     N = cluster.num_nodes
     G = mapping.nproc_per_node
@@ -205,7 +207,8 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
                 f'done < "$HERE/{args_file}"']
     out += [f'TRAIN_CMD="${{TRAIN_CMD:-{cmd}}}"',
             f"TORCHRUN=\"torchrun --nnodes={N} --nproc_per_node={G} "
-            "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT\"",
+            "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT"
+            + "".join(f" {f}" for f in torchrun_flags) + "\"",
             'case "$NODE" in']
     for n in mapping.order:
         nd = cluster.nodes[n]
@@ -243,8 +246,8 @@ def mapping_table(cluster: ClusterSpec, plan: Plan, mapping: RankMapping) -> lis
 def launch_files(cluster: ClusterSpec, plan: Plan, mapping: RankMapping, train_cmd: list[str],
                  args_file: str | None = None, title: str = "",
                  env: dict[str, tuple[str | None, str]] | None = None,
-                 notices: list[str] = (), requires: dict[str, str] | None = None
-                 ) -> dict[str, str]:
+                 notices: list[str] = (), requires: dict[str, str] | None = None,
+                 torchrun_flags: tuple[str, ...] = ()) -> dict[str, str]:
     """launch.sh, hostfile and ranks.json as {file name: text} (nothing written here)."""
     import json
 
@@ -257,6 +260,6 @@ def launch_files(cluster: ClusterSpec, plan: Plan, mapping: RankMapping, train_c
     if notices:
         host = "".join(f"# {n}\n" for n in notices) + host
     return {"launch.sh": launch_script(cluster, plan, mapping, train_cmd, args_file, title,
-                                       env, notices, requires),
+                                       env, notices, requires, torchrun_flags),
             "hostfile": host,
             "ranks.json": json.dumps(doc, indent=1) + "\n"}

@@ -640,6 +640,9 @@ def test_plan_read_from_torchtitan_printed_config(tmp_path):
         emit("torchtitan", m, job, c, plan, tmp_path / version, version=version, force=True)
         toml = (tmp_path / version / "torchtitan.toml").read_text()
         assert ("print_config = true" if version == "0.2" else "print_args = true") in toml
+        # launched as torchtitan's run_train.sh launches: rank 0's lines only, prefixed
+        assert "--local-ranks-filter=0 --role=rank --tee=3" in (
+            tmp_path / version / "launch.sh").read_text()
         doc, got_version = printed_config_doc(*printed, "t")
         assert got_version == version
         m1, j1, p1 = plan_from_torchtitan_doc(doc, c, version, "t")

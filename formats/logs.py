@@ -22,7 +22,8 @@ the log is paired with (global batch B, sequence S, G GPUs):
   gigabytes` (reserved, fitted), or where a run logs other keys `mem-max-allocated-gigabytes`
   (allocated: reported, not fitted).
 - torchtitan: `tps` (tokens per second per GPU): B S / (tps G); memory: `memory: X GiB`, the
-  peak reserved memory it prints.
+  peak reserved memory it prints. The job config it prints at start-up where asked
+  (formats/torchtitan_config.py `PrintedConfigs`) is kept for the plan and its check.
 - NeMo (Lightning): `train_step_timing in s`, directly, from NeMo 2's progress printer or
   from the TQDM progress bar NeMo 1.x shows (Lightning's bar in NeMo's CustomProgressBar,
   refreshed twice a step: once with the last step's metrics, once with its own, so the last
@@ -30,7 +31,9 @@ the log is paired with (global batch B, sequence S, G GPUs):
   the last step's, a shift of one step that the warm-up absorbs), or from NeMo 1.x's
   DeltaTimingCallback lines (`Step N: train_step_timing in s=..`; its step count starts
   again each epoch, which reads as a restart); memory: the bar's `max_memory_reserved`
-  (bytes; NeMo 1.x with NEMO_LOG_MEMORY_USAGE=1), rank 0's only.
+  (bytes; NeMo 1.x with NEMO_LOG_MEMORY_USAGE=1), rank 0's only. NeMo 1.x's printed
+  configuration and padded vocabulary (formats/nemo_config.py) are kept for the plan and its
+  check.
 - DeepSpeed: its pipeline engine's `iter time (s)` (the train_batch timer over the steps since
   its last print, each step's mean), directly; without the pipeline engine, `CurrSamplesPerSec`
   of the ThroughputTimer (global samples per second): B / it, where both print the same steps

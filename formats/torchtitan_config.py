@@ -1,7 +1,8 @@
 """torchtitan's TOML job configs: the releases and model flavors the emitter writes for
 (launch/emit.py `torchtitan_config`), and the way back, a plan read from the TOML a run was
-launched with, for `calibrate LOG --cluster C --run-config TOML` (torchtitan's log prints
-neither its batch nor its layout).
+launched with (`calibrate LOG --cluster C --run-config TOML`) or from the whole job config the
+run printed at start-up (`[job] print_config`, v0.1 `print_args`, which the emitted TOML sets;
+`PrintedConfigs`): otherwise torchtitan's log prints neither its batch nor its layout.
 
 Read back: the model is the preset with the dimensions of [model] name/flavor; the job and plan
 follow torchtitan's own defaults where a key is absent (torchtitan/config/job_config.py at

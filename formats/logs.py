@@ -417,9 +417,8 @@ def read_log(path) -> LogReading:
                 or "device mesh with" in line):
             _titan_settings(line, titan)
         partition.feed(line)
-        if "padded vocab" in line and (m := _PADDED_VOCAB.search(line)):
-            vocab = int(m.group(1))
-        elif "Padded vocab_size" in line and (m := _NEMO_VOCAB.search(line)):
+        if "added vocab" in line and (m := _PADDED_VOCAB.search(line) or
+                                      _NEMO_VOCAB.search(line)):  # Megatron-LM's, NeMo's
             vocab = int(m.group(1))
         if ("_size" in line or "_stage" in line or "_steps" in line) and \
                 (m := _DS_CONFIG.search(line)):
@@ -453,7 +452,7 @@ def read_log(path) -> LogReading:
             found.append(("deepspeed-pipe", procs.of(rank, step), step, None, _f(m.group(2))))
         elif "validate step" in line and _TITAN_VALIDATION.search(line):
             validation += 1
-        if "max_memory_reserved=" in line and (m := _NEMO_BAR_MEM.search(line)):
+        if "=" in line and "max_memory_reserved=" in line and (m := _NEMO_BAR_MEM.search(line)):
             mem.setdefault("nemo-bar", []).append(_f(m.group(1)) / 2 ** 30)
         if "memory (MB)" in line and (m := _MEGATRON_MEM.search(line)):
             mem.setdefault("megatron", []).append(_f(m.group(5)) / 1024)

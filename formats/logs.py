@@ -31,7 +31,8 @@ the log is paired with (global batch B, sequence S, G GPUs):
   the last step's, a shift of one step that the warm-up absorbs), or from NeMo 1.x's
   DeltaTimingCallback lines (`Step N: train_step_timing in s=..`; its step count starts
   again each epoch, which reads as a restart); memory: the bar's `max_memory_reserved`
-  (bytes; NeMo 1.x with NEMO_LOG_MEMORY_USAGE=1), rank 0's only. NeMo 1.x's printed
+  (bytes; NeMo 1.x with NEMO_LOG_MEMORY_USAGE=1), or NeMo 2's printer's, rank 0's only.
+  NeMo 1.x's printed
   configuration and padded vocabulary (formats/nemo_config.py) are kept for the plan and its
   check.
 - DeepSpeed: its pipeline engine's `iter time (s)` (the train_batch timer over the steps since
@@ -90,6 +91,11 @@ _TITAN = re.compile(r"(?<!validate )step:\s*(\d+)\s+loss:.*?memory:\s*" + _NUM
 # E, iteration N/M | metric: value | ...' with 'train_step_timing in s' from
 # nemo/utils/exp_manager.py (TimingCallback._on_batch_end)
 _NEMO = re.compile(r"iteration\s+(\d+)/\d+\s*\|.*?train_step_timing in s:\s*" + _NUM)
+# ... and its 'max_memory_reserved' in bytes, which NeMo 2's MegatronStrategy logs to the
+# progress bar with NEMO_LOG_MEMORY_USAGE=1 (nemo/lightning/pytorch/strategies/
+# megatron_strategy.py, training_step); the printer runs on global rank 0 only
+# (strategies/utils.py fix_progress_bar)
+_NEMO_MEM = re.compile(r"\|\s*max_memory_reserved:\s*" + _NUM)
 # NeMo 1.x's progress bar: nemo/collections/nlp/parts/nlp_overrides.py (CustomProgressBar,
 # bar_format '{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}
 # {postfix}]') over Lightning's TQDMProgressBar, whose postfix is ', name=value' per metric
@@ -437,6 +443,8 @@ def read_log(path) -> LogReading:
         elif "train_step_timing" in line and (m := _NEMO.search(line)):
             step = int(m.group(1))
             found.append(("nemo", procs.of(rank, step), step, batch, _f(m.group(2))))
+            if m := _NEMO_MEM.search(line):
+                mem.setdefault("nemo", []).append(_f(m.group(1)) / 2 ** 30)
         elif "train_step_timing in s" in line and (m := _NEMO_DELTA.search(line)):
             step = int(m.group(1))
             found.append(("nemo-delta", procs.of(rank, step), step, None, _f(m.group(2))))
@@ -529,7 +537,7 @@ def read_log(path) -> LogReading:
     if mem.get(mem_fw):
         reading.memory_gib = max(mem[mem_fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"
-        reading.memory_stage = 0 if mem_fw == "nemo-bar" else None
+        reading.memory_stage = 0 if mem_fw in ("nemo", "nemo-bar") else None
     elif fw == "megatron" and bridge_mem:
         kind = "reserved" if "reserved" in bridge_mem else "allocated"
         reading.memory_gib, reading.memory_kind = max(bridge_mem[kind]), kind

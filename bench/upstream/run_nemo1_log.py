@@ -32,8 +32,15 @@ MegatronBaseModel._vocab_size_with_padding logs it (executed from its source in
 megatron_base_model.py), for a tokenizer of N entries (the stand-in for the tokenizer NeMo
 would load).
 
-usage: python run_nemo1_log.py NEMO_DIR [--delta] [--emitted DIR --vocab N] > OUT.log (what the
-bar and NeMo's logger print goes to stdout)
+With `--nemo2 MEGATRON_LM_DIR` the progress shows as NeMo 2 shows it by default instead: NeMo's
+ProgressPrinter (nemo/lightning/pytorch/callbacks/progress_printer.py, run from its file; it
+imports Megatron-Core's get_num_microbatches from the checkout given) prints 'Training epoch E,
+iteration N/M | metric: value | ...' every step, the timing from NeMo's TimingCallback. The
+step count it reads from NeMo's MegatronStrategy (current_epoch_step, the optimizer steps
+completed) is set on Lightning's plain strategy by a stand-in callback.
+
+usage: python run_nemo1_log.py NEMO_DIR [--delta | --nemo2 MEGATRON_LM_DIR] [--emitted DIR
+--vocab N] > OUT.log (what the bar and NeMo's logger print goes to stdout)
 """
 
 import ast
@@ -101,7 +108,18 @@ def log_configuration(nemo: Path, emitted: Path, vocab: int) -> None:
     script_main()
 
 
-def main(nemo: Path, delta: bool, emitted: Path | None = None, vocab: int = 0) -> None:
+def progress_printer(nemo: Path, megatron: Path):
+    """NeMo 2's ProgressPrinter, its module run from its file (importing NeMo's package would
+    pull its whole stack)."""
+    import runpy
+
+    sys.path.insert(0, str(megatron))
+    ns = runpy.run_path(str(nemo / "nemo/lightning/pytorch/callbacks/progress_printer.py"))
+    return ns["ProgressPrinter"]
+
+
+def main(nemo: Path, delta: bool, emitted: Path | None = None, vocab: int = 0,
+         nemo2: Path | None = None) -> None:
     sys.path.insert(0, str(nemo))
     if emitted is not None:
         log_configuration(nemo, emitted, vocab)
@@ -149,12 +167,24 @@ def main(nemo: Path, delta: bool, emitted: Path | None = None, vocab: int = 0) -
         def train_dataloader(self):
             return torch.utils.data.DataLoader(torch.randn(steps, 4), batch_size=1)
 
-    bar = custom_progress_bar(nemo)()
     # exp_manager inserts the timing callback first (trainer.callbacks.insert(0, ...))
     timing = exp_manager.DeltaTimingCallback() if delta else exp_manager.TimingCallback()
+    callbacks = [timing]
+    if nemo2 is not None:
+
+        class StrategyStep(pl.Callback):
+            """Stand-in: MegatronStrategy.current_epoch_step, the optimizer steps completed."""
+
+            def on_train_batch_end(self, trainer, *_a, **_k):
+                trainer.strategy.current_epoch_step = trainer.fit_loop.epoch_loop.\
+                    automatic_optimization.optim_progress.optimizer.step.current.completed
+
+        callbacks += [StrategyStep(), progress_printer(nemo, nemo2)(log_interval=1)]
+    else:
+        callbacks.append(custom_progress_bar(nemo)())
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_model_summary=False,
-                         callbacks=[timing, bar], log_every_n_steps=1)
+                         callbacks=callbacks, log_every_n_steps=1)
     trainer.fit(GPT())
 
 
@@ -162,4 +192,5 @@ if __name__ == "__main__":
     args = sys.argv[2:]
     where = Path(args[args.index("--emitted") + 1]) if "--emitted" in args else None
     main(Path(sys.argv[1]), "--delta" in args, where,
-         int(args[args.index("--vocab") + 1]) if "--vocab" in args else 0)
+         int(args[args.index("--vocab") + 1]) if "--vocab" in args else 0,
+         Path(args[args.index("--nemo2") + 1]) if "--nemo2" in args else None)

@@ -45,7 +45,12 @@ def torchtitan_printed_mismatch(job, plan, cluster, printed: tuple[str, str],
     cluster, compared field by field (degrees, micro-batch, schedule, recompute, FP8,
     sharding, batch, sequence, compile); (name, printed, planned) each. A print the reader
     refuses is another run than any plan prices: its refusal is the difference."""
-    doc, version = printed_config_doc(*printed, source)
+    try:
+        doc, version = printed_config_doc(*printed, source)
+    except SpecError:
+        # a print this reader does not take (v0.2.0/v0.2.1's, or one cut short): the plan
+        # file stands, checked against the start-up prints (torchtitan_logged_mismatch)
+        return []
     try:
         _m, pjob, pplan = plan_from_torchtitan_doc(doc, cluster, version, source)
     except SpecError as e:

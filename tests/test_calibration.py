@@ -668,9 +668,19 @@ def test_plan_read_from_torchtitan_printed_config(tmp_path):
         for rc in ("full", "selective")])
     assert [code for code, _out in got] == [0, 2], got
     assert "recompute full in the log, selective in the plan" in got[1][1]
-    # v0.2.0/v0.2.1's repr print has v0.2's [compile] section: refused
+    # v0.2.0/v0.2.1's repr print has v0.2's [compile] section: refused as a plan's source;
+    # beside a plan file the file stands (the start-up prints are still checked)
     with pytest.raises(SpecError, match="v0.2.0"):
         printed_config_doc("repr", repr({**doc, "compile": {"enable": True}}), "t")
+    head = "[rank0]:[titan] 2026-12-03 18:16:00,000 - root - INFO - "
+    lines = log.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if "Running with configs" in line)
+    last = lines.index("[rank0]:}", first)
+    doc02 = printed_config_doc(*r.torchtitan_configs[0], "t")[0]
+    old_print = tmp_path / "v020.log"
+    old_print.write_text("\n".join(lines[:first] + [head + "Running with args: " + repr(doc02)]
+                                   + lines[last + 1:]) + "\n")
+    assert [code for code, _o in _paired(tmp_path, old_print, m, job, c, [plan])] == [0]
     # a print cut short by the log's end
     text = log.read_text()
     cut = tmp_path / "cut.log"

@@ -65,6 +65,17 @@ def torchtitan_printed_mismatch(job, plan, cluster, printed: tuple[str, str],
     return out
 
 
+def nemo_printed_mismatch(model, job, plan, text: str, source: str) -> list[tuple]:
+    """Where the configuration a NeMo 1.x log printed differs from a plan
+    (megatron_args_mismatch on its settings in Megatron-LM's names); a print that is not a
+    whole configuration leaves the plan file standing."""
+    try:
+        printed = nemo_printed(load_nemo_config(text, source), source, strict=False)
+    except SpecError:
+        return []
+    return megatron_args_mismatch(model, job, plan, printed)
+
+
 def check_logged_args(reading: LogReading, model, job, plan, plan_label: str,
                       cluster=None) -> None:
     """A Megatron-LM log whose printed arguments (any of its blocks: restarts print their
@@ -80,9 +91,8 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str,
     diffs.append(deepspeed_config_mismatch(job, plan, reading.deepspeed_config))
     diffs += [megatron_args_mismatch(model, job, plan, bridge_summary_args(summary))
               for summary in reading.bridge_summaries]
-    diffs += [megatron_args_mismatch(model, job, plan, nemo_printed(
-        load_nemo_config(text, reading.path), reading.path, strict=False))
-        for text in reading.nemo_configs]
+    diffs += [nemo_printed_mismatch(model, job, plan, text, reading.path)
+              for text in reading.nemo_configs]
     if cluster is not None:
         diffs += [torchtitan_printed_mismatch(job, plan, cluster, printed, reading.path)
                   for printed in reading.torchtitan_configs]

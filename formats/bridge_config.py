@@ -35,7 +35,7 @@ from model.plan import Plan
 from model.specs import JobSpec, ModelSpec
 
 from .megatron_args import PrintedArgs, padded_vocab, plan_from_megatron_args
-from .reading import FieldReader, read_text
+from .reading import FieldReader, read_text, yaml_mapping
 
 # TransformerConfig / GPTModelConfig field -> Megatron-LM argument name, where they differ
 _RENAMES = {"num_moe_experts": "num_experts",
@@ -207,18 +207,10 @@ def plan_from_bridge_config(path: Path, cluster: ClusterSpec,
     """(model, job, plan, the settings read in Megatron-LM's names) of the Megatron-Bridge run
     whose run_config.yaml is `path`, on `cluster` (ranks over its nodes in `node_order`, by
     default the cluster's)."""
-    import yaml  # the file is YAML (Bridge's yaml_utils.dump_dataclass_to_yaml: safe_dump)
-
+    # the file is YAML (Bridge's yaml_utils.dump_dataclass_to_yaml: safe_dump)
     src = str(path)
     text = read_text(path, field="--run-config", what="the run's run_config.yaml")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError(f"not YAML ({str(e).splitlines()[0]})", source=src,
-                        field="--run-config")
-    if not isinstance(doc, dict):
-        raise SpecError("not a Megatron-Bridge run_config.yaml (no mapping at the top)",
-                        source=src, field="--run-config")
+    doc = yaml_mapping(text, src, "--run-config", "the Megatron-Bridge run_config.yaml")
     printed, vocab = bridge_printed(doc, cluster.num_gpus, src)
     model, job, plan = plan_from_megatron_args(printed, cluster, source=src, vocab=vocab,
                                                node_order=node_order)

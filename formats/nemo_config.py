@@ -31,6 +31,7 @@ from model.plan import Plan
 from model.specs import JobSpec, ModelSpec
 
 from .megatron_args import plan_from_megatron_args
+from .reading import yaml_mapping
 
 # NeMo model key -> Megatron-LM argument name, where the value carries over as it is
 _SAME = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
@@ -245,17 +246,8 @@ class NemoConfigBlocks:
 
 def load_nemo_config(text: str, source: str) -> dict:
     """The printed configuration as a mapping (one line naming the log when it is not)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError(f"its printed configuration is not YAML ({str(e).splitlines()[0]})",
-                        source=source, field="Experiment configuration")
-    if not isinstance(doc, dict):
-        raise SpecError("its printed configuration is not a mapping", source=source,
-                        field="Experiment configuration")
-    return doc
+    return yaml_mapping(text, source, "Experiment configuration",
+                        "its printed configuration")
 
 
 def plan_from_nemo_config(text: str, cluster: ClusterSpec, *, source: str, vocab: int | None,

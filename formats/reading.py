@@ -75,6 +75,22 @@ def text_lines(path: str | Path, field: str | None = None, what: str = "the file
         raise SpecError(f"cannot read {what} ({why})", source=src, field=field) from None
 
 
+def yaml_mapping(text: str, source: str, field: str, what: str) -> dict:
+    """YAML text that must hold a mapping at the top (a Megatron-Bridge run_config.yaml, the
+    configuration a NeMo 1.x log printed), safe-loaded; one SpecError naming `what` when it is
+    not YAML or not a mapping."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"{what} is not YAML ({str(e).splitlines()[0]})", source=source,
+                        field=field) from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{what} has no mapping at the top", source=source, field=field)
+    return doc
+
+
 class FieldReader:
     """Typed field access into a parsed document (JSON, TOML) that names the file and the dotted
     field on every problem (plan files, torchtitan TOML)."""

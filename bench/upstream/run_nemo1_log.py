@@ -59,27 +59,26 @@ class Clock:
         return self.now
 
 
+def _from_source(nemo: Path, path: str, names: tuple[str, ...], ns: dict):
+    """A definition in one of NeMo's files, executed from its source: names[0] a top-level
+    class or function, names[1] (if given) a method of it, run as a plain function."""
+    src_path = nemo / path
+    body = ast.parse(src_path.read_text()).body
+    for name in names:
+        node = next(n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef))
+                    and n.name == name)
+        body = node.body
+    exec(compile(ast.Module([node], []), str(src_path), "exec"), ns)
+    return ns[names[-1]]
+
+
 def custom_progress_bar(nemo: Path):
     """NeMo's CustomProgressBar, executed from its source in nlp_overrides.py."""
     from lightning.pytorch.callbacks.progress import TQDMProgressBar
     from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
-    src_path = nemo / "nemo/collections/nlp/parts/nlp_overrides.py"
-    src = src_path.read_text()
-    node = next(n for n in ast.parse(src).body
-                if isinstance(n, ast.ClassDef) and n.name == "CustomProgressBar")
-    ns = {"TQDMProgressBar": TQDMProgressBar, "_update_n": _update_n}
-    exec(compile(ast.Module([node], []), str(src_path), "exec"), ns)
-    return ns["CustomProgressBar"]
-
-
-def _method(nemo: Path, path: str, cls: str, name: str, ns: dict):
-    """A method of one of NeMo's classes, executed from its source as a plain function."""
-    src_path = nemo / path
-    tree = ast.parse(src_path.read_text())
-    klass = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    node = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    exec(compile(ast.Module([node], []), str(src_path), "exec"), ns)
-    return ns[name]
+    return _from_source(nemo, "nemo/collections/nlp/parts/nlp_overrides.py",
+                        ("CustomProgressBar",),
+                        {"TQDMProgressBar": TQDMProgressBar, "_update_n": _update_n})
 
 
 def log_configuration(nemo: Path, emitted: Path, vocab: int) -> None:
@@ -99,8 +98,9 @@ def log_configuration(nemo: Path, emitted: Path, vocab: int) -> None:
     def script_main(cfg):
         logging.info("\n\n************** Experiment configuration ***********")
         logging.info(f'\n{OmegaConf.to_yaml(cfg)}')
-        pad = _method(nemo, "nemo/collections/nlp/models/language_modeling/megatron_base_model.py",
-                      "MegatronBaseModel", "_vocab_size_with_padding", {"logging": logging})
+        pad = _from_source(
+            nemo, "nemo/collections/nlp/models/language_modeling/megatron_base_model.py",
+            ("MegatronBaseModel", "_vocab_size_with_padding"), {"logging": logging})
         m = cfg.model
         pad(None, vocab, m.get("make_vocab_size_divisible_by", 128),
             m.get("tensor_model_parallel_size", 1))

@@ -433,9 +433,13 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
 
 
 def _interval_json(interval, profile: str) -> dict:
-    """The 95% prediction interval (estimate, low, high in s) as --json gives it."""
-    return {"estimate": interval[0], "low": interval[1], "high": interval[2], "level": 0.95,
-            "profile": profile}
+    """The 95% prediction interval (estimate, low, high in s) as --json gives it; low and
+    high null, with the reason, where the profile gives none."""
+    d = {"estimate": interval[0], "low": interval[1], "high": interval[2], "level": 0.95,
+         "profile": profile}
+    if interval[1] is None:
+        d["none_because"] = interval[3]
+    return d
 
 
 def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
@@ -463,11 +467,12 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
 
 
 def _interval(prof, m, job, c0, plan, opts0):
-    """95% prediction interval (s) of a plan under a calibration profile, or None."""
+    """95% prediction interval of a plan under a calibration profile: (estimate, low, high in
+    s, why there is none: low and high then None), or None without a profile."""
     if prof is None:
         return None
-    from model.calibration import interval_s
-    return interval_s(prof, m, job, c0, plan, opts0)
+    from model.calibration import interval_s, no_interval_reason
+    return (*interval_s(prof, m, job, c0, plan, opts0), no_interval_reason(prof))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -824,7 +829,8 @@ def solve(
                         "distributed optimizer, so its weights stay 16-bit (the flag applies to "
                         "plans with both)"]
     interval = _interval(prof, m, job, c0, res.plan, opts0)
-    toss, maybe = res.toss_up(interval[2] * 1e3) if interval is not None else (None, None)
+    toss, maybe = (res.toss_up(interval[2] * 1e3) if interval is not None
+                   and interval[2] is not None else (None, None))
     if as_json:
         d = render.solve_json(res, m, c, files, warnings, space)
         if interval is not None:

@@ -125,7 +125,11 @@ def print_placement(plan, cluster) -> None:
 
 
 def print_interval(interval, profile: str) -> None:
-    t, lo, hi = interval
+    t, lo, hi, why_none = interval
+    if lo is None:
+        console().print(f"calibrated ({profile}): iteration {t:.3f} s; {why_none}",
+                        highlight=False)
+        return
     console().print(f"calibrated ({profile}): iteration {t:.3f} s ({lo:.3f}-{hi:.3f}, 95% "
                     "prediction interval)")
 
@@ -204,8 +208,17 @@ def print_calibration(prof, out, readings=()) -> None:
                   + ")")
     con.print(t)
     sd = prof.residual_sd
-    con.print("residual sd of log time: " + ("not determined (no more runs than parameters)"
-                                             if sd is None else f"{100 * sd:.1f}%"))
+    if sd is None:
+        con.print("residual sd of log time: not determined (no more runs than parameters, and "
+                  "no prior): estimates under this profile have no prediction interval")
+    elif prof.residual_sd_assumed:
+        con.print(f"residual sd of log time: {100 * sd:.1f}% assumed, not measured (no more "
+                  "runs than parameters): the run-to-run noise the prior is weighed against; "
+                  "the standard errors are the prior's and these runs' together",
+                  highlight=False)
+    else:
+        con.print(f"residual sd of log time: {100 * sd:.1f}% ({prof.residual_dof} degrees of "
+                  "freedom)", highlight=False)
 
 
 class SweepProgress:

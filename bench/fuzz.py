@@ -300,9 +300,19 @@ def fam_plan(rng: random.Random, tmp: Path) -> Case:
     return Case("plan", argv, files)
 
 
-_PROFILE: dict = {"schema_version": 1, "kind": "pipette-calibration-profile", "gpu": "A100-80GB",
-                  "parameters": {"gemm_scale": {"value": 0.9, "sd": 0.01}},
-                  "residual_sd_log": 0.02, "runs": 3}
+# a profile `calibrate` could write (two fitted parameters, a measured spread), so that the
+# mutations reach past the kind and version checks
+_PROFILE: dict = {"kind": "pipette-calibration", "schema_version": 1, "gpu": "A100-80GB",
+                  "parameters": {"gemm_scale": {"value": 0.9, "stderr": 0.01},
+                                 "network_scale": {"value": 0.8, "stderr": 0.05},
+                                 "fragmentation": {"value": 0.1, "stderr": None}},
+                  "fitted": ["gemm_scale", "network_scale"],
+                  "covariance": [[1e-4, 0.0], [0.0, 2.5e-3]],
+                  "residual_sd_log": 0.02, "residual_dof": 3, "residual_sd_assumed": False,
+                  "prior_sd_log": {"gemm_scale": 0.15, "network_scale": 0.5},
+                  "runs": [{"label": "a.log", "measured_s": 10.0, "before_s": 11.0,
+                            "after_s": 10.1, "memory_gib": None, "memory_kind": None,
+                            "memory_stage": None}]}
 
 
 def fam_profile(rng: random.Random) -> Case:

@@ -4,7 +4,10 @@ clear error per problem. Schema in the README ("Calibration profiles")."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+import numpy as np
 
 from model.calibration import (FRAGMENTATION_BOUNDS, KIND, SCHEMA_VERSION, TIME_PARAMETERS,
                                Profile)
@@ -22,6 +25,29 @@ def save_profile(path, prof: Profile) -> None:
         raise SpecError("the fit gave a non-finite parameter; nothing was written",
                         source=str(path), field="--out") from None
     write_atomic(Path(path), text, field="--out")
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _covariance(cov, p: int, src: str) -> list:
+    """The fitted parameters' covariance: empty, or p x p finite numbers, symmetric and
+    positive semi-definite (what a fit can give: model/calibration.py)."""
+    if not cov:
+        return []
+    if (not isinstance(cov, list) or len(cov) != p
+            or any(not isinstance(r, list) or len(r) != p for r in cov)
+            or not all(_number(x) and math.isfinite(x) for r in cov for x in r)):
+        raise SpecError("must be a square matrix of numbers over the fitted parameters",
+                        source=src, field="covariance")
+    C = np.array(cov, dtype=float)
+    scale = max(float(np.max(np.abs(C))), 1e-300)
+    if (not np.allclose(C, C.T, rtol=1e-6, atol=1e-12 * scale)
+            or float(np.min(np.linalg.eigvalsh((C + C.T) / 2))) < -1e-9 * scale):
+        raise SpecError("must be symmetric and positive semi-definite (a covariance)",
+                        source=src, field="covariance")
+    return cov
 
 
 def load_profile(path) -> Profile:
@@ -59,16 +85,41 @@ def load_profile(path) -> Profile:
             raise SpecError(f"value must be a number in [{lo}, {hi}]", source=src,
                             field=f"parameters.{k}.value")
         values[k] = float(val)
-        stderr[k] = v.get("stderr")
-    names = tuple(d.get("fitted") or ())
-    cov = d.get("covariance") or []
-    if cov and (len(cov) != len(names) or any(len(r) != len(names) for r in cov)):
-        raise SpecError("covariance must be a square matrix over the fitted parameters",
-                        source=src, field="covariance")
+        err = v.get("stderr")
+        if err is not None and not (_number(err) and 0 <= err < math.inf):
+            raise SpecError("must be a standard error (a number, 0 or more) or null",
+                            source=src, field=f"parameters.{k}.stderr")
+        stderr[k] = err
+    fitted = d.get("fitted") or []
+    if (not isinstance(fitted, list) or not all(isinstance(x, str) for x in fitted)
+            or len(set(fitted)) != len(fitted)
+            or not all(x in TIME_PARAMETERS and x in values for x in fitted)):
+        raise SpecError("must list distinct time parameters, each with its value in "
+                        "'parameters'", source=src, field="fitted")
+    names = tuple(fitted)
+    cov = _covariance(d.get("covariance") or [], len(names), src)
     uninformed = d.get("uninformed") or []
-    if not isinstance(uninformed, list) or not set(uninformed) <= set(names):
+    if (not isinstance(uninformed, list) or not all(isinstance(x, str) for x in uninformed)
+            or not set(uninformed) <= set(names)):
         raise SpecError("must list fitted parameters (those in 'fitted')", source=src,
                         field="uninformed")
-    return Profile(d["gpu"], values, stderr, names, cov, d.get("residual_sd_log"),
-                   d.get("runs") or [], src, device=str(d.get("device") or ""),
+    runs = d.get("runs") or []
+    if not isinstance(runs, list):
+        raise SpecError("must be the list of runs the profile was fitted on", source=src,
+                        field="runs")
+    sd = d.get("residual_sd_log")
+    if sd is not None and (not isinstance(sd, (int, float)) or isinstance(sd, bool) or
+                           not 0 <= sd < 10):
+        raise SpecError("must be a standard deviation of log time (a number from 0 to 10) "
+                        "or null", source=src, field="residual_sd_log")
+    dof = d.get("residual_dof")
+    if dof is not None and (not isinstance(dof, int) or isinstance(dof, bool) or dof < 1):
+        raise SpecError("must be the residual spread's degrees of freedom (runs less fitted "
+                        "parameters, at least 1) or null", source=src, field="residual_dof")
+    assumed = d.get("residual_sd_assumed", False)
+    if not isinstance(assumed, bool):
+        raise SpecError("must be true or false", source=src, field="residual_sd_assumed")
+    return Profile(d["gpu"], values, stderr, names, cov, sd,
+                   runs, src, residual_dof=dof, residual_sd_assumed=assumed,
+                   device=str(d.get("device") or ""),
                    kernels=d.get("kernels") or [], uninformed=tuple(uninformed))

@@ -32,10 +32,17 @@ presets (bench/calibration_loo.py --no-prior). `noise` is NOISE_SD, or the resid
 fit leaves (n - p degrees of freedom) where that is larger, re-fitted until the two agree: runs
 that the parameters cannot reconcile are noisier than assumed, and the prior then weighs more
 (empirical Bayes; BLOOM's pre-launch runs, bench/README.md). Uncertainty: the covariance
-s^2 (J' W J)^-1 at the solution, J with the prior's rows, s^2 the weighted residual variance
-of the runs with n - p degrees of freedom (none when n <= p: the parameters are then reported
-without an error bar). Prediction interval of a plan: var(log t) = g' C g + s^2, g the
-gradient of log t in the parameters; 95% interval t exp(+-1.96 sd).
+s^2 (J' W J)^-1 at the solution, J with the prior's rows, s^2 the residual variance of the runs
+with n - p degrees of freedom, unweighted (the Huber weights discount large residuals in the
+fit, but a new measurement's spread includes them: with 5% noise the weighted spread left
+12-run intervals at 91% coverage, the plain one 94%: bench/interval_coverage.py). With no
+more runs than parameters the spread cannot be measured: with the prior, s is the assumed
+NOISE_SD and C the posterior covariance NOISE_SD^2 (J' W J + P)^-1 (P the prior's precision in
+the same units), both marked assumed; without it the parameters are not determined and nothing has an interval. Prediction interval
+of a plan: var(log t) = g' C g + s^2, g the gradient of log t in the parameters; 95% interval
+t exp(+-q sd), q Student's t quantile at n - p degrees of freedom where s was measured (the
+spread of a few runs is itself uncertain; bench/interval_coverage.py), 1.96 where it was
+assumed.
 """
 
 from __future__ import annotations
@@ -90,6 +97,25 @@ HUBER_DELTA = 0.05
 # on runs without tensor parallelism or collectives inside a node
 UNINFORMED_SLOPE = 1e-3
 Z95 = 1.959964
+# Student's t two-sided 95% quantiles (the 0.975 point) for 1-30 degrees of freedom (NIST/
+# SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.2, critical values of the t distribution)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(dof: int | None) -> float:
+    """The 95% two-sided quantile for a spread measured with `dof` degrees of freedom (None:
+    a spread assumed, not measured: the normal's). Beyond the table, the Cornish-Fisher
+    expansion of t in 1 / dof (Abramowitz and Stegun 26.7.5), within 0.001 of it at 30."""
+    if dof is None:
+        return Z95
+    if dof < 1:
+        raise ValueError("a measured spread needs at least one degree of freedom")
+    if dof <= len(T975):
+        return T975[dof - 1]
+    z = Z95
+    return z + (z ** 3 + z) / (4 * dof) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * dof ** 2)
 
 
 @dataclass
@@ -112,6 +138,10 @@ class Profile:
     prior_sd: dict = field(default_factory=dict)  # the prior the fit used (empty: none)
     # fitted parameters no run's time depends on (UNINFORMED_SLOPE): left to the prior
     uninformed: tuple = ()
+    # degrees of freedom of a measured residual_sd (n - p); None where it was assumed (the
+    # prior's NOISE_SD, residual_sd_assumed) or there is none
+    residual_dof: int | None = None
+    residual_sd_assumed: bool = False
 
     def at_bounds(self) -> dict[str, str]:
         """Fitted parameters that ended on an edge of their range: name -> "lower" or
@@ -132,7 +162,8 @@ class Profile:
              "parameters": {k: {"value": v, "stderr": self.stderr.get(k)}
                             for k, v in self.values.items()},
              "fitted": list(self.names), "covariance": self.covariance,
-             "residual_sd_log": self.residual_sd, "prior_sd_log": self.prior_sd,
+             "residual_sd_log": self.residual_sd, "residual_dof": self.residual_dof,
+             "residual_sd_assumed": self.residual_sd_assumed, "prior_sd_log": self.prior_sd,
              "runs": self.runs}
         if self.uninformed:
             d["uninformed"] = list(self.uninformed)
@@ -327,10 +358,14 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     values = dict(zip(names, map(float, theta)))
     stderr: dict = {n: None for n in names}
     cov: list = []
-    sd = None
-    if n > p:
+    sd = dof = None
+    assumed = n <= p and prior and p > 0
+    if n > p or assumed:
         w = weights(r)
-        sd = spread_sd(r)
+        # measured with n - p degrees of freedom, unweighted, or (no more runs than
+        # parameters) the noise the prior was weighed against, assumed (module docstring)
+        sd = noise_sd if assumed else math.sqrt(float(np.sum(r ** 2)) / (n - p))
+        dof = None if assumed else n - p
         s2 = sd * sd
         if p:
             # the prior's rows are in units of noise_sd; rescaled to the fitted noise s
@@ -359,7 +394,8 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         values["fragmentation"] = f
         stderr["fragmentation"] = (1.2533 * statistics.stdev(fs) / math.sqrt(len(fs))
                                    if len(fs) > 1 else None)
-    prof = Profile(gpu, values, stderr, tuple(names), cov, sd,
+    prof = Profile(gpu, values, stderr, tuple(names), cov, sd, residual_dof=dof,
+                   residual_sd_assumed=assumed,
                    prior_sd={nm: PRIOR_SD[nm] for nm in names} if prior else {},
                    uninformed=uninformed)
     prof.runs = [{"label": rr.label, "measured_s": rr.measured_s, "before_s": b, "after_s": a,
@@ -369,14 +405,17 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     return prof, {rr.label: (b, a) for rr, b, a in zip(runs, before, after)}
 
 
-def interval_s(prof: Profile, model, job, cluster, plan, options) -> tuple[float, float, float]:
+def interval_s(prof: Profile, model, job, cluster, plan, options
+               ) -> tuple[float, float | None, float | None]:
     """(prediction, low, high) in seconds, 95%, for a plan under the profile (`cluster` and
     `options` not yet calibrated). Without a residual spread (a probe's profile) only the
-    parameters' uncertainty counts; without either the interval is the point."""
+    parameters' uncertainty counts; without either (parameters fitted to no more runs than
+    their number, without the prior) there is no interval: low and high are None
+    (`no_interval_reason` says why)."""
     run = Run(model, job, cluster, plan, options, 1.0)
     t = _predict(run, prof.values, prof.gpu)
-    if prof.residual_sd is None and not (prof.covariance and prof.names):
-        return t, t, t
+    if no_interval_reason(prof) is not None:
+        return t, None, None
     var = (prof.residual_sd or 0.0) ** 2
     if prof.covariance and prof.names:
         C = np.array(prof.covariance)
@@ -387,8 +426,21 @@ def interval_s(prof: Profile, model, job, cluster, plan, options) -> tuple[float
             vals[n] = prof.values[n] + h
             g[k] = (math.log(_predict(run, vals, prof.gpu)) - math.log(t)) / h
         var += float(g @ C @ g)
-    sd = math.sqrt(var)
-    return t, t * math.exp(-Z95 * sd), t * math.exp(Z95 * sd)
+    sd = math.sqrt(max(var, 0.0))
+    q = t975(prof.residual_dof if prof.residual_sd is not None else None)
+    # a factor beyond e^50 either way says nothing a wider one would not; kept finite
+    half = min(q * sd, 50.0)
+    return t, t * math.exp(-half), t * math.exp(half)
+
+
+def no_interval_reason(prof: Profile) -> str | None:
+    """Why plans under this profile have no prediction interval, or None when they have one."""
+    if prof.residual_sd is not None or (prof.covariance and prof.names):
+        return None
+    k, p = len(prof.runs), len(prof.names)
+    return (f"no prediction interval: {p} parameter{'s' * (p != 1)} fitted to {k} "
+            f"run{'s' * (k != 1)} without the prior leave no spread to judge them by; "
+            "calibrate on more runs than parameters, or keep the prior")
 
 
 # -- kernel readings (probe/gemm.py) ------------------------------------------------------------

@@ -38,11 +38,11 @@ fit, but a new measurement's spread includes them: with 5% noise the weighted sp
 12-run intervals at 91% coverage, the plain one 94%: bench/interval_coverage.py). With no
 more runs than parameters the spread cannot be measured: with the prior, s is the assumed
 NOISE_SD and C the posterior covariance NOISE_SD^2 (J' W J + P)^-1 (P the prior's precision in
-the same units), both marked assumed; without it the parameters are not determined and nothing has an interval. Prediction interval
-of a plan: var(log t) = g' C g + s^2, g the gradient of log t in the parameters; 95% interval
-t exp(+-q sd), q Student's t quantile at n - p degrees of freedom where s was measured (the
-spread of a few runs is itself uncertain; bench/interval_coverage.py), 1.96 where it was
-assumed.
+the same units), both marked assumed; without it the parameters are not determined and
+nothing has an interval. Prediction interval of a plan: var(log t) = g' C g + s^2, g the
+gradient of log t in the parameters; 95% interval t exp(+-q sd), q Student's t quantile at
+n - p degrees of freedom where s was measured (the spread of a few runs is itself uncertain;
+bench/interval_coverage.py), 1.96 where it was assumed.
 """
 
 from __future__ import annotations

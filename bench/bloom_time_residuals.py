@@ -1,5 +1,5 @@
 """What BLOOM's time residuals follow: in the reference set, on readings held out, and what
-launch blocking costs as BigScience measured it.
+launch blocking and the network cost as BigScience measured them.
 
     python bench/bloom_time_residuals.py
 
@@ -28,6 +28,16 @@ launch blocking costs as BigScience measured it.
    iteration). This part turns those TFLOPs into seconds per iteration (the same model's 02-17
    row reads 844.81 s at 98.87 TFLOPs on 80 GPUs at GBS 2048, in the same formula), prints the
    blocking / async ratio, and what the c x N of 1 would add on those runs.
+4. The network as BigScience measured it. Judging only: nothing here changes the model or
+   its data. BigScience timed one NCCL all-reduce of 4 GB over 4 of these nodes (32 A100s,
+   January 2022; experiments/bandwidth/all_reduce_bench-a100-n4.txt at the same commit as the
+   data, 160 readings of its bus bandwidth 2 (n - 1) / n x size / time). NCCL's own log there
+   builds 2 channels whose rings leave each node through 2 of its 4 Omni-Path NICs (NET/IB/1,
+   NET/IB/3). If each NIC carries what one channel did, a node moves 4 x that, shared by the 8
+   data-parallel rings of a TP 8 run: the per-GPU stream that would be, against the 6.25 GB/s
+   (4 x 100 Gb/s per 8 GPUs) the reference runs are given, and the BLOOM runs' errors at
+   presets with it, beside the 0.18-0.23 x network that calibrate's fits on all of them ask for
+   (bench/README.md).
 """
 
 from __future__ import annotations
@@ -226,10 +236,51 @@ def launch_blocking(fits: dict) -> None:
     print(f"  (c = {1e3 * c:.2f} ms per layer and micro-batch, the in-sample fit of 1)")
 
 
+# experiments/bandwidth/all_reduce_bench-a100-n4.txt (bigscience-workshop/bigscience at
+# 9e64ede): median bus bandwidth of its 160 readings (ranks x 5 trials; the first trial's are
+# ~15 Gbps), NCCL's channel count and the NICs its rings use, per its NCCL INFO lines
+MEASURED_BUSBW_GBIT_PER_S = 40.54
+NCCL_CHANNELS = 2
+NICS_PER_NODE, GPUS_PER_NODE = 4, 8
+
+
+def measured_network() -> None:
+    import formats.published as pub
+    per_channel_gb_per_s = MEASURED_BUSBW_GBIT_PER_S / 8 / NCCL_CHANNELS
+    stream = per_channel_gb_per_s * NICS_PER_NODE / GPUS_PER_NODE
+    assumed = pub.NETWORKS_GB_PER_S["bloom"][0]
+    print(f"\n4. The network as BigScience measured it: all-reduce bus bandwidth "
+          f"{MEASURED_BUSBW_GBIT_PER_S} Gbit/s over {NCCL_CHANNELS} channels = "
+          f"{per_channel_gb_per_s:.2f} GB/s per NIC; x {NICS_PER_NODE} NICs / "
+          f"{GPUS_PER_NODE} GPUs = {stream:.2f} GB/s per GPU stream, {stream / assumed:.2f} x "
+          f"the {assumed} GB/s the reference runs are given")
+    saved = dict(pub.NETWORKS_GB_PER_S)
+    rows = [r for r in load_runs() if not _skip_reason(r) and not r.get("oom")
+            and r["source_group"].startswith("bloom")
+            and (r.get("iteration_time_s") or r.get("iteration_time_s_derived"))]
+    try:
+        for bw in (assumed, stream):
+            pub.NETWORKS_GB_PER_S["bloom"] = (bw, saved["bloom"][1])
+            errs = []
+            for r in rows:
+                model, job, cluster, plan, _ = run_to_inputs(r)
+                t = estimate(model, job, cluster, plan).iteration_ms / 1e3
+                pub_s = r.get("iteration_time_s") or r.get("iteration_time_s_derived")
+                errs.append(t / float(pub_s) - 1)
+            med = statistics.median(map(abs, errs))
+            print(f"  {bw:5.2f} GB/s: median |error| {100 * med:4.1f}%, signed median "
+                  f"{100 * statistics.median(errs):+5.1f}%, per run "
+                  + " ".join(f"{100 * e:+.0f}" for e in errs))
+    finally:
+        pub.NETWORKS_GB_PER_S.clear()
+        pub.NETWORKS_GB_PER_S.update(saved)
+
+
 def main() -> None:
     fits = in_sample()
     held_out(fits)
     launch_blocking(fits)
+    measured_network()
 
 
 if __name__ == "__main__":

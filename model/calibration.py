@@ -439,8 +439,8 @@ def no_interval_reason(prof: Profile) -> str | None:
         return None
     k, p = len(prof.runs), len(prof.names)
     return (f"no prediction interval: {p} parameter{'s' * (p != 1)} fitted to {k} "
-            f"run{'s' * (k != 1)} without the prior leave no spread to judge them by; "
-            "calibrate on more runs than parameters, or keep the prior")
+            f"run{'s' * (k != 1)} with no prior leave no spread and no error bars to judge "
+            "them by; calibrate on more runs than parameters, or keep the prior")
 
 
 # -- kernel readings (probe/gemm.py) ------------------------------------------------------------

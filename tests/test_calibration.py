@@ -1160,7 +1160,7 @@ def test_no_more_runs_than_parameters(tmp_path):
     res = CliRunner().invoke(app, ["estimate", "--calibration", str(q), "--tp", "8",
                                    "--pp", "4", "--distopt", "--recompute", "selective"])
     assert res.exit_code == 0, res.output
-    assert "no prediction interval: 2 parameters fitted to 1 run without the prior" in (
+    assert "no prediction interval: 2 parameters fitted to 1 run with no prior" in (
         " ".join(res.output.split()))
     res = CliRunner().invoke(app, ["estimate", "--calibration", str(q), "--tp", "8",
                                    "--pp", "4", "--distopt", "--recompute", "selective",

@@ -442,8 +442,14 @@ def _interval_json(interval, profile: str) -> dict:
     return d
 
 
+def _memory_json(mi) -> dict:
+    """The peak memory's 95% prediction interval (GiB) as --json gives it."""
+    return {"peak": mi.peak_gib, "low": mi.low_gib, "high": mi.high_gib, "level": 0.95,
+            "may_not_fit_stage": mi.may_not_fit_stage, "none_because": mi.none_because}
+
+
 def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
-                      calibration=None, interval=None, **outputs):
+                      calibration=None, interval=None, mem_interval=None, **outputs):
     """Write the outputs asked for, then print the estimate and what was written."""
     from launch.outputs import write_outputs
     from model.compute import shape_warnings
@@ -458,11 +464,15 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
         d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
         if interval is not None:
             d["interval_s"] = _interval_json(interval, calibration["profile"])
+        if mem_interval is not None:
+            d["memory_interval_gib"] = _memory_json(mem_interval)
         render.echo_json(d)
         return
     render.print_estimate(est, plan, c)
     if interval is not None:
         render.print_interval(interval, calibration["profile"])
+    if mem_interval is not None:
+        render.print_memory_interval(mem_interval, calibration["profile"])
     render.print_written(files, warnings)
 
 
@@ -473,6 +483,15 @@ def _interval(prof, m, job, c0, plan, opts0):
         return None
     from model.calibration import interval_s, no_interval_reason
     return (*interval_s(prof, m, job, c0, plan, opts0), no_interval_reason(prof))
+
+
+def _memory_interval(prof, est):
+    """The peak memory's 95% prediction interval under a calibration profile
+    (model.calibration.MemoryInterval), or None without a profile or a plan."""
+    if prof is None or est is None:
+        return None
+    from model.calibration import memory_interval_gib
+    return memory_interval_gib(prof, est)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -548,7 +567,8 @@ def estimate(
         c, opts, prof, cal = _calibrated(c0, opts0, calibration)
         est = run_estimate(m, job, c, plan, opts)
         _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
-                          interval=_interval(prof, m, job, c0, plan, opts0), **outputs)
+                          interval=_interval(prof, m, job, c0, plan, opts0),
+                          mem_interval=_memory_interval(prof, est), **outputs)
         return
     _kv_rotate_check(kv_rotate, framework.value)
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
@@ -576,7 +596,8 @@ def estimate(
                      overlap_param_gather=overlap_param_gather, options=opts)
     est = run_estimate(m, job, c, plan, opts)
     _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
-                      interval=_interval(prof, m, job, c0, plan, opts0), **outputs)
+                      interval=_interval(prof, m, job, c0, plan, opts0),
+                      mem_interval=_memory_interval(prof, est), **outputs)
 
 
 @command()
@@ -829,6 +850,7 @@ def solve(
                         "distributed optimizer, so its weights stay 16-bit (the flag applies to "
                         "plans with both)"]
     interval = _interval(prof, m, job, c0, res.plan, opts0)
+    mem_interval = _memory_interval(prof, res.estimate)
     toss, maybe = (res.toss_up(interval[2] * 1e3) if interval is not None
                    and interval[2] is not None else (None, None))
     if as_json:
@@ -837,12 +859,16 @@ def solve(
             d["interval_s"] = {**_interval_json(interval, cal["profile"]),
                                "toss_up_with": toss.describe if toss else None,
                                "toss_up_possible_with": maybe.describe if maybe else None}
+        if mem_interval is not None:
+            d["memory_interval_gib"] = _memory_json(mem_interval)
         render.echo_json(d)
         return
     render.print_solve(res, c)
     if interval is not None:
         render.print_interval(interval, cal["profile"])
         render.print_toss_up(toss, maybe)
+    if mem_interval is not None:
+        render.print_memory_interval(mem_interval, cal["profile"])
     render.print_written(files, warnings)
 
 

@@ -134,6 +134,19 @@ def print_interval(interval, profile: str) -> None:
                     "prediction interval)")
 
 
+def print_memory_interval(mi, profile: str) -> None:
+    con = console()
+    if mi.low_gib is None:
+        con.print(f"calibrated ({profile}): peak memory {mi.peak_gib:.1f} GiB; "
+                  f"{mi.none_because}", highlight=False)
+        return
+    con.print(f"calibrated ({profile}): peak memory {mi.peak_gib:.1f} GiB ({mi.low_gib:.1f}-"
+              f"{mi.high_gib:.1f}, 95% prediction interval)", highlight=False)
+    if mi.may_not_fit_stage is not None:
+        con.print(f"[yellow]warning:[/yellow] may not fit: stage {mi.may_not_fit_stage}'s "
+                  "95% memory interval reaches past its GPU's memory", highlight=False)
+
+
 def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict:
     """What calibrate read from one log (paired with a plan of this global batch; `plan_read`:
     the plan read from its printed arguments, None when a plan file was given): its
@@ -219,6 +232,13 @@ def print_calibration(prof, out, readings=()) -> None:
     else:
         con.print(f"residual sd of log time: {100 * sd:.1f}% ({prof.residual_dof} degrees of "
                   "freedom)", highlight=False)
+    n = prof.fragmentation_readings
+    if n:
+        con.print(f"memory: {n} reading{'s' * (n != 1)} of the reserved peak; "
+                  + ("one leaves no spread: estimates under this profile have no memory "
+                     "interval" if prof.fragmentation_sd is None else
+                     f"their fragmentation spreads by {100 * prof.fragmentation_sd:.1f} points "
+                     "(sample sd), which the memory intervals carry"), highlight=False)
 
 
 class SweepProgress:

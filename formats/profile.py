@@ -119,7 +119,16 @@ def load_profile(path) -> Profile:
     assumed = d.get("residual_sd_assumed", False)
     if not isinstance(assumed, bool):
         raise SpecError("must be true or false", source=src, field="residual_sd_assumed")
+    spread = d.get("fragmentation_spread") or {}
+    f_sd, f_n = (spread.get("sd"), spread.get("readings", 0)) if isinstance(
+        spread, dict) else (None, -1)
+    if (f_sd is not None and not (_number(f_sd) and 0 <= f_sd < math.inf)) or not (
+            isinstance(f_n, int) and not isinstance(f_n, bool) and f_n >= 0) or (
+            f_sd is not None and f_n < 2):
+        raise SpecError("must be {sd: the readings' sample sd (null below 2 readings), "
+                        "readings: how many}", source=src, field="fragmentation_spread")
     return Profile(d["gpu"], values, stderr, names, cov, sd,
                    runs, src, residual_dof=dof, residual_sd_assumed=assumed,
+                   fragmentation_sd=f_sd, fragmentation_readings=f_n,
                    device=str(d.get("device") or ""),
                    kernels=d.get("kernels") or [], uninformed=tuple(uninformed))

@@ -142,6 +142,10 @@ class Profile:
     # prior's NOISE_SD, residual_sd_assumed) or there is none
     residual_dof: int | None = None
     residual_sd_assumed: bool = False
+    # the spread of the memory readings' fragmentation (reading / tensors - 1) over the runs
+    # (sample sd; None with fewer than 2 readings) and how many readings it is of
+    fragmentation_sd: float | None = None
+    fragmentation_readings: int = 0
 
     def at_bounds(self) -> dict[str, str]:
         """Fitted parameters that ended on an edge of their range: name -> "lower" or
@@ -167,6 +171,9 @@ class Profile:
              "runs": self.runs}
         if self.uninformed:
             d["uninformed"] = list(self.uninformed)
+        if self.fragmentation_readings:
+            d["fragmentation_spread"] = {"sd": self.fragmentation_sd,
+                                         "readings": self.fragmentation_readings}
         if self.kernels or not self.planning:
             d.update(planning=self.planning, device=self.device, kernels=self.kernels)
         return d
@@ -394,10 +401,14 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         values["fragmentation"] = f
         stderr["fragmentation"] = (1.2533 * statistics.stdev(fs) / math.sqrt(len(fs))
                                    if len(fs) > 1 else None)
+        frag_sd = statistics.stdev(fs) if len(fs) > 1 else None
+    else:
+        fs, frag_sd = [], None
     prof = Profile(gpu, values, stderr, tuple(names), cov, sd, residual_dof=dof,
                    residual_sd_assumed=assumed,
                    prior_sd={nm: PRIOR_SD[nm] for nm in names} if prior else {},
-                   uninformed=uninformed)
+                   uninformed=uninformed, fragmentation_sd=frag_sd,
+                   fragmentation_readings=len(fs))
     prof.runs = [{"label": rr.label, "measured_s": rr.measured_s, "before_s": b, "after_s": a,
                   "memory_gib": rr.memory_gib, "memory_kind": rr.memory_kind,
                   "memory_stage": rr.memory_stage}
@@ -441,6 +452,47 @@ def no_interval_reason(prof: Profile) -> str | None:
     return (f"no prediction interval: {p} parameter{'s' * (p != 1)} fitted to {k} "
             f"run{'s' * (k != 1)} with no prior leave no spread and no error bars to judge "
             "them by; calibrate on more runs than parameters, or keep the prior")
+
+
+@dataclass
+class MemoryInterval:
+    """95% prediction interval of a plan's peak memory under a profile (GiB), and the first
+    stage whose interval reaches past its limit (None: every stage's stays under it)."""
+
+    peak_gib: float
+    low_gib: float | None
+    high_gib: float | None
+    may_not_fit_stage: int | None = None
+    none_because: str | None = None
+
+
+def memory_interval_gib(prof: Profile, est) -> MemoryInterval:
+    """The memory model's spread on the profile's own runs, carried to a plan: a reserved peak
+    is (1 + f) x the tensors counted, f fitted as the median of the runs' reading / tensors - 1
+    (`fit`), so a new run's f falls within q s sqrt(1 + pi / 2n) of it (s the readings' sample
+    sd, pi / 2n the variance of a median of n normal readings in units of s^2, q Student's t at
+    n - 1 degrees of freedom); each stage's total moves by that times its tensors. `est` is the
+    estimate under the profile (its fragmentation in the options)."""
+    peak = max(st.memory.total_gib for st in est.stages)
+    n = prof.fragmentation_readings
+    if "fragmentation" not in prof.values or not n:
+        return MemoryInterval(peak, None, None, none_because=(
+            "no memory interval: the profile was fitted on no reading of the allocator's "
+            "reserved peak"))
+    if prof.fragmentation_sd is None:
+        return MemoryInterval(peak, None, None, none_because=(
+            "no memory interval: one memory reading leaves no spread to judge the memory model "
+            "by; calibrate on two runs or more with memory readings"))
+    spread = t975(n - 1) * prof.fragmentation_sd * math.sqrt(1 + math.pi / (2 * n))
+    # one f for every stage, so the peak's interval is the largest of the stages' ends
+    lows, highs, stage = [], [], None
+    for st in est.stages:
+        tensors = st.memory.total_gib - st.memory.allowance_gib
+        lows.append(max(st.memory.total_gib - spread * tensors, 0.0))
+        highs.append(st.memory.total_gib + spread * tensors)
+        if stage is None and highs[-1] > st.limit_gib:
+            stage = st.stage
+    return MemoryInterval(peak, max(lows), max(highs), stage)
 
 
 # -- kernel readings (probe/gemm.py) ------------------------------------------------------------

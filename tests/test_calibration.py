@@ -1207,6 +1207,75 @@ def test_profile_fields_that_would_break_an_interval_are_refused(tmp_path, edit,
     assert e.value.field == field
 
 
+def _memory_runs(f_true: float, noise: float, seed: int, n: int, gbs_runs=None):
+    """`_runs` with a reserved-peak reading each: the largest stage's tensors x (1 + f_true +
+    noise x N(0, 1))."""
+    from model.estimator import estimate
+    rng = np.random.default_rng(seed)
+    runs = gbs_runs if gbs_runs is not None else _runs({}, 0.01, seed=seed, n=n)
+    for r in runs:
+        est = estimate(r.model, r.job, r.cluster, r.plan, r.options)
+        tensors = max(st.memory.total_gib - st.memory.allowance_gib for st in est.stages)
+        r.memory_gib = tensors * (1 + f_true + noise * rng.normal())
+        r.memory_kind = "reserved"
+    return runs
+
+
+def test_memory_interval_from_the_readings_spread(tmp_path):
+    """Six runs with reserved-peak readings (fragmentation 0.15, 3 points of noise): the
+    profile keeps their spread, plans under it get a 95% memory interval that holds new
+    readings of 12 other plans, a plan whose interval reaches past the GPU's memory is flagged,
+    and one reading gives no interval and says why (estimate and solve print both)."""
+    from model.calibration import memory_interval_gib
+    from model.estimator import estimate
+    runs = _memory_runs(0.15, 0.03, seed=11, n=6)
+    prof, _ = fit(runs, ("gemm_scale",), "A100-80GB")
+    assert prof.fragmentation_readings == 6 and 0.005 < prof.fragmentation_sd < 0.08
+    assert prof.values["fragmentation"] == pytest.approx(0.15, abs=0.05)
+    held = _runs({}, 0.0, seed=2, n=24)[12:]
+    rng = np.random.default_rng(12)
+    inside = 0
+    for r in held:
+        c, opts = apply_profile(prof, r.cluster, r.options)
+        est = estimate(r.model, r.job, c, r.plan, opts)
+        mi = memory_interval_gib(prof, est)
+        assert mi.low_gib < mi.peak_gib < mi.high_gib
+        big = max(est.stages, key=lambda st: st.memory.total_gib)
+        tensors = big.memory.total_gib - big.memory.allowance_gib
+        new = tensors * (1.15 + 0.03 * rng.normal()) + big.memory.context_gib
+        inside += mi.low_gib <= new <= mi.high_gib
+        # the same plan on GPUs whose memory ends inside the interval: flagged
+        tight = [dataclasses.replace(st, limit_gib=mi.high_gib - 0.01) for st in est.stages]
+        assert memory_interval_gib(prof, dataclasses.replace(est, stages=tuple(tight))
+                                   ).may_not_fit_stage is not None
+        assert mi.may_not_fit_stage is None or mi.high_gib > 80
+    assert inside >= 11
+    p = tmp_path / "mem.json"
+    save_profile(p, prof)
+    back = load_profile(p)
+    assert (back.fragmentation_sd, back.fragmentation_readings) == (
+        prof.fragmentation_sd, prof.fragmentation_readings)
+    res = CliRunner().invoke(app, ["estimate", "--calibration", str(p), "-m", "gpt-3.6b",
+                                   "--cluster", "example", "--gbs", "128", "--seq", "2048",
+                                   "--tp", "2", "--pp", "2", "--recompute", "full", "--json"])
+    assert res.exit_code == 0, res.output
+    mj = json.loads(res.output)["memory_interval_gib"]
+    assert mj["low"] < mj["peak"] < mj["high"] and mj["none_because"] is None
+    one, _ = fit(_memory_runs(0.15, 0.03, seed=11, n=1), ("gemm_scale",), "A100-80GB")
+    save_profile(p, one)
+    res = CliRunner().invoke(app, ["estimate", "--calibration", str(p), "-m", "gpt-3.6b",
+                                   "--cluster", "example", "--gbs", "128", "--seq", "2048",
+                                   "--tp", "2", "--pp", "2", "--recompute", "full"])
+    assert res.exit_code == 0, res.output
+    assert "no memory interval: one memory reading" in " ".join(res.output.split())
+    doc = json.loads(p.read_text())
+    doc["fragmentation_spread"] = {"sd": 0.02, "readings": 1}
+    p.write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as e:
+        load_profile(p)
+    assert e.value.field == "fragmentation_spread"
+
+
 def test_profile_file_round_trip_and_errors(tmp_path):
     runs = _runs({"gemm_scale": 0.9, "network_scale": 0.8}, 0.01, seed=3, n=4)
     prof, _ = fit(runs, ("gemm_scale",), "A100-80GB")

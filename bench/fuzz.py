@@ -309,6 +309,7 @@ _PROFILE: dict = {"kind": "pipette-calibration", "schema_version": 1, "gpu": "A1
                   "fitted": ["gemm_scale", "network_scale"],
                   "covariance": [[1e-4, 0.0], [0.0, 2.5e-3]],
                   "residual_sd_log": 0.02, "residual_dof": 3, "residual_sd_assumed": False,
+                  "fragmentation_spread": {"sd": 0.02, "readings": 3},
                   "prior_sd_log": {"gemm_scale": 0.15, "network_scale": 0.5},
                   "runs": [{"label": "a.log", "measured_s": 10.0, "before_s": 11.0,
                             "after_s": 10.1, "memory_gib": None, "memory_kind": None,

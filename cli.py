@@ -214,6 +214,9 @@ CpListOpt = Annotated[Optional[str], typer.Option(
 KvRotateListOpt = Annotated[Optional[str], typer.Option(
     "--kv-rotate", help="torchtitan with CP: its K/V rotation (context_parallel_rotate_method) "
     "to search, allgather, alltoall or both comma-separated \\[both].")]
+SafeMemoryOpt = Annotated[bool, typer.Option(
+    "--safe-memory", help="With --calibration fitted on 2+ memory readings: judge and report "
+    "memory at the top of its 95% interval, so a plan that fits fits there.")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     "--calibration", help="A calibration profile (`calibrate`): its fitted parameters replace "
     "the presets' for its GPU type, and estimates carry 95% prediction intervals.")]
@@ -316,16 +319,30 @@ def _options(blocking: bool):
     return Options(blocking_p2p=blocking)
 
 
-def _calibrated(c, opts, calibration: Path | None):
-    """(cluster, options, profile, what the plan file records) with the profile applied."""
+def _calibrated(c, opts, calibration: Path | None, safe_memory: bool = False):
+    """(cluster, options, profile, what the plan file records) with the profile applied;
+    `safe_memory`: memory at the top of the profile's 95% memory interval (its fragmentation
+    there), for every plan judged and reported."""
+    import dataclasses
+
+    from model.errors import SpecError
     if calibration is None:
+        if safe_memory:
+            raise SpecError("needs --calibration, a profile fitted on two or more memory "
+                            "readings", source="options", field="--safe-memory")
         return c, opts, None, None
     from formats.profile import load_profile
-    from model.calibration import apply_profile
+    from model.calibration import apply_profile, fragmentation_at_interval_top
     prof = load_profile(calibration)
     c2, o2 = apply_profile(prof, c, opts)
-    return c2, o2, prof, {"profile": str(calibration), "gpu": prof.gpu,
-                          "parameters": dict(prof.values)}
+    cal = {"profile": str(calibration), "gpu": prof.gpu, "parameters": dict(prof.values)}
+    if safe_memory:
+        f_top = fragmentation_at_interval_top(prof)
+        o2 = dataclasses.replace(o2, overheads=dataclasses.replace(o2.overheads,
+                                                                   fragmentation=f_top))
+        cal["safe_memory"] = {"fragmentation": f_top,
+                              "fitted_fragmentation": prof.values["fragmentation"]}
+    return c2, o2, prof, cal
 
 
 def _int_list(text: str | None, flag: str, allow_zero: bool = False
@@ -466,6 +483,8 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
             d["interval_s"] = _interval_json(interval, calibration["profile"])
         if mem_interval is not None:
             d["memory_interval_gib"] = _memory_json(mem_interval)
+        if calibration and calibration.get("safe_memory"):
+            d["safe_memory"] = calibration["safe_memory"]
         render.echo_json(d)
         return
     render.print_estimate(est, plan, c)
@@ -473,6 +492,8 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
         render.print_interval(interval, calibration["profile"])
     if mem_interval is not None:
         render.print_memory_interval(mem_interval, calibration["profile"])
+    if calibration and calibration.get("safe_memory"):
+        render.print_safe_memory(calibration)
     render.print_written(files, warnings)
 
 
@@ -485,10 +506,11 @@ def _interval(prof, m, job, c0, plan, opts0):
     return (*interval_s(prof, m, job, c0, plan, opts0), no_interval_reason(prof))
 
 
-def _memory_interval(prof, est):
+def _memory_interval(prof, est, cal):
     """The peak memory's 95% prediction interval under a calibration profile
-    (model.calibration.MemoryInterval), or None without a profile or a plan."""
-    if prof is None or est is None:
+    (model.calibration.MemoryInterval), or None without a profile or a plan, or where memory
+    is already at the interval's top (--safe-memory)."""
+    if prof is None or est is None or cal.get("safe_memory"):
         return None
     from model.calibration import memory_interval_gib
     return memory_interval_gib(prof, est)
@@ -549,6 +571,7 @@ def estimate(
     gantt: GanttOpt = None,
     placement_png: PlacementPngOpt = None,
     calibration: CalibrationOpt = None,
+    safe_memory: SafeMemoryOpt = False,
     force: ForceOpt = False,
     tokenizer: TokenizerOpt = None,
     framework_version: FwVersionOpt = None,
@@ -564,11 +587,11 @@ def estimate(
     check_outputs(**outputs, job_framework=None if plan_file is not None else framework.value)
     if plan_file is not None:  # inputs and decisions from a plan file
         m, job, c0, plan, opts0, _meta = _load_plan_only(ctx, plan_file)
-        c, opts, prof, cal = _calibrated(c0, opts0, calibration)
+        c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
         est = run_estimate(m, job, c, plan, opts)
         _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
                           interval=_interval(prof, m, job, c0, plan, opts0),
-                          mem_interval=_memory_interval(prof, est), **outputs)
+                          mem_interval=_memory_interval(prof, est, cal), **outputs)
         return
     _kv_rotate_check(kv_rotate, framework.value)
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
@@ -585,7 +608,7 @@ def estimate(
             raise SpecError("must be comma-separated integers, e.g. 20,20,20,20",
                             source="options", field="--layers") from None
     c0, opts0 = c, _options(blocking)
-    c, opts, prof, cal = _calibrated(c0, opts0, calibration)
+    c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp,
                      cp_alltoall=kv_rotate == KvRotate.alltoall, ep=ep, micro_batch=mbs,
                      schedule=schedule.value,
@@ -597,7 +620,7 @@ def estimate(
     est = run_estimate(m, job, c, plan, opts)
     _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
                       interval=_interval(prof, m, job, c0, plan, opts0),
-                      mem_interval=_memory_interval(prof, est), **outputs)
+                      mem_interval=_memory_interval(prof, est, cal), **outputs)
 
 
 @command()
@@ -801,6 +824,7 @@ def solve(
     gantt: GanttOpt = None,
     placement_png: PlacementPngOpt = None,
     calibration: CalibrationOpt = None,
+    safe_memory: SafeMemoryOpt = False,
     force: ForceOpt = False,
     tokenizer: TokenizerOpt = None,
     framework_version: FwVersionOpt = None,
@@ -824,7 +848,7 @@ def solve(
                          moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
                          framework_version=framework_version)
     opts0 = _options(blocking)
-    c, opts, prof, cal = _calibrated(c0, opts0, calibration)
+    c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     _kv_rotate_check(kv_rotate, framework.value)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate)
@@ -850,7 +874,7 @@ def solve(
                         "distributed optimizer, so its weights stay 16-bit (the flag applies to "
                         "plans with both)"]
     interval = _interval(prof, m, job, c0, res.plan, opts0)
-    mem_interval = _memory_interval(prof, res.estimate)
+    mem_interval = _memory_interval(prof, res.estimate, cal)
     toss, maybe = (res.toss_up(interval[2] * 1e3) if interval is not None
                    and interval[2] is not None else (None, None))
     if as_json:
@@ -861,6 +885,8 @@ def solve(
                                "toss_up_possible_with": maybe.describe if maybe else None}
         if mem_interval is not None:
             d["memory_interval_gib"] = _memory_json(mem_interval)
+        if cal and cal.get("safe_memory"):
+            d["safe_memory"] = cal["safe_memory"]
         render.echo_json(d)
         return
     render.print_solve(res, c)
@@ -869,6 +895,8 @@ def solve(
         render.print_toss_up(toss, maybe)
     if mem_interval is not None:
         render.print_memory_interval(mem_interval, cal["profile"])
+    if cal and cal.get("safe_memory"):
+        render.print_safe_memory(cal)
     render.print_written(files, warnings)
 
 

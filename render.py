@@ -147,6 +147,13 @@ def print_memory_interval(mi, profile: str) -> None:
                   "95% memory interval reaches past its GPU's memory", highlight=False)
 
 
+def print_safe_memory(cal: dict) -> None:
+    sm = cal["safe_memory"]
+    console().print(f"calibrated ({cal['profile']}): memory judged at the top of its 95% "
+                    f"interval (fragmentation {sm['fragmentation']:.3f}; fitted "
+                    f"{sm['fitted_fragmentation']:.3f})", highlight=False)
+
+
 def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict:
     """What calibrate read from one log (paired with a plan of this global batch; `plan_read`:
     the plan read from its printed arguments, None when a plan file was given): its

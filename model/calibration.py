@@ -483,7 +483,7 @@ def memory_interval_gib(prof: Profile, est) -> MemoryInterval:
         return MemoryInterval(peak, None, None, none_because=(
             "no memory interval: one memory reading leaves no spread to judge the memory model "
             "by; calibrate on two runs or more with memory readings"))
-    spread = t975(n - 1) * prof.fragmentation_sd * math.sqrt(1 + math.pi / (2 * n))
+    spread = fragmentation_at_interval_top(prof) - prof.values["fragmentation"]
     # one f for every stage, so the peak's interval is the largest of the stages' ends
     lows, highs, stage = [], [], None
     for st in est.stages:
@@ -493,6 +493,19 @@ def memory_interval_gib(prof: Profile, est) -> MemoryInterval:
         if stage is None and highs[-1] > st.limit_gib:
             stage = st.stage
     return MemoryInterval(peak, max(lows), max(highs), stage)
+
+
+def fragmentation_at_interval_top(prof: Profile) -> float:
+    """The fragmentation at the top of the memory interval (`memory_interval_gib`): a plan
+    whose memory fits with it fits at the 95% interval's top. SpecError where the profile has
+    no spread of memory readings."""
+    n = prof.fragmentation_readings
+    if "fragmentation" not in prof.values or not n or prof.fragmentation_sd is None:
+        raise SpecError("needs a calibration profile fitted on two or more memory readings of "
+                        "the reserved peak (its fragmentation_spread)", source="options",
+                        field="--safe-memory")
+    return prof.values["fragmentation"] + t975(n - 1) * prof.fragmentation_sd * math.sqrt(
+        1 + math.pi / (2 * n))
 
 
 # -- kernel readings (probe/gemm.py) ------------------------------------------------------------

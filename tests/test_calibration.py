@@ -1276,6 +1276,47 @@ def test_memory_interval_from_the_readings_spread(tmp_path):
     assert e.value.field == "fragmentation_spread"
 
 
+def test_safe_memory_judges_at_the_interval_top(tmp_path):
+    """--safe-memory: memory is the top of the profile's 95% memory interval, the same number
+    the interval gives (one memory model), solve chooses and records by it, and without a
+    profile with a spread of memory readings it is one line naming the option."""
+    prof, _ = fit(_memory_runs(0.15, 0.03, seed=11, n=6), ("gemm_scale",), "A100-80GB")
+    p = tmp_path / "mem.json"
+    save_profile(p, prof)
+    args = ["estimate", "--calibration", str(p), "-m", "gpt-3.6b", "--cluster", "example",
+            "--gbs", "128", "--seq", "2048", "--tp", "2", "--pp", "2", "--recompute", "full",
+            "--json"]
+    runner = CliRunner()
+    point = json.loads(runner.invoke(app, args).output)
+    safe = json.loads(runner.invoke(app, [*args, "--safe-memory"]).output)
+    assert safe["estimate"]["peak_memory_gib"] == pytest.approx(
+        point["memory_interval_gib"]["high"], rel=1e-9)
+    assert safe["safe_memory"]["fragmentation"] > safe["safe_memory"]["fitted_fragmentation"]
+    assert "memory_interval_gib" not in safe
+    assert safe["estimate"]["iteration_ms"] == pytest.approx(point["estimate"]["iteration_ms"],
+                                                             rel=1e-12)
+    plan = tmp_path / "plan.json"
+    from formats.clusters import cluster_to_toml
+    (tmp_path / "c.toml").write_text(cluster_to_toml(uniform_cluster(2, 4, "A100-80GB", 240.0,
+                                                                     25.0)))
+    res = runner.invoke(app, ["solve", "--calibration", str(p), "--safe-memory", "-m",
+                              "gpt-3.6b", "--cluster", str(tmp_path / "c.toml"), "--gbs", "32",
+                              "--seq", "2048", "--time-limit", "30", "--json", "--save-plan",
+                              str(plan)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(plan.read_text())
+    assert doc["calibration"]["safe_memory"] == safe["safe_memory"]
+    res = runner.invoke(app, ["estimate", "--plan", str(plan), "--json"])
+    assert json.loads(res.output)["estimate"]["peak_memory_gib"] == pytest.approx(
+        doc["estimate"]["peak_memory_gib"], rel=1e-9)
+    res = runner.invoke(app, [*args[:1], *args[3:], "--safe-memory"])
+    assert res.exit_code == 2 and "--safe-memory" in res.output
+    one, _ = fit(_memory_runs(0.15, 0.03, seed=11, n=1), ("gemm_scale",), "A100-80GB")
+    save_profile(p, one)
+    res = runner.invoke(app, [*args, "--safe-memory"])
+    assert res.exit_code == 2 and "--safe-memory" in res.output and "Traceback" not in res.output
+
+
 def test_profile_file_round_trip_and_errors(tmp_path):
     runs = _runs({"gemm_scale": 0.9, "network_scale": 0.8}, 0.01, seed=3, n=4)
     prof, _ = fit(runs, ("gemm_scale",), "A100-80GB")

@@ -8,8 +8,10 @@ k runs (seeded, `--draws` times), fit the named parameters on them (model/calibr
 same fit as `python cli.py calibrate`, with the published times as the measurements; `--no-prior`
 drops its prior), and
 predict the group's other runs. Prints per group the median |time error| of the held-out runs
-before (presets) and after, the median over the draws, and the fitted values of the first
-draw. The issue's goal: after, at most 5% for every group with 5+ runs.
+before (presets) and after, the median over the draws, the share of held-out runs inside the
+fit's 95% prediction interval (over all draws) and the intervals' median width (high / low -
+1), and the fitted values of the first draw. The issue's goal: after, at most 5% for every
+group with 5+ runs.
 
 `--bloom-heldout` also judges each BLOOM draw's fit on the 83 held-out BLOOM iteration times
 whose head dimension is a multiple of 8 (data/published_bloom_time_heldout.json; the other 14 run
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from formats.published import (_skip_reason, bloom_heldout_inputs, load_runs,  # noqa: E402
                                 run_to_inputs)
-from model.calibration import TIME_PARAMETERS, Run, _predict, fit  # noqa: E402
+from model.calibration import TIME_PARAMETERS, Run, _predict, fit, interval_s  # noqa: E402
 from model.compute import head_dim_aligned  # noqa: E402
 from model.specs import Options  # noqa: E402
 
@@ -131,8 +133,8 @@ def main() -> None:
     names = tuple(args.fit.split(","))
     print(f"calibrate on {args.k} runs of a group ({', '.join(names)}), predict the others; "
           f"{args.draws} seeded draws, {'no prior' if args.no_prior else 'with the prior'}\n")
-    print(f"{'group':<34} {'runs':>4} {'before':>8} {'after':>8} {'after range':>16}  "
-          f"fitted (first draw)")
+    print(f"{'group':<34} {'runs':>4} {'before':>8} {'after':>8} {'after range':>16} "
+          f"{'in 95%':>7} {'width':>7}  fitted (first draw)")
     for g, runs in sorted(group_runs().items()):
         if args.refit_presets and not g.startswith("torchtitan"):
             params = refit_without(g)
@@ -140,6 +142,8 @@ def main() -> None:
             print(f"{'':<34} A100 curve refitted without this group: {_show(params)}")
         gpu = runs[0].cluster.nodes[0].gpu.name
         befores, afters, first, held_after = [], [], None, []
+        inside = judged = 0
+        widths = []
         for d in range(args.draws):
             rng = np.random.default_rng(d)
             pick = set(rng.choice(len(runs), size=args.k, replace=False).tolist())
@@ -152,12 +156,21 @@ def main() -> None:
                                              for r in test))
             afters.append(statistics.median(abs(_predict(r, prof.values, gpu) / r.measured_s
                                                 - 1) for r in test))
+            # the fit's 95% prediction intervals on the runs it did not see
+            for r in test:
+                _t, lo, hi = interval_s(prof, r.model, r.job, r.cluster, r.plan, r.options)
+                if lo is not None:
+                    judged += 1
+                    inside += lo <= r.measured_s <= hi
+                    widths.append(hi / lo - 1)
             if held and g.startswith("bloom_prequel"):
                 held_after.append(_median_err(held, prof.values, gpu))
         fitted = ", ".join(f"{k}={v:.3f}" for k, v in first.values.items())
+        cover = f"{100 * inside / judged:6.0f}%" if judged else f"{'-':>7}"
+        width = f"{100 * statistics.median(widths):6.0f}%" if widths else f"{'-':>7}"
         print(f"{g:<34} {len(runs):4d} {100 * statistics.median(befores):7.1f}% "
               f"{100 * statistics.median(afters):7.1f}% "
-              f"{100 * min(afters):7.1f}-{100 * max(afters):5.1f}%  {fitted}")
+              f"{100 * min(afters):7.1f}-{100 * max(afters):5.1f}% {cover} {width}  {fitted}")
         if held_after:
             print(f"{'':<34} held out, {len(held)} BLOOM iteration times: "
                   f"{100 * _median_err(held, {}, gpu):.1f}% before, "

@@ -237,8 +237,13 @@ def print_calibration(prof, out, readings=()) -> None:
                   "the standard errors are the prior's and these runs' together",
                   highlight=False)
     else:
-        con.print(f"residual sd of log time: {100 * sd:.1f}% ({prof.residual_dof} degrees of "
-                  "freedom)", highlight=False)
+        con.print(f"residual sd of log time: {100 * sd:.1f}% ({prof.residual_dof} degree"
+                  f"{'s' * (prof.residual_dof != 1)} of freedom)", highlight=False)
+        if prof.residual_dof is not None and prof.residual_dof <= 2:
+            from model.calibration import t975
+            con.print(f"  so few that the 95% intervals span +-{t975(prof.residual_dof):.1f} "
+                      "sd: add runs, or fit fewer parameters (--fit gemm_scale)",
+                      highlight=False)
     n = prof.fragmentation_readings
     if n:
         con.print(f"memory: {n} reading{'s' * (n != 1)} of the reserved peak; "

@@ -29,7 +29,7 @@ from model.cluster import (INTRA_LATENCY_US, MAX_GPUS_PER_NODE, MAX_NODES, Clust
 from model.errors import SpecError
 
 from . import presets
-from .reading import read_text
+from .reading import finite_number as _number, read_text
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
@@ -42,17 +42,6 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not valid TOML ({e})", source=src) from None
     return cluster_from_dict(raw, src)
-
-
-def _number(v, src: str, fld: str, what: str) -> float:
-    """A finite number (not a bool), or one line naming the field."""
-    try:
-        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and np.isfinite(float(v))
-    except OverflowError:  # an integer beyond any float
-        ok = False
-    if not ok:
-        raise SpecError(f"must be {what}, got {str(v)[:40]}", source=src, field=fld)
-    return float(v)
 
 
 def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:

@@ -4,7 +4,6 @@ clear error per problem. Schema in the README ("Calibration profiles")."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import numpy as np
 from model.calibration import (FRAGMENTATION_BOUNDS, KIND, SCHEMA_VERSION, TIME_PARAMETERS,
                                Profile)
 from model.errors import SpecError
-from .reading import read_text
+from .reading import finite_number, read_text
 
 
 def save_profile(path, prof: Profile) -> None:
@@ -27,8 +26,14 @@ def save_profile(path, prof: Profile) -> None:
     write_atomic(Path(path), text, field="--out")
 
 
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _optional_at_least_0(v, src: str, fld: str, what: str) -> float | None:
+    """None, or a finite number >= 0 (one line naming the field otherwise)."""
+    if v is None:
+        return None
+    x = finite_number(v, src, fld, what)
+    if x < 0:
+        raise SpecError(f"must be {what}, got {x}", source=src, field=fld)
+    return x
 
 
 def _covariance(cov, p: int, src: str) -> list:
@@ -37,10 +42,12 @@ def _covariance(cov, p: int, src: str) -> list:
     if not cov:
         return []
     if (not isinstance(cov, list) or len(cov) != p
-            or any(not isinstance(r, list) or len(r) != p for r in cov)
-            or not all(_number(x) and math.isfinite(x) for r in cov for x in r)):
+            or any(not isinstance(r, list) or len(r) != p for r in cov)):
         raise SpecError("must be a square matrix of numbers over the fitted parameters",
                         source=src, field="covariance")
+    for r in cov:
+        for x in r:
+            finite_number(x, src, "covariance", "a square matrix of finite numbers")
     C = np.array(cov, dtype=float)
     scale = max(float(np.max(np.abs(C))), 1e-300)
     if (not np.allclose(C, C.T, rtol=1e-6, atol=1e-12 * scale)
@@ -85,11 +92,8 @@ def load_profile(path) -> Profile:
             raise SpecError(f"value must be a number in [{lo}, {hi}]", source=src,
                             field=f"parameters.{k}.value")
         values[k] = float(val)
-        err = v.get("stderr")
-        if err is not None and not (_number(err) and 0 <= err < math.inf):
-            raise SpecError("must be a standard error (a number, 0 or more) or null",
-                            source=src, field=f"parameters.{k}.stderr")
-        stderr[k] = err
+        stderr[k] = _optional_at_least_0(v.get("stderr"), src, f"parameters.{k}.stderr",
+                                         "a standard error (a number, 0 or more) or null")
     fitted = d.get("fitted") or []
     if (not isinstance(fitted, list) or not all(isinstance(x, str) for x in fitted)
             or len(set(fitted)) != len(fitted)
@@ -107,11 +111,10 @@ def load_profile(path) -> Profile:
     if not isinstance(runs, list):
         raise SpecError("must be the list of runs the profile was fitted on", source=src,
                         field="runs")
-    sd = d.get("residual_sd_log")
-    if sd is not None and (not isinstance(sd, (int, float)) or isinstance(sd, bool) or
-                           not 0 <= sd < 10):
-        raise SpecError("must be a standard deviation of log time (a number from 0 to 10) "
-                        "or null", source=src, field="residual_sd_log")
+    what = "a standard deviation of log time (a number from 0 to 10) or null"
+    sd = _optional_at_least_0(d.get("residual_sd_log"), src, "residual_sd_log", what)
+    if sd is not None and sd >= 10:
+        raise SpecError(f"must be {what}, got {sd}", source=src, field="residual_sd_log")
     dof = d.get("residual_dof")
     if dof is not None and (not isinstance(dof, int) or isinstance(dof, bool) or dof < 1):
         raise SpecError("must be the residual spread's degrees of freedom (runs less fitted "
@@ -120,13 +123,13 @@ def load_profile(path) -> Profile:
     if not isinstance(assumed, bool):
         raise SpecError("must be true or false", source=src, field="residual_sd_assumed")
     spread = d.get("fragmentation_spread") or {}
-    f_sd, f_n = (spread.get("sd"), spread.get("readings", 0)) if isinstance(
-        spread, dict) else (None, -1)
-    if (f_sd is not None and not (_number(f_sd) and 0 <= f_sd < math.inf)) or not (
-            isinstance(f_n, int) and not isinstance(f_n, bool) and f_n >= 0) or (
-            f_sd is not None and f_n < 2):
-        raise SpecError("must be {sd: the readings' sample sd (null below 2 readings), "
-                        "readings: how many}", source=src, field="fragmentation_spread")
+    what = ("{sd: the readings' sample sd (null below 2 readings), readings: how many}")
+    f_n = spread.get("readings", 0) if isinstance(spread, dict) else -1
+    if not (isinstance(f_n, int) and not isinstance(f_n, bool) and f_n >= 0):
+        raise SpecError(f"must be {what}", source=src, field="fragmentation_spread")
+    f_sd = _optional_at_least_0(spread.get("sd"), src, "fragmentation_spread", what)
+    if f_sd is not None and f_n < 2:
+        raise SpecError(f"must be {what}", source=src, field="fragmentation_spread")
     return Profile(d["gpu"], values, stderr, names, cov, sd,
                    runs, src, residual_dof=dof, residual_sd_assumed=assumed,
                    fragmentation_sd=f_sd, fragmentation_readings=f_n,

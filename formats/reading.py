@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import os
 import stat
 import zlib
@@ -148,3 +149,15 @@ class FieldReader:
         named = e.field and (e.field == prefix or e.field.startswith(prefix + "."))
         fld = e.field if named else (f"{prefix}.{e.field}" if e.field else prefix)
         return SpecError(e.problem, source=self.src, field=fld)
+
+
+def finite_number(v, src: str, fld: str, what: str) -> float:
+    """A finite number (not a bool; an integer beyond any float is not), or one line naming
+    the field: "must be {what}"."""
+    try:
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    except OverflowError:  # an integer beyond any float
+        ok = False
+    if not ok:
+        raise SpecError(f"must be {what}, got {str(v)[:40]}", source=src, field=fld)
+    return float(v)

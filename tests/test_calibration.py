@@ -1189,6 +1189,10 @@ def test_no_more_runs_than_parameters(tmp_path):
     (lambda d: d.update(runs=3), "runs"),
     (lambda d: d.update(residual_sd_log=float("nan")), "residual_sd_log"),
     (lambda d: d.update(residual_sd_assumed="yes"), "residual_sd_assumed"),
+    # an integer beyond any float (JSON allows it) is a number no interval can use
+    (lambda d: d.update(covariance=[[10 ** 400, 0.0], [0.0, 2e-3]]), "covariance"),
+    (lambda d: d["parameters"]["gemm_scale"].update(stderr=10 ** 400),
+     "parameters.gemm_scale.stderr"),
 ])
 def test_profile_fields_that_would_break_an_interval_are_refused(tmp_path, edit, field):
     """What estimate and solve compute an interval from is checked when the profile is read:

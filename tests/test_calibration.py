@@ -37,6 +37,8 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
     ("nemo1_delta", "nemo", 43.284, 7.83e10 / 2 ** 30),
     # the same run shown by NeMo 2's ProgressPrinter: its '| metric: value' line, memory bytes
     ("nemo2_printer", "nemo", 43.28, 78299996160 / 2 ** 30),
+    # ... and by NeMo 2's MegatronProgressBar: one refresh per step, a step late, 3 digits
+    ("nemo2_bar", "nemo", 43.1, 7.83e10 / 2 ** 30),
     ("deepspeed", "deepspeed", 256 / 5.86, 61.4),
     # its pipeline engine's 'iter time (s)' read over the ThroughputTimer's lines of the steps
     ("deepspeed_pipe", "deepspeed", 43.51, 61.4),

@@ -39,8 +39,14 @@ iteration N/M | metric: value | ...' every step, the timing from NeMo's TimingCa
 step count it reads from NeMo's MegatronStrategy (current_epoch_step, the optimizer steps
 completed) is set on Lightning's plain strategy by a stand-in callback.
 
-usage: python run_nemo1_log.py NEMO_DIR [--delta | --nemo2 MEGATRON_LM_DIR] [--emitted DIR
---vocab N] > OUT.log (what the bar and NeMo's logger print goes to stdout)
+With `--nemo2-bar` the progress shows through NeMo 2's MegatronProgressBar instead
+(nemo/lightning/pytorch/callbacks/progress_bar.py, run from its file), the TQDM bar NeMo 2's
+trainer shows when the progress printer is not chosen: one refresh per step at the strategy's
+step count, with the postfix set after the refresh (refresh=False), so each line carries the
+previous step's metrics.
+
+usage: python run_nemo1_log.py NEMO_DIR [--delta | --nemo2 MEGATRON_LM_DIR | --nemo2-bar]
+[--emitted DIR --vocab N] > OUT.log (what the bar and NeMo's logger print goes to stdout)
 """
 
 import ast
@@ -118,8 +124,17 @@ def progress_printer(nemo: Path, megatron: Path):
     return ns["ProgressPrinter"]
 
 
+def megatron_progress_bar(nemo: Path):
+    """NeMo 2's MegatronProgressBar, its module run from its file (it imports Lightning
+    only)."""
+    import runpy
+
+    ns = runpy.run_path(str(nemo / "nemo/lightning/pytorch/callbacks/progress_bar.py"))
+    return ns["MegatronProgressBar"]
+
+
 def main(nemo: Path, delta: bool, emitted: Path | None = None, vocab: int = 0,
-         nemo2: Path | None = None) -> None:
+         nemo2: Path | None = None, nemo2_bar: bool = False) -> None:
     sys.path.insert(0, str(nemo))
     if emitted is not None:
         log_configuration(nemo, emitted, vocab)
@@ -170,7 +185,7 @@ def main(nemo: Path, delta: bool, emitted: Path | None = None, vocab: int = 0,
     # exp_manager inserts the timing callback first (trainer.callbacks.insert(0, ...))
     timing = exp_manager.DeltaTimingCallback() if delta else exp_manager.TimingCallback()
     callbacks = [timing]
-    if nemo2 is not None:
+    if nemo2 is not None or nemo2_bar:
 
         class StrategyStep(pl.Callback):
             """Stand-in: MegatronStrategy.current_epoch_step, the optimizer steps completed."""
@@ -179,7 +194,8 @@ def main(nemo: Path, delta: bool, emitted: Path | None = None, vocab: int = 0,
                 trainer.strategy.current_epoch_step = trainer.fit_loop.epoch_loop.\
                     automatic_optimization.optim_progress.optimizer.step.current.completed
 
-        callbacks += [StrategyStep(), progress_printer(nemo, nemo2)(log_interval=1)]
+        callbacks += [StrategyStep(), megatron_progress_bar(nemo)() if nemo2_bar else
+                      progress_printer(nemo, nemo2)(log_interval=1)]
     else:
         callbacks.append(custom_progress_bar(nemo)())
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
@@ -193,4 +209,5 @@ if __name__ == "__main__":
     where = Path(args[args.index("--emitted") + 1]) if "--emitted" in args else None
     main(Path(sys.argv[1]), "--delta" in args, where,
          int(args[args.index("--vocab") + 1]) if "--vocab" in args else 0,
-         Path(args[args.index("--nemo2") + 1]) if "--nemo2" in args else None)
+         Path(args[args.index("--nemo2") + 1]) if "--nemo2" in args else None,
+         "--nemo2-bar" in args)

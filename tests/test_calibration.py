@@ -29,6 +29,8 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
 @pytest.mark.parametrize("name,framework,median_s,mem", [
     ("megatron", "megatron", 43.48, 75.0),       # max reserved over ranks, MB / 1024
     ("torchtitan", "torchtitan", 256 * 4096 / (6005.5 * 128), 61.27),
+    # printed by torchtitan v0.2.2's own MetricsProcessor.log under torchrun (run_torchtitan_log)
+    ("torchtitan_metrics", "torchtitan", 256 * 4096 / (6059 * 128), 61.27),
     ("nemo", "nemo", 43.52, None),
     # NeMo 1.x's TQDM bar (bench/upstream/run_nemo1_log.py): each step's last refresh, by
     # the bar's count; max_memory_reserved in bytes, 3 significant digits

@@ -479,22 +479,35 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     warnings = [*shape_warnings(m, job, plan.shape), *warnings]
     if as_json:
         d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
-        if interval is not None:
-            d["interval_s"] = _interval_json(interval, calibration["profile"])
-        if mem_interval is not None:
-            d["memory_interval_gib"] = _memory_json(mem_interval)
-        if calibration and calibration.get("safe_memory"):
-            d["safe_memory"] = calibration["safe_memory"]
-        render.echo_json(d)
+        render.echo_json(_with_calibration(d, calibration, interval, mem_interval))
         return
     render.print_estimate(est, plan, c)
-    if interval is not None:
-        render.print_interval(interval, calibration["profile"])
-    if mem_interval is not None:
-        render.print_memory_interval(mem_interval, calibration["profile"])
-    if calibration and calibration.get("safe_memory"):
-        render.print_safe_memory(calibration)
+    _print_calibration(calibration, interval, mem_interval)
     render.print_written(files, warnings)
+
+
+def _with_calibration(d: dict, cal, interval, mem_interval, **about_interval) -> dict:
+    """`d` (--json) with what a calibration profile adds: the time and memory intervals
+    (`about_interval`: more keys for the time interval) and --safe-memory's fragmentation."""
+    if interval is not None:
+        d["interval_s"] = {**_interval_json(interval, cal["profile"]), **about_interval}
+    if mem_interval is not None:
+        d["memory_interval_gib"] = _memory_json(mem_interval)
+    if cal and cal.get("safe_memory"):
+        d["safe_memory"] = cal["safe_memory"]
+    return d
+
+
+def _print_calibration(cal, interval, mem_interval, toss_up=None) -> None:
+    """What a calibration profile adds to the terminal output (`toss_up`: solve's pair)."""
+    if interval is not None:
+        render.print_interval(interval, cal["profile"])
+        if toss_up is not None:
+            render.print_toss_up(*toss_up)
+    if mem_interval is not None:
+        render.print_memory_interval(mem_interval, cal["profile"])
+    if cal and cal.get("safe_memory"):
+        render.print_safe_memory(cal)
 
 
 def _interval(prof, m, job, c0, plan, opts0):
@@ -879,24 +892,12 @@ def solve(
                    and interval[2] is not None else (None, None))
     if as_json:
         d = render.solve_json(res, m, c, files, warnings, space)
-        if interval is not None:
-            d["interval_s"] = {**_interval_json(interval, cal["profile"]),
-                               "toss_up_with": toss.describe if toss else None,
-                               "toss_up_possible_with": maybe.describe if maybe else None}
-        if mem_interval is not None:
-            d["memory_interval_gib"] = _memory_json(mem_interval)
-        if cal and cal.get("safe_memory"):
-            d["safe_memory"] = cal["safe_memory"]
-        render.echo_json(d)
+        render.echo_json(_with_calibration(
+            d, cal, interval, mem_interval, toss_up_with=toss.describe if toss else None,
+            toss_up_possible_with=maybe.describe if maybe else None))
         return
     render.print_solve(res, c)
-    if interval is not None:
-        render.print_interval(interval, cal["profile"])
-        render.print_toss_up(toss, maybe)
-    if mem_interval is not None:
-        render.print_memory_interval(mem_interval, cal["profile"])
-    if cal and cal.get("safe_memory"):
-        render.print_safe_memory(cal)
+    _print_calibration(cal, interval, mem_interval, toss_up=(toss, maybe))
     render.print_written(files, warnings)
 
 

@@ -59,9 +59,13 @@ def gpu(name: str) -> GPUSpec:
 def model(name_or_path: str) -> ModelSpec:
     """A model preset by name, or a Hugging Face `config.json` (or a folder holding one)."""
     p = Path(name_or_path)
-    if p.is_dir():
-        p = p / "config.json"
-    if p.suffix == ".json" and p.exists():
+    try:
+        if p.is_dir():
+            p = p / "config.json"
+        found = p.suffix == ".json" and p.exists()
+    except OSError:  # not a path this system can look up (a name too long, say): a name
+        found = False
+    if found:
         return load_hf_config(p)
     if p.suffix == ".json":
         raise SpecError(f"file not found: {p}", field="model")

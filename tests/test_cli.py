@@ -48,6 +48,9 @@ def test_fp8_mfu_says_which_peak():
 
 @pytest.mark.parametrize("args,needle", [
     (["--model", "nope"], "unknown model 'nope'; known:"),
+    # a name longer than any path the system can look up (the fuzz's sweep family, seed 14)
+    (["--model", "y" * 300], "unknown model 'yyy"),
+    (["--model", "y" * 300 + ".json"], "file not found"),
     (["--cluster", "nope"], "unknown cluster 'nope'"),
     (["--tp", "3"], "does not divide"),
     (["--tp", "8", "--pp", "4", "--dp", "3"], "TP x PP x DP"),

@@ -66,14 +66,19 @@ def _n(job, shape) -> int:
     return layers * (job.global_batch // (shape.dp * shape.micro_batch))
 
 
-def bloom_rows():
-    rows = []
+def bloom_runs():
+    """(reference run, published seconds) for every BLOOM run with a time that ran."""
     for r in load_runs():
         if _skip_reason(r) or r.get("oom") or not r["source_group"].startswith("bloom"):
             continue
         pub = r.get("iteration_time_s") or r.get("iteration_time_s_derived")
-        if pub is None:
-            continue
+        if pub is not None:
+            yield r, float(pub)
+
+
+def bloom_rows():
+    rows = []
+    for r, pub in bloom_runs():
         model, job, cluster, plan, _notes = run_to_inputs(r)
         sh = plan.shape
         est = estimate(model, job, cluster, plan)
@@ -255,18 +260,15 @@ def measured_network() -> None:
           f"{GPUS_PER_NODE} GPUs = {stream:.2f} GB/s per GPU stream, {stream / assumed:.2f} x "
           f"the {assumed} GB/s the reference runs are given")
     saved = dict(pub.NETWORKS_GB_PER_S)
-    rows = [r for r in load_runs() if not _skip_reason(r) and not r.get("oom")
-            and r["source_group"].startswith("bloom")
-            and (r.get("iteration_time_s") or r.get("iteration_time_s_derived"))]
+    rows = list(bloom_runs())
     try:
         for bw in (assumed, stream):
             pub.NETWORKS_GB_PER_S["bloom"] = (bw, saved["bloom"][1])
             errs = []
-            for r in rows:
+            for r, pub_s in rows:
                 model, job, cluster, plan, _ = run_to_inputs(r)
                 t = estimate(model, job, cluster, plan).iteration_ms / 1e3
-                pub_s = r.get("iteration_time_s") or r.get("iteration_time_s_derived")
-                errs.append(t / float(pub_s) - 1)
+                errs.append(t / pub_s - 1)
             med = statistics.median(map(abs, errs))
             print(f"  {bw:5.2f} GB/s: median |error| {100 * med:4.1f}%, signed median "
                   f"{100 * statistics.median(errs):+5.1f}%, per run "

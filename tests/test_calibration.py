@@ -28,6 +28,8 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 @pytest.mark.parametrize("name,framework,median_s,mem", [
     ("megatron", "megatron", 43.48, 75.0),       # max reserved over ranks, MB / 1024
+    # printed by Megatron-LM d98e8a6's own training loop functions (run_megatron_log.py)
+    ("megatron_train", "megatron", 43.6229, 74650 / 1024),
     ("torchtitan", "torchtitan", 256 * 4096 / (6005.5 * 128), 61.27),
     # printed by torchtitan v0.2.2's own MetricsProcessor.log under torchrun (run_torchtitan_log)
     ("torchtitan_metrics", "torchtitan", 256 * 4096 / (6059 * 128), 61.27),
@@ -590,6 +592,39 @@ def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):
                  ["calibrate", str(log), "--plan", str(out), "--hostfile", str(hosts)]):
         res = runner.invoke(app, args)
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_megatron_log_as_megatron_prints_it(tmp_path):
+    """A Megatron-LM log printed by Megatron-LM's own code (megatron_train.log, from the launch
+    set emitted for the 70B plan; fixtures/logs/README.md): its arguments block (parse_args),
+    its logger's padded-vocabulary line, its iteration lines, its theoretical and measured
+    memory lines. Its first line (iteration 1, at start-up) does not reset Megatron's timer,
+    so iteration 2 prints the mean of steps 1 and 2: both are among the warm-up readings
+    skipped. Alone with the cluster, the log gives the plan it was emitted for, and calibrate
+    predicts it as `estimate` predicts that plan."""
+    from formats.clusters import cluster as load_cluster
+    from formats.megatron_args import plan_from_megatron_args
+    from model.estimator import estimate
+
+    log = LOGS / "megatron_train.log"
+    r = read_log(log)
+    assert r.padded_vocab == 32000 and r.processes == 1 and r.memory_kind == "reserved"
+    assert len(r.values) == 12 - WARMUP_READINGS and min(r.values) > 43.4
+    text = log.read_text()
+    assert "elapsed time per iteration (ms): 52208.6" in text  # (61.2 + 43.2) / 2: skipped
+    ex = load_cluster("example")
+    m, job, plan = plan_from_megatron_args(r.megatron_args[-1], ex, source="t",
+                                           vocab=r.padded_vocab)
+    l70 = presets.model("llama2-70b")
+    emitted = make_plan(l70, JobSpec(global_batch=256, seq_length=4096), ex, tp=8, pp=4,
+                        recompute="selective", zero=1)
+    assert plan.shape == emitted.shape
+    res = CliRunner().invoke(app, ["calibrate", str(log), "--cluster", "example", "--json",
+                                   "--fit", "gemm_scale", "--out", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)["runs"][0]
+    assert got["before_s"] == pytest.approx(
+        estimate(l70, JobSpec(global_batch=256, seq_length=4096), ex, emitted).iteration_ms / 1e3)
 
 
 def test_hostfile_order_and_option_counts(tmp_path):

@@ -48,6 +48,8 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
     ("deepspeed_pipe", "deepspeed", 43.51, 61.4),
     # Megatron-Bridge: Megatron's iteration line, memory in GB (10^9 bytes) by named key
     ("megatron_bridge", "megatron", 43.48, 80.531e9 / 2 ** 30),
+    # printed by Megatron-Bridge 067f987's own training_log (run_bridge_log.py)
+    ("megatron_bridge_train", "megatron", 43.6229, 80.531e9 / 2 ** 30),
 ])
 def test_readers_on_each_frameworks_format(name, framework, median_s, mem):
     """Warm-up readings are skipped; the median of the rest is the iteration time for the
@@ -97,6 +99,34 @@ def test_bridge_configuration_summary_is_checked_against_the_plan(tmp_path):
     res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--run-config",
                               str(LOGS / "bridge_run_config_70b.yaml"), "--out", str(out)])
     assert res.exit_code == 0, res.output
+
+
+def test_bridge_log_as_bridge_prints_it(tmp_path):
+    """A Megatron-Bridge log printed by Bridge's own code (megatron_bridge_train.log, from the
+    recipe emitted for the 70B plan; fixtures/logs/README.md): its configuration summary, its
+    'Step Time' and iteration lines, its memory lines in GB. Unlike Megatron-LM's, its first
+    log resets the timer: iteration 2 prints step 2 alone. Paired with the plan it was emitted
+    for, calibrate takes it; with a plan of another TP, the summary tells them apart."""
+    from formats.clusters import cluster as load_cluster
+    from model.estimator import estimate
+
+    log = LOGS / "megatron_bridge_train.log"
+    r = read_log(log)
+    assert len(r.bridge_summaries) == 1 and r.padded_vocab == 32000
+    assert r.memory_kind == "reserved" and len(r.values) == 12 - WARMUP_READINGS
+    assert "elapsed time per iteration (ms): 43217.1" in log.read_text()
+    ex = load_cluster("example")
+    l70 = presets.model("llama2-70b")
+    job = JobSpec(global_batch=256, seq_length=4096)
+    runner = CliRunner()
+    for tp, code in ((8, 0), (4, 2)):
+        plan = make_plan(l70, job, ex, tp=tp, pp=4, recompute="selective", zero=1)
+        pf = tmp_path / f"tp{tp}.json"
+        save_plan(pf, l70, job, ex, plan, estimate(l70, job, ex, plan), options=Options())
+        res = runner.invoke(app, ["calibrate", str(log), "--plan", str(pf), "--fit",
+                                  "gemm_scale", "--out", str(tmp_path / "c.json")])
+        assert res.exit_code == code, (tp, res.output)
+    assert "tensor_model_parallel_size 8 in the log, 4 in the plan" in res.output
 
 
 def test_bridge_documented_iteration_line(tmp_path):

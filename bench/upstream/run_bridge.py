@@ -101,10 +101,11 @@ def _install_stand_ins() -> None:
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
 
 
-def bridge_view(item: dict) -> dict:
-    """What Megatron-Bridge builds for one item: a launch record (the emitted recipe and its
-    overrides) or, for {"recipe": "module:function"}, one of Bridge's own recipes as it
-    stands."""
+def build_config(item: dict):
+    """(ConfigContainer, padded vocabulary) as Megatron-Bridge builds them for one item: a
+    launch record (the emitted recipe and its overrides) or, for {"recipe":
+    "module:function"}, one of Bridge's own recipes as it stands. What pretrain() does before
+    touching a GPU; the environment from the record, WORLD_SIZE from the item."""
     rec = item.get("record") or {"env": {}, "args": []}
     for k in ("CUDA_DEVICE_MAX_CONNECTIONS",):
         os.environ.pop(k, None)
@@ -113,36 +114,42 @@ def bridge_view(item: dict) -> dict:
     import torch
 
     torch.cuda.get_device_capability = lambda *a, **k: (item["gpu_arch"], 0)
+    from megatron.bridge.training.setup import _validate_and_set_vocab_size
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+    from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
+    from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
+
+    if item.get("recipe"):
+        module, fn = item["recipe"].split(":")
+        make = getattr(importlib.import_module(module), fn)
+    else:
+        spec = importlib.util.spec_from_file_location("pipette_recipe", rec["script"])
+        recipe = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(recipe)
+        make = recipe.pipette_pretrain_config
+    from megatron.bridge.training.config import runtime_config_update
+
+    cfg = process_config_with_overrides(make(), cli_overrides=rec["args"] or None)
+    runtime_config_update(cfg)  # what pretrain() does first: precision, overlap, validate
+    tok = build_tokenizer(cfg.tokenizer)
+    vocab, pad = _validate_and_set_vocab_size(
+        cfg.model.vocab_size, tok.vocab_size,
+        getattr(cfg.tokenizer, "use_tokenizer_vocab_size", False))
+    padded = (calculate_padded_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by,
+                                          cfg.model.tensor_model_parallel_size)
+              if pad else vocab)
+    # setup.py sets the model's vocabulary so before training; every checkpoint then writes
+    # the container as its run_config.yaml (checkpointing.py, cfg.to_yaml)
+    cfg.model.vocab_size, cfg.model.should_pad_vocab = vocab, pad
+    return cfg, padded
+
+
+def bridge_view(item: dict) -> dict:
+    """What Megatron-Bridge builds for one item (build_config), viewed as run_megatron.py
+    views Megatron-LM's."""
     try:
         with redirect_stdout(io.StringIO()):
-            from megatron.bridge.training.setup import _validate_and_set_vocab_size
-            from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
-            from megatron.bridge.training.utils.omegaconf_utils import (
-                process_config_with_overrides)
-            from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
-
-            if item.get("recipe"):
-                module, fn = item["recipe"].split(":")
-                make = getattr(importlib.import_module(module), fn)
-            else:
-                spec = importlib.util.spec_from_file_location("pipette_recipe", rec["script"])
-                recipe = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(recipe)
-                make = recipe.pipette_pretrain_config
-            from megatron.bridge.training.config import runtime_config_update
-
-            cfg = process_config_with_overrides(make(), cli_overrides=rec["args"] or None)
-            runtime_config_update(cfg)  # what pretrain() does first: precision, overlap, validate
-            tok = build_tokenizer(cfg.tokenizer)
-            vocab, pad = _validate_and_set_vocab_size(
-                cfg.model.vocab_size, tok.vocab_size,
-                getattr(cfg.tokenizer, "use_tokenizer_vocab_size", False))
-            padded = (calculate_padded_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by,
-                                                  cfg.model.tensor_model_parallel_size)
-                      if pad else vocab)
-            # setup.py sets the model's vocabulary so before training; every checkpoint then
-            # writes the container as its run_config.yaml (checkpointing.py, cfg.to_yaml)
-            cfg.model.vocab_size, cfg.model.should_pad_vocab = vocab, pad
+            cfg, padded = build_config(item)
             if item.get("run_config"):
                 cfg.to_yaml(item["run_config"])
         # what setup then logs of the run (setup.py: cfg.log_non_default_values, on rank 0)

@@ -58,10 +58,19 @@ MEMORY_MIB = {1: (40211.5, 67340.2, 72104.0, 72104.0), 2: (41867.3, 69218.8, 746
 
 
 class Clock:
-    """time.time() for Megatron's timers, advanced by the steps."""
+    """time.time() for Megatron's timers, advanced by the steps; `datetime` a datetime class
+    whose now() reads it (UTC), for the modules that stamp their lines."""
 
     def __init__(self):
         self.now = 1.7648e9  # 2025-12-03 22:13:20 UTC
+        clock = self
+
+        class Now(_datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return _datetime.fromtimestamp(clock.now, timezone.utc).replace(tzinfo=None)
+
+        self.datetime = Now
 
     def time(self):
         return self.now
@@ -128,13 +137,8 @@ def main(megatron: str, emitted: str, steps: int, extra: list[str]) -> None:
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
 
-    class Now(_datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return _datetime.fromtimestamp(clock.now, timezone.utc).replace(tzinfo=None)
-
     mtimers.time = clock
-    T.datetime = Now
+    T.datetime = clock.datetime
     sys.argv = [rec["script"]] + rec["args"]
     with cuda_on_cpu():
         args = A.parse_args()

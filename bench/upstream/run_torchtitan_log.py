@@ -20,9 +20,16 @@ Run under torchrun as the emitted launch.sh runs torchtitan, so the lines carry 
 '[rank0]:' prefix:
 
     TZ=UTC torchrun --nproc_per_node=1 --local-ranks-filter=0 --role=rank --tee=3 \\
-        bench/upstream/run_torchtitan_log.py TORCHTITAN_DIR > OUT.log
+        bench/upstream/run_torchtitan_log.py TORCHTITAN_DIR [--validate N] > OUT.log
 
 (TZ: the log's times are local times of the stand-in clock.)
+
+With `--validate N` it also validates every N steps as torchtitan's trainer does with a
+validator configured (torchtitan/train.py after the step; torchtitan/components/validate.py
+Validator.validate: each of its `validation.steps` batches (10 here) adds its tokens to the
+processor's count, then MetricsProcessor.log_validation logs the 'validate step:' line).
+Stand-ins as above: a forward pass of 8192 tokens takes 0.45 s +- 1%, and the reserved peak
+the monitor reports for the forward-only pass is 48.6 GiB (the peak is reset after each log).
 """
 
 import random
@@ -38,7 +45,7 @@ class Clock:
         return self.now
 
 
-def main(titan: str) -> None:
+def main(titan: str, validate_every: int = 0) -> None:
     sys.path.insert(0, titan)
     import logging
 
@@ -62,12 +69,15 @@ def main(titan: str) -> None:
         h.addFilter(LogTime())
 
     capacity = 84_942_979_072  # bytes: an H100 80GB HBM3's total_memory as torch reports it
-    reserved = 61.27 * 2 ** 30
+    peak = {"train": 61.27 * 2 ** 30, "validate": 48.6 * 2 ** 30}
 
     class Monitor:
         """Stand-in for DeviceMemoryMonitor: the reserved peak given."""
 
+        phase = "train"
+
         def get_peak_stats(self):
+            reserved = peak[self.phase]
             return metrics.DeviceMemStats(0.9 * reserved / 2 ** 30, 90 * reserved / capacity,
                                           reserved / 2 ** 30, 100 * reserved / capacity, 0, 0)
 
@@ -78,7 +88,7 @@ def main(titan: str) -> None:
     mp.logger = metrics.LoggerContainer()
     mp.parallel_dims = types.SimpleNamespace(non_data_parallel_size=1)
     mp.job_config = types.SimpleNamespace(metrics=types.SimpleNamespace(log_freq=1))
-    mp.device_memory_monitor = Monitor()
+    mp.device_memory_monitor = monitor = Monitor()
     mp.color = utils.Color()
     mp.gpu_peak_flops = 989e12
     mp.num_flops_per_token = 6 * 7.5e9 + 12 * 32 * 4096 * 8192
@@ -96,7 +106,15 @@ def main(titan: str) -> None:
         mp.data_loading_times.append(0.004)
         loss = 11.0 - 0.1 * step
         mp.log(step, loss, loss + 0.02, 1.2 + 0.01 * step)
+        if validate_every and step % validate_every == 0:
+            monitor.phase = "validate"
+            for _ in range(10):
+                mp.ntokens_since_last_log += 8192
+                clock.now += 0.45 * (1 + rng.gauss(0, 0.01))
+            mp.log_validation(loss - 0.4, step)
+            monitor.phase = "train"
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    every = int(sys.argv[3]) if sys.argv[2:3] == ["--validate"] else 0
+    main(sys.argv[1], every)

@@ -30,6 +30,23 @@ def _fn_name(f):
     return getattr(f, "__name__", str(f)) if f is not None else None
 
 
+def gpu_stand_ins(arch: int) -> None:
+    """Stand-ins for the GPU machine Megatron-LM's argument code does not run on here (CPU
+    torch, no Transformer Engine): the GPU generation validate_args reads
+    (CUDA_DEVICE_MAX_CONNECTIONS rule, grouped-GEMM capability), and Transformer Engine's fused
+    RoPE kernel, whose presence TransformerConfig checks when apply_rope_fusion is on (its
+    default)."""
+    import torch
+
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.training import arguments as A
+
+    A.get_device_arch_version = lambda: arch
+    torch.cuda.get_device_capability = lambda *a, **k: (arch, 0)
+    if rope_utils.fused_apply_rotary_pos_emb is None:
+        rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+
+
 def megatron_view(item):
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
     from megatron.training import arguments as A
@@ -43,18 +60,7 @@ def megatron_view(item):
     os.environ["RANK"] = "0"
     os.environ["WORLD_SIZE"] = str(item["world_size"])
     os.environ["LOCAL_RANK"] = "0"
-    # Stand-ins for the GPU machine this check does not run on (CPU torch, no Transformer
-    # Engine): the GPU generation validate_args reads (CUDA_DEVICE_MAX_CONNECTIONS rule,
-    # grouped-GEMM capability), and Transformer Engine's fused RoPE kernel, whose presence
-    # TransformerConfig checks when apply_rope_fusion is on (its default)
-    import torch
-
-    from megatron.core.models.common.embeddings import rope_utils
-
-    A.get_device_arch_version = lambda: item["gpu_arch"]
-    torch.cuda.get_device_capability = lambda *a, **k: (item["gpu_arch"], 0)
-    if rope_utils.fused_apply_rotary_pos_emb is None:
-        rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+    gpu_stand_ins(item["gpu_arch"])
     sys.argv = [rec["script"] or "pretrain_gpt.py"] + rec["args"]
     log = io.StringIO()
     try:

@@ -27,7 +27,8 @@ Stand-ins, and nothing else (no GPU here, CPU torch, one process):
 - the process groups: a one-process gloo group stands for the model-parallel and
   data-parallel groups, so the lines printed are those of rank 0, which is also the last rank;
 - Python 3.11: typing.override (3.12) is a no-op decorator (PEP 698);
-- DeepSpeed, in the same environment for other checks, is hidden (it is not Megatron's).
+- DeepSpeed, in the same environment for other checks, is hidden (it is not Megatron's);
+- run_megatron.py's (gpu_stand_ins): a Hopper GPU's generation, Transformer Engine's RoPE kernel.
 
 usage: python run_megatron_log.py MEGATRON_DIR EMITTED_DIR STEPS [ARG...] > OUT.log
 (ARG: the user's own arguments that launch.sh would pass on)
@@ -130,12 +131,9 @@ def main(megatron: str, emitted: str, steps: int, extra: list[str]) -> None:
     from megatron.training import arguments as A
     from megatron.training.global_vars import get_args, get_timers, set_global_variables
 
-    # stand-ins of run_megatron.py for the GPU generation validate_args reads (Hopper)
-    A.get_device_arch_version = lambda: 9
-    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
-    from megatron.core.models.common.embeddings import rope_utils
-    if rope_utils.fused_apply_rotary_pos_emb is None:
-        rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
+    from run_megatron import gpu_stand_ins
+
+    gpu_stand_ins(9)  # validate_args on a Hopper GPU, as run_megatron.py runs it
 
     mtimers.time = clock
     T.datetime = clock.datetime

@@ -738,7 +738,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per-case-s", type=float, default=30.0)
     ap.add_argument("--show", type=int, default=3, help="examples printed per finding")
-    ap.add_argument("--family", default=None, help="only this family")
+    ap.add_argument("--family", default=None, choices=sorted(FAMILIES),
+                    help="only this family")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     tmp = Path(tempfile.mkdtemp(prefix="fuzz-"))

@@ -6,7 +6,8 @@ readings of the first WARMUP_READINGS steps of every training process in a log a
 time. A log may hold several processes: a job restarted from its checkpoint (a step number
 below the one before, or the framework's start-of-training line) warms up again, and each
 rank's lines under torchrun's `[rankN]:` prefix are a process of their own; the warm-up of each
-is skipped. Ranks that print the same step without a prefix (DeepSpeed's timer logs on every
+is skipped. Slurm's `srun --label` puts the task's number on each line (`N: `); it is read as
+that rank's prefix where no torchrun prefix follows it. Ranks that print the same step without a prefix (DeepSpeed's timer logs on every
 rank) are one process, every rank's line of a warm-up step skipped. torchtitan's validation
 lines (`validate step: ..`, forward only) are not training steps and are left out. A log with
 no recognized line, or with too few readings after warm-up, is refused with one line naming
@@ -175,6 +176,9 @@ _BRIDGE_VALUE = re.compile(r"^  (\w+): (.*?)(?:  \(Mcore default: .*\))?\s*$")
 # --local-ranks-filter / --tee output), '[default3]:' under NeMo-Run's launcher (NeMo's
 # examples/llm/resiliency/resiliency-in-pretraining-demo.ipynb)
 _RANK = re.compile(r"\[(?:rank|default)(\d+)\]:")
+# Slurm's srun --label: '%0*d: ' before each line, the task number zero-padded to the width of
+# the largest (src/common/write_labelled_message.c, _write_label)
+_SRUN_LABEL = re.compile(r"(\d+): ")
 
 
 def _f(text: str) -> float:
@@ -409,6 +413,10 @@ def read_log(path) -> LogReading:
     for line in text_lines(path, field="log", what="the log"):
         if "\x1b" in line:
             line = _ANSI.sub("", line)
+        if line[:1].isdigit() and (m := _SRUN_LABEL.match(line)):
+            line = line[m.end():]
+            if not ("]:" in line[:16] and _RANK.match(line)):
+                line = f"[rank{int(m.group(1))}]:{line}"  # the task's lines: a rank's
         args.feed(line)
         if summary.inside or "Configuration Summary" in line:
             summary.feed(line)

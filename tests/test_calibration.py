@@ -659,6 +659,32 @@ def test_megatron_log_as_megatron_prints_it(tmp_path):
         estimate(l70, JobSpec(global_batch=256, seq_length=4096), ex, emitted).iteration_ms / 1e3)
 
 
+def test_slurm_task_labels_are_ranks(tmp_path):
+    """Under Slurm's `srun --label` every line starts with its task's number, zero-padded to
+    the widest (Slurm's write_labelled_message.c): Megatron-LM's arguments block and rank 0's
+    memory line under task 0, the iteration lines under the last task, another stage's memory
+    line under its own. They read as the unlabelled log does, the largest memory line counts,
+    and calibrate reads the plan from the labelled arguments. Where srun starts torchrun, the
+    torchrun prefix after the label names the rank."""
+    lines = (LOGS / "megatron_train.log").read_text().splitlines()
+    labelled = [("63: " if "elapsed time per iteration" in ln else "00: ") + ln for ln in lines]
+    labelled.append("48: [Rank 48] (after 2 iterations) memory (MB) | allocated: 41000.00 | "
+                    "max allocated: 70000.00 | reserved: 76000.00 | max reserved: 76800.00")
+    log = tmp_path / "slurm.log"
+    log.write_text("\n".join(labelled) + "\n")
+    r, plain = read_log(log), read_log(LOGS / "megatron_train.log")
+    assert r.values == plain.values and r.megatron_args == plain.megatron_args
+    assert r.padded_vocab == 32000 and r.memory_gib == pytest.approx(76800 / 1024)
+    res = CliRunner().invoke(app, ["calibrate", str(log), "--cluster", "example", "--fit",
+                                   "gemm_scale", "--out", str(tmp_path / "c.json")])
+    assert res.exit_code == 0 and "plan read from the run's own settings: TP=8 PP=4" \
+        in res.output, res.output
+    titan = (LOGS / "torchtitan_metrics.log").read_text().splitlines()
+    log.write_text("".join(f"1: {ln}\n" for ln in titan))  # srun's task 1 runs torchrun
+    r = read_log(log)
+    assert r.values == read_log(LOGS / "torchtitan_metrics.log").values and r.processes == 1
+
+
 def test_hostfile_order_and_option_counts(tmp_path):
     """A hostfile orders the cluster's nodes (names first on each line, comments and blank
     lines skipped); a host twice, a host outside the cluster or a node left out is one error;

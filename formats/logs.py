@@ -7,11 +7,11 @@ time. A log may hold several processes: a job restarted from its checkpoint (a s
 below the one before, or the framework's start-of-training line) warms up again, and each
 rank's lines under torchrun's `[rankN]:` prefix are a process of their own; the warm-up of each
 is skipped. Slurm's `srun --label` puts the task's number on each line (`N: `); it is read as
-that rank's prefix where no torchrun prefix follows it. Ranks that print the same step without a prefix (DeepSpeed's timer logs on every
-rank) are one process, every rank's line of a warm-up step skipped. torchtitan's validation
-lines (`validate step: ..`, forward only) are not training steps and are left out. A log with
-no recognized line, or with too few readings after warm-up, is refused with one line naming
-the file.
+that rank's prefix where no torchrun prefix follows it. Ranks that print the same step without
+a prefix (DeepSpeed's timer logs on every rank) are one process, every rank's line of a warm-up
+step skipped. torchtitan's validation lines (`validate step: ..`, forward only) are not
+training steps and are left out. A log with no recognized line, or with too few readings after
+warm-up, is refused with one line naming the file.
 
 What each framework reports, and how it becomes an iteration time (s) for the job of the plan
 the log is paired with (global batch B, sequence S, G GPUs):

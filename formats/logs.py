@@ -6,8 +6,9 @@ readings of the first WARMUP_READINGS steps of every training process in a log a
 time. A log may hold several processes: a job restarted from its checkpoint (a step number
 below the one before, or the framework's start-of-training line) warms up again, and each
 rank's lines under torchrun's `[rankN]:` prefix are a process of their own; the warm-up of each
-is skipped. Slurm's `srun --label` puts the task's number on each line (`N: `); it is read as
-that rank's prefix where no torchrun prefix follows it. Ranks that print the same step without
+is skipped. Slurm's `srun --label` puts the task's number on each line (`N: `), pdsh (DeepSpeed's
+multi-node launcher) the host's name (`host: `); each is read as a rank's prefix where no
+torchrun prefix follows it. Ranks that print the same step without
 a prefix (DeepSpeed's timer logs on every rank) are one process, every rank's line of a warm-up
 step skipped. torchtitan's validation lines (`validate step: ..`, forward only) are not
 training steps and are left out. A log with no recognized line, or with too few readings after
@@ -179,6 +180,12 @@ _RANK = re.compile(r"\[(?:rank|default)(\d+)\]:")
 # Slurm's srun --label: '%0*d: ' before each line, the task number zero-padded to the width of
 # the largest (src/common/write_labelled_message.c, _write_label)
 _SRUN_LABEL = re.compile(r"(\d+): ")
+# pdsh, DeepSpeed's default multi-node launcher (deepspeed/launcher/multinode_runner.py
+# PDSHRunner): 'host: ' before each line of each host's output (pdsh(1)); a host name here
+# starts with a letter and holds a digit, '.' or '-' (worker-0, node017, gpu3.cluster), which
+# no framework's own line-leading word does ('steps: ' is DeepSpeed's pipeline line)
+_PDSH_HOST = re.compile(r"([A-Za-z][\w.-]*): ")
+_HOST_RANK0 = 1_000_000  # prefix numbers given to hosts, apart from any rank's
 
 
 def _f(text: str) -> float:
@@ -408,6 +415,7 @@ def read_log(path) -> LogReading:
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
     titan: list[dict] = []  # torchtitan's start-up prints (LogReading.torchtitan_settings)
     validation = 0
+    hosts: dict[str, int] = {}  # pdsh's host prefixes -> their prefix numbers
     # each pattern is tried only on lines holding a word it needs (a plain substring test is
     # ~20 times cheaper than a search): a long run's log has millions of lines
     for line in text_lines(path, field="log", what="the log"):
@@ -417,6 +425,12 @@ def read_log(path) -> LogReading:
             line = line[m.end():]
             if not ("]:" in line[:16] and _RANK.match(line)):
                 line = f"[rank{int(m.group(1))}]:{line}"  # the task's lines: a rank's
+        elif line[:1].isalpha() and (m := _PDSH_HOST.match(line)) and \
+                any(c.isdigit() or c in ".-" for c in m.group(1)):
+            host = hosts.setdefault(m.group(1), _HOST_RANK0 + len(hosts))
+            line = line[m.end():]
+            if not ("]:" in line[:16] and _RANK.match(line)):
+                line = f"[rank{host}]:{line}"  # the host's lines: as one rank's
         args.feed(line)
         if summary.inside or "Configuration Summary" in line:
             summary.feed(line)

@@ -305,6 +305,28 @@ def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     assert sorted(r.values) == sorted(ds.values * 4)
 
 
+def test_deepspeed_pipeline_engine_as_it_prints_now_under_pdsh(tmp_path):
+    """DeepSpeed 0.19.8's pipeline engine prints its `steps: .. iter time (s)` line with
+    print() after its step's progress report (deepspeed/runtime/pipe/engine.py train_batch;
+    runtime/engine.py _report_progress through log_dist: '[Rank 0] step=N, skipped=..,
+    lr=.., mom=..') and never stops its ThroughputTimer, so no timer line comes; under pdsh,
+    DeepSpeed's multi-node launcher, each line carries its host. Read as the 2021 log's
+    pipeline lines are: the same readings, no memory."""
+    old = read_log(LOGS / "deepspeed_pipe.log")
+    out = []
+    for ln in (LOGS / "deepspeed_pipe.log").read_text().splitlines():
+        if ln.startswith("steps: "):
+            n = int(ln.split()[1])
+            out.append(f"[2026-11-30 10:0{n % 10}:00,000] [INFO] [logging.py:107:log_dist] "
+                       f"[Rank 0] step={n}, skipped=0, lr=[0.0003], mom=[(0.9, 0.95)]")
+            out.append(ln)
+    p = tmp_path / "pipe.log"
+    p.write_text("".join(f"worker-0: {ln}\n" for ln in out))
+    r = read_log(p)
+    assert r.framework == "deepspeed" and r.unit == "s" and r.values == old.values
+    assert r.memory_gib is None and r.processes == 1
+
+
 def test_megatron_deepspeed_prints_two_timers_of_the_same_steps(tmp_path):
     """Megatron-DeepSpeed prints Megatron's iteration line and DeepSpeed's pipeline engine line
     for each step (as BigScience's experiments/gpt2-meg-ds-3d-old logs show): Megatron's is
@@ -659,18 +681,21 @@ def test_megatron_log_as_megatron_prints_it(tmp_path):
         estimate(l70, JobSpec(global_batch=256, seq_length=4096), ex, emitted).iteration_ms / 1e3)
 
 
-def test_slurm_task_labels_are_ranks(tmp_path):
+@pytest.mark.parametrize("first,last,other", [("00: ", "63: ", "48: "),  # srun --label
+                                              ("node00: ", "node07: ", "node06: ")])  # pdsh
+def test_launcher_prefixes_are_ranks(tmp_path, first, last, other):
     """Under Slurm's `srun --label` every line starts with its task's number, zero-padded to
-    the widest (Slurm's write_labelled_message.c): Megatron-LM's arguments block and rank 0's
-    memory line under task 0, the iteration lines under the last task, another stage's memory
-    line under its own. They read as the unlabelled log does, the largest memory line counts,
-    and calibrate reads the plan from the labelled arguments. Where srun starts torchrun, the
-    torchrun prefix after the label names the rank."""
+    the widest (Slurm's write_labelled_message.c); under pdsh, DeepSpeed's multi-node launcher,
+    with its host's name. Megatron-LM's arguments block and rank 0's memory line under the
+    first, the iteration lines under the last, another stage's memory line under its own:
+    they read as the bare log does, the largest memory line counts, and calibrate reads the
+    plan from the prefixed arguments. Where srun starts torchrun, the torchrun prefix after
+    the label names the rank."""
     lines = (LOGS / "megatron_train.log").read_text().splitlines()
-    labelled = [("63: " if "elapsed time per iteration" in ln else "00: ") + ln for ln in lines]
-    labelled.append("48: [Rank 48] (after 2 iterations) memory (MB) | allocated: 41000.00 | "
-                    "max allocated: 70000.00 | reserved: 76000.00 | max reserved: 76800.00")
-    log = tmp_path / "slurm.log"
+    labelled = [(last if "elapsed time per iteration" in ln else first) + ln for ln in lines]
+    labelled.append(f"{other}[Rank 48] (after 2 iterations) memory (MB) | allocated: 41000.00"
+                    " | max allocated: 70000.00 | reserved: 76000.00 | max reserved: 76800.00")
+    log = tmp_path / "prefixed.log"
     log.write_text("\n".join(labelled) + "\n")
     r, plain = read_log(log), read_log(LOGS / "megatron_train.log")
     assert r.values == plain.values and r.megatron_args == plain.megatron_args

@@ -6,13 +6,13 @@ readings of the first WARMUP_READINGS steps of every training process in a log a
 time. A log may hold several processes: a job restarted from its checkpoint (a step number
 below the one before, or the framework's start-of-training line) warms up again, and each
 rank's lines under torchrun's `[rankN]:` prefix are a process of their own; the warm-up of each
-is skipped. Slurm's `srun --label` puts the task's number on each line (`N: `), pdsh (DeepSpeed's
-multi-node launcher) the host's name (`host: `); each is read as a rank's prefix where no
-torchrun prefix follows it. Ranks that print the same step without
-a prefix (DeepSpeed's timer logs on every rank) are one process, every rank's line of a warm-up
-step skipped. torchtitan's validation lines (`validate step: ..`, forward only) are not
-training steps and are left out. A log with no recognized line, or with too few readings after
-warm-up, is refused with one line naming the file.
+is skipped. Slurm's `srun --label` puts the task's number on each line (`N: `), pdsh
+(DeepSpeed's multi-node launcher) the host's name (`host: `); each is read as a rank's prefix
+where no torchrun prefix follows it. Ranks that print the same step without a prefix
+(DeepSpeed's timer logs on every rank) are one process, every rank's line of a warm-up step
+skipped. torchtitan's validation lines (`validate step: ..`, forward only) are not training
+steps and are left out. A log with no recognized line, or with too few readings after warm-up,
+is refused with one line naming the file.
 
 What each framework reports, and how it becomes an iteration time (s) for the job of the plan
 the log is paired with (global batch B, sequence S, G GPUs):
@@ -421,16 +421,18 @@ def read_log(path) -> LogReading:
     for line in text_lines(path, field="log", what="the log"):
         if "\x1b" in line:
             line = _ANSI.sub("", line)
+        # a launcher's prefix (srun's task, pdsh's host) becomes a rank's, unless torchrun's
+        # own follows it
+        label = None
         if line[:1].isdigit() and (m := _SRUN_LABEL.match(line)):
-            line = line[m.end():]
-            if not ("]:" in line[:16] and _RANK.match(line)):
-                line = f"[rank{int(m.group(1))}]:{line}"  # the task's lines: a rank's
+            label = int(m.group(1))
         elif line[:1].isalpha() and (m := _PDSH_HOST.match(line)) and \
                 any(c.isdigit() or c in ".-" for c in m.group(1)):
-            host = hosts.setdefault(m.group(1), _HOST_RANK0 + len(hosts))
+            label = hosts.setdefault(m.group(1), _HOST_RANK0 + len(hosts))
+        if label is not None:
             line = line[m.end():]
             if not ("]:" in line[:16] and _RANK.match(line)):
-                line = f"[rank{host}]:{line}"  # the host's lines: as one rank's
+                line = f"[rank{label}]:{line}"
         args.feed(line)
         if summary.inside or "Configuration Summary" in line:
             summary.feed(line)

@@ -305,6 +305,26 @@ def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     assert sorted(r.values) == sorted(ds.values * 4)
 
 
+@pytest.mark.parametrize("prefix", [b"0: ", b"worker-3: "])  # srun --label, pdsh
+def test_every_fixture_reads_the_same_under_a_launchers_prefix(tmp_path, prefix):
+    """Each log fixture with the prefix srun or pdsh puts on every line (over torchrun's own
+    prefixes, restarts, progress bars' carriage returns) gives the same readings, memory,
+    processes, arguments, vocabulary and summaries as bare, or the same refusal."""
+    def reading(path):
+        try:
+            r = read_log(path)
+        except SpecError:
+            return "refused"
+        return (r.values, r.memory_gib, r.processes, r.megatron_args, r.padded_vocab,
+                r.bridge_summaries, r.validation_lines)
+
+    for path in sorted(LOGS.glob("*.log")):
+        data = path.read_bytes()
+        p = tmp_path / path.name
+        p.write_bytes(b"".join(prefix + ln for ln in data.splitlines(keepends=True)))
+        assert reading(p) == reading(path), path.name
+
+
 def test_deepspeed_pipeline_engine_as_it_prints_now_under_pdsh(tmp_path):
     """DeepSpeed 0.19.8's pipeline engine prints its `steps: .. iter time (s)` line with
     print() after its step's progress report (deepspeed/runtime/pipe/engine.py train_batch;

@@ -35,13 +35,9 @@ from model.calibration import Run, _predict, fit, interval_s  # noqa: E402
 from model.estimator import make_plan  # noqa: E402
 from model.specs import JobSpec, Options  # noqa: E402
 
+from tests.test_calibration import SHAPES  # noqa: E402  (the tests' own shapes)
+
 TRUTH = {"gemm_scale": 0.85, "network_scale": 0.6}
-SHAPES = [dict(tp=1, pp=1, micro_batch=4), dict(tp=2, pp=1, micro_batch=4),
-          dict(tp=8, pp=1, micro_batch=8), dict(tp=1, pp=4, micro_batch=2),
-          dict(tp=2, pp=2, micro_batch=4), dict(tp=4, pp=2, micro_batch=8),
-          dict(tp=8, pp=4, micro_batch=4), dict(tp=1, pp=2, micro_batch=8),
-          dict(tp=4, pp=1, micro_batch=2), dict(tp=2, pp=4, micro_batch=8),
-          dict(tp=8, pp=2, micro_batch=2), dict(tp=4, pp=4, micro_batch=4)]
 
 
 def plans(global_batch: int) -> list[Run]:

@@ -1173,22 +1173,25 @@ def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
     assert "several frameworks" in str(e.value)
 
 
+# the synthetic runs' shapes (also bench/interval_coverage.py's)
+SHAPES = [dict(tp=1, pp=1, micro_batch=4), dict(tp=2, pp=1, micro_batch=4),
+          dict(tp=8, pp=1, micro_batch=8), dict(tp=1, pp=4, micro_batch=2),
+          dict(tp=2, pp=2, micro_batch=4), dict(tp=4, pp=2, micro_batch=8),
+          dict(tp=8, pp=4, micro_batch=4), dict(tp=1, pp=2, micro_batch=8),
+          dict(tp=4, pp=1, micro_batch=2), dict(tp=2, pp=4, micro_batch=8),
+          dict(tp=8, pp=2, micro_batch=2), dict(tp=4, pp=4, micro_batch=4)]
+
+
 def _runs(truth: dict, noise: float, seed: int, n: int):
     """Plans of different shapes on 4 nodes with slow links, their times predicted with the
     true parameters, times log-normal noise."""
     model = presets.model("gpt-3.6b")
     c = uniform_cluster(4, 8, "A100-80GB", 240.0, 6.0)
     rng = np.random.default_rng(seed)
-    shapes = [dict(tp=1, pp=1, micro_batch=4), dict(tp=2, pp=1, micro_batch=4),
-              dict(tp=8, pp=1, micro_batch=8), dict(tp=1, pp=4, micro_batch=2),
-              dict(tp=2, pp=2, micro_batch=4), dict(tp=4, pp=2, micro_batch=8),
-              dict(tp=8, pp=4, micro_batch=4), dict(tp=1, pp=2, micro_batch=8),
-              dict(tp=4, pp=1, micro_batch=2), dict(tp=2, pp=4, micro_batch=8),
-              dict(tp=8, pp=2, micro_batch=2), dict(tp=4, pp=4, micro_batch=4)]
     out = []
     for k in range(n):
-        kw = shapes[k % len(shapes)]
-        job = JobSpec(global_batch=128 * (1 + k // len(shapes)), seq_length=2048)
+        kw = SHAPES[k % len(SHAPES)]
+        job = JobSpec(global_batch=128 * (1 + k // len(SHAPES)), seq_length=2048)
         plan = make_plan(model, job, c, sequence_parallel=kw["tp"] > 1,
                          distributed_optimizer=True, recompute="full", **kw)
         run = Run(model, job, c, plan, Options(), 1.0, label=f"run{k}")

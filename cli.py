@@ -319,23 +319,29 @@ def _options(blocking: bool):
     return Options(blocking_p2p=blocking)
 
 
-def _calibrated(c, opts, calibration: Path | None, safe_memory: bool = False):
+def _calibrated(c, opts, calibration: Path | None, safe_memory: bool = False,
+                recorded=None):
     """(cluster, options, profile, what the plan file records) with the profile applied;
     `safe_memory`: memory at the top of the profile's 95% memory interval (its fragmentation
-    there), for every plan judged and reported."""
+    there), for every plan judged and reported. `recorded`: (profile, its record) a plan
+    file carries, used where no --calibration is given (which replaces it)."""
     import dataclasses
 
     from model.errors import SpecError
-    if calibration is None:
+    if calibration is None and recorded is None:
         if safe_memory:
             raise SpecError("needs --calibration, a profile fitted on two or more memory "
                             "readings", source="options", field="--safe-memory")
         return c, opts, None, None
     from formats.profile import load_profile
     from model.calibration import apply_profile, fragmentation_at_interval_top
-    prof = load_profile(calibration)
+    if calibration is not None:
+        prof, label = load_profile(calibration), str(calibration)
+    else:
+        prof, label = recorded[0], f"{recorded[1].get('profile')} (recorded in the plan file)"
     c2, o2 = apply_profile(prof, c, opts)
-    cal = {"profile": str(calibration), "gpu": prof.gpu, "parameters": dict(prof.values)}
+    cal = {"profile": label, "gpu": prof.gpu, "parameters": dict(prof.values),
+           "document": prof.to_dict()}
     if safe_memory:
         f_top = fragmentation_at_interval_top(prof)
         o2 = dataclasses.replace(o2, overheads=dataclasses.replace(o2.overheads,
@@ -466,8 +472,11 @@ def _memory_json(mi) -> dict:
 
 
 def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
-                      calibration=None, interval=None, mem_interval=None, **outputs):
-    """Write the outputs asked for, then print the estimate and what was written."""
+                      calibration=None, interval=None, mem_interval=None, notes=(),
+                      measured=None, **outputs):
+    """Write the outputs asked for, then print the estimate and what was written
+    (`measured`: the cluster and options before the profile, what a plan file holds;
+    `notes`: warnings to add)."""
     from launch.outputs import write_outputs
     from model.compute import shape_warnings
 
@@ -475,8 +484,9 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     if any(outputs.get(k) is not None
            for k in ("save_plan", "emit", "out", "gantt", "placement_png")):
         files, warnings = write_outputs(m, job, c, plan, est, opts, solver=solver,
-                                        calibration=calibration, **outputs)
-    warnings = [*shape_warnings(m, job, plan.shape), *warnings]
+                                        calibration=calibration, measured=measured,
+                                        **outputs)
+    warnings = [*notes, *shape_warnings(m, job, plan.shape), *warnings]
     if as_json:
         d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
         render.echo_json(_with_calibration(d, calibration, interval, mem_interval))
@@ -508,6 +518,37 @@ def _print_calibration(cal, interval, mem_interval, toss_up=None) -> None:
         render.print_memory_interval(mem_interval, cal["profile"])
     if cal and cal.get("safe_memory"):
         render.print_safe_memory(cal)
+
+
+def _plan_calibrated(plan_file: Path, meta: dict, c0, opts0, calibration: Path | None,
+                     safe_memory: bool):
+    """`_calibrated` for a plan file's inputs, plus notes: --calibration replaces the profile
+    the file carries; without it the carried one applies (with its --safe-memory). A schema 2
+    file that was calibrated holds the scaled cluster: used as it is, never scaled again."""
+    from formats.planfile import recorded_profile
+    from model.errors import SpecError
+
+    rec = meta.get("calibration")
+    if meta.get("calibrated_cluster"):
+        if calibration is not None or safe_memory:
+            raise SpecError("this plan file (schema 2) holds its cluster already scaled by "
+                            f"the profile {str(rec.get('profile'))[:60]!r} and cannot be "
+                            "calibrated again; re-create it without a profile (estimate or "
+                            "solve with --save-plan) to apply another", source=str(plan_file),
+                            field="calibration")
+        return c0, opts0, None, None, [
+            f"the plan file's cluster is calibrated with {rec.get('profile')} (schema 2: no "
+            "interval; re-create the plan with --calibration for one)"]
+    prof = recorded_profile(meta, str(plan_file))
+    notes = []
+    if calibration is not None and prof is not None:
+        notes.append(f"--calibration {calibration} replaces the profile the plan file "
+                     f"carries ({rec.get('profile')})")
+    if calibration is None and prof is not None:
+        safe_memory = safe_memory or bool(rec.get("safe_memory"))
+    c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory,
+                                     recorded=None if prof is None else (prof, rec))
+    return c, opts, prof, cal, notes
 
 
 def _interval(prof, m, job, c0, plan, opts0):
@@ -599,12 +640,14 @@ def estimate(
                    version=framework_version)
     check_outputs(**outputs, job_framework=None if plan_file is not None else framework.value)
     if plan_file is not None:  # inputs and decisions from a plan file
-        m, job, c0, plan, opts0, _meta = _load_plan_only(ctx, plan_file)
-        c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
+        m, job, c0, plan, opts0, meta = _load_plan_only(ctx, plan_file)
+        c, opts, prof, cal, notes = _plan_calibrated(plan_file, meta, c0, opts0, calibration,
+                                                     safe_memory)
         est = run_estimate(m, job, c, plan, opts)
         _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
                           interval=_interval(prof, m, job, c0, plan, opts0),
-                          mem_interval=_memory_interval(prof, est, cal), **outputs)
+                          mem_interval=_memory_interval(prof, est, cal), notes=notes,
+                          measured=(c0, opts0), **outputs)
         return
     _kv_rotate_check(kv_rotate, framework.value)
     m, job, c = _inputs(model, cluster, gbs, seq, precision, attention=attention.value,
@@ -633,7 +676,8 @@ def estimate(
     est = run_estimate(m, job, c, plan, opts)
     _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
                       interval=_interval(prof, m, job, c0, plan, opts0),
-                      mem_interval=_memory_interval(prof, est, cal), **outputs)
+                      mem_interval=_memory_interval(prof, est, cal), measured=(c0, opts0),
+                      **outputs)
 
 
 @command()
@@ -682,6 +726,10 @@ def calibrate(
     from model.calibration import fit
     from model.errors import SpecError
 
+    inputs = [*logs, *(plan or []), *(hostfile or []), *(run_config or [])]
+    if any(out.resolve() == Path(x).resolve() for x in inputs):
+        raise SpecError(f"{out} is one of the inputs; write the profile to another file",
+                        source="options", field="--out")
     runs, readings = calibration_runs(logs, plan, cluster, hostfile, save_plans, run_config,
                                       framework_version)
     gpus = {nd.gpu.name for r in runs for nd in r.cluster.nodes}
@@ -875,8 +923,8 @@ def solve(
     files, warnings = write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan=save_plan,
                                     emit=emit, out=out, gantt=gantt,
                                     placement_png=placement_png, solver=res.status_dict(),
-                                    calibration=cal, force=force, tokenizer=tokenizer,
-                                    version=framework_version)
+                                    calibration=cal, measured=(c0, opts0), force=force,
+                                    tokenizer=tokenizer, version=framework_version)
     if res.plan is not None:
         from model.compute import shape_warnings
         warnings = [*shape_warnings(m, job, res.plan.shape), *warnings]
@@ -1150,7 +1198,7 @@ def cluster_synth(
 # estimate's options that do not describe the inputs or the plan: every other option (the
 # model, job, cluster and plan ones, including any added later) is refused beside --plan
 _NOT_PLAN_OPTION_PARAMS = ("as_json", "plan_file", "save_plan", "emit", "out", "gantt",
-                           "placement_png", "calibration", "force", "tokenizer",
+                           "placement_png", "calibration", "safe_memory", "force", "tokenizer",
                            "framework_version")
 
 
@@ -1195,7 +1243,8 @@ def emit_cmd(
 
     check_outputs(emit=framework, out=out, gantt=gantt, placement_png=placement_png,
                   force=force, tokenizer=tokenizer, version=framework_version)
-    m, job, c, plan, opts, _meta = load_plan(plan_file)
+    m, job, c0, plan, opts0, meta = load_plan(plan_file)
+    c, opts, _prof, _cal, _notes = _plan_calibrated(plan_file, meta, c0, opts0, None, False)
     files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
                                     gantt=gantt, placement_png=placement_png, force=force,
                                     tokenizer=tokenizer, version=framework_version)

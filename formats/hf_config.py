@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from model.cluster import check_name
 from model.errors import SpecError
 from model.specs import ModelSpec
 from .reading import read_text
@@ -42,15 +43,35 @@ _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", Fal
          "deepseek_v2": ("rope", "rmsnorm", False), "deepseek_v3": ("rope", "rmsnorm", False)}
 
 
-def _dropout(cfg: dict, mtype: str) -> bool:
+def _typed(cfg: dict, key: str, kind, src: str, default=None):
+    """cfg[key] if it has the JSON type `kind` (int, float: any number, bool, str), `default`
+    where it is absent or null; otherwise one line naming the key (a string "5632" or "false"
+    is refused, never read as a number or as true)."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if kind is int:
+        ok, name = isinstance(v, int) and not isinstance(v, bool), "an integer"
+    elif kind is float:
+        ok, name = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+    elif kind is bool:
+        ok, name = isinstance(v, bool), "true or false"
+    else:
+        ok, name = isinstance(v, str), "a string"
+    if not ok:
+        raise SpecError(f"must be {name} (or null), got {str(json.dumps(v))[:40]}", source=src,
+                        field=key)
+    return v
+
+
+def _dropout(cfg: dict, mtype: str, src: str) -> bool:
     """Whether training uses dropout: GPT-2's resid/attn/embd_pdrop default to 0.1, the other
     families' attention_dropout / hidden_dropout to 0 (transformers' configuration classes)."""
     if mtype == "gpt2":
         keys, default = ("resid_pdrop", "attn_pdrop", "embd_pdrop"), 0.1
     else:
         keys, default = ("attention_dropout", "hidden_dropout"), 0.0
-    vals = [cfg.get(k, default) for k in keys]
-    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in vals)
+    return any(_typed(cfg, k, float, src, default) > 0 for k in keys)
 
 
 def load_hf_config(path: Path) -> ModelSpec:
@@ -89,24 +110,28 @@ def load_hf_config(path: Path) -> ModelSpec:
     for ours, keys in _HF_KEYS.items():
         if ours not in vals:
             raise SpecError(f"missing; expected one of {', '.join(keys)}", source=src, field=ours)
-    tied = cfg.get("tie_word_embeddings", mtype == "gpt2")
-    name = cfg.get("_name_or_path") or Path(path).parent.name or mtype
+    tied = _typed(cfg, "tie_word_embeddings", bool, src, mtype == "gpt2")
+    name = _typed(cfg, "_name_or_path", str, src) or Path(path).parent.name or mtype
+    check_name(name, "the model name", src, "_name_or_path")
     pos, norm, bias = _ARCH[mtype]
     vals.update(_moe_fields(cfg, mtype, src))
     # an explicit head width (Qwen3: head_dim 128 on hidden 2048 with 32 heads)
-    hd = cfg.get("head_dim")
-    if isinstance(hd, int) and not isinstance(hd, bool) and hd > 0 and \
+    hd = _typed(cfg, "head_dim", int, src)
+    if hd is not None and hd <= 0:
+        raise SpecError(f"must be a positive integer, got {hd}", source=src, field="head_dim")
+    if hd is not None and isinstance(vals["num_heads"], int) and \
             hd * vals["num_heads"] != vals["hidden_size"] and "kv_channels" not in vals:
         vals["kv_channels"] = hd
     if pos == "rope":  # rotary base and rotated fraction (GPT-NeoX: rotary_emb_base, rotary_pct)
         for ours, keys in (("rope_base", ("rope_theta", "rotary_emb_base")),
                            ("rotary_percent", ("partial_rotary_factor", "rotary_pct"))):
-            got = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+            got = next((_typed(cfg, k, float, src) for k in keys if cfg.get(k) is not None),
+                       None)
             if got is not None:
                 vals[ours] = got
-    return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=bool(tied),
-                     position_embedding=pos, norm=norm, bias=bias, dropout=_dropout(cfg, mtype),
-                     source=src, **vals)
+    return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=tied,
+                     position_embedding=pos, norm=norm, bias=bias,
+                     dropout=_dropout(cfg, mtype, src), source=src, **vals)
 
 
 def _moe_fields(cfg: dict, mtype: str, src: str) -> dict:
@@ -128,7 +153,7 @@ def _moe_fields(cfg: dict, mtype: str, src: str) -> dict:
     out = {"num_experts": cfg[ek], "moe_topk": cfg[kk]}
     if fk:
         out["moe_ffn_hidden_size"] = cfg[fk]
-    shared = cfg.get("shared_expert_intermediate_size") or 0
+    shared = _typed(cfg, "shared_expert_intermediate_size", int, src, 0)
     if shared:
         fe = cfg[fk]
         if shared % fe:
@@ -155,13 +180,11 @@ def _deepseek_fields(cfg: dict, src: str) -> dict:
         raise SpecError("MoE layers every moe_layer_freq > 1 layers are not modelled (only "
                         "leading dense layers, first_k_dense_replace)", source=src,
                         field="moe_layer_freq")
-    q_lora = cfg.get("q_lora_rank") or 0
-    if not isinstance(q_lora, int):
-        raise SpecError("must be an integer or null", source=src, field="q_lora_rank")
+    q_lora = _typed(cfg, "q_lora_rank", int, src, 0)
     return {"num_experts": cfg["n_routed_experts"], "moe_topk": cfg["num_experts_per_tok"],
             "moe_ffn_hidden_size": cfg["moe_intermediate_size"],
-            "moe_shared_experts": int(cfg.get("n_shared_experts") or 0),
-            "first_dense_layers": int(cfg.get("first_k_dense_replace") or 0),
+            "moe_shared_experts": _typed(cfg, "n_shared_experts", int, src, 0),
+            "first_dense_layers": _typed(cfg, "first_k_dense_replace", int, src, 0),
             "kv_channels": cfg["qk_nope_head_dim"], "mla_kv_lora_rank": cfg["kv_lora_rank"],
             "mla_q_lora_rank": q_lora, "mla_qk_rope_dim": cfg["qk_rope_head_dim"],
             "mla_v_head_dim": cfg["v_head_dim"]}

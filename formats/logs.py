@@ -51,6 +51,7 @@ the log is paired with (global batch B, sequence S, G GPUs):
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -535,6 +536,10 @@ def read_log(path) -> LogReading:
         if step not in first and len(first) < WARMUP_READINGS:
             first.append(step)
         if step not in first:
+            if not (math.isfinite(v) and v > 0):  # 0 ms or 0 tokens/s: no measurement
+                raise SpecError(f"step {step} reads {v:g} {unit}; a timing reading must be "
+                                "positive: give the log as the framework printed it",
+                                source=src, field="log")
             values.append(v)
             batches.append(batch)
     if len(values) < MIN_READINGS:

@@ -6,10 +6,17 @@ the cost model predicted (time and memory breakdown) and the solver's status. Th
 "Plan files" documents the schema; `load_plan` validates every field and names the file and the
 field in its error.
 
-    {"schema_version": 1, "kind": "pipette-plan", "generator": ...,
+    {"schema_version": 3, "kind": "pipette-plan", "generator": ...,
      "model": {...}, "job": {...}, "options": {...}, "cluster": {...},
      "plan": {"shape": {...}, "placement": [{"stage", "replica", "node", "gpus"}, ...]},
-     "estimate": {...} (formats.views.estimate_to_dict), "solver": {...} | null}
+     "estimate": {...} (formats.views.estimate_to_dict), "solver": {...} | null,
+     "calibration": {"profile", "gpu", "parameters", "document", ...} | null}
+
+The cluster and options are as measured; a calibrated plan carries its profile whole
+("calibration.document"), which `recorded_profile` reads back and the commands apply, so
+that a plan file re-evaluates to its stored estimate and a profile is never applied twice.
+Schema 2 files are read too; one of them with a calibration holds the calibrated cluster
+(`meta["calibrated_cluster"]`), which no second profile may scale.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ from model.specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
 from .views import estimate_to_dict, placement_to_dict, shape_to_dict
 from formats.reading import FieldReader, read_text
 
-SCHEMA_VERSION = 2  # 2: the per-operation cost model (GPU curve, FP8, attention, overlaps)
+# 2: the per-operation cost model (GPU curve, FP8, attention, overlaps); 3: the cluster as
+# measured and the calibration profile whole (schema 2 wrote the calibrated cluster)
+SCHEMA_VERSION = 3
+READS = (2, 3)
 KIND = "pipette-plan"
 GENERATOR = "pipette-configurator 0.1.0"
 
@@ -118,8 +128,9 @@ def cluster_to_dict(c: ClusterSpec) -> dict:
 def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
                   estimate: Estimate | None, solver: dict | None = None,
                   options: Options | None = None, calibration: dict | None = None) -> dict:
-    """The plan file's document. `calibration`: the profile the cluster and options were
-    calibrated with (model.calibration; the cluster written is the calibrated one)."""
+    """The plan file's document. `cluster` and `options` as measured, before any profile;
+    `calibration`: what the estimate was calibrated with, its profile whole under
+    "document" (cli.py `_calibrated`)."""
     options = options or Options()
     return _clean({
         "schema_version": SCHEMA_VERSION,
@@ -140,7 +151,7 @@ def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
 def save_plan(path, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
               estimate: Estimate, solver: dict | None = None,
               options: Options | None = None, calibration: dict | None = None) -> None:
-    """Write the plan file (schema_version 1) to `path`, creating parent folders."""
+    """Write the plan file (schema_version 3) to `path`, creating parent folders."""
     path = Path(path)
     doc = plan_document(model, job, cluster, plan, estimate, solver, options, calibration)
     write_atomic(path, json.dumps(doc, indent=1) + "\n", field="--save-plan")
@@ -159,8 +170,17 @@ def _matrix(rd: FieldReader, rows, n: int, fld: str) -> np.ndarray:
     return np.array(rows, dtype=float)
 
 
+_TOP_KEYS = ("schema_version", "kind", "generator", "model", "job", "options", "cluster",
+             "plan", "estimate", "solver", "calibration")
+_JOB_KEYS = tuple(job_to_dict(JobSpec(global_batch=1, seq_length=1)))
+_GPU_KEYS = ("peak_tflops", "sm_count", *_GPU_FLOATS, "source", "curve_source",
+             "fp8_gemm_efficiency")
+_SHAPE_KEYS = tuple(f.name for f in fields(Shape))
+
+
 def _read_model(rd: FieldReader, d: dict) -> ModelSpec:
     w = "model"
+    rd.known(d, w, _MODEL_FIELDS)
     kw = {"name": rd.get(d, "name", w, str)}
     for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
               "vocab_size", "seq_length"):
@@ -187,6 +207,7 @@ def _read_model(rd: FieldReader, d: dict) -> ModelSpec:
 
 def _read_job(rd: FieldReader, d: dict) -> JobSpec:
     w = "job"
+    rd.known(d, w, _JOB_KEYS)
     try:
         return JobSpec(global_batch=rd.get(d, "global_batch", w, int),
                        seq_length=rd.get(d, "seq_length", w, int),
@@ -214,7 +235,9 @@ def _read_options(rd: FieldReader, d: dict | None) -> Options:
     if d is None:
         return Options()
     w = "options"
+    rd.known(d, w, ("blocking_p2p", "overheads"))
     oh = rd.obj(d, "overheads", w, optional=True) or {}
+    rd.known(oh, f"{w}.overheads", tuple(f.name for f in fields(Overheads)))
     try:
         ov = Overheads(**{f.name: rd.get(oh, f.name, f"{w}.overheads", float, f.default)
                           for f in fields(Overheads)})
@@ -225,12 +248,14 @@ def _read_options(rd: FieldReader, d: dict | None) -> Options:
 
 def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
     w = "cluster"
+    rd.known(d, w, ("name", "latency_us", "intra_latency_us", "gpu_types", "nodes", "inter"))
     types_raw = rd.obj(d, "gpu_types", w)
     gpus: dict[str, GPUSpec] = {}
     for name, g in types_raw.items():
         gw = f"{w}.gpu_types.{name}"
         if not isinstance(g, dict):
             raise rd.err(gw, "must be an object")
+        rd.known(g, gw, _GPU_KEYS)
         peak = rd.obj(g, "peak_tflops", gw)
         for p, v in peak.items():
             rd.get(peak, p, f"{gw}.peak_tflops", float)
@@ -252,6 +277,7 @@ def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
         nw = f"{w}.nodes[{i}]"
         if not isinstance(nd, dict):
             raise rd.err(nw, "must be an object")
+        rd.known(nd, nw, ("name", "gpu", "gpus", "intra_gb_per_s", "intra_matrix_gb_per_s"))
         gname = rd.get(nd, "gpu", nw, str)
         if gname not in gpus:
             raise rd.err(f"{nw}.gpu", f"GPU type '{gname}' is not in cluster.gpu_types "
@@ -268,6 +294,7 @@ def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
             mat = _matrix(rd, nd["intra_matrix_gb_per_s"], num, f"{nw}.intra_matrix_gb_per_s")
         nodes.append(NodeSpec(rd.get(nd, "name", nw, str), gpus[gname], num, intra, mat))
     inter = rd.obj(d, "inter", w)
+    rd.known(inter, f"{w}.inter", ("gb_per_s",))
     mat = _matrix(rd, inter.get("gb_per_s"), len(nodes), f"{w}.inter.gb_per_s")
     try:
         return ClusterSpec(name=rd.get(d, "name", w, str, "cluster"), nodes=tuple(nodes),
@@ -282,7 +309,9 @@ def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
 def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
                cluster: ClusterSpec) -> Plan:
     sw = "plan.shape"
+    rd.known(d, "plan", ("shape", "placement"))
     sd = rd.obj(d, "shape", "plan")
+    rd.known(sd, sw, _SHAPE_KEYS)
     layers = rd.get(sd, "layers", sw, list)
     if any(not isinstance(x, int) or isinstance(x, bool) for x in layers):
         raise rd.err(f"{sw}.layers", "must be a list of integers (layers per virtual stage)")
@@ -312,6 +341,7 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
         w = f"{pw}[{k}]"
         if not isinstance(row, dict):
             raise rd.err(w, "must be an object with stage, replica, node, gpus")
+        rd.known(row, w, ("stage", "replica", "cp_rank", "node", "gpus"))
         s, r = rd.get(row, "stage", w, int), rd.get(row, "replica", w, int)
         if not (0 <= s < pp and 0 <= r < dp):
             raise rd.err(w, f"stage {s} replica {r} is outside {pp} stages x {dp} replicas")
@@ -361,13 +391,15 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
         raise SpecError("must hold one JSON object (a plan file)", source=src)
     if "schema_version" not in doc:
         raise rd.err("schema_version", "missing; this is not a pipette plan file")
+    if doc.get("kind", KIND) != KIND:
+        raise rd.err("kind", f"is {doc['kind']!r}, expected '{KIND}' (a plan file, written "
+                     "by --save-plan or solve)")
     ver = doc["schema_version"]
-    if ver != SCHEMA_VERSION:
+    if ver not in READS:
         raise rd.err("schema_version", f"version {ver!r} is not supported: this "
                      f"pipette-configurator reads plan files of schema_version "
-                     f"{SCHEMA_VERSION}; re-create the plan with this version")
-    if doc.get("kind", KIND) != KIND:
-        raise rd.err("kind", f"is {doc['kind']!r}, expected '{KIND}'")
+                     f"{' or '.join(map(str, READS))}; re-create the plan with this version")
+    rd.known(doc, "", _TOP_KEYS)
     model = _read_model(rd, rd.obj(doc, "model", ""))
     job = _read_job(rd, rd.obj(doc, "job", ""))
     options = _read_options(rd, rd.obj(doc, "options", "", optional=True))
@@ -375,6 +407,25 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     plan = _read_plan(rd, rd.obj(doc, "plan", ""), model, job, cluster)
     solver = rd.obj(doc, "solver", "", optional=True)
     estimate = rd.obj(doc, "estimate", "", optional=True)
+    calibration = rd.obj(doc, "calibration", "", optional=True)
     meta = {"schema_version": ver, "generator": doc.get("generator"), "estimate": estimate,
-            "solver": solver, "calibration": doc.get("calibration")}
+            "solver": solver, "calibration": calibration,
+            "calibrated_cluster": ver == 2 and calibration is not None}
     return model, job, cluster, plan, options, meta
+
+
+def recorded_profile(meta: dict, src: str):
+    """The calibration profile a plan file carries whole (schema 3), or None: none recorded,
+    or a schema 2 file, whose cluster the profile already scaled (`meta["calibrated_cluster"]`;
+    the commands refuse a second profile on it)."""
+    from formats.profile import profile_from_dict
+
+    cal = meta.get("calibration")
+    if cal is None or meta.get("calibrated_cluster"):
+        return None
+    doc = cal.get("document")
+    if not isinstance(doc, dict):
+        raise SpecError("missing: a calibrated plan carries its profile whole; re-create it "
+                        "(estimate or solve with --calibration and --save-plan)", source=src,
+                        field="calibration.document")
+    return profile_from_dict(doc, f"{src} (calibration.document)")

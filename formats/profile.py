@@ -11,7 +11,12 @@ import numpy as np
 from model.calibration import (FRAGMENTATION_BOUNDS, KIND, SCHEMA_VERSION, TIME_PARAMETERS,
                                Profile)
 from model.errors import SpecError
-from .reading import finite_number, read_text
+from .reading import finite_number, read_text, unknown_keys
+
+# every field a profile may hold (Profile.to_dict writes them; probe/gemm.py adds the last three)
+_KEYS = ("kind", "schema_version", "gpu", "parameters", "fitted", "covariance",
+         "residual_sd_log", "residual_dof", "residual_sd_assumed", "prior_sd_log", "runs",
+         "uninformed", "fragmentation_spread", "planning", "device", "kernels")
 
 
 def save_profile(path, prof: Profile) -> None:
@@ -66,12 +71,22 @@ def load_profile(path) -> Profile:
     except json.JSONDecodeError as e:
         raise SpecError(f"not JSON ({e.msg} at line {e.lineno})", source=src,
                         field="calibration") from None
+    except RecursionError:
+        raise SpecError("nested too deeply to be a calibration profile", source=src,
+                        field="calibration") from None
+    return profile_from_dict(d, src)
+
+
+def profile_from_dict(d, src: str) -> Profile:
+    """A profile from its parsed document (a file's, or the one a plan file carries);
+    every problem is one SpecError naming `src` and the field."""
     if not isinstance(d, dict) or d.get("kind") != KIND:
         raise SpecError(f"not a calibration profile (kind must be {KIND!r}); write one with "
                         "`python cli.py calibrate`", source=src, field="kind")
     if d.get("schema_version") != SCHEMA_VERSION:
         raise SpecError(f"schema_version {d.get('schema_version')!r}; this version reads "
                         f"{SCHEMA_VERSION}", source=src, field="schema_version")
+    unknown_keys(d, _KEYS, src)
     if d.get("planning", True) is not True:
         raise SpecError("measured by probe/gemm.py in its CPU test mode, not on a GPU: not for "
                         "planning; run the probe on the GPUs you plan for", source=src,
@@ -86,6 +101,8 @@ def load_profile(path) -> Profile:
         if k not in known:
             raise SpecError(f"unknown parameter {k!r}; known: {', '.join(sorted(known))}",
                             source=src, field=f"parameters.{k}")
+        if isinstance(v, dict):
+            unknown_keys(v, ("value", "stderr"), src, f"parameters.{k}")
         val = v.get("value") if isinstance(v, dict) else None
         lo, hi = TIME_PARAMETERS.get(k, FRAGMENTATION_BOUNDS)
         if not isinstance(val, (int, float)) or isinstance(val, bool) or not lo <= val <= hi:
@@ -130,8 +147,15 @@ def load_profile(path) -> Profile:
     f_sd = _optional_at_least_0(spread.get("sd"), src, "fragmentation_spread", what)
     if f_sd is not None and f_n < 2:
         raise SpecError(f"must be {what}", source=src, field="fragmentation_spread")
+    prior = d.get("prior_sd_log") or {}
+    if not isinstance(prior, dict) or not set(prior) <= set(TIME_PARAMETERS):
+        raise SpecError("must map time parameters to the prior's sd of log (what the fit "
+                        "used) or be empty", source=src, field="prior_sd_log")
+    prior = {k: _optional_at_least_0(v, src, f"prior_sd_log.{k}", "a number, 0 or more")
+             for k, v in prior.items()}
     return Profile(d["gpu"], values, stderr, names, cov, sd,
                    runs, src, residual_dof=dof, residual_sd_assumed=assumed,
                    fragmentation_sd=f_sd, fragmentation_readings=f_n,
                    device=str(d.get("device") or ""),
-                   kernels=d.get("kernels") or [], uninformed=tuple(uninformed))
+                   kernels=d.get("kernels") or [], uninformed=tuple(uninformed),
+                   prior_sd=prior)

@@ -143,12 +143,26 @@ class FieldReader:
             raise self.err(fld, f"must be {name}{' or null' if nullable else ''}, got {v!r}")
         return float(v) if kind is float else v
 
+    def known(self, d: dict, where: str, keys) -> None:
+        """Refuse a key of `d` outside `keys`: a misspelt field is named, never ignored."""
+        unknown_keys(d, keys, self.src, where)
+
     def wrap(self, e: SpecError, prefix: str) -> SpecError:
         """A spec's error under the file's path to it (`prefix`); an error `get` raised inside
         the same try already names its field from the file's root and keeps it."""
         named = e.field and (e.field == prefix or e.field.startswith(prefix + "."))
         fld = e.field if named else (f"{prefix}.{e.field}" if e.field else prefix)
         return SpecError(e.problem, source=self.src, field=fld)
+
+
+def unknown_keys(d: dict, keys, src: str, where: str = "") -> None:
+    """One SpecError naming the first key of `d` that is not in `keys` (a misspelt or foreign
+    field would otherwise be dropped without a word), with the keys that are known there."""
+    for k in d:
+        if k not in keys:
+            fld = f"{where}.{k}" if where else str(k)
+            raise SpecError(f"unknown field {str(k)[:40]!r}; known here: "
+                            f"{', '.join(sorted(keys))}", source=src, field=fld)
 
 
 def finite_number(v, src: str, fld: str, what: str) -> float:
@@ -159,5 +173,6 @@ def finite_number(v, src: str, fld: str, what: str) -> float:
     except OverflowError:  # an integer beyond any float
         ok = False
     if not ok:
-        raise SpecError(f"must be {what}, got {str(v)[:40]}", source=src, field=fld)
+        shown = repr(v) if isinstance(v, str) else str(v)  # "5" is a string, not 5
+        raise SpecError(f"must be {what}, got {shown[:40]}", source=src, field=fld)
     return float(v)

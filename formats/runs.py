@@ -202,7 +202,7 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         flag = "--hostfile" if hostfiles else "--save-plans" if save_plans else "--run-config"
         raise SpecError(f"{flag} goes with --cluster (the plans are read from the logs then)",
                         source="options", field=flag)
-    runs, readings = [], []
+    runs, readings, to_save = [], [], []
     for k, log in enumerate(logs):
         plan_file = _pick(plans, k, len(logs), "--plan")
         cluster_name = _pick(clusters, k, len(logs), "--cluster")
@@ -211,15 +211,20 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         reading = read_log(log)
         settings = None
         if plan_file:
-            m, job, c, pl, opts, _meta = load_plan(plan_file)
+            m, job, c, pl, opts, meta = load_plan(plan_file)
+            if meta["calibrated_cluster"]:
+                raise SpecError("this plan file (schema 2) holds a cluster already scaled by "
+                                "a calibration profile; a fit on it would scale twice: "
+                                "re-create the plan without --calibration", source=str(plan_file),
+                                field="calibration")
             described = None
         else:
             m, job, c, pl, settings = plan_from_log(reading, cluster_name, hosts, run_config,
                                                     version)
             opts, described = Options(), pl.shape.describe()
-            if save_plans:
+            if save_plans:  # written once every log has been read (none on an error)
                 written = Path(save_plans) / f"{Path(log).name}.plan.json"
-                save_plan(written, m, job, c, pl, estimate(m, job, c, pl, opts), options=opts)
+                to_save.append((written, m, job, c, pl, opts))
                 described += f" (saved to {written})"
         check_logged_args(reading, m, job, pl, str(plan_file) if plan_file
                           else "read from the run's own settings", cluster=c)
@@ -232,4 +237,6 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
             job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
             kind, label=Path(log).name, memory_stage=reading.memory_stage))
+    for written, m, job, c, pl, opts in to_save:
+        save_plan(written, m, job, c, pl, estimate(m, job, c, pl, opts), options=opts)
     return runs, readings

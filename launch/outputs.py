@@ -57,9 +57,11 @@ def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
                   emit: str | None = None, out: Path | None = None, gantt: Path | None = None,
                   placement_png: Path | None = None, solver: dict | None = None,
                   calibration: dict | None = None, force: bool = False,
-                  tokenizer: str | None = None,
-                  version: str | None = None) -> tuple[list[Path], list[str]]:
-    """Plan file, launch files and pictures, as asked; returns (files written, warnings)."""
+                  tokenizer: str | None = None, version: str | None = None,
+                  measured: tuple | None = None) -> tuple[list[Path], list[str]]:
+    """Plan file, launch files and pictures, as asked; returns (files written, warnings).
+    `c` and `opts` as the estimate used them (calibrated, where `calibration` says so);
+    `measured`: the cluster and options before the profile, what the plan file holds."""
     # (without --emit the version was the estimate's, checked with the job's inputs)
     check_outputs(save_plan=save_plan, emit=emit, out=out, gantt=gantt,
                   placement_png=placement_png, force=force, tokenizer=tokenizer,
@@ -73,7 +75,8 @@ def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
     files: list[Path] = []
     warnings: list[str] = []
     if save_plan is not None:
-        write_plan(save_plan, m, job, c, plan, est, solver, opts, calibration)
+        c0, opts0 = measured if measured is not None else (c, opts)
+        write_plan(save_plan, m, job, c0, plan, est, solver, opts0, calibration)
         files.append(Path(save_plan))
     if ls is not None:
         files += write_set(folder, ls.files, modes={n: 0o755 for n in ls.executable},

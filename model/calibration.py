@@ -284,6 +284,10 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     """Fit the named time parameters (and the fragmentation allowance where memory readings
     of the reserved peak exist); `prior` False drops the prior (a plain robust least-squares
     fit). Returns the profile and, per run, (before, after) predicted seconds."""
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise SpecError(f"names {', '.join(twice)} more than once; list each parameter once",
+                        source="options", field="--fit")
     for n in names:
         if n not in TIME_PARAMETERS:
             raise SpecError(f"unknown parameter {n!r}; fit any of "

@@ -1530,6 +1530,104 @@ def test_cli_calibrate_then_estimate_with_intervals(tmp_path):
     assert res.exit_code == 2 and "bad.log" in res.output and "Traceback" not in res.output
 
 
+def test_a_calibrated_plan_file_carries_its_profile_and_is_never_scaled_twice(tmp_path):
+    """A plan saved under a profile holds the cluster as measured and the profile whole: read
+    back it re-evaluates to its stored estimate with the interval; --calibration replaces the
+    carried profile (the same profile gives the same figures, not a second scaling); a fit on
+    it starts from the measured cluster; calibrate refuses to overwrite an input."""
+    runner = CliRunner()
+    r = _runs({"gemm_scale": 0.8, "network_scale": 0.7}, 0.01, seed=4, n=4)[0]
+    from model.estimator import estimate
+    raw = tmp_path / "raw.json"
+    save_plan(raw, r.model, r.job, r.cluster, r.plan, estimate(r.model, r.job, r.cluster, r.plan))
+    prof, _ = fit(_runs({"gemm_scale": 0.8, "network_scale": 0.7}, 0.01, seed=5, n=5),
+                  ("gemm_scale", "network_scale"), "A100-80GB")
+    cal = tmp_path / "cal.json"
+    save_profile(cal, prof)
+
+    def est(*args):
+        res = runner.invoke(app, ["estimate", *args, "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)
+
+    first = est("--plan", str(raw), "--calibration", str(cal), "--save-plan",
+                str(tmp_path / "c.json"))
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["calibration"]["document"]["parameters"] == prof.to_dict()["parameters"]
+    assert doc["cluster"] == json.loads(raw.read_text())["cluster"]  # as measured
+    for again in (est("--plan", str(tmp_path / "c.json")),
+                  est("--plan", str(tmp_path / "c.json"), "--calibration", str(cal))):
+        assert again["estimate"]["iteration_ms"] == pytest.approx(
+            first["estimate"]["iteration_ms"], rel=1e-12)
+        assert again["interval_s"]["high"] == pytest.approx(first["interval_s"]["high"])
+    assert doc["estimate"]["iteration_ms"] == pytest.approx(first["estimate"]["iteration_ms"],
+                                                            rel=1e-12)
+    plain = est("--plan", str(raw))["estimate"]["iteration_ms"]
+    assert abs(plain / first["estimate"]["iteration_ms"] - 1) > 0.01  # the profile matters
+    # a fit on the calibrated plan file starts from the measured cluster, as on the raw one
+    log = tmp_path / "run.log"
+    _megatron_log(log, r.measured_s)
+    got = []
+    for pf in (raw, tmp_path / "c.json"):
+        res = runner.invoke(app, ["calibrate", str(log), "--plan", str(pf), "--fit",
+                                  "gemm_scale", "--out", str(tmp_path / "f.json"), "--json"])
+        assert res.exit_code == 0, res.output
+        got.append(json.loads(res.output)["parameters"]["gemm_scale"]["value"])
+    assert got[0] == pytest.approx(got[1], rel=1e-9)
+    # a schema 2 plan file that was calibrated holds the scaled cluster: no second profile
+    doc2 = dict(doc, schema_version=2)
+    (tmp_path / "v2.json").write_text(json.dumps(doc2))
+    res = runner.invoke(app, ["estimate", "--plan", str(tmp_path / "v2.json"),
+                              "--calibration", str(cal)])
+    assert res.exit_code == 2 and "cannot be calibrated again" in res.output
+    res = runner.invoke(app, ["calibrate", str(log), "--plan", str(tmp_path / "v2.json")])
+    assert res.exit_code == 2 and "scale twice" in res.output
+    # the outputs never overwrite an input; a parameter named twice is refused
+    res = runner.invoke(app, ["calibrate", str(log), "--plan", str(raw), "--out", str(log)])
+    assert res.exit_code == 2 and "--out" in res.output and log.read_text().startswith(" [")
+    res = runner.invoke(app, ["calibrate", str(log), "--plan", str(raw), "--fit",
+                              "gemm_scale,gemm_scale", "--out", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "more than once" in res.output
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_unknown_fields_of_plans_and_profiles_are_named_not_dropped(tmp_path):
+    runner = CliRunner()
+    r = _runs({"gemm_scale": 0.8}, 0.01, seed=4, n=4)[0]
+    from model.estimator import estimate
+    pf = tmp_path / "p.json"
+    save_plan(pf, r.model, r.job, r.cluster, r.plan, estimate(r.model, r.job, r.cluster, r.plan))
+    prof, _ = fit(_runs({"gemm_scale": 0.8}, 0.01, seed=5, n=4), ("gemm_scale",), "A100-80GB")
+    cal = tmp_path / "cal.json"
+    save_profile(cal, prof)
+    for path, edit, field in (
+            (pf, lambda d: d["job"].update(global_bach=8), "job.global_bach"),
+            (pf, lambda d: d["plan"]["shape"].update(tpp=2), "plan.shape.tpp"),
+            (pf, lambda d: d["cluster"]["nodes"][0].update(gpu_count=4),
+             "cluster.nodes[0].gpu_count"),
+            (pf, lambda d: d.update(extra=1), "extra"),
+            (cal, lambda d: d.update(residual_sd_lg=0.1), "residual_sd_lg"),
+            (cal, lambda d: d["parameters"]["gemm_scale"].update(std=0.1),
+             "parameters.gemm_scale.std")):
+        keep = path.read_text()
+        d = json.loads(keep)
+        edit(d)
+        path.write_text(json.dumps(d))
+        res = runner.invoke(app, ["estimate", "--plan", str(pf), "--calibration", str(cal)])
+        path.write_text(keep)
+        assert res.exit_code == 2, res.output
+        line = " ".join(res.output.split())
+        assert f"{field}: unknown field" in line and str(path) in line, line
+
+
+def test_a_log_whose_readings_are_not_positive_is_refused(tmp_path):
+    log = tmp_path / "zero.log"
+    _megatron_log(log, 0.0)
+    with pytest.raises(SpecError) as e:
+        read_log(log)
+    assert e.value.field == "log" and "must be positive" in e.value.problem
+
+
 def test_solve_with_a_profile_gives_an_interval_and_names_a_toss_up(tmp_path):
     """`solve --calibration`: the profile's GPU-type scales apply, the best plan carries a 95%
     interval, and a runner-up inside it is named; the plan file records the profile."""

@@ -187,6 +187,22 @@ def test_estimate_warns_of_unaligned_shapes(tmp_path):
             tp=8, fp8=True, expert_tp=8)) == [], name
 
 
+@pytest.mark.parametrize("key, value", [
+    ("tie_word_embeddings", "false"), ("head_dim", 128.0), ("rope_theta", "5e5"),
+    ("attention_dropout", "0.1"), ("_name_or_path", "a\nb"), ("num_hidden_layers", "32")])
+def test_hf_config_values_of_the_wrong_type_are_refused_not_coerced(tmp_path, key, value):
+    """A string "false" is not false, 128.0 is not a head width: one line naming the key."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 4096,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "vocab_size": 128256, "max_position_embeddings": 8192, key: value}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    r = run("estimate", "-m", str(p), "--tp", "8", "--pp", "1")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    named = "num_layers" if key == "num_hidden_layers" else key
+    assert f"config.json: {named}:" in r.output, r.output
+
+
 def test_torchtitan_release_decides_how_kv_is_counted(tmp_path):
     """`--framework-version 0.1` estimates torchtitan v0.1, which repeats K and V to every
     query head before attention: its context-parallel K/V exchange (CP 8 across 8 nodes

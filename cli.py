@@ -968,7 +968,11 @@ def compare(
         help="Instead of --cluster, compare on this many synthetic clusters "
         "(cluster synth's model; see --nodes).")] = 0,
     nodes: Annotated[int, typer.Option(help="Nodes of each generated cluster.")] = 8,
-    time_limit: TimeOpt = 120.0,
+    time_limit: Annotated[float, typer.Option(
+        "--time-limit", help="Seconds each search gets (the same for each, a fair race): the "
+        "exact and the annealing search each, per cluster; with --sharding, the search under "
+        "each sharding.", callback=_bounded("--time-limit", 0.01, 7 * 86400,
+                                            "at most a week"))] = 120.0,
     clock: ClockOpt = Clock.wall,
     seed: SeedOpt = 0,
     distopt: Annotated[Optional[bool], typer.Option(

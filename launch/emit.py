@@ -994,6 +994,16 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "which keeps "
                     "the primary shards over the whole group: optimizer state and gradients "
                     "use less memory than the estimate, weights slightly more")
+    if model.is_moe:
+        # DeepSpeed-MoE takes experts in model code (deepspeed/moe/layer.py MoE: num_experts,
+        # ep_size, k), not in its config JSON
+        warn.append(f"deepspeed [parallelism]: the {model.num_experts}-expert top-"
+                    f"{model.moe_topk} MoE layers"
+                    + (f" and their expert parallelism (EP={sh.ep})" if sh.ep > 1 else "")
+                    + " are not DeepSpeed config keys: build them in the model code "
+                    f"(deepspeed.moe.layer.MoE(num_experts={model.num_experts}, "
+                    f"ep_size={sh.ep}, k={model.moe_topk})); the estimate priced Megatron-LM's "
+                    "all-to-all dispatcher and grouped GEMMs")
     if sh.overlap_grad_reduce:
         cfg["zero_optimization"]["overlap_comm"] = True
     elif sh.zero >= 3:

@@ -327,6 +327,11 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     elif shape.chunks != 1:
         raise SpecError(f"chunks={shape.chunks} only applies to the interleaved schedule",
                         source=src, field="chunks")
+    if job.framework == "deepspeed" and shape.pp > 1 and shape.schedule != "1f1b":
+        # deepspeed/runtime/pipe/schedule.py: TrainSchedule, its one training schedule
+        raise SpecError(f"DeepSpeed's pipeline engine runs its own 1F1B schedule "
+                        f"(TrainSchedule) only; the {shape.schedule} schedule cannot run there: "
+                        "use 1f1b", source=src, field="schedule")
     if shape.sequence_parallel and shape.tp == 1:
         raise SpecError("sequence parallelism needs TP > 1", source=src,
                         field="sequence_parallel")

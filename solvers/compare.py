@@ -21,7 +21,7 @@ from model.plan import Plan, megatron_placement
 from model.specs import JobSpec, ModelSpec, Options
 
 from .search import prepare_shapes, solve
-from .space import SearchSpace, with_layers
+from .space import SearchSpace, cp_degrees, with_layers
 
 
 def _uniform_view(c: ClusterSpec) -> ClusterSpec:
@@ -115,10 +115,15 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
         if job.framework == "torchtitan" and zero == 1:
             continue
         spaces = [replace(space, zero=(zero,), shard_sizes=(0,))]
-        if shard < 0:  # HSDP: the replicas of one node form a shard group, for each TP degree
+        if shard < 0:
+            # HSDP: the replicas of one node form a shard group, for each TP and CP degree (a
+            # group holds shard_size data-parallel ranks times CP: model.plan Shape)
             G = cluster.gpus_per_node or 0
-            spaces = [replace(space, zero=(zero,), tp=(t,), shard_sizes=(G // t,))
-                      for t in (space.tp or (1, 2, 4, 8)) if G % t == 0 and G // t > 1]
+            spaces = [replace(space, zero=(zero,), tp=(t,), cp=(c,),
+                              shard_sizes=(G // (t * c),))
+                      for t in (space.tp or (1, 2, 4, 8))
+                      for c in cp_degrees(job, cluster, space)
+                      if G % (t * c) == 0 and G // (t * c) > 1]
         best, errors, wall = None, [], 0.0
         for sp in spaces:
             try:

@@ -31,8 +31,8 @@ from .brute import brute_force, enumerable
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import NOT_BOUNDED, Candidate, SolveResult
-from .space import (SearchSpace, blocks_for, enumerate_shapes, min_max_memory_split,
-                    with_layers)
+from .space import (SearchSpace, blocks_for, check_space, enumerate_shapes,
+                    min_max_memory_split, with_layers)
 
 # Above this many nodes `auto` anneals instead of proving optimality. bench/exact_scaling.py
 # (Llama-2 7B, TP=8, one pipeline stage per node, random and switch-structured matrices; one
@@ -333,6 +333,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         raise SpecError("FP8 weights need the distributed optimizer (ZeRO 1 or 2) and --zero "
                         f"allows {','.join(map(str, space.zero))}: add 1 or 2, or drop "
                         "--fp8-param-gather", source="options", field="--fp8-param-gather")
+    check_space(model, job, cluster, space)
     if clock == "work" and not work.metering():
         with work.metered():
             return solve(model, job, cluster, method=method, time_limit_s=time_limit_s,
@@ -375,17 +376,25 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             f"{schedule_slots(job, fewest):,}. Use a smaller global batch, or larger "
             "micro-batches (--mbs)")
     if total == 0:
-        given = {f: getattr(space, f) for f in ("tp", "pp", "cp", "micro_batch", "zero",
+        given = {f: getattr(space, f) for f in ("tp", "pp", "cp", "ep", "micro_batch", "zero",
                                                   "shard_sizes")
                  if getattr(space, f) is not None and getattr(space, f) != getattr(
                      SearchSpace(), f)}
         limits = (" The lists given: " + ", ".join(f"{k} {list(v)}" for k, v in given.items())
                   + "; widen them.") if given else ""
+        refused: dict = {}
+        for _sh in enumerate_shapes(model, job, cluster, space, refused=refused):
+            pass  # none is valid: count why each was refused
+        why = ""
+        if refused:
+            fld, (n, text) = max(refused.items(), key=lambda kv: kv[1][0])
+            why = (f" {sum(v[0] for v in refused.values())} shapes were refused; most often "
+                   f"on {fld} ({n}): {text}.")
         raise InfeasibleError(
             f"no plan in the search space is valid for {model.name} on {cluster.num_gpus} "
             "GPUs: TP x PP x DP x CP must equal the GPU count, TP divide the attention heads "
             "and fit in a node, the global batch divide by micro-batch x DP, and the sequence "
-            "by 2 x CP (x TP with sequence parallelism)." + limits)
+            "by 2 x CP (x TP with sequence parallelism)." + why + limits)
     if not infos:
         closest = min(rejected, key=lambda c: c.needs_gib) if rejected else None
         hint = (f" The closest is {closest.describe}: "

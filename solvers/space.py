@@ -110,10 +110,13 @@ class SearchSpace:
 
 def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                      space: SearchSpace = SearchSpace(),
-                     too_long: list | None = None) -> Iterator[Shape]:
+                     too_long: list | None = None,
+                     refused: dict | None = None) -> Iterator[Shape]:
     """Every shape Megatron-LM could run on this cluster (layers left empty). Shapes whose
     schedule is beyond what the cost model builds (model.plan.MAX_SCHEDULE_SLOTS) are left out
-    and appended to `too_long` when it is given, so that the search can say so.
+    and appended to `too_long` when it is given, so that the search can say so; `refused`,
+    when given, counts the others validate_shape refuses by field: field -> [count, the first
+    refusal's text].
 
     Sequence parallelism is on whenever TP > 1: it moves the same bytes as plain TP and stores
     less (its backward overlaps fewer bytes, which the cost model counts). FP8 is enumerated when
@@ -129,8 +132,7 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     overlaps = list(itertools.product(space.tp_comm_overlap, space.overlap_grad_reduce,
                                       space.overlap_param_gather))
     seen: set[Shape] = set()
-    cps = space.cp or ((1,) + tuple(2 ** i for i in range(1, 12) if 2 ** i <= total)
-                       if job.seq_length >= CP_MIN_SEQ else (1,))
+    cps = cp_degrees(job, cluster, space)
     for tp, cp in itertools.product(tps, cps):
         if total % (tp * cp):
             continue
@@ -169,9 +171,42 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                                 if too_long is not None:
                                     too_long.append(sh)
                                 continue
-                            except SpecError:
+                            except SpecError as e:
+                                if refused is not None:
+                                    refused.setdefault(e.field or "shape", [0, e.problem])
+                                    refused[e.field or "shape"][0] += 1
                                 continue
                             yield sh
+
+
+def cp_degrees(job: JobSpec, cluster: ClusterSpec, space: SearchSpace) -> tuple[int, ...]:
+    """The context-parallel degrees searched: those listed, else 1 and, for sequences of at
+    least CP_MIN_SEQ tokens, every power of two up to the GPU count."""
+    total = cluster.num_gpus
+    return space.cp or ((1,) + tuple(2 ** i for i in range(1, 12) if 2 ** i <= total)
+                        if job.seq_length >= CP_MIN_SEQ else (1,))
+
+
+def check_space(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                space: SearchSpace) -> None:
+    """Refuse, in one line naming the option, what the search could only ignore: expert
+    parallelism for a dense model, a K/V rotation where no context parallelism is searched,
+    FP8 on GPUs without FP8 tensor cores."""
+    if space.ep and any(e > 1 for e in space.ep) and not model.is_moe:
+        raise SpecError(f"{model.name} is dense (no experts): expert parallelism does not "
+                        "apply; drop --ep", source="options", field="--ep")
+    if space.cp_alltoall != SearchSpace().cp_alltoall and \
+            all(c == 1 for c in cp_degrees(job, cluster, space)):
+        raise SpecError(f"no context parallelism is searched (sequence {job.seq_length} is "
+                        f"below {CP_MIN_SEQ:,} tokens and no --cp above 1), so there is no K/V "
+                        "to rotate: drop --kv-rotate or add --cp", source="options",
+                        field="--kv-rotate")
+    if job.fp8:
+        no_fp8 = sorted({nd.gpu.name for nd in cluster.nodes if "fp8" not in nd.gpu.peak_tflops})
+        if no_fp8:
+            raise SpecError(f"FP8 needs FP8 tensor cores, which {', '.join(no_fp8)} lack "
+                            "(Hopper, Ada or newer); use bf16, or bf16,fp8 to let the plan "
+                            "decide where it can", source="options", field="--precision")
 
 
 def _eps(model: ModelSpec, space: SearchSpace, tp: int, cols: int

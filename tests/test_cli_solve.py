@@ -144,3 +144,62 @@ def test_solve_json_on_stdout_is_json_alone(tiny, clock):
     d = json.loads(r.stdout)
     assert d["solver"]["clock"] == clock
     assert (d["solver"]["work_s"] is not None) == (clock == "work")
+
+
+@pytest.mark.parametrize("args, field, says", [
+    (["-c", "example", "--precision", "fp8"], "--precision", "A100-80GB lack"),
+    (["-m", "llama3-8b", "--ep", "4"], "--ep", "is dense"),
+    (["-m", "llama3-8b", "--seq", "8192", "--framework", "torchtitan", "--kv-rotate",
+      "alltoall"], "--kv-rotate", "no context parallelism is searched"),
+])
+def test_solve_refuses_what_it_could_only_ignore(args, field, says):
+    """Options no plan of the search could use are one line naming the option, not dropped."""
+    r = runner.invoke(app, ["solve", *args, "--time-limit", "5"])
+    assert r.exit_code == 2, r.output
+    line = " ".join(r.output.split())
+    assert f"{field}: " in line and says in line, line
+
+
+def test_an_empty_search_space_says_what_refused_most_shapes():
+    """EP 4 under torchtitan: every shape is refused on ep, and the message says why."""
+    r = runner.invoke(app, ["solve", "-m", "qwen3-30b-a3b", "-c", "h100-8x8", "--gbs", "64",
+                            "--seq", "4096", "--framework", "torchtitan", "--ep", "4",
+                            "--time-limit", "5"])
+    assert r.exit_code == 2, r.output
+    line = " ".join(r.output.split())
+    assert "most often on ep" in line and "not torchtitan" in line and "ep [4]" in line, line
+
+
+def test_deepspeed_jobs_search_only_its_pipeline_schedule():
+    """DeepSpeed's pipeline engine runs its own 1F1B only: the search never picks another."""
+    from formats import presets
+    from formats.clusters import uniform_cluster
+    from model.errors import SpecError
+    from model.estimator import make_plan
+    from model.specs import JobSpec
+    from solvers.space import SearchSpace, enumerate_shapes
+
+    m = presets.model("llama3-8b")
+    job = JobSpec(global_batch=64, seq_length=4096, framework="deepspeed")
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    shapes = list(enumerate_shapes(m, job, c, SearchSpace()))
+    assert shapes and all(sh.schedule == "1f1b" for sh in shapes if sh.pp > 1)
+    with pytest.raises(SpecError) as e:
+        make_plan(m, job, c, tp=8, pp=2, schedule="interleaved", chunks=2)
+    assert e.value.field == "schedule"
+
+
+def test_hsdp_under_context_parallelism_shards_within_a_node():
+    """compare --sharding's HSDP row: a shard group is one node's GPUs, CP ranks counted."""
+    from formats import presets
+    from formats.clusters import uniform_cluster
+    from model.specs import JobSpec
+    from solvers.compare import compare_sharding
+    from solvers.space import SearchSpace
+
+    m = presets.model("llama3-8b")
+    job = JobSpec(global_batch=16, seq_length=32768, framework="torchtitan")
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    rows = compare_sharding(m, job, c, time_limit_s=20, space=SearchSpace(cp=(4,), tp=(1,)))
+    hsdp = next(r for r in rows if r["sharding"].startswith("HSDP"))
+    assert "CP=4" in hsdp["plan"] and "hsdp2x2" in hsdp["plan"], rows

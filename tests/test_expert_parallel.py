@@ -275,6 +275,10 @@ def test_emitted_flags_carry_ep_and_expert_tp():
     tt, warns = torchtitan_config(MIXTRAL, job, c, plan)
     assert tt["parallelism"]["expert_parallel_degree"] == 8
     assert any("EP=8" in w for w in warns)
+    from launch.emit import deepspeed_config
+    _cfg, warns = deepspeed_config(MIXTRAL, job, c, plan)  # EP lives in DeepSpeed's model code
+    assert any(w.startswith("deepspeed [parallelism]") and "EP=8" in w and "ep_size=8" in w
+               for w in warns)
 
 
 def test_grad_reduce_in_bf16_halves_gradient_bytes():

@@ -44,7 +44,15 @@ def _aliased(extra: dict[str, str] | None = None):
                     break
                 name, eq, val = a.partition("=")
                 out.append(table[name] + eq + val if name in table else a)
-            return super().parse_args(ctx, out)
+            try:
+                return super().parse_args(ctx, out)
+            except Exception as e:
+                # click's UsageError (typer vendors click: matched by name): one line, as
+                # every other bad input, where click would draw a box of five
+                if not any(c.__name__ == "UsageError" for c in type(e).__mro__):
+                    raise
+                fail(f"options: {e.format_message()} (`{ctx.command_path} --help` lists "
+                     "the options)")
 
     return AliasedCommand
 
@@ -269,9 +277,9 @@ def _precision(text: str, allow_list: bool) -> tuple[str, bool | None]:
     from model.errors import SpecError
     from model.specs import PRECISIONS
 
-    parts = [x.strip().lower() for x in text.split(",") if x.strip()]
+    parts = [x.strip().lower() for x in text.split(",")]
     known = PRECISIONS + ("fp8",)
-    bad = [x for x in parts if x not in known]
+    bad = [x for x in parts if x not in known]  # an empty item (bf16,,fp8) too
     if not parts or bad or len(set(parts)) != len(parts):
         raise SpecError(f"{text!r} is not a precision; use one of {', '.join(known)}"
                         + (" or a list such as bf16,fp8" if allow_list else ""),
@@ -359,7 +367,7 @@ def _int_list(text: str | None, flag: str, allow_zero: bool = False
     if text is None:
         return None
     try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
+        vals = tuple(int(x) for x in text.split(","))  # "8,,4": an empty item, refused
     except ValueError:
         vals = ()
     if not vals or any(v < (0 if allow_zero else 1) for v in vals):
@@ -384,8 +392,8 @@ def _choice_list(text: str | None, flag: str, allowed: tuple[str, ...]) -> tuple
 
     if text is None:
         return None
-    vals = tuple(x.strip().lower() for x in text.split(",") if x.strip())
-    bad = [v for v in vals if v not in allowed]
+    vals = tuple(x.strip().lower() for x in text.split(","))
+    bad = [v for v in vals if v not in allowed]  # an empty item too
     if not vals or bad:
         raise SpecError(f"{text!r}: use one or more of {', '.join(allowed)}, comma-separated",
                         source="options", field=flag)
@@ -737,7 +745,7 @@ def calibrate(
         raise SpecError(f"the plans run on several GPU types ({', '.join(sorted(gpus))}); a "
                         "profile is for one: calibrate each type apart", source="options",
                         field="--plan")
-    names = tuple(x.strip() for x in fit_params.split(",") if x.strip())
+    names = tuple(x.strip() for x in fit_params.split(","))  # "a,,b": refused by fit
     prof, _ = fit(runs, names, gpus.pop(), prior=prior)
     save_profile(out, prof)
     if as_json:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from formats.planfile import gpu_to_dict, model_to_dict
 from formats.views import estimate_to_dict, plan_to_dict
+from model.plan import slot_label
 from model import plan as plan_rules
 
 
@@ -118,7 +119,7 @@ def print_placement(plan, cluster) -> None:
     for s in range(pl.pp):
         for r in range(pl.cols):
             by_node.setdefault(pl.node[s][r], []).append(
-                f"s{s}/r{r}[{','.join(map(str, pl.gpus[s][r]))}]")
+                f"{slot_label(s, r, plan.shape.cp)}[{','.join(map(str, pl.gpus[s][r]))}]")
     for n, nd in enumerate(cluster.nodes):
         t.add_row(nd.name, "  ".join(by_node.get(n, ["-"])))
     console().print(t)

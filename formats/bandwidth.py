@@ -26,7 +26,7 @@ from networkx.utils import UnionFind
 from model.cluster import INTRA_LATENCY_US
 from model.errors import SpecError
 
-from .reading import read_text
+from .reading import read_text, unknown_keys
 
 from .clusters import cluster_from_dict
 
@@ -43,6 +43,13 @@ UNIT_TO_GB_PER_S = {
     "mib_per_s": MIB / 1e9,        # 2^20 bytes/s
     "gbit_per_s": 1e9 / 8 / 1e9,   # 1e9 bits/s = 1.25e8 bytes/s
 }
+# how a JSON matrix's "units" text (the probe writes "GB/s (1e9 bytes/s) ...") must begin for
+# each matrix key; the key decides the unit, the text may only agree with it
+_UNIT_TEXT = {"gb_per_s": "GB/s", "mb_per_s": "MB/s", "mib_per_s": "MiB/s",
+              "gbit_per_s": "Gbit/s"}
+# the other fields a JSON matrix may hold: probe/p2p_bandwidth.py's record of its run
+_JSON_RECORD_KEYS = ("format", "units", "backend", "size_bytes", "iters", "warmup", "rounds",
+                     "measured_at")
 
 
 @dataclass
@@ -144,6 +151,13 @@ def read_json(path: str | Path, units: str | None = None) -> Measured:
     if units is not None and units != key:
         raise SpecError(f"the file says {key} but --units {units} was given; drop --units",
                         source=src, field=key)
+    unknown_keys(raw, ("nodes", key, *_JSON_RECORD_KEYS), src)
+    said = raw.get("units")
+    if said is not None and not (isinstance(said, str)
+                                 and said.strip().startswith(_UNIT_TEXT[key])):
+        raise SpecError(f"says {str(said)[:40]!r} but the matrix key {key} means "
+                        f"{_UNIT_TEXT[key]}; the key decides the unit: rename the key or fix "
+                        "the text", source=src, field="units")
     rows = raw[key]
     n = len(names)
     if not isinstance(rows, list) or len(rows) != n:
@@ -313,6 +327,11 @@ def parse_nccl(text: str, src: str) -> NcclRun:
             toks = s.lstrip("#").split()
             if "size" in toks and "algbw" in toks and "busbw" in toks:
                 header = toks
+            elif "Out of bounds values" in s and "FAILED" in s:
+                # nccl-tests' check of the results (src/common.cu): the data came out wrong
+                raise SpecError("nccl-tests says its results were wrong ('" + s.lstrip("# ")
+                                + "'): the run is not a measurement; re-run it",
+                                source=src, field=f"line {ln_no}")
             continue
         if not s or header is None:
             continue
@@ -333,6 +352,18 @@ def parse_nccl(text: str, src: str) -> NcclRun:
         except ValueError:
             raise SpecError("size, time, algbw and busbw must be numbers", source=src,
                             field=f"line {ln_no}") from None
+        # (a small message's rate prints as 0.00 GB/s: rates may be 0, never negative)
+        if not (all(math.isfinite(x) and x >= 0 for x in (*algs, *buses))
+                and all(math.isfinite(x) and x > 0 for x in ts)):
+            raise SpecError("time must be positive, algbw and busbw not negative (a failed "
+                            "or damaged run)", source=src, field=f"line {ln_no}")
+        # the '#wrong' count (older versions: 'error', a max error) of each half: 0 or N/A
+        # (nccl-tests run without checking, -c 0) where the data arrived intact
+        for i in (i for i, h in enumerate(header) if h in ("#wrong", "error")):
+            if toks[i] != "N/A" and _float_or(toks[i]) != 0.0:
+                raise SpecError(f"nccl-tests counted {toks[i]} wrong values at {size} bytes: "
+                                "the data arrived damaged; the run is not a measurement, "
+                                "re-run it", source=src, field=f"line {ln_no}")
         if ts:
             times.append((size, float(np.mean(ts))))
         nrows += 1
@@ -343,6 +374,9 @@ def parse_nccl(text: str, src: str) -> NcclRun:
                         source=src)
     if best is None:
         raise SpecError("the nccl-tests table has no data rows (did the run fail?)", source=src)
+    if not best[2] > 0:
+        raise SpecError(f"busbw at the largest size ({best[0]} bytes) is 0: no rate to read; "
+                        "run nccl-tests up to large messages (-e 1G)", source=src, field="busbw")
     ranks = [hosts[r] for r in sorted(hosts)]
     return NcclRun(src, ranks, best[0], best[1], best[2], nrows, times)
 
@@ -768,6 +802,13 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
 
 def _read_text(path: str | Path) -> str:
     return read_text(path, what="the measurement file")
+
+
+def _float_or(text: str, default: float = math.nan) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return default
 
 
 def _check_names(names: list[str], src: str, fld: str) -> None:

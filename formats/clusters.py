@@ -29,7 +29,7 @@ from model.cluster import (INTRA_LATENCY_US, MAX_GPUS_PER_NODE, MAX_NODES, Clust
 from model.errors import SpecError
 
 from . import presets
-from .reading import finite_number as _number, read_text
+from .reading import finite_number as _number, read_text, unknown_keys
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
@@ -45,6 +45,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
 
 
 def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
+    unknown_keys(raw, ("name", "latency_us", "intra_latency_us", "nodes", "inter"), src)
     nodes_raw = raw.get("nodes")
     if not isinstance(nodes_raw, list) or not nodes_raw:
         raise SpecError("missing; add one [[nodes]] table per node", source=src, field="nodes")
@@ -57,6 +58,8 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
         if not isinstance(nd, dict):
             raise SpecError(f"must be a table ([[nodes]] with name, gpu, gpus, "
                             f"intra_gb_per_s), got {nd!r}", source=src, field=where)
+        unknown_keys(nd, ("name", "gpu", "gpus", "intra_gb_per_s", "intra_topology",
+                          "intra_matrix_gb_per_s"), src, where)
         topo_name = nd.get("intra_topology")
         for key in ("name", "gpu", "gpus", "intra_gb_per_s"):
             if key not in nd and not (key == "intra_gb_per_s" and topo_name is not None):
@@ -64,7 +67,7 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
         if not isinstance(nd["gpu"], str):
             raise SpecError(f"must be a GPU preset name, got {nd['gpu']!r}", source=src,
                             field=f"{where}.gpu")
-        check_name(nd["name"], "the node name", src, f"{where}.name")
+        check_name(nd["name"], "the node name", src, f"{where}.name", host=True)
         try:
             gpu = presets.gpu(nd["gpu"])
         except SpecError as e:
@@ -90,6 +93,7 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
     if not isinstance(inter, dict) or "gb_per_s" not in inter:
         raise SpecError("missing; give the node-by-node matrix in GB/s", source=src,
                         field="inter.gb_per_s")
+    unknown_keys(inter, ("gb_per_s",), src, "inter")
     mat = _matrix(inter["gb_per_s"], len(nodes), src, "inter.gb_per_s")
     # ranges and names are ClusterSpec's to check; here only that the types are right
     lat = _number(raw.get("latency_us", 5.0), src, "latency_us", "a number >= 0")
@@ -138,7 +142,7 @@ def _matrix(rows, n: int, src: str, fld: str) -> np.ndarray:
     bad = off & ~(np.isfinite(m) & (m > 0))
     if bad.any():
         i, j = map(int, np.argwhere(bad)[0])
-        raise SpecError(f"entry [{i}][{j}] is {m[i, j]!r}; bandwidth must be a positive "
+        raise SpecError(f"entry [{i}][{j}] is {float(m[i, j])!r}; bandwidth must be a positive "
                         "number of GB/s", source=src, field=fld)
     return m
 

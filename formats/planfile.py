@@ -404,6 +404,11 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     job = _read_job(rd, rd.obj(doc, "job", ""))
     options = _read_options(rd, rd.obj(doc, "options", "", optional=True))
     cluster = _read_cluster(rd, rd.obj(doc, "cluster", ""))
+    for nd in cluster.nodes:
+        if job.precision not in nd.gpu.peak_tflops:
+            raise rd.err(f"cluster.gpu_types.{nd.gpu.name}.peak_tflops",
+                         f"has no {job.precision} peak, which job.precision needs; add it or "
+                         "change the precision")
     plan = _read_plan(rd, rd.obj(doc, "plan", ""), model, job, cluster)
     solver = rd.obj(doc, "solver", "", optional=True)
     estimate = rd.obj(doc, "estimate", "", optional=True)

@@ -12,7 +12,7 @@ import numpy as np
 
 from model.cluster import ClusterSpec
 from model.errors import SpecError
-from model.plan import Placement, Plan
+from model.plan import Placement, Plan, slot_label
 
 SLOW_FACTOR = 0.75  # a link below this fraction of the median inter-node bandwidth is "slow"
 
@@ -183,7 +183,7 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
                 s, r, i = o
                 base = np.array(cmap(s % cmap.N)[:3])
                 fc = tuple(base if r % 2 == 0 else 0.55 * base + 0.45)
-                txt = f"s{s}/r{r}"
+                txt = slot_label(s, r, sh.cp)
             ax.add_patch(Rectangle((g, n), 0.92, 0.85, facecolor=fc, edgecolor="black",
                                    linewidth=0.4))
             ax.text(g + 0.46, n + 0.43, txt, ha="center", va="center", fontsize=7)

@@ -42,7 +42,7 @@ import shlex
 from dataclasses import dataclass
 
 from model.cluster import ClusterSpec
-from model.plan import DEFAULT_ORDER, TP_PP_DP_ORDER, Plan, megatron_rank
+from model.plan import DEFAULT_ORDER, TP_PP_DP_ORDER, Plan, megatron_rank, slot_label
 
 
 # the rank orders each framework can be told to use: torchtitan's device mesh and DeepSpeed's
@@ -127,7 +127,8 @@ def _rank_mapping(cluster: ClusterSpec, plan: Plan, order: str
         if len(nodes) != 1:
             where = "; ".join(
                 f"{cluster.nodes[n].name} gets "
-                + ", ".join(sorted({f"s{b[2]}/r{b[3]}" for b in block if b[0] == n}))
+                + ", ".join(sorted({slot_label(b[2], b[3], plan.shape.cp) for b in block
+                                    if b[0] == n}))
                 for n in nodes)
             return None, (f"torchrun node_rank {k} runs ranks {k * G}..{k * G + G - 1} on one "
                           f"node, but the plan puts them on {len(nodes)} nodes ({where}); a "
@@ -212,7 +213,7 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
             'case "$NODE" in']
     for n in mapping.order:
         nd = cluster.nodes[n]
-        hosts = sorted({f"s{s}/r{r // sh.cp}" + (f"c{r % sh.cp}" if sh.cp > 1 else "")
+        hosts = sorted({slot_label(s, r, sh.cp)
                         for s in range(sh.pp) for r in range(sh.cols) if pl.node[s][r] == n})
         k = mapping.node_rank[n]
         out.append(f"  # {nd.name}: ranks {k * G}..{k * G + G - 1} = {' '.join(hosts)}")

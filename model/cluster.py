@@ -75,23 +75,30 @@ class NodeSpec:
 # Sane upper bounds, with their reasons: the node-by-node matrix grows with the square of the
 # node count (4,096 nodes: 128 MiB); no server holds more than 128 GPUs in one NVLink domain
 # that this model treats as one node; 1e12 GB/s is an idealized link for experiments (no
-# communication cost), anything beyond is a unit error; a latency above 1 s per message is a
-# measurement error.
+# communication cost), anything beyond is a unit error; below 1 MB/s (8 Mbit/s, a hundredth
+# of the slowest Ethernet NCCL falls back to) a stream is a link that is down, not slow; a
+# latency above 1 s per message is a measurement error.
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 128
 MAX_LINK_GB_PER_S = 1e12
+MIN_LINK_GB_PER_S = 1e-3
 MAX_LATENCY_US = 1e6
 
 
-def check_name(name, what: str, src: str, fld: str) -> None:
+def check_name(name, what: str, src: str, fld: str, host: bool = False) -> None:
     """A name is a non-empty string without control characters (it ends up in hostfiles,
-    shell scripts and TOML)."""
+    shell scripts and TOML); a node's (`host`) has no white space either: a hostfile line is
+    'name slots=N'."""
     if not isinstance(name, str) or not name.strip():
         raise SpecError(f"{what} must be a non-empty string, got {name!r}", source=src,
                         field=fld)
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
         raise SpecError(f"{what} {name!r} holds a control character (a newline, tab, ...); "
                         "use a plain name", source=src, field=fld)
+    if host and any(ch.isspace() for ch in name):
+        raise SpecError(f"{what} {name!r} holds white space; a node is named as its host "
+                        "(hostfiles read 'name slots=N'): use its host name", source=src,
+                        field=fld)
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,7 +120,7 @@ class ClusterSpec:
                             "matrix grows with the square)", source=src, field="nodes")
         check_name(self.name, "the cluster name", src, "name")
         for nd in self.nodes:
-            check_name(nd.name, "a node name", src, "nodes.name")
+            check_name(nd.name, "a node name", src, "nodes.name", host=True)
         names = [nd.name for nd in self.nodes]
         dup = sorted({x for x in names if names.count(x) > 1})
         if dup:
@@ -125,12 +132,13 @@ class ClusterSpec:
                             f"there are {n} nodes; give one row and column per node",
                             source=src, field="inter.gb_per_s")
         off = ~np.eye(n, dtype=bool)
-        bad = off & ~(np.isfinite(m) & (m > 0) & (m <= MAX_LINK_GB_PER_S))
+        bad = off & ~(np.isfinite(m) & (m >= MIN_LINK_GB_PER_S) & (m <= MAX_LINK_GB_PER_S))
         if bad.any():
             i, j = map(int, np.argwhere(bad)[0])
             raise SpecError(f"bandwidth from {names[i]} to {names[j]} is {float(m[i, j])!r}; "
-                            "every off-diagonal entry must be a positive number of GB/s, at "
-                            f"most {MAX_LINK_GB_PER_S:g}", source=src, field="inter.gb_per_s")
+                            f"every off-diagonal entry must be {MIN_LINK_GB_PER_S:g} to "
+                            f"{MAX_LINK_GB_PER_S:g} GB/s (below, the link is down: re-measure "
+                            "it or leave the node out)", source=src, field="inter.gb_per_s")
         for fld in ("latency_us", "intra_latency_us"):
             lat = getattr(self, fld)
             if isinstance(lat, bool) or not (0 <= lat <= MAX_LATENCY_US):
@@ -143,17 +151,18 @@ class ClusterSpec:
                 raise SpecError(f"node {nd.name}: gpus is {g!r}; give 1 to "
                                 f"{MAX_GPUS_PER_NODE}", source=src, field="nodes.gpus")
             b = nd.intra_gb_per_s
-            if isinstance(b, bool) or not (0 < b <= MAX_LINK_GB_PER_S):
-                raise SpecError(f"node {nd.name}: intra_gb_per_s is {b!r}; give a positive "
-                                f"number of GB/s, at most {MAX_LINK_GB_PER_S:g}", source=src,
-                                field="nodes.intra_gb_per_s")
+            if isinstance(b, bool) or not (MIN_LINK_GB_PER_S <= b <= MAX_LINK_GB_PER_S):
+                raise SpecError(f"node {nd.name}: intra_gb_per_s is {b!r}; give "
+                                f"{MIN_LINK_GB_PER_S:g} to {MAX_LINK_GB_PER_S:g} GB/s",
+                                source=src, field="nodes.intra_gb_per_s")
             im = nd.intra_matrix_gb_per_s
             if im is not None:
                 offg = ~np.eye(g, dtype=bool)
-                if im.shape != (g, g) or (offg & ~(np.isfinite(im) & (im > 0) & (
-                        im <= MAX_LINK_GB_PER_S))).any():
+                if im.shape != (g, g) or (offg & ~(np.isfinite(im) & (
+                        im >= MIN_LINK_GB_PER_S) & (im <= MAX_LINK_GB_PER_S))).any():
                     raise SpecError(f"node {nd.name}: the GPU-by-GPU matrix must be {g}x{g} "
-                                    "with positive, finite GB/s off the diagonal", source=src,
+                                    f"with {MIN_LINK_GB_PER_S:g} to {MAX_LINK_GB_PER_S:g} GB/s "
+                                    "off the diagonal", source=src,
                                     field="nodes.intra_matrix_gb_per_s")
 
     @property

@@ -66,6 +66,12 @@ class Estimate:
                 for s in self.stages if s.memory.total_gib > s.limit_gib]
 
 
+def _residue_to_zero(x_ms: float, length_ms: float) -> float:
+    """A difference of sums that is zero but for float rounding (-5e-13 ms, printed -0.0) as
+    0.0; anything larger is kept as it is."""
+    return 0.0 if abs(x_ms) <= 1e-9 * max(abs(length_ms), 1.0) else x_ms
+
+
 class Evaluator:
     """Everything fixed by the shape, ready to score placements quickly."""
 
@@ -477,8 +483,8 @@ class Evaluator:
             "pipeline_p2p_ms": p2p,
             "dp_sync_exposed_ms": sync_exposed,
             "optimizer_ms": opt,
-            "other_tail_ms": tail - sync_exposed - opt,
-            "bubble_ms": float(length - max(stage_work) - tail),
+            "other_tail_ms": _residue_to_zero(tail - sync_exposed - opt, length),
+            "bubble_ms": _residue_to_zero(float(length - max(stage_work) - tail), length),
         }
         tokens = self.job.global_batch * self.job.seq_length
         secs = length / 1e3

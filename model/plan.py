@@ -221,6 +221,12 @@ def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None
                         field="sequence_parallel")
 
 
+def slot_label(stage: int, col: int, cp: int = 1) -> str:
+    """A placement slot as the outputs name it: s<stage>/r<replica>, with c<CP rank> under
+    context parallelism (a placement column is replica x CP + CP rank)."""
+    return f"s{stage}/r{col // cp}" + (f"c{col % cp}" if cp > 1 else "")
+
+
 @dataclass(frozen=True)
 class Plan:
     shape: Shape

@@ -293,3 +293,54 @@ def test_intra_node_allreduce_gives_the_latency_and_link_rate(tmp_path):
     assert r.exit_code == 2 and "one node" in r.output
     r = cli("cluster", "synth", "--nodes", "2", "--intra-latency-us", "25", "--json")
     assert json.loads(r.output)["intra_latency_us"] == 25.0
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda t: t.replace("47176.7   22.76   22.76", "47176.7  -22.76  -22.76"), "not negative"),
+    (lambda t: t.replace("22.76   22.76       0", "22.76   22.76       3"), "3 wrong values"),
+    (lambda t: t.replace("Out of bounds values : 0 OK", "Out of bounds values : 3 FAILED"),
+     "results were wrong"),
+    (lambda t: t.replace("47176.7   22.76   22.76", "47176.7     nan     nan"), "not negative"),
+])
+def test_nccl_runs_that_report_damage_are_refused(edit, says):
+    """A negative rate, a non-zero #wrong count or nccl-tests' own FAILED line: the run is not
+    a measurement (averaged in, a -22.76 GB/s half once gave 0.005 GB/s)."""
+    text = (DATA / "nccl_pairs" / "sendrecv_node01_node02.txt").read_text()
+    bad = edit(text)
+    assert bad != text
+    with pytest.raises(SpecError) as e:
+        parse_nccl(bad, "f.txt")
+    assert says in e.value.problem and e.value.source == "f.txt"
+
+
+def test_json_matrix_fields_are_known_and_its_units_text_agrees(tmp_path):
+    base = json.loads((DATA / "matrix.json").read_text())
+    for extra, says in (({"unit": "gb"}, "unknown field 'unit'"),
+                        ({"units": "GB/s"}, "means MB/s")):
+        p = tmp_path / "m.json"
+        p.write_text(json.dumps({**base, **extra}))
+        with pytest.raises(SpecError) as e:
+            load_measurements([p])
+        assert says in e.value.problem, e.value.problem
+    p.write_text(json.dumps({**base, "units": "MB/s of one stream", "format": "x"}))
+    assert load_measurements([p])
+
+
+def test_cluster_files_refuse_unknown_fields_hosts_with_spaces_and_dead_links(tmp_path):
+    good = ('name = "c"\n[[nodes]]\nname = "a"\ngpu = "A100-80GB"\ngpus = 8\n'
+            'intra_gb_per_s = 240.0\n[[nodes]]\nname = "b"\ngpu = "A100-80GB"\ngpus = 8\n'
+            'intra_gb_per_s = 240.0\n[inter]\ngb_per_s = [[0.0, 20.0], [20.0, 0.0]]\n')
+    p = tmp_path / "c.toml"
+    p.write_text(good)
+    assert load_cluster(p).num_nodes == 2
+    for bad, field in ((good.replace('name = "c"', 'name = "c"\nlatncy = 3'), "latncy"),
+                       (good.replace("gpus = 8\n", "gpus = 8\ngpu_count = 4\n", 1),
+                        "nodes[0].gpu_count"),
+                       (good.replace("[inter]\n", "[inter]\nmb_per_s = 3\n"),
+                        "inter.mb_per_s"),
+                       (good.replace('name = "a"', 'name = "b c"'), "nodes[0].name"),
+                       (good.replace("20.0], [20.0", "1e-300], [20.0"), "inter.gb_per_s")):
+        p.write_text(bad)
+        with pytest.raises(SpecError) as e:
+            load_cluster(p)
+        assert e.value.field == field and e.value.source == str(p), (field, e.value)

@@ -255,3 +255,22 @@ def test_help_shows_bracketed_defaults():
     assert r.exit_code == 0
     for text in ("[solver chooses]", "[all cores]", "[model's]", "e.g. 4,8 [all]"):
         assert text in r.output, text
+
+
+@pytest.mark.parametrize("args, says", [
+    (["solve", "--gbs", "abc"], "'--gbs'"), (["estimate", "--kv-rotate", "foo"], "'foo'"),
+    (["solve", "--nosuch", "3"], "--nosuch"), (["calibrate"], "Missing argument"),
+    (["solve", "--precision", "bf16,,fp8"], "--precision"), (["solve", "--tp", "8,,4"], "--tp"),
+])
+def test_option_errors_are_one_line_with_exit_2(args, says):
+    """A value click cannot convert, an unknown option, a missing argument or an empty list
+    item: one line naming it (never click's five-line box), exit 2."""
+    r = run(*args)
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith("error: options: ") and says in lines[0], lines[0]
+
+
+def test_placement_names_context_parallel_ranks():
+    from model.plan import slot_label
+    assert slot_label(1, 6, 4) == "s1/r1c2" and slot_label(0, 5) == "s0/r5"

@@ -350,6 +350,14 @@ def _calibrated(c, opts, calibration: Path | None, safe_memory: bool = False,
     c2, o2 = apply_profile(prof, c, opts)
     cal = {"profile": label, "gpu": prof.gpu, "parameters": dict(prof.values),
            "document": prof.to_dict()}
+    others = sorted({nd.gpu.name for nd in c.nodes} - {prof.gpu})
+    if others:
+        links = [k for k in ("network_scale", "nvlink_scale", "intra_latency_scale")
+                 if k in prof.values]
+        cal["notes"] = [
+            f"the profile is for {prof.gpu}: the {', '.join(others)} nodes keep their presets' "
+            "efficiencies" + (f", while its {', '.join(links)} apply to every link" if links
+                              else "") + "; its interval does not cover what those nodes do"]
     if safe_memory:
         f_top = fragmentation_at_interval_top(prof)
         o2 = dataclasses.replace(o2, overheads=dataclasses.replace(o2.overheads,
@@ -494,7 +502,8 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
         files, warnings = write_outputs(m, job, c, plan, est, opts, solver=solver,
                                         calibration=calibration, measured=measured,
                                         **outputs)
-    warnings = [*notes, *shape_warnings(m, job, plan.shape), *warnings]
+    warnings = [*notes, *(calibration or {}).get("notes", []),
+                *shape_warnings(m, job, plan.shape), *warnings]
     if as_json:
         d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
         render.echo_json(_with_calibration(d, calibration, interval, mem_interval))
@@ -822,13 +831,25 @@ def validate(as_json: JsonOpt = False,
         prof = load_profile(calibration)
     s, moe = run_validate(profile=prof), validate_moe(profile=prof)
     dense = validate_dense_heldout(profile=prof)
+    cal = None
+    if prof is not None:  # which runs the profile calibrated: those on its GPU type
+        on = sum(any(a.startswith("calibrated with") for a in x.assumptions)
+                 for x in (*s.rows, *moe.rows, *dense.rows))
+        cal = {"profile": str(calibration), "gpu": prof.gpu, "runs_calibrated": on,
+               "runs": len(s.rows) + len(moe.rows) + len(dense.rows)}
     if as_json:
         render.echo_json({**render.validate_json(s), "moe": render.validate_heldout_json(moe),
-                          "dense_heldout": render.validate_heldout_json(dense)})
+                          "dense_heldout": render.validate_heldout_json(dense),
+                          **({"calibration": cal} if cal else {})})
         return
     render.print_validate(s, verbose)
     render.print_validate_heldout(moe, verbose)
     render.print_validate_heldout(dense, verbose, kind="dense")
+    if cal:
+        render.console().print(
+            f"calibrated with {cal['profile']} ({cal['gpu']}): {cal['runs_calibrated']} of "
+            f"{cal['runs']} runs are on {cal['gpu']} and use it; the others keep the presets",
+            highlight=False)
 
 
 @command()
@@ -933,6 +954,7 @@ def solve(
                                     placement_png=placement_png, solver=res.status_dict(),
                                     calibration=cal, measured=(c0, opts0), force=force,
                                     tokenizer=tokenizer, version=framework_version)
+    warnings = [*(cal or {}).get("notes", []), *warnings]
     if res.plan is not None:
         from model.compute import shape_warnings
         warnings = [*shape_warnings(m, job, res.plan.shape), *warnings]
@@ -1039,16 +1061,23 @@ def compare(
                                          clock=clock.value)
     finally:
         prog.stop()
+    notes = []
+    if calibration is not None:
+        for r in rows:
+            r["calibration"] = str(calibration)
+        notes = list(dict.fromkeys(n for x in calibrated for n in (x[3] or {}).get("notes", [])))
     if csv is not None:
         write_csv(csv, rows)
     if as_json:
         render.echo_json(rows)
         return
-    title = f"{m.name}, global batch {job.global_batch}, seq {job.seq_length}"
+    title = f"{m.name}, global batch {job.global_batch}, seq {job.seq_length}" + (
+        f"; calibrated with {calibration} ({calibrated[0][2].gpu})" if calibration else "")
     if sharding:
         render.print_sharding(rows, title, csv)
     else:
         render.print_compare(rows, title, csv)
+    render.print_written([], notes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1811,3 +1811,33 @@ def test_kernel_overhead_is_an_absolute_parameter_the_fit_recovers():
     assert Profile("A100-80GB", {"kernel_overhead_us": 0.0}).at_bounds() == {}
     assert Profile("A100-80GB", {"kernel_overhead_us": 50.0}).at_bounds() == {
         "kernel_overhead_us": "upper"}
+
+
+def test_every_command_says_which_runs_and_nodes_a_profile_calibrates(tmp_path):
+    """validate names the profile and how many runs it calibrated; compare puts it in its
+    title and rows; on a cluster mixing GPU types estimate says what the profile leaves out."""
+    runner = CliRunner()
+    prof, _ = fit(_runs({"gemm_scale": 0.8, "network_scale": 0.7}, 0.01, seed=5, n=5),
+                  ("gemm_scale", "network_scale"), "A100-80GB")
+    cal = tmp_path / "cal.json"
+    save_profile(cal, prof)
+    res = runner.invoke(app, ["validate", "--calibration", str(cal), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)["calibration"]
+    assert d["gpu"] == "A100-80GB" and 0 < d["runs_calibrated"] < d["runs"]
+    res = runner.invoke(app, ["compare", "--calibration", str(cal), "--json", "--tp", "8",
+                              "--pp", "4", "--time-limit", "5"])
+    assert res.exit_code == 0, res.output
+    assert {r["calibration"] for r in json.loads(res.output)} == {str(cal)}
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text('name = "mixed"\n[[nodes]]\nname = "a"\ngpu = "A100-80GB"\ngpus = 8\n'
+                     'intra_gb_per_s = 240.0\n[[nodes]]\nname = "h"\ngpu = "H100-SXM-80GB"\n'
+                     'gpus = 8\nintra_gb_per_s = 360.0\n[inter]\n'
+                     'gb_per_s = [[0.0, 20.0], [20.0, 0.0]]\n')
+    res = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-c", str(mixed), "--gbs", "32",
+                              "--seq", "4096", "--tp", "8", "--pp", "2", "--calibration",
+                              str(cal), "--json"])
+    assert res.exit_code == 0, res.output
+    warns = json.loads(res.output)["warnings"]
+    assert any("H100-SXM-80GB nodes keep their presets" in w and "network_scale" in w
+               for w in warns), warns

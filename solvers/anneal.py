@@ -55,12 +55,21 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
         # the first chain starts from the better of the identity and the constructed rings and
         # pipelines (solvers.construct), which take at most CONSTRUCT_SHARE of the limit
         built = constructed_perm(prob, deadline_s=t_start + CONSTRUCT_SHARE * time_limit_s)
-        if built is not None and built != list(range(prob.num_slots)):
-            lay = kw.get("init_layers") or prob.start_layers()
-            if prob.cost(built, lay) < prob.cost(list(range(prob.num_slots)), lay):
+        lay = kw.get("init_layers") or prob.start_layers()
+        ident = list(range(prob.num_slots))
+        if built is not None and built != ident:
+            if prob.cost(built, lay) < prob.cost(ident, lay):
                 first_kw = dict(kw, init_perm=built)
                 if iters is None:
                     first_kw.setdefault("t0_frac", CONSTRUCTED_T0_FRAC)
+        start = first_kw.get("init_perm") or ident
+        if prob.mixed_memory and not prob.placed_fits(start, lay):
+            # GPUs of several memory sizes and a start that overflows one: start from the
+            # placement that gives the largest GPUs to the neediest slots (a chain never
+            # leaves a start of infinite cost)
+            mp = prob.memory_perm(lay)
+            if mp is not None:
+                first_kw = dict(kw, init_perm=mp, init_layers=lay)
     if iters is None and PathSurrogate.applies(prob):
         # one pipeline of interchangeable nodes: iterated local search on the critical-path
         # surrogate (solvers.cutsearch) takes the chains' share of the clock

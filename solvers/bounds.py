@@ -120,13 +120,14 @@ def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape)
 
 
 def _memory_caps(model, job, cluster, shape, options, costs) -> list[int]:
-    """Most layers each stage can hold within the smallest GPU memory, from the events of
+    """Most layers each stage can hold within the largest GPU memory, from the events of
     `space.stage_memory_events`: at each event a stage's bytes are its constant plus, per
     chunk, layers x bytes per layer; charging every layer of the stage at its cheapest chunk's
     rate can only lower them (exact with one chunk per stage), so a stage holds at most
     min over events of (budget - constant) / cheapest rate layers."""
     ovh = options.overheads
-    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+    # the largest GPU's memory: a valid relaxation where sizes differ (a stage may sit there)
+    cap = max(nd.gpu.memory_gib for nd in cluster.nodes)
     budget = (cap - ovh.context_gib) / (1 + ovh.fragmentation) * GIB
     return [min(model.num_layers, int(np.floor(np.min((budget - const) / per.min(axis=1))
                                                + 1e-9)))

@@ -10,7 +10,7 @@ from model.plan import Placement, Plan, Shape
 from model.specs import JobSpec, ModelSpec, Options
 
 from .bounds import shape_bound_ms
-from .space import Block, decode, memory_split, with_layers
+from .space import Block, capacity_split, decode, memory_split, with_layers
 
 
 class PlacementProblem:
@@ -24,6 +24,11 @@ class PlacementProblem:
         self._ev: dict[tuple[int, ...], Evaluator] = {}
         self._fits: dict[tuple[int, ...], bool] = {}
         self._bound: float | None = None
+        # GPU memory per node (GiB): on a cluster of one memory size a split fits or not
+        # wherever it is placed; where sizes differ, a stage fits only on nodes with room for it
+        self.caps_gib = [nd.gpu.memory_gib for nd in cluster.nodes]
+        self.mixed_memory = len(set(self.caps_gib)) > 1
+        self._slot_stages: list[list[int]] | None = None
 
     @property
     def num_slots(self) -> int:
@@ -38,22 +43,63 @@ class PlacementProblem:
         return ev
 
     def fits(self, layers: tuple[int, ...]) -> bool:
-        """Memory is placement-independent on a cluster with one GPU type."""
+        """Whether some placement holds this split in memory. A stage's memory does not
+        depend on where it runs; on one memory size it fits everywhere or nowhere, and
+        where sizes differ, when the nodes with the most memory take the slots that need the
+        most (`memory_perm`)."""
         hit = self._fits.get(layers)
         if hit is None and layers[0] < self.model.first_dense_layers:
             hit = self._fits[layers] = False  # the leading dense layers belong to stage 0
         if hit is None:
-            ev = self.evaluator(layers)
-            cap = min(nd.gpu.memory_gib for nd in self.cluster.nodes)
-            hit = all(mm.total_gib <= cap for mm in ev.memory)
+            if self.mixed_memory:
+                hit = self.memory_perm(layers) is not None
+            else:
+                cap = self.caps_gib[0]
+                hit = all(mm.total_gib <= cap for mm in self.evaluator(layers).memory)
             self._fits[layers] = hit
         return hit
+
+    def slot_needs_gib(self, layers: tuple[int, ...]) -> list[float]:
+        """Per slot: the memory (GiB) of the most demanding stage its node hosts (the slot's
+        stages do not depend on which node fills it: space.decode)."""
+        if self._slot_stages is None:
+            pl = self.placement(list(range(self.num_slots)))
+            self._slot_stages = [[] for _ in range(self.num_slots)]
+            for s in range(self.shape.pp):
+                for r in range(self.shape.cols):
+                    self._slot_stages[pl.node[s][r]].append(s)
+        mem = [mm.total_gib for mm in self.evaluator(layers).memory]
+        return [max(mem[s] for s in st) for st in self._slot_stages]
+
+    def memory_perm(self, layers: tuple[int, ...]) -> list[int] | None:
+        """A permutation that holds the split in memory, or None when none does: the nodes
+        by memory, largest first, into the slots by need, largest first (a slot fits a node
+        with at least its need: if this matching fails, every matching does)."""
+        need = self.slot_needs_gib(layers)
+        slots = sorted(range(self.num_slots), key=lambda i: -need[i])
+        nodes = sorted(range(len(self.caps_gib)), key=lambda n: -self.caps_gib[n])
+        perm = [0] * self.num_slots
+        for i, n in zip(slots, nodes):
+            if need[i] > self.caps_gib[n]:
+                return None
+            perm[i] = n
+        return perm
+
+    def placed_fits(self, perm, layers: tuple[int, ...]) -> bool:
+        """Whether this placement holds the split: every stage on nodes with room for it (the
+        estimator's rule: a stage's limit is its smallest host's memory)."""
+        if not self.fits(layers):
+            return False
+        if not self.mixed_memory:
+            return True
+        need = self.slot_needs_gib(layers)
+        return all(need[i] <= self.caps_gib[int(n)] for i, n in enumerate(perm))
 
     def placement(self, perm) -> Placement:
         return decode(self.cluster, self.shape, self.block, perm)
 
     def cost(self, perm, layers: tuple[int, ...]) -> float:
-        if not self.fits(layers):
+        if not self.placed_fits(perm, layers):
             return float("inf")
         return self.evaluator(layers).iteration_ms(self.placement(perm))
 
@@ -84,11 +130,33 @@ class PlacementProblem:
         return self._bound
 
     def start_layers(self) -> tuple[int, ...]:
-        """Time-balanced split if it fits, else the memory-balanced one."""
+        """Time-balanced split if it fits, else the memory-balanced one (where memory sizes
+        differ: balanced against the memory of the nodes `memory_perm` would give)."""
         lay = default_layers(self.model, self.job, self.cluster, self.shape, self.options)
         if self.fits(lay):
             return lay
+        if self.mixed_memory:
+            caps = self.stage_caps_gib(lay)
+            if caps is not None:
+                return capacity_split(self.model, self.job, self.cluster, self.shape,
+                                      self.options, caps)[0]
         return memory_split(self.model, self.job, self.cluster, self.shape, self.options)[0]
+
+    def stage_caps_gib(self, layers: tuple[int, ...]) -> list[float] | None:
+        """Per pipeline stage, the memory of its smallest host when the nodes with the most
+        memory take the slots whose stages need most under `layers` (None if no slot can be
+        given a node: fewer nodes than slots)."""
+        need = self.slot_needs_gib(layers)
+        slots = sorted(range(self.num_slots), key=lambda i: -need[i])
+        nodes = sorted(range(len(self.caps_gib)), key=lambda n: -self.caps_gib[n])
+        if len(nodes) < len(slots):
+            return None
+        got = {i: self.caps_gib[n] for i, n in zip(slots, nodes)}
+        caps = [float("inf")] * self.shape.pp
+        for i, st in enumerate(self._slot_stages):
+            for s in st:
+                caps[s] = min(caps[s], got[i])
+        return caps
 
     def all_splits(self):
         """Every split with at least one layer per virtual stage (for brute force)."""

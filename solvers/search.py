@@ -31,8 +31,8 @@ from .brute import brute_force, enumerable
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import NOT_BOUNDED, Candidate, SolveResult
-from .space import (SearchSpace, blocks_for, check_space, enumerate_shapes,
-                    min_max_memory_split, with_layers)
+from .space import (SearchSpace, blocks_for, capacity_split, check_space,
+                    enumerate_shapes, min_max_memory_split, with_layers)
 
 # Above this many nodes `auto` anneals instead of proving optimality. bench/exact_scaling.py
 # (Llama-2 7B, TP=8, one pipeline stage per node, random and switch-structured matrices; one
@@ -149,13 +149,69 @@ def _round_split(layers, total: int) -> tuple[int, ...]:
 
 
 def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None:
+    """The time of Megatron-LM's placement with this split, or None where it has none or,
+    on GPUs of several memory sizes, does not hold the split (a quick score is a plan that
+    runs: the search prunes against it)."""
     try:
         pl = megatron_placement(cluster, shape.tp, shape.pp, shape.cols)
     except Exception:
         return None
     if ev is None or tuple(ev.shape.layers) != tuple(layers):
         ev = Evaluator(model, job, cluster, with_layers(shape, layers), options)
+    if not _placement_holds(cluster, shape, pl, ev):
+        return None
     return ev.iteration_ms(pl)
+
+
+def _placement_holds(cluster, shape, pl, ev) -> bool:
+    """Every stage within the memory of its smallest host (the estimator's rule)."""
+    return all(mm.total_gib <= min(cluster.nodes[pl.node[s][r]].gpu.memory_gib
+                                   for r in range(shape.cols))
+               for s, mm in enumerate(ev.memory))
+
+
+def _screen_mixed_memory(model, job, cluster, options, sh: Shape, bound: float,
+                         best_quick: float):
+    """screen_shape where the GPUs differ in memory: a split fits if some placement puts
+    every stage on GPUs with room for it. Tried in order: the time-balanced split, then the
+    split balanced against the memory of Megatron-LM's placement (which then gives the quick
+    score), then, for each block, the split balanced against the memory of the placement that
+    gives the largest GPUs to the neediest slots (PlacementProblem.memory_perm; no quick
+    score: not Megatron's placement)."""
+    lay = default_layers(model, job, cluster, sh, options)
+    try:
+        pl = megatron_placement(cluster, sh.tp, sh.pp, sh.cols)
+    except Exception:
+        pl = None
+    if pl is not None:
+        caps = [min(cluster.nodes[pl.node[s][r]].gpu.memory_gib for r in range(sh.cols))
+                for s in range(sh.pp)]
+        for cand in (lay, capacity_split(model, job, cluster, sh, options, caps)[0]):
+            ev = Evaluator(model, job, cluster, with_layers(sh, cand), options)
+            if _placement_holds(cluster, sh, pl, ev):
+                info = ShapeInfo(sh, bound, tuple(cand), max(mm.total_gib for mm in ev.memory))
+                if bound < best_quick * (1 + 1e-9):
+                    info.quick_ms = ev.iteration_ms(pl)
+                return info, None
+    worst = None
+    for blk in blocks_for(cluster, sh):
+        prob = PlacementProblem(model, job, cluster, sh, blk, options)
+        cand = prob.start_layers()
+        if prob.fits(cand):
+            peak = max(prob.slot_needs_gib(cand))
+            return ShapeInfo(sh, bound, tuple(cand), peak), None
+        caps = prob.stage_caps_gib(cand)
+        if caps is not None:
+            _l, _ok, st, need = capacity_split(model, job, cluster, sh, options, caps)
+            if worst is None or need - caps[st] < worst[1] - worst[2]:
+                worst = (st, need, caps[st])
+    if worst is None:
+        return None, Candidate(sh.describe(), bound, status="does not fit: no placement of "
+                               "this shape on these nodes", shape=sh)
+    st, need, cap = worst
+    return None, Candidate(sh.describe(), bound, status=f"does not fit: stage {st} needs "
+                           f"{need:.1f} GiB > {cap:g} GiB even with the largest GPUs on the "
+                           "neediest stages and the split balanced to them", shape=sh)
 
 
 def screen_shape(model, job, cluster, options, sh: Shape, bound: float, best_quick: float):
@@ -163,7 +219,10 @@ def screen_shape(model, job, cluster, options, sh: Shape, bound: float, best_qui
     unless `bound` already fails to beat `best_quick`, the quick score; or (None, Candidate)
     naming the stage that overflows even with the most memory-balanced split."""
     work.charge("screen")
-    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+    caps = {nd.gpu.memory_gib for nd in cluster.nodes}
+    if len(caps) > 1:
+        return _screen_mixed_memory(model, job, cluster, options, sh, bound, best_quick)
+    cap = caps.pop()
     lay = default_layers(model, job, cluster, sh, options)
     ev = Evaluator(model, job, cluster, with_layers(sh, lay), options)
     peak = max(mm.total_gib for mm in ev.memory)
@@ -212,8 +271,8 @@ def _screen_of(item: tuple[int, float | None, float]):
 def closed_form_misfit(cluster, sh: Shape):
     """The candidate of a shape whose closed-form bound is infinite: the relaxation of
     min_max_memory_split in solvers.bounds (every layer at its cheapest chunk's bytes) finds
-    no split within the smallest GPU's memory, so none exists."""
-    cap = min(nd.gpu.memory_gib for nd in cluster.nodes)
+    no split within the largest GPU's memory, so none exists."""
+    cap = max(nd.gpu.memory_gib for nd in cluster.nodes)
     return Candidate(sh.describe(), math.inf, status=f"does not fit: no layer split fits in "
                      f"{cap:g} GiB (closed-form memory bound)", shape=sh)
 
@@ -725,6 +784,12 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             c.status = "slower"
         elif c.status == "":
             c.status = "not searched"
+    if best_plan is None and len({nd.gpu.memory_gib for nd in cluster.nodes}) > 1:
+        raise InfeasibleError(
+            f"nothing fits in GPU memory: the {len(infos)} shapes whose splits fit some "
+            "placement on these GPUs of several memory sizes found no placement that holds "
+            "them in the time given (the first: " + infos[0].shape.describe() + "). Give the "
+            "search more time (--time-limit), or more GPUs or memory")
     if best_plan is None:  # every shape that fits was left with an infinite lower bound
         raise InfeasibleError(
             f"no plan could be timed: the {len(infos)} shapes that fit in memory all have an "

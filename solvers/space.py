@@ -389,6 +389,44 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     return tuple(layers), float(max(peaks)), int(np.argmax(peaks))
 
 
+def capacity_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+                   options: Options, caps_gib: list[float]
+                   ) -> tuple[tuple[int, ...], bool, int, float]:
+    """The layer split that minimizes the largest stage memory relative to its GPUs' memory
+    (`caps_gib`, per pipeline stage, where GPUs of several memory sizes host the stages):
+    (split, whether every stage fits, the fullest stage, its GiB). Layers go one at a time to
+    the virtual stage whose stage's fill (peak / cap) grows least: each stage's peaks are
+    affine in its own layer counts (stage_memory_events), so this greedy is optimal for the
+    largest fill, as in min_max_memory_split."""
+    import numpy as np
+
+    p, V = shape.pp, shape.num_virtual
+    ovh = options.overheads
+    scale = (1 + ovh.fragmentation) / GIB
+    events = stage_memory_events(model, job, cluster, shape, options)
+    const = [c for c, _ in events]
+    coef = []
+    for s, (c, per_layer) in enumerate(events):
+        m = np.zeros((len(c), V))
+        m[:, [k * p + s for k in range(shape.chunks)]] = per_layer
+        coef.append(m)
+
+    def fill(s, cur_s):
+        return (float(cur_s.max()) * scale + ovh.context_gib) / caps_gib[s]
+
+    layers = [1] * V
+    layers[0] = max(1, model.first_dense_layers)
+    cur = [const[s] + coef[s] @ np.asarray(layers, dtype=float) for s in range(p)]
+    for _ in range(model.num_layers - sum(layers)):
+        best_j = min(range(V), key=lambda j: (fill(j % p, cur[j % p] + coef[j % p][:, j]), -j))
+        layers[best_j] += 1
+        cur[best_j % p] = cur[best_j % p] + coef[best_j % p][:, best_j]
+    fills = [fill(s, cur[s]) for s in range(p)]
+    worst = int(np.argmax(fills))
+    need = float(cur[worst].max()) * scale + ovh.context_gib
+    return tuple(layers), max(fills) <= 1.0, worst, need
+
+
 def with_layers(shape: Shape, layers) -> Shape:
     return replace(shape, layers=tuple(int(x) for x in layers))
 

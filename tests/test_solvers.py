@@ -712,3 +712,56 @@ def test_bounding_cut_short_by_its_deadline_keeps_every_bound_valid():
     near = Candidate("x", 1.0, status="does not fit: stage 0 needs 81.5 GiB > 80 GiB")
     assert cf.status.startswith("does not fit") and math.isinf(cf.needs_gib)
     assert near.needs_gib == 81.5 and min([cf, near], key=lambda x: x.needs_gib) is near
+
+
+def _mixed_memory_cluster(order=("H100-SXM-80GB", "H200-141GB", "H100-SXM-80GB",
+                                 "H200-141GB")):
+    from model.cluster import ClusterSpec, NodeSpec
+    from formats import presets
+    nodes = tuple(NodeSpec(f"n{i}", presets.gpu(g), 8, 360.0) for i, g in enumerate(order))
+    n = len(nodes)
+    bw = np.full((n, n), 40.0) + np.arange(n)[:, None] * 0.5  # uneven, so placement matters
+    np.fill_diagonal(bw, 0.0)
+    return ClusterSpec("mixed", nodes, (bw + bw.T) / 2)
+
+
+def test_mixed_gpu_memory_places_the_neediest_stages_on_the_largest_gpus():
+    """H100 80 GB and H200 141 GB nodes: Llama-3 70B at TP 8 / PP 2 fits only with the heavier
+    stage on H200s (each stage needs over 80 GiB at the most memory-balanced split). The
+    annealer's best equals brute force over every placement and split, every stage of it sits
+    on GPUs with room, and the estimator gives the same time; with one memory size for all
+    (the smallest) nothing would fit."""
+    from formats import presets
+    m = presets.model("llama3-70b")
+    job = JobSpec(global_batch=32, seq_length=8192)
+    c = _mixed_memory_cluster()
+    sh = Shape(tp=8, pp=2, dp=2, micro_batch=1, schedule="1f1b", chunks=1, layers=(),
+               recompute="full", sequence_parallel=True, distributed_optimizer=False)
+    validate_shape(m, job, c, sh, check_layers=False)
+    blk = blocks_for(c, sh)[0]
+    prob = PlacementProblem(m, job, c, sh, blk, Options())
+    assert prob.mixed_memory
+    exact = brute_force(prob)
+    assert exact.plan is not None and math.isfinite(exact.objective_ms)
+    peaks = [mm.total_gib for mm in Evaluator(m, job, c, exact.plan.shape).memory]
+    assert max(peaks) > 80.0  # only the H200s hold the heavier stage
+    lay, peak = memory_split(m, job, c, sh, Options())
+    assert peak > 80.0  # at one memory size (80 GiB) no split fits
+    ann = anneal(prob, seed=0, iters=3000)
+    assert ann.objective_ms == pytest.approx(exact.objective_ms, rel=1e-9)
+    est = estimate(m, job, c, ann.plan)
+    assert est.fits and est.iteration_ms == pytest.approx(ann.objective_ms, rel=1e-9)
+    res = solve(m, job, c, time_limit_s=4, space=_space_of(sh))
+    assert res.plan is not None and res.estimate.fits
+    assert res.objective_ms <= exact.objective_ms * (1 + 1e-9)
+    for s, stage in enumerate(res.estimate.stages):
+        hosts = [c.nodes[res.plan.placement.node[s][r]].gpu.memory_gib
+                 for r in range(res.plan.shape.cols)]
+        assert stage.memory.total_gib <= min(hosts)
+
+
+def _space_of(sh):
+    from solvers.space import SearchSpace
+    return SearchSpace(tp=(sh.tp,), pp=(sh.pp,), micro_batch=(sh.micro_batch,),
+                       schedules=((sh.schedule, sh.chunks),), recompute=(sh.recompute,),
+                       distributed_optimizer=(sh.distributed_optimizer,))

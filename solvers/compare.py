@@ -82,8 +82,9 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     lay = PlacementProblem(model, job, cluster, sh, blk[0], options).start_layers() if blk \
         else sh.layers
     meg = Plan(with_layers(sh, lay), megatron_placement(cluster, sh.tp, sh.pp, sh.cols))
-    ms = Evaluator(model, job, cluster, meg.shape, options).iteration_ms(meg.placement)
-    rows.append(row("megatron", meg, ms, time.perf_counter() - t0, "baseline"))
+    meg_est = Evaluator(model, job, cluster, meg.shape, options).estimate(meg.placement)
+    rows.append(row("megatron", meg, meg_est.iteration_ms, time.perf_counter() - t0,
+                    "baseline" if meg_est.fits else "baseline (does not fit)"))
     t0 = time.perf_counter()
     amp = amp_style_plan(model, job, cluster, space)
     if amp is not None:

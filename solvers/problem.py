@@ -71,15 +71,21 @@ class PlacementProblem:
         mem = [mm.total_gib for mm in self.evaluator(layers).memory]
         return [max(mem[s] for s in st) for st in self._slot_stages]
 
-    def memory_perm(self, layers: tuple[int, ...]) -> list[int] | None:
-        """A permutation that holds the split in memory, or None when none does: the nodes
-        by memory, largest first, into the slots by need, largest first (a slot fits a node
-        with at least its need: if this matching fails, every matching does)."""
+    def _neediest_first(self, layers: tuple[int, ...]) -> tuple[list[float], list]:
+        """(need per slot, [(slot, node)]): the slots by need and the nodes by memory, both
+        largest first, paired in that order (a block has as many slots as nodes)."""
         need = self.slot_needs_gib(layers)
         slots = sorted(range(self.num_slots), key=lambda i: -need[i])
         nodes = sorted(range(len(self.caps_gib)), key=lambda n: -self.caps_gib[n])
+        return need, list(zip(slots, nodes))
+
+    def memory_perm(self, layers: tuple[int, ...]) -> list[int] | None:
+        """A permutation that holds the split in memory, or None when none does: the nodes
+        by memory into the slots by need, largest first (a slot fits a node with at least
+        its need: if this matching fails, every matching does)."""
+        need, pairs = self._neediest_first(layers)
         perm = [0] * self.num_slots
-        for i, n in zip(slots, nodes):
+        for i, n in pairs:
             if need[i] > self.caps_gib[n]:
                 return None
             perm[i] = n
@@ -136,22 +142,14 @@ class PlacementProblem:
         if self.fits(lay):
             return lay
         if self.mixed_memory:
-            caps = self.stage_caps_gib(lay)
-            if caps is not None:
-                return capacity_split(self.model, self.job, self.cluster, self.shape,
-                                      self.options, caps)[0]
+            return capacity_split(self.model, self.job, self.cluster, self.shape,
+                                  self.options, self.stage_caps_gib(lay))[0]
         return memory_split(self.model, self.job, self.cluster, self.shape, self.options)[0]
 
-    def stage_caps_gib(self, layers: tuple[int, ...]) -> list[float] | None:
+    def stage_caps_gib(self, layers: tuple[int, ...]) -> list[float]:
         """Per pipeline stage, the memory of its smallest host when the nodes with the most
-        memory take the slots whose stages need most under `layers` (None if no slot can be
-        given a node: fewer nodes than slots)."""
-        need = self.slot_needs_gib(layers)
-        slots = sorted(range(self.num_slots), key=lambda i: -need[i])
-        nodes = sorted(range(len(self.caps_gib)), key=lambda n: -self.caps_gib[n])
-        if len(nodes) < len(slots):
-            return None
-        got = {i: self.caps_gib[n] for i, n in zip(slots, nodes)}
+        memory take the slots whose stages need most under `layers`."""
+        got = {i: self.caps_gib[n] for i, n in self._neediest_first(layers)[1]}
         caps = [float("inf")] * self.shape.pp
         for i, st in enumerate(self._slot_stages):
             for s in st:

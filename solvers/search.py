@@ -201,10 +201,9 @@ def _screen_mixed_memory(model, job, cluster, options, sh: Shape, bound: float,
             peak = max(prob.slot_needs_gib(cand))
             return ShapeInfo(sh, bound, tuple(cand), peak), None
         caps = prob.stage_caps_gib(cand)
-        if caps is not None:
-            _l, _ok, st, need = capacity_split(model, job, cluster, sh, options, caps)
-            if worst is None or need - caps[st] < worst[1] - worst[2]:
-                worst = (st, need, caps[st])
+        _l, _ok, st, need = capacity_split(model, job, cluster, sh, options, caps)
+        if worst is None or need - caps[st] < worst[1] - worst[2]:
+            worst = (st, need, caps[st])
     if worst is None:
         return None, Candidate(sh.describe(), bound, status="does not fit: no placement of "
                                "this shape on these nodes", shape=sh)

@@ -191,7 +191,8 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
             f"# ({ORDER_FORMULA[mapping.rank_order]}) where the plan placed it.",
             "set -euo pipefail",
             'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-            f'MASTER_ADDR="${{MASTER_ADDR:-{first}}}"  # the node with node_rank 0',
+            # an assignment is not word-split; the quoted default is taken literally
+            f'MASTER_ADDR=${{MASTER_ADDR:-{shlex.quote(first)}}}  # the node with node_rank 0',
             'MASTER_PORT="${MASTER_PORT:-29500}"',
             'NODE="${NODE_NAME:-$(hostname -s)}"']
     for k, what in (requires or {}).items():

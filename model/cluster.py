@@ -15,6 +15,8 @@ Cluster files, presets and synthetic clusters are built in `formats/clusters.py`
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -85,20 +87,25 @@ MIN_LINK_GB_PER_S = 1e-3
 MAX_LATENCY_US = 1e6
 
 
+# a node's name is its host's (RFC 1123 labels, '_' too, as Slurm and DNS-less clusters use):
+# it goes into hostfiles ('name slots=N') and shell scripts, where anything else breaks them
+# or runs as a command
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
 def check_name(name, what: str, src: str, fld: str, host: bool = False) -> None:
     """A name is a non-empty string without control characters (it ends up in hostfiles,
-    shell scripts and TOML); a node's (`host`) has no white space either: a hostfile line is
-    'name slots=N'."""
+    shell scripts and TOML); a node's (`host`) is a host name (_HOST_NAME)."""
     if not isinstance(name, str) or not name.strip():
         raise SpecError(f"{what} must be a non-empty string, got {name!r}", source=src,
                         field=fld)
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
         raise SpecError(f"{what} {name!r} holds a control character (a newline, tab, ...); "
                         "use a plain name", source=src, field=fld)
-    if host and any(ch.isspace() for ch in name):
-        raise SpecError(f"{what} {name!r} holds white space; a node is named as its host "
-                        "(hostfiles read 'name slots=N'): use its host name", source=src,
-                        field=fld)
+    if host and not _HOST_NAME.fullmatch(name):
+        raise SpecError(f"{what} {name!r} is not a host name (letters, digits, '.', '-', '_'; "
+                        "a node is named as its host in hostfiles and launch scripts): use "
+                        "its host name", source=src, field=fld)
 
 
 @dataclass(frozen=True, eq=False)

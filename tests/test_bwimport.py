@@ -339,6 +339,8 @@ def test_cluster_files_refuse_unknown_fields_hosts_with_spaces_and_dead_links(tm
                        (good.replace("[inter]\n", "[inter]\nmb_per_s = 3\n"),
                         "inter.mb_per_s"),
                        (good.replace('name = "a"', 'name = "b c"'), "nodes[0].name"),
+                       (good.replace('name = "a"', 'name = "a$(id>x)"'), "nodes[0].name"),
+                       (good.replace('name = "a"', 'name = "b`id`"'), "nodes[0].name"),
                        (good.replace("20.0], [20.0", "1e-300], [20.0"), "inter.gb_per_s")):
         p.write_text(bad)
         with pytest.raises(SpecError) as e:

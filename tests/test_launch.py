@@ -619,6 +619,8 @@ def test_launch_sh_hands_over_every_argument_verbatim(tmp_path):
     i = argv.index("pretrain_gpt.py")
     assert argv[i + 1:] == toks + ["--mock-data", "--lr", "1e-4"]
     assert "([0]*1+[1]*26)" in argv and "--node_rank=1" in argv
+    import os
+    assert f"--master_addr={os.environ.get('MASTER_ADDR', 'node00')}" in argv
     assert rec["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
     k = toks.index("--decoder-first-pipeline-num-layers")
     assert toks[k + 1] == "12"

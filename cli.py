@@ -786,11 +786,17 @@ def sweep(
     from model.errors import SpecError
     from solvers.sweep import run_sweep
 
+    if rest and spec != "report":
+        raise SpecError(f"{' '.join(rest)[:60]}: a sweep runs one spec; give the others "
+                        "in turn", source="options", field="SPEC")
     if spec == "report":
-        if not rest or not Path(rest[0]).exists():
+        if not rest:
             raise SpecError("give the results store: sweep report RESULTS.sqlite",
                             source="options", field="RESULTS")
-        store = Store(rest[0])
+        if len(rest) > 1:
+            raise SpecError(f"{len(rest)} stores given; a report reads one: report each apart",
+                            source="options", field="RESULTS")
+        store = Store(rest[0], create=False)
         rows = store.rows()
         for w in store.warnings:
             typer.echo(f"warning: {w}", err=True)
@@ -1201,7 +1207,8 @@ def cluster_synth(
     nodes: Annotated[int, typer.Option(help="Number of nodes.")] = 8,
     gpus_per_node: GpusPerNodeOpt = 8,
     gpu: GpuOpt = "A100-80GB",
-    intra_gb_per_s: Annotated[float, typer.Option(help="Intra-node link, GB/s.")] = 240.0,
+    intra_gb_per_s: Annotated[Optional[float], typer.Option(
+        help="Intra-node link, GB/s \\[240, or with --intra-topology its best ring].")] = None,
     intra_topology: IntraTopologyOpt = None,
     nic_gb_per_s: Annotated[float, typer.Option(help="In-leaf stream bandwidth, GB/s.")] = 23.0,
     leaf_size: Annotated[int, typer.Option(help="Nodes per leaf switch.")] = 4,
@@ -1222,14 +1229,20 @@ def cluster_synth(
     from model.cluster import INTRA_LATENCY_US
 
     c = synth_cluster(SynthParams(
-        num_nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_gb_per_s=intra_gb_per_s,
+        num_nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu,
+        intra_gb_per_s=240.0 if intra_gb_per_s is None else intra_gb_per_s,
         nic_gb_per_s=nic_gb_per_s, leaf_size=leaf_size, oversubscription=oversubscription,
         degraded=degraded, degraded_factor=degraded_factor, noise=noise, latency_us=latency_us,
         seed=seed, name=name, intra_latency_us=(INTRA_LATENCY_US if intra_latency_us is None
                                                 else intra_latency_us)))
     if intra_topology is not None:
+        import dataclasses
+
         from formats.topologies import cluster_with_topology
         c = cluster_with_topology(c, intra_topology)
+        if intra_gb_per_s is not None:  # given beside the topology: kept, as import keeps it
+            c = dataclasses.replace(c, nodes=tuple(dataclasses.replace(
+                nd, intra_gb_per_s=intra_gb_per_s) for nd in c.nodes))
     _emit_cluster(c, out, as_json)
 
 

@@ -630,11 +630,11 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
                         source=src)
     nan = meas.measured_nan if meas.measured_nan is not None else np.zeros(m.shape, bool)
     if nodes is not None:
-        _check_names(nodes, "--nodes", "--nodes")
+        _check_names(nodes, "options", "--node-names")
         unknown = [x for x in names if x not in nodes]
         if unknown:
             raise SpecError(f"unknown node(s) {', '.join(unknown)}: measured but not in "
-                            "--nodes; add them there or remove their measurements",
+                            "--node-names; add them there or remove their measurements",
                             source=src, field="nodes")
         order = [names.index(x) if x in names else -1 for x in nodes]
         n = len(nodes)

@@ -25,16 +25,32 @@ from .atomic import write_atomic
 
 
 class Store:
-    def __init__(self, path):
+    def __init__(self, path, create: bool = True):
+        """Open the store (`create`: make it where it is absent, for a sweep; a report only
+        reads one). A path that is not a store is one SpecError naming it."""
+        from model.errors import SpecError
+
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        with self.conn:
-            self.conn.execute("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, "
-                              "payload TEXT NOT NULL, sha TEXT NOT NULL, recorded REAL)")
-            self.conn.execute("CREATE TABLE IF NOT EXISTS starts (id TEXT, t REAL)")
+        src, fld = str(self.path), "--results" if create else "RESULTS"
+        if self.path.is_dir():
+            raise SpecError("is a folder; give the results store file (.sqlite)", source=src,
+                            field=fld)
+        if not create and not self.path.exists():
+            raise SpecError("file not found; give the results store a sweep wrote", source=src,
+                            field=fld)
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = sqlite3.connect(self.path)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=FULL")
+            with self.conn:
+                self.conn.execute("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, "
+                                  "payload TEXT NOT NULL, sha TEXT NOT NULL, recorded REAL)")
+                self.conn.execute("CREATE TABLE IF NOT EXISTS starts (id TEXT, t REAL)")
+        except sqlite3.Error as e:  # not a database, or one this sweep cannot write
+            raise SpecError(f"is not a sweep results store (SQLite: {e}); give another path",
+                            source=src, field=fld) from None
         self.warnings: list[str] = []
 
     def record(self, result: dict) -> None:
@@ -141,7 +157,12 @@ def report(rows: list[dict], out_dir) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from model.errors import SpecError
+
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise SpecError("is a file; the report writes a folder of tables and plots: give a "
+                        "folder", source=str(out), field="--out")
     out.mkdir(parents=True, exist_ok=True)
     table, ref = summarize(rows)
     files = []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.errors import SpecError
-from .reading import read_text
+from .reading import read_text, unknown_keys
 
 METHODS = ("exact", "anneal", "megatron", "amp-style")
 CLOCKS = ("wall", "work")
@@ -94,9 +94,12 @@ def load_spec(path) -> tuple[str, list[Task]]:
         spec = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"not TOML ({e})", source=src, field="spec") from None
+    unknown_keys(spec, ("sweep", "models", "jobs", "clusters"), src)
     sw = spec.get("sweep", {})
     if not isinstance(sw, dict):
         raise SpecError("must be a [sweep] table", source=src, field="sweep")
+    unknown_keys(sw, ("methods", "budgets", "seeds", "anneal_moves", "clock", "name"), src,
+                 "sweep")
     methods = _list(sw, "methods", list(METHODS), src, "sweep.methods")
     for m in methods:
         if m not in METHODS:
@@ -126,6 +129,8 @@ def load_spec(path) -> tuple[str, list[Task]]:
     name = sw.get("name", Path(path).stem)
     if not isinstance(name, str) or not name.strip():
         raise SpecError("must be a non-empty string", source=src, field="sweep.name")
+    for k, m in enumerate(_tables(spec, "models", src)):
+        unknown_keys(m, ("name",), src, f"models[{k}]")
     models = [m.get("name") for m in _tables(spec, "models", src)]
     if not models or any(not isinstance(m, str) for m in models):
         raise SpecError("give at least one [[models]] with a name", source=src, field="models")
@@ -136,6 +141,10 @@ def load_spec(path) -> tuple[str, list[Task]]:
     clusters: list[dict] = []
     for k, c in enumerate(_tables(spec, "clusters", src)):
         fld = f"clusters[{k}]"
+        unknown_keys(c, ("preset", "file", "synth"), src, fld)
+        if len(c) > 1:
+            raise SpecError(f"gives {' and '.join(sorted(c))}; a [[clusters]] entry is one of "
+                            "preset, file or synth", source=src, field=fld)
         if "preset" in c:
             if not isinstance(c["preset"], str):
                 raise SpecError("must be a cluster preset name", source=src,
@@ -168,12 +177,18 @@ def build_inputs(t: Task, src: str = "sweep"):
     from formats import presets
     from formats.clusters import SynthParams, cluster, synth_cluster
     from model.specs import JobSpec
-    model = presets.model(t.model)
-    if "preset" in t.cluster:
-        c = cluster(t.cluster["preset"])
-    elif "file" in t.cluster:
-        c = cluster(t.cluster["file"])
-    else:
+    try:
+        model = presets.model(t.model)
+        if "preset" in t.cluster:
+            c = cluster(t.cluster["preset"])
+        elif "file" in t.cluster:
+            c = cluster(t.cluster["file"])
+    except SpecError as e:
+        if e.source is not None:  # a file's own error names the file
+            raise
+        raise SpecError(e.problem, source=src,
+                        field="models" if e.field == "model" else "clusters") from None
+    if "synth" in t.cluster:
         try:
             c = synth_cluster(SynthParams(**t.cluster["synth"]))
         except TypeError as e:

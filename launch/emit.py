@@ -18,7 +18,7 @@ Sources of the names (each mapping below cites its own):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from formats.torchtitan_config import TORCHTITAN_VERSIONS, torchtitan_flavor
@@ -1095,6 +1095,63 @@ def check_framework(framework: str, version: str | None = None) -> str:
     return fw
 
 
+def _runs_an_even_split(fw: str, version: str | None, sh: Shape) -> bool:
+    """Whether the framework runs its own even split instead of the plan's: DeepSpeed's
+    PipelineModule (partition_method 'parameters', 'uniform' or 'type:...') and NeMo 1.x where
+    its first/last stage keys cannot express the split."""
+    if sh.pp == 1 or len(set(sh.layers)) == 1:
+        return False
+    if fw == "deepspeed":
+        return True
+    return (fw == "nemo" and (version or NEMO_VERSIONS[0]) != "bridge"
+            and first_last_split(sh) is None)
+
+
+def even_split_warnings(fw: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                        plan: Plan, options=None) -> list[str]:
+    """What the framework's even split (layers as even as the virtual stages allow: L // V,
+    one more on L % V of them, which ones the framework's to decide) does to the plan: the
+    stage that may run out of memory, else the time the cost model gives it. Each stage is
+    judged with the extra layers on its own virtual stages first, its worst case."""
+    from model.estimator import Evaluator
+
+    sh = plan.shape
+    V, L = sh.num_virtual, model.num_layers
+    base, extra = divmod(L, V)
+    worst = None  # (overflow GiB, stage, need, limit)
+    slowest = 0.0
+    for s in range(sh.pp) if extra else [0]:
+        mine = [c * sh.pp + s for c in range(sh.chunks)]
+        order = mine + [j for j in range(V - 1, -1, -1) if j not in mine]
+        lay = [base] * V
+        for j in order[:extra]:
+            lay[j] += 1
+        est = Evaluator(model, job, cluster, replace(sh, layers=tuple(lay)),
+                        options).estimate(plan.placement)
+        slowest = max(slowest, est.iteration_ms)
+        for st in est.stages:
+            over = st.memory.total_gib - st.limit_gib
+            if over > 0 and (worst is None or over > worst[0]):
+                worst = (over, st.stage, st.memory.total_gib, st.limit_gib)
+    per = f"{base}" if not extra else f"{base} or {base + 1}"
+    if worst is not None:
+        _o, st, need, lim = worst
+        return [tagged(fw, "memory", f"it splits the layers evenly ({per} per virtual stage), "
+                       f"not as the plan ({list(sh.layers)}): stage {st} may then need "
+                       f"{need:.1f} GiB > {lim:g} GiB and run out of memory; give it a plan "
+                       "with an even split (estimate --layers) or use a framework that takes "
+                       "the plan's split (megatron, torchtitan)")]
+    return [tagged(fw, "split", f"with its even split ({per} layers per virtual stage) the "
+                   f"cost model gives {slowest / 1e3:.3f} s per iteration"
+                   + (" at most" if extra else "") + ", against the plan's "
+                   f"{_plan_ms(model, job, cluster, plan, options) / 1e3:.3f} s")]
+
+
+def _plan_ms(model, job, cluster, plan: Plan, options) -> float:
+    from model.estimator import Evaluator
+    return Evaluator(model, job, cluster, plan.shape, options).iteration_ms(plan.placement)
+
+
 def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                plan: Plan, *, est=None, options=None, force: bool = False,
                tokenizer: str | None = None, version: str | None = None) -> LaunchSet:
@@ -1165,6 +1222,8 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         files["ds_config.json"] = json.dumps(cfg, indent=1) + "\n"
         cmd = ["train.py", "--deepspeed", "--deepspeed_config", "$HERE/ds_config.json"]
     warn += w
+    if _runs_an_even_split(fw, version, plan.shape):
+        warn += even_split_warnings(fw, model, job, cluster, plan, options)
     executable: set[str] = set()
     if mapping is None:
         warn.append(tagged(fw, "placement", (

@@ -179,7 +179,7 @@ def test_nodes_option_orders_and_catches_unknown():
     meas = load_measurements([DATA / "matrix.csv"])
     names, m, _ = check_and_fill(meas, nodes=["n3", "n1", "n2"])
     assert names == ["n3", "n1", "n2"] and m[1, 2] == pytest.approx(22.9)
-    with pytest.raises(SpecError, match="unknown node.s. n3: measured but not in --nodes"):
+    with pytest.raises(SpecError, match="unknown node.s. n3: measured but not in --node-names"):
         check_and_fill(meas, nodes=["n1", "n2"])
     with pytest.raises(SpecError, match="missing pair"):
         check_and_fill(meas, nodes=["n1", "n2", "n3", "n4"])
@@ -346,3 +346,14 @@ def test_cluster_files_refuse_unknown_fields_hosts_with_spaces_and_dead_links(tm
         with pytest.raises(SpecError) as e:
             load_cluster(p)
         assert e.value.field == field and e.value.source == str(p), (field, e.value)
+
+
+def test_synth_keeps_a_given_intra_rate_beside_a_topology_and_import_names_its_flag(tmp_path):
+    r = cli("cluster", "synth", "--intra-topology", "dgx-a100", "--intra-gb-per-s", "100",
+            "--nodes", "2", "--json")
+    assert r.exit_code == 0, r.output
+    assert {nd["intra_gb_per_s"] for nd in json.loads(r.output)["nodes"]} == {100.0}
+    r = cli(*IMPORT, str(DATA / "matrix.csv"), "--node-names", "n3,n2,n2", "-o",
+            str(tmp_path / "c.toml"))
+    line = " ".join(r.output.split())
+    assert r.exit_code == 2 and "--node-names: duplicated" in line and "--nodes" not in line

@@ -1006,3 +1006,29 @@ def test_torchtitan_compiles_the_loss_the_estimate_counted():
             assert new["compile"]["components"] == comps
         assert any(w.startswith("torchtitan [memory]") for w in w_old) is (
             job.loss_compiled != comp)
+
+
+def test_frameworks_that_split_evenly_say_what_their_split_costs(tmp_path):
+    """DeepSpeed and NeMo 1.x run their own even split where the plan's cannot be given: on
+    A100 40 GB / 80 GB nodes the plan 14/26/14/26 fits, an even 20 per stage overflows the
+    40 GB stage: a [memory] warning; where the even split fits, the [split] warning gives its
+    time by the cost model."""
+    from launch.emit import even_split_warnings
+    from model.cluster import ClusterSpec, NodeSpec
+    import numpy as np
+    m = presets.model("llama2-70b")
+    job = JobSpec(global_batch=32, seq_length=4096)
+    nodes = tuple(NodeSpec(f"a{i}", presets.gpu(g), 8, 240.0) for i, g in
+                  enumerate(("A100-40GB", "A100-80GB", "A100-40GB", "A100-80GB")))
+    c = ClusterSpec("mixa", nodes, np.full((4, 4), 20.0) - np.diag([20.0] * 4))
+    plan = make_plan(m, job, c, tp=8, pp=4, dp=1, recompute="full", sequence_parallel=True,
+                     layers=(14, 26, 14, 26))
+    for fw, version in (("deepspeed", None), ("nemo", "1")):
+        _files, warn = emit(fw, m, job, c, plan, tmp_path / fw, version=version)
+        mem = [w for w in warn if w.startswith(f"{fw} [memory]")]
+        assert len(mem) == 1 and "stage 0 may then need" in mem[0] and "> 40 GiB" in mem[0]
+    big = uniform_cluster(4, 8, "A100-80GB", 240.0, 20.0)
+    plan = make_plan(m, job, big, tp=8, pp=4, dp=1, recompute="full", sequence_parallel=True,
+                     layers=(19, 21, 21, 19))
+    (w,) = even_split_warnings("deepspeed", m, job, big, plan)
+    assert w.startswith("deepspeed [split]") and "(20 layers per virtual stage)" in w

@@ -82,7 +82,7 @@ def test_bad_specs_name_the_field(tmp_path):
     p.write_text(SPEC.format(model="no-such-model"))
     with pytest.raises(SpecError) as e:
         load_spec(p)
-    assert e.value.field == "model"
+    assert e.value.field == "models" and e.value.source == str(p)
 
 
 def _values(store: Store) -> dict:
@@ -196,3 +196,38 @@ def test_report_writes_tables_and_three_plots(tmp_path):
                      "summary.csv", "summary.md"]
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "| exact | 2 |" in md and "| megatron | 2 |" in md and "| amp-style | 2 |" in md
+
+
+def test_sweep_specs_refuse_unknown_fields_and_stores_that_are_not_stores(tmp_path):
+    """A misspelt key (budget for budgets), two cluster kinds in one entry, an unknown model:
+    one line naming the spec and the field; a results path that is not a store, or a folder,
+    and a report given two stores or a missing one: one line, never a traceback."""
+    from typer.testing import CliRunner
+    from cli import app
+    base = ('[sweep]\nmethods = ["megatron"]\nbudgets = [1.0]\n[[models]]\nname = "gpt-1.7b"\n'
+            '[[clusters]]\npreset = "example"\n[[jobs]]\nglobal_batch = 64\n'
+            'seq_length = 2048\n')
+    spec = tmp_path / "s.toml"
+    for text, field in ((base.replace("budgets", "budget"), "sweep.budget"),
+                        (base.replace('preset = "example"\n',
+                                      'preset = "example"\nfile = "x.toml"\n'), "clusters[0]"),
+                        (base.replace('name = "gpt-1.7b"\n', 'name = "gpt-1.7b"\nlayers = 4\n'),
+                         "models[0].layers"),
+                        (base + "[extra]\nx = 1\n", "extra"),
+                        (base.replace("gpt-1.7b", "nosuch"), "models")):
+        spec.write_text(text)
+        r = CliRunner().invoke(app, ["sweep", str(spec), "--results", str(tmp_path / "r.db")])
+        line = " ".join(r.output.split())
+        assert r.exit_code == 2 and f"{spec}: {field}:" in line, (field, r.output)
+    spec.write_text(base)
+    notdb = tmp_path / "notdb.txt"
+    notdb.write_text("hello\n")
+    for args in (["sweep", str(spec), "--results", str(notdb)],
+                 ["sweep", str(spec), "--results", str(tmp_path)],
+                 ["sweep", "report", str(notdb)],
+                 ["sweep", "report", str(tmp_path / "missing.sqlite")],
+                 ["sweep", "report", str(notdb), str(notdb)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "Traceback" not in r.output, (args, r.output)
+        assert len([x for x in r.output.splitlines() if x.strip()]) == 1, r.output
+    assert notdb.read_text() == "hello\n"

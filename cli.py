@@ -177,7 +177,8 @@ TokenizerOpt = Annotated[Optional[str], typer.Option(
     "--tokenizer", help="Hugging Face tokenizer (name or path) for the emitted Megatron-LM "
     "arguments and NeMo configs \\[NullTokenizer of the model's vocabulary].")]
 FwVersionOpt = Annotated[Optional[str], typer.Option(
-    "--framework-version", help="The framework release to emit for: NeMo bridge (a "
+    "--framework-version", help="The framework release (of the emitted files, the estimate, "
+    "or the logs calibrate reads): NeMo bridge (a "
     "Megatron-Bridge recipe) or 1 (NeMo 1.x YAML); torchtitan 0.2 (v0.2.x, the current "
     "release) or 0.1 (v0.1.0 to the 2025-10 main; its estimate counts K and V repeated to "
     "the query heads, as v0.1 runs attention) \\[the current one].")]

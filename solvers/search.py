@@ -183,17 +183,19 @@ def _screen_mixed_memory(model, job, cluster, options, sh: Shape, bound: float,
         pl = megatron_placement(cluster, sh.tp, sh.pp, sh.cols)
     except Exception:
         pl = None
+    worst = None  # (stage, GiB it needs, GiB its GPUs have) of the closest miss
     if pl is not None:
         caps = [min(cluster.nodes[pl.node[s][r]].gpu.memory_gib for r in range(sh.cols))
                 for s in range(sh.pp)]
-        for cand in (lay, capacity_split(model, job, cluster, sh, options, caps)[0]):
+        balanced, _ok, st, need = capacity_split(model, job, cluster, sh, options, caps)
+        worst = (st, need, caps[st])
+        for cand in (lay, balanced):
             ev = Evaluator(model, job, cluster, with_layers(sh, cand), options)
             if _placement_holds(cluster, sh, pl, ev):
                 info = ShapeInfo(sh, bound, tuple(cand), max(mm.total_gib for mm in ev.memory))
                 if bound < best_quick * (1 + 1e-9):
                     info.quick_ms = ev.iteration_ms(pl)
                 return info, None
-    worst = None
     for blk in blocks_for(cluster, sh):
         prob = PlacementProblem(model, job, cluster, sh, blk, options)
         cand = prob.start_layers()
@@ -208,9 +210,15 @@ def _screen_mixed_memory(model, job, cluster, options, sh: Shape, bound: float,
         return None, Candidate(sh.describe(), bound, status="does not fit: no placement of "
                                "this shape on these nodes", shape=sh)
     st, need, cap = worst
+    largest = max(nd.gpu.memory_gib for nd in cluster.nodes)
+    if need > largest:
+        return None, Candidate(sh.describe(), bound, status=f"does not fit: stage {st} needs "
+                               f"{need:.1f} GiB > {largest:g} GiB, the largest GPU here, even "
+                               "with the split balanced to its GPUs' memory", shape=sh)
     return None, Candidate(sh.describe(), bound, status=f"does not fit: stage {st} needs "
-                           f"{need:.1f} GiB > {cap:g} GiB even with the largest GPUs on the "
-                           "neediest stages and the split balanced to them", shape=sh)
+                           f"{need:.1f} GiB > {cap:g} GiB even with the split balanced to its "
+                           "GPUs' memory (the largest GPUs on the neediest stages, or "
+                           "Megatron-LM's placement where no other is searched)", shape=sh)
 
 
 def screen_shape(model, job, cluster, options, sh: Shape, bound: float, best_quick: float):

@@ -140,7 +140,7 @@ def _bounded(flag: str, lo: float, hi: float, why: str = ""):
 # bounds of the job options, with the reason (model.specs)
 GbsOpt = Annotated[int, typer.Option("--gbs", help="Global batch (sequences).",
                                      callback=_bounded("--gbs", 1, MAX_GLOBAL_BATCH))]
-SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length \\[model's].",
+SeqOpt = Annotated[Optional[int], typer.Option("--seq", help="Sequence length in tokens.",
                                                callback=_bounded("--seq", 1, MAX_SEQ_LENGTH))]
 PrecOpt = Annotated[str, typer.Option(
     "--precision", help="fp32, fp16, bf16 or fp8 (FP8 linear layers over bf16); solve and "
@@ -306,10 +306,15 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             framework_version: str | None = None):
     from formats import presets
     from formats.clusters import cluster as load_cluster
+    from model.errors import SpecError
     from model.specs import JobSpec
 
     base, fp8 = _precision(precision, allow_list)
     m = presets.model(model)
+    if moe_capacity_factor != 1.0 and not m.is_moe:
+        raise SpecError(f"{m.name} is dense (no experts): a capacity factor does not apply; "
+                        "drop --moe-capacity-factor", source="options",
+                        field="--moe-capacity-factor")
     c = load_cluster(cluster)
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
@@ -617,6 +622,8 @@ def estimate(
         "--kv-rotate", help="torchtitan with CP: its K/V rotation "
         "(context_parallel_rotate_method) \\[allgather, its default].")] = None,
     ep: Annotated[int, typer.Option(help="Expert-parallel degree (mixture of experts).")] = 1,
+    etp: Annotated[Optional[int], typer.Option(
+        "--etp", help="Expert tensor-parallel degree: 1 (whole experts) or TP \\[TP].")] = None,
     mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option(help="Model chunks per stage (interleaved).")] = 1,
@@ -684,7 +691,8 @@ def estimate(
     c0, opts0 = c, _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp,
-                     cp_alltoall=kv_rotate == KvRotate.alltoall, ep=ep, micro_batch=mbs,
+                     cp_alltoall=kv_rotate == KvRotate.alltoall, ep=ep,
+                     etp=0 if etp is None else etp, micro_batch=mbs,
                      schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
                      sequence_parallel=sp, distributed_optimizer=distopt, zero=zero,

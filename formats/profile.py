@@ -87,6 +87,9 @@ def profile_from_dict(d, src: str) -> Profile:
         raise SpecError(f"schema_version {d.get('schema_version')!r}; this version reads "
                         f"{SCHEMA_VERSION}", source=src, field="schema_version")
     unknown_keys(d, _KEYS, src)
+    if not isinstance(d.get("planning", True), bool):
+        raise SpecError(f"must be true or false, got {str(json.dumps(d['planning']))[:40]}",
+                        source=src, field="planning")
     if d.get("planning", True) is not True:
         raise SpecError("measured by probe/gemm.py in its CPU test mode, not on a GPU: not for "
                         "planning; run the probe on the GPUs you plan for", source=src,

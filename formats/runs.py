@@ -187,6 +187,20 @@ def plan_from_log(reading: LogReading, cluster_name: str, hostfile: Path | None,
     return m, job, c, pl, settings
 
 
+def _not_a_plan_file(log) -> None:
+    """A plan file where a log belongs (`--plan P1 P2`: typer takes P2 as a LOG) is named as
+    such, not read as a log without a training line."""
+    try:
+        with open(log, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return  # read_log names the problem
+    if head.lstrip().startswith(b"{") and b'"pipette-plan"' in head:
+        raise SpecError("is a plan file, not a training log: give each plan with its own "
+                        "--plan (--plan P1 --plan P2), in the order of the logs", source=str(log),
+                        field="LOG")
+
+
 def calibration_runs(logs: list, plans: list | None = None, clusters: list | None = None,
                      hostfiles: list | None = None, save_plans: Path | None = None,
                      run_configs: list | None = None, version: str | None = None):
@@ -208,6 +222,7 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         cluster_name = _pick(clusters, k, len(logs), "--cluster")
         hosts = _pick(hostfiles, k, len(logs), "--hostfile")
         run_config = _pick(run_configs, k, len(logs), "--run-config")
+        _not_a_plan_file(log)
         reading = read_log(log)
         settings = None
         if plan_file:

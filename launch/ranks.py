@@ -214,8 +214,8 @@ def launch_script(cluster: ClusterSpec, plan: Plan, mapping: RankMapping,
             'case "$NODE" in']
     for n in mapping.order:
         nd = cluster.nodes[n]
-        hosts = sorted({slot_label(s, r, sh.cp)
-                        for s in range(sh.pp) for r in range(sh.cols) if pl.node[s][r] == n})
+        hosts = [slot_label(s, r, sh.cp)  # stage, then column order: s0/r8 before s0/r10
+                 for s in range(sh.pp) for r in range(sh.cols) if pl.node[s][r] == n]
         k = mapping.node_rank[n]
         out.append(f"  # {nd.name}: ranks {k * G}..{k * G + G - 1} = {' '.join(hosts)}")
         dev = ",".join(map(str, mapping.visible_devices[n]))

@@ -208,7 +208,8 @@ def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None
                         f"{model.name}; choose an EP that divides it", source=src, field="ep")
     if job.framework not in ("megatron", "nemo"):
         raise SpecError(f"expert parallelism is modelled for Megatron-LM and NeMo, not "
-                        f"{job.framework}; use framework megatron or nemo, or ep 1",
+                        f"{job.framework}; use framework megatron (NeMo runs the same: emit "
+                        "-f nemo), or ep 1",
                         source=src, field="ep")
     if shape.zero >= 3:
         raise SpecError("expert parallelism with ZeRO-3 / FSDP is not modelled; use the "
@@ -217,7 +218,8 @@ def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None
     if shape.tp > 1 and not shape.sequence_parallel:
         raise SpecError("Megatron-LM needs sequence parallelism when expert and tensor "
                         "parallelism are combined (model_parallel_config.py: 'sequence "
-                        "parallelism must be used'); set sequence_parallel true", source=src,
+                        "parallelism must be used'); turn sequence parallelism on (--sp)",
+                        source=src,
                         field="sequence_parallel")
 
 

@@ -546,11 +546,14 @@ class JobSpec:
             raise SpecError(f"unknown framework '{self.framework}'; use one of "
                             f"{', '.join(FRAMEWORKS)}", source=self.source, field="framework")
         if isinstance(self.moe_capacity_factor, bool) or not isinstance(
-                self.moe_capacity_factor, (int, float)) or not self.moe_capacity_factor > 0 \
+                self.moe_capacity_factor, (int, float)) or not self.moe_capacity_factor >= 1 \
                 or not math.isfinite(self.moe_capacity_factor):
-            raise SpecError(f"moe_capacity_factor must be a positive number (1.0: a balanced "
-                            f"router), got {self.moe_capacity_factor!r}", source=self.source,
-                            field="moe_capacity_factor")
+            # below 1 the router drops tokens: FLOPs (and MFU) counted per token would count
+            # work that is not done, and the loss is another model's; not priced
+            raise SpecError(f"moe_capacity_factor must be a number of 1 or more (1.0: a "
+                            f"balanced router; below 1 tokens are dropped, which the cost model "
+                            f"does not price), got {self.moe_capacity_factor!r}",
+                            source=self.source, field="moe_capacity_factor")
         if self.grad_reduce_in_bf16 and (self.precision != "bf16" or self.framework not in (
                 "megatron", "nemo")):
             raise SpecError("grad_reduce_in_bf16 is Megatron-LM's (and NeMo's) option for bf16 "

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import socket
@@ -50,6 +51,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: the repository root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from formats.atomic import check_target  # noqa: E402
 from formats.presets import gpu as gpu_preset  # noqa: E402
 from formats.presets import model as model_preset  # noqa: E402
 from formats.profile import save_profile  # noqa: E402
@@ -268,7 +270,8 @@ def run(argv: list[str] | None = None, log=print) -> dict:
     ap.add_argument("--model", default="llama3-70b",
                     help="Model preset or HF config.json whose layer shapes the GEMMs take.")
     ap.add_argument("--seq", type=int, default=4096, help="Sequence length [4096].")
-    ap.add_argument("--tp", default="1,2,4,8", help="TP degrees [1,2,4,8].")
+    ap.add_argument("--tp", default=None,
+                    help="TP degrees [those of 1,2,4,8 that divide the model's heads].")
     ap.add_argument("--mbs", default="1,2", help="Micro-batch sizes [1,2].")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--gpu", default=None, help="GPU preset [from the device name].")
@@ -280,11 +283,33 @@ def run(argv: list[str] | None = None, log=print) -> dict:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--cpu", action="store_true", help="Test mode even where CUDA exists.")
     a = ap.parse_args(argv)
-    import torch
-    cuda = torch.cuda.is_available() and not a.cpu
+    # every argument is checked in either mode, before anything is measured (the CPU test
+    # mode does not use the shapes, but a command that passes there must pass on the GPU)
     if a.iters < 1 or a.warmup < 0:
         raise SpecError("--iters must be >= 1 and --warmup >= 0", source="options",
                         field="--iters")
+    if a.seq < 1:
+        raise SpecError(f"{a.seq}: give a positive sequence length", source="options",
+                        field="--seq")
+    if a.gpus is not None and a.gpus < 1:
+        raise SpecError(f"{a.gpus}: give 1 or more GPUs (1 skips the collectives)",
+                        source="options", field="--gpus")
+    if a.nvlink_gb_per_s is not None and not (math.isfinite(a.nvlink_gb_per_s)
+                                              and a.nvlink_gb_per_s > 0):
+        raise SpecError(f"{a.nvlink_gb_per_s}: give a positive number of GB/s",
+                        source="options", field="--nvlink-gb-per-s")
+    model = model_preset(a.model)
+    tps = (tuple(t for t in (1, 2, 4, 8) if model.num_heads % t == 0) if a.tp is None
+           else _ints(a.tp, "--tp"))
+    mbss = _ints(a.mbs, "--mbs")
+    dropped = [t for t in tps if model.num_heads % t]
+    if dropped:
+        raise SpecError(f"TP {', '.join(map(str, dropped))} does not divide the "
+                        f"{model.num_heads} attention heads of {model.name}; leave it out",
+                        source="options", field="--tp")
+    check_target(Path(a.output), "--output")
+    import torch
+    cuda = torch.cuda.is_available() and not a.cpu
     if cuda:
         name = torch.cuda.get_device_name(0)
         preset = a.gpu or device_preset(name)
@@ -292,11 +317,8 @@ def run(argv: list[str] | None = None, log=print) -> dict:
             raise SpecError(f"no GPU preset known for {name!r}; name one with --gpu",
                             source="options", field="--gpu")
         gpu = gpu_preset(preset)
-        model = model_preset(a.model)
         gpus = a.gpus or torch.cuda.device_count()
-        sz = Sizes(model, a.seq, tuple(t for t in _ints(a.tp, "--tp")
-                                       if model.num_heads % t == 0),
-                   _ints(a.mbs, "--mbs"), GPU_ELEMENTWISE_MIB, GPU_COLLECTIVE_MIB, gpus,
+        sz = Sizes(model, a.seq, tps, mbss, GPU_ELEMENTWISE_MIB, GPU_COLLECTIVE_MIB, gpus,
                    a.dtype)
         device, backend, iters, warmup = "cuda", "nccl", a.iters, a.warmup
     else:

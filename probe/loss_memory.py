@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
+    if args.tokens < 1 or args.vocab < 1:
+        ap.error("--tokens and --vocab must be 1 or more")
     import torch
 
     from model.memory import LOSS_BYTES_PER_LOGIT

@@ -26,10 +26,12 @@ import argparse
 import csv
 import datetime
 import json
+import math
 import os
 import socket
 import sys
 import time
+from pathlib import Path
 
 FORMAT = "pipette-probe/1"
 
@@ -159,8 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name-by", choices=("host", "rank"), default="host")
     ap.add_argument("--gpu", type=int, default=None, help="Local GPU to use [LOCAL_RANK].")
     a = ap.parse_args(argv)
-    if a.size_mb <= 0 or a.iters < 1 or a.warmup < 0:
-        ap.error("--size-mb must be > 0, --iters >= 1, --warmup >= 0")
+    size = a.size_mb * 1e6 if math.isfinite(a.size_mb) else 0.0
+    if not 1 <= size <= 2**40 or a.iters < 1 or a.warmup < 0:
+        ap.error("--size-mb must be a number from 1e-6 (one byte) to 1e6, --iters >= 1, "
+                 "--warmup >= 0")
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
+    if missing:
+        ap.error(f"{', '.join(missing)} not set: launch one process per node with torchrun "
+                 "(README: Measuring a cluster), which sets them")
+    out = Path(a.output)
+    if out.is_dir() or not out.parent.is_dir():
+        ap.error(f"{a.output}: give a file in an existing folder (checked before measuring)")
     res = measure(int(a.size_mb * 1e6), a.iters, a.warmup, a.backend, a.name_by, a.gpu)
     if res is not None:
         write(res, a.output)

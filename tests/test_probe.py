@@ -211,3 +211,17 @@ def test_loss_memory_matches_the_measured_peak():
                         "torchtitan-compiled-loss-parallel"}
     for path, measured in got.items():
         assert measured == pytest.approx(LOSS_BYTES_PER_LOGIT[path], abs=0.05), path
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--tp", "0"], "--tp"), (["--tp", "3"], "--tp"), (["--seq", "-5"], "--seq"),
+    (["--gpus", "0"], "--gpus"), (["--nvlink-gb-per-s", "-3"], "--nvlink-gb-per-s"),
+    (["--model", "nosuch"], "model")])
+def test_gemm_probe_checks_its_arguments_in_either_mode(tmp_path, args, field, capsys):
+    """The CPU test mode checks what the GPU mode uses, before measuring: a command that
+    passes here passes on the GPU (it had written a profile for --tp 0)."""
+    pytest.importorskip("torch")
+    from probe import gemm
+    out = tmp_path / "g.json"
+    assert gemm.main(["--cpu", "-o", str(out), *args]) == 2
+    assert f"{field}:" in capsys.readouterr().err and not out.exists()

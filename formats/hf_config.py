@@ -129,8 +129,11 @@ def load_hf_config(path: Path) -> ModelSpec:
                        None)
             if got is not None:
                 vals[ours] = got
+    # Qwen3's attention normalizes q and k per head (transformers' Qwen3MoeAttention q_norm,
+    # k_norm); the other families here do not
     return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=tied,
                      position_embedding=pos, norm=norm, bias=bias,
+                     qk_norm=mtype == "qwen3_moe",
                      dropout=_dropout(cfg, mtype, src), source=src, **vals)
 
 

@@ -47,7 +47,7 @@ GENERATOR = "pipette-configurator 0.1.0"
 
 _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
                  "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "tied_embeddings",
-                 "position_embedding", "norm", "bias", "dropout", "embedding_norm",
+                 "position_embedding", "norm", "bias", "dropout", "embedding_norm", "qk_norm",
                  "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
                  "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
                  "mla_qk_rope_dim", "mla_v_head_dim", "rope_base", "rotary_percent", "source")
@@ -192,6 +192,7 @@ def _read_model(rd: FieldReader, d: dict) -> ModelSpec:
     kw["bias"] = rd.get(d, "bias", w, bool)
     kw["dropout"] = rd.get(d, "dropout", w, bool)
     kw["embedding_norm"] = rd.get(d, "embedding_norm", w, bool)
+    kw["qk_norm"] = rd.get(d, "qk_norm", w, bool, False)
     for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
               "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
               "mla_qk_rope_dim", "mla_v_head_dim"):

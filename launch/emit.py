@@ -305,6 +305,8 @@ def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
             "the LayerNorm after the embedding has no Megatron-LM flag; the model built "
             "lacks it (2h weights)")))
     a += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
+    if model.qk_norm:  # arguments.py: normalize q and k per head (Qwen3)
+        a.append("--qk-layernorm")
     if not model.bias:
         a.append("--disable-bias-linear")
     if not model.dropout:  # Megatron's defaults are 0.1 each
@@ -417,6 +419,11 @@ def _nemo_architecture(model: ModelSpec, sh: Shape, tokenizer: str | None,
         m["rotary_percentage"] = model.rotary_percent
     if not model.dropout:
         m.update(hidden_dropout=0.0, attention_dropout=0.0)
+    if model.qk_norm:
+        warn.append(tagged("nemo", "model", "the per-head q/k normalization (QK-norm) has no "
+                           "NeMo 1.x megatron_gpt_config key this tool knows: the model built "
+                           "may lack it; check the config NeMo prints, or emit the Bridge "
+                           "recipe (--framework-version bridge), which sets qk_layernorm"))
     if model.embedding_norm:
         warn.append("nemo [model]: the LayerNorm after the embedding has no NeMo 1.x key; the "
                     "model built lacks it (2h weights)")
@@ -596,6 +603,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                "num_query_groups": model.num_kv_heads, "seq_length": job.seq_length,
                "normalization": "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
                "add_bias_linear": model.bias}
+    if model.qk_norm:  # TransformerConfig.qk_layernorm (Megatron-Core)
+        m["qk_layernorm"] = True
     # SwiGLU = a gated linear unit with SiLU (Megatron-Core's --swiglu); else GeLU
     m.update(activation_func=_Code("F.silu" if model.gated_mlp else "F.gelu"),
              gated_linear_unit=model.gated_mlp)

@@ -142,6 +142,10 @@ class ModelSpec:
     bias: bool = True
     dropout: bool = True
     embedding_norm: bool = False
+    # per-head RMSNorm on queries and keys before attention (Qwen3: q_norm / k_norm). Not
+    # priced: 2 x head_dim weights and two norms of s x h elements per layer, under 0.1% of
+    # a layer's time and memory; carried so that the emitted model is the model
+    qk_norm: bool = False
     # mixture of experts (every layer's MLP; 0 experts = dense): routed experts, experts per
     # token (top-k), each expert's FFN width (0: ffn_hidden_size), shared experts always run
     num_experts: int = 0

@@ -306,8 +306,18 @@ def test_qwen3_heads_are_wider_than_hidden_over_heads(tmp_path):
     assert loaded.kv_channels == 128 and loaded.total_params == m.total_params
     job = JobSpec(global_batch=8, seq_length=4096)
     c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 45.0)
-    a = megatron_args(m, job, _plan(m, job, c, tp=1, pp=1, ep=8, zero=1))[0]
+    plan = _plan(m, job, c, tp=1, pp=1, ep=8, zero=1)
+    a = megatron_args(m, job, plan)[0]
     assert a[a.index("--kv-channels") + 1] == "128"
+    # Qwen3 normalizes q and k per head: the HF loader and the preset say so, the Megatron
+    # arguments and the Bridge recipe build it, NeMo 1.x's YAML warns it cannot
+    assert m.qk_norm and loaded.qk_norm and "--qk-layernorm" in a
+    assert "--qk-layernorm" not in megatron_args(
+        MIXTRAL, job, _plan(MIXTRAL, job, c, tp=1, pp=1, ep=8, zero=1))[0]
+    from launch.emit import bridge_recipe
+    assert bridge_recipe(m, job, c, plan)[0]["model"]["qk_layernorm"] is True
+    w = nemo_config(m, job, c, plan)[1]
+    assert any(x.startswith("nemo [model]") and "QK-norm" in x for x in w)
 
 
 def test_validate_covers_the_moe_runs():

@@ -66,6 +66,12 @@ class Estimate:
                 for s in self.stages if s.memory.total_gib > s.limit_gib]
 
 
+def stage_limit_gib(cluster: ClusterSpec, pl: Placement, stage: int) -> float:
+    """A stage's memory limit: the smallest GPU memory among the nodes hosting it (every
+    replica of the stage holds the same bytes), the one fit rule of estimator and solvers."""
+    return min(cluster.nodes[n].gpu.memory_gib for n in pl.node[stage])
+
+
 def _residue_to_zero(x_ms: float, length_ms: float) -> float:
     """A difference of sums that is zero but for float rounding (-5e-13 ms, printed -0.0) as
     0.0; anything larger is kept as it is."""
@@ -461,7 +467,7 @@ class Evaluator:
             f = max(sum(d[K.F(ch * sh.pp + s)] for ch in range(sh.chunks)) for d in durs)
             b = max(sum(d[K.B(ch * sh.pp + s)] for ch in range(sh.chunks)) for d in durs)
             stage_work.append(self.m * (f + b))
-            limit = min(c.nodes[pl.node[s][r]].gpu.memory_gib for r in range(sh.cols))
+            limit = stage_limit_gib(c, pl, s)
             stages.append(StageReport(s, sh.stage_layers(s), f, b, parts[s][0], parts[s][1],
                                       parts[s][2], self.memory[s], limit))
         hops = []

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from model import work
 from model.cluster import ClusterSpec
 from model.errors import InfeasibleError, SpecError
-from model.estimator import Evaluator, default_layers
+from model.estimator import Evaluator, default_layers, stage_limit_gib
 from model import plan as plan_rules
 from model.plan import Plan, Shape, megatron_placement, num_microbatches, schedule_slots
 from model.specs import JobSpec, ModelSpec, Options
@@ -165,8 +165,7 @@ def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None
 
 def _placement_holds(cluster, shape, pl, ev) -> bool:
     """Every stage within the memory of its smallest host (the estimator's rule)."""
-    return all(mm.total_gib <= min(cluster.nodes[pl.node[s][r]].gpu.memory_gib
-                                   for r in range(shape.cols))
+    return all(mm.total_gib <= stage_limit_gib(cluster, pl, s)
                for s, mm in enumerate(ev.memory))
 
 
@@ -185,8 +184,7 @@ def _screen_mixed_memory(model, job, cluster, options, sh: Shape, bound: float,
         pl = None
     worst = None  # (stage, GiB it needs, GiB its GPUs have) of the closest miss
     if pl is not None:
-        caps = [min(cluster.nodes[pl.node[s][r]].gpu.memory_gib for r in range(sh.cols))
-                for s in range(sh.pp)]
+        caps = [stage_limit_gib(cluster, pl, s) for s in range(sh.pp)]
         balanced, _ok, st, need = capacity_split(model, job, cluster, sh, options, caps)
         worst = (st, need, caps[st])
         for cand in (lay, balanced):

@@ -304,6 +304,23 @@ def stage_memory_events(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, sh
     return out
 
 
+def _events_over_virtual_stages(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                                shape: Shape, options: Options) -> tuple[list, list]:
+    """Per stage: its events as constant bytes (a vector) and bytes per layer of each
+    virtual stage (an events x V matrix, zero outside the stage's chunks)."""
+    import numpy as np
+
+    p, V = shape.pp, shape.num_virtual
+    ev_const, ev_coef = [], []
+    for s, (const, per_layer) in enumerate(stage_memory_events(model, job, cluster, shape,
+                                                               options)):
+        ev_const.append(const)
+        coef = np.zeros((len(const), V))
+        coef[:, [c * p + s for c in range(shape.chunks)]] = per_layer
+        ev_coef.append(coef)
+    return ev_const, ev_coef
+
+
 def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                          options: Options) -> tuple[tuple[int, ...], float, int]:
     """The layer split that minimizes the largest stage memory, that memory (GiB) and the stage
@@ -318,15 +335,7 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     p, V = shape.pp, shape.num_virtual
     ovh = options.overheads
     scale = (1 + ovh.fragmentation) / GIB
-    # per stage: events as constant bytes (vector) and bytes per layer of each chunk (events
-    # x V matrix, zero outside the stage's chunks)
-    ev_const, ev_coef = [], []
-    for s, (const, per_layer) in enumerate(stage_memory_events(model, job, cluster, shape,
-                                                               options)):
-        ev_const.append(const)
-        coef = np.zeros((len(const), V))
-        coef[:, [c * p + s for c in range(shape.chunks)]] = per_layer
-        ev_coef.append(coef)
+    ev_const, ev_coef = _events_over_virtual_stages(model, job, cluster, shape, options)
 
     def stage_peaks_gib(lay):
         arr = np.asarray(lay, dtype=float)
@@ -403,13 +412,7 @@ def capacity_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     p, V = shape.pp, shape.num_virtual
     ovh = options.overheads
     scale = (1 + ovh.fragmentation) / GIB
-    events = stage_memory_events(model, job, cluster, shape, options)
-    const = [c for c, _ in events]
-    coef = []
-    for s, (c, per_layer) in enumerate(events):
-        m = np.zeros((len(c), V))
-        m[:, [k * p + s for k in range(shape.chunks)]] = per_layer
-        coef.append(m)
+    const, coef = _events_over_virtual_stages(model, job, cluster, shape, options)
 
     def fill(s, cur_s):
         return (float(cur_s.max()) * scale + ovh.context_gib) / caps_gib[s]

@@ -1117,11 +1117,13 @@ def _runs_an_even_split(fw: str, version: str | None, sh: Shape) -> bool:
 
 
 def even_split_warnings(fw: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
-                        plan: Plan, options=None) -> list[str]:
+                        plan: Plan, options=None, plan_ms: float | None = None) -> list[str]:
     """What the framework's even split (layers as even as the virtual stages allow: L // V,
-    one more on L % V of them, which ones the framework's to decide) does to the plan: the
-    stage that may run out of memory, else the time the cost model gives it. Each stage is
-    judged with the extra layers on its own virtual stages first, its worst case."""
+    one more on L % V of them, which ones the framework's to decide; for DeepSpeed,
+    Megatron-DeepSpeed's partition_method 'type:transformer') does to the plan: the stage that
+    may run out of memory, else the time the cost model gives it beside the plan's (`plan_ms`,
+    computed where not given). Each stage is judged with the extra layers on its own virtual
+    stages first, its worst case."""
     from model.estimator import Evaluator
 
     sh = plan.shape
@@ -1150,15 +1152,12 @@ def even_split_warnings(fw: str, model: ModelSpec, job: JobSpec, cluster: Cluste
                        f"{need:.1f} GiB > {lim:g} GiB and run out of memory; give it a plan "
                        "with an even split (estimate --layers) or use a framework that takes "
                        "the plan's split (megatron, torchtitan)")]
+    if plan_ms is None:
+        plan_ms = Evaluator(model, job, cluster, sh, options).iteration_ms(plan.placement)
     return [tagged(fw, "split", f"with its even split ({per} layers per virtual stage) the "
                    f"cost model gives {slowest / 1e3:.3f} s per iteration"
-                   + (" at most" if extra else "") + ", against the plan's "
-                   f"{_plan_ms(model, job, cluster, plan, options) / 1e3:.3f} s")]
-
-
-def _plan_ms(model, job, cluster, plan: Plan, options) -> float:
-    from model.estimator import Evaluator
-    return Evaluator(model, job, cluster, plan.shape, options).iteration_ms(plan.placement)
+                   + (" at most" if extra else "") + f", against the plan's "
+                   f"{plan_ms / 1e3:.3f} s")]
 
 
 def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
@@ -1232,7 +1231,8 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         cmd = ["train.py", "--deepspeed", "--deepspeed_config", "$HERE/ds_config.json"]
     warn += w
     if _runs_an_even_split(fw, version, plan.shape):
-        warn += even_split_warnings(fw, model, job, cluster, plan, options)
+        warn += even_split_warnings(fw, model, job, cluster, plan, options,
+                                    None if est is None else est.iteration_ms)
     executable: set[str] = set()
     if mapping is None:
         warn.append(tagged(fw, "placement", (

@@ -7,7 +7,6 @@ terminal is shaped here. Nothing here computes a number the cost model or the so
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 
@@ -15,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from formats.planfile import gpu_to_dict, model_to_dict
+from formats.planfile import gpu_to_dict, json_safe, model_to_dict
 from formats.views import estimate_to_dict, plan_to_dict
 from model.plan import slot_label
 from model import plan as plan_rules
@@ -29,13 +28,8 @@ def console():
 
 
 def echo_json(doc) -> None:
-    typer.echo(json.dumps(doc, indent=1, default=_json_default))
-
-
-def _json_default(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return str(x)
+    """Strict JSON: an infinite bound or a NaN is null (json.dumps would write Infinity)."""
+    typer.echo(json.dumps(json_safe(doc), indent=1, allow_nan=False, default=str))
 
 
 class Progress:

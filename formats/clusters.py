@@ -316,6 +316,14 @@ def hostfile_order(path, cluster: ClusterSpec) -> list[int]:
                             source=src, field="hostfile")
         if index[name[0]] in order:
             raise SpecError(f"host {name[0]!r} is listed twice", source=src, field="hostfile")
+        gpus = cluster.nodes[index[name[0]]].num_gpus
+        for word in name[1:]:  # 'slots=N' (DeepSpeed / OpenMPI): the ranks the host ran
+            key, _eq, val = word.partition("=")
+            if key == "slots" and val != str(gpus):
+                raise SpecError(f"host {name[0]!r} has {word} but {gpus} GPUs in the cluster "
+                                "file: a run on fewer GPUs than the nodes hold is not what the "
+                                "plans describe; fix the slots or the cluster's gpus",
+                                source=src, field="hostfile")
         order.append(index[name[0]])
     if len(order) != cluster.num_nodes:
         missing = [nd.name for k, nd in enumerate(cluster.nodes) if k not in order]

@@ -60,14 +60,15 @@ _SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wal
 # writing
 
 
-def _clean(x):
-    """JSON-safe copy: numpy scalars to Python, non-finite floats to None."""
+def json_safe(x):
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to None (JSON has no
+    Infinity or NaN: a strict parser refuses them)."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [json_safe(v) for v in x]
     if isinstance(x, np.ndarray):
-        return _clean(x.tolist())
+        return json_safe(x.tolist())
     if isinstance(x, (np.integer,)):
         return int(x)
     if isinstance(x, (np.floating, float)):
@@ -132,7 +133,7 @@ def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     `calibration`: what the estimate was calibrated with, its profile whole under
     "document" (cli.py `_calibrated`)."""
     options = options or Options()
-    return _clean({
+    return json_safe({
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
         "generator": GENERATOR,

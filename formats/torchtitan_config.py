@@ -209,6 +209,16 @@ def plan_from_torchtitan_doc(cfg: dict, cluster: ClusterSpec, version: str, src:
     if any(x != "float8" for x in converters):
         raise SpecError(f"converters {converters}: only float8 is priced; give --plan",
                         source=src, field="model.converters")
+    f8 = rd.obj(cfg, "float8", "", optional=True) or {}
+    # what the Float8 pricing covers: torchao's tensorwise recipe with bf16 FSDP all-gathers
+    # (the torchtitan runs it was checked on); other recipes and FP8 all-gathers are not priced
+    if f8.get("recipe_name", "tensorwise") not in ("tensorwise", None) or \
+            f8.get("enable_fsdp_float8_all_gather"):
+        key = ("recipe_name" if f8.get("recipe_name", "tensorwise") not in ("tensorwise", None)
+               else "enable_fsdp_float8_all_gather")
+        raise SpecError(f"{f8[key]!r} is not priced (Float8 is priced as torchao's tensorwise "
+                        "recipe with 16-bit FSDP all-gathers); give --plan with the run's "
+                        "plan instead", source=src, field=f"float8.{key}")
     tp = rd.get(par, "tensor_parallel_degree", "parallelism", int, 1)
     pp = rd.get(par, "pipeline_parallel_degree", "parallelism", int, 1)
     cp = rd.get(par, "context_parallel_degree", "parallelism", int, 1)
@@ -234,10 +244,20 @@ def plan_from_torchtitan_doc(cfg: dict, cluster: ClusterSpec, version: str, src:
     if precision is None:
         raise SpecError("mixed_precision_param must be bfloat16 or float32", source=src,
                         field="training.mixed_precision_param")
+    # a release's compile keys in the other release's file: read as the release given, it
+    # would be priced without torch.compile
+    if version == "0.1" and sec["compile"]:
+        raise SpecError("is torchtitan v0.2's section (v0.1 has training.compile): give "
+                        "--framework-version 0.2, or the v0.1 key", source=src, field="compile")
+    if version != "0.1" and "compile" in tr:
+        raise SpecError("is torchtitan v0.1's key (v0.2 has [compile] enable): give "
+                        "--framework-version 0.1, or the v0.2 section", source=src,
+                        field="training.compile")
     if version == "0.1":  # training.compile: the blocks and the loss together
         compiled = loss_compiled = rd.get(tr, "compile", "training", bool, False)
     else:
         comp = sec["compile"]
+        rd.known(comp, "compile", ("enable", "components", "backend"))  # v0.2's Compile
         on = rd.get(comp, "enable", "compile", bool, False)
         parts = rd.get(comp, "components", "compile", list, ["model", "loss"])
         compiled, loss_compiled = on and "model" in parts, on and "loss" in parts

@@ -34,7 +34,7 @@ FRAMEWORKS = ("megatron", "nemo", "torchtitan", "deepspeed")
 # what a warning says changes from the plan: the pipeline schedule, the layer split, the model
 # built, the parallel layout, the placement, precision, overlaps, recompute, memory
 WARNING_KINDS = ("schedule", "split", "model", "parallelism", "placement", "precision",
-                 "overlap", "recompute", "memory")
+                 "overlap", "recompute", "memory", "framework")
 
 
 def tagged(framework: str, kind: str, text: str) -> str:
@@ -1104,6 +1104,10 @@ def check_framework(framework: str, version: str | None = None) -> str:
     return fw
 
 
+# the frameworks whose runs a job's estimate describes: NeMo runs Megatron-Core
+_PRICED_AS = {"megatron": ("megatron", "nemo"), "nemo": ("megatron", "nemo")}
+
+
 def _runs_an_even_split(fw: str, version: str | None, sh: Shape) -> bool:
     """Whether the framework runs its own even split instead of the plan's: DeepSpeed's
     PipelineModule (partition_method 'parameters', 'uniform' or 'type:...') and NeMo 1.x where
@@ -1175,6 +1179,13 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
     if why:
         notices.append(f"WARNING: written with --force although it does not fit: {why}")
         warn.append(tagged(fw, "memory", f"does not fit: {why}; written with --force"))
+    priced = job.framework
+    if fw not in _PRICED_AS.get(priced, (priced,)):
+        # the estimate is the job's framework's (its kernels, memory, sharding rules)
+        warn.append(tagged(fw, "framework", (
+            f"the plan was priced for {priced}, whose kernels, memory and sharding rules "
+            f"differ from {fw}'s: estimate it with --framework "
+            f"{'megatron' if fw == 'nemo' else fw} before running it there")))
     mapping, reason = rank_mapping(cluster, plan, ORDERS[fw])
     order = mapping.rank_order if mapping else DEFAULT_ORDER
     files: dict[str, str] = {}

@@ -39,6 +39,11 @@ def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
         raise SpecError("is for --emit; add --emit FRAMEWORK", source="options",
                         field="--tokenizer")
     if version is not None and emit is None:
+        if job_framework is None:  # estimate --plan: the plan keeps the release it was priced for
+            raise SpecError("beside --plan only picks the release of the files --emit writes "
+                            "(the plan keeps the release it was priced for); add --emit "
+                            "FRAMEWORK, or re-estimate the job with --framework-version",
+                            source="options", field="--framework-version")
         if job_framework != "torchtitan":
             raise SpecError("is for --emit, and for the estimate of a torchtitan job; add "
                             "--emit FRAMEWORK", source="options", field="--framework-version")

@@ -113,15 +113,16 @@ def gantt_png(evaluator, placement: Placement, path, replica: int | None = None)
     ax.set_yticklabels([f"stage {s}" for s in range(p)])
     ax.set_xlim(0, length * 1.01)
     ax.set_xlabel("time (ms)")
-    ax.set_title(f"{sh.describe()}  replica {t['replica']}  iteration {length:,.0f} ms  "
-                 f"({evaluator.m} micro-batches)")
+    # the shape's description is long: on two lines, smaller, so it is never clipped
+    ax.set_title(f"{sh.describe()}\nreplica {t['replica']}, iteration {length:,.0f} ms, "
+                 f"{evaluator.m} micro-batches", fontsize=9)
     ax.legend(handles=[Patch(color=fcol(0.6), label="forward"),
                        Patch(color=bcol(0.6), label="backward"),
                        Patch(facecolor="#9e9e9e", hatch="//", label="grad sync + optimizer"),
                        Patch(color="#f3e6e6", label="idle (bubble)"),
                        Line2D([], [], color="#555555", label="transfer"),
                        Line2D([], [], color="red", label="critical path")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.02 * (4 - min(p, 4))),
+              loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.03 * (4 - min(p, 4))),
               ncol=6, fontsize=8, frameon=False)
     return _save(fig, path)
 
@@ -182,7 +183,8 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
             else:
                 s, r, i = o
                 base = np.array(cmap(s % cmap.N)[:3])
-                fc = tuple(base if r % 2 == 0 else 0.55 * base + 0.45)
+                # shade by replica (a column is replica x CP + CP rank)
+                fc = tuple(base if (r // sh.cp) % 2 == 0 else 0.55 * base + 0.45)
                 txt = slot_label(s, r, sh.cp)
             ax.add_patch(Rectangle((g, n), 0.92, 0.85, facecolor=fc, edgecolor="black",
                                    linewidth=0.4))
@@ -195,7 +197,7 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
     ax.set_yticklabels([f"{nd.name} ({nd.gpu.name})" for nd in cluster.nodes], fontsize=8)
     ax.set_xticks([g + 0.46 for g in range(Gmax)])
     ax.set_xticklabels([f"GPU{g}" for g in range(Gmax)], fontsize=7)
-    ax.set_title(f"{sh.describe()}\ncolour = stage, light/dark = odd/even replica; red frame = "
+    ax.set_title(f"{sh.describe()}\ncolour = stage, dark/light = even/odd replica; red frame = "
                  "node with a slow link", fontsize=9)
     for sp in ax.spines.values():
         sp.set_visible(False)

@@ -373,6 +373,13 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if job.framework == "torchtitan" and shape.zero not in (0, 3):
         raise SpecError("torchtitan shards with FSDP2 (ZeRO-3) or replicates (DDP); ZeRO-1/2 "
                         "are not among its options", source=src, field="zero")
+    if job.framework == "torchtitan" and shape.zero == 0 and shape.dp > 1 and (
+            shape.tp > 1 or shape.pp > 1 or shape.cp > 1):
+        # torchtitan's parallelize: 'DDP has not supported > 1D parallelism' (the world mesh
+        # must be data parallel alone)
+        raise SpecError("torchtitan replicates with DDP only when data parallelism is the one "
+                        "dimension ('DDP has not supported > 1D parallelism'); with TP, PP or CP "
+                        "use FSDP (zero 3)", source=src, field="zero")
     if job.framework == "deepspeed" and shape.zero >= 2 and shape.pp > 1:
         raise SpecError("DeepSpeed's pipeline engine supports ZeRO-1 only (ZeRO-2/3 are "
                         "incompatible with pipeline parallelism)", source=src, field="zero")

@@ -884,7 +884,15 @@ def test_plan_read_from_torchtitan_toml(tmp_path):
                         ('[model]\nname = "llama3"\nflavor = "debugmodel"\n', "model.flavor"),
                         ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
                          'mode = "none"\n[parallelism]\npipeline_parallel_degree = 2\n',
-                         "parallelism.module_fqns_per_model_part")):
+                         "parallelism.module_fqns_per_model_part"),
+                        # a misspelt compile key, a v0.1 key read as v0.2, recipes not priced
+                        ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
+                         'mode = "full"\n[compile]\nenabled = true\n', "compile.enabled"),
+                        ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
+                         'mode = "full"\n[training]\ncompile = true\n', "training.compile"),
+                        ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n'
+                         '[activation_checkpoint]\nmode = "full"\n[float8]\n'
+                         'recipe_name = "rowwise"\n', "float8.recipe_name")):
         f.write_text(toml)
         with pytest.raises(SpecError) as e:
             plan_from_torchtitan_toml(f, h100)

@@ -203,3 +203,52 @@ def test_hsdp_under_context_parallelism_shards_within_a_node():
     rows = compare_sharding(m, job, c, time_limit_s=20, space=SearchSpace(cp=(4,), tp=(1,)))
     hsdp = next(r for r in rows if r["sharding"].startswith("HSDP"))
     assert "CP=4" in hsdp["plan"] and "hsdp2x2" in hsdp["plan"], rows
+
+
+def test_torchtitan_ddp_only_alone_and_json_is_strict(tmp_path):
+    """torchtitan runs DDP only as the one parallel dimension: with TP and PP the search
+    shards (FSDP/HSDP); solve --json is strict JSON (an infinite bound is null)."""
+    r = runner.invoke(app, ["solve", "-m", "llama3-8b", "-c", "h100-8x8", "--gbs", "128",
+                            "--seq", "8192", "--framework", "torchtitan", "--tp", "2", "--pp",
+                            "2", "--time-limit", "5", "--json"])
+    assert r.exit_code == 0, r.output
+
+    def refuse(c):
+        raise ValueError(c)
+    d = json.loads(r.output, parse_constant=refuse)
+    assert d["plan"]["shape"]["zero"] == 3
+    from formats import presets
+    from formats.clusters import cluster
+    from model.errors import SpecError
+    from model.estimator import make_plan
+    from model.specs import JobSpec
+    job = JobSpec(global_batch=128, seq_length=8192, framework="torchtitan")
+    with pytest.raises(SpecError) as e:
+        make_plan(presets.model("llama3-8b"), job, cluster("h100-8x8"), tp=2, pp=2, zero=0)
+    assert e.value.field == "zero" and "1D" in e.value.problem
+
+
+def test_emit_for_another_framework_than_priced_and_hostfile_slots(tmp_path):
+    plan = tmp_path / "p.json"
+    r = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-c", "h100-8x8", "--gbs", "64",
+                            "--seq", "8192", "--framework", "torchtitan", "--tp", "1", "--pp",
+                            "1", "--zero", "3", "--save-plan", str(plan)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["emit", str(plan), "-f", "megatron", "-o", str(tmp_path / "m"),
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert any(w.startswith("megatron [framework]: the plan was priced for torchtitan")
+               for w in json.loads(r.output)["warnings"])
+    r = runner.invoke(app, ["estimate", "--plan", str(plan), "--framework-version", "0.1"])
+    assert r.exit_code == 2 and "beside --plan" in r.output, r.output
+    hf = tmp_path / "hosts"
+    from formats.clusters import cluster
+    names = [nd.name for nd in cluster("example").nodes]
+    hf.write_text("".join(f"{n} slots={4 if i == 0 else 8}\n" for i, n in enumerate(names)))
+    log = tmp_path / "train.log"
+    from pathlib import Path
+    log.write_text((Path(__file__).parent / "fixtures" / "logs" /
+                    "megatron_train.log").read_text())
+    r = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--hostfile", str(hf),
+                            "--out", str(tmp_path / "c.json")])
+    assert r.exit_code == 2 and "slots=4" in r.output, r.output

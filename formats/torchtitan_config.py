@@ -212,10 +212,10 @@ def plan_from_torchtitan_doc(cfg: dict, cluster: ClusterSpec, version: str, src:
     f8 = rd.obj(cfg, "float8", "", optional=True) or {}
     # what the Float8 pricing covers: torchao's tensorwise recipe with bf16 FSDP all-gathers
     # (the torchtitan runs it was checked on); other recipes and FP8 all-gathers are not priced
-    if f8.get("recipe_name", "tensorwise") not in ("tensorwise", None) or \
-            f8.get("enable_fsdp_float8_all_gather"):
-        key = ("recipe_name" if f8.get("recipe_name", "tensorwise") not in ("tensorwise", None)
-               else "enable_fsdp_float8_all_gather")
+    unpriced = {"recipe_name": f8.get("recipe_name") not in (None, "tensorwise"),
+                "enable_fsdp_float8_all_gather": bool(f8.get("enable_fsdp_float8_all_gather"))}
+    key = next((k for k, off in unpriced.items() if off), None)
+    if key is not None:
         raise SpecError(f"{f8[key]!r} is not priced (Float8 is priced as torchao's tensorwise "
                         "recipe with 16-bit FSDP all-gathers); give --plan with the run's "
                         "plan instead", source=src, field=f"float8.{key}")

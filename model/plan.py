@@ -191,6 +191,16 @@ def expert_dp_groups(shape: Shape) -> list[list[tuple[int, int]]]:
             for e in range(ep) for e_t in range(et)]
 
 
+def gpus_without_fp8(cluster: ClusterSpec) -> list[str]:
+    """The cluster's GPU types without FP8 tensor cores (no fp8 peak in their datasheet)."""
+    return sorted({nd.gpu.name for nd in cluster.nodes if "fp8" not in nd.gpu.peak_tflops})
+
+
+def no_fp8_cores(cluster: ClusterSpec) -> str:
+    return (f"FP8 needs FP8 tensor cores, which {', '.join(gpus_without_fp8(cluster))} lack "
+            "(Hopper, Ada or newer)")
+
+
 def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None:
     """What Megatron-LM needs of expert parallelism, and what the cost model covers."""
     if not model.is_moe:
@@ -386,11 +396,8 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if job.fp8 is not None and shape.fp8 != job.fp8:
         raise SpecError(f"the job's precision fixes fp8={job.fp8}; choose the precision "
                         "bf16,fp8 to let the plan decide", source=src, field="fp8")
-    if shape.fp8:
-        no_fp8 = sorted({nd.gpu.name for nd in cluster.nodes if "fp8" not in nd.gpu.peak_tflops})
-        if no_fp8:
-            raise SpecError(f"FP8 needs FP8 tensor cores, which {', '.join(no_fp8)} lack "
-                            "(Hopper, Ada or newer); use bf16", source=src, field="fp8")
+    if shape.fp8 and gpus_without_fp8(cluster):
+        raise SpecError(f"{no_fp8_cores(cluster)}; use bf16", source=src, field="fp8")
     if shape.tp_comm_overlap and not shape.sequence_parallel:
         raise SpecError("tensor-parallel communication overlap needs sequence parallelism "
                         "(Megatron-LM --tp-comm-overlap requires it), and so TP > 1",

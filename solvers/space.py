@@ -20,7 +20,8 @@ from model.cluster import ClusterSpec
 from model.costs import CostModel
 from model.memory import GIB
 from model.errors import ScheduleTooLongError, SpecError
-from model.plan import Placement, Shape, block_placement, num_microbatches, validate_shape
+from model.plan import (Placement, Shape, block_placement, gpus_without_fp8, no_fp8_cores,
+                        num_microbatches, validate_shape)
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
 
@@ -125,7 +126,7 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     total = cluster.num_gpus
     tps = space.tp or tuple(d for d in divisors(G or 1))
     if job.fp8 is None:
-        fp8s = (False, True) if all("fp8" in nd.gpu.peak_tflops for nd in cluster.nodes) \
+        fp8s = (False, True) if not gpus_without_fp8(cluster) \
             else (False,)
     else:
         fp8s = (job.fp8,)
@@ -201,12 +202,9 @@ def check_space(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         f"below {CP_MIN_SEQ:,} tokens and no --cp above 1), so there is no K/V "
                         "to rotate: drop --kv-rotate or add --cp", source="options",
                         field="--kv-rotate")
-    if job.fp8:
-        no_fp8 = sorted({nd.gpu.name for nd in cluster.nodes if "fp8" not in nd.gpu.peak_tflops})
-        if no_fp8:
-            raise SpecError(f"FP8 needs FP8 tensor cores, which {', '.join(no_fp8)} lack "
-                            "(Hopper, Ada or newer); use bf16, or bf16,fp8 to let the plan "
-                            "decide where it can", source="options", field="--precision")
+    if job.fp8 and gpus_without_fp8(cluster):
+        raise SpecError(f"{no_fp8_cores(cluster)}; use bf16, or bf16,fp8 to let the plan "
+                        "decide where it can", source="options", field="--precision")
 
 
 def _eps(model: ModelSpec, space: SearchSpace, tp: int, cols: int

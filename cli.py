@@ -501,6 +501,7 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     `notes`: warnings to add)."""
     from launch.outputs import write_outputs
     from model.compute import shape_warnings
+    from model.plan import own_split_warnings
 
     files, warnings = [], []
     if any(outputs.get(k) is not None
@@ -508,8 +509,10 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
         files, warnings = write_outputs(m, job, c, plan, est, opts, solver=solver,
                                         calibration=calibration, measured=measured,
                                         **outputs)
+    # an emitted DeepSpeed config says the same in its [split] warning
+    own = [] if outputs.get("emit") == "deepspeed" else own_split_warnings(m, job, plan.shape)
     warnings = [*notes, *(calibration or {}).get("notes", []),
-                *shape_warnings(m, job, plan.shape), *warnings]
+                *shape_warnings(m, job, plan.shape), *own, *warnings]
     if as_json:
         d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
         render.echo_json(_with_calibration(d, calibration, interval, mem_interval))

@@ -28,6 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from model.estimator import Estimate, estimate, make_plan
+from model.plan import deepspeed_split
 from model.specs import JobSpec, ModelSpec, Options
 
 from . import presets
@@ -250,7 +251,8 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
                          "count that divides the layers per stage; unpublished)")
     layers = None
     if framework == "deepspeed" and r["pp"] > 1 and chunks == 1:
-        layers, note = _deepspeed_partition(r, r["num_layers"], r["pp"])
+        layers, note = _deepspeed_partition(r, r["num_layers"], r["pp"],
+                                            model.tied_embeddings)
         notes.append(note)
     plan = make_plan(model, job, cluster, tp=r["tp"], pp=r["pp"], dp=r["dp"], micro_batch=mbs,
                      schedule=sched, chunks=chunks, recompute=recompute, zero=zero,
@@ -258,7 +260,7 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     return model, job, cluster, plan, notes
 
 
-def _deepspeed_partition(r: dict, num_layers: int, pp: int
+def _deepspeed_partition(r: dict, num_layers: int, pp: int, tied: bool
                          ) -> tuple[tuple[int, ...] | None, str]:
     """The layers per stage DeepSpeed's pipeline engine gave the run, and a note saying so.
 
@@ -268,22 +270,16 @@ def _deepspeed_partition(r: dict, num_layers: int, pp: int
     tied output layer and loss on the last whatever they cost. BLOOM's production run counts
     the two embedding layers as well ('type:transformer|embedding', its pipeline_schedule
     field): 70 + 2 over 12 stages, 6 each, so the first and last stages hold 5 layers (as
-    bigscience's train/tr11-176B-ml/README.md, Architecture, lists them). Where
-    the items do not divide evenly, DeepSpeed's balanced partition is not reproduced here:
-    the cost model's time-balanced split stands, and the note says so."""
+    bigscience's train/tr11-176B-ml/README.md, Architecture, lists them). The rule, uneven
+    counts included: model.plan.deepspeed_split."""
     with_embeddings = "type:transformer|embedding" in (r.get("pipeline_schedule") or "")
-    items = num_layers + (2 if with_embeddings else 0)
     method = "type:transformer|embedding" if with_embeddings else "type:transformer"
-    if items % pp:
-        return None, (f"{items} pipeline items over {pp} stages do not divide evenly: the "
-                      f"time-balanced split, not DeepSpeed's partition_method='{method}'")
-    per = items // pp
-    layers = [per] * pp
-    if with_embeddings:
-        layers[0] -= 1
-        layers[-1] -= 1
-    return tuple(layers), (f"layers per stage as DeepSpeed's partition_method='{method}' "
-                           f"splits them: {per} items per stage")
+    layers = deepspeed_split(num_layers, pp, method, tied_embeddings=tied)
+    if layers is None:
+        return None, (f"DeepSpeed's partition_method='{method}' would leave a stage without a "
+                      "transformer layer: the time-balanced split instead")
+    return layers, (f"layers per stage as DeepSpeed's partition_method='{method}' splits "
+                    f"them: {'/'.join(map(str, layers))}")
 
 
 def _llama_model(r: dict, **extra) -> ModelSpec:

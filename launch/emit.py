@@ -25,7 +25,8 @@ from formats.torchtitan_config import TORCHTITAN_VERSIONS, torchtitan_flavor
 from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.memory import fp8_params_apply
-from model.plan import Plan, Shape, num_microbatches
+from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepspeed_split, deepspeed_splits,
+                        num_microbatches)
 from model.specs import JobSpec, ModelSpec
 
 from .ranks import DEFAULT_ORDER, ORDERS, TP_PP_DP_ORDER, launch_files, rank_mapping
@@ -1046,10 +1047,21 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "(PipelineModule(num_stages=PP) and a model-parallel mpu, or "
                     "Megatron-DeepSpeed's --tensor-model-parallel-size / "
                     "--pipeline-model-parallel-size)")
-    if sh.pp > 1:
+    method = deepspeed_splits(model, sh.pp).get(tuple(sh.layers))
+    if sh.pp > 1 and method is None:
         warn.append(f"deepspeed [split]: the layer split {list(sh.layers)} cannot be given to "
                     "PipelineModule, whose partition_method is 'parameters', 'uniform' or "
                     "'type:...'")
+    elif sh.pp > 1:
+        # deepspeedai/Megatron-DeepSpeed GPTModelPipe passes 'type:transformer'; the bigscience
+        # fork takes --pp-partition-method (megatron/arguments.py)
+        warn.append(f"deepspeed [split]: the plan's layer split {list(sh.layers)} is what "
+                    f"PipelineModule(partition_method='{method}') gives"
+                    + (" (Megatron-DeepSpeed's GPTModelPipe default)"
+                       if method == DEEPSPEED_PARTITIONS[0] else
+                       " (bigscience-workshop/Megatron-DeepSpeed: --pp-partition-method "
+                       f"'{method}'; deepspeedai's GPTModelPipe always uses "
+                       f"'{DEEPSPEED_PARTITIONS[0]}')"))
     if sh.schedule != "1f1b" and sh.pp > 1:
         warn.append(f"deepspeed [schedule]: the pipeline engine runs its own 1F1B-style "
                     f"TrainSchedule; the plan's {sh.schedule} schedule cannot be expressed")
@@ -1108,14 +1120,16 @@ def check_framework(framework: str, version: str | None = None) -> str:
 _PRICED_AS = {"megatron": ("megatron", "nemo"), "nemo": ("megatron", "nemo")}
 
 
-def _runs_an_even_split(fw: str, version: str | None, sh: Shape) -> bool:
+def _runs_an_even_split(fw: str, version: str | None, model: ModelSpec, job: JobSpec,
+                        sh: Shape) -> bool:
     """Whether the framework runs its own even split instead of the plan's: DeepSpeed's
-    PipelineModule (partition_method 'parameters', 'uniform' or 'type:...') and NeMo 1.x where
-    its first/last stage keys cannot express the split."""
+    PipelineModule where no partition method it is given gives the plan's split
+    (plan.framework_splits), and NeMo 1.x where its first/last stage keys cannot express the
+    split."""
     if sh.pp == 1 or len(set(sh.layers)) == 1:
         return False
     if fw == "deepspeed":
-        return True
+        return tuple(sh.layers) not in deepspeed_splits(model, sh.pp)
     return (fw == "nemo" and (version or NEMO_VERSIONS[0]) != "bridge"
             and first_last_split(sh) is None)
 
@@ -1127,7 +1141,7 @@ def even_split_warnings(fw: str, model: ModelSpec, job: JobSpec, cluster: Cluste
     Megatron-DeepSpeed's partition_method 'type:transformer') does to the plan: the stage that
     may run out of memory, else the time the cost model gives it beside the plan's (`plan_ms`,
     computed where not given). Each stage is judged with the extra layers on its own virtual
-    stages first, its worst case."""
+    stages first, its worst case (DeepSpeed's rule is known: plan.deepspeed_split)."""
     from model.estimator import Evaluator
 
     sh = plan.shape
@@ -1135,30 +1149,41 @@ def even_split_warnings(fw: str, model: ModelSpec, job: JobSpec, cluster: Cluste
     base, extra = divmod(L, V)
     worst = None  # (overflow GiB, stage, need, limit)
     slowest = 0.0
+    splits = []
     for s in range(sh.pp) if extra else [0]:
         mine = [c * sh.pp + s for c in range(sh.chunks)]
         order = mine + [j for j in range(V - 1, -1, -1) if j not in mine]
         lay = [base] * V
         for j in order[:extra]:
             lay[j] += 1
-        est = Evaluator(model, job, cluster, replace(sh, layers=tuple(lay)),
+        splits.append(tuple(lay))
+    how = f"{base}" if not extra else f"{base} or {base + 1}"
+    how += " layers per virtual stage"
+    if fw == "deepspeed":  # its rule is known: the first L % V stages take one more
+        splits, extra = [deepspeed_split(L, sh.pp)], 0
+        how = (f"{'/'.join(map(str, splits[0]))} layers per stage, partition_method "
+               f"'{DEEPSPEED_PARTITIONS[0]}'")
+    for lay in splits:
+        est = Evaluator(model, job, cluster, replace(sh, layers=lay),
                         options).estimate(plan.placement)
         slowest = max(slowest, est.iteration_ms)
         for st in est.stages:
             over = st.memory.total_gib - st.limit_gib
             if over > 0 and (worst is None or over > worst[0]):
                 worst = (over, st.stage, st.memory.total_gib, st.limit_gib)
-    per = f"{base}" if not extra else f"{base} or {base + 1}"
     if worst is not None:
         _o, st, need, lim = worst
-        return [tagged(fw, "memory", f"it splits the layers evenly ({per} per virtual stage), "
+        return [tagged(fw, "memory", f"it splits the layers evenly ({how}), "
                        f"not as the plan ({list(sh.layers)}): stage {st} may then need "
                        f"{need:.1f} GiB > {lim:g} GiB and run out of memory; give it a plan "
-                       "with an even split (estimate --layers) or use a framework that takes "
-                       "the plan's split (megatron, torchtitan)")]
+                       + ("solved for it (solve --framework deepspeed searches only the splits "
+                          "its partition methods give)" if fw == "deepspeed" else
+                          "with an even split (estimate --layers)")
+                       + " or use a framework that takes the plan's split (megatron, "
+                       "torchtitan)")]
     if plan_ms is None:
         plan_ms = Evaluator(model, job, cluster, sh, options).iteration_ms(plan.placement)
-    return [tagged(fw, "split", f"with its even split ({per} layers per virtual stage) the "
+    return [tagged(fw, "split", f"with its even split ({how}) the "
                    f"cost model gives {slowest / 1e3:.3f} s per iteration"
                    + (" at most" if extra else "") + f", against the plan's "
                    f"{plan_ms / 1e3:.3f} s")]
@@ -1241,7 +1266,7 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         files["ds_config.json"] = json.dumps(cfg, indent=1) + "\n"
         cmd = ["train.py", "--deepspeed", "--deepspeed_config", "$HERE/ds_config.json"]
     warn += w
-    if _runs_an_even_split(fw, version, plan.shape):
+    if _runs_an_even_split(fw, version, model, job, plan.shape):
         warn += even_split_warnings(fw, model, job, cluster, plan, options,
                                     None if est is None else est.iteration_ms)
     executable: set[str] = set()

@@ -21,8 +21,8 @@ from .communication import dp_ring, p2p_ring
 from .costs import CostModel
 from .errors import SpecError
 from .memory import MemoryModel, StageMemory, fp8_params_apply
-from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, megatron_placement,
-                   num_microbatches, validate_placement, validate_shape)
+from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
+                   megatron_placement, num_microbatches, validate_placement, validate_shape)
 from .schedule import compile_schedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -523,7 +523,11 @@ def default_layers(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     and the output layer and loss on the last: layers go one at a time to the virtual stage with
     the least forward + backward time (ties to the later stage, as Megatron's uneven split keeps
     the first and last stages lighter). A mixture of experts' leading dense layers start in
-    virtual stage 0, at their own time."""
+    virtual stage 0, at their own time. Where the framework runs its own split whatever the
+    plan says (DeepSpeed's pipeline engine: plan.framework_splits), its default one."""
+    fixed = framework_splits(model, job, shape)
+    if fixed:
+        return next(iter(fixed))
     options = options or Options()
     V = shape.pp * shape.chunks
     costs = CostModel(model, job, cluster, shape, options)

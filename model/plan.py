@@ -577,5 +577,74 @@ def _tp_groups(cluster: ClusterSpec, n: int, tp: int) -> list[tuple[int, ...]]:
     return best_tp_groups(node, tp)
 
 
+# DeepSpeed PipelineModule partition methods the solver chooses among for a Megatron-DeepSpeed
+# GPT (deepspeed/runtime/pipe/module.py _partition_layers): GPTModelPipe's default, and the one
+# that also weighs the embeddings (bigscience-workshop/Megatron-DeepSpeed --pp-partition-method,
+# as BLOOM ran). 'uniform' counts norms and casts as items and 'parameters' balances parameter
+# counts: neither is priced here.
+DEEPSPEED_PARTITIONS = ("type:transformer", "type:transformer|embedding")
+
+
+def deepspeed_split(num_layers: int, pp: int, method: str = "type:transformer",
+                    tied_embeddings: bool = True) -> tuple[int, ...] | None:
+    """The transformer layers per stage DeepSpeed's PipelineModule gives a Megatron-DeepSpeed
+    GPT under partition_method `method` (DEEPSPEED_PARTITIONS), or None where a stage would
+    hold no transformer layer.
+
+    'type:X' weighs the items whose class name matches X 1 and the rest 0 and splits them with
+    deepspeed/runtime/utils.py partition_balanced, whose tie-breaking gives the first
+    items % pp stages one item more (run at deepspeedai/DeepSpeed edaa722 on GPTModelPipe's
+    item lists for every 2-129 layers over 2-16 stages: always that split). Under
+    'type:transformer|embedding' the items are the layers, the input EmbeddingPipe on the
+    first stage and, where tied, the output EmbeddingPipe on the last (an untied output layer
+    is an LMHeadPipe, which the pattern does not match; deepspeedai/Megatron-DeepSpeed
+    megatron/model/gpt_model.py GPTModelPipe)."""
+    lead = trail = 0
+    if method == "type:transformer|embedding":
+        lead, trail = 1, int(tied_embeddings)
+    elif method != "type:transformer":
+        raise ValueError(f"unpriced DeepSpeed partition method {method!r}")
+    base, extra = divmod(num_layers + lead + trail, pp)
+    per = [base + 1] * extra + [base] * (pp - extra)
+    per[0] -= lead
+    per[-1] -= trail
+    return tuple(per) if min(per) >= 1 else None
+
+
+def framework_splits(model: ModelSpec, job: JobSpec, shape: Shape
+                     ) -> dict[tuple[int, ...], str] | None:
+    """The layer splits the job's framework can run, each with the setting that gives it, or
+    None where any split is taken as given (Megatron-LM, NeMo and torchtitan take per-stage
+    counts). DeepSpeed's pipeline engine partitions by its own rule: the splits of
+    DEEPSPEED_PARTITIONS (deepspeed_split), the first Megatron-DeepSpeed's default; the
+    solvers search only these for it."""
+    if job.framework != "deepspeed" or shape.pp <= 1:
+        return None
+    return deepspeed_splits(model, shape.pp)
+
+
+def own_split_warnings(model: ModelSpec, job: JobSpec, shape: Shape) -> list[str]:
+    """One line where the job's framework cannot run the plan's split (framework_splits):
+    the estimate prices a split the run would not have."""
+    own = framework_splits(model, job, shape)
+    if own is None or tuple(shape.layers) in own:
+        return []
+    which = ", ".join(f"{'/'.join(map(str, s))} ('{m}')" for s, m in own.items())
+    return [f"DeepSpeed's pipeline engine cannot run the layer split "
+            f"{'/'.join(map(str, shape.layers))}: its partition methods give {which or 'none'}; "
+            "this estimate prices the split given (--layers), not the one the run would have"]
+
+
+def deepspeed_splits(model: ModelSpec, pp: int) -> dict[tuple[int, ...], str]:
+    """Each split DeepSpeed's partition methods (DEEPSPEED_PARTITIONS) give, with the first
+    method that gives it."""
+    out: dict[tuple[int, ...], str] = {}
+    for method in DEEPSPEED_PARTITIONS:
+        split = deepspeed_split(model.num_layers, pp, method, model.tied_embeddings)
+        if split is not None and split not in out:
+            out[split] = method
+    return out
+
+
 def with_layers(shape: Shape, layers: tuple[int, ...]) -> Shape:
     return replace(shape, layers=tuple(layers))

@@ -151,6 +151,12 @@ def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
             p = list(perm)
             if sw is not None:
                 p[sw[0]], p[sw[1]] = p[sw[1]], p[sw[0]]
+            if not prob.split_free:  # the framework's other splits
+                for lay in prob.split_neighbours(layers):
+                    c = prob.cost(p, lay)
+                    if c < cur - 1e-12:
+                        perm, layers, cur, improved = p, lay, c, True
+                continue
             for s in range(V):
                 for d in range(V):
                     if out_of_time():  # a new split builds its evaluator: tens of ms
@@ -277,7 +283,7 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
     alpha = 1.0 if clock else (t_end_frac / t0_frac) ** (1.0 / max(1, iters))
     ratio = t_end_frac / t0_frac
     temp = t0
-    V = len(layers)
+    can_move = prob.can_move_split()
     done = 0
     it = 0
     while clock or it < iters:
@@ -292,13 +298,8 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
             temp = t0 * ratio ** (elapsed / max(time_limit_s, 1e-9))
         new_perm, new_layers = perm, layers
         r = rng.random()
-        if move_layers and V > 1 and (r < 0.35 or n == 1):
-            src, dst = (int(x) for x in rng.choice(V, 2, replace=False))
-            lay = list(layers)
-            if lay[src] > 1:
-                lay[src] -= 1
-                lay[dst] += 1
-                new_layers = tuple(lay)
+        if move_layers and can_move and (r < 0.35 or n == 1):
+            new_layers = prob.random_split_move(rng, layers) or layers
         elif n > 1:
             # clock mode: Pipette's five moves; the iteration-budget mode (warm starts) keeps
             # its three, so that its answers stay as they were

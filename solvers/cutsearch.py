@@ -162,7 +162,6 @@ def path_search(prob: PlacementProblem, layers, perm, *, deadline_s: float, seed
     cur = np.array(perm, dtype=np.int64)
     cur_ms = prob.cost(list(cur), lay)
     best, best_lay, best_ms = cur.copy(), lay, cur_ms
-    V = len(lay)
     kicks = 0
     while work.now() < deadline_s:
         cur, cur_ms = _descend(prob, surs[lay], nb, cur, cur_ms, lay, deadline_s)
@@ -170,7 +169,7 @@ def path_search(prob: PlacementProblem, layers, perm, *, deadline_s: float, seed
             best, best_lay, best_ms = cur.copy(), lay, cur_ms
         elif cur_ms > best_ms + 1e-12:  # keep the better local optimum
             cur, lay, cur_ms = best.copy(), best_lay, best_ms
-        split_kicks = move_layers and V > 1
+        split_kicks = move_layers and prob.can_move_split()
         if (max_kicks is not None and kicks >= max_kicks) or (len(cur) < 4 and not split_kicks):
             break  # (below 4 slots the neighbourhood holds every permutation)
         kicks += 1
@@ -191,8 +190,11 @@ def path_search(prob: PlacementProblem, layers, perm, *, deadline_s: float, seed
 
 
 def _layer_kick(rng, prob: PlacementProblem, lay: tuple[int, ...]):
-    """One layer moved from a random stage with more than one to another; None where the
-    split that gives does not fit."""
+    """One layer moved from a random stage with more than one to another (where the framework
+    has its own splits: another of them); None where the split that gives does not fit."""
+    if not prob.split_free:
+        new = prob.random_split_move(rng, lay)
+        return new if new is not None and prob.fits(new) else None
     src = [i for i, x in enumerate(lay) if x > 1]
     if not src:
         return None

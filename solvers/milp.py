@@ -446,6 +446,12 @@ class _Formulation:
             for a, b in slots:
                 M.add(lsum(x[n, a, b] for n in range(N)) == 1)
         M.add(lsum(l_) == L)
+        own = dat.prob.allowed_splits
+        if own is not None:  # the framework's own splits (DeepSpeed): one of them, z[k]
+            z = M.vars(list(range(len(own))), 0, 1, integer=integral)
+            M.add(lsum(z[k] for k in range(len(own))) == 1)
+            for j in range(V):
+                M.add(l_[j] == lsum(own[k][j] * z[k] for k in range(len(own))))
         for j in range(V):
             if nbits:
                 M.add(l_[j] == 1 + lsum(2 ** q * beta[j, q] for q in range(nbits)))

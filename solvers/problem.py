@@ -6,7 +6,7 @@ import itertools
 
 from model.cluster import ClusterSpec
 from model.estimator import Evaluator, default_layers
-from model.plan import Placement, Plan, Shape
+from model.plan import Placement, Plan, Shape, framework_splits
 from model.specs import JobSpec, ModelSpec, Options
 
 from .bounds import shape_bound_ms
@@ -29,6 +29,52 @@ class PlacementProblem:
         self.caps_gib = [nd.gpu.memory_gib for nd in cluster.nodes]
         self.mixed_memory = len(set(self.caps_gib)) > 1
         self._slot_stages: list[list[int]] | None = None
+        # the splits the framework can run, where it partitions by its own rule (DeepSpeed's
+        # pipeline engine): the only ones searched then (`fits` refuses every other)
+        own = framework_splits(model, job, self.shape)
+        self.allowed_splits: tuple[tuple[int, ...], ...] | None = (
+            None if own is None else tuple(own))
+
+    @property
+    def split_free(self) -> bool:
+        """Whether any layer split may be chosen (not only the framework's own)."""
+        return self.allowed_splits is None
+
+    def can_move_split(self) -> bool:
+        """Whether there is another split to move to (split_neighbours)."""
+        return (self.shape.num_virtual > 1 if self.split_free else
+                len(self.allowed_splits) > 1)
+
+    def split_neighbours(self, layers: tuple[int, ...]):
+        """The splits one move from `layers`: one layer moved between two virtual stages, or,
+        where the framework has its own splits, each of the others."""
+        if not self.split_free:
+            yield from (a for a in self.allowed_splits if a != tuple(layers))
+            return
+        V = len(layers)
+        for s in range(V):
+            for d in range(V):
+                if s != d and layers[s] > 1:
+                    lay = list(layers)
+                    lay[s] -= 1
+                    lay[d] += 1
+                    yield tuple(lay)
+
+    def random_split_move(self, rng, layers: tuple[int, ...]) -> tuple[int, ...] | None:
+        """One random move of split_neighbours (None where the draw moves nothing)."""
+        if not self.split_free:
+            others = [a for a in self.allowed_splits if a != tuple(layers)]
+            return others[int(rng.integers(len(others)))] if others else None
+        V = len(layers)
+        if V < 2:
+            return None
+        src, dst = (int(x) for x in rng.choice(V, 2, replace=False))
+        if layers[src] <= 1:
+            return None
+        lay = list(layers)
+        lay[src] -= 1
+        lay[dst] += 1
+        return tuple(lay)
 
     @property
     def num_slots(self) -> int:
@@ -50,6 +96,8 @@ class PlacementProblem:
         hit = self._fits.get(layers)
         if hit is None and layers[0] < self.model.first_dense_layers:
             hit = self._fits[layers] = False  # the leading dense layers belong to stage 0
+        if hit is None and not self.split_free and tuple(layers) not in self.allowed_splits:
+            hit = self._fits[layers] = False  # not a split the framework runs
         if hit is None:
             if self.mixed_memory:
                 hit = self.memory_perm(layers) is not None
@@ -138,6 +186,9 @@ class PlacementProblem:
     def start_layers(self) -> tuple[int, ...]:
         """Time-balanced split if it fits, else the memory-balanced one (where memory sizes
         differ: balanced against the memory of the nodes `memory_perm` would give)."""
+        if not self.split_free:  # the framework's first split that fits, else its first
+            fit = [a for a in self.allowed_splits if self.fits(a)]
+            return (fit or list(self.allowed_splits) or [(1,) * self.shape.num_virtual])[0]
         lay = default_layers(self.model, self.job, self.cluster, self.shape, self.options)
         if self.fits(lay):
             return lay
@@ -157,7 +208,11 @@ class PlacementProblem:
         return caps
 
     def all_splits(self):
-        """Every split with at least one layer per virtual stage (for brute force)."""
+        """Every split with at least one layer per virtual stage (for brute force); the
+        framework's own where it fixes one."""
+        if not self.split_free:
+            yield from self.allowed_splits
+            return
         L, V = self.model.num_layers, self.shape.num_virtual
         for cuts in itertools.combinations(range(1, L), V - 1):
             b = (0,) + cuts + (L,)

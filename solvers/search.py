@@ -22,7 +22,8 @@ from model.cluster import ClusterSpec
 from model.errors import InfeasibleError, SpecError
 from model.estimator import Evaluator, default_layers, stage_limit_gib
 from model import plan as plan_rules
-from model.plan import Plan, Shape, megatron_placement, num_microbatches, schedule_slots
+from model.plan import (Plan, Shape, framework_splits, megatron_placement, num_microbatches,
+                        schedule_slots)
 from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
@@ -219,11 +220,64 @@ def _screen_mixed_memory(model, job, cluster, options, sh: Shape, bound: float,
                            "Megatron-LM's placement where no other is searched)", shape=sh)
 
 
+def _screen_own_splits(model, job, cluster, options, sh: Shape, bound: float,
+                       best_quick: float, own: dict):
+    """screen_shape where the framework runs only its own splits (DeepSpeed's partition
+    methods: plan.framework_splits): of those that fit (on GPUs of several memory sizes:
+    under Megatron-LM's placement, or for some block under the placement giving the largest
+    GPUs to the neediest slots), the one with the best quick score (else the least memory);
+    or the candidate naming the split that comes closest to fitting."""
+    caps = {nd.gpu.memory_gib for nd in cluster.nodes}
+    try:
+        pl = megatron_placement(cluster, sh.tp, sh.pp, sh.cols)
+    except Exception:
+        pl = None
+    best = closest = None  # (key, ShapeInfo); (overflow GiB, stage, need, split)
+    for lay in own:
+        ev = Evaluator(model, job, cluster, with_layers(sh, lay), options)
+        mem = [mm.total_gib for mm in ev.memory]
+        peak, quick = max(mem), None
+        if len(caps) == 1:
+            fits = peak <= min(caps)
+            if fits and bound < best_quick * (1 + 1e-9):
+                quick = _quick(model, job, cluster, sh, lay, options, ev)
+        elif pl is not None and _placement_holds(cluster, sh, pl, ev):
+            fits = True
+            if bound < best_quick * (1 + 1e-9):
+                quick = ev.iteration_ms(pl)
+        else:
+            fits = any(PlacementProblem(model, job, cluster, sh, blk, options).fits(lay)
+                       for blk in blocks_for(cluster, sh))
+        if fits:
+            info = ShapeInfo(sh, bound, lay, peak)
+            info.quick_ms = quick
+            key = (math.inf if quick is None else quick, peak)
+            if best is None or key < best[0]:
+                best = (key, info)
+            continue
+        st = max(range(len(mem)), key=mem.__getitem__)
+        over = mem[st] - max(caps)
+        if closest is None or over < closest[0]:
+            closest = (over, st, mem[st], lay)
+    if best is not None:
+        return best[1], None
+    _o, st, need, lay = closest
+    where = (f"> {min(caps):g} GiB" if len(caps) == 1 else
+             "and no placement puts every stage on GPUs with room for it")
+    return None, Candidate(sh.describe(), bound, status=f"does not fit: stage {st} needs "
+                           f"{need:.1f} GiB {where} with the split DeepSpeed's pipeline engine "
+                           f"runs ({'/'.join(map(str, lay))}; partition_method "
+                           f"'{own[lay]}'), the closest of its partition methods", shape=sh)
+
+
 def screen_shape(model, job, cluster, options, sh: Shape, bound: float, best_quick: float):
     """(ShapeInfo, None) with the split that fits (time-balanced, else memory-balanced) and,
     unless `bound` already fails to beat `best_quick`, the quick score; or (None, Candidate)
     naming the stage that overflows even with the most memory-balanced split."""
     work.charge("screen")
+    own = framework_splits(model, job, sh)
+    if own is not None:
+        return _screen_own_splits(model, job, cluster, options, sh, bound, best_quick, own)
     caps = {nd.gpu.memory_gib for nd in cluster.nodes}
     if len(caps) > 1:
         return _screen_mixed_memory(model, job, cluster, options, sh, bound, best_quick)

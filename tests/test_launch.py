@@ -1031,4 +1031,30 @@ def test_frameworks_that_split_evenly_say_what_their_split_costs(tmp_path):
     plan = make_plan(m, job, big, tp=8, pp=4, dp=1, recompute="full", sequence_parallel=True,
                      layers=(19, 21, 21, 19))
     (w,) = even_split_warnings("deepspeed", m, job, big, plan)
-    assert w.startswith("deepspeed [split]") and "(20 layers per virtual stage)" in w
+    assert w.startswith("deepspeed [split]") and "(20/20/20/20 layers per stage, " \
+        "partition_method 'type:transformer')" in w
+
+
+def test_deepspeed_emit_names_the_partition_method_that_gives_the_plans_split(tmp_path):
+    """A DeepSpeed plan whose split a partition method gives (model.plan.deepspeed_split) is
+    emitted with that method named and no even-split warning; one whose split none gives is
+    warned about. BLOOM-like: 70 tied layers over 4 stages, 'type:transformer' 18/18/17/17,
+    'type:transformer|embedding' 17/18/18/17."""
+    m = presets.model("bloom-176b")
+    job = JobSpec(global_batch=32, seq_length=2048, framework="deepspeed")
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 20.0)
+    for lay, method in (((18, 18, 17, 17), "'type:transformer')"),
+                        ((17, 18, 18, 17), "'type:transformer|embedding')")):
+        plan = make_plan(m, job, c, tp=8, pp=4, dp=1, recompute="full",
+                         sequence_parallel=True, layers=lay)
+        _files, warn = emit("deepspeed", m, job, c, plan, tmp_path / method[2:8], force=True)
+        split = [w for w in warn if w.startswith("deepspeed [split]")]
+        assert len(split) == 1 and f"partition_method={method}" in split[0], split
+        assert ("--pp-partition-method" in split[0]) == ("embedding" in method)
+        assert not [w for w in warn if "even split" in w or "splits the layers evenly" in w]
+    plan = make_plan(m, job, c, tp=8, pp=4, dp=1, recompute="full", sequence_parallel=True,
+                     layers=(16, 18, 18, 18))
+    _files, warn = emit("deepspeed", m, job, c, plan, tmp_path / "other", force=True)
+    split = [w for w in warn if w.startswith("deepspeed [split]")]
+    assert any("cannot be given to PipelineModule" in w for w in split)
+    assert any("18/18/17/17 layers per stage" in w for w in warn), warn

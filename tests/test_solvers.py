@@ -17,7 +17,7 @@ from solvers.brute import brute_force
 from solvers.milp import solve_milp
 from solvers.problem import PlacementProblem
 from solvers.search import solve
-from solvers.space import blocks_for, enumerate_shapes, memory_split, with_layers
+from solvers.space import SearchSpace, blocks_for, enumerate_shapes, memory_split, with_layers
 
 TINY = ModelSpec("tiny", 8, 2048, 16, 16, 8192, 32000, 2048)
 
@@ -765,3 +765,52 @@ def _space_of(sh):
     return SearchSpace(tp=(sh.tp,), pp=(sh.pp,), micro_batch=(sh.micro_batch,),
                        schedules=((sh.schedule, sh.chunks),), recompute=(sh.recompute,),
                        distributed_optimizer=(sh.distributed_optimizer,))
+
+
+def test_deepspeed_plans_use_only_the_splits_its_partition_methods_give():
+    """DeepSpeed's pipeline engine splits by its partition method, not by the plan
+    (model.plan.deepspeed_split): on a tied-embedding model of 10 layers over 4 stages,
+    'type:transformer' gives 3/3/2/2 and 'type:transformer|embedding' 2/3/3/2. The MILP and the
+    annealer choose among those two only and equal brute force over them, and the estimator
+    agrees; with the split left free the optimum is faster on some instance, so the
+    restriction is what these answers obey."""
+    from model.plan import deepspeed_split, framework_splits
+    assert deepspeed_split(10, 4) == (3, 3, 2, 2)
+    assert deepspeed_split(10, 4, "type:transformer|embedding") == (2, 3, 3, 2)
+    # untied: the output layer is an LMHeadPipe, which the pattern does not match
+    assert deepspeed_split(9, 4, "type:transformer|embedding", False) == (2, 3, 2, 2)
+    # BLOOM's production run: 70 layers and both embeddings over 12 stages
+    assert deepspeed_split(70, 12, "type:transformer|embedding") == (5,) + (6,) * 10 + (5,)
+    assert deepspeed_split(3, 4) is None
+    m = ModelSpec("tiny-tied", 10, 2048, 16, 16, 8192, 32000, 2048, tied_embeddings=True)
+    freer = 0
+    for seed in range(3):
+        c = tiny_cluster(4, seed)
+        sh = Shape(tp=1, pp=4, dp=2, micro_batch=1, recompute="none")
+        job = JobSpec(global_batch=16, seq_length=2048, framework="deepspeed")
+        assert framework_splits(m, job, sh) == {(3, 3, 2, 2): "type:transformer",
+                                                (2, 3, 3, 2): "type:transformer|embedding"}
+        for blk in blocks_for(c, sh):
+            prob = PlacementProblem(m, job, c, sh, blk, Options())
+            opt = brute_force(prob)
+            assert opt.plan.shape.layers in ((3, 3, 2, 2), (2, 3, 3, 2))
+            milp = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
+            assert milp.termination == "optimal"
+            assert milp.objective_ms == pytest.approx(opt.objective_ms, rel=1e-7)
+            assert milp.plan.shape.layers in ((3, 3, 2, 2), (2, 3, 3, 2))
+            assert estimate(m, job, c, milp.plan).iteration_ms == pytest.approx(
+                milp.objective_ms, rel=1e-6)
+            ann = anneal(prob, seed=0, iters=2000)
+            assert ann.objective_ms == pytest.approx(opt.objective_ms, rel=1e-9)
+            assert ann.plan.shape.layers in ((3, 3, 2, 2), (2, 3, 3, 2))
+            free = PlacementProblem(m, job, c, sh, blk, Options())
+            free.allowed_splits = None
+            freer += brute_force(free).objective_ms < opt.objective_ms * (1 - 1e-6)
+    # the whole search, pipelines of 2 and 4 stages (DeepSpeed's two splits of 10 layers over
+    # 2 stages are the same: 5/5)
+    res = solve(m, job, c, time_limit_s=30, seed=0,
+                space=SearchSpace(pp=(2, 4), micro_batch=(1,), recompute=("none",)))
+    assert res.plan.shape.layers in framework_splits(m, job, res.plan.shape)
+    assert estimate(m, job, c, res.plan).iteration_ms == pytest.approx(res.objective_ms,
+                                                                       rel=1e-6)
+    assert freer >= 1

@@ -1248,13 +1248,9 @@ def cluster_synth(
         seed=seed, name=name, intra_latency_us=(INTRA_LATENCY_US if intra_latency_us is None
                                                 else intra_latency_us)))
     if intra_topology is not None:
-        import dataclasses
-
         from formats.topologies import cluster_with_topology
-        c = cluster_with_topology(c, intra_topology)
-        if intra_gb_per_s is not None:  # given beside the topology: kept, as import keeps it
-            c = dataclasses.replace(c, nodes=tuple(dataclasses.replace(
-                nd, intra_gb_per_s=intra_gb_per_s) for nd in c.nodes))
+        # given beside the topology: the preset's matrix scaled to it, as import does
+        c = cluster_with_topology(c, intra_topology, intra_gb_per_s)
     _emit_cluster(c, out, as_json)
 
 

@@ -11,6 +11,11 @@ File format (TOML), nodes in matrix order (the bandwidth convention is model/clu
     gpu = "A100-80GB"
     gpus = 8
     intra_gb_per_s = 240.0            # or intra_topology = "<preset>" (formats/topologies.py)
+                                      # or intra_matrix_gb_per_s = [[...], ...] (GPU by GPU)
+
+A node's intra_gb_per_s is the best ring through all its GPUs: beside intra_topology it scales
+the preset's matrix to that ring (a measured, e.g. degraded, NVLink); beside
+intra_matrix_gb_per_s it may be left out, and where given must agree with the matrix.
     [inter]
     gb_per_s = [[0.0, 23.1, ...], ...]
 """
@@ -62,7 +67,8 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
                           "intra_matrix_gb_per_s"), src, where)
         topo_name = nd.get("intra_topology")
         for key in ("name", "gpu", "gpus", "intra_gb_per_s"):
-            if key not in nd and not (key == "intra_gb_per_s" and topo_name is not None):
+            if key not in nd and not (key == "intra_gb_per_s" and (
+                    topo_name is not None or "intra_matrix_gb_per_s" in nd)):
                 raise SpecError("missing", source=src, field=f"{where}.{key}")
         if not isinstance(nd["gpu"], str):
             raise SpecError(f"must be a GPU preset name, got {nd['gpu']!r}", source=src,
@@ -78,16 +84,19 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
             raise SpecError(f"must be an integer from 1 to {MAX_GPUS_PER_NODE}, got {gpus!r}",
                             source=src, field=f"{where}.gpus")
         intra = nd.get("intra_gb_per_s")
+        if intra is not None:
+            _number(intra, src, f"{where}.intra_gb_per_s", "a positive number of GB/s")
         if topo_name is not None:
-            # intra_topology = "<preset>" (data/topologies/) fills the GPU-by-GPU matrix;
-            # intra_gb_per_s, if absent, becomes the preset's best ring over all GPUs.
+            # intra_topology = "<preset>" (data/topologies/) fills the GPU-by-GPU matrix,
+            # scaled so that its best ring over all GPUs is intra_gb_per_s where given
             intra, mat = _topology_matrix(nd, topo_name, gpus, src, where)
+        elif "intra_matrix_gb_per_s" in nd:
+            mat = _matrix(nd["intra_matrix_gb_per_s"], gpus, src,
+                          f"{where}.intra_matrix_gb_per_s")
+            intra = _matrix_ring(mat, intra, src, where)
         else:
             mat = None
         _number(intra, src, f"{where}.intra_gb_per_s", "a positive number of GB/s")
-        if "intra_matrix_gb_per_s" in nd:
-            mat = _matrix(nd["intra_matrix_gb_per_s"], gpus, src,
-                          f"{where}.intra_matrix_gb_per_s")
         nodes.append(NodeSpec(str(nd["name"]), gpu, gpus, float(intra), mat))
     inter = raw.get("inter", {})
     if not isinstance(inter, dict) or "gb_per_s" not in inter:
@@ -123,8 +132,27 @@ def _topology_matrix(nd: dict, topo_name, gpus: int, src: str, where: str):
     if topo.num_gpus != gpus:
         raise SpecError(f"topology '{topo.name}' has {topo.num_gpus} GPUs but this node has "
                         f"gpus = {gpus}; pick a matching preset", source=src, field=fld)
-    intra = nd.get("intra_gb_per_s", topo.ring_gb_per_s)
-    return intra, topo.matrix_gb_per_s.copy()
+    from .topologies import scaled_matrix
+    return scaled_matrix(topo, nd.get("intra_gb_per_s"))
+
+
+# a node's intra_gb_per_s and its matrix's best ring agree within this (rounding in files)
+RING_AGREEMENT = 0.01
+
+
+def _matrix_ring(mat: np.ndarray, intra, src: str, where: str) -> float:
+    """The node's intra_gb_per_s where it gives a GPU-by-GPU matrix: the matrix's best ring
+    over all GPUs (what the cost model reads from it); a value given must agree with it."""
+    from model.topology import best_ring_gb_per_s
+
+    n = mat.shape[0]
+    ring = best_ring_gb_per_s(mat, tuple(range(n))) if n > 1 else float(intra or 0.0)
+    if n > 1 and intra is not None and abs(float(intra) - ring) > RING_AGREEMENT * ring:
+        raise SpecError(f"is {intra:g} GB/s, but intra_matrix_gb_per_s's best ring over the "
+                        f"node's {n} GPUs is {ring:.4g} GB/s and the matrix is what the cost "
+                        "model uses: leave intra_gb_per_s out, or give the matrix as measured",
+                        source=src, field=f"{where}.intra_gb_per_s")
+    return ring if n > 1 else intra
 
 
 def _matrix(rows, n: int, src: str, fld: str) -> np.ndarray:

@@ -153,15 +153,30 @@ def _square(rows, n: int, src: str, fld: str, allow_zero: bool = False) -> np.nd
 # Applying a topology to nodes
 
 
-def node_with_topology(node: NodeSpec, topo: Topology) -> NodeSpec:
+def scaled_matrix(topo: Topology, ring_gb_per_s: float | None) -> tuple[float, np.ndarray]:
+    """(best all-GPU ring, matrix) of the preset, its matrix scaled so that its best ring
+    through all GPUs delivers `ring_gb_per_s` (a measured rate, e.g. a degraded NVLink) where
+    one is given: every link in the same proportion, the preset's shape kept."""
+    ring = topo.ring_gb_per_s
+    if ring_gb_per_s is None or ring <= 0:
+        return ring, topo.matrix_gb_per_s.copy()
+    return float(ring_gb_per_s), topo.matrix_gb_per_s * (float(ring_gb_per_s) / ring)
+
+
+def node_with_topology(node: NodeSpec, topo: Topology,
+                       ring_gb_per_s: float | None = None) -> NodeSpec:
+    """The node with the preset's matrix (scaled to `ring_gb_per_s`: scaled_matrix)."""
     if topo.num_gpus != node.num_gpus:
         raise SpecError(f"topology '{topo.name}' has {topo.num_gpus} GPUs but node "
                         f"{node.name} has {node.num_gpus}", field="intra_topology")
-    return dataclasses.replace(node, intra_gb_per_s=topo.ring_gb_per_s,
-                               intra_matrix_gb_per_s=topo.matrix_gb_per_s.copy())
+    ring, mat = scaled_matrix(topo, ring_gb_per_s)
+    return dataclasses.replace(node, intra_gb_per_s=ring, intra_matrix_gb_per_s=mat)
 
 
-def cluster_with_topology(c: ClusterSpec, name_or_path: str) -> ClusterSpec:
-    """The same cluster with every node's intra-node matrix taken from a topology preset."""
+def cluster_with_topology(c: ClusterSpec, name_or_path: str,
+                          ring_gb_per_s: float | None = None) -> ClusterSpec:
+    """The same cluster with every node's intra-node matrix taken from a topology preset
+    (scaled to `ring_gb_per_s` where given: scaled_matrix)."""
     topo = load_topology(name_or_path)
-    return dataclasses.replace(c, nodes=tuple(node_with_topology(nd, topo) for nd in c.nodes))
+    return dataclasses.replace(c, nodes=tuple(node_with_topology(nd, topo, ring_gb_per_s)
+                                              for nd in c.nodes))

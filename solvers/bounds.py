@@ -21,6 +21,7 @@ could give, only the last bucket when the plan overlaps).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -30,6 +31,7 @@ from model.cluster import ClusterSpec
 from model.costs import CostModel, bucket_params
 from model.memory import GIB
 from model.plan import Shape, num_microbatches
+from model.topology import EXHAUSTIVE_MAX_GPUS
 from model.specs import JobSpec, ModelSpec, Options
 
 from .space import blocks_for, stage_memory_events
@@ -47,7 +49,7 @@ def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int,
     the type with the fastest layer."""
     best = None
     for gpu in {nd.gpu.name: nd.gpu for nd in cluster.node_kinds}.values():
-        rings = [nd.ring_gb_per_s(tuple(range(tp))) for nd in cluster.node_kinds
+        rings = [node_group_ring_gb_per_s(nd, tp) for nd in cluster.node_kinds
                  if nd.gpu.name == gpu.name and tp <= nd.num_gpus]
         if not rings:
             continue
@@ -55,6 +57,30 @@ def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int,
         if best is None or lt.fwd_ms + lt.bwd_ms < best[1].fwd_ms + best[1].bwd_ms:
             best = (gpu, lt)
     return best
+
+
+def best_group_ring_gb_per_s(cluster: ClusterSpec, g: int) -> float:
+    """An upper bound on the ring of any g GPUs of one node (inf for g <= 1; a node with
+    fewer GPUs counts with all of them): a uniform node's link; on a GPU-by-GPU matrix the
+    best ring over every g of its GPUs (up to EXHAUSTIVE_MAX_GPUS GPUs), else its fastest
+    link, which no ring beats."""
+    if g <= 1:
+        return math.inf
+    out = max((node_group_ring_gb_per_s(nd, min(g, nd.num_gpus))
+               for nd in cluster.node_kinds if nd.num_gpus > 1), default=math.inf)
+    return out if out > 0 else math.inf
+
+
+def node_group_ring_gb_per_s(nd, g: int) -> float:
+    """best_group_ring_gb_per_s for one node (a model.cluster.NodeSpec)."""
+    m = nd.intra_matrix_gb_per_s
+    if g <= 1:
+        return math.inf
+    if m is None:
+        return nd.intra_gb_per_s
+    if nd.num_gpus <= EXHAUSTIVE_MAX_GPUS:
+        return max(nd.ring_gb_per_s(c) for c in itertools.combinations(range(nd.num_gpus), g))
+    return float(np.asarray(m)[~np.eye(nd.num_gpus, dtype=bool)].max())
 
 
 def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape, group: int | None = None
@@ -67,16 +93,16 @@ def best_dp_ring_gb_per_s(cluster: ClusterSpec, shape: Shape, group: int | None 
     (ClusterSpec.all_node_ring_max_gb_per_s)."""
     g = shape.cols if group is None else group
     blocks = blocks_for(cluster, shape)
-    nd = max(cluster.node_kinds, key=lambda n: n.intra_gb_per_s)
     top = _top_inter(cluster, 0.0)
     if not blocks:  # no block layout: the loosest ring
-        return max(nd.ring_gb_per_s(tuple(range(min(nd.num_gpus, g)))), nd.num_gpus * top)
+        return max(best_group_ring_gb_per_s(cluster, g),
+                   max(nd.num_gpus for nd in cluster.node_kinds) * top)
     out = 0.0
     for blk in blocks:
         if g <= blk.k:  # the group can sit in one node
-            out = max(out, nd.ring_gb_per_s(tuple(range(g))) if g > 1 else math.inf)
+            out = max(out, best_group_ring_gb_per_s(cluster, g))
             continue
-        intra = nd.ring_gb_per_s(tuple(range(blk.k))) if blk.k > 1 else math.inf
+        intra = best_group_ring_gb_per_s(cluster, blk.k)
         top_b = (min(top, cluster.all_node_ring_max_gb_per_s)
                   if blk.D == cluster.num_nodes and g == shape.cols else top)
         out = max(out, intra if blk.D == 1 else min(intra, blk.k * top_b))
@@ -172,7 +198,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     # the experts' sync ring (EP > 1): no faster than any node's fastest ring or all of a
     # node's streams across nodes
     top = _top_inter(cluster, 0.0)
-    ring_e = max([nd.ring_gb_per_s(tuple(range(g))) for nd in cluster.node_kinds
+    ring_e = max([best_group_ring_gb_per_s(cluster, g) for nd in cluster.node_kinds
                   for g in range(2, nd.num_gpus + 1)]
                  + [max(nd.num_gpus for nd in cluster.node_kinds) * top])
 

@@ -3,11 +3,14 @@
 import numpy as np
 import pytest
 
+from formats import presets
 from formats.clusters import cluster_from_dict, cluster_to_toml, load_cluster
 from formats.presets import gpu
 from formats.topologies import load_topology, node_with_topology, topology_names
 from model.cluster import NodeSpec
 from model.errors import SpecError
+from model.estimator import estimate, make_plan
+from model.specs import JobSpec
 from model.topology import _partitions, best_tp_groups
 
 
@@ -102,9 +105,27 @@ def test_cluster_file_intra_topology(tmp_path):
     p.write_text(cluster_to_toml(c))
     back = load_cluster(p)
     assert np.allclose(back.nodes[1].intra_matrix_gb_per_s, nd.intra_matrix_gb_per_s)
-    # an explicit intra_gb_per_s is kept
-    c2 = cluster_from_dict(_raw(intra_topology="dgx1-v100", intra_gb_per_s=99.0), "t.toml")
-    assert c2.nodes[0].intra_gb_per_s == 99.0
+    # an explicit intra_gb_per_s (a measured ring, here a degraded NVLink at a tenth) scales
+    # the preset's matrix: every link in proportion, and the cost model sees it
+    c2 = cluster_from_dict(_raw(intra_topology="dgx1-v100", intra_gb_per_s=4.0), "t.toml")
+    assert c2.nodes[0].intra_gb_per_s == 4.0
+    assert np.allclose(c2.nodes[0].intra_matrix_gb_per_s, nd.intra_matrix_gb_per_s / 10)
+    assert c2.nodes[0].ring_gb_per_s(tuple(range(8))) == pytest.approx(4.0)
+    m = presets.model("llama2-7b")
+    job = JobSpec(global_batch=32, seq_length=4096, precision="fp16")
+    t = [estimate(m, job, cc, make_plan(m, job, cc, tp=8, pp=2, dp=1)).iteration_ms
+         for cc in (c, c2)]
+    assert t[1] > 1.2 * t[0]
+    # a GPU-by-GPU matrix gives the ring itself: intra_gb_per_s may be left out, and one that
+    # disagrees with the matrix is refused (it had been ignored)
+    mat = nd.intra_matrix_gb_per_s.tolist()
+    c3 = cluster_from_dict(_raw(intra_matrix_gb_per_s=mat), "t.toml")
+    assert c3.nodes[0].intra_gb_per_s == pytest.approx(40.0)
+    with pytest.raises(SpecError, match=r"t.toml: nodes\[0\].intra_gb_per_s: is 4 GB/s, but "
+                       r"intra_matrix_gb_per_s's best ring over the node's 8 GPUs is 40 GB/s"):
+        cluster_from_dict(_raw(intra_matrix_gb_per_s=mat, intra_gb_per_s=4.0), "t.toml")
+    assert cluster_from_dict(_raw(intra_matrix_gb_per_s=mat, intra_gb_per_s=40.2),
+                             "t.toml").nodes[0].intra_gb_per_s == pytest.approx(40.0)
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -972,7 +972,7 @@ def solve(
                                     placement_png=placement_png, solver=res.status_dict(),
                                     calibration=cal, measured=(c0, opts0), force=force,
                                     tokenizer=tokenizer, version=framework_version)
-    warnings = [*(cal or {}).get("notes", []), *warnings]
+    warnings = [*res.notes, *(cal or {}).get("notes", []), *warnings]
     if res.plan is not None:
         from model.compute import shape_warnings
         warnings = [*shape_warnings(m, job, res.plan.shape), *warnings]

@@ -613,6 +613,21 @@ def print_cluster_summary(c, s, png=None) -> None:
               f"({', '.join(sorted({nd.gpu.name for nd in c.nodes}))})")
     con.print(f"latency: {c.latency_us:g} us per message between nodes, "
               f"{c.intra_latency_us:g} us per collective step inside a node", highlight=False)
+    kinds: dict = {}  # nodes alike inside: GPU, count, ring, slowest link
+    for k in s.get("node_detail", []):
+        key = (k["gpu"], k["gpus"], k["intra_gb_per_s"], k.get("intra_min_link_gb_per_s"))
+        kinds.setdefault(key, []).append(k["node"])
+    for (g, n, ring, low), members in kinds.items():
+        inside = ("" if ring is None else f", best ring inside {ring:.4g} GB/s"
+                  + ("" if low is None else f", slowest GPU-to-GPU link {low:.4g}"))
+        shown = ", ".join(members[:6]) + (f" and {len(members) - 6} more"
+                                          if len(members) > 6 else "")
+        con.print(f"  {len(members)} node{'s' if len(members) > 1 else ''} of {n} {g}{inside}: "
+                  f"{shown}", highlight=False)
+    if s.get("intra_outliers"):
+        con.print(f"intra-node outliers (best ring < {OUTLIER_RATIO} x the median node's): "
+                  + ", ".join(f"{o['node']} ({o['intra_gb_per_s']:.4g} GB/s, "
+                              f"{o['ratio']:.2f}x)" for o in s["intra_outliers"]))
     if s.get("median_gb_per_s") is not None:
         con.print(f"inter-node streams: median {s['median_gb_per_s']:.2f} GB/s, min "
                   f"{s['min_gb_per_s']:.2f}, max {s['max_gb_per_s']:.2f}")

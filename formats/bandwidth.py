@@ -79,11 +79,36 @@ def _number(cell: str, src: str, where: str) -> tuple[float, bool]:
     return v, math.isnan(v)
 
 
-def read_csv(path: str | Path, units: str = "gb_per_s") -> Measured:
+# a unit written in a CSV's first header cell (e.g. 'from\\to (Gbit/s)'): which --units it is
+# (case matters: GB is bytes, Gb bits); GiB/s is named so that it is refused, not misread
+_CSV_LABEL_UNITS = (("MiB/s", "mib_per_s"), ("GiB/s", None), ("Gbit/s", "gbit_per_s"),
+                    ("Gb/s", "gbit_per_s"), ("Gbps", "gbit_per_s"), ("GB/s", "gb_per_s"),
+                    ("GBps", "gb_per_s"), ("MB/s", "mb_per_s"), ("MBps", "mb_per_s"))
+
+
+def _csv_units(label: str, units: str | None, src: str) -> str:
+    """The unit of a CSV matrix: the one its first header cell names, which --units (where
+    given) must agree with; else --units, else GB/s."""
+    said = next(((text, key) for text, key in _CSV_LABEL_UNITS if text in label), None)
+    if said is None:
+        return units or "gb_per_s"
+    text, key = said
+    if key is None:
+        raise SpecError(f"the header names {text}, which is not a unit the import reads; "
+                        f"convert the matrix to one of {', '.join(_UNIT_TEXT.values())}",
+                        source=src, field="header")
+    if units is not None and units != key:
+        raise SpecError(f"the header says {text} ({key}) but --units {units} was given; drop "
+                        "--units or fix the header", source=src, field="header")
+    return key
+
+
+def read_csv(path: str | Path, units: str | None = None) -> Measured:
     """Square matrix with a header row of node names; each row starts with its node's name.
 
-    The first header cell is a free label (e.g. `from\\to`). Rows may come in any order; they
-    are matched to columns by name. An empty cell is a pair that was not measured.
+    The first header cell is a free label (e.g. `from\\to`); a unit written in it (e.g.
+    `from\\to (Gbit/s)`) is the matrix's (_csv_units). Rows may come in any order; they are
+    matched to columns by name. An empty cell is a pair that was not measured.
     """
     src = str(path)
     text = _read_text(path)
@@ -93,6 +118,7 @@ def read_csv(path: str | Path, units: str = "gb_per_s") -> Measured:
         raise SpecError(f"not CSV ({e})", source=src) from None
     if len(rows) < 2:
         raise SpecError("needs a header row of node names and one row per node", source=src)
+    units = _csv_units(rows[0][0] if rows[0] else "", units, src)
     header = [c.strip() for c in rows[0][1:]]
     while header and header[-1] == "":
         header.pop()
@@ -293,7 +319,9 @@ def _mpigraph_table(lines: list[str], kind: str, src: str) -> tuple[list[str], n
 # nccl-tests
 
 
-_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
+# nccl-tests since 2.13 print 'Group N' in it; older versions and rccl-tests do not
+_RANK_LINE = re.compile(
+    r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 
 
 @dataclass
@@ -306,6 +334,11 @@ class NcclRun:
     rows: int
     # every row: (size in bytes, time in us), the mean of out-of-place and in-place
     times_us: list[tuple[int, float]] = field(default_factory=list)
+
+
+# a file holding two runs (a rerun appended with >>): which to read would be a guess
+_TWO_RUNS = ("a second {} starts here: the file holds more than one nccl-tests run (appended?); "
+             "keep one run per file")
 
 
 def parse_nccl(text: str, src: str) -> NcclRun:
@@ -321,11 +354,16 @@ def parse_nccl(text: str, src: str) -> NcclRun:
         s = ln.strip()
         mt = _RANK_LINE.match(s)
         if mt:
+            if int(mt[1]) in hosts or header is not None:
+                raise SpecError(_TWO_RUNS.format("rank list"), source=src, field=f"line {ln_no}")
             hosts[int(mt[1])] = mt[2]
             continue
         if s.startswith("#"):
             toks = s.lstrip("#").split()
             if "size" in toks and "algbw" in toks and "busbw" in toks:
+                if header is not None:
+                    raise SpecError(_TWO_RUNS.format("table"), source=src,
+                                    field=f"line {ln_no}")
                 header = toks
             elif "Out of bounds values" in s and "FAILED" in s:
                 # nccl-tests' check of the results (src/common.cu): the data came out wrong
@@ -564,6 +602,8 @@ def load_measurements(sources: list[str | Path], fmt: str = "auto", *, units: st
                         files.append(q)
                     elif q.is_file():
                         skipped.append(q.name)
+                    elif q.is_dir():  # folders are not searched: give them as sources
+                        skipped.append(f"{q.name}/")
             else:
                 files.append(p)
         if not files:
@@ -571,14 +611,15 @@ def load_measurements(sources: list[str | Path], fmt: str = "auto", *, units: st
                             source=", ".join(map(str, paths)))
         meas = read_nccl_pairs(files, nccl_test)
         if skipped:
-            meas.warnings.append(f"not read (not {'/'.join(NCCL_SUFFIXES)}): "
+            meas.warnings.append(f"not read (not {'/'.join(NCCL_SUFFIXES)} files; a folder's "
+                                 "subfolders are not searched, name them as sources): "
                                  + ", ".join(skipped))
         return meas
     if len(paths) != 1 or paths[0].is_dir():
         raise SpecError(f"format {fmt} reads exactly one file", source=", ".join(map(str, paths)))
     p = paths[0]
     if fmt == "csv":
-        return read_csv(p, units or "gb_per_s")
+        return read_csv(p, units)
     if fmt == "json":
         return read_json(p, units)
     if fmt == "mpigraph":
@@ -618,7 +659,9 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
     name outside it is an error, a node of it without measurements is a missing pair.
     `fill`: rules applied in order to missing pairs only; each filled entry is reported.
       symmetric: m[a][b] = m[b][a] if that direction was measured.
-      min-row:   m[a][b] = the lowest measured stream out of a (conservative).
+      min-row:   m[a][b] = the lowest measured stream in or out of a or b (conservative: a
+                 degraded NIC at either end bounds the pair); a node with no measured stream
+                 at all is not filled.
     Asymmetry above `asym_ratio` is a warning, an error with `strict`.
     """
     src = meas.source
@@ -664,6 +707,9 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
             raise SpecError(f"bandwidth {names[i]} -> {names[j]} is {what}{more}; {hint}",
                             source=src, field=f"{names[i]} -> {names[j]}")
     measured = off & ~np.isnan(m)
+    # each node's slowest measured stream, in or out (inf where none): min-row's bound
+    ends = [float(min(np.min(m[k][measured[k]], initial=np.inf),
+                      np.min(m[:, k][measured[:, k]], initial=np.inf))) for k in range(n)]
     warnings: list[str] = []
     for rule in fill:
         if rule not in FILL_RULES:
@@ -673,8 +719,8 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
         for i, j in map(tuple, np.argwhere(missing)):
             if rule == "symmetric" and measured[j, i]:
                 v = m[j, i]
-            elif rule == "min-row" and measured[i].any():
-                v = float(m[i][measured[i]].min())
+            elif rule == "min-row" and math.isfinite(ends[i]) and math.isfinite(ends[j]):
+                v = float(min(ends[i], ends[j]))
             else:
                 continue
             m[i, j] = v
@@ -683,9 +729,14 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
     if missing.any():
         pairs = [f"{names[i]} -> {names[j]}" for i, j in np.argwhere(missing)]
         shown = ", ".join(pairs[:6]) + (f" and {len(pairs) - 6} more" if len(pairs) > 6 else "")
+        dark = [names[k] for k in range(n) if not (measured[k].any() or measured[:, k].any())]
+        other = [r for r in FILL_RULES if r not in fill]
         hint = ("measure them, or pass --fill symmetric (use the reverse direction) and/or "
-                "--fill min-row (the node's slowest measured stream)") if not fill else \
-            "no rule given could fill them; measure them or add --fill min-row"
+                "--fill min-row (the slowest measured stream of either node)") if not fill else (
+            f"{', '.join(dark)} {'has' if len(dark) == 1 else 'have'} no measured stream at "
+            "all: measure {}".format("it" if len(dark) == 1 else "them") if dark else
+            "no rule given could fill them; measure them"
+            + (f" or add --fill {other[0]}" if other else ""))
         raise SpecError(f"{len(pairs)} missing pair(s): {shown}; {hint}", source=src,
                         field=pairs[0])
     np.fill_diagonal(m, 0.0)
@@ -748,6 +799,26 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
     off = ~np.eye(n, dtype=bool)
     out: dict = {"name": c.name, "nodes": n, "gpus": c.num_gpus, "latency_us": c.latency_us,
                  "intra_latency_us": c.intra_latency_us}
+    # inside each node: its GPUs, its best ring through all of them and, where it has a
+    # GPU-by-GPU matrix, its slowest link; nodes whose ring is below outlier_ratio x the
+    # median ring are intra-node outliers (a degraded NVLink)
+    kinds = []
+    for nd in c.nodes:
+        k = {"node": nd.name, "gpu": nd.gpu.name, "gpus": nd.num_gpus,
+             "intra_gb_per_s": nd.ring_gb_per_s(tuple(range(nd.num_gpus)))
+             if nd.num_gpus > 1 else None}
+        mat = nd.intra_matrix_gb_per_s
+        if mat is not None and nd.num_gpus > 1:
+            k["intra_min_link_gb_per_s"] = float(
+                np.asarray(mat, dtype=float)[~np.eye(nd.num_gpus, dtype=bool)].min())
+        kinds.append(k)
+    out["node_detail"] = kinds
+    rings = [k["intra_gb_per_s"] for k in kinds if k["intra_gb_per_s"] is not None]
+    ring_med = float(np.median(rings)) if rings else None
+    out["intra_outliers"] = [
+        {"node": k["node"], "intra_gb_per_s": k["intra_gb_per_s"],
+         "ratio": k["intra_gb_per_s"] / ring_med} for k in kinds
+        if k["intra_gb_per_s"] is not None and k["intra_gb_per_s"] < outlier_ratio * ring_med]
     if n < 2:
         out.update(median_gb_per_s=None, slowest_links=[], outliers=[],
                    groups=[names], attached={}, asymmetric=[])

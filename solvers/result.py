@@ -88,6 +88,8 @@ class SolveResult:
     # "work": the time limit was in work seconds (model.work); work_s is what the search used
     clock: str = "wall"
     work_s: float | None = None
+    # option values the user listed that no valid shape has (space.unused_values)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def gap(self) -> float:

@@ -33,7 +33,7 @@ from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import NOT_BOUNDED, Candidate, SolveResult
 from .space import (SearchSpace, blocks_for, capacity_split, check_space,
-                    enumerate_shapes, min_max_memory_split, with_layers)
+                    enumerate_shapes, min_max_memory_split, unused_values, with_layers)
 
 # Above this many nodes `auto` anneals instead of proving optimality. bench/exact_scaling.py
 # (Llama-2 7B, TP=8, one pipeline stage per node, random and switch-structured matrices; one
@@ -872,4 +872,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                        time.perf_counter() - wall0, ordered + rejected, total, solved,
                        errors=errors, not_covered=not_covered, clock=clock,
                        blocks_enumerated=enumerated[0], shapes_too_long=len(too_long),
-                       work_s=work.now() - t0 if clock == "work" else None)
+                       work_s=work.now() - t0 if clock == "work" else None,
+                       notes=unused_values(space, [i.shape for i in infos]
+                                           + [c.shape for c in rejected if c.shape]
+                                           + too_long))

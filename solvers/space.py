@@ -207,6 +207,34 @@ def check_space(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         "decide where it can", source="options", field="--precision")
 
 
+# the list options a user gives, the Shape field each sets, and what a value needs to be valid
+_GIVEN_LISTS = (
+    ("tp", "--tp", "tp", "TP must divide the attention heads and the GPUs per node, and TP x "
+     "PP x CP the GPU count"),
+    ("pp", "--pp", "pp", "PP must divide the GPU count over TP x CP and be at most the layers"),
+    ("cp", "--cp", "cp", "CP x TP must divide the GPU count, 2 x CP (x TP) the sequence"),
+    ("ep", "--ep", "ep", "EP must divide the experts and the data x context parallel ranks"),
+    ("micro_batch", "--mbs", "micro_batch", "micro-batch x DP must divide the global batch"),
+)
+
+
+def unused_values(space: SearchSpace, shapes) -> list[str]:
+    """One line per option value the user listed that no valid shape has (it could only be
+    ignored, silently until now: `--tp 3,8` searched TP 8 alone)."""
+    out = []
+    for attr, flag, fld, rule in _GIVEN_LISTS:
+        given = getattr(space, attr)
+        if given is None or given == getattr(SearchSpace(), attr):
+            continue
+        have = {getattr(sh, fld) for sh in shapes}
+        lost = [v for v in given if v not in have]
+        if lost:
+            out.append(f"{flag} {','.join(map(str, lost))}: no valid plan has "
+                       f"{'this value' if len(lost) == 1 else 'these values'} here ({rule}); "
+                       "searched without")
+    return out
+
+
 def _eps(model: ModelSpec, space: SearchSpace, tp: int, cols: int
          ) -> list[tuple[int, int]]:
     """(EP, expert TP) pairs for one shape, expert TP 0 meaning TP (validate_shape drops

@@ -77,8 +77,9 @@ def test_nccl_missing_pair_error_and_fill(tmp_path):
     with pytest.raises(SpecError, match="no rule given could fill"):
         check_and_fill(meas, fill=["symmetric"])  # neither direction was measured
     names, m, warnings = check_and_fill(meas, fill=["min-row"])
-    # node01's slowest measured stream is to node04 (7.17); node03's is to node04 (11.45)
-    assert m[0, 2] == pytest.approx(7.17, abs=0.02) and m[2, 0] == pytest.approx(11.45, abs=0.02)
+    # node01's slowest measured stream is to node04 (7.17), node03's to node04 (11.45): the
+    # slower of the two ends bounds both directions
+    assert m[0, 2] == pytest.approx(7.17, abs=0.02) and m[2, 0] == pytest.approx(7.17, abs=0.02)
     assert sum("filled" in w for w in warnings) == 2
 
 
@@ -357,3 +358,67 @@ def test_synth_keeps_a_given_intra_rate_beside_a_topology_and_import_names_its_f
             str(tmp_path / "c.toml"))
     line = " ".join(r.output.split())
     assert r.exit_code == 2 and "--node-names: duplicated" in line and "--nodes" not in line
+
+
+def test_nccl_files_with_two_runs_old_rank_lines_and_subfolders(tmp_path):
+    """A rerun appended to a file (two tables, two rank lists) is refused, not half read: the
+    hosts had come from the second run and the rate from the first. Rank lines without
+    'Group N' (nccl-tests before 2.13, rccl-tests) name the hosts as the new ones do. A
+    subfolder of an import folder is named as not read."""
+    text = (DATA / "nccl_pairs" / "sendrecv_node01_node02.txt").read_text()
+    slow = text.replace("node02", "node03").replace("22.76   22.76", "4.50   4.50")
+    with pytest.raises(SpecError) as e:
+        parse_nccl(text + slow, "f.txt")
+    assert "more than one nccl-tests run" in e.value.problem
+    assert e.value.field == f"line {len(text.splitlines()) + 4}"  # the second run's rank 0
+    old = "\n".join(ln.replace("Group  0 ", "") for ln in text.splitlines())
+    assert old != text and parse_nccl(old, "f").hosts == ["node01", "node02"]
+    d = tmp_path / "pairs"
+    shutil.copytree(DATA / "nccl_pairs", d)
+    (d / "rerun").mkdir()
+    shutil.copy(d / "sendrecv_node01_node02.txt", d / "rerun" / "sendrecv_node01_node05.txt")
+    meas = load_measurements([d])
+    assert any("not read" in w and "rerun/" in w for w in meas.warnings), meas.warnings
+
+
+def test_csv_header_units_are_read_and_fill_rules_see_both_ends(tmp_path):
+    """A unit in the CSV's first header cell is the matrix's (Gbit/s had been read as GB/s,
+    8x too fast); --units must agree with it. --fill min-row takes the slowest stream of
+    either end (a pair into a degraded node is not filled at a healthy node's rate), and a
+    node with no stream measured at all is named."""
+    p = tmp_path / "m.csv"
+    p.write_text("from\\to (Gbit/s),n1,n2\nn1,,180\nn2,160,\n")
+    meas = load_measurements([p])
+    assert meas.gb_per_s[0, 1] == pytest.approx(22.5)
+    with pytest.raises(SpecError) as e:
+        load_measurements([p], units="gb_per_s")
+    assert "header says Gbit/s" in e.value.problem
+    p.write_text("from\\to (GiB/s),n1,n2\nn1,,18\nn2,16,\n")
+    with pytest.raises(SpecError, match="names GiB/s"):
+        load_measurements([p])
+    p.write_text("from\\to,a,b,c\na,,20,\nb,20,,4\nc,,4,\n")
+    names, m, _w = check_and_fill(load_measurements([p]), fill=["min-row"])
+    assert m[0, 2] == pytest.approx(4.0)  # a -> c: a's streams are 20, into c only 4
+    p.write_text("from\\to,a,b,c\na,,20,\nb,20,,\nc,,,\n")
+    with pytest.raises(SpecError) as e:
+        check_and_fill(load_measurements([p]), fill=["min-row"])
+    assert "c has no measured stream at all" in e.value.problem, e.value.problem
+
+
+def test_cluster_show_says_what_is_inside_each_node(tmp_path):
+    """cluster show names each node's GPUs and its best ring inside (with a matrix, also its
+    slowest link), and calls a node whose ring is far below the others an intra-node
+    outlier: a degraded NVLink had been invisible there."""
+    p = tmp_path / "c.toml"
+    nodes = "".join(f'[[nodes]]\nname = "g{i}"\ngpu = "{g}"\ngpus = 8\nintra_gb_per_s = {b}\n'
+                    for i, (g, b) in enumerate((("H100-SXM-80GB", 360.0), ("H200-141GB", 360.0),
+                                                ("H100-SXM-80GB", 48.0))))
+    p.write_text('name = "mix"\n' + nodes + "[inter]\ngb_per_s = [[0, 40, 40], [40, 0, 40], "
+                 "[40, 40, 0]]\n")
+    d = json.loads(cli("cluster", "show", str(p), "--json").output)
+    assert [(k["node"], k["gpu"], k["intra_gb_per_s"]) for k in d["node_detail"]] == [
+        ("g0", "H100-SXM-80GB", 360.0), ("g1", "H200-141GB", 360.0), ("g2", "H100-SXM-80GB", 48.0)]
+    assert [o["node"] for o in d["intra_outliers"]] == ["g2"]
+    text = " ".join(cli("cluster", "show", str(p)).output.split())
+    assert "1 node of 8 H100-SXM-80GB, best ring inside 48 GB/s: g2" in text, text
+    assert "intra-node outliers" in text and "g2 (48 GB/s, 0.13x)" in text

@@ -121,6 +121,15 @@ def test_search_knobs_restrict_solve(tiny):
     assert d["space"]["schedules"] == [["1f1b", 1]] and d["space"]["recompute"] == ["full"]
     for c in d["candidates"]:
         assert "TP=2 " in c["shape"] and "1f1b" in c["shape"] and "recompute=full" in c["shape"]
+    assert not d["warnings"]
+    # a listed value no valid plan has is said, not dropped in silence (8 GPUs: no TP 3, no
+    # PP 3); the others are searched
+    r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "10", "--tp", "2,3",
+                            "--pp", "2,3", "--mbs", "1", "--recompute", "full"])
+    assert r.exit_code == 0, r.output
+    w = json.loads(r.output)["warnings"]
+    assert any(x.startswith("--tp 3: no valid plan has this value") for x in w), w
+    assert any(x.startswith("--pp 3: no valid plan") for x in w) and len(w) == 2, w
     for bad, flag in ((["--tp", "x"], "--tp"), (["--schedule", "zigzag"], "--schedule"),
                       (["--recompute", "some"], "--recompute"), (["--mbs", "0"], "--mbs")):
         r = runner.invoke(app, ["solve", *tiny, *bad])

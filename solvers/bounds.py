@@ -160,6 +160,15 @@ def _memory_caps(model, job, cluster, shape, options, costs) -> list[int]:
             for const, per in stage_memory_events(model, job, cluster, shape, options, costs)]
 
 
+def layer_room(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
+               options: Options) -> float:
+    """The share of the model's layers the stages could hold together by _memory_caps (at
+    least 1 where some split may fit): how close a shape that cannot fit comes."""
+    caps = _memory_caps(model, job, cluster, shape, options,
+                        CostModel(model, job, cluster, shape, options))
+    return sum(max(0, c) for c in caps) / model.num_layers
+
+
 def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                    options: Options) -> float:
     """Lower bound on the iteration time of every placement and split of `shape` that the

@@ -41,6 +41,8 @@ class Candidate:
     status: str = ""  # "best", "slower", "does not fit: ...", "pruned by bound", ...
     plan: Plan | None = None
     shape: Shape | None = None
+    # a closed-form misfit's share of the layers its stages could hold (bounds.layer_room)
+    room: float | None = None
 
     @property
     def timed_ms(self) -> float | None:

@@ -27,7 +27,7 @@ from model.plan import (Plan, Shape, framework_splits, megatron_placement, num_m
 from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
-from .bounds import shape_bound_ms
+from .bounds import layer_room, shape_bound_ms
 from .brute import brute_force, enumerable
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
@@ -46,6 +46,10 @@ AUTO_EXACT_MAX_NODES = 16
 # shapes by the placement-relaxed MILP stops at BOUND_FRACTION, and the annealer gives each
 # shape, best quick score first, the time left divided by min(blocks left, ANNEAL_SHARES).
 SCREEN_FRACTION = 0.4
+# bounding and screening stop at this share of the time limit even where no shape has a score
+# yet (nothing fits, or the fitting shapes come late): the time left screens the rest, one
+# shape at a time (the anytime pass at the end), and a search cut short says so
+HARD_SCREEN_FRACTION = 0.6
 BOUND_FRACTION = 0.5
 # the closed-form bounds of the shapes stop at this share of the time limit (once some shape
 # has a finite one): on a 24k-shape space they take ~2.5 s on 2 cores, longer than a short
@@ -317,23 +321,35 @@ def _bound_of(i: int) -> float:
 
 
 def _screen_of(item: tuple[int, float | None, float]):
-    """Screen shape i; a shape not bounded yet (bound None) is bounded first."""
+    """Screen shape i; a shape not bounded yet (bound None) is bounded first. One whose
+    closed-form bound is infinite has no split that fits: no estimate is needed to say so."""
     i, bound, best_quick = item
     model, job, cluster, options, shapes = _WORK
     if bound is None:
         bound = shape_bound_ms(model, job, cluster, shapes[i], options)
-        if not math.isfinite(bound):
-            return None, closed_form_misfit(cluster, shapes[i])
+    if not math.isfinite(bound):
+        room = layer_room(model, job, cluster, shapes[i], options)
+        return None, closed_form_misfit(cluster, shapes[i], room)
     return screen_shape(model, job, cluster, options, shapes[i], bound, best_quick)
 
 
-def closed_form_misfit(cluster, sh: Shape):
+def closed_form_misfit(cluster, sh: Shape, room: float | None = None):
     """The candidate of a shape whose closed-form bound is infinite: the relaxation of
     min_max_memory_split in solvers.bounds (every layer at its cheapest chunk's bytes) finds
-    no split within the largest GPU's memory, so none exists."""
+    no split within the largest GPU's memory, so none exists. `room`: the share of the layers
+    its stages could hold (bounds.layer_room), where known."""
     cap = max(nd.gpu.memory_gib for nd in cluster.nodes)
+    held = "" if room is None else (": no stage holds even one layer" if room <= 0 else
+                                    f": its stages hold at most {min(room, 0.99):.0%} of the "
+                                    "layers")
     return Candidate(sh.describe(), math.inf, status=f"does not fit: no layer split fits in "
-                     f"{cap:g} GiB (closed-form memory bound)", shape=sh)
+                     f"{cap:g} GiB (closed-form memory bound{held})", shape=sh, room=room)
+
+
+def _closest_misfit(rejected: list[Candidate]) -> Candidate | None:
+    """The misfit that comes closest to fitting: the least memory needed where a split was
+    balanced, else the most layers its stages could hold (a closed-form misfit)."""
+    return min(rejected, key=lambda c: (c.needs_gib, -(c.room or 0.0)), default=None)
 
 
 def _bound_order(n: int) -> list[int]:
@@ -343,13 +359,17 @@ def _bound_order(n: int) -> list[int]:
     return [i for b in range(k) for i in range(b, n, k)]
 
 
+def _pool_size(jobs: int | None) -> int:
+    import os
+    return (os.cpu_count() or 1) if jobs is None else jobs
+
+
 def _workers(jobs: int | None, n_items: int):
     """A fork-based process pool of `jobs` workers (None: all cores), or None when one process
     does: a single job, too few shapes, or a platform without fork."""
     import multiprocessing as mp
-    import os
 
-    jobs = (os.cpu_count() or 1) if jobs is None else jobs
+    jobs = _pool_size(jobs)
     if jobs <= 1 or n_items < PARALLEL_MIN_SHAPES or \
             "fork" not in mp.get_all_start_methods():
         return None
@@ -359,7 +379,8 @@ def _workers(jobs: int | None, n_items: int):
 
 
 def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None,
-                   jobs: int | None = 1, bound_deadline=None, too_long: list | None = None):
+                   jobs: int | None = 1, bound_deadline=None, too_long: list | None = None,
+                   hard_deadline=None):
     """Every shape: its cheap lower bound, whether it fits (and the split that makes it fit),
     and its quick score (Megatron-LM placement, that split). Shapes are screened in order of
     their bound, in batches of SCREEN_BATCH; a shape whose bound is already at or above the
@@ -368,7 +389,10 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
     quick score, the remaining shapes are left unscreened (`screened=False`, only their bound
     known). Past `bound_deadline`, once some shape has a finite bound, the shapes not bounded
     yet keep the trivial bound 0 (`bounded=False`) and are screened after the bounded ones
-    (bounded first when they are). `jobs` worker processes share the bounds and each batch
+    (bounded first when they are). Past `hard_deadline` both stop whatever was found (a
+    space where nothing fits, or nothing is bounded, would otherwise be screened whole,
+    however long that takes); the deadlines are checked before each shape, or each round of
+    one shape per worker. `jobs` worker processes share the bounds and each batch
     (None: all cores); without deadlines the result is the same for any number. Lists keep
     enumeration order. Shapes left out for their schedule's size go to `too_long`
     (enumerate_shapes)."""
@@ -381,9 +405,16 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
         run = pool.map if pool is not None else lambda f, xs: [f(x) for x in xs]
         bounds: list[float | None] = [None] * len(shapes)
         todo = _bound_order(len(shapes))
+        def past(soft, found_some: bool, done_some: bool) -> bool:
+            """Past the soft deadline once something was found, or past the hard one once
+            anything was done (the first round always runs: a search returns a plan)."""
+            now = work.now()
+            return (soft is not None and now > soft and found_some) or (
+                hard_deadline is not None and now > hard_deadline and done_some)
+
         for start in range(0, len(todo), BOUND_BATCH):
-            if bound_deadline is not None and work.now() > bound_deadline and \
-                    any(b is not None and math.isfinite(b) for b in bounds):
+            if past(bound_deadline, any(b is not None and math.isfinite(b) for b in bounds),
+                    start > 0):
                 break
             if progress:
                 progress(f"bounding shapes {start}/{len(shapes)}")
@@ -401,13 +432,19 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
             batch = order[start:start + SCREEN_BATCH]
             if progress:
                 progress(f"screening shapes {start}/{len(shapes)}")
-            if deadline is not None and math.isfinite(best_quick) and \
-                    work.now() > deadline:
-                found += [(i, ShapeInfo(shapes[i], 0.0 if bounds[i] is None else bounds[i], None,
-                                        math.nan, screened=False,
-                                        bounded=bounds[i] is not None)) for i in batch]
-                continue
-            scored = run(_screen_of, [(i, bounds[i], best_quick) for i in batch])
+            # one shape per worker at a time, each round held against the quick score known
+            # when the batch began (so the result does not depend on the workers), the
+            # deadlines checked between rounds: a batch of a 405B model on 128 nodes takes
+            # seconds
+            width = 1 if pool is None else _pool_size(jobs)
+            scored, held = [], best_quick
+            for r in range(0, len(batch), width):
+                if past(deadline, math.isfinite(best_quick), bool(found or rejected or scored)):
+                    break
+                scored += run(_screen_of, [(i, bounds[i], held) for i in batch[r:r + width]])
+            found += [(i, ShapeInfo(shapes[i], 0.0 if bounds[i] is None else bounds[i], None,
+                                    math.nan, screened=False, bounded=bounds[i] is not None))
+                      for i in batch[len(scored):]]
             for i, (info, misfit) in zip(batch, scored):
                 if misfit is not None:
                     rejected.append((i, misfit))
@@ -484,7 +521,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                                             deadline=t0 + SCREEN_FRACTION * time_limit_s,
                                             jobs=jobs, bound_deadline=t0 +
                                             CLOSED_BOUND_FRACTION * time_limit_s,
-                                            too_long=too_long)
+                                            too_long=too_long,
+                                            hard_deadline=t0 + HARD_SCREEN_FRACTION
+                                            * time_limit_s)
     if total == 0 and too_long:
         fewest = min(too_long, key=lambda sh: schedule_slots(job, sh))
         raise InfeasibleError(
@@ -514,7 +553,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             "and fit in a node, the global batch divide by micro-batch x DP, and the sequence "
             "by 2 x CP (x TP with sequence parallelism)." + why + limits)
     if not infos:
-        closest = min(rejected, key=lambda c: c.needs_gib) if rejected else None
+        closest = _closest_misfit(rejected)
         hint = (f" The closest is {closest.describe}: "
                 f"{closest.status.removeprefix('does not fit: ')}."
                 if closest else " No shape is valid for this model and cluster.")
@@ -843,6 +882,16 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             c.status = "slower"
         elif c.status == "":
             c.status = "not searched"
+    unscreened = [i for i in infos if not i.screened]
+    if best_plan is None and unscreened:
+        closest = _closest_misfit(rejected)
+        raise InfeasibleError(
+            f"no plan found within the time limit: {len(infos) - len(unscreened) + len(rejected)}"
+            f" of {total} shapes screened, none of them fits"
+            + (f" (the closest, {closest.describe}: "
+               f"{closest.status.removeprefix('does not fit: ')})" if closest else "")
+            + f"; {len(unscreened)} not screened yet. Give the search more time (--time-limit) "
+            "to screen them, or narrow the space (--tp, --pp, --mbs, --recompute)")
     if best_plan is None and len({nd.gpu.memory_gib for nd in cluster.nodes}) > 1:
         raise InfeasibleError(
             f"nothing fits in GPU memory: the {len(infos)} shapes whose splits fit some "

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import time
 
 import numpy as np
 import pytest
@@ -351,10 +352,20 @@ def test_enumerable_blocks_and_the_enumeration_deadline():
 
 
 def test_nothing_fits_says_why():
+    """Nothing fits: the closest shape and why, from the closed-form memory bound (no stage
+    holds a layer of this model) or from the most memory-balanced split (on 8 GPUs each
+    stage holds some layers, but not with room for the rest), within the time limit."""
     big = ModelSpec("huge", 8, 16384, 128, 128, 65536, 32000, 8192)
     c = uniform_cluster(1, 2, "A100-40GB", 240, 20)
-    with pytest.raises(InfeasibleError, match=r"nothing fits.*closest.*needs .* GiB"):
+    with pytest.raises(InfeasibleError, match=r"nothing fits.*closest.*closed-form memory "
+                       r"bound: no stage holds even one layer"):
         solve(big, JobSpec(global_batch=8, seq_length=8192), c, time_limit_s=10)
+    c8 = uniform_cluster(1, 8, "A100-40GB", 240, 20)
+    t0 = time.perf_counter()
+    with pytest.raises(InfeasibleError, match=r"nothing fits.*closest.*(needs .* GiB|hold at "
+                       r"most \d+% of the layers)"):
+        solve(big, JobSpec(global_batch=8, seq_length=8192), c8, time_limit_s=10)
+    assert time.perf_counter() - t0 < 10
 
 
 def test_shapes_with_too_long_schedules_are_left_out_and_counted(monkeypatch):
@@ -814,3 +825,26 @@ def test_deepspeed_plans_use_only_the_splits_its_partition_methods_give():
     assert estimate(m, job, c, res.plan).iteration_ms == pytest.approx(res.objective_ms,
                                                                        rel=1e-6)
     assert freer >= 1
+
+
+def test_screening_keeps_the_time_limit_when_nothing_fits_or_shapes_are_slow(monkeypatch):
+    """Screening stops at its share of the time limit even where no shape has fitted yet (it
+    had gone on through the whole space: 45 s for a 1 s limit), and checks the clock before
+    each shape, not each batch of 16 (a 405B batch on 128 nodes took 6 s): a search where
+    every screen is slow and nothing fits says, within the limit, that it found nothing in
+    the time and how much it left unscreened."""
+    from solvers import search as S
+    from solvers.result import Candidate
+
+    def slow_misfit(model, job, cluster, options, sh, bound, best_quick):
+        time.sleep(0.05)
+        return None, Candidate(sh.describe(), bound, status="does not fit: stage 0 needs "
+                               "99.0 GiB > 80 GiB", shape=sh)
+    monkeypatch.setattr(S, "screen_shape", slow_misfit)
+    m, job, c = _robust_instance()
+    t0 = time.perf_counter()
+    with pytest.raises(InfeasibleError, match=r"no plan found within the time limit: (\d+) "
+                       r"of (\d+) shapes screened, none of them fits.*not screened yet") as e:
+        solve(m, job, c, time_limit_s=1.0, jobs=1)
+    assert time.perf_counter() - t0 < 1.0 + 0.1
+    assert "needs 99.0 GiB" in str(e.value)

@@ -1016,6 +1016,9 @@ def compare(
         help="Instead of --cluster, compare on this many synthetic clusters "
         "(cluster synth's model; see --nodes).")] = 0,
     nodes: Annotated[int, typer.Option(help="Nodes of each generated cluster.")] = 8,
+    cluster_seed: Annotated[Optional[int], typer.Option(
+        "--cluster-seed", help="Seed of the first generated cluster (the i-th gets it + i) "
+        "\\[--seed]: fix it to vary the solvers' --seed on the same clusters.")] = None,
     time_limit: Annotated[float, typer.Option(
         "--time-limit", help="Seconds each search gets (the same for each, a fair race): the "
         "exact and the annealing search each, per cluster; with --sharding, the search under "
@@ -1057,8 +1060,9 @@ def compare(
     _kv_rotate_check(kv_rotate, framework.value)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep, kv_rotate)
+    c_seed = seed if cluster_seed is None else cluster_seed
     instances = [c] if generated <= 0 else [
-        synth_cluster(SynthParams(num_nodes=nodes, seed=seed + i)) for i in range(generated)]
+        synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]
     opts = None
     if calibration is not None:
         calibrated = [_calibrated(inst, _options(True), calibration) for inst in instances]
@@ -1089,8 +1093,10 @@ def compare(
     if as_json:
         render.echo_json(rows)
         return
-    title = f"{m.name}, global batch {job.global_batch}, seq {job.seq_length}" + (
-        f"; calibrated with {calibration} ({calibrated[0][2].gpu})" if calibration else "")
+    title = (f"{m.name}, global batch {job.global_batch}, seq {job.seq_length}; time limit "
+             f"{time_limit:g} {'work-' if clock.value == 'work' else ''}s per search, seed "
+             f"{seed}" + (f"; calibrated with {calibration} ({calibrated[0][2].gpu})"
+                          if calibration else ""))
     if sharding:
         render.print_sharding(rows, title, csv)
     else:

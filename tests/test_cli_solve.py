@@ -103,6 +103,29 @@ def test_compare_writes_csv(tiny, tmp_path):
     exact = float(rows[0]["iteration_ms"])
     for x in rows:
         assert float(x["iteration_ms"]) >= exact * (1 - 1e-4)  # nobody beats the optimum
+        # each row says what produced it, and the ratio is against the reference it names
+        assert (x["time_limit_s"], x["seed"], x["clock"]) == ("10.0", "0", "wall")
+        assert x["reference"] in ("proven optimum", "lower bound")
+    if rows[0]["reference"] == "proven optimum":
+        for x in rows:
+            assert float(x["over_reference"]) == pytest.approx(
+                float(x["iteration_ms"]) / exact - 1, abs=1e-9)
+    assert "over optimum" in r.output or "over lower bound" in r.output
+
+
+def test_compare_cluster_seed_fixes_the_generated_clusters():
+    """--seed varies the solvers; --cluster-seed keeps the generated clusters (--seed had
+    changed both, mixing solver spread with cluster spread)."""
+    base = ["compare", "-m", "gpt-1.7b", "--gbs", "8", "--seq", "256", "--generated", "1",
+            "--nodes", "2", "--time-limit", "2", "--clock", "work", "--json"]
+    names = []
+    for seed in ("0", "1"):
+        r = runner.invoke(app, [*base, "--seed", seed, "--cluster-seed", "5"])
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.output)
+        names.append({x["cluster"] for x in d})
+        assert {x["seed"] for x in d} == {int(seed)}
+    assert names[0] == names[1] == {"synth-2x8-A100-80GB-s5"}
 
 
 def test_search_knobs_restrict_solve(tiny):

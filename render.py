@@ -72,9 +72,21 @@ def print_estimate(est, plan, cluster, title: str = "Estimate") -> None:
     t.add_column("part")
     t.add_column("ms", justify="right")
     t.add_column("share", justify="right")
+    # the path's parts add up to the iteration; the bubble (the slowest stage idle) is not a
+    # further part: it lies inside them (the other stages' compute and transfers on the path)
+    bubble = None
     for k, v in est.breakdown_ms.items():
+        if k == "bubble_ms":
+            bubble = v
+            continue
         t.add_row(k.removesuffix("_ms"), f"{v:,.1f}", f"{v / est.iteration_ms * 100:.1f}%")
+    if bubble is not None:
+        t.add_section()
+        t.add_row("of which bubble", f"{bubble:,.1f}", f"({bubble / est.iteration_ms * 100:.1f}%)")
     con.print(t)
+    if bubble is not None:
+        con.print("the parts above the line add up to the iteration; the bubble, the time the "
+                  "slowest stage waits, lies inside them", highlight=False)
     t = Table(title="Per stage (one GPU; memory in GiB)")
     for col in ("stage", "layers", "fwd ms", "bwd ms", "dp sync ms", "opt ms", "weights",
                 "grads", "optim", "activ", "in-flight", "work", "allow", "total", "limit"):
@@ -502,7 +514,10 @@ def print_validate_heldout(s, verbose: bool, kind: str = "mixture of experts") -
 
 
 def print_validate(s, verbose: bool) -> None:
-    t = Table(title="Estimator vs published runs")
+    t = Table(title="Estimator vs published runs",
+              caption="err: |predicted / published - 1|. pub GiB: BLOOM's nvidia-smi readings, "
+              "written 'GB', are read as GiB (nvidia-smi's MiB / 1024; the data's "
+              "memory_measurement field)")
     for col in ("run", "pred s", "pub s", "err", "pred GiB", "pub GiB", "err", "OOM pub/pred"):
         t.add_column(col, justify="right" if col != "run" else "left")
     for x in s.rows:

@@ -39,7 +39,9 @@ def main() -> None:
     doc = load_bloom_heldout("memory")
     print(f"{len(doc['rows'])} held-out rows ({doc['source_url']}); allowance: context "
           f"{args.context_gib} GiB, fragmentation {args.fragmentation}\n")
-    print(f"{'row':<52} {'pub GB':>6} {'pred GiB':>8} {'err':>7}   OOM pub/pred")
+    # the held-out readings are nvidia-smi's, written "GB": read as GiB (MiB / 1024), as in
+    # validate; err is signed here, predicted / published - 1
+    print(f"{'row':<52} {'pub GiB':>7} {'pred GiB':>8} {'err':>7}   OOM pub/pred")
     errs: dict[tuple, list[float]] = {}
     oom_ok = []
     for row, r, (model, job, cluster, plan, _notes) in bloom_heldout_inputs("memory"):
@@ -48,11 +50,11 @@ def main() -> None:
         oom_ok.append(est.fits != row["oom"])
         outcome = f"{'OOM' if row['oom'] else 'ran'}/{'fits' if est.fits else 'OOM'}"
         if row["memory_gb"] is None:
-            print(f"{r['id']:<52} {'-':>6} {est.peak_memory_gib:8.1f} {'':>7}   {outcome}")
+            print(f"{r['id']:<52} {'-':>7} {est.peak_memory_gib:8.1f} {'':>7}   {outcome}")
             continue
         e = 100 * (stage0 - row["memory_gb"]) / row["memory_gb"]
         errs.setdefault((row["precision"], row["tp"]), []).append(e)
-        print(f"{r['id']:<52} {row['memory_gb']:6.0f} {stage0:8.1f} {e:+6.1f}%   {outcome}")
+        print(f"{r['id']:<52} {row['memory_gb']:7.0f} {stage0:8.1f} {e:+6.1f}%   {outcome}")
     every = [abs(e) for v in errs.values() for e in v]
     print(f"\nstage-0 memory |error|: median {statistics.median(every):.1f}%, "
           f"max {max(every):.1f}% over {len(every)} readings")

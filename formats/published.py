@@ -438,6 +438,8 @@ def compare_run(r: dict, options: Options | None = None,
         c.published_s, c.time_source = r["iteration_time_s_derived"], "derived from TFLOP/s"
     c.config = (model, job, plan.shape)
     if r.get("peak_memory") is not None:
+        # BLOOM's readings are written "GB" from nvidia-smi, whose unit is MiB: read as GiB
+        # (MiB / 1024), as the data's memory_measurement field says they likely are
         c.published_gib = float(r["peak_memory"])
         # BLOOM: nvidia-smi on the first node, which holds stage 0 (the data's README);
         # torchtitan: the maximum over all GPUs of its memory monitor, the allocator's reserved

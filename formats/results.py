@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .atomic import write_atomic
+from .sweepspec import BASELINES
 
 
 class Store:
@@ -100,8 +101,10 @@ def _instance(r: dict) -> str:
 
 
 def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
-    """Per (method, nodes): median and worst gap to the best known plan of the instance,
-    median gap to the instance's best bound, and the median smallest budget within 0.5%."""
+    """Per (method, nodes): median and worst gap to the best known plan of the instance
+    (time / best - 1), median and worst gap to the instance's best bound as solve reports a
+    gap ((time - bound) / time), and the median smallest budget within 0.5% (none for the
+    baselines, which use no budget)."""
     ok = [r for r in rows if r.get("status") == "done" and r.get("iteration_ms")]
     best = defaultdict(lambda: math.inf)
     bound = defaultdict(lambda: 0.0)
@@ -116,7 +119,7 @@ def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
     table = []
     for (method, nodes), rs in sorted(groups.items()):
         gaps = [r["iteration_ms"] / best[_instance(r)] - 1 for r in rs]
-        bgaps = [r["iteration_ms"] / bound[_instance(r)] - 1 for r in rs
+        bgaps = [1 - bound[_instance(r)] / r["iteration_ms"] for r in rs
                  if bound[_instance(r)] > 0]
         within = defaultdict(lambda: math.inf)
         for r in rs:
@@ -130,7 +133,8 @@ def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
                       "median_gap_to_bound": statistics.median(bgaps) if bgaps else None,
                       "worst_gap_to_bound": max(bgaps) if bgaps else None,
                       "median_budget_within_0.5pct_s": statistics.median(t05)
-                      if all(math.isfinite(x) for x in t05) else None,
+                      if method not in BASELINES and all(math.isfinite(x) for x in t05)
+                      else None,
                       "median_wall_s": statistics.median(r["wall_s"] for r in rs)})
     return table, {"best": dict(best), "bound": dict(bound)}
 
@@ -192,12 +196,18 @@ def report(rows: list[dict], out_dir) -> list[Path]:
                          "Gap vs cluster size", out / "gap_vs_nodes.png"))
     # 2. quality vs budget
     fig, ax = plt.subplots(figsize=(6, 4))
+    budgets = sorted({r["inputs"]["budget_s"] for r in ok
+                      if r["inputs"]["method"] not in BASELINES}) or [1.0]
     for m in methods:
         by_b = defaultdict(list)
         for r in ok:
             if r["inputs"]["method"] == m:
                 by_b[r["inputs"]["budget_s"]].append(
                     r["iteration_ms"] / ref["best"][_instance(r)] - 1)
+        if m in BASELINES:  # no budget: a level line across the budgets
+            y = 100 * statistics.median(v for vs in by_b.values() for v in vs)
+            ax.plot([budgets[0], budgets[-1]], [y, y], linestyle="--", label=m + " (no budget)")
+            continue
         bs = sorted(by_b)
         ax.plot(bs, [100 * statistics.median(by_b[b]) for b in bs], marker="o", label=m)
     ax.set_xscale("log")

@@ -15,6 +15,8 @@ from model.errors import SpecError
 from .reading import read_text, unknown_keys
 
 METHODS = ("exact", "anneal", "megatron", "amp-style")
+# the methods that search nothing: their plan depends on neither budget nor seed
+BASELINES = ("megatron", "amp-style")
 CLOCKS = ("wall", "work")
 
 
@@ -161,12 +163,19 @@ def load_spec(path) -> tuple[str, list[Task]]:
                             field=fld)
     if not clusters:
         raise SpecError("give at least one [[clusters]]", source=src, field="clusters")
-    count = len(models) * len(clusters) * len(jobs) * len(methods) * len(budgets) * len(seeds)
+    searched = [m for m in methods if m not in BASELINES]
+    base = [m for m in methods if m in BASELINES]
+    count = len(models) * len(clusters) * len(jobs) * (
+        len(searched) * len(budgets) * len(seeds) + len(base))
     if count > MAX_TASKS:
         raise SpecError(f"{count:,} tasks; at most {MAX_TASKS:,}", source=src, field="sweep")
+    # a baseline uses no budget and no seed: one task per instance (budget 0, seed 0), not one
+    # per budget and seed that would all give the same plan
     tasks = [Task(m, c, dict(j), meth, float(b), int(s), moves, clock)
-             for m, c, j, meth, b, s in itertools.product(models, clusters, jobs, methods,
+             for m, c, j, meth, b, s in itertools.product(models, clusters, jobs, searched,
                                                            budgets, seeds)]
+    tasks += [Task(m, c, dict(j), meth, 0.0, 0, moves, clock)
+              for m, c, j, meth in itertools.product(models, clusters, jobs, base)]
     for t in {(t.model, json.dumps(t.cluster, sort_keys=True), json.dumps(t.job, sort_keys=True)):
               t for t in tasks}.values():  # every input builds: one clear error before any work
         build_inputs(t, src)

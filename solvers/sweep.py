@@ -23,7 +23,9 @@ Methods: "exact" and "anneal" are `solve` with that method; "megatron" is the be
 screening scores, every shape with Megatron-LM's default placement and balanced split (what a
 user gets by choosing the best degrees and launching plainly; it needs no other task);
 "amp-style" is the plan an AMP-style model picks (uniform links at the mean, transfers
-overlapped; solvers.compare.amp_style_plan), scored on the cluster as measured.
+overlapped; solvers.compare.amp_style_plan), scored on the cluster as measured. The two
+baselines search nothing: one task per instance (budget 0, seed 0), not one per budget and
+seed.
 
 Specs and task ids live in formats/sweepspec.py. A task's id is the SHA-256 of its inputs in
 canonical JSON (model spec, cluster spec or synth parameters, job, method, budget, seed, and

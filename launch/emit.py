@@ -1004,6 +1004,25 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "which keeps "
                     "the primary shards over the whole group: optimizer state and gradients "
                     "use less memory than the estimate, weights slightly more")
+    if job.precision == "bf16" and sh.zero == 1:
+        # the estimate prices BF16_Optimizer's fp32 gradient accumulation buffer
+        # (model/specs.py grad_bytes); without data_types DeepSpeed accumulates in bf16 and
+        # takes its plain ZeRO optimizer instead (deepspeed/runtime/engine.py get_data_types,
+        # _do_optimizer_sanity_check: bf16 + fp32 accumulation + ZeRO-1 -> BF16_Optimizer)
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    elif job.precision == "bf16" and sh.zero == 0:
+        warn.append("deepspeed [precision]: without ZeRO, DeepSpeed accumulates bf16 gradients "
+                    "in bf16 (fp32 accumulation needs ZeRO-1: engine.py refuses the mix), where "
+                    "the estimate priced an fp32 accumulation buffer (4 bytes per parameter "
+                    f"more) over {num_microbatches(job, sh)} micro-batches; a ZeRO-1 plan "
+                    "(--zero 1) gets fp32 accumulation")
+    if sh.tp > 1 and sh.pp > 1:
+        # the estimate sends each stage's whole activation from every tensor rank (costs.py
+        # hop_ms); DeepSpeed's default partitions it over them (pipe/engine.py
+        # is_pipe_partitioned), which Megatron-DeepSpeed refuses for MoE models
+        # (megatron/model/gpt_model.py GPTModelPipe) and which assumes the tensor is the same
+        # on every tensor rank, not so under sequence parallelism
+        cfg["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     if model.is_moe:
         # DeepSpeed-MoE takes experts in model code (deepspeed/moe/layer.py MoE: num_experts,
         # ep_size, k), not in its config JSON
@@ -1054,14 +1073,21 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "'type:...'")
     elif sh.pp > 1:
         # deepspeedai/Megatron-DeepSpeed GPTModelPipe passes 'type:transformer'; the bigscience
-        # fork takes --pp-partition-method (megatron/arguments.py)
+        # fork takes --pp-partition-method (megatron/arguments.py) but builds only GPT/BLOOM
+        # models: tied embeddings, LayerNorm, every head its own K/V, a plain MLP, no experts
+        bigscience = (model.tied_embeddings and model.norm == "layernorm" and not model.is_moe
+                      and model.num_kv_heads == model.num_heads and not model.gated_mlp)
         warn.append(f"deepspeed [split]: the plan's layer split {list(sh.layers)} is what "
                     f"PipelineModule(partition_method='{method}') gives"
                     + (" (Megatron-DeepSpeed's GPTModelPipe default)"
                        if method == DEEPSPEED_PARTITIONS[0] else
                        " (bigscience-workshop/Megatron-DeepSpeed: --pp-partition-method "
                        f"'{method}'; deepspeedai's GPTModelPipe always uses "
-                       f"'{DEEPSPEED_PARTITIONS[0]}')"))
+                       f"'{DEEPSPEED_PARTITIONS[0]}')" if bigscience else
+                       f": give it to your own PipelineModule; deepspeedai's Megatron-"
+                       f"DeepSpeed always uses '{DEEPSPEED_PARTITIONS[0]}' (that split: "
+                       "estimate without --layers), and bigscience's fork, which takes "
+                       "--pp-partition-method, cannot build this model"))
     if sh.schedule != "1f1b" and sh.pp > 1:
         warn.append(f"deepspeed [schedule]: the pipeline engine runs its own 1F1B-style "
                     f"TrainSchedule; the plan's {sh.schedule} schedule cannot be expressed")
@@ -1265,6 +1291,11 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
             cfg = {"_notice": " ".join(notices), **cfg}
         files["ds_config.json"] = json.dumps(cfg, indent=1) + "\n"
         cmd = ["train.py", "--deepspeed", "--deepspeed_config", "$HERE/ds_config.json"]
+        if plan.shape.sequence_parallel:
+            # Megatron-DeepSpeed raises without it under sequence parallelism on CUDA
+            # (megatron/arguments.py, deepspeedai/Megatron-DeepSpeed 4efb479)
+            env = {"CUDA_DEVICE_MAX_CONNECTIONS": (
+                "1", "Megatron-DeepSpeed requires 1 with sequence parallelism")}
     warn += w
     if _runs_an_even_split(fw, version, model, job, plan.shape):
         warn += even_split_warnings(fw, model, job, cluster, plan, options,

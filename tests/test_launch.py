@@ -1058,3 +1058,35 @@ def test_deepspeed_emit_names_the_partition_method_that_gives_the_plans_split(tm
     split = [w for w in warn if w.startswith("deepspeed [split]")]
     assert any("cannot be given to PipelineModule" in w for w in split)
     assert any("18/18/17/17 layers per stage" in w for w in warn), warn
+
+
+def test_deepspeed_config_runs_what_the_estimate_priced(tmp_path):
+    """The DeepSpeed emit asks for what the cost model prices: bf16 with ZeRO-1 accumulates
+    in fp32 (data_types; DeepSpeed's default had been bf16, with its plain ZeRO optimizer),
+    bf16 without ZeRO says it cannot; TP x PP sends whole activations (pipeline partitioning
+    off, which Megatron-DeepSpeed also needs for MoE); sequence parallelism exports
+    CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed raises without it)."""
+    m = presets.model("llama2-7b")
+    job = JobSpec(global_batch=64, seq_length=2048, framework="deepspeed")
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 20.0)
+    plan = make_plan(m, job, c, tp=2, pp=4, dp=4, zero=1, sequence_parallel=True)
+    files, warn = emit("deepspeed", m, job, c, plan, tmp_path / "z1")
+    cfg = json.loads((tmp_path / "z1" / "ds_config.json").read_text())
+    assert cfg["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert cfg["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in (tmp_path / "z1" / "launch.sh").read_text()
+    plan = make_plan(m, job, c, tp=1, pp=4, dp=8, zero=0)
+    files, warn = emit("deepspeed", m, job, c, plan, tmp_path / "z0")
+    cfg = json.loads((tmp_path / "z0" / "ds_config.json").read_text())
+    assert "data_types" not in cfg and "pipeline" not in cfg
+    assert any(w.startswith("deepspeed [precision]: without ZeRO") for w in warn), warn
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in (tmp_path / "z0" / "launch.sh").read_text()
+    # an untied Llama's 'type:transformer|embedding' split: not a flag of any fork
+    lay = (6, 7, 7, 6, 6)
+    from model.plan import deepspeed_split
+    assert deepspeed_split(32, 5, "type:transformer|embedding", False) == lay
+    c = uniform_cluster(5, 8, "A100-80GB", 240.0, 20.0)
+    plan = make_plan(m, job, c, tp=1, pp=5, dp=8, zero=1, layers=lay)
+    _f, warn = emit("deepspeed", m, job, c, plan, tmp_path / "emb")
+    (split,) = [w for w in warn if w.startswith("deepspeed [split]")]
+    assert "your own PipelineModule" in split and "cannot build this model" in split

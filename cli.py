@@ -12,13 +12,37 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from model.specs import MAX_GLOBAL_BATCH, MAX_SEQ_LENGTH
 
 import render
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+
+def _one_line_usage(run, ctx, *a):
+    """Run a click parsing step; its UsageError (typer vendors click: matched by name) becomes
+    one error line and exit 2, where click would draw a box of five."""
+    try:
+        return run(ctx, *a)
+    except Exception as e:
+        if not any(c.__name__ == "UsageError" for c in type(e).__mro__):
+            raise
+        what = "commands and options" if hasattr(ctx.command, "commands") else "options"
+        fail(f"options: {e.format_message()} (`{ctx.command_path} --help` lists the {what})")
+
+
+class OneLineGroup(TyperGroup):
+    """A command group whose usage errors (an unknown command, an unknown option before the
+    command) are one line, as the commands' own."""
+
+    def parse_args(self, ctx, args):
+        return _one_line_usage(super().parse_args, ctx, args)
+
+    def resolve_command(self, ctx, args):
+        return _one_line_usage(super().resolve_command, ctx, args)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=OneLineGroup,
                   help="Pipette-style configurator for LLM training on real, uneven clusters.")
 
 EXAMPLE_MODEL = "llama2-70b"
@@ -44,15 +68,7 @@ def _aliased(extra: dict[str, str] | None = None):
                     break
                 name, eq, val = a.partition("=")
                 out.append(table[name] + eq + val if name in table else a)
-            try:
-                return super().parse_args(ctx, out)
-            except Exception as e:
-                # click's UsageError (typer vendors click: matched by name): one line, as
-                # every other bad input, where click would draw a box of five
-                if not any(c.__name__ == "UsageError" for c in type(e).__mro__):
-                    raise
-                fail(f"options: {e.format_message()} (`{ctx.command_path} --help` lists "
-                     "the options)")
+            return _one_line_usage(super().parse_args, ctx, out)
 
     return AliasedCommand
 
@@ -127,11 +143,14 @@ def _bounded(flag: str, lo: float, hi: float, why: str = ""):
     exit 2 (the command's own error handling does not run during option parsing)."""
     import math
 
+    def exact(x: float) -> str:  # whole bounds in full (2,147,483,648, not 2.14748e+09)
+        return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
     def check(value):
         if value is None:
             return value
         if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
-            fail(f"options: {flag}: {value!r} is out of range; give {lo:g} to {hi:g}"
+            fail(f"options: {flag}: {value!r} is out of range; give {exact(lo)} to {exact(hi)}"
                  + (f" ({why})" if why else ""))
         return value
     return check
@@ -799,6 +818,12 @@ def sweep(
     from solvers.sweep import run_sweep
 
     if rest and spec != "report":
+        import difflib
+        if difflib.get_close_matches(spec, ["report"], n=1, cutoff=0.6) and \
+                not Path(spec).exists():
+            raise SpecError(f"{spec[:40]!r} is neither a spec file nor a command; did you mean "
+                            f"`sweep report {' '.join(rest)[:60]}`?", source="options",
+                            field="SPEC")
         raise SpecError(f"{' '.join(rest)[:60]}: a sweep runs one spec; give the others "
                         "in turn", source="options", field="SPEC")
     if spec == "report":
@@ -1107,7 +1132,7 @@ def compare(
 # ---------------------------------------------------------------------------------------------
 # cluster commands: import measured bandwidth, look at a cluster, synthesize one
 
-cluster_app = typer.Typer(no_args_is_help=True,
+cluster_app = typer.Typer(no_args_is_help=True, cls=OneLineGroup,
                           help="Measured clusters: import bandwidth, look at it, synthesize one.")
 app.add_typer(cluster_app, name="cluster")
 

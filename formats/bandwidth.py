@@ -213,7 +213,7 @@ def read_json(path: str | Path, units: str | None = None) -> Measured:
 def _unit(units: str, src: str) -> float:
     if units not in UNIT_TO_GB_PER_S:
         raise SpecError(f"unknown unit '{units}'; use one of {', '.join(UNIT_TO_GB_PER_S)}",
-                        source=src, field="--units")
+                        source="options", field="--units")
     return UNIT_TO_GB_PER_S[units]
 
 
@@ -585,8 +585,12 @@ def load_measurements(sources: list[str | Path], fmt: str = "auto", *, units: st
     `fmt` auto: a directory or several files -> nccl; .csv -> csv; .json -> json; otherwise the
     text decides ('START mpiGraph' -> mpigraph, an algbw/busbw header -> nccl)."""
     paths = [Path(s) for s in sources]
+    if fmt not in ("auto", *_FORMATS):
+        raise SpecError(f"unknown format '{fmt}'; use auto, {', '.join(_FORMATS)}",
+                        source="options", field="--format")
     if not paths:
-        raise SpecError("give at least one file or directory", field="SOURCES")
+        raise SpecError("give at least one file or directory", source="options",
+                        field="SOURCES")
     for p in paths:
         if not p.exists():
             raise SpecError("file not found", source=str(p))
@@ -622,10 +626,10 @@ def load_measurements(sources: list[str | Path], fmt: str = "auto", *, units: st
         return read_csv(p, units)
     if fmt == "json":
         return read_json(p, units)
-    if fmt == "mpigraph":
-        return read_mpigraph(p, mpigraph_table)
-    raise SpecError(f"unknown format '{fmt}'; use auto, nccl, mpigraph, csv or json",
-                    field="--format")
+    return read_mpigraph(p, mpigraph_table)
+
+
+_FORMATS = ("nccl", "mpigraph", "csv", "json")
 
 
 def _detect(paths: list[Path]) -> str:
@@ -714,7 +718,7 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
     for rule in fill:
         if rule not in FILL_RULES:
             raise SpecError(f"unknown fill rule '{rule}'; use {' or '.join(FILL_RULES)}",
-                            field="--fill")
+                            source="options", field="--fill")
         missing = off & np.isnan(m)
         for i, j in map(tuple, np.argwhere(missing)):
             if rule == "symmetric" and measured[j, i]:
@@ -761,7 +765,7 @@ def build_cluster(names: list[str], gb_per_s: np.ndarray, *, gpu: str, gpus_per_
     """A ClusterSpec through formats.clusters.cluster_from_dict (the file format's own checks)."""
     if intra_gb_per_s is None and intra_topology is None:
         raise SpecError("give --intra-gb-per-s (one direction of one GPU's NVLink, as measured)"
-                        " or --intra-topology", field="--intra-gb-per-s")
+                        " or --intra-topology", source="options", field="--intra-gb-per-s")
     nodes = []
     for nm in names:
         nd = {"name": nm, "gpu": gpu, "gpus": gpus_per_node}

@@ -265,7 +265,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 
 def run(argv: list[str] | None = None, log=print) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("-o", "--output", required=True, help="Profile JSON to write.")
     ap.add_argument("--model", default="llama3-70b",
                     help="Model preset or HF config.json whose layer shapes the GEMMs take.")
@@ -273,14 +273,15 @@ def run(argv: list[str] | None = None, log=print) -> dict:
     ap.add_argument("--tp", default=None,
                     help="TP degrees [those of 1,2,4,8 that divide the model's heads].")
     ap.add_argument("--mbs", default="1,2", help="Micro-batch sizes [1,2].")
-    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                    help="Element type of the timed kernels [bf16].")
     ap.add_argument("--gpu", default=None, help="GPU preset [from the device name].")
     ap.add_argument("--gpus", type=int, default=None,
                     help="GPUs in the collectives [all visible; 1 skips them].")
     ap.add_argument("--nvlink-gb-per-s", type=float, default=None,
                     help="The node's NVLink rate the cluster files state [the preset's].")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20, help="Timed runs per kernel [20].")
+    ap.add_argument("--warmup", type=int, default=5, help="Untimed runs first [5].")
     ap.add_argument("--cpu", action="store_true", help="Test mode even where CUDA exists.")
     a = ap.parse_args(argv)
     # every argument is checked in either mode, before anything is measured (the CPU test

@@ -150,7 +150,7 @@ def write(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("-o", "--output", required=True, help="JSON (or .csv) file to write.")
     ap.add_argument("--size-mb", type=float, default=256.0,
                     help="Message size in MB (1e6 bytes) [256].")
@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5, help="Untimed messages first [5].")
     ap.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                     help="auto: nccl where CUDA is available, else gloo.")
-    ap.add_argument("--name-by", choices=("host", "rank"), default="host")
+    ap.add_argument("--name-by", choices=("host", "rank"), default="host",
+                    help="Name the matrix's nodes by host name or by rank [host].")
     ap.add_argument("--gpu", type=int, default=None, help="Local GPU to use [LOCAL_RANK].")
     a = ap.parse_args(argv)
     size = a.size_mb * 1e6 if math.isfinite(a.size_mb) else 0.0

@@ -261,10 +261,19 @@ def test_help_shows_bracketed_defaults():
     (["solve", "--gbs", "abc"], "'--gbs'"), (["estimate", "--kv-rotate", "foo"], "'foo'"),
     (["solve", "--nosuch", "3"], "--nosuch"), (["calibrate"], "Missing argument"),
     (["solve", "--precision", "bf16,,fp8"], "--precision"), (["solve", "--tp", "8,,4"], "--tp"),
+    (["solvee"], "Did you mean 'solve'?"), (["cluster", "shw"], "Did you mean 'show'?"),
+    (["--version"], "--version"), (["estimate", "--gbs", "0"], "give 1 to 2,147,483,648"),
+    (["sweep", "reprot", "x.sqlite"], "did you mean `sweep report x.sqlite`?"),
+    (["cluster", "import", "tests/fixtures/nccl_pairs", "--gpu", "A100-80GB",
+      "--gpus-per-node", "8", "--intra-gb-per-s", "240", "--format", "ncl"],
+     "--format: unknown format 'ncl'"),
+    (["cluster", "import", "tests/fixtures/nccl_pairs", "--gpu", "A100-80GB",
+      "--gpus-per-node", "8", "--intra-gb-per-s", "240", "--fill", "symetric"], "--fill"),
 ])
 def test_option_errors_are_one_line_with_exit_2(args, says):
     """A value click cannot convert, an unknown option, a missing argument or an empty list
-    item: one line naming it (never click's five-line box), exit 2."""
+    item, an unknown command (a box of five before), a mistyped subcommand of sweep or a
+    format or fill rule of cluster import: one line naming it, exit 2; whole bounds in full."""
     r = run(*args)
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert r.exit_code == 2 and len(lines) == 1, r.output

@@ -152,7 +152,7 @@ def _polish(prob: PlacementProblem, res: PlacementResult, t_start: float,
             if sw is not None:
                 p[sw[0]], p[sw[1]] = p[sw[1]], p[sw[0]]
             if not prob.split_free:  # the framework's other splits
-                for lay in prob.split_neighbours(layers):
+                for lay in prob.other_splits(layers):
                     c = prob.cost(p, lay)
                     if c < cur - 1e-12:
                         perm, layers, cur, improved = p, lay, c, True

@@ -21,6 +21,7 @@ could give, only the last bucket when the plan overlaps).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -71,8 +72,10 @@ def best_group_ring_gb_per_s(cluster: ClusterSpec, g: int) -> float:
     return out if out > 0 else math.inf
 
 
+@functools.lru_cache(maxsize=4096)
 def node_group_ring_gb_per_s(nd, g: int) -> float:
-    """best_group_ring_gb_per_s for one node (a model.cluster.NodeSpec)."""
+    """best_group_ring_gb_per_s for one node (a model.cluster.NodeSpec, hashed by identity;
+    cached: every shape's bound asks, and a matrix node tries every g of its GPUs)."""
     m = nd.intra_matrix_gb_per_s
     if g <= 1:
         return math.inf

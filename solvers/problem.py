@@ -41,29 +41,19 @@ class PlacementProblem:
         return self.allowed_splits is None
 
     def can_move_split(self) -> bool:
-        """Whether there is another split to move to (split_neighbours)."""
+        """Whether there is another split to move to (random_split_move)."""
         return (self.shape.num_virtual > 1 if self.split_free else
                 len(self.allowed_splits) > 1)
 
-    def split_neighbours(self, layers: tuple[int, ...]):
-        """The splits one move from `layers`: one layer moved between two virtual stages, or,
-        where the framework has its own splits, each of the others."""
-        if not self.split_free:
-            yield from (a for a in self.allowed_splits if a != tuple(layers))
-            return
-        V = len(layers)
-        for s in range(V):
-            for d in range(V):
-                if s != d and layers[s] > 1:
-                    lay = list(layers)
-                    lay[s] -= 1
-                    lay[d] += 1
-                    yield tuple(lay)
+    def other_splits(self, layers: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Where the framework has its own splits: those other than `layers`."""
+        return [a for a in self.allowed_splits if a != tuple(layers)]
 
     def random_split_move(self, rng, layers: tuple[int, ...]) -> tuple[int, ...] | None:
-        """One random move of split_neighbours (None where the draw moves nothing)."""
+        """One layer moved between two random virtual stages, or, where the framework has its
+        own splits, another of them at random (None where the draw moves nothing)."""
         if not self.split_free:
-            others = [a for a in self.allowed_splits if a != tuple(layers)]
+            others = self.other_splits(layers)
             return others[int(rng.integers(len(others)))] if others else None
         V = len(layers)
         if V < 2:

@@ -885,10 +885,12 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     unscreened = [i for i in infos if not i.screened]
     if best_plan is None and unscreened:
         closest = _closest_misfit(rejected)
+        fit = len(infos) - len(unscreened)  # screened, fit, but no plan timed in the time
         raise InfeasibleError(
-            f"no plan found within the time limit: {len(infos) - len(unscreened) + len(rejected)}"
-            f" of {total} shapes screened, none of them fits"
-            + (f" (the closest, {closest.describe}: "
+            f"no plan found within the time limit: {fit + len(rejected)} of {total} shapes "
+            "screened, " + (f"{fit} of them fit but got no plan in the time" if fit else
+                            "none of them fits")
+            + (f" (the closest misfit, {closest.describe}: "
                f"{closest.status.removeprefix('does not fit: ')})" if closest else "")
             + f"; {len(unscreened)} not screened yet. Give the search more time (--time-limit) "
             "to screen them, or narrow the space (--tp, --pp, --mbs, --recompute)")

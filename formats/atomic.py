@@ -72,6 +72,15 @@ def check_target(path: Path, field: str) -> None:
     if not up.is_dir():
         raise SpecError(f"{up} is not a folder, so the file cannot be made there",
                         source=str(path), field=field)
+    # the folder exists; whether a file can be made in it is only known by making one (a
+    # read-only or pseudo file system such as /proc passes the checks above)
+    try:
+        fd, probe = tempfile.mkstemp(dir=up, prefix=".pipette-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SpecError(f"cannot be written: no file can be made in {up} ({e.strerror})",
+                        source=str(path), field=field) from None
 
 
 def write_atomic(path: Path, data: str | bytes, *, field: str = "output",

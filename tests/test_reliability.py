@@ -8,6 +8,7 @@ import math
 import os
 import resource
 import tomllib
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -223,6 +224,19 @@ def test_rejected_later_option_leaves_no_output(tmp_path):
 @pytest.mark.parametrize("opt", ["--gantt", "--placement-png", "--save-plan"])
 def test_output_at_a_folder_is_one_line(tmp_path, opt):
     one_error_line(est(opt, str(tmp_path)))
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_output_where_no_file_can_be_made_is_refused_before_the_search():
+    """A folder that exists but takes no file (/proc passes every path check) is refused
+    before the work: solve had run its whole time limit and then failed to write."""
+    import time
+    t0 = time.perf_counter()
+    line = one_error_line(RUN.invoke(app, ["solve", "--time-limit", "60", "--placement-png",
+                                           "/proc/pipette-x.png"]))
+    assert "--placement-png: cannot be written: no file can be made in /proc" in line, line
+    assert time.perf_counter() - t0 < 10
+    one_error_line(est("--save-plan", "/proc/pipette-x.json"))
 
 
 def test_cluster_show_png_and_compare_csv_at_bad_targets(tmp_path):

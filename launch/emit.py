@@ -25,8 +25,8 @@ from formats.torchtitan_config import TORCHTITAN_VERSIONS, torchtitan_flavor
 from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.memory import fp8_params_apply
-from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepspeed_split, deepspeed_splits,
-                        num_microbatches)
+from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepspeed_pipe_partitioned,
+                        deepspeed_split, deepspeed_splits, num_microbatches)
 from model.specs import JobSpec, ModelSpec
 
 from .ranks import DEFAULT_ORDER, ORDERS, TP_PP_DP_ORDER, launch_files, rank_mapping
@@ -1016,12 +1016,11 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     "the estimate priced an fp32 accumulation buffer (4 bytes per parameter "
                     f"more) over {num_microbatches(job, sh)} micro-batches; a ZeRO-1 plan "
                     "(--zero 1) gets fp32 accumulation")
-    if sh.tp > 1 and sh.pp > 1:
-        # the estimate sends each stage's whole activation from every tensor rank (costs.py
-        # hop_ms); DeepSpeed's default partitions it over them (pipe/engine.py
-        # is_pipe_partitioned), which Megatron-DeepSpeed refuses for MoE models
-        # (megatron/model/gpt_model.py GPTModelPipe) and which assumes the tensor is the same
-        # on every tensor rank, not so under sequence parallelism
+    if sh.tp > 1 and sh.pp > 1 and not deepspeed_pipe_partitioned(model, sh):
+        # partitioning the passed tensors over the tensor ranks (DeepSpeed's default) assumes
+        # they are the same on every rank, not so for sequence shards, and Megatron-DeepSpeed
+        # refuses it for MoE models (megatron/model/gpt_model.py GPTModelPipe): off, as the
+        # estimate prices it (plan.deepspeed_pipe_partitioned)
         cfg["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     if model.is_moe:
         # DeepSpeed-MoE takes experts in model code (deepspeed/moe/layer.py MoE: num_experts,

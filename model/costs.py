@@ -95,6 +95,8 @@ class CostModel:
         # tokens per micro-batch on one GPU (1/cp of each sequence with context parallelism)
         self.tokens = shape.micro_batch * job.seq_length // shape.cp
         self.act_msg_bytes = self.tokens * model.hidden_size * job.activation_bytes
+        # what one tensor rank of DeepSpeed's pipeline engine sends (hop_ms)
+        self.ds_msg_bytes = self.act_msg_bytes / (shape.tp if shape.sequence_parallel else 1)
         self._layer_cache: dict = {}
         self._compute_cache: dict = {}
         # whether ZeRO-3's per-layer collectives get NCCL's hierarchical rings (one channel per
@@ -443,13 +445,17 @@ class CostModel:
         Megatron-LM: each tensor rank sends its 1/t slice (scatter/gather optimization,
         Narayanan et al. 2021 Sec. 4.1; with sequence parallelism the tensor is already sliced)
         on its own link, so the slices travel in parallel; without sequence parallelism the
-        receiver all-gathers them over NVLink. DeepSpeed's pipeline engine knows nothing of
-        tensor parallelism: every tensor rank sends the whole activation to its peer.
+        receiver all-gathers them over NVLink. DeepSpeed's pipeline engine: every tensor rank
+        sends the activation it holds to its peer: the whole one, or with Megatron-DeepSpeed's
+        sequence parallelism its sequence shard (the stage's output is [s/t, b, h] on each
+        rank; megatron/model/language_model.py scatters the embedding's output). Where the
+        engine partitions the tensor over the tensor ranks (plan.deepspeed_pipe_partitioned)
+        it sends 1/t and gathers; the whole tensor is charged there, as validated on BLOOM.
         """
         t = self.shape.tp
         lat = self.cluster.intra_latency_us if same_node else self.cluster.latency_us
         if self.job.framework == "deepspeed":
-            return lat / 1e3 + self.act_msg_bytes / (link_gb_per_s * 1e6)
+            return lat / 1e3 + self.ds_msg_bytes / (link_gb_per_s * 1e6)
         ms = lat / 1e3 + self.act_msg_bytes / t / (link_gb_per_s * 1e6)
         if t > 1 and not self.shape.sequence_parallel:
             ms += gather_ms(self.act_msg_bytes, t, recv_ring_gb_per_s,
@@ -488,7 +494,8 @@ class CostModel:
         """`hop_ms(bw, False, receiver's TP ring)` elementwise, the last axis indexing the
         receiving node (one gather time per node kind)."""
         c, t = self.cluster, self.shape.tp
-        per_rank = self.act_msg_bytes / (1 if self.job.framework == "deepspeed" else t)
+        per_rank = (self.ds_msg_bytes if self.job.framework == "deepspeed"
+                    else self.act_msg_bytes / t)
         with np.errstate(divide="ignore"):
             out = c.latency_us / 1e3 + per_rank / (bw_gb_per_s * 1e6)
         if t > 1 and not self.shape.sequence_parallel and self.job.framework != "deepspeed":

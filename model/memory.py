@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import Shape, layer_params
+from .plan import Shape, deepspeed_pipe_partitioned, layer_params
 from .schedule import CompiledSchedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -336,15 +336,18 @@ class MemoryModel:
         self.head_act = 2 * a16 * s * b * h / sp_div + kept * logits
         # DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py, _exec_forward_pass)
         # keeps each in-flight micro-batch's stage output in its pipe buffers until the
-        # backward (num_pipe_buffers), whole on every tensor rank; the last stage's output is
-        # its logits (16 bits each, its vocabulary shard). Without TP a stage's received input
-        # also stays in its buffer while the forward runs on a clone of it (with TP it arrives
-        # partitioned and is gathered into the buffer the forward uses). Megatron-LM frees a
+        # backward (num_pipe_buffers), whole on every tensor rank, or its sequence shard with
+        # sequence parallelism; the last stage's output is its logits (16 bits each, its
+        # vocabulary shard). Where the engine does not partition the passed tensors
+        # (plan.deepspeed_pipe_partitioned: no TP, sequence parallelism, experts) a stage's
+        # received input also stays in its buffer while the forward runs on a clone of it;
+        # partitioned, it is gathered into the buffer the forward uses. Megatron-LM frees a
         # stage's output once sent
         ds_pipe = job.framework == "deepspeed" and shape.pp > 1
-        self.pipe_out = a16 * s * b * h if ds_pipe else 0.0
+        self.pipe_out = a16 * s * b * h / sp_div if ds_pipe else 0.0
         self.pipe_logits = a16 * s * b * model.vocab_size / t if ds_pipe else 0.0
-        self.pipe_in = a16 * s * b * h if ds_pipe and t == 1 else 0.0
+        self.pipe_in = (a16 * s * b * h / sp_div if ds_pipe and not deepspeed_pipe_partitioned(
+            model, shape) else 0.0)
         # the loss step at its peak, beyond what it keeps (in head_act)
         self.loss_work = (peak - kept) * logits
         # leading dense layers (virtual stage 0): their activations instead of MoE ones

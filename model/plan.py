@@ -635,6 +635,16 @@ def own_split_warnings(model: ModelSpec, job: JobSpec, shape: Shape) -> list[str
             "this estimate prices the split given (--layers), not the one the run would have"]
 
 
+def deepspeed_pipe_partitioned(model: ModelSpec, shape: Shape) -> bool:
+    """Whether DeepSpeed's pipeline engine partitions the tensors it passes between stages
+    over the tensor ranks (its default with TP > 1: deepspeed/runtime/config.py
+    pipe_partitioned, pipe/engine.py is_pipe_partitioned), as the emitted config leaves it;
+    it turns it off with sequence parallelism (PartitionedTensor assumes the tensor is the
+    same on every tensor rank, not so for sequence shards) and for mixtures of experts
+    (Megatron-DeepSpeed's GPTModelPipe refuses it there)."""
+    return shape.tp > 1 and not shape.sequence_parallel and not model.is_moe
+
+
 def deepspeed_splits(model: ModelSpec, pp: int) -> dict[tuple[int, ...], str]:
     """Each split DeepSpeed's partition methods (DEEPSPEED_PARTITIONS) give, with the first
     method that gives it."""

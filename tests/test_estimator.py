@@ -12,7 +12,7 @@ from model.errors import SpecError
 from model.estimator import Evaluator, estimate, make_plan
 from model.memory import layer_activation_bytes
 from model.plan import Shape
-from model.specs import JobSpec, ModelSpec
+from model.specs import JobSpec, ModelSpec, Options
 
 
 def gpt(h=4096, a=32, layers=8):
@@ -105,17 +105,40 @@ def test_deepspeed_pipe_buffers_hold_outputs_logits_and_without_tp_the_received_
     c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
     s, h, V, layers = 2048, m.hidden_size, m.vocab_size, 6
     for fw in ("deepspeed", "megatron"):
-        for t in (1, 2):
+        for t, sp in ((1, False), (2, False), (2, True)):
             job = JobSpec(global_batch=64, seq_length=s, precision="fp16", framework=fw)
-            plan = make_plan(m, job, c, tp=t, pp=4, micro_batch=1, recompute="full", zero=1)
+            plan = make_plan(m, job, c, tp=t, pp=4, micro_batch=1, recompute="full", zero=1,
+                             sequence_parallel=sp)
             mem = Evaluator(m, job, c, plan.shape).mem
             body = layers * mem.act_layer
             ds = fw == "deepspeed"
-            out, received = 2.0 * s * h * ds, 2.0 * s * h * (ds and t == 1)
+            # with sequence parallelism each tensor rank holds its sequence shard, and the
+            # engine does not partition it (so the received shard is kept too)
+            out = 2.0 * s * h * ds / (t if sp else 1)
+            received = out if ds and (t == 1 or sp) else 0.0
             assert mem.chunk_act_bytes(0, layers) - body - mem.emb_act == pytest.approx(out)
             assert mem.chunk_act_bytes(1, layers) - body == pytest.approx(received + out)
             assert mem.chunk_act_bytes(3, layers) - body - mem.head_act == pytest.approx(
                 received + 2.0 * s * V / t * ds)
+
+
+def test_deepspeed_transfers_carry_what_each_tensor_rank_holds():
+    """DeepSpeed's pipeline engine sends from every tensor rank what it holds: the whole
+    activation, or under sequence parallelism its 1/t sequence shard (it had been charged
+    the whole activation there too); Megatron-LM sends 1/t either way."""
+    from model.costs import CostModel
+    m = presets.model("llama2-70b")
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
+    hop = {}
+    for fw in ("deepspeed", "megatron"):
+        for sp in (False, True):
+            job = JobSpec(global_batch=64, seq_length=4096, framework=fw)
+            plan = make_plan(m, job, c, tp=8, pp=4, micro_batch=1, zero=1,
+                             sequence_parallel=sp)
+            costs = CostModel(m, job, c, plan.shape, Options())
+            hop[fw, sp] = costs.hop_ms(25.0, False, 240.0) - c.latency_us / 1e3
+    assert hop["deepspeed", True] == pytest.approx(hop["deepspeed", False] / 8)
+    assert hop["deepspeed", True] == pytest.approx(hop["megatron", True])
 
 
 def test_llama3_8b_seq8192_tp8_fits_with_flash_not_eager():

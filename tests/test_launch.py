@@ -1063,9 +1063,10 @@ def test_deepspeed_emit_names_the_partition_method_that_gives_the_plans_split(tm
 def test_deepspeed_config_runs_what_the_estimate_priced(tmp_path):
     """The DeepSpeed emit asks for what the cost model prices: bf16 with ZeRO-1 accumulates
     in fp32 (data_types; DeepSpeed's default had been bf16, with its plain ZeRO optimizer),
-    bf16 without ZeRO says it cannot; TP x PP sends whole activations (pipeline partitioning
-    off, which Megatron-DeepSpeed also needs for MoE); sequence parallelism exports
-    CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed raises without it)."""
+    bf16 without ZeRO says it cannot; under sequence parallelism (and for MoE) the pipeline
+    engine's partitioning of passed tensors is off, each rank sending its sequence shard as
+    priced; sequence parallelism exports CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed
+    raises without it)."""
     m = presets.model("llama2-7b")
     job = JobSpec(global_batch=64, seq_length=2048, framework="deepspeed")
     c = uniform_cluster(4, 8, "A100-80GB", 240.0, 20.0)
@@ -1075,6 +1076,10 @@ def test_deepspeed_config_runs_what_the_estimate_priced(tmp_path):
     assert cfg["data_types"] == {"grad_accum_dtype": "fp32"}
     assert cfg["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in (tmp_path / "z1" / "launch.sh").read_text()
+    # dense, TP without sequence parallelism: DeepSpeed's default partitioned transfers stay
+    plan = make_plan(m, job, c, tp=2, pp=4, dp=4, zero=1)
+    emit("deepspeed", m, job, c, plan, tmp_path / "tp")
+    assert "pipeline" not in json.loads((tmp_path / "tp" / "ds_config.json").read_text())
     plan = make_plan(m, job, c, tp=1, pp=4, dp=8, zero=0)
     files, warn = emit("deepspeed", m, job, c, plan, tmp_path / "z0")
     cfg = json.loads((tmp_path / "z0" / "ds_config.json").read_text())

@@ -150,7 +150,7 @@ def read_csv(path: str | Path, units: str | None = None) -> Measured:
         for j, cell in enumerate(cells):
             v, isnan = _number(cell, src, f"row {r} ({label}), column {header[j]}")
             m[i, j], nan[i, j] = v, isnan
-    scale = _unit(units, src)
+    scale = _unit(units)
     return Measured(header, m * scale, src, nan, notes=[f"CSV matrix in {units}"])
 
 
@@ -210,7 +210,7 @@ def read_json(path: str | Path, units: str | None = None) -> Measured:
                     notes=[f"JSON matrix in {key}"])
 
 
-def _unit(units: str, src: str) -> float:
+def _unit(units: str) -> float:
     if units not in UNIT_TO_GB_PER_S:
         raise SpecError(f"unknown unit '{units}'; use one of {', '.join(UNIT_TO_GB_PER_S)}",
                         source="options", field="--units")

@@ -210,9 +210,9 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     # the experts' sync ring (EP > 1): no faster than any node's fastest ring or all of a
     # node's streams across nodes
     top = _top_inter(cluster, 0.0)
-    ring_e = max([best_group_ring_gb_per_s(cluster, g) for nd in cluster.node_kinds
-                  for g in range(2, nd.num_gpus + 1)]
-                 + [max(nd.num_gpus for nd in cluster.node_kinds) * top])
+    most = max(nd.num_gpus for nd in cluster.node_kinds)
+    ring_e = max([best_group_ring_gb_per_s(cluster, g) for g in range(2, most + 1)]
+                 + [most * top])
 
     def sync(params: float, bw: float = ring, group: int | None = None, linear: float = 0.0
              ) -> tuple[float, float]:  # the cheaper latency of the two

@@ -7,6 +7,7 @@ Domain errors are caught here only, printed as one line, and exit with code 2.
 from __future__ import annotations
 
 import functools
+import inspect
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -83,7 +84,10 @@ def command(name: str | None = None, aliases: dict[str, str] | None = None, pare
                 return fn(*a, **k)
             except PipetteError as e:
                 fail(str(e))
-        return (parent or app).command(name, cls=_aliased(aliases))(wrapper)
+        # The command list shows the docstring's first paragraph as one line (typer keeps its
+        # line breaks there, which the list then prints mid-sentence).
+        short = " ".join(inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0].split())
+        return (parent or app).command(name, cls=_aliased(aliases), short_help=short)(wrapper)
     return deco
 
 

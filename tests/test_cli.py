@@ -23,6 +23,12 @@ def test_help_lists_commands():
     assert r.exit_code == 0
     for cmd in ("estimate", "validate", "presets"):
         assert cmd in r.output
+    # Each command's line in the list reads as one sentence: typer printed the docstring's own
+    # line breaks there ("write a profile for" / "--calibration ..." on two lines).
+    wide = runner.invoke(app, ["--help"], env={"COLUMNS": "400"}).output
+    assert "write a profile for --calibration (fragmentation too" in wide
+    sub = runner.invoke(app, ["sweep", "--help"], env={"COLUMNS": "400"}).output
+    assert "store holds); or `sweep report RESULTS`" in sub
 
 
 def test_estimate_json_on_builtin_example():

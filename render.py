@@ -174,6 +174,15 @@ def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict
             "plan_from_arguments": plan_read}
 
 
+
+def _stage_words(at) -> str:
+    """', stage 0' / ', stages 1, 3' for a calibration run's memory reading (a profile's JSON
+    holds a tuple as a list); '' where it is the largest stage's."""
+    if at is None:
+        return ""
+    at = [at] if isinstance(at, int) else list(at)
+    return f", stage{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}"
+
 def print_calibration(prof, out, readings=()) -> None:
     """The fitted profile, and before it what was read from each log: `readings` holds (its
     LogReading, its plan's global batch, the plan read from the run's printed arguments or its
@@ -231,7 +240,7 @@ def print_calibration(prof, out, readings=()) -> None:
                   f"{100 * (r['after_s'] / m - 1):+.1f}%",
                   "-" if r["memory_gib"] is None else f"{r['memory_gib']:.1f} "
                   f"({r['memory_kind']}"
-                  + ("" if r.get("memory_stage") is None else f", stage {r['memory_stage']}")
+                  + _stage_words(r.get("memory_stage"))
                   + ")")
     con.print(t)
     sd = prof.residual_sd

@@ -166,6 +166,10 @@ _TITAN_MESH_01 = re.compile(r"Building \d+-D device mesh with \[([^\]]*)\], \[([
 # torchtitan's 'Training starts at step {step + 1}' (torchtitan/trainer.py, Trainer.train)
 _START = re.compile(r"\[before the start of training step\] datetime:|Training starts at step "
                     r"\d+")
+# Megatron-LM's start line is print_rank_0's (print_datetime) while the last rank prints the
+# iterations (print_rank_last): it starts the whole job again, whatever rank prefix it carries;
+# torchtitan's logger prints on every rank, so its start line is its own rank's
+_START_WHOLE_JOB = "before the start of training step"
 # Megatron-Bridge's start-up summary (src/megatron/bridge/training/config.py
 # log_non_default_values, called by setup.py, 067f987): a 'Configuration Summary (Non-Default
 # Values vs Megatron Core)' title, '[section] Non-default values (vs Mcore ...):' or
@@ -208,6 +212,13 @@ class LogReading:
     # the pipeline stage the memory reading is of: None, the largest over the ranks that
     # printed (each stage's); 0, rank 0's only (NeMo 1.x's bar), pipeline stage 0
     memory_stage: int | None = None
+    # the ranks whose lines gave the memory readings, where the log names them: ('global',
+    # ranks) from Megatron-LM's own '[Rank N]' (torch.distributed.get_rank()), ('local', ranks)
+    # from torchrun's '[rankN]:' prefix on torchtitan's lines (torchrun's default prefix is
+    # '[${role_name}${local_rank}]:', torch/distributed/elastic/agent/server/
+    # local_elastic_agent.py); None where a line came without one. formats/runs.py maps them to
+    # the plan's pipeline stages
+    memory_ranks: tuple | None = None
     skipped: int = 0  # warm-up readings skipped, over every process
     processes: int = 1  # training processes found (restarts and ranks), each warmed up apart
     validation_lines: int = 0  # torchtitan validation lines left out
@@ -413,6 +424,7 @@ def read_log(path) -> LogReading:
     ds_config: dict[str, int] = {}
     found = []  # (framework, process, step, global batch or None, value)
     mem = {}
+    mem_ranks: dict = {}  # the rank of each torchtitan or Megatron-LM memory reading, or None
     bridge_mem: dict[str, list[float]] = {}  # Megatron-Bridge's memory lines, by kind
     titan: list[dict] = []  # torchtitan's start-up prints (LogReading.torchtitan_settings)
     validation = 0
@@ -434,6 +446,7 @@ def read_log(path) -> LogReading:
             line = line[m.end():]
             if not ("]:" in line[:16] and _RANK.match(line)):
                 line = f"[rank{label}]:{line}"
+                label = "launcher"  # the rank prefix is the launcher's, not torchrun's
         args.feed(line)
         if summary.inside or "Configuration Summary" in line:
             summary.feed(line)
@@ -456,7 +469,7 @@ def read_log(path) -> LogReading:
             ds_config[m.group(1)] = int(m.group(2))
         rank = int(m.group(1)) if "]:" in line and (m := _RANK.search(line)) else None
         if "start" in line and _START.search(line):
-            procs.start_line(rank)
+            procs.start_line(None if _START_WHOLE_JOB in line else rank)
         batch = int(m.group(1)) if "global" in line and (m := _GBS.search(line)) else None
         if "elapsed time per iteration" in line and (m := _MEGATRON_ITER.search(line)):
             step = int(m.group(1))
@@ -465,6 +478,7 @@ def read_log(path) -> LogReading:
             step = int(m.group(1))
             found.append(("torchtitan", procs.of(rank, step), step, None, _f(m.group(3))))
             mem.setdefault("torchtitan", []).append(_f(m.group(2)))
+            mem_ranks.setdefault("torchtitan", []).append(None if label == "launcher" else rank)
         elif "train_step_timing" in line and (m := _NEMO.search(line)):
             step = int(m.group(1))
             found.append(("nemo", procs.of(rank, step), step, batch, _f(m.group(2))))
@@ -489,6 +503,7 @@ def read_log(path) -> LogReading:
             mem.setdefault("nemo-bar", []).append(_f(m.group(1)) / 2 ** 30)
         if "memory (MB)" in line and (m := _MEGATRON_MEM.search(line)):
             mem.setdefault("megatron", []).append(_f(m.group(5)) / 1024)
+            mem_ranks.setdefault("megatron", []).append(int(m.group(1)))
         elif "memory (GB)" in line and (m := _BRIDGE_MEM.search(line)):
             pairs = {k: _f(v) for k, v in _BRIDGE_PAIR.findall(m.group(2))}
             for key, kind in _BRIDGE_KEYS:
@@ -567,6 +582,9 @@ def read_log(path) -> LogReading:
         reading.memory_gib = max(mem[mem_fw])
         reading.memory_kind = "allocated" if fw == "deepspeed" else "reserved"
         reading.memory_stage = 0 if mem_fw in ("nemo", "nemo-bar") else None
+        if mem_fw in ("megatron", "torchtitan") and None not in mem_ranks[mem_fw]:
+            reading.memory_ranks = ("global" if mem_fw == "megatron" else "local",
+                                    tuple(sorted(set(mem_ranks[mem_fw]))))
     elif fw == "megatron" and bridge_mem:
         kind = "reserved" if "reserved" in bridge_mem else "allocated"
         reading.memory_gib, reading.memory_kind = max(bridge_mem[kind]), kind

@@ -201,6 +201,26 @@ def _not_a_plan_file(log) -> None:
                         field="LOG")
 
 
+def memory_stages(reading: LogReading, plan, cluster):
+    """The pipeline stages the log's memory readings are of, for the fit (model.calibration.Run
+    .memory_stage): the reader's own (NeMo's: stage 0), else those of the ranks that printed
+    them (a tuple), else None, the largest stage's (every rank printed: lines without a rank).
+    Megatron-LM's order (tp-cp-ep-dp-pp, megatron/core/parallel_state.py) and torchtitan's mesh
+    (pp outermost, torchtitan/distributed/parallel_dims.py) both give rank r the stage
+    r // (GPUs / PP). A local rank is torchrun's on every node the log holds the output of."""
+    if reading.memory_stage is not None or not reading.memory_ranks or plan.shape.pp == 1:
+        return reading.memory_stage
+    kind, ranks = reading.memory_ranks
+    world, gpn = cluster.num_gpus, cluster.gpus_per_node
+    per_stage = world // plan.shape.pp
+    if kind == "local" and gpn and world > gpn and max(ranks) < gpn:
+        ranks = [k * gpn + r for k in range(world // gpn) for r in ranks]
+    if max(ranks) >= world:
+        return None  # not this plan's ranks: the reading stays the largest stage's
+    stages = tuple(sorted({r // per_stage for r in ranks}))
+    return None if len(stages) == plan.shape.pp else stages
+
+
 def calibration_runs(logs: list, plans: list | None = None, clusters: list | None = None,
                      hostfiles: list | None = None, save_plans: Path | None = None,
                      run_configs: list | None = None, version: str | None = None):
@@ -251,7 +271,7 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         readings.append((reading, job.global_batch, described))
         runs.append(Run(m, job, c, pl, opts, reading.iteration_s(
             job.global_batch, job.seq_length, c.num_gpus), reading.memory_gib,
-            kind, label=Path(log).name, memory_stage=reading.memory_stage))
+            kind, label=Path(log).name, memory_stage=memory_stages(reading, pl, c)))
     for written, m, job, c, pl, opts in to_save:
         save_plan(written, m, job, c, pl, estimate(m, job, c, pl, opts), options=opts)
     return runs, readings

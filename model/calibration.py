@@ -239,8 +239,9 @@ class Run:
     memory_gib: float | None = None
     memory_kind: str = ""
     label: str = ""
-    # the pipeline stage memory_gib is of (None: the largest stage's; formats/logs.py)
-    memory_stage: int | None = None
+    # the pipeline stage memory_gib is of, or a tuple of stages (the largest of theirs); None:
+    # the largest stage's (formats/logs.py, formats/runs.memory_stages)
+    memory_stage: int | tuple | None = None
 
 
 def _predict(run: Run, values: dict, gpu: str) -> float:
@@ -397,8 +398,10 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
         for rr in mem_runs:
             cl, opts = apply_profile(Profile(gpu), rr.cluster, rr.options, values)
             est = estimate(rr.model, rr.job, cl, rr.plan, opts)
-            stages = (est.stages if rr.memory_stage is None else
-                      [st for st in est.stages if st.stage == rr.memory_stage])
+            at = rr.memory_stage
+            stages = (est.stages if at is None else
+                      [st for st in est.stages
+                       if st.stage in (at if isinstance(at, tuple) else (at,))])
             tensors = max(st.memory.total_gib - st.memory.allowance_gib for st in stages)
             fs.append(rr.memory_gib / tensors - 1)
         f = min(max(statistics.median(fs), FRAGMENTATION_BOUNDS[0]), FRAGMENTATION_BOUNDS[1])

@@ -241,7 +241,7 @@ def test_rank0_memory_fits_fragmentation_on_stage_0():
     assert tensors[0] != max(tensors)
     t = est.iteration_ms / 1e3
     got = {}
-    for stage in (0, None):
+    for stage in (0, None, (0, 2)):
         runs = [Run(m, job, c, plan, Options(), t * (1 + 0.01 * k),
                     memory_gib=1.1 * max(tensors), memory_kind="reserved", label=f"r{k}",
                     memory_stage=stage)
@@ -250,6 +250,36 @@ def test_rank0_memory_fits_fragmentation_on_stage_0():
         got[stage] = prof.values["fragmentation"]
     assert got[None] == pytest.approx(0.1, abs=1e-6)
     assert got[0] == pytest.approx(1.1 * max(tensors) / tensors[0] - 1, abs=1e-6) != got[None]
+    two = max(tensors[0], tensors[2])
+    assert got[(0, 2)] == pytest.approx(1.1 * max(tensors) / two - 1, abs=1e-6)
+
+
+def test_memory_is_fitted_on_the_stages_of_the_ranks_that_printed(tmp_path):
+    """A memory reading is compared with the stages of the ranks that printed it: torchtitan's
+    torchrun prefix (local ranks: on every node of the log), Megatron-LM's own `[Rank N]`
+    (global). A PP 4 torchtitan job logged from `[rank63]:` (the last stage's, where the loss
+    is) had been fitted as the largest stage's: fragmentation 0 for a true 0.2."""
+    from types import SimpleNamespace as NS
+
+    from formats.runs import memory_stages
+    text = (LOGS / "torchtitan.log").read_text()
+    p = tmp_path / "r63.log"
+    p.write_text(text.replace("[rank0]:", "[rank63]:"))
+    r = read_log(p)
+    assert r.memory_ranks == ("local", (63,))
+    cluster = NS(num_gpus=64, gpus_per_node=8)
+    plan = NS(shape=NS(pp=4))
+    assert memory_stages(r, plan, cluster) == (3,)  # 63 >= 8: torchrun given a global rank
+    r.memory_ranks = ("local", (7,))  # local rank 7 of each of the 8 nodes: every stage
+    assert memory_stages(r, plan, cluster) is None
+    r.memory_ranks = ("local", (1,))
+    assert memory_stages(r, NS(shape=NS(pp=16)), cluster) == tuple(range(0, 16, 2))
+    assert memory_stages(read_log(LOGS / "megatron.log"), plan, NS(num_gpus=128,
+                                                                   gpus_per_node=8)) == (0, 3)
+    # unprefixed lines: every rank printed, the largest stage's
+    q = tmp_path / "bare.log"
+    q.write_text(text.replace("[rank0]:", ""))
+    assert read_log(q).memory_ranks is None and memory_stages(read_log(q), plan, cluster) is None
 
 
 def test_restarted_log_warms_up_again():
@@ -294,6 +324,15 @@ def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     p.write_text(text + resumed)
     r = read_log(p)
     m1 = read_log(LOGS / "megatron.log")
+    assert r.processes == 2 and sorted(r.values) == sorted(m1.values * 2)
+    # under torchrun's prefixes Megatron-LM's start line is rank 0's (print_rank_0) and the
+    # iterations the last rank's (print_rank_last): the start line resumes the whole job
+    # (it had resumed rank 0 only, so the resumed job's warm-up was fitted as iteration time)
+    def ranked(t):
+        return "\n".join(("[rank0]:" if "before the start" in ln else "[rank63]:") + ln
+                         for ln in t.splitlines())
+    p.write_text(ranked(text) + "\n" + ranked(resumed))
+    r = read_log(p)
     assert r.processes == 2 and sorted(r.values) == sorted(m1.values * 2)
     # DeepSpeed's timer prints on every rank, without a prefix: each step's lines repeat, one
     # process, and every rank's line of the warm-up steps is skipped

@@ -171,6 +171,7 @@ def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict
             "other_batch_left_out": len(r.values) - used,
             "validation_lines_left_out": r.validation_lines,
             "same_steps_lines_left_out": r.same_steps_lines,
+            "gzip_cut_short": r.cut_short,
             "plan_from_arguments": plan_read}
 
 
@@ -200,6 +201,8 @@ def print_calibration(prof, out, readings=()) -> None:
         if r.same_steps_lines:
             extra += (f"; {r.same_steps_lines} DeepSpeed lines timing the same steps left "
                       "out")
+        if r.cut_short:
+            extra += "; the gzip stream ends before its end marker: read up to there"
         con.print(f"{r.path}: {r.framework}, {d['readings_used']} readings used, {r.skipped} "
                   f"warm-up skipped{extra}", highlight=False)
         if plan_read:

@@ -222,6 +222,7 @@ class LogReading:
     skipped: int = 0  # warm-up readings skipped, over every process
     processes: int = 1  # training processes found (restarts and ranks), each warmed up apart
     validation_lines: int = 0  # torchtitan validation lines left out
+    cut_short: bool = False  # a gzip log that ends before its end marker, read up to there
     # DeepSpeed's timing lines of steps another line of the same run timed (Megatron-DeepSpeed:
     # Megatron's; the pipeline engine: its own over the ThroughputTimer's), left out
     same_steps_lines: int = 0
@@ -412,6 +413,9 @@ def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
     return [b for b in _fed(_ArgBlocks(), text).blocks if b]
 
 
+_CUT = " (its gzip stream ends before the end marker: read up to there)"
+
+
 def read_log(path) -> LogReading:
     """Read a Megatron-LM, torchtitan, NeMo or DeepSpeed training log."""
     src = str(path)
@@ -431,7 +435,8 @@ def read_log(path) -> LogReading:
     hosts: dict[str, int] = {}  # pdsh's host prefixes -> their prefix numbers
     # each pattern is tried only on lines holding a word it needs (a plain substring test is
     # ~20 times cheaper than a search): a long run's log has millions of lines
-    for line in text_lines(path, field="log", what="the log"):
+    cut_short: list = []
+    for line in text_lines(path, field="log", what="the log", cut_short=cut_short):
         if "\x1b" in line:
             line = _ANSI.sub("", line)
         # a launcher's prefix (srun's task, pdsh's host) becomes a rank's, unless torchrun's
@@ -514,7 +519,7 @@ def read_log(path) -> LogReading:
         raise SpecError("no training-step line of Megatron-LM (elapsed time per iteration), "
                         "torchtitan (step: .. tps:), NeMo (train_step_timing in s) or "
                         "DeepSpeed (iter time (s), CurrSamplesPerSec) found; give the log the "
-                        "framework printed", source=src, field="log")
+                        f"framework printed{_CUT if cut_short else ''}", source=src, field="log")
     frameworks = {x[0] for x in found}
     # one run's second timer of the same steps (module docstring): left out, counted
     ds = frameworks & {"deepspeed", "deepspeed-pipe"}
@@ -562,9 +567,10 @@ def read_log(path) -> LogReading:
                if len(seen) > 1 else "")
         raise SpecError(f"{len(found)} timing readings{per}; at least "
                         f"{WARMUP_READINGS + MIN_READINGS} in one process are needed (the first "
-                        f"{WARMUP_READINGS} of each are warm-up); log more iterations",
-                        source=src, field="log")
+                        f"{WARMUP_READINGS} of each are warm-up); log more iterations"
+                        f"{_CUT if cut_short else ''}", source=src, field="log")
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
+                         cut_short=bool(cut_short),
                          processes=len(seen), validation_lines=validation, batches=batches,
                          same_steps_lines=same_steps,
                          megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [],

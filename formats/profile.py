@@ -19,6 +19,12 @@ _KEYS = ("kind", "schema_version", "gpu", "parameters", "fitted", "covariance",
          "uninformed", "fragmentation_spread", "planning", "device", "kernels")
 
 
+# each run's and each probed kernel's fields (Profile.runs, fit; fit_kernels)
+_RUN_KEYS = ("label", "measured_s", "before_s", "after_s", "memory_gib", "memory_kind",
+             "memory_stage")
+_KERNEL_KEYS = ("kind", "shape", "dtype", "measured_ms", "before_ms", "after_ms")
+
+
 def save_profile(path, prof: Profile) -> None:
     """Write the profile (formats.atomic: whole or not at all; non-finite values refused)."""
     from .atomic import write_atomic
@@ -28,6 +34,13 @@ def save_profile(path, prof: Profile) -> None:
     except ValueError:
         raise SpecError("the fit gave a non-finite parameter; nothing was written",
                         source=str(path), field="--out") from None
+    try:  # what is written is read back by --calibration: nothing it would refuse (the CPU
+        # probe's test profile, wide bounds and all, is refused for planning on purpose)
+        if prof.planning:
+            profile_from_dict(json.loads(text), str(path))
+    except SpecError as e:
+        raise SpecError(f"the fit gave a profile that cannot be used ({e}); nothing was "
+                        "written", source=str(path), field="--out") from None
     write_atomic(Path(path), text, field="--out")
 
 
@@ -83,7 +96,7 @@ def profile_from_dict(d, src: str) -> Profile:
     if not isinstance(d, dict) or d.get("kind") != KIND:
         raise SpecError(f"not a calibration profile (kind must be {KIND!r}); write one with "
                         "`python cli.py calibrate`", source=src, field="kind")
-    if d.get("schema_version") != SCHEMA_VERSION:
+    if type(d.get("schema_version")) is not int or d["schema_version"] != SCHEMA_VERSION:
         raise SpecError(f"schema_version {d.get('schema_version')!r}; this version reads "
                         f"{SCHEMA_VERSION}", source=src, field="schema_version")
     unknown_keys(d, _KEYS, src)
@@ -128,9 +141,20 @@ def profile_from_dict(d, src: str) -> Profile:
         raise SpecError("must list fitted parameters (those in 'fitted')", source=src,
                         field="uninformed")
     runs = d.get("runs") or []
-    if not isinstance(runs, list):
-        raise SpecError("must be the list of runs the profile was fitted on", source=src,
-                        field="runs")
+    if not isinstance(runs, list) or not all(isinstance(x, dict) for x in runs):
+        raise SpecError("must be the list of runs the profile was fitted on (one object per "
+                        "run)", source=src, field="runs")
+    for k, x in enumerate(runs):
+        unknown_keys(x, _RUN_KEYS, src, f"runs[{k}]")
+    kernels = d.get("kernels") or []
+    if not isinstance(kernels, list) or not all(isinstance(x, dict) for x in kernels):
+        raise SpecError("must be the list of kernels the probe timed (one object per kernel)",
+                        source=src, field="kernels")
+    for k, x in enumerate(kernels):
+        unknown_keys(x, _KERNEL_KEYS, src, f"kernels[{k}]")
+    if not isinstance(d.get("device", ""), str):
+        raise SpecError("must be the probed device's name (a string)", source=src,
+                        field="device")
     what = "a standard deviation of log time (a number from 0 to 10) or null"
     sd = _optional_at_least_0(d.get("residual_sd_log"), src, "residual_sd_log", what)
     if sd is not None and sd >= 10:
@@ -142,8 +166,14 @@ def profile_from_dict(d, src: str) -> Profile:
     assumed = d.get("residual_sd_assumed", False)
     if not isinstance(assumed, bool):
         raise SpecError("must be true or false", source=src, field="residual_sd_assumed")
+    if assumed and dof is not None:
+        raise SpecError("an assumed spread has no degrees of freedom: set residual_dof to null, "
+                        "or residual_sd_assumed to false for a measured one", source=src,
+                        field="residual_sd_assumed")
     spread = d.get("fragmentation_spread") or {}
     what = ("{sd: the readings' sample sd (null below 2 readings), readings: how many}")
+    if isinstance(spread, dict):
+        unknown_keys(spread, ("sd", "readings"), src, "fragmentation_spread")
     f_n = spread.get("readings", 0) if isinstance(spread, dict) else -1
     if not (isinstance(f_n, int) and not isinstance(f_n, bool) and f_n >= 0):
         raise SpecError(f"must be {what}", source=src, field="fragmentation_spread")
@@ -160,5 +190,5 @@ def profile_from_dict(d, src: str) -> Profile:
                    runs, src, residual_dof=dof, residual_sd_assumed=assumed,
                    fragmentation_sd=f_sd, fragmentation_readings=f_n,
                    device=str(d.get("device") or ""),
-                   kernels=d.get("kernels") or [], uninformed=tuple(uninformed),
+                   kernels=kernels, uninformed=tuple(uninformed),
                    prior_sd=prior)

@@ -57,10 +57,13 @@ def read_text(path: str | Path, field: str | None = None, what: str = "the file"
                         field=field) from None
 
 
-def text_lines(path: str | Path, field: str | None = None, what: str = "the file"):
+def text_lines(path: str | Path, field: str | None = None, what: str = "the file",
+               cut_short: list | None = None):
     """The lines of a regular file as a stream, whatever its size (a long run's training log
     can be gigabytes), gunzipped where it is gzip (a rotated log: its magic bytes, whatever
-    its name), bytes that are not UTF-8 replaced; refused as read_text refuses a path."""
+    its name), bytes that are not UTF-8 replaced; refused as read_text refuses a path. Given
+    `cut_short` (a list), a gzip stream that ends before its end marker (a job killed while
+    its log was piped through gzip) is read up to there, as zcat does, and True appended."""
     src = str(path)
     _regular_file(path, field, what)
     gz = False
@@ -71,7 +74,12 @@ def text_lines(path: str | Path, field: str | None = None, what: str = "the file
             stream = gzip.GzipFile(fileobj=raw) if gz else raw
             for line in io.TextIOWrapper(stream, encoding="utf-8", errors="replace"):
                 yield line.rstrip("\r\n")
-    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+    except EOFError:
+        if not gz or cut_short is None:
+            raise SpecError(f"cannot read {what} (a damaged gzip file)", source=src,
+                            field=field) from None
+        cut_short.append(True)
+    except (OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
         why = "a damaged gzip file" if gz else getattr(e, "strerror", None) or str(e)
         raise SpecError(f"cannot read {what} ({why})", source=src, field=field) from None
 

@@ -236,7 +236,14 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         flag = "--hostfile" if hostfiles else "--save-plans" if save_plans else "--run-config"
         raise SpecError(f"{flag} goes with --cluster (the plans are read from the logs then)",
                         source="options", field=flag)
+    twice = [x for k, x in enumerate(logs) if any(Path(x).resolve() == Path(y).resolve()
+                                                  for y in logs[:k])]
+    if twice:
+        raise SpecError(f"{twice[0]} is given more than once; each run counts once in the fit "
+                        "(twice, it would shrink the uncertainty as if measured again)",
+                        source="options", field="LOG")
     runs, readings, to_save = [], [], []
+    seen: dict = {}  # each log's readings -> its name: a copy of a log is the same run
     for k, log in enumerate(logs):
         plan_file = _pick(plans, k, len(logs), "--plan")
         cluster_name = _pick(clusters, k, len(logs), "--cluster")
@@ -244,6 +251,10 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         run_config = _pick(run_configs, k, len(logs), "--run-config")
         _not_a_plan_file(log)
         reading = read_log(log)
+        same = seen.setdefault((reading.framework, tuple(reading.values)), str(log))
+        if same != str(log):
+            raise SpecError(f"the same readings as {same} (a copy of one run's log?); each run "
+                            "counts once in the fit", source=str(log), field="log")
         settings = None
         if plan_file:
             m, job, c, pl, opts, meta = load_plan(plan_file)

@@ -59,6 +59,9 @@ from .errors import SpecError
 from .specs import GPUSpec, Options, element_bytes
 
 SCHEMA_VERSION = 1
+# A run measured this many times slower or faster than its prediction is not refitted: no
+# parameter's bounds (TIME_PARAMETERS) reach so far, so the log is another plan's, or garbled
+IMPLAUSIBLE_RATIO = 10.0
 KIND = "pipette-calibration"
 TIME_PARAMETERS = {  # name -> (lower, upper) bounds of the multiplier
     "gemm_scale": (0.3, 2.0),
@@ -299,6 +302,12 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     lo = np.array([TIME_PARAMETERS[n][0] for n in names])
     hi = np.array([TIME_PARAMETERS[n][1] for n in names])
     before = [_predict(r, {}, gpu) for r in runs]
+    for rr, b in zip(runs, before):
+        if not 1 / IMPLAUSIBLE_RATIO <= rr.measured_s / b <= IMPLAUSIBLE_RATIO:
+            raise SpecError(f"measured {rr.measured_s:.4g} s per iteration where the cost model "
+                            f"predicts {b:.4g} s for its plan (x{rr.measured_s / b:.3g}); no "
+                            f"parameter bridges a factor over {IMPLAUSIBLE_RATIO:g}: check that "
+                            "the log is this plan's run", source=rr.label or "LOG", field="log")
     weights = _huber_weights
     n = len(runs)
 

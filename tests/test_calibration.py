@@ -521,8 +521,19 @@ def test_logs_are_streamed_gzip_or_plain_whatever_their_size(tmp_path, monkeypat
     assert (r.values, r.memory_gib, r.skipped) == (plain.values, plain.memory_gib, plain.skipped)
     monkeypatch.setattr(reading, "MAX_INPUT_BYTES", 100)
     assert read_log(LOGS / "megatron.log").values == plain.values
-    bad = tmp_path / "cut.log.gz"
-    bad.write_bytes(data[: len(data) // 2])
+    # cut short (a job killed while its log was piped through gzip): read up to the cut, as
+    # zcat does, and said; it had been refused whole
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(data[: int(len(data) * 0.95)])
+    r = read_log(cut)
+    assert r.cut_short and not plain.cut_short and 0 < len(r.values) < len(plain.values)
+    assert r.values == plain.values[:len(r.values)]
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SpecError, match="gzip stream ends before the end marker"):
+        read_log(cut)
+    bad = tmp_path / "bad.log.gz"  # damaged inside: refused
+    bad.write_bytes(data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF])
+                    + data[len(data) // 2 + 1:])
     with pytest.raises(SpecError) as e:
         read_log(bad)
     assert "damaged gzip" in str(e.value) and str(bad) in str(e.value)
@@ -789,10 +800,13 @@ def test_hostfile_order_and_option_counts(tmp_path):
             hostfile_order(h, ex)
         assert says in str(e.value) and e.value.field == "hostfile"
     runner = CliRunner()
-    log = str(LOGS / "megatron.log")
+    logs = []
+    for k in range(3):  # three logs (one log given three times is refused on its own)
+        logs.append(str(tmp_path / f"m{k}.log"))
+        Path(logs[-1]).write_text((LOGS / "megatron.log").read_text())
     for args in (["--plan", "a.json", "--plan", "b.json"],
                  ["--cluster", "example", "--hostfile", str(h), "--hostfile", str(h)]):
-        res = runner.invoke(app, ["calibrate", log, log, log, *args])
+        res = runner.invoke(app, ["calibrate", *logs, *args])
         assert res.exit_code == 2 and "give one per log or one for all" in res.output, \
             res.output
 
@@ -1385,6 +1399,16 @@ def test_no_more_runs_than_parameters(tmp_path):
     (lambda d: d.update(covariance=[[10 ** 400, 0.0], [0.0, 2e-3]]), "covariance"),
     (lambda d: d["parameters"]["gemm_scale"].update(stderr=10 ** 400),
      "parameters.gemm_scale.stderr"),
+    # fields that had been read as anything (a user's run-through): true is not schema 1, an
+    # unknown key of a nested object is not dropped, runs and kernels are objects
+    (lambda d: d.update(schema_version=True), "schema_version"),
+    (lambda d: d.update(fragmentation_spread={"sd": 0.01, "readings": 3, "foo": 1}),
+     "fragmentation_spread.foo"),
+    (lambda d: d.update(runs=[1, 2, "a"]), "runs"),
+    (lambda d: d["runs"][0].update(extra=1), "runs[0].extra"),
+    (lambda d: d.update(kernels="abc"), "kernels"),
+    (lambda d: d.update(device=123), "device"),
+    (lambda d: d.update(residual_sd_assumed=True), "residual_sd_assumed"),  # dof given
 ])
 def test_profile_fields_that_would_break_an_interval_are_refused(tmp_path, edit, field):
     """What estimate and solve compute an interval from is checked when the profile is read:
@@ -1401,6 +1425,31 @@ def test_profile_fields_that_would_break_an_interval_are_refused(tmp_path, edit,
     with pytest.raises(SpecError) as e:
         load_profile(p)
     assert e.value.field == field
+
+
+def test_a_log_twice_or_a_measurement_no_parameter_explains_is_refused(tmp_path):
+    """The same log given twice (or a copy of it) would count one run as several and shrink
+    the intervals; a measurement 10x off its plan's prediction is another plan's run or a
+    garbled line, and its fit had written a profile every command then refused
+    (residual_sd_log 18.5)."""
+    from formats.runs import calibration_runs
+    log = tmp_path / "run.log"
+    log.write_text((LOGS / "megatron_args_70b.txt").read_text()
+                   + (LOGS / "megatron.log").read_text())
+    plan = tmp_path / "p.json"
+    with pytest.raises(SpecError, match="more than once"):
+        calibration_runs([str(log), str(log)], [str(plan)])
+    copy = tmp_path / "copy.log"
+    copy.write_text(log.read_text())
+    runs, _ = calibration_runs([str(log)], None, ["example"])
+    with pytest.raises(SpecError, match="the same readings as"):
+        calibration_runs([str(log), str(copy)], None, ["example"])
+    r = runs[0]
+    for factor in (1e12, 1e-3):
+        odd = dataclasses.replace(r, measured_s=r.measured_s * factor, label="odd.log")
+        with pytest.raises(SpecError) as e:
+            fit([r, odd], ("gemm_scale",), r.cluster.nodes[0].gpu.name)
+        assert e.value.source == "odd.log" and "no parameter bridges" in str(e.value)
 
 
 def _memory_runs(f_true: float, noise: float, seed: int, n: int, gbs_runs=None):

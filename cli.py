@@ -475,20 +475,28 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
            tp: str | None = None, pp: str | None = None, mbs: str | None = None,
            schedule: str | None = None, recompute: str | None = None,
            zero: str | None = None, shard_size: str | None = None, cp: str | None = None,
-           ep: str | None = None, kv_rotate: str | None = None):
+           ep: str | None = None, kv_rotate: str | None = None, distopt: bool | None = None):
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
+    from model.errors import SpecError
     from model.specs import RECOMPUTE
     from solvers.space import SearchSpace
 
     base = SearchSpace()
+    zeros = _zero_list(zero)
+    clash = [z for z in zeros or () if distopt is not None and (z >= 1) != distopt]
+    if clash:  # --no-distopt had made the job ZeRO-0, which won over --zero without a word
+        raise SpecError(f"--zero {','.join(map(str, clash))} with --{'' if distopt else 'no-'}"
+                        "distopt: ZeRO-1 to 3 shard the optimizer state (Megatron-LM's "
+                        "distributed optimizer), ZeRO-0 does not; give one of the two",
+                        source="options", field="--zero")
     return SearchSpace(tp=_int_list(tp, "--tp"), pp=_int_list(pp, "--pp"),
                        micro_batch=_int_list(mbs, "--mbs") or base.micro_batch,
                        schedules=_schedules(schedule) or base.schedules,
                        recompute=_choice_list(recompute, "--recompute", RECOMPUTE)
                        or base.recompute,
-                       zero=_zero_list(zero),
+                       zero=zeros,
                        shard_sizes=_int_list(shard_size, "--shard-size", allow_zero=True),
                        cp=_int_list(cp, "--cp"),
                        ep=_int_list(ep, "--ep"),
@@ -988,7 +996,7 @@ def solve(
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     _kv_rotate_check(kv_rotate, framework.value)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
-                   schedule, recompute, zero, shard_size, cp, ep, kv_rotate)
+                   schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt)
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
@@ -1088,7 +1096,7 @@ def compare(
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     _kv_rotate_check(kv_rotate, framework.value)
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
-                   cp, ep, kv_rotate)
+                   cp, ep, kv_rotate, distopt)
     c_seed = seed if cluster_seed is None else cluster_seed
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]

@@ -119,7 +119,12 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
         if job.framework == "torchtitan" and zero == 1:
             continue
         spaces = [replace(space, zero=(zero,), shard_sizes=(0,))]
-        if shard < 0:
+        if shard < 0 and space.shard_sizes:
+            # HSDP with the shard groups the user gave (--shard-size)
+            spaces = [replace(space, zero=(zero,))]
+            label = (f"HSDP (shard groups of {','.join(map(str, space.shard_sizes))} "
+                     "data-parallel ranks)")
+        elif shard < 0:
             # HSDP: the replicas of one node form a shard group, for each TP and CP degree (a
             # group holds shard_size data-parallel ranks times CP: model.plan Shape)
             G = cluster.gpus_per_node or 0
@@ -128,6 +133,13 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                       for t in (space.tp or (1, 2, 4, 8))
                       for c in cp_degrees(job, cluster, space)
                       if G % (t * c) == 0 and G // (t * c) > 1]
+            if not spaces:
+                rows.append({"sharding": label, "plan": "-", "iteration_ms": None,
+                             "peak_memory_gib": None, "solve_s": None,
+                             "termination": "none: no HSDP layout: TP x CP fills a node (no "
+                             "node holds two data-parallel ranks to shard over); give "
+                             "--shard-size for groups across nodes"})
+                continue
         best, errors, wall = None, [], 0.0
         for sp in spaces:
             try:

@@ -215,6 +215,11 @@ _GIVEN_LISTS = (
     ("cp", "--cp", "cp", "CP x TP must divide the GPU count, 2 x CP (x TP) the sequence"),
     ("ep", "--ep", "ep", "EP must divide the experts and the data x context parallel ranks"),
     ("micro_batch", "--mbs", "micro_batch", "micro-batch x DP must divide the global batch"),
+    ("zero", "--zero", "zero", "the framework runs ZeRO stages 0 and 3 (torchtitan) or 0 to 3, "
+     "and sharding needs data-parallel or context-parallel ranks"),
+    ("shard_sizes", "--shard-size", "shard_size", "a shard group is HSDP, ZeRO-3 only (add "
+     "--zero 3 where the framework's default search leaves it out), and must divide the "
+     "data-parallel ranks"),
 )
 
 
@@ -227,6 +232,9 @@ def unused_values(space: SearchSpace, shapes) -> list[str]:
         if given is None or given == getattr(SearchSpace(), attr):
             continue
         have = {getattr(sh, fld) for sh in shapes}
+        if attr == "shard_sizes":  # a group of every data-parallel rank is plain ZeRO-3 (0)
+            have = {sh.shard_size or (sh.dp if sh.zero == 3 else None) for sh in shapes}
+            have |= {0} if any(not sh.shard_size for sh in shapes) else set()
         lost = [v for v in given if v not in have]
         if lost:
             out.append(f"{flag} {','.join(map(str, lost))}: no valid plan has "

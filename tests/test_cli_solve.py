@@ -153,6 +153,17 @@ def test_search_knobs_restrict_solve(tiny):
     w = json.loads(r.output)["warnings"]
     assert any(x.startswith("--tp 3: no valid plan has this value") for x in w), w
     assert any(x.startswith("--pp 3: no valid plan") for x in w) and len(w) == 2, w
+    # sharding asked for and not searched: an HSDP shard group where only ZeRO-0/1 is searched
+    # (Megatron-LM's default) and ZeRO-1 for torchtitan had been dropped without a word
+    for args, says in ((["--shard-size", "2"], "--shard-size 2: no valid plan"),
+                       (["--zero", "1,3", "--framework", "torchtitan"], "--zero 1: no valid")):
+        r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "5", "--mbs", "1",
+                                "--recompute", "full", *args])
+        assert r.exit_code == 0, r.output
+        assert any(x.startswith(says) for x in json.loads(r.output)["warnings"]), r.output
+    # --no-distopt had made the job ZeRO-0, which won over --zero 2 without a word
+    r = runner.invoke(app, ["solve", *tiny, "--zero", "2", "--no-distopt"])
+    assert r.exit_code == 2 and "--zero 2 with --no-distopt" in r.output, r.output
     for bad, flag in ((["--tp", "x"], "--tp"), (["--schedule", "zigzag"], "--schedule"),
                       (["--recompute", "some"], "--recompute"), (["--mbs", "0"], "--mbs")):
         r = runner.invoke(app, ["solve", *tiny, *bad])
@@ -235,6 +246,16 @@ def test_hsdp_under_context_parallelism_shards_within_a_node():
     rows = compare_sharding(m, job, c, time_limit_s=20, space=SearchSpace(cp=(4,), tp=(1,)))
     hsdp = next(r for r in rows if r["sharding"].startswith("HSDP"))
     assert "CP=4" in hsdp["plan"] and "hsdp2x2" in hsdp["plan"], rows
+    # TP x CP filling a node leaves no HSDP layout: its row says so (it had crashed with an
+    # IndexError after the other rows' searches); --shard-size gives the groups
+    rows = compare_sharding(m, job, c, time_limit_s=4, space=SearchSpace(cp=(8,), tp=(1,)))
+    hsdp = next(r for r in rows if r["sharding"].startswith("HSDP"))
+    assert hsdp["iteration_ms"] is None and "TP x CP fills a node" in hsdp["termination"]
+    assert any(r["iteration_ms"] for r in rows), rows
+    rows = compare_sharding(m, job, c, time_limit_s=4,
+                            space=SearchSpace(cp=(8,), tp=(1,), shard_sizes=(1,)))
+    hsdp = next(r for r in rows if r["sharding"].startswith("HSDP"))
+    assert "hsdp1x2" in hsdp["plan"] and "groups of 1" in hsdp["sharding"], rows
 
 
 def test_torchtitan_ddp_only_alone_and_json_is_strict(tmp_path):

@@ -461,6 +461,27 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
     return infos, [c for _i, c in sorted(rejected, key=lambda x: x[0])], len(shapes)
 
 
+def _not_searched(job: JobSpec, space: SearchSpace) -> str:
+    """What saves memory and was left out of the search (by the user's lists or a framework's
+    default search), for "nothing fits": the sentence to add, or ''."""
+    from .space import DEFAULT_ZERO, FRAMEWORK_ZERO
+    out = []
+    zeros = ((job.zero,) if job.zero is not None else space.zero
+             if space.zero is not None else DEFAULT_ZERO[job.framework])
+    if 3 not in zeros and 3 in FRAMEWORK_ZERO[job.framework]:
+        out.append("ZeRO-3 / FSDP (--zero 3: parameters and gradients sharded too"
+                   + (", opt-in for Megatron-LM)" if job.framework == "megatron" else ")"))
+    if "full" not in space.recompute:
+        out.append(f"full recompute (--recompute was {','.join(space.recompute)})")
+    base = SearchSpace()
+    for attr, flag in (("tp", "--tp"), ("pp", "--pp"), ("cp", "--cp"), ("ep", "--ep"),
+                       ("micro_batch", "--mbs"), ("shard_sizes", "--shard-size")):
+        given = getattr(space, attr)
+        if given is not None and given != getattr(base, attr):
+            out.append(f"other {flag} values (given: {','.join(map(str, given))})")
+    return (" Not searched: " + "; ".join(out) + ".") if out else ""
+
+
 def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str = "auto",
           time_limit_s: float = 60.0, seed: int = 0, options: Options | None = None,
           space: SearchSpace = SearchSpace(), progress=None, max_shapes: int | None = None,
@@ -558,9 +579,10 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 f"{closest.status.removeprefix('does not fit: ')}."
                 if closest else " No shape is valid for this model and cluster.")
         raise InfeasibleError(
-            "nothing fits in GPU memory." + hint + " To make it fit: add GPUs or nodes (more "
-            "pipeline or tensor parallelism), use GPUs with more memory, shorten the sequence, "
-            "or lower the memory allowance if your measurements support it (Overheads).")
+            "nothing fits in GPU memory." + hint + _not_searched(job, space) + " To make it "
+            "fit: add GPUs or nodes (more pipeline or tensor parallelism), use GPUs with more "
+            "memory, shorten the sequence, or lower the memory allowance if your measurements "
+            "support it (Overheads).")
     infos.sort(key=lambda i: (i.quick_ms if i.quick_ms is not None else math.inf, i.bound_ms))
     best_ms, best_plan = math.inf, None
     for i in infos:

@@ -91,6 +91,15 @@ def test_solve_nothing_fits_exit_2(tmp_path):
                             "--seq", "8192", "--time-limit", "10"])
     assert r.exit_code == 2
     assert "nothing fits" in r.output and "closest" in r.output and "GiB" in r.output
+    # what saves memory and was left out of the search is named (Megatron-LM's opt-in ZeRO-3,
+    # a --recompute list without full), the lists given too
+    assert "Not searched: ZeRO-3 / FSDP (--zero 3" in r.output
+    r = runner.invoke(app, ["solve", *_inputs(tmp_path, cfg, c), "--gbs", "8", "--seq", "8192",
+                            "--time-limit", "10", "--recompute", "none", "--zero", "1,3",
+                            "--tp", "2"])
+    assert r.exit_code == 2 and "nothing fits" in r.output, r.output
+    assert "full recompute (--recompute was none)" in r.output and "--tp values" in r.output
+    assert "ZeRO-3" not in r.output.split("Not searched")[1]
 
 
 def test_compare_writes_csv(tiny, tmp_path):

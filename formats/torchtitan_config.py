@@ -192,6 +192,14 @@ def printed_config_doc(fmt: str, text: str, source: str) -> tuple[dict, str]:
     return doc, "0.1"
 
 
+# torchtitan's float8 converter for linear layers, per release: (its registered name, the
+# config section of its settings) (v0.1.0 components/quantization/float8.py:131 'float8',
+# config_manager.py [float8]; v0.2.0-v0.2.2 float8.py:238 'quantize.linear.float8',
+# job_config.py Quantize.linear.float8)
+FLOAT8_CONVERTER = {"0.1": ("float8", "float8"),
+                    "0.2": ("quantize.linear.float8", "quantize.linear.float8")}
+
+
 def plan_from_torchtitan_doc(cfg: dict, cluster: ClusterSpec, version: str, src: str,
                              node_order: list[int] | None = None
                              ) -> tuple[ModelSpec, JobSpec, Plan]:
@@ -206,19 +214,30 @@ def plan_from_torchtitan_doc(cfg: dict, cluster: ClusterSpec, version: str, src:
     model = _model_of(rd.get(mod, "name", "model", str, "llama3"),
                       rd.get(mod, "flavor", "model", str, "debugmodel"), version, src)
     converters = rd.get(mod, "converters", "model", list, [])
-    if any(x != "float8" for x in converters):
-        raise SpecError(f"converters {converters}: only float8 is priced; give --plan",
-                        source=src, field="model.converters")
-    f8 = rd.obj(cfg, "float8", "", optional=True) or {}
+    name, where = FLOAT8_CONVERTER[version]
+    if any(x != name for x in converters):
+        other = next(x for x in converters if x != name)
+        why = (f"torchtitan {version} registers its float8 converter as {name!r}, so the run "
+               "stops at the converter lookup" if other in dict(FLOAT8_CONVERTER.values())
+               else f"only {name} is priced; give --plan")
+        raise SpecError(f"converters {converters}: {why}", source=src, field="model.converters")
+    f8: dict = cfg
+    for part in where.split("."):
+        f8 = rd.obj(f8, part, where[:where.index(part)].rstrip("."), optional=True) or {}
     # what the Float8 pricing covers: torchao's tensorwise recipe with bf16 FSDP all-gathers
-    # (the torchtitan runs it was checked on); other recipes and FP8 all-gathers are not priced
+    # (the torchtitan runs it was checked on), the output layer in bf16 (model/compute.py);
+    # other recipes, FP8 all-gathers and an FP8 output layer are not priced
     unpriced = {"recipe_name": f8.get("recipe_name") not in (None, "tensorwise"),
-                "enable_fsdp_float8_all_gather": bool(f8.get("enable_fsdp_float8_all_gather"))}
+                "enable_fsdp_float8_all_gather": bool(f8.get("enable_fsdp_float8_all_gather")),
+                "filter_fqns": bool(converters) and "output" not in f8.get("filter_fqns", [])}
     key = next((k for k, off in unpriced.items() if off), None)
     if key is not None:
-        raise SpecError(f"{f8[key]!r} is not priced (Float8 is priced as torchao's tensorwise "
-                        "recipe with 16-bit FSDP all-gathers); give --plan with the run's "
-                        "plan instead", source=src, field=f"float8.{key}")
+        what = ("the output layer in FP8 (filter_fqns without 'output')" if key == "filter_fqns"
+                else repr(f8[key]))
+        raise SpecError(f"{what} is not priced (Float8 is priced as torchao's tensorwise "
+                        "recipe with 16-bit FSDP all-gathers and the output layer in bf16); "
+                        "give --plan with the run's plan instead", source=src,
+                        field=f"{where}.{key}")
     tp = rd.get(par, "tensor_parallel_degree", "parallelism", int, 1)
     pp = rd.get(par, "pipeline_parallel_degree", "parallelism", int, 1)
     cp = rd.get(par, "context_parallel_degree", "parallelism", int, 1)
@@ -300,7 +319,7 @@ def plan_from_torchtitan_doc(cfg: dict, cluster: ClusterSpec, version: str, src:
                             source=src, field="parallelism.pipeline_parallel_microbatch_size")
     else:
         mbs = local  # each local batch one micro-batch, the rest gradient accumulation
-    fp8 = "float8" in converters
+    fp8 = bool(converters)  # the float8 converter, the only one let through above
     job = JobSpec(global_batch=gbs, seq_length=rd.get(tr, "seq_len", "training", int, 2048),
                   precision=precision, fp8=fp8, attention="flash", framework="torchtitan",
                   zero=3 if shard > 1 else 0, compile=compiled, compile_loss=loss_compiled,

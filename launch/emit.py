@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from formats.torchtitan_config import TORCHTITAN_VERSIONS, torchtitan_flavor
+from formats.torchtitan_config import FLOAT8_CONVERTER, TORCHTITAN_VERSIONS, torchtitan_flavor
 from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.memory import fp8_params_apply
@@ -800,10 +800,20 @@ def _toml_value(v) -> str:
 
 
 def to_toml(d: dict, comments: list[str] = ()) -> str:
+    """TOML text of sections {name: {key: value}}; a value that is a mapping is a sub-table
+    ([quantize.linear.float8])."""
     out = [f"# {c}" for c in comments]
+
+    def table(name: str, kv: dict) -> None:
+        plain = [(k, v) for k, v in kv.items() if not isinstance(v, dict)]
+        if plain or len(plain) == len(kv):
+            out.append(f"\n[{name}]")
+            out.extend(f"{k} = {_toml_value(v)}" for k, v in plain)
+        for k, v in kv.items():
+            if isinstance(v, dict):
+                table(f"{name}.{k}", v)
     for sec, kv in d.items():
-        out.append(f"\n[{sec}]")
-        out += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
+        table(sec, kv)
     return "\n".join(out).lstrip("\n") + "\n"
 
 
@@ -829,6 +839,13 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     """torchtitan TOML sections for the release `version` (TORCHTITAN_VERSIONS)."""
     sh = plan.shape
     warn = []
+    if version != "0.1" and job.seq_length % (sh.tp * 2 * sh.cp) and sh.tp * sh.cp > 1:
+        # ParallelDims.seq_len_divisor = TP x 2 CP, asserted for every TP or CP run from v0.2.0
+        # (torchtitan/models/llama3/infra/parallelize.py); v0.1.0 had no such check
+        raise SpecError(f"torchtitan {version} needs the sequence length divisible by TP x 2 CP "
+                        f"= {sh.tp * 2 * sh.cp}, and {job.seq_length} is not: choose another "
+                        "sequence length or TP, or emit for --framework-version 0.1",
+                        source="plan", field="seq_length")
     local = job.global_batch // sh.dp  # per data-parallel rank
     training = {"global_batch_size": job.global_batch, "seq_len": job.seq_length}
     if sh.pp > 1:
@@ -938,8 +955,15 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
             + f"); [model] names flavor '{model.name}', which must be registered first, "
             "or the run stops at the model lookup")))
     if sh.fp8:
-        # torchao float8 training of the linear layers (torchtitan's float8 converter)
-        extra["model"]["converters"] = ["float8"]
+        # torchao float8 training of the linear layers (torchtitan's float8 converter, named
+        # per release), the output layer left in bf16 as priced (model/compute.py) and as
+        # torchtitan's own llama3 configs do (filter_fqns defaults to none)
+        name, where = FLOAT8_CONVERTER[version]
+        extra["model"]["converters"] = [name]
+        sec = extra
+        for part in where.split("."):
+            sec = sec.setdefault(part, {})
+        sec["filter_fqns"] = ["output"]
     if job.attention != "flash":
         warn.append("torchtitan [model]: attention is scaled_dot_product_attention "
                     "(FlashAttention on GPUs that have it); the estimate assumed eager attention")

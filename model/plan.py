@@ -316,6 +316,12 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                             "(its Ulysses sequence parallelism is a different scheme); use "
                             "framework megatron, nemo or torchtitan, or CP = 1", source=src,
                             field="cp")
+    if job.framework == "torchtitan" and shape.tp_comm_overlap and not job.compile:
+        # torchtitan/distributed/tensor_parallel.py maybe_enable_async_tp (v0.2.2; v0.1.0
+        # models/llama3/infra/parallelize.py) raises without torch.compile of the model
+        raise SpecError("torchtitan runs async tensor parallelism only compiled ('Async TP "
+                        "requires model in --compile.components'): compile the model, or drop "
+                        "--tp-comm-overlap", source=src, field="tp_comm_overlap")
     if shape.ep > 1 or shape.etp:
         _validate_ep(model, job, shape, src)
     if model.is_mla and (job.framework not in ("megatron", "nemo") or job.attention != "flash"):

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import re
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -923,6 +924,13 @@ def test_plan_read_from_torchtitan_toml(tmp_path):
             if version == "0.2":  # v0.1 repeats K and V to the query heads (JobSpec.repeat_kv)
                 assert estimate(m2, j2, h100, p2).iteration_ms == \
                     pytest.approx(estimate(m, job, h100, plan).iteration_ms, rel=1e-12)
+            if plan.shape.fp8:  # the converter each release registers (v0.2: float8.py:238),
+                # the output layer left in bf16 as priced; v0.2 had been given v0.1's name
+                doc = tomllib.loads(f.read_text())
+                sec = doc["quantize"]["linear"]["float8"] if version == "0.2" else doc["float8"]
+                assert doc["model"]["converters"] == (["quantize.linear.float8"]
+                                                      if version == "0.2" else ["float8"])
+                assert sec["filter_fqns"] == ["output"]
     f.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
                  'mode = "full"\n')
     m, job, plan = plan_from_torchtitan_toml(f, h100)
@@ -943,9 +951,19 @@ def test_plan_read_from_torchtitan_toml(tmp_path):
                          'mode = "full"\n[compile]\nenabled = true\n', "compile.enabled"),
                         ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
                          'mode = "full"\n[training]\ncompile = true\n', "training.compile"),
+                        ('[model]\nname = "llama3"\nflavor = "8B"\n'
+                         'converters = ["quantize.linear.float8"]\n'
+                         '[activation_checkpoint]\nmode = "full"\n[quantize.linear.float8]\n'
+                         'recipe_name = "rowwise"\nfilter_fqns = ["output"]\n',
+                         "quantize.linear.float8.recipe_name"),
+                        # v0.1's converter name in a v0.2 config: torchtitan stops at the
+                        # lookup; the output layer in FP8 is not what is priced
                         ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n'
-                         '[activation_checkpoint]\nmode = "full"\n[float8]\n'
-                         'recipe_name = "rowwise"\n', "float8.recipe_name")):
+                         '[activation_checkpoint]\nmode = "full"\n', "model.converters"),
+                        ('[model]\nname = "llama3"\nflavor = "8B"\n'
+                         'converters = ["quantize.linear.float8"]\n'
+                         '[activation_checkpoint]\nmode = "full"\n',
+                         "quantize.linear.float8.filter_fqns")):
         f.write_text(toml)
         with pytest.raises(SpecError) as e:
             plan_from_torchtitan_toml(f, h100)

@@ -973,18 +973,32 @@ def test_bridge_recipe_builds_the_plan(llama, c32, tmp_path, monkeypatch):
 
 def test_torchtitan_compile_switch_is_emitted(tmp_path):
     """The job's torch.compile choice reaches torchtitan's config in each release's key
-    (0.1: training.compile; 0.2: [compile] enable), and an uncompiled async-TP plan is warned."""
+    (0.1: training.compile; 0.2: [compile] enable); an uncompiled async-TP plan is refused
+    (torchtitan raises at start-up: it had been priced, emitted and warned); v0.2's sequence
+    rule TP x 2 CP holds without CP too."""
     from launch.emit import torchtitan_config
     c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
     l8 = presets.model("llama3-8b")
     for comp in (True, False):
         job = JobSpec(global_batch=64, seq_length=8192, framework="torchtitan", compile=comp)
-        plan = make_plan(l8, job, c, tp=2, pp=1, zero=3, sequence_parallel=True,
-                         tp_comm_overlap=True)
+        plan = make_plan(l8, job, c, tp=2, pp=1, zero=3, sequence_parallel=True)
         new, w_new = torchtitan_config(l8, job, c, plan, "0.2")
         old, _ = torchtitan_config(l8, job, c, plan, "0.1")
         assert new["compile"]["enable"] is comp and old["training"]["compile"] is comp
-        assert any(w.startswith("torchtitan [compile]") for w in w_new) is (not comp)
+        if comp:
+            make_plan(l8, job, c, tp=2, pp=1, zero=3, sequence_parallel=True,
+                      tp_comm_overlap=True)
+            continue
+        with pytest.raises(SpecError) as e:
+            make_plan(l8, job, c, tp=2, pp=1, zero=3, sequence_parallel=True,
+                      tp_comm_overlap=True)
+        assert e.value.field == "tp_comm_overlap"
+    job = JobSpec(global_batch=64, seq_length=4100, framework="torchtitan")
+    plan = make_plan(l8, job, c, tp=4, pp=1, zero=3, sequence_parallel=True)
+    with pytest.raises(SpecError) as e:
+        torchtitan_config(l8, job, c, plan, "0.2")
+    assert e.value.field == "seq_length" and "TP x 2 CP = 8" in str(e.value)
+    torchtitan_config(l8, job, c, plan, "0.1")  # v0.1.0 has no such check
 
 
 def test_torchtitan_compiles_the_loss_the_estimate_counted():

@@ -169,6 +169,10 @@ def nemo_printed(doc: dict, source: str, strict: bool = True) -> dict[str, str]:
                      ("overlap_param_sync", "overlap_param_gather")):
         if key in optim:
             out[arg] = str(get(optim, "model.optim", key))
+        elif name in _DISTRIBUTED:
+            # unset: NeMo's MegatronDistributedFusedAdam takes apex's defaults, True for both
+            # (apex/contrib/optimizers/distributed_fused_adam.py DistributedFusedAdam)
+            out[arg] = "True"
     if fsdp:
         strategy = str(get(m, "model", "fsdp_sharding_strategy", "full"))
         if strategy not in _FSDP:

@@ -513,21 +513,31 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     m["optim"] = {"name": "distributed_fused_adam" if sh.zero == 1 else "fused_adam"}
     if sh.zero >= 2:
         # NeMo 1.x PyTorch-FSDP strategy (nlp_overrides.NLPFSDPStrategy): sharding_strategy
-        # 'grad' (SHARD_GRAD_OP, ZeRO-2), 'full' (FULL_SHARD, ZeRO-3), 'hybrid' (HSDP)
+        # 'grad' (SHARD_GRAD_OP, ZeRO-2), 'full' (FULL_SHARD, ZeRO-3); what it refuses at
+        # start-up (NeMo 8cfedd7) is refused here, with the line that refuses it
+        refused = [(sh.shard_size, "hybrid sharding (HSDP): NLPFSDPStrategy asserts "
+                    "sharding_strategy != 'hybrid' (nlp_overrides.py:814)"),
+                   (sh.pp > 1, "pipeline parallelism: 'FSDP does not support pipeline "
+                    "parallelism' (nlp_overrides.py:867)"),
+                   (sh.fp8, "FP8: 'Torch FSDP does not support FP8.' "
+                    "(megatron_base_model.py:1090)"),
+                   (sh.tp_comm_overlap, "TP communication overlap: turned off under FSDP "
+                    "(megatron_base_model.py:1081-1087), while the plan was priced with it")]
+        why = next((w for on, w in refused if on), None)
+        if why:
+            raise SpecError(f"NeMo 1.x's FSDP (ZeRO-{sh.zero}) does not run {why}; emit for "
+                            "--framework-version bridge (Megatron-FSDP), or solve without it",
+                            source="plan", field="zero")
         m["fsdp"] = True
-        m["fsdp_sharding_strategy"] = ("grad" if sh.zero == 2 else
-                                       "hybrid" if sh.shard_size else "full")
+        m["fsdp_sharding_strategy"] = "grad" if sh.zero == 2 else "full"
         m["megatron_amp_O2"] = False  # FSDP keeps its own fp32 shards
-        if sh.shard_size and G and sh.shard_size * sh.tp != G:
-            warn.append(f"nemo [parallelism]: hybrid FSDP shards inside a node ({G} GPUs), the "
-                        f"plan shards over {sh.shard_size} data-parallel ranks")
-        if sh.pp > 1:
-            warn.append("nemo [parallelism]: NeMo 1.x FSDP does not combine with pipeline "
-                        "parallelism")
-    if sh.overlap_grad_reduce:
-        m["optim"]["overlap_grad_sync"] = True
-    if sh.overlap_param_gather:
-        m["optim"]["overlap_param_sync"] = True
+    if sh.zero <= 1:
+        # written either way: NeMo's MegatronDistributedFusedAdam takes apex's defaults,
+        # overlap_grad_sync and overlap_param_sync True (apex distributed_fused_adam.py); with
+        # fused_adam, Megatron-Core's DDP reads overlap_grad_sync (megatron_gpt_model.py:602)
+        m["optim"]["overlap_grad_sync"] = sh.overlap_grad_reduce
+        if sh.zero == 1:
+            m["optim"]["overlap_param_sync"] = sh.overlap_param_gather
     if sh.tp_comm_overlap:
         m["ub_tp_comm_overlap"] = True
     if sh.fp8:

@@ -897,6 +897,24 @@ def test_nemo_yaml_is_a_full_config(llama, c32, tmp_path):
     _f, warn = emit("nemo", llama, job, c32, mid, tmp_path / "mid", version="1")
     assert any(w.startswith("nemo [split]") for w in warn)
     assert any(w.startswith("nemo [model]") and "tokenizer" in w for w in warn)
+    # the overlaps are written either way: NeMo's distributed Adam takes apex's defaults
+    # (both on), which had run a plan priced without them
+    assert m["optim"]["overlap_grad_sync"] is False and m["optim"]["overlap_param_sync"] is False
+    # what NeMo 1.x's FSDP refuses at start-up (or turns off) is refused, naming NeMo's line
+    from launch.emit import nemo_config
+    fsdp = dict(tp=8, pp=1, zero=3, recompute="full", sequence_parallel=True)
+    for extra, says in ((dict(shard_size=2), "nlp_overrides.py:814"),
+                        (dict(pp=4, dp=1, tp=8), "nlp_overrides.py:867"),
+                        (dict(tp_comm_overlap=True), "megatron_base_model.py:1081")):
+        plan = make_plan(llama, job, c32, **{**fsdp, **extra})
+        with pytest.raises(SpecError) as e:
+            nemo_config(llama, job, c32, plan)
+        assert says in str(e.value) and e.value.field == "zero", extra
+    f8 = JobSpec(global_batch=64, seq_length=4096, fp8=True)
+    h32 = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    with pytest.raises(SpecError, match="megatron_base_model.py:1090"):
+        nemo_config(llama, f8, h32, make_plan(llama, f8, h32, **fsdp))
+    nemo_config(llama, job, c32, make_plan(llama, job, c32, **fsdp))  # plain FSDP runs
 
 
 def test_bridge_recipe_builds_the_plan(llama, c32, tmp_path, monkeypatch):

@@ -905,9 +905,11 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         par.update(data_parallel_replicate_degree=sh.dp, data_parallel_shard_degree=1)
     else:
         par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=sh.dp)
-        if sh.dp > 1:
+        if sh.dp * sh.cp > 1:  # fsdp_enabled: dp_shard > 1 or CP > 1 (parallel_dims.py)
             warn.append("torchtitan [parallelism]: data parallelism becomes FSDP (shards "
-                        "weights, gradients and optimizer state); the plan's estimate assumes "
+                        "weights, gradients and optimizer state"
+                        + (" over the context-parallel ranks" if sh.cp > 1 else "")
+                        + "); the plan's estimate assumes "
                         + (f"ZeRO-{sh.zero}" if sh.zero else "replicated DDP") +
                         ", so memory is lower and communication differs")
     if sh.pp > 1:

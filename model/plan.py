@@ -204,8 +204,9 @@ def no_fp8_cores(cluster: ClusterSpec) -> str:
 def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None:
     """What Megatron-LM needs of expert parallelism, and what the cost model covers."""
     if not model.is_moe:
-        raise SpecError(f"EP={shape.ep} / expert TP needs a mixture-of-experts model; "
-                        f"{model.name} is dense: use ep 1", source=src, field="ep")
+        raise SpecError(f"EP={shape.ep}" + (f" with expert TP {shape.etp}" if shape.etp else "")
+                        + f" needs a mixture-of-experts model; {model.name} is dense: leave "
+                        "out --ep and --etp", source=src, field="etp" if shape.etp else "ep")
     if shape.etp not in (0, 1, shape.tp):
         raise SpecError(f"expert TP {shape.etp!r} must be 1 or TP={shape.tp} (other values "
                         "are not modelled)", source=src, field="etp")
@@ -225,12 +226,6 @@ def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None
         raise SpecError("expert parallelism with ZeRO-3 / FSDP is not modelled; use the "
                         "distributed optimizer (zero 1) or zero 0, or ep 1", source=src,
                         field="ep")
-    if shape.tp > 1 and not shape.sequence_parallel:
-        raise SpecError("Megatron-LM needs sequence parallelism when expert and tensor "
-                        "parallelism are combined (model_parallel_config.py: 'sequence "
-                        "parallelism must be used'); turn sequence parallelism on (--sp)",
-                        source=src,
-                        field="sequence_parallel")
 
 
 def slot_label(stage: int, col: int, cp: int = 1) -> str:
@@ -324,6 +319,20 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                         "--tp-comm-overlap", source=src, field="tp_comm_overlap")
     if shape.ep > 1 or shape.etp:
         _validate_ep(model, job, shape, src)
+    if model.is_moe and job.framework in ("megatron", "nemo"):
+        if shape.tp > 1 and not shape.sequence_parallel:
+            # megatron/core/transformer/moe/moe_layer.py (MoELayer.forward, d98e8a6) raises in
+            # training whatever the EP (model_parallel_config.py only warns, for EP > 1)
+            raise SpecError("Megatron-LM's MoE layer raises in training with tensor "
+                            "parallelism and no sequence parallelism (moe_layer.py); turn "
+                            "sequence parallelism on (--sp)", source=src,
+                            field="sequence_parallel")
+        if model.expert_ffn % shape.expert_tp:
+            # the experts' grouped linears divide their FFN width over the expert TP ranks
+            # (extensions/transformer_engine.py TEGroupedLinear: divide() asserts)
+            raise SpecError(f"expert TP {shape.expert_tp} does not divide the experts' FFN "
+                            f"width {model.expert_ffn} (moe_ffn_hidden_size); choose an expert "
+                            "TP (--etp) or TP that divides it", source=src, field="etp")
     if model.is_mla and (job.framework not in ("megatron", "nemo") or job.attention != "flash"):
         raise SpecError("latent attention (MLA) is modelled as Megatron-LM runs it, with a "
                         "fused attention kernel; use framework megatron or nemo and attention "

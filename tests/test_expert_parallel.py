@@ -151,6 +151,8 @@ def test_an_ep_group_across_a_slow_link_costs_more():
 @pytest.mark.parametrize("kw,field", [
     (dict(tp=1, pp=1, ep=3), "ep"),                          # 3 does not divide 8 experts
     (dict(tp=2, pp=1, ep=4, sequence_parallel=False), "sequence_parallel"),
+    # EP 1 too: Megatron-LM's MoE layer raises for TP without SP whatever the EP
+    (dict(tp=2, pp=1, ep=1, sequence_parallel=False), "sequence_parallel"),
     (dict(tp=1, pp=1, ep=4, zero=3), "ep"),
     (dict(tp=4, pp=1, ep=2, etp=2), "etp"),
     (dict(tp=1, pp=8, ep=8, dp=2), "ep"),                     # EP x ETP > TP x DP
@@ -165,8 +167,25 @@ def test_ep_rules_are_one_line_errors(kw, field):
     assert e.value.field == field
 
 
+def test_expert_tp_must_divide_the_experts_ffn():
+    """An expert width expert TP does not divide had been priced and emitted; Megatron-LM's
+    grouped linears assert on it."""
+    c = uniform_cluster(8, 8, "H100-SXM-80GB", 360.0, 45.0)
+    odd = dataclasses.replace(MIXTRAL, moe_ffn_hidden_size=1412)
+    job = JobSpec(global_batch=64, seq_length=4096)
+    with pytest.raises(SpecError) as e:
+        make_plan(odd, job, c, tp=8, pp=1, ep=8, etp=8, sequence_parallel=True)
+    assert e.value.field == "etp" and "1412" in str(e.value)
+    make_plan(odd, job, c, tp=8, pp=1, ep=8, etp=1, sequence_parallel=True)  # whole experts
+
+
 def test_ep_refused_for_dense_models_and_other_frameworks():
     c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
+    # --etp on a dense model names --etp (it had said "use ep 1" with EP already 1)
+    with pytest.raises(SpecError) as e:
+        make_plan(presets.model("llama3-8b"), JobSpec(global_batch=64, seq_length=4096), c,
+                  tp=1, pp=1, etp=1)
+    assert e.value.field == "etp" and "leave out --ep and --etp" in str(e.value)
     with pytest.raises(SpecError) as e:
         make_plan(presets.model("llama3-8b"), JobSpec(global_batch=64, seq_length=4096), c,
                   tp=1, pp=1, ep=2)

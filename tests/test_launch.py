@@ -1011,6 +1011,12 @@ def test_torchtitan_compile_switch_is_emitted(tmp_path):
             make_plan(l8, job, c, tp=2, pp=1, zero=3, sequence_parallel=True,
                       tp_comm_overlap=True)
         assert e.value.field == "tp_comm_overlap"
+    # a ZeRO-1 plan with DP 1 and CP 4: torchtitan still applies FSDP (over the CP ranks),
+    # which had gone unsaid where DP was 1
+    mj = JobSpec(global_batch=64, seq_length=8192)
+    p1 = make_plan(l8, mj, c, tp=4, pp=1, cp=4, zero=1, sequence_parallel=True)
+    _cfg, w = torchtitan_config(l8, mj, c, p1, "0.2")
+    assert any("becomes FSDP" in x and "context-parallel ranks" in x for x in w), w
     job = JobSpec(global_batch=64, seq_length=4100, framework="torchtitan")
     plan = make_plan(l8, job, c, tp=4, pp=1, zero=3, sequence_parallel=True)
     with pytest.raises(SpecError) as e:

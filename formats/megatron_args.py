@@ -67,8 +67,14 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
     if model.num_kv_heads != model.num_heads:  # printed as None without GQA
         want["num_query_groups"] = model.num_kv_heads
     if model.num_experts:
+        # validate_args fills expert TP (TP) and the experts' FFN width (ffn_hidden_size) when
+        # unset; the capacity factor prints None for a dropless router (JobSpec 1.0)
+        cf = job.moe_capacity_factor
         want.update(num_experts=model.num_experts, expert_model_parallel_size=sh.ep,
-                    moe_router_topk=model.moe_topk)
+                    moe_router_topk=model.moe_topk, expert_tensor_parallel_size=sh.expert_tp,
+                    moe_ffn_hidden_size=model.expert_ffn,
+                    moe_expert_capacity_factor=None if cf == 1.0 else float(cf),
+                    moe_pad_expert_input_to_capacity=cf != 1.0)
     return {k: str(v) for k, v in want.items()}
 
 

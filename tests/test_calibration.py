@@ -598,6 +598,21 @@ def test_plan_read_from_megatron_arguments():
     assert read(fl).layers == (9, 11, 11, 9, 9, 11, 11, 9)
     mx = read((LOGS / "megatron_args_mixtral.txt").read_text())
     assert (mx.tp, mx.pp, mx.ep, mx.etp, mx.chunks, mx.layers) == (2, 4, 8, 1, 2, (4,) * 8)
+    # a plan file of the same degrees but expert TP 2, token dropping or another expert width
+    # is another run (calibrate had fitted on it): each difference is named
+    from formats.megatron_args import megatron_args_mismatch
+    mx_args = megatron_arg_blocks((LOGS / "megatron_args_mixtral.txt").read_text())[0]
+    mm, mjob, mplan = plan_from_megatron_args(mx_args, ex, source="t")[:3]
+    assert megatron_args_mismatch(mm, mjob, mplan, mx_args) == []
+    etp2 = dataclasses.replace(mplan, shape=dataclasses.replace(mplan.shape, etp=0))
+    assert ("expert_tensor_parallel_size", "1", "2") in megatron_args_mismatch(
+        mm, mjob, etp2, mx_args)
+    dropping = dataclasses.replace(mjob, moe_capacity_factor=1.5)
+    assert {x[0] for x in megatron_args_mismatch(mm, dropping, mplan, mx_args)} == {
+        "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity"}
+    narrow = dataclasses.replace(mm, moe_ffn_hidden_size=7168)
+    assert ("moe_ffn_hidden_size", "14336", "7168") in megatron_args_mismatch(
+        narrow, mjob, mplan, mx_args)
     mapped = plan_from_megatron_args(
         megatron_arg_blocks(_set_arg(text, "use_tp_pp_dp_mapping", True))[0], ex,
         source="t", node_order=list(range(7, -1, -1)))[2]

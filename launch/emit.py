@@ -991,8 +991,18 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         "framework torchtitan to model it); memory and time differ")
     if model.is_moe and sh.ep > 1:
         # torchtitan/config/configs.py Parallelism.expert_parallel_degree (EP borrows ranks
-        # from FSDP and TP)
+        # from FSDP and TP); expert_tensor_parallel_degree 1 or TP (v0.2.2 job_config.py:464,
+        # default 1; v0.1.0 has no such key: its experts take TP)
         par["expert_parallel_degree"] = sh.ep
+        if version == "0.2":
+            par["expert_tensor_parallel_degree"] = sh.expert_tp
+        elif sh.expert_tp != sh.tp:
+            warn.append(f"torchtitan [parallelism]: v0.1 splits the experts over TP={sh.tp}; "
+                        f"the plan has expert TP {sh.expert_tp}")
+    if model.is_moe and job.moe_capacity_factor != 1.0:
+        warn.append(f"torchtitan [model]: token dropping at capacity factor "
+                    f"{job.moe_capacity_factor:g} has no torchtitan key (its MoE routes "
+                    "every token); the estimate priced every expert padded to capacity")
     if model.is_moe:
         warn.append(f"torchtitan [model]: {model.num_experts}-expert top-{model.moe_topk} MoE "
                     f"comes from the model flavor (e.g. its DeepSeek-V3 / Llama 4 models)"
@@ -1066,8 +1076,13 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     + (f" and their expert parallelism (EP={sh.ep})" if sh.ep > 1 else "")
                     + " are not DeepSpeed config keys: build them in the model code "
                     f"(deepspeed.moe.layer.MoE(num_experts={model.num_experts}, "
-                    f"ep_size={sh.ep}, k={model.moe_topk})); the estimate priced Megatron-LM's "
-                    "all-to-all dispatcher and grouped GEMMs")
+                    f"ep_size={sh.ep}, k={model.moe_topk}, "
+                    # its defaults, capacity_factor 1.0 with drop_tokens True and no expert
+                    # TP (deepspeed/moe/layer.py MoE), are not the plan's
+                    + (f"capacity_factor={job.moe_capacity_factor:g}, drop_tokens=True"
+                       if job.moe_capacity_factor != 1.0 else "drop_tokens=False")
+                    + f", enable_expert_tensor_parallelism={sh.expert_tp > 1})); the "
+                    "estimate priced Megatron-LM's all-to-all dispatcher and grouped GEMMs")
     if sh.overlap_grad_reduce:
         cfg["zero_optimization"]["overlap_comm"] = True
     elif sh.zero >= 3:

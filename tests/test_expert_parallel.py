@@ -294,10 +294,21 @@ def test_emitted_flags_carry_ep_and_expert_tp():
     tt, warns = torchtitan_config(MIXTRAL, job, c, plan)
     assert tt["parallelism"]["expert_parallel_degree"] == 8
     assert any("EP=8" in w for w in warns)
+    # expert TP and token dropping reach torchtitan (its default expert TP is 1) and the
+    # DeepSpeed MoE call (its defaults drop tokens at capacity 1.0, no expert TP); they had
+    # been left out without a word
+    drop = dataclasses.replace(job, moe_capacity_factor=1.25)
+    etp2 = _plan(MIXTRAL, drop, c, tp=2, pp=2, ep=8, zero=1)
+    tt, warns = torchtitan_config(MIXTRAL, drop, c, etp2)
+    assert tt["parallelism"]["expert_tensor_parallel_degree"] == 2
+    assert any("capacity factor 1.25" in w for w in warns)
     from launch.emit import deepspeed_config
     _cfg, warns = deepspeed_config(MIXTRAL, job, c, plan)  # EP lives in DeepSpeed's model code
     assert any(w.startswith("deepspeed [parallelism]") and "EP=8" in w and "ep_size=8" in w
-               for w in warns)
+               and "drop_tokens=False" in w for w in warns)
+    _cfg, warns = deepspeed_config(MIXTRAL, drop, c, etp2)
+    assert any("capacity_factor=1.25, drop_tokens=True, enable_expert_tensor_parallelism=True"
+               in w for w in warns), warns
 
 
 def test_grad_reduce_in_bf16_halves_gradient_bytes():

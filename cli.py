@@ -601,6 +601,10 @@ def _plan_calibrated(plan_file: Path, meta: dict, c0, opts0, calibration: Path |
     if calibration is not None and prof is not None:
         notes.append(f"--calibration {calibration} replaces the profile the plan file "
                      f"carries ({rec.get('profile')})")
+        if rec.get("safe_memory") and not safe_memory:
+            notes.append("the plan was judged with --safe-memory (memory at the top of its "
+                         "interval); without it here, memory is judged at the estimate: give "
+                         "--safe-memory to judge it as it was solved")
     if calibration is None and prof is not None:
         safe_memory = safe_memory or bool(rec.get("safe_memory"))
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory,

@@ -1590,6 +1590,15 @@ def test_safe_memory_judges_at_the_interval_top(tmp_path):
     res = runner.invoke(app, ["estimate", "--plan", str(plan), "--json"])
     assert json.loads(res.output)["estimate"]["peak_memory_gib"] == pytest.approx(
         doc["estimate"]["peak_memory_gib"], rel=1e-9)
+    # another profile given for it: the plan's --safe-memory is not carried over, and that
+    # is said (it had gone without a word, so fits could flip)
+    res = runner.invoke(app, ["estimate", "--plan", str(plan), "--calibration", str(p),
+                              "--json"])
+    assert any("judged with --safe-memory" in w for w in json.loads(res.output)["warnings"])
+    res = runner.invoke(app, ["estimate", "--plan", str(plan), "--calibration", str(p),
+                              "--safe-memory", "--json"])
+    assert not any("judged with --safe-memory" in w
+                   for w in json.loads(res.output)["warnings"])
     res = runner.invoke(app, [*args[:1], *args[3:], "--safe-memory"])
     assert res.exit_code == 2 and "--safe-memory" in res.output
     one, _ = fit(_memory_runs(0.15, 0.03, seed=11, n=1), ("gemm_scale",), "A100-80GB")

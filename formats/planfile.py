@@ -309,18 +309,30 @@ def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
 
 
 def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
-               cluster: ClusterSpec) -> Plan:
+               cluster: ClusterSpec, ver: int = SCHEMA_VERSION) -> Plan:
     sw = "plan.shape"
     rd.known(d, "plan", ("shape", "placement"))
     sd = rd.obj(d, "shape", "plan")
     rd.known(sd, sw, _SHAPE_KEYS)
+    # schema 3 writes every shape field: one left out is refused, not read as its default
+    # (schema 2 files may predate context and expert parallelism)
+    later = {} if ver >= 3 else {"cp": 1, "cp_alltoall": False, "ep": 1, "etp": 0}
+
+    def dflt(key: str) -> tuple:
+        return (later[key],) if key in later else ()
+    if sd.get("distributed_optimizer") is not None and isinstance(sd.get("zero"), int) and \
+            sd["distributed_optimizer"] is not (sd["zero"] >= 1):
+        raise rd.err(f"{sw}.distributed_optimizer", f"{sd['distributed_optimizer']} beside zero "
+                     f"{sd['zero']}: the distributed optimizer is ZeRO-1 and above; make them "
+                     "agree")
     layers = rd.get(sd, "layers", sw, list)
     if any(not isinstance(x, int) or isinstance(x, bool) for x in layers):
         raise rd.err(f"{sw}.layers", "must be a list of integers (layers per virtual stage)")
     shape = Shape(tp=rd.get(sd, "tp", sw, int), pp=rd.get(sd, "pp", sw, int),
-                  dp=rd.get(sd, "dp", sw, int), cp=rd.get(sd, "cp", sw, int, 1),
-                  cp_alltoall=rd.get(sd, "cp_alltoall", sw, bool, False),
-                  ep=rd.get(sd, "ep", sw, int, 1), etp=rd.get(sd, "etp", sw, int, 0),
+                  dp=rd.get(sd, "dp", sw, int), cp=rd.get(sd, "cp", sw, int, *dflt("cp")),
+                  cp_alltoall=rd.get(sd, "cp_alltoall", sw, bool, *dflt("cp_alltoall")),
+                  ep=rd.get(sd, "ep", sw, int, *dflt("ep")),
+                  etp=rd.get(sd, "etp", sw, int, *dflt("etp")),
                   micro_batch=rd.get(sd, "micro_batch", sw, int),
                   schedule=rd.get(sd, "schedule", sw, str), chunks=rd.get(sd, "chunks", sw, int),
                   layers=tuple(layers), recompute=rd.get(sd, "recompute", sw, str),
@@ -339,6 +351,8 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
     node = [[None] * (dp * cp) for _ in range(pp)]
     gpus = [[None] * (dp * cp) for _ in range(pp)]
     names = {nd.name: i for i, nd in enumerate(cluster.nodes)}
+    rows_of: dict = {}  # (stage, column) -> its row
+    gpu_row: dict = {}  # (node name, local GPU) -> the row that holds it
     for k, row in enumerate(rows):
         w = f"{pw}[{k}]"
         if not isinstance(row, dict):
@@ -347,12 +361,14 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
         s, r = rd.get(row, "stage", w, int), rd.get(row, "replica", w, int)
         if not (0 <= s < pp and 0 <= r < dp):
             raise rd.err(w, f"stage {s} replica {r} is outside {pp} stages x {dp} replicas")
-        c = rd.get(row, "cp_rank", w, int, 0)
+        c = rd.get(row, "cp_rank", w, int, *(() if cp > 1 else (0,)))
         if not 0 <= c < cp:
             raise rd.err(f"{w}.cp_rank", f"must be 0..{cp - 1} (CP = {cp})")
-        r = r * cp + c  # the placement's column
-        if node[s][r] is not None:
-            raise rd.err(w, f"stage {s} replica {r} is listed twice; list it once")
+        col = r * cp + c  # the placement's column
+        if node[s][col] is not None:
+            raise rd.err(w, f"stage {s} replica {r}" + (f" CP rank {c}" if cp > 1 else "")
+                         + f" is listed twice (rows {rows_of[(s, col)]} and {k}); list it once")
+        rows_of[(s, col)] = k
         nname = rd.get(row, "node", w, str)
         if nname not in names:
             raise rd.err(f"{w}.node", f"unknown node '{nname}'; it must be one of the "
@@ -360,7 +376,16 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
         g = rd.get(row, "gpus", w, list)
         if any(not isinstance(x, int) or isinstance(x, bool) for x in g):
             raise rd.err(f"{w}.gpus", "must be a list of local GPU ids (integers)")
-        node[s][r], gpus[s][r] = names[nname], tuple(g)
+        nd = cluster.nodes[names[nname]]
+        for x in g:
+            if not 0 <= x < nd.num_gpus:
+                raise rd.err(f"{w}.gpus", f"GPU {x} is not on {nname} (local ids 0.."
+                             f"{nd.num_gpus - 1})")
+            if (nname, x) in gpu_row:
+                raise rd.err(f"{w}.gpus", f"GPU {x} on {nname} is already in row "
+                             f"{gpu_row[(nname, x)]}; each GPU plays one rank")
+            gpu_row[(nname, x)] = k
+        node[s][col], gpus[s][col] = names[nname], tuple(g)
     for s in range(pp):
         for r in range(dp * cp):
             if node[s][r] is None:
@@ -371,7 +396,7 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
     try:
         validate_placement(cluster, shape, pl, src=rd.src)
     except SpecError as e:
-        raise rd.wrap(e, pw) from None
+        raise rd.wrap(e, "plan") from None
     return Plan(shape, pl)
 
 
@@ -411,7 +436,7 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
             raise rd.err(f"cluster.gpu_types.{nd.gpu.name}.peak_tflops",
                          f"has no {job.precision} peak, which job.precision needs; add it or "
                          "change the precision")
-    plan = _read_plan(rd, rd.obj(doc, "plan", ""), model, job, cluster)
+    plan = _read_plan(rd, rd.obj(doc, "plan", ""), model, job, cluster, ver)
     solver = rd.obj(doc, "solver", "", optional=True)
     estimate = rd.obj(doc, "estimate", "", optional=True)
     calibration = rd.obj(doc, "calibration", "", optional=True)

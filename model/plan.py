@@ -463,17 +463,17 @@ def validate_placement(cluster: ClusterSpec, shape: Shape, pl: Placement,
         for r in range(shape.cols):
             n = pl.node[s][r]
             g = pl.gpus[s][r]
+            at = slot_label(s, r, shape.cp)  # s<stage>/r<replica>[c<CP rank>]
             if not 0 <= n < cluster.num_nodes:
-                raise SpecError(f"stage {s} replica {r}: node index {n} out of range",
-                                source=src, field="placement")
+                raise SpecError(f"{at}: node index {n} out of range", source=src,
+                                field="placement")
             if len(g) != shape.tp:
-                raise SpecError(f"stage {s} replica {r}: needs {shape.tp} GPUs, got {len(g)}",
-                                source=src, field="placement")
+                raise SpecError(f"{at}: needs {shape.tp} GPUs, got {len(g)}", source=src,
+                                field="placement")
             for x in g:
                 if not 0 <= x < cluster.nodes[n].num_gpus or (n, x) in used:
-                    raise SpecError(f"stage {s} replica {r}: GPU {x} on "
-                                    f"{cluster.nodes[n].name} is invalid or used twice",
-                                    source=src, field="placement")
+                    raise SpecError(f"{at}: GPU {x} on {cluster.nodes[n].name} is invalid or "
+                                    "used twice", source=src, field="placement")
                 used.add((n, x))
 
 

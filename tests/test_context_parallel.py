@@ -236,6 +236,13 @@ def test_kv_rotation_is_torchtitans_choice_and_searched_for_it(l3, tmp_path):
     d = json.loads(tmp.read_text())
     del d["plan"]["shape"]["cp_alltoall"]
     tmp.write_text(json.dumps(d))
+    # schema 3 writes every shape field: one left out is refused (it had been read as its
+    # default); a schema 2 file may predate the field
+    with pytest.raises(SpecError) as e:
+        load_plan(tmp)
+    assert e.value.field == "plan.shape.cp_alltoall" and "missing" in str(e.value)
+    d["schema_version"] = 2
+    tmp.write_text(json.dumps(d))
     assert load_plan(tmp)[3].shape.cp_alltoall is False
 
 

@@ -122,6 +122,18 @@ def _corrupt(src, dst, fn):
     (lambda d: d["cluster"]["nodes"][0].update(gpu="B999"), "cluster.nodes[0].gpu"),
     (lambda d: d["cluster"]["gpu_types"]["A100-80GB"].update(gemm_efficiency=2.0),
      "cluster.gpu_types.A100-80GB.gemm_efficiency"),
+    # a GPU given to two rows names both rows and the field (it had said "replica" of an
+    # internal column, under "plan.placement.placement"); a field schema 3 always writes is
+    # refused when left out; the distributed optimizer against the ZeRO stage
+    (lambda d: d["plan"]["placement"][1].update(node=d["plan"]["placement"][0]["node"]),
+     "plan.placement[1].gpus: GPU 0 on"),
+    (lambda d: d["plan"]["placement"][0].update(gpus=[0] * 8),
+     "plan.placement[0].gpus: GPU 0 on"),
+    (lambda d: d["plan"]["placement"][0]["gpus"].__setitem__(0, 9),
+     "plan.placement[0].gpus: GPU 9 is not on"),
+    (lambda d: d["plan"]["shape"].pop("cp"), "plan.shape.cp: missing"),
+    (lambda d: d["plan"]["shape"].update(zero=1, distributed_optimizer=False),
+     "plan.shape.distributed_optimizer: False beside zero 1"),
 ])
 def test_corrupted_plan_one_line_exit_2(setup, tmp_path, mutate, needle):
     m, c, job = setup
@@ -137,6 +149,21 @@ def test_corrupted_plan_one_line_exit_2(setup, tmp_path, mutate, needle):
     assert r.exit_code == 2
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+
+
+def test_cp_rank_is_required_under_context_parallelism(setup, tmp_path):
+    """A placement row without its CP rank under CP had been read as CP rank 0 (accepted on
+    row 0, a puzzling 'listed twice' on row 1)."""
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=2, cp=2, sequence_parallel=True)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    for k in (0, 1):
+        bad = tmp_path / f"bad{k}.json"
+        _corrupt(good, bad, lambda d: d["plan"]["placement"][k].pop("cp_rank"))
+        with pytest.raises(SpecError) as e:
+            load_plan(bad)
+        assert f"plan.placement[{k}].cp_rank: missing" in str(e.value), str(e.value)
 
 
 def test_truncated_and_missing_files(setup, tmp_path):

@@ -1354,9 +1354,16 @@ def emit_cmd(
                   force=force, tokenizer=tokenizer, version=framework_version)
     m, job, c0, plan, opts0, meta = load_plan(plan_file)
     c, opts, _prof, _cal, _notes = _plan_calibrated(plan_file, meta, c0, opts0, None, False)
-    files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
-                                    gantt=gantt, placement_png=placement_png, force=force,
-                                    tokenizer=tokenizer, version=framework_version)
+    from model.errors import SpecError
+    try:
+        files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
+                                        gantt=gantt, placement_png=placement_png, force=force,
+                                        tokenizer=tokenizer, version=framework_version)
+    except SpecError as e:
+        if e.source != "plan":
+            raise
+        # the plan is this file's: the line names it (it had said "plan: ...")
+        raise SpecError(e.problem, source=str(plan_file), field=e.field) from None
     if as_json:
         render.echo_json({"plan": str(plan_file), "framework": framework.lower(),
                           "files": [str(p) for p in files], "warnings": warnings})

@@ -576,6 +576,14 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise SpecError(f"must be a positive integer, got {val!r}", source="plan", field=f)
     if dp is None:
+        if cluster.num_gpus % (tp * pp * cp):
+            # DP is derived only where it is whole (a floor had reported a DP nobody gave)
+            names = "TP x PP" + (" x CP" if cp > 1 else "")
+            vals = f"{tp}x{pp}" + (f"x{cp}" if cp > 1 else "")
+            raise SpecError(f"{names} = {vals} = {tp * pp * cp} does not divide the "
+                            f"{cluster.num_gpus} GPUs, so no data-parallel degree fills the "
+                            "cluster; choose degrees whose product divides it",
+                            source="plan", field="tp/pp/dp/cp")
         dp = max(1, cluster.num_gpus // (tp * pp * cp))
     if zero is None:  # explicit stage, else the distributed-optimizer flag, else the job's
         zero = (int(distributed_optimizer) if distributed_optimizer is not None

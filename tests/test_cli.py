@@ -60,6 +60,9 @@ def test_fp8_mfu_says_which_peak():
     (["--cluster", "nope"], "unknown cluster 'nope'"),
     (["--tp", "3"], "does not divide"),
     (["--tp", "8", "--pp", "4", "--dp", "3"], "TP x PP x DP"),
+    # DP not given and not whole: said, not floored into a DP nobody gave
+    (["--cluster", "h100-8x8", "--tp", "1", "--pp", "1", "--cp", "3"],
+     "TP x PP x CP = 1x1x3 = 3 does not divide the 64 GPUs"),
     (["--gbs", "100", "--mbs", "3"], "not divisible"),
     (["--layers", "1,2"], "layers"),
     (["--tp", "0"], "tp: must be a positive integer"),

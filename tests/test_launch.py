@@ -736,6 +736,12 @@ def test_plan_that_does_not_fit_is_refused_unless_forced(tmp_path):
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and "GiB" in lines[0] and "--force" in lines[0]
     assert not out.exists()
+    # `emit PLANFILE` names the plan file (it had said "plan: ...")
+    saved = tmp_path / "big.json"
+    r = CliRunner().invoke(app, ["estimate", "--tp", "1", "--pp", "1", "--dp", "64",
+                                 "--save-plan", str(saved)])
+    r = CliRunner().invoke(app, ["emit", str(saved), "--out", str(out)])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {saved}: --emit: "), r.output
     for fw in FRAMEWORKS:
         o = tmp_path / fw
         r = CliRunner().invoke(app, ["estimate", "--tp", "1", "--pp", "1", "--dp", "64",

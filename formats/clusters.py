@@ -92,7 +92,8 @@ def cluster_from_dict(raw: dict, src: str) -> ClusterSpec:
             intra, mat = _topology_matrix(nd, topo_name, gpus, src, where)
         elif "intra_matrix_gb_per_s" in nd:
             mat = _matrix(nd["intra_matrix_gb_per_s"], gpus, src,
-                          f"{where}.intra_matrix_gb_per_s")
+                          f"{where}.intra_matrix_gb_per_s",
+                          f"GPU of the node (its 'gpus': {gpus})")
             intra = _matrix_ring(mat, intra, src, where)
         else:
             mat = None
@@ -155,11 +156,12 @@ def _matrix_ring(mat: np.ndarray, intra, src: str, where: str) -> float:
     return ring if n > 1 else intra
 
 
-def _matrix(rows, n: int, src: str, fld: str) -> np.ndarray:
+def _matrix(rows, n: int, src: str, fld: str, per: str = "node, in [[nodes]] order"
+            ) -> np.ndarray:
     if not isinstance(rows, list) or len(rows) != n or any(
             not isinstance(r, list) or len(r) != n for r in rows):
-        raise SpecError(f"must be a {n}x{n} list of rows (one per node, in [[nodes]] order)",
-                        source=src, field=fld)
+        raise SpecError(f"must be a {n}x{n} list of rows, one per {per}", source=src,
+                        field=fld)
     if any(isinstance(v, bool) or not isinstance(v, (int, float)) for r in rows for v in r):
         raise SpecError("entries must be numbers (GB/s)", source=src, field=fld)
     m = np.array(rows, dtype=float)

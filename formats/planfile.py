@@ -162,10 +162,11 @@ def save_plan(path, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: 
 # reading
 
 
-def _matrix(rd: FieldReader, rows, n: int, fld: str) -> np.ndarray:
+def _matrix(rd: FieldReader, rows, n: int, fld: str, per: str = "node, in nodes order"
+            ) -> np.ndarray:
     if not isinstance(rows, list) or len(rows) != n or any(
             not isinstance(r, list) or len(r) != n for r in rows):
-        raise rd.err(fld, f"must be a {n}x{n} list of rows (one per node, in nodes order)")
+        raise rd.err(fld, f"must be a {n}x{n} list of rows, one per {per}")
     if any(not isinstance(v, (int, float)) or isinstance(v, bool) for r in rows for v in r):
         raise rd.err(fld, "entries must be numbers (GB/s)")
     return np.array(rows, dtype=float)
@@ -293,7 +294,8 @@ def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
                          f"{intra}")
         mat = None
         if nd.get("intra_matrix_gb_per_s") is not None:
-            mat = _matrix(rd, nd["intra_matrix_gb_per_s"], num, f"{nw}.intra_matrix_gb_per_s")
+            mat = _matrix(rd, nd["intra_matrix_gb_per_s"], num, f"{nw}.intra_matrix_gb_per_s",
+                          f"GPU of the node (its 'gpus': {num})")
         nodes.append(NodeSpec(rd.get(nd, "name", nw, str), gpus[gname], num, intra, mat))
     inter = rd.obj(d, "inter", w)
     rd.known(inter, f"{w}.inter", ("gb_per_s",))

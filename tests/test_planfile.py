@@ -132,6 +132,7 @@ def _corrupt(src, dst, fn):
     (lambda d: d["plan"]["placement"][0]["gpus"].__setitem__(0, 9),
      "plan.placement[0].gpus: GPU 9 is not on"),
     (lambda d: d["plan"]["shape"].pop("cp"), "plan.shape.cp: missing"),
+
     (lambda d: d["plan"]["shape"].update(zero=1, distributed_optimizer=False),
      "plan.shape.distributed_optimizer: False beside zero 1"),
 ])

@@ -126,6 +126,10 @@ def test_cluster_file_intra_topology(tmp_path):
         cluster_from_dict(_raw(intra_matrix_gb_per_s=mat, intra_gb_per_s=4.0), "t.toml")
     assert cluster_from_dict(_raw(intra_matrix_gb_per_s=mat, intra_gb_per_s=40.2),
                              "t.toml").nodes[0].intra_gb_per_s == pytest.approx(40.0)
+    # the matrix is per GPU: a node's changed GPU count names that (it had said "one per node")
+    with pytest.raises(SpecError, match=r"must be a 4x4 list of rows, one per GPU of the node "
+                       r"\(its 'gpus': 4\)"):
+        cluster_from_dict(_raw(intra_matrix_gb_per_s=mat, gpus=4), "t.toml")
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -306,7 +306,10 @@ def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
             "the LayerNorm after the embedding has no Megatron-LM flag; the model built "
             "lacks it (2h weights)")))
     a += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
-    if model.qk_norm:  # arguments.py: normalize q and k per head (Qwen3)
+    if model.qk_norm or model.is_mla:
+        # arguments.py: normalize q and k per head (Qwen3); under MLA the flag builds the
+        # latent norms of DeepSeek's q/kv down-projections (gpt_layer_specs.py: without it the
+        # up-projections are plain linears), which the cost model counts
         a.append("--qk-layernorm")
     if not model.bias:
         a.append("--disable-bias-linear")
@@ -481,8 +484,9 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # a TransformerConfig field found in the model config passes to Megatron-Core
         # (megatron_base_model.py build_transformer_config, NeMo 8cfedd7); its default is False
         m["cross_entropy_loss_fusion"] = True
-    if model.is_mla:
-        m.update(multi_latent_attention=True, kv_lora_rank=model.mla_kv_lora_rank,
+    if model.is_mla:  # qk_layernorm: the latent norms (a TransformerConfig field passes on)
+        m.update(multi_latent_attention=True, qk_layernorm=True,
+                 kv_lora_rank=model.mla_kv_lora_rank,
                  q_lora_rank=model.mla_q_lora_rank or None, qk_head_dim=model.head_dim,
                  qk_pos_emb_head_dim=model.mla_qk_rope_dim, v_head_dim=model.mla_v_head_dim)
     elif model.kv_channels:
@@ -614,7 +618,7 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                "num_query_groups": model.num_kv_heads, "seq_length": job.seq_length,
                "normalization": "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
                "add_bias_linear": model.bias}
-    if model.qk_norm:  # TransformerConfig.qk_layernorm (Megatron-Core)
+    if model.qk_norm or model.is_mla:  # TransformerConfig.qk_layernorm (MLA: latent norms)
         m["qk_layernorm"] = True
     # SwiGLU = a gated linear unit with SiLU (Megatron-Core's --swiglu); else GeLU
     m.update(activation_func=_Code("F.silu" if model.gated_mlp else "F.gelu"),

@@ -481,3 +481,6 @@ def test_leading_dense_layers_sit_in_stage_zero_at_their_own_cost():
     assert a[a.index("--moe-layer-freq") + 1] == "([0]*1+[1]*26)"
     assert "--multi-latent-attention" in a and a[a.index("--kv-lora-rank") + 1] == "512"
     assert "--q-lora-rank" not in a
+    # the latent norms the cost model counts: without --qk-layernorm Megatron-LM's MLA spec
+    # builds plain up-projections (they had been left out)
+    assert "--qk-layernorm" in a

@@ -984,6 +984,7 @@ def test_bridge_recipe_builds_the_plan(llama, c32, tmp_path, monkeypatch):
     emit("nemo", ds, job, c32, pds, tmp_path / "d", force=True)
     m = run_bridge_recipe(tmp_path / "d" / "bridge_recipe.py", monkeypatch).model
     assert m.multi_latent_attention is True and m.kv_lora_rank == ds.mla_kv_lora_rank
+    assert m.qk_layernorm is True  # the latent norms
     assert (m.num_moe_experts, m.expert_model_parallel_size) == (ds.num_experts, 8)
     assert m.moe_layer_freq == [0] * ds.first_dense_layers + [1] * ds.moe_layers
     bl = presets.model("bloom-176b")

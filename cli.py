@@ -542,7 +542,9 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
                                         **outputs)
     # an emitted DeepSpeed config says the same in its [split] warning
     own = [] if outputs.get("emit") == "deepspeed" else own_split_warnings(m, job, plan.shape)
-    warnings = [*notes, *(calibration or {}).get("notes", []),
+    # the model's unmodelled settings: the emit's [model] lines say them where it ran
+    unmodelled = [] if outputs.get("emit") else _unmodelled_warnings(m)
+    warnings = [*notes, *(calibration or {}).get("notes", []), *unmodelled,
                 *shape_warnings(m, job, plan.shape), *own, *warnings]
     if as_json:
         d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
@@ -551,6 +553,12 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     render.print_estimate(est, plan, c)
     _print_calibration(calibration, interval, mem_interval)
     render.print_written(files, warnings)
+
+
+def _unmodelled_warnings(m) -> list[str]:
+    """One warning per setting of the model's source the cost model does not price
+    (ModelSpec.unmodelled)."""
+    return [f"{m.origin}: {x}" for x in m.unmodelled]
 
 
 def _with_calibration(d: dict, cal, interval, mem_interval, **about_interval) -> dict:
@@ -1016,7 +1024,8 @@ def solve(
     warnings = [*res.notes, *(cal or {}).get("notes", []), *warnings]
     if res.plan is not None:
         from model.compute import shape_warnings
-        warnings = [*shape_warnings(m, job, res.plan.shape), *warnings]
+        warnings = [*([] if emit else _unmodelled_warnings(m)),
+                    *shape_warnings(m, job, res.plan.shape), *warnings]
     if job.fp8_param_gather and res.plan is not None:
         from model.memory import fp8_params_apply
         if not fp8_params_apply(job, res.plan.shape):

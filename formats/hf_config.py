@@ -134,7 +134,54 @@ def load_hf_config(path: Path) -> ModelSpec:
     return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=tied,
                      position_embedding=pos, norm=norm, bias=bias,
                      qk_norm=mtype == "qwen3_moe",
-                     dropout=_dropout(cfg, mtype, src), source=src, **vals)
+                     dropout=_dropout(cfg, mtype, src), source=src,
+                     unmodelled=unmodelled(cfg, mtype in _MOE_KEYS), **vals)
+
+
+# Settings that change the model or its training but neither the cost model nor the emitters
+# cover: key -> (value that is the default / changes nothing, what differs). transformers'
+# configuration classes (MistralConfig, Qwen2Config: sliding_window with use_sliding_window;
+# DeepseekV3Config: num_nextn_predict_layers, scoring_func, topk_method, n_group, topk_group,
+# routed_scaling_factor, norm_topk_prob; MixtralConfig/Qwen*MoeConfig: router_aux_loss_coef)
+_UNMODELLED = {
+    "sliding_window": (None, "attention over a sliding window; priced and emitted as full "
+                       "causal attention"),
+    "num_nextn_predict_layers": (0, "multi-token prediction modules: not priced, and not in "
+                                 "the emitted arguments (Megatron-LM --mtp-num-layers)"),
+    "scoring_func": ("softmax", "the router's score function: not in the emitted arguments "
+                     "(Megatron-LM --moe-router-score-function)"),
+    "topk_method": ("greedy", "the router's top-k method: not in the emitted arguments "
+                    "(Megatron-LM --moe-router-enable-expert-bias for noaux_tc)"),
+    "n_group": (1, "grouped routing: not in the emitted arguments (Megatron-LM "
+                "--moe-router-num-groups)"),
+    "topk_group": (1, "grouped routing: not in the emitted arguments (Megatron-LM "
+                   "--moe-router-group-topk)"),
+    "routed_scaling_factor": (1.0, "the routed experts' scale: not in the emitted arguments "
+                              "(Megatron-LM --moe-router-topk-scaling-factor)"),
+    "router_aux_loss_coef": (0.0, "the load-balancing loss: not in the emitted arguments "
+                             "(Megatron-LM --moe-aux-loss-coeff, default 0)"),
+    "aux_loss_alpha": (0.0, "the load-balancing loss: not in the emitted arguments "
+                       "(Megatron-LM --moe-aux-loss-coeff, default 0)"),
+}
+
+
+def unmodelled(cfg: dict, moe: bool) -> tuple[str, ...]:
+    """The config's settings of _UNMODELLED that are not their no-op value, as
+    'key value: what differs' lines (a sliding window only where the config uses it; router
+    settings only for a mixture of experts)."""
+    out = []
+    for key, (noop, what) in _UNMODELLED.items():
+        v = cfg.get(key)
+        if v is None or v == noop or isinstance(v, (dict, list)):
+            continue
+        if key == "sliding_window" and cfg.get("use_sliding_window") is False:
+            continue  # Qwen2 carries a window it does not use
+        if key in ("scoring_func", "topk_method", "n_group", "topk_group",
+                   "routed_scaling_factor", "router_aux_loss_coef",
+                   "aux_loss_alpha") and not moe:
+            continue
+        out.append(f"{key} {json.dumps(v)}: {what}")
+    return tuple(out)
 
 
 def _moe_fields(cfg: dict, mtype: str, src: str) -> dict:

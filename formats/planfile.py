@@ -50,7 +50,8 @@ _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads
                  "position_embedding", "norm", "bias", "dropout", "embedding_norm", "qk_norm",
                  "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
                  "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
-                 "mla_qk_rope_dim", "mla_v_head_dim", "rope_base", "rotary_percent", "source")
+                 "mla_qk_rope_dim", "mla_v_head_dim", "rope_base", "rotary_percent", "source",
+                 "unmodelled")
 _GPU_FLOATS = ("memory_gib", "hbm_gb_per_s", "nvlink_gb_per_s", "gemm_efficiency",
                "attention_efficiency", "hbm_efficiency", "kernel_overhead_us")
 _SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wall_s")
@@ -202,6 +203,7 @@ def _read_model(rd: FieldReader, d: dict) -> ModelSpec:
     kw["rope_base"] = rd.get(d, "rope_base", w, float, 0.0)
     kw["rotary_percent"] = rd.get(d, "rotary_percent", w, float, 1.0)
     kw["source"] = rd.get(d, "source", w, str, "")
+    kw["unmodelled"] = tuple(rd.get(d, "unmodelled", w, list, []))
     try:
         return ModelSpec(**kw)
     except SpecError as e:

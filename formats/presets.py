@@ -14,7 +14,7 @@ from pathlib import Path
 from model.errors import SpecError
 from model.specs import GPUSpec, ModelSpec
 
-from .hf_config import load_hf_config
+from .hf_config import load_hf_config, unmodelled
 
 
 def data_path(*parts: str) -> Path:
@@ -73,4 +73,6 @@ def model(name_or_path: str) -> ModelSpec:
     if key is None:
         raise _unknown("model", name_or_path, model_names(), "model")
     d = dict(_load("models.json")[key])
-    return ModelSpec(name=key, **d)
+    # the preset's Hugging Face settings the cost model does not cover (hf_config.unmodelled)
+    hf = d.pop("hf_unmodelled", {})
+    return ModelSpec(name=key, unmodelled=unmodelled(hf, d.get("num_experts", 0) > 1), **d)

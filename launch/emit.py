@@ -1351,6 +1351,8 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
             env = {"CUDA_DEVICE_MAX_CONNECTIONS": (
                 "1", "Megatron-DeepSpeed requires 1 with sequence parallelism")}
     warn += w
+    # what the model's source sets that these files do not (ModelSpec.unmodelled)
+    warn += [tagged(fw, "model", f"{model.origin}: {x}") for x in model.unmodelled]
     if _runs_an_even_split(fw, version, model, job, plan.shape):
         warn += even_split_warnings(fw, model, job, cluster, plan, options,
                                     None if est is None else est.iteration_ms)

@@ -175,9 +175,22 @@ class ModelSpec:
     rope_base: float = 0.0
     rotary_percent: float = 1.0
     source: str = ""
+    # what the model's source sets that neither the cost model prices nor the emitters write
+    # (formats/hf_config.py: a sliding attention window, DeepSeek's multi-token prediction and
+    # router settings), one "key value: what differs" line each; said wherever the model is
+    # estimated or emitted, never dropped in silence
+    unmodelled: tuple[str, ...] = ()
+
+    @property
+    def origin(self) -> str:
+        """Where the model came from, for a message: its config.json, or its preset name."""
+        return self.source if self.source.endswith(".json") else f"model '{self.name}'"
 
     def __post_init__(self):
-        src = f"model '{self.name}'" if not self.source.endswith(".json") else self.source
+        src = self.origin if isinstance(self.source, str) else f"model '{self.name}'"
+        if not isinstance(self.unmodelled, tuple) or not all(
+                isinstance(x, str) for x in self.unmodelled):
+            raise SpecError("must be a list of strings", source=src, field="unmodelled")
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
                   "vocab_size", "seq_length"):
             _positive(getattr(self, f), f, src, integer=True)

@@ -97,6 +97,44 @@ def test_hf_loader_reads_moe_configs(tmp_path):
     assert e.value.field == "n_routed_experts"  # without their MoE fields, one line
 
 
+def test_unmodelled_config_settings_are_said_not_dropped(tmp_path):
+    """Settings of a config.json the cost model does not price and the emitters do not write
+    (a used sliding window, multi-token prediction, router details, the load-balancing loss)
+    are carried on the model and said by estimate, solve and emit, and by a plan file's
+    replay; a window the config does not use, or no-op values, are not."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from formats.planfile import load_plan
+    mixtral = {"model_type": "mixtral", "num_hidden_layers": 8, "hidden_size": 1024,
+               "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2048,
+               "vocab_size": 32000, "max_position_embeddings": 8192, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "sliding_window": 4096, "router_aux_loss_coef": 0.02}
+    p = _write(tmp_path, mixtral)
+    m = load_hf_config(p)
+    assert [x.split(":")[0] for x in m.unmodelled] == ["sliding_window 4096",
+                                                       "router_aux_loss_coef 0.02"]
+    quiet = {**mixtral, "sliding_window": None, "router_aux_loss_coef": 0.0}
+    (tmp_path / "q").mkdir()
+    assert load_hf_config(_write(tmp_path / "q", quiet)).unmodelled == ()
+    qwen = {"model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 512,
+            "num_attention_heads": 8, "intermediate_size": 1024, "vocab_size": 1000,
+            "max_position_embeddings": 4096, "sliding_window": 4096,
+            "use_sliding_window": False}
+    (tmp_path / "w").mkdir()
+    assert load_hf_config(_write(tmp_path / "w", qwen)).unmodelled == ()
+    runner = CliRunner()
+    plan = tmp_path / "plan.json"
+    args = ["estimate", "-m", str(p), "-c", "h100-8x8", "--gbs", "64", "--seq", "4096",
+            "--tp", "1", "--pp", "1", "--json"]
+    d = json.loads(runner.invoke(app, [*args, "--save-plan", str(plan)]).output)
+    assert sum("sliding_window 4096" in w for w in d["warnings"]) == 1, d["warnings"]
+    assert load_plan(plan)[0].unmodelled == m.unmodelled
+    r = runner.invoke(app, ["emit", str(plan), "--out", str(tmp_path / "e"), "--json"])
+    w = json.loads(r.output)["warnings"]
+    assert any(x.startswith("megatron [model]") and "router_aux_loss_coef" in x for x in w), w
+
+
 def test_megatron_gets_the_expert_flags():
     m = presets.model("mixtral-8x7b")
     job = JobSpec(global_batch=64, seq_length=4096)

@@ -20,7 +20,7 @@ from .communication import (allreduce_ms, alltoall_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
 from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes
-from .plan import Shape, layer_params
+from .plan import Shape, layer_params, num_microbatches
 from .specs import GPUSpec, JobSpec, ModelSpec, Options, element_bytes
 
 # Megatron-LM's DDP buckets gradients (and, with the distributed optimizer, parameters) in
@@ -102,6 +102,12 @@ class CostModel:
         # whether ZeRO-3's per-layer collectives get NCCL's hierarchical rings (one channel per
         # member of a node): not for DeepSpeed's ZeRO-3 (_shard_collectives)
         self.shard_ring_channels = job.framework != "deepspeed"
+        # gradient reductions per iteration: one, or with ZeRO-2 one per micro-batch; its
+        # gradients are kept sharded, so each micro-batch's are reduce-scattered before the
+        # next accumulates (DeepSpeed stage_1_and_2.py: 'ZeRO stage 2 communicates during non
+        # gradient accumulation boundaries as well'; Megatron-FSDP optim_grads likewise keeps
+        # only its shard); ZeRO-3 reduces per layer and micro-batch (layer_times)
+        self.grad_reductions = num_microbatches(job, shape) if shape.zero == 2 else 1
         # parameters of one layer on one GPU: the routed experts are split over EP and expert
         # TP, the rest over TP (Megatron-LM's MoELayer: E / ep local experts)
         lp = layer_params(model, shape)
@@ -595,7 +601,7 @@ class CostModel:
         lat = self.cluster.latency_us if inter_node else self.cluster.intra_latency_us
         grad, gather = self.sync_bytes(params, linear)
         if sh.zero in (1, 2):
-            return (gather_ms(grad, d, dp_ring_gb_per_s, lat),
+            return (self.grad_reductions * gather_ms(grad, d, dp_ring_gb_per_s, lat),
                     gather_ms(gather, d, dp_ring_gb_per_s, lat))
         return allreduce_ms(grad, d, dp_ring_gb_per_s, lat), 0.0
 

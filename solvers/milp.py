@@ -256,7 +256,9 @@ class _Data:
                 self.sig_r, self.lam_r = 0.0, 0.0
             self.sig_g, self.lam_g = 0.0, 0.0
         elif sh.distributed_optimizer:
-            self.sig_r, self.lam_r = grad_b * f, lat
+            # ZeRO-2 reduce-scatters every micro-batch (costs.CostModel.grad_reductions)
+            nr = costs.grad_reductions
+            self.sig_r, self.lam_r = nr * grad_b * f, nr * lat
             self.sig_g, self.lam_g = weight_b * f, lat
         else:
             self.sig_r, self.lam_r = 2 * grad_b * f, 2 * lat
@@ -364,12 +366,14 @@ class _Data:
             return
         grad_b, weight_b = prob.job.reduce_bytes, prob.job.weight_bytes
         fe = (de - 1) / de / 1e6
-        # reduce-scatter + all-gather (distributed optimizer) or all-reduce, as
-        # costs.sync_parts_ms; both pay (de - 1) latencies twice
-        self.exp_sig = (grad_b + weight_b) * fe if sh.zero in (1, 2) else 2 * grad_b * fe
+        # reduce-scatter (ZeRO-2: one per micro-batch) + all-gather (distributed optimizer)
+        # or all-reduce, as costs.sync_parts_ms; each pays (de - 1) latencies
+        nr = costs.grad_reductions
+        self.exp_sig = (nr * grad_b + weight_b) * fe if sh.zero in (1, 2) else 2 * grad_b * fe
         members = [(ident.node[0][c], ident.gpus[0][c][t]) for c, t in expert_dp_groups(sh)[0]]
         bw, inter = ev0.ring(members)
-        self.exp_lam = 2 * (de - 1) * (cl.latency_us if inter else cl.intra_latency_us) / 1e3
+        self.exp_lam = (nr + 1 if sh.zero in (1, 2) else 2) * (de - 1) * (
+            cl.latency_us if inter else cl.intra_latency_us) / 1e3
         if cl.uniform() or not self.inter_ring:
             self.u_e_const = 1.0 / bw
             return

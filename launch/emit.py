@@ -24,10 +24,11 @@ from pathlib import Path
 from formats.torchtitan_config import FLOAT8_CONVERTER, TORCHTITAN_VERSIONS, torchtitan_flavor
 from model.cluster import ClusterSpec
 from model.errors import SpecError
+from model.costs import bucket_params
 from model.memory import fp8_params_apply
 from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepspeed_pipe_partitioned,
                         deepspeed_split, deepspeed_splits, num_microbatches)
-from model.specs import JobSpec, ModelSpec
+from model.specs import JobSpec, ModelSpec, Options
 
 from .ranks import DEFAULT_ORDER, ORDERS, TP_PP_DP_ORDER, launch_files, rank_mapping
 
@@ -184,12 +185,30 @@ def vocab_divisor(model: ModelSpec, sh: Shape) -> tuple[int, str | None]:
 
 
 def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
-                  rank_order: str = DEFAULT_ORDER,
-                  tokenizer: str | None = None) -> tuple[list[str], list[str]]:
+                  rank_order: str = DEFAULT_ORDER, tokenizer: str | None = None,
+                  blocking_p2p: bool = True) -> tuple[list[str], list[str]]:
     """Megatron-LM command-line arguments for the plan (a complete set for pretrain_gpt.py but
-    the data and optimizer hyperparameters), and the warnings."""
+    the data and optimizer hyperparameters), and the warnings. `blocking_p2p`: the pipeline
+    sends as priced (Options.blocking_p2p)."""
     sh = plan.shape
     warn: list[str] = []
+    # pipeline sends: Megatron-LM overlaps them by default (--no-overlap-p2p-communication
+    # turns it off) but only under interleaving, where it asserts PP > 2 for blocking ones;
+    # without interleaving it always blocks (arguments.py validate_args)
+    p2p: list[str] = []
+    if sh.pp > 1 and sh.chunks > 1 and blocking_p2p:
+        if sh.pp > 2:
+            p2p = ["--no-overlap-p2p-communication"]
+        else:
+            warn.append(tagged("megatron", "schedule", (
+                "interleaving over PP 2 runs its pipeline sends overlapped (Megatron-LM asserts "
+                "PP > 2 for blocking ones); the estimate priced them blocking: estimate with "
+                "--overlapped")))
+    elif sh.pp > 1 and not blocking_p2p and sh.chunks == 1:
+        warn.append(tagged("megatron", "schedule", (
+            "without interleaving Megatron-LM's pipeline sends block (it turns "
+            "overlap_p2p_comm off); the estimate priced them overlapped: estimate without "
+            "--overlapped")))
     # arguments.py _add_distributed_args
     a = ["--tensor-model-parallel-size", str(sh.tp),
          "--pipeline-model-parallel-size", str(sh.pp)]
@@ -197,6 +216,7 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
         a += ["--context-parallel-size", str(sh.cp)]
     if rank_order == TP_PP_DP_ORDER:  # the placement needs pipeline-before-data rank order
         a.append("--use-tp-pp-dp-mapping")
+    a += p2p
     a += megatron_split(sh)
     if sh.schedule == "gpipe":
         warn.append(tagged("megatron", "schedule", (
@@ -600,8 +620,8 @@ class _Code(str):
 
 
 def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan, *,
-                  rank_order: str = DEFAULT_ORDER, tokenizer: str | None = None
-                  ) -> tuple[dict[str, dict], list[str]]:
+                  rank_order: str = DEFAULT_ORDER, tokenizer: str | None = None,
+                  blocking_p2p: bool = True) -> tuple[dict[str, dict], list[str]]:
     """The plan as a Megatron-Bridge ConfigContainer: {section: {field: value}} over the
     library's own pre-training defaults (megatron/bridge/recipes/common.py _pretrain_common, the
     base of its Llama, Qwen and DeepSeek recipes), and the warnings. The model is a
@@ -696,6 +716,14 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
            # Megatron-FSDP's strategy; no_shard otherwise, as the library's own recipes
            "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}.get(
                sh.zero, "no_shard")}
+    if sh.zero >= 2 and rank_order == TP_PP_DP_ORDER:
+        # ConfigContainer.validate (Megatron-FSDP checks) asserts 'use_tp_pp_dp_mapping is not
+        # supported with Megatron FSDP' (src/megatron/bridge/training/config.py)
+        raise SpecError("Megatron-Bridge refuses Megatron-FSDP (ZeRO-2/3) with the "
+                        "pipeline-before-data rank order this placement needs (config.py: "
+                        "'use_tp_pp_dp_mapping is not supported with Megatron FSDP'); emit for "
+                        "megatron (Megatron-LM runs it), or solve with --zero 1",
+                        source="plan", field="zero")
     dist = {"use_tp_pp_dp_mapping": rank_order == TP_PP_DP_ORDER,
             "use_megatron_fsdp": sh.zero >= 2}
     ckpt = {}
@@ -736,6 +764,20 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                              "overlap_grad_reduce": sh.overlap_grad_reduce,
                              "overlap_param_gather": sh.overlap_param_gather}
                             if sh.tp_comm_overlap else None)}
+    if cfg["comm_overlap"] is not None:
+        # CommOverlapConfig sets its own pipeline-send overlap (on under interleaving) and a
+        # 128M-element bucket with DP > 1 (comm_overlap.py); a value given here overrides them:
+        # the sends and buckets as priced (costs.bucket_params, Megatron-LM's default rule)
+        if sh.pp > 1:
+            cfg["comm_overlap"]["overlap_p2p_comm"] = sh.chunks > 1 and not blocking_p2p
+        if sh.cols > 1:
+            cfg["comm_overlap"]["bucket_size"] = int(bucket_params(sh.cols))
+    elif sh.pp > 1 and sh.chunks > 1 and not blocking_p2p:
+        m["overlap_p2p_comm"] = True  # ModelParallelConfig's default is off
+    if sh.pp > 1 and sh.chunks == 1 and not blocking_p2p:
+        warn.append(tagged("nemo", "schedule", (
+            "without interleaving Megatron-Core's pipeline sends block; the estimate priced "
+            "them overlapped: estimate without --overlapped")))
     return cfg, warn
 
 
@@ -1300,13 +1342,15 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
     args_file = None
     flags: tuple[str, ...] = ()  # torchrun's own, beyond the rendezvous
     if fw == "megatron":
-        args, w = megatron_args(model, job, plan, rank_order=order, tokenizer=tokenizer)
+        args, w = megatron_args(model, job, plan, rank_order=order, tokenizer=tokenizer,
+                                blocking_p2p=(options or Options()).blocking_p2p)
         files["megatron_args.txt"] = megatron_args_text(args, plan, notices)
         cmd, args_file = ["pretrain_gpt.py"], "megatron_args.txt"
         env = megatron_env(cluster, plan)
     elif fw == "nemo" and (version or NEMO_VERSIONS[0]) == "bridge":
         cfg, w = bridge_recipe(model, job, cluster, plan, rank_order=order,
-                               tokenizer=tokenizer)
+                               tokenizer=tokenizer,
+                               blocking_p2p=(options or Options()).blocking_p2p)
         files["bridge_recipe.py"] = bridge_recipe_text(cfg, model, plan, notices)
         cmd = ["$HERE/bridge_recipe.py"]
         env = megatron_env(cluster, plan)

@@ -78,6 +78,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     p.add_argument("--pipeline-model-parallel-layout", default=None)
     p.add_argument("--use-tp-pp-dp-mapping", action="store_true")
+    p.add_argument("--no-overlap-p2p-communication", action="store_false",
+                   dest="overlap_p2p_comm")
     return p
 
 
@@ -216,6 +218,38 @@ def test_megatron_interleaved(llama, c32):
     assert warn == [] and ns.num_virtual_stages_per_pipeline_rank is None
     assert [x.count("t") for x in ns.pipeline_model_parallel_layout.split("|")] == list(
         bad.shape.layers)
+    # the pipeline sends as priced: Megatron-LM overlaps them by default under interleaving
+    # (the default blocking pricing had run overlapped), asserts PP > 2 for blocking ones, and
+    # blocks without interleaving whatever it is told
+    assert ns.overlap_p2p_comm is False
+    assert parse_megatron(megatron_args(llama, job, bad, blocking_p2p=False)[0]).overlap_p2p_comm
+    two = make_plan(llama, job, c32, tp=8, pp=2, dp=2, schedule="interleaved", chunks=2)
+    args, warn = megatron_args(llama, job, two)
+    assert parse_megatron(args).overlap_p2p_comm and any("PP > 2" in w for w in warn)
+    one = make_plan(llama, job, c32, tp=8, pp=4)
+    assert any("sends block" in w for w in megatron_args(llama, job, one, blocking_p2p=False)[1])
+    assert megatron_args(llama, job, one)[1] == []
+
+
+def test_bridge_recipe_sends_buckets_and_fsdp_order(llama, c32):
+    """The Bridge recipe: CommOverlapConfig would turn pipeline-send overlap on under
+    interleaving and take 128M-element buckets (comm_overlap.py); the recipe gives the priced
+    ones. Megatron-FSDP with the pipeline-before-data rank order is refused, as Bridge's
+    ConfigContainer.validate would at start-up."""
+    from launch.emit import bridge_recipe
+    from launch.ranks import TP_PP_DP_ORDER
+    from model.costs import bucket_params
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(llama, job, c32, tp=8, pp=2, dp=2, schedule="interleaved", chunks=2,
+                     sequence_parallel=True, tp_comm_overlap=True, distributed_optimizer=True,
+                     overlap_grad_reduce=True)
+    co = bridge_recipe(llama, job, c32, plan)[0]["comm_overlap"]
+    assert co["overlap_p2p_comm"] is False and co["bucket_size"] == int(bucket_params(2))
+    co = bridge_recipe(llama, job, c32, plan, blocking_p2p=False)[0]["comm_overlap"]
+    assert co["overlap_p2p_comm"] is True
+    fsdp = make_plan(llama, job, c32, tp=8, pp=2, dp=2, zero=3, sequence_parallel=True)
+    with pytest.raises(SpecError, match="use_tp_pp_dp_mapping is not supported"):
+        bridge_recipe(llama, job, c32, fsdp, rank_order=TP_PP_DP_ORDER)
 
 
 def test_gpipe_warns(llama, c32):

@@ -880,6 +880,15 @@ def sweep(
         bar.stop()
     render.console().print(f"sweep {name}: {counts['total']} tasks, {counts['skipped']} already "
                            f"in {store.path}, {counts['done']} done, {counts['failed']} failed")
+    if counts["failed"]:  # each distinct reason once, with how many tasks it stopped
+        ids = {t.id for t in tasks}
+        why: dict[str, int] = {}
+        for r in store.rows():
+            if r["id"] in ids and r.get("status") != "done":
+                key = f"{r['inputs']['method']}: {str(r.get('error'))[:160]}"
+                why[key] = why.get(key, 0) + 1
+        for k, n in why.items():
+            typer.echo(f"warning: {n} task(s) failed: {k}", err=True)
 
 
 @command()
@@ -1108,6 +1117,12 @@ def compare(
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
     _kv_rotate_check(kv_rotate, framework.value)
+    if sharding and (zero is not None or distopt is not None):
+        from model.errors import SpecError
+        raise SpecError(f"{'--zero' if zero is not None else '--distopt/--no-distopt'} with "
+                        "--sharding: the rows are the shardings (ZeRO-1, ZeRO-3, HSDP); leave "
+                        "it out, or compare without --sharding", source="options",
+                        field="--zero" if zero is not None else "--distopt")
     space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
                    cp, ep, kv_rotate, distopt)
     c_seed = seed if cluster_seed is None else cluster_seed

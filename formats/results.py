@@ -104,7 +104,8 @@ def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
     """Per (method, nodes): median and worst gap to the best known plan of the instance
     (time / best - 1), median and worst gap to the instance's best bound as solve reports a
     gap ((time - bound) / time), and the median smallest budget within 0.5% (none for the
-    baselines, which use no budget)."""
+    baselines, which use no budget); `failed` counts the group's failed tasks and `no_bound`
+    its finished ones whose instance has no bound above 0, both left out of the gaps."""
     ok = [r for r in rows if r.get("status") == "done" and r.get("iteration_ms")]
     best = defaultdict(lambda: math.inf)
     bound = defaultdict(lambda: 0.0)
@@ -116,11 +117,20 @@ def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
     groups = defaultdict(list)
     for r in ok:
         groups[(r["inputs"]["method"], r["nodes"])].append(r)
+    # tasks that failed (nothing fits, a bad input) and finished tasks whose instance has no
+    # bound above 0: counted in their own columns, never silently out of the gaps
+    failed = defaultdict(int)
+    for r in rows:
+        if r not in ok:
+            failed[(r["inputs"]["method"], r.get("nodes"))] += 1
+    for key in failed:
+        groups.setdefault(key, [])
     table = []
-    for (method, nodes), rs in sorted(groups.items()):
+    for (method, nodes), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         gaps = [r["iteration_ms"] / best[_instance(r)] - 1 for r in rs]
         bgaps = [1 - bound[_instance(r)] / r["iteration_ms"] for r in rs
                  if bound[_instance(r)] > 0]
+        unbounded = sum(1 for r in rs if not bound[_instance(r)] > 0)
         within = defaultdict(lambda: math.inf)
         for r in rs:
             if r["iteration_ms"] <= best[_instance(r)] * 1.005:
@@ -128,14 +138,17 @@ def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
         insts = {_instance(r) for r in rs}
         t05 = [within[i] for i in insts]
         table.append({"method": method, "nodes": nodes, "tasks": len(rs),
-                      "median_gap_to_best": statistics.median(gaps),
-                      "worst_gap_to_best": max(gaps),
+                      "failed": failed[(method, nodes)],
+                      "no_bound": unbounded if method not in BASELINES else None,
+                      "median_gap_to_best": statistics.median(gaps) if gaps else None,
+                      "worst_gap_to_best": max(gaps) if gaps else None,
                       "median_gap_to_bound": statistics.median(bgaps) if bgaps else None,
                       "worst_gap_to_bound": max(bgaps) if bgaps else None,
                       "median_budget_within_0.5pct_s": statistics.median(t05)
-                      if method not in BASELINES and all(math.isfinite(x) for x in t05)
+                      if method not in BASELINES and t05 and all(math.isfinite(x) for x in t05)
                       else None,
-                      "median_wall_s": statistics.median(r["wall_s"] for r in rs)})
+                      "median_wall_s": statistics.median(r["wall_s"] for r in rs) if rs
+                      else None})
     return table, {"best": dict(best), "bound": dict(bound)}
 
 
@@ -190,7 +203,8 @@ def report(rows: list[dict], out_dir) -> list[Path]:
     # 1. median gap to the best known vs nodes, per method
     fig, ax = plt.subplots(figsize=(6, 4))
     for m in methods:
-        pts = sorted((r["nodes"], r["median_gap_to_best"]) for r in table if r["method"] == m)
+        pts = sorted((r["nodes"], r["median_gap_to_best"]) for r in table if r["method"] == m
+                     and r["median_gap_to_best"] is not None and r["nodes"] is not None)
         ax.plot([x for x, _ in pts], [100 * y for _, y in pts], marker="o", label=m)
     files.append(_finish(plt, fig, ax, "nodes", "median gap to the best known plan (%)",
                          "Gap vs cluster size", out / "gap_vs_nodes.png"))

@@ -210,6 +210,10 @@ def build_inputs(t: Task, src: str = "sweep"):
         job = JobSpec(**t.job, source=src)
     except TypeError as e:
         raise SpecError(f"job fields: {e}", source=src, field="jobs") from None
+    from model.plan import gpus_without_fp8, no_fp8_cores
+    if job.fp8 and gpus_without_fp8(c):  # every one of its tasks would fail at run time
+        raise SpecError(f"{no_fp8_cores(c)}: a job with fp8 on cluster {c.name}; pair fp8 jobs "
+                        "with FP8 GPUs, or drop fp8", source=src, field="jobs")
     return model, c, job
 
 

@@ -116,7 +116,10 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     options = options or Options()
     rows = []
     for label, zero, shard in SHARDING_OPTIONS:
-        if job.framework == "torchtitan" and zero == 1:
+        if job.framework == "torchtitan" and zero == 1:  # said, not left out
+            rows.append({"sharding": label, "plan": "-", "iteration_ms": None,
+                         "peak_memory_gib": None, "solve_s": None,
+                         "termination": "none: torchtitan runs DDP or FSDP2, no ZeRO-1"})
             continue
         spaces = [replace(space, zero=(zero,), shard_sizes=(0,))]
         if shard < 0 and space.shard_sizes:

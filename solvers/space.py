@@ -240,7 +240,21 @@ def unused_values(space: SearchSpace, shapes) -> list[str]:
             out.append(f"{flag} {','.join(map(str, lost))}: no valid plan has "
                        f"{'this value' if len(lost) == 1 else 'these values'} here ({rule}); "
                        "searched without")
+    # an overlap asked for that no shape can use (_overlaps): said, not dropped
+    for attr, flag, rule in _OVERLAPS:
+        if True in getattr(space, attr) and shapes and not any(getattr(sh, attr)
+                                                               for sh in shapes):
+            out.append(f"{flag}: no valid plan here can use it ({rule}); searched without")
     return out
+
+
+_OVERLAPS = (
+    ("tp_comm_overlap", "--tp-comm-overlap", "it needs TP > 1 with sequence parallelism"),
+    ("overlap_grad_reduce", "--overlap-grad-reduce", "it needs DP > 1 and ZeRO 0 to 2; ZeRO-3 "
+     "overlaps its per-layer collectives itself"),
+    ("overlap_param_gather", "--overlap-param-gather", "it needs DP > 1 and the distributed "
+     "optimizer, ZeRO 1 or 2"),
+)
 
 
 def _eps(model: ModelSpec, space: SearchSpace, tp: int, cols: int

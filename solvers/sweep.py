@@ -60,6 +60,10 @@ def run_task(t, build) -> dict:
             from model.specs import Options
             from solvers.compare import amp_style_plan
             plan = amp_style_plan(model, job, cluster)
+            if plan is None:
+                from model.errors import InfeasibleError
+                raise InfeasibleError("nothing fits in GPU memory: no shape the AMP-style "
+                                      "model scores fits")
             ms = Evaluator(model, job, cluster, plan.shape, Options()).iteration_ms(
                 plan.placement)
             out.update(plan=plan.shape.describe(), iteration_ms=ms, bound_ms=None, gap=None,
@@ -70,6 +74,10 @@ def run_task(t, build) -> dict:
             from solvers.space import SearchSpace
             infos, _rej, _n = prepare_shapes(model, job, cluster, Options(), SearchSpace())
             scored = [i for i in infos if i.quick_ms is not None]
+            if not scored:
+                from model.errors import InfeasibleError
+                raise InfeasibleError("nothing fits in GPU memory: no valid shape fits with "
+                                      "Megatron-LM's placement and balanced split")
             best = min(scored, key=lambda i: i.quick_ms)
             out.update(plan=best.shape.describe(), iteration_ms=best.quick_ms, bound_ms=None,
                        gap=None, termination="baseline")

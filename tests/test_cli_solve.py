@@ -173,6 +173,14 @@ def test_search_knobs_restrict_solve(tiny):
     # --no-distopt had made the job ZeRO-0, which won over --zero 2 without a word
     r = runner.invoke(app, ["solve", *tiny, "--zero", "2", "--no-distopt"])
     assert r.exit_code == 2 and "--zero 2 with --no-distopt" in r.output, r.output
+    # an overlap no shape can use (ZeRO-3 overlaps its own collectives) is said
+    r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "5", "--mbs", "1",
+                            "--recompute", "full", "--zero", "3", "--overlap-param-gather"])
+    assert any(x.startswith("--overlap-param-gather: no valid plan here can use it")
+               for x in json.loads(r.output)["warnings"]), r.output
+    # compare --sharding's rows are the shardings: --zero there is refused, not ignored
+    r = runner.invoke(app, ["compare", *tiny, "--sharding", "--zero", "1"])
+    assert r.exit_code == 2 and "--zero with --sharding" in r.output, r.output
     for bad, flag in ((["--tp", "x"], "--tp"), (["--schedule", "zigzag"], "--schedule"),
                       (["--recompute", "some"], "--recompute"), (["--mbs", "0"], "--mbs")):
         r = runner.invoke(app, ["solve", *tiny, *bad])
@@ -258,6 +266,9 @@ def test_hsdp_under_context_parallelism_shards_within_a_node():
     # TP x CP filling a node leaves no HSDP layout: its row says so (it had crashed with an
     # IndexError after the other rows' searches); --shard-size gives the groups
     rows = compare_sharding(m, job, c, time_limit_s=4, space=SearchSpace(cp=(8,), tp=(1,)))
+    # torchtitan has no ZeRO-1: its row says so (it had been left out without a word)
+    assert "no ZeRO-1" in next(r for r in rows if r["sharding"].startswith("ZeRO-1"))[
+        "termination"]
     hsdp = next(r for r in rows if r["sharding"].startswith("HSDP"))
     assert hsdp["iteration_ms"] is None and "TP x CP fills a node" in hsdp["termination"]
     assert any(r["iteration_ms"] for r in rows), rows

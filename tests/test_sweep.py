@@ -202,6 +202,35 @@ def test_report_writes_tables_and_three_plots(tmp_path):
     assert "| exact | 2 |" in md and "| megatron | 2 |" in md and "| amp-style | 2 |" in md
 
 
+def test_failures_are_said_and_counted_not_dropped(tmp_path):
+    """Baselines where nothing fits fail with the reason (they had failed with a ValueError and
+    an AttributeError); an fp8 job on GPUs without FP8 is refused when the spec loads; the
+    report counts failed tasks and tasks without a bound in columns of their own (they had
+    been left out of the gaps without a word)."""
+    from formats.results import summarize
+    from solvers.sweep import run_task
+    p = tmp_path / "big.toml"
+    p.write_text(SPEC.format(model="llama3-405b").replace(
+        '"exact", "anneal", "megatron", "amp-style"', '"megatron", "amp-style"'))
+    for t in load_spec(p)[1][:2]:
+        r = run_task(t, build_inputs)
+        assert r["status"] == "failed" and r["error"].startswith(
+            "InfeasibleError: nothing fits in GPU memory"), r["error"]
+    p.write_text(SPEC.format(model="gpt-1.7b").replace("seq_length = 1024",
+                                                       "seq_length = 1024\nfp8 = true"))
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert e.value.field == "jobs" and "FP8 tensor cores" in str(e.value)
+    inst = {"model": "m", "cluster": {"preset": "c"}, "job": {}}
+    rows = [{"id": "a", "status": "done", "nodes": 2, "iteration_ms": 10.0, "bound_ms": 0.0,
+             "wall_s": 1.0, "inputs": {**inst, "method": "exact", "budget_s": 1.0}},
+            {"id": "b", "status": "failed", "error": "x", "nodes": 2,
+             "inputs": {**inst, "method": "exact", "budget_s": 2.0}}]
+    table, _ = summarize(rows)
+    assert [(r["method"], r["tasks"], r["failed"], r["no_bound"]) for r in table] == [
+        ("exact", 1, 1, 1)]
+
+
 def test_sweep_specs_refuse_unknown_fields_and_stores_that_are_not_stores(tmp_path):
     """A misspelt key (budget for budgets), two cluster kinds in one entry, an unknown model:
     one line naming the spec and the field; a results path that is not a store, or a folder,

@@ -207,17 +207,23 @@ def memory_stages(reading: LogReading, plan, cluster):
     them (a tuple), else None, the largest stage's (every rank printed: lines without a rank).
     Megatron-LM's order (tp-cp-ep-dp-pp, megatron/core/parallel_state.py) and torchtitan's mesh
     (pp outermost, torchtitan/distributed/parallel_dims.py) both give rank r the stage
-    r // (GPUs / PP). A local rank is torchrun's on every node the log holds the output of."""
+    r // (GPUs / PP); Megatron-LM's --use-tp-pp-dp-mapping (tp-cp-ep-pp-dp) the stage
+    (r // (TP x CP)) mod PP. A local rank is torchrun's on every node the log holds the
+    output of."""
     if reading.memory_stage is not None or not reading.memory_ranks or plan.shape.pp == 1:
         return reading.memory_stage
     kind, ranks = reading.memory_ranks
     world, gpn = cluster.num_gpus, cluster.gpus_per_node
-    per_stage = world // plan.shape.pp
+    sh = plan.shape
+    per_stage = world // sh.pp
     if kind == "local" and gpn and world > gpn and max(ranks) < gpn:
         ranks = [k * gpn + r for k in range(world // gpn) for r in ranks]
     if max(ranks) >= world:
         return None  # not this plan's ranks: the reading stays the largest stage's
-    stages = tuple(sorted({r // per_stage for r in ranks}))
+    # --use-tp-pp-dp-mapping (order tp-cp-ep-pp-dp): the stage sits inside the replica
+    tp_pp_dp = any(b.get("use_tp_pp_dp_mapping") == "True" for b in reading.megatron_args)
+    stages = tuple(sorted({(r // (sh.tp * sh.cp)) % sh.pp if tp_pp_dp else r // per_stage
+                           for r in ranks}))
     return None if len(stages) == plan.shape.pp else stages
 
 

@@ -623,7 +623,10 @@ class CostModel:
         last = min(params, bucket_params(self.sync_group() if group is None else group))
         red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node, group,
                                           linear if last >= params else 0.0)
-        ex_red = max(red_b, red - bwd_window_ms) if sh.overlap_grad_reduce else red
+        # ZeRO-2 reduces each micro-batch's gradients during that micro-batch's backward: m
+        # windows, one per reduction (grad_reductions)
+        ex_red = (max(red_b, red - self.grad_reductions * bwd_window_ms)
+                  if sh.overlap_grad_reduce else red)
         ex_gat = max(gat_b, gat - fwd_window_ms) if sh.overlap_param_gather else gat
         return red, gat, ex_red + ex_gat
 

@@ -311,6 +311,14 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                             "(its Ulysses sequence parallelism is a different scheme); use "
                             "framework megatron, nemo or torchtitan, or CP = 1", source=src,
                             field="cp")
+    div = shape.tp * 2 * shape.cp
+    if job.framework == "torchtitan" and not job.repeat_kv and div > 2 and job.seq_length % div:
+        # v0.2's ParallelDims.seq_len_divisor = TP x 2 CP, asserted for every TP or CP run
+        # (torchtitan/models/llama3/infra/parallelize.py); a job that repeats K and V is v0.1
+        # or v0.2.0/1, checked by the emit for the release it is emitted for
+        raise SpecError(f"torchtitan 0.2 needs the sequence length divisible by TP x 2 CP = "
+                        f"{div}, and {job.seq_length} is not: choose another sequence length, "
+                        "TP or CP", source=src, field="seq_length")
     if job.framework == "torchtitan" and shape.tp_comm_overlap and not job.compile:
         # torchtitan/distributed/tensor_parallel.py maybe_enable_async_tp (v0.2.2; v0.1.0
         # models/llama3/infra/parallelize.py) raises without torch.compile of the model

@@ -238,6 +238,7 @@ class _Data:
                       for e, o in zip(self.E_s, self.exp_off)]
         self.lin_const = [costs.stage_linear_params(s, zero) for s in range(p)]
         self.d = d = sh.cols  # the synchronization spans data x context parallel ranks
+        self.nr = 1  # gradient reductions per iteration (ZeRO-2: one per micro-batch)
         grad_b, weight_b = prob.job.reduce_bytes, prob.job.weight_bytes
         # data-parallel synchronization, linear in params x (1 / ring bandwidth) = params x u:
         # reduction sig_r params u + lam_r, all-gather sig_g params u + lam_g (costs.py)
@@ -259,6 +260,7 @@ class _Data:
             # ZeRO-2 reduce-scatters every micro-batch (costs.CostModel.grad_reductions)
             nr = costs.grad_reductions
             self.sig_r, self.lam_r = nr * grad_b * f, nr * lat
+            self.nr = nr  # and as many backward windows to hide them in (costs.py)
             self.sig_g, self.lam_g = weight_b * f, lat
         else:
             self.sig_r, self.lam_r = 2 * grad_b * f, 2 * lat
@@ -607,7 +609,8 @@ class _Formulation:
             gat = dat.sig_g * gather_u(s) + dat.lam_g
             # exposed = max(last bucket, all - window) under each overlap (costs.py); a sum of
             # maxima is the maximum over the combinations
-            reds = [dat.sig_r * bucket_u(s) + dat.lam_r, red - self.B(s)] if dat.ogr else [red]
+            reds = ([dat.sig_r * bucket_u(s) + dat.lam_r, red - dat.nr * self.B(s)] if dat.ogr
+                    else [red])
             gats = ([dat.sig_g * bucket_u(s, True) + dat.lam_g, gat - self.F(s)] if dat.opg
                     else [gat])
             for r_ in reds:
@@ -764,7 +767,7 @@ class _Formulation:
                 gat = dat.sig_g * (params - dat.kappa * (dat.P_lin * n_s + dat.lin_const[s])
                                    ) * u + dat.lam_g
                 if dat.ogr:
-                    red = max(dat.sig_r * last * u + dat.lam_r, red - dur[K.B(s)])
+                    red = max(dat.sig_r * last * u + dat.lam_r, red - dat.nr * dur[K.B(s)])
                 if dat.opg:
                     gat = max(dat.sig_g * last_g * u + dat.lam_g, gat - dur[K.F(s)])
                 tail += red + gat

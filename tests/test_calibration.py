@@ -269,14 +269,20 @@ def test_memory_is_fitted_on_the_stages_of_the_ranks_that_printed(tmp_path):
     r = read_log(p)
     assert r.memory_ranks == ("local", (63,))
     cluster = NS(num_gpus=64, gpus_per_node=8)
-    plan = NS(shape=NS(pp=4))
+    plan = NS(shape=NS(pp=4, tp=1, cp=1))
     assert memory_stages(r, plan, cluster) == (3,)  # 63 >= 8: torchrun given a global rank
     r.memory_ranks = ("local", (7,))  # local rank 7 of each of the 8 nodes: every stage
     assert memory_stages(r, plan, cluster) is None
     r.memory_ranks = ("local", (1,))
-    assert memory_stages(r, NS(shape=NS(pp=16)), cluster) == tuple(range(0, 16, 2))
-    assert memory_stages(read_log(LOGS / "megatron.log"), plan, NS(num_gpus=128,
-                                                                   gpus_per_node=8)) == (0, 3)
+    assert memory_stages(r, NS(shape=NS(pp=16, tp=1, cp=1)), cluster) == tuple(range(0, 16, 2))
+    mg = read_log(LOGS / "megatron.log")
+    assert memory_stages(mg, NS(shape=NS(pp=4, tp=8, cp=1)),
+                         NS(num_gpus=128, gpus_per_node=8)) == (0, 3)
+    # with --use-tp-pp-dp-mapping the stage sits inside the replica: ranks 0 and 96 at TP 8 are
+    # stages 0 and (96 // 8) mod 4 = 0 (it had taken the default order's rule)
+    mg.megatron_args = [{"use_tp_pp_dp_mapping": "True"}]
+    assert memory_stages(mg, NS(shape=NS(pp=4, tp=8, cp=1)),
+                         NS(num_gpus=128, gpus_per_node=8)) == (0,)
     # unprefixed lines: every rank printed, the largest stage's
     q = tmp_path / "bare.log"
     q.write_text(text.replace("[rank0]:", ""))

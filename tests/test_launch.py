@@ -1059,11 +1059,16 @@ def test_torchtitan_compile_switch_is_emitted(tmp_path):
     _cfg, w = torchtitan_config(l8, mj, c, p1, "0.2")
     assert any("becomes FSDP" in x and "context-parallel ranks" in x for x in w), w
     job = JobSpec(global_batch=64, seq_length=4100, framework="torchtitan")
-    plan = make_plan(l8, job, c, tp=4, pp=1, zero=3, sequence_parallel=True)
-    with pytest.raises(SpecError) as e:
-        torchtitan_config(l8, job, c, plan, "0.2")
+    with pytest.raises(SpecError) as e:  # priced for v0.2.2: refused with the plan itself
+        make_plan(l8, job, c, tp=4, pp=1, zero=3, sequence_parallel=True)
     assert e.value.field == "seq_length" and "TP x 2 CP = 8" in str(e.value)
-    torchtitan_config(l8, job, c, plan, "0.1")  # v0.1.0 has no such check
+    # priced repeating K and V (v0.1, or v0.2.0/1): the emit checks the release it writes for
+    rep = JobSpec(global_batch=64, seq_length=4100, framework="torchtitan", repeat_kv=True)
+    plan = make_plan(l8, rep, c, tp=4, pp=1, zero=3, sequence_parallel=True)
+    with pytest.raises(SpecError) as e:
+        torchtitan_config(l8, rep, c, plan, "0.2")
+    assert e.value.field == "seq_length" and "TP x 2 CP = 8" in str(e.value)
+    torchtitan_config(l8, rep, c, plan, "0.1")  # v0.1.0 has no such check
 
 
 def test_torchtitan_compiles_the_loss_the_estimate_counted():

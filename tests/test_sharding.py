@@ -95,6 +95,15 @@ def test_zero2_reduces_the_gradients_of_every_micro_batch():
         r1, g1 = z[1].sync_parts_ms(1e9, 25.0, True)
         r2, g2 = z[2].sync_parts_ms(1e9, 25.0, True)
         assert r2 == pytest.approx(2 * r1) and g2 == pytest.approx(g1)
+        # with the overlap each reduction hides in its own micro-batch's backward (it had
+        # hidden all m in the last one)
+        ovl = CostModel(m, job, c, Shape(tp=1, pp=1, dp=32, micro_batch=1, zero=2,
+                                         overlap_grad_reduce=True), Options())
+        w = 0.4 * r1
+        red, _gat, exposed = ovl.exposed_sync_ms(1e9, 25.0, True, w, 0.0)
+        last = ovl.sync_parts_ms(40e6, 25.0, True)[0]  # the last bucket's, both reductions
+        assert r2 - 2 * w > last  # the windows bind here
+        assert red == pytest.approx(r2) and exposed == pytest.approx(g2 + r2 - 2 * w)
         e = {k: estimate(m, job, c, make_plan(m, job, c, tp=1, pp=1, dp=32, zero=k))
              for k in (1, 2)}
         assert e[2].stages[0].memory.grads_gib < e[1].stages[0].memory.grads_gib

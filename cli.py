@@ -543,7 +543,7 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     # an emitted DeepSpeed config says the same in its [split] warning
     own = [] if outputs.get("emit") == "deepspeed" else own_split_warnings(m, job, plan.shape)
     # the model's unmodelled settings: the emit's [model] lines say them where it ran
-    unmodelled = [] if outputs.get("emit") else _unmodelled_warnings(m)
+    unmodelled = [] if outputs.get("emit") else _unmodelled_warnings(m, job)
     warnings = [*notes, *(calibration or {}).get("notes", []), *unmodelled,
                 *shape_warnings(m, job, plan.shape), *own, *warnings]
     if as_json:
@@ -555,10 +555,10 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     render.print_written(files, warnings)
 
 
-def _unmodelled_warnings(m) -> list[str]:
-    """One warning per setting of the model's source the cost model does not price
-    (ModelSpec.unmodelled)."""
-    return [f"{m.origin}: {x}" for x in m.unmodelled]
+def _unmodelled_warnings(m, job) -> list[str]:
+    """One warning per setting of the model's source the cost model does not price for this
+    job (ModelSpec.unmodelled_at)."""
+    return [f"{m.origin}: {x}" for x in m.unmodelled_at(job.seq_length)]
 
 
 def _with_calibration(d: dict, cal, interval, mem_interval, **about_interval) -> dict:
@@ -677,10 +677,11 @@ def estimate(
         help="Layers per virtual stage, comma-separated \\[balanced].")] = None,
     recompute: Annotated[Recompute, typer.Option(help="Activation recompute.")] = Recompute.none,
     sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
-    distopt: Annotated[bool, typer.Option("--distopt/--no-distopt",
-                                          help="Distributed optimizer (ZeRO-1).")] = False,
+    distopt: Annotated[Optional[bool], typer.Option(
+        "--distopt/--no-distopt", help="Distributed optimizer (ZeRO-1) [off].")] = None,
     zero: Annotated[Optional[int], typer.Option(
-        "--zero", help="ZeRO stage 0-3 (overrides --distopt).")] = None,
+        "--zero", help="ZeRO stage 0-3 (with --distopt / --no-distopt: they must agree).")
+    ] = None,
     shard_size: Annotated[int, typer.Option(
         "--shard-size", help="HSDP shard group (ZeRO-3); 0: the whole data-parallel group.")] = 0,
     blocking: BlockingOpt = True,
@@ -734,6 +735,11 @@ def estimate(
         except ValueError:
             raise SpecError("must be comma-separated integers, e.g. 20,20,20,20",
                             source="options", field="--layers") from None
+    if zero is not None and distopt is not None and (zero >= 1) != distopt:
+        # the rule solve and compare apply (_space): it had let --zero win without a word
+        raise SpecError(f"--zero {zero} with --{'' if distopt else 'no-'}distopt: ZeRO-1 to 3 "
+                        "shard the optimizer state (Megatron-LM's distributed optimizer), ZeRO-0 "
+                        "does not; give one of the two", source="options", field="--zero")
     c0, opts0 = c, _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp,
@@ -741,7 +747,7 @@ def estimate(
                      etp=0 if etp is None else etp, micro_batch=mbs,
                      schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
-                     sequence_parallel=sp, distributed_optimizer=distopt, zero=zero,
+                     sequence_parallel=sp, distributed_optimizer=bool(distopt), zero=zero,
                      shard_size=shard_size,
                      tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                      overlap_param_gather=overlap_param_gather, options=opts)
@@ -1033,7 +1039,7 @@ def solve(
     warnings = [*res.notes, *(cal or {}).get("notes", []), *warnings]
     if res.plan is not None:
         from model.compute import shape_warnings
-        warnings = [*([] if emit else _unmodelled_warnings(m)),
+        warnings = [*([] if emit else _unmodelled_warnings(m, job)),
                     *shape_warnings(m, job, res.plan.shape), *warnings]
     if job.fp8_param_gather and res.plan is not None:
         from model.memory import fp8_params_apply

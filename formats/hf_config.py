@@ -174,8 +174,13 @@ def unmodelled(cfg: dict, moe: bool) -> tuple[str, ...]:
         v = cfg.get(key)
         if v is None or v == noop or isinstance(v, (dict, list)):
             continue
-        if key == "sliding_window" and cfg.get("use_sliding_window") is False:
-            continue  # Qwen2 carries a window it does not use
+        if key == "sliding_window" and (cfg.get("use_sliding_window") is False or isinstance(
+                cfg.get("max_window_layers"), int) and isinstance(
+                cfg.get("num_hidden_layers"), int) and
+                cfg["max_window_layers"] >= cfg["num_hidden_layers"]):
+            # Qwen2 carries a window it does not use, or slides only in the layers from
+            # max_window_layers on (transformers' Qwen2Config layer_types)
+            continue
         if key in ("scoring_func", "topk_method", "n_group", "topk_group",
                    "routed_scaling_factor", "router_aux_loss_coef",
                    "aux_loss_alpha") and not moe:

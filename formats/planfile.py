@@ -324,6 +324,10 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
 
     def dflt(key: str) -> tuple:
         return (later[key],) if key in later else ()
+    for key, none in (("cp", 1), ("cp_alltoall", False), ("ep", 1), ("etp", 0)):
+        if key not in later and key not in sd:
+            raise rd.err(f"{sw}.{key}", f"missing; schema 3 writes every shape field: add it "
+                         f"({json.dumps(none)} for a plan without it) or save the plan again")
     if sd.get("distributed_optimizer") is not None and isinstance(sd.get("zero"), int) and \
             sd["distributed_optimizer"] is not (sd["zero"] >= 1):
         raise rd.err(f"{sw}.distributed_optimizer", f"{sd['distributed_optimizer']} beside zero "

@@ -217,8 +217,10 @@ def plan_from_torchtitan_doc(cfg: dict, cluster: ClusterSpec, version: str, src:
     name, where = FLOAT8_CONVERTER[version]
     if any(x != name for x in converters):
         other = next(x for x in converters if x != name)
+        owner = next((v for v, (n, _w) in FLOAT8_CONVERTER.items() if n == other), None)
         why = (f"torchtitan {version} registers its float8 converter as {name!r}, so the run "
-               "stops at the converter lookup" if other in dict(FLOAT8_CONVERTER.values())
+               f"stops at the converter lookup; {other!r} is torchtitan {owner}'s: give "
+               f"--framework-version {owner} if the run was" if owner
                else f"only {name} is priced; give --plan")
         raise SpecError(f"converters {converters}: {why}", source=src, field="model.converters")
     f8: dict = cfg

@@ -539,19 +539,21 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # NeMo 1.x PyTorch-FSDP strategy (nlp_overrides.NLPFSDPStrategy): sharding_strategy
         # 'grad' (SHARD_GRAD_OP, ZeRO-2), 'full' (FULL_SHARD, ZeRO-3); what it refuses at
         # start-up (NeMo 8cfedd7) is refused here, with the line that refuses it
-        refused = [(sh.shard_size, "hybrid sharding (HSDP): NLPFSDPStrategy asserts "
-                    "sharding_strategy != 'hybrid' (nlp_overrides.py:814)"),
-                   (sh.pp > 1, "pipeline parallelism: 'FSDP does not support pipeline "
-                    "parallelism' (nlp_overrides.py:867)"),
-                   (sh.fp8, "FP8: 'Torch FSDP does not support FP8.' "
-                    "(megatron_base_model.py:1090)"),
-                   (sh.tp_comm_overlap, "TP communication overlap: turned off under FSDP "
-                    "(megatron_base_model.py:1081-1087), while the plan was priced with it")]
-        why = next((w for on, w in refused if on), None)
-        if why:
-            raise SpecError(f"NeMo 1.x's FSDP (ZeRO-{sh.zero}) does not run {why}; emit for "
-                            "--framework-version bridge (Megatron-FSDP), or solve without it",
-                            source="plan", field="zero")
+        bridge = "emit for --framework-version bridge (Megatron-FSDP runs it)"
+        refused = [(sh.shard_size, "shard_size", "hybrid sharding (HSDP): NLPFSDPStrategy "
+                    "asserts sharding_strategy != 'hybrid' (nlp_overrides.py:814)",
+                    "drop --shard-size (plain ZeRO-3 runs here)"),
+                   (sh.pp > 1, "pp", "pipeline parallelism: 'FSDP does not support pipeline "
+                    "parallelism' (nlp_overrides.py:867)", f"{bridge}, or solve with --pp 1"),
+                   (sh.fp8, "fp8", "FP8: 'Torch FSDP does not support FP8.' "
+                    "(megatron_base_model.py:1090)", f"{bridge}, or use bf16"),
+                   (sh.tp_comm_overlap, "tp_comm_overlap", "TP communication overlap: turned "
+                    "off under FSDP (megatron_base_model.py:1081-1087), while the plan was "
+                    "priced with it", f"{bridge}, or drop --tp-comm-overlap")]
+        hit = next((x for x in refused if x[0]), None)
+        if hit:
+            raise SpecError(f"NeMo 1.x's FSDP (ZeRO-{sh.zero}) does not run {hit[2]}; {hit[3]}",
+                            source="plan", field=hit[1])
         m["fsdp"] = True
         m["fsdp_sharding_strategy"] = "grad" if sh.zero == 2 else "full"
         m["megatron_amp_O2"] = False  # FSDP keeps its own fp32 shards
@@ -1396,7 +1398,8 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
                 "1", "Megatron-DeepSpeed requires 1 with sequence parallelism")}
     warn += w
     # what the model's source sets that these files do not (ModelSpec.unmodelled)
-    warn += [tagged(fw, "model", f"{model.origin}: {x}") for x in model.unmodelled]
+    warn += [tagged(fw, "model", f"{model.origin}: {x}")
+             for x in model.unmodelled_at(job.seq_length)]
     if _runs_an_even_split(fw, version, model, job, plan.shape):
         warn += even_split_warnings(fw, model, job, cluster, plan, options,
                                     None if est is None else est.iteration_ms)

@@ -181,6 +181,14 @@ class ModelSpec:
     # estimated or emitted, never dropped in silence
     unmodelled: tuple[str, ...] = ()
 
+    def unmodelled_at(self, seq_length: int) -> tuple[str, ...]:
+        """`unmodelled` for a job of this sequence length: a sliding window no shorter than the
+        sequence is full causal attention, which is what is priced and emitted."""
+        def moot(x: str) -> bool:
+            key, _, val = x.split(":")[0].partition(" ")
+            return key == "sliding_window" and val.isdigit() and int(val) >= seq_length
+        return tuple(x for x in self.unmodelled if not moot(x))
+
     @property
     def origin(self) -> str:
         """Where the model came from, for a message: its config.json, or its preset name."""

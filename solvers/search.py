@@ -468,6 +468,9 @@ def _not_searched(job: JobSpec, space: SearchSpace) -> str:
     out = []
     zeros = ((job.zero,) if job.zero is not None else space.zero
              if space.zero is not None else DEFAULT_ZERO[job.framework])
+    if not {1, 2} & set(zeros) and 1 in FRAMEWORK_ZERO[job.framework]:
+        out.append("the distributed optimizer (--distopt or --zero 1: the optimizer state "
+                   "sharded over the data-parallel ranks)")
     if 3 not in zeros and 3 in FRAMEWORK_ZERO[job.framework]:
         out.append("ZeRO-3 / FSDP (--zero 3: parameters and gradients sharded too"
                    + (", opt-in for Megatron-LM)" if job.framework == "megatron" else ")"))

@@ -943,13 +943,17 @@ def test_nemo_yaml_is_a_full_config(llama, c32, tmp_path):
     # what NeMo 1.x's FSDP refuses at start-up (or turns off) is refused, naming NeMo's line
     from launch.emit import nemo_config
     fsdp = dict(tp=8, pp=1, zero=3, recompute="full", sequence_parallel=True)
-    for extra, says in ((dict(shard_size=2), "nlp_overrides.py:814"),
-                        (dict(pp=4, dp=1, tp=8), "nlp_overrides.py:867"),
-                        (dict(tp_comm_overlap=True), "megatron_base_model.py:1081")):
+    for extra, says, field in (
+            (dict(shard_size=2), "nlp_overrides.py:814", "shard_size"),
+            (dict(pp=4, dp=1, tp=8), "nlp_overrides.py:867", "pp"),
+            (dict(tp_comm_overlap=True), "megatron_base_model.py:1081", "tp_comm_overlap")):
         plan = make_plan(llama, job, c32, **{**fsdp, **extra})
         with pytest.raises(SpecError) as e:
             nemo_config(llama, job, c32, plan)
-        assert says in str(e.value) and e.value.field == "zero", extra
+        assert says in str(e.value) and e.value.field == field, extra
+    assert "drop --shard-size" in str(pytest.raises(SpecError, nemo_config, llama, job, c32,
+                                                    make_plan(llama, job, c32, **fsdp,
+                                                              shard_size=2)).value)
     f8 = JobSpec(global_batch=64, seq_length=4096, fp8=True)
     h32 = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
     with pytest.raises(SpecError, match="megatron_base_model.py:1090"):

@@ -123,12 +123,24 @@ def test_unmodelled_config_settings_are_said_not_dropped(tmp_path):
             "use_sliding_window": False}
     (tmp_path / "w").mkdir()
     assert load_hf_config(_write(tmp_path / "w", qwen)).unmodelled == ()
+    # Qwen2 slides only in the layers from max_window_layers on (transformers' layer_types)
+    qwen.update(use_sliding_window=True, max_window_layers=4)
+    assert load_hf_config(_write(tmp_path / "w", qwen)).unmodelled == ()
+    qwen.update(max_window_layers=2)
+    assert load_hf_config(_write(tmp_path / "w", qwen)).unmodelled[0].startswith(
+        "sliding_window 4096")
     runner = CliRunner()
     plan = tmp_path / "plan.json"
-    args = ["estimate", "-m", str(p), "-c", "h100-8x8", "--gbs", "64", "--seq", "4096",
+    args = ["estimate", "-m", str(p), "-c", "h100-8x8", "--gbs", "64", "--seq", "8192",
             "--tp", "1", "--pp", "1", "--json"]
     d = json.loads(runner.invoke(app, [*args, "--save-plan", str(plan)]).output)
     assert sum("sliding_window 4096" in w for w in d["warnings"]) == 1, d["warnings"]
+    # a window no shorter than the sequence is full causal attention: nothing to say
+    r = runner.invoke(app, [*args[:8], "4096", *args[9:]])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert not any("sliding_window" in w for w in d.get("warnings", [])), d
+    assert m.unmodelled_at(4096) == m.unmodelled[1:]
     assert load_plan(plan)[0].unmodelled == m.unmodelled
     r = runner.invoke(app, ["emit", str(plan), "--out", str(tmp_path / "e"), "--json"])
     w = json.loads(r.output)["warnings"]

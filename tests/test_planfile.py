@@ -131,7 +131,8 @@ def _corrupt(src, dst, fn):
      "plan.placement[0].gpus: GPU 0 on"),
     (lambda d: d["plan"]["placement"][0]["gpus"].__setitem__(0, 9),
      "plan.placement[0].gpus: GPU 9 is not on"),
-    (lambda d: d["plan"]["shape"].pop("cp"), "plan.shape.cp: missing"),
+    (lambda d: d["plan"]["shape"].pop("cp"), "plan.shape.cp: missing; schema 3 writes every "
+     "shape field: add it (1 for a plan without it)"),
 
     (lambda d: d["plan"]["shape"].update(zero=1, distributed_optimizer=False),
      "plan.shape.distributed_optimizer: False beside zero 1"),

@@ -27,7 +27,8 @@ from model.errors import SpecError
 from model.costs import bucket_params
 from model.memory import fp8_params_apply
 from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepspeed_pipe_partitioned,
-                        deepspeed_split, deepspeed_splits, num_microbatches)
+                        deepspeed_split, deepspeed_splits, num_microbatches,
+                        torchtitan_seq_problem)
 from model.specs import JobSpec, ModelSpec, Options
 
 from .ranks import DEFAULT_ORDER, ORDERS, TP_PP_DP_ORDER, launch_files, rank_mapping
@@ -897,13 +898,9 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     """torchtitan TOML sections for the release `version` (TORCHTITAN_VERSIONS)."""
     sh = plan.shape
     warn = []
-    if version != "0.1" and job.seq_length % (sh.tp * 2 * sh.cp) and sh.tp * sh.cp > 1:
-        # ParallelDims.seq_len_divisor = TP x 2 CP, asserted for every TP or CP run from v0.2.0
-        # (torchtitan/models/llama3/infra/parallelize.py); v0.1.0 had no such check
-        raise SpecError(f"torchtitan {version} needs the sequence length divisible by TP x 2 CP "
-                        f"= {sh.tp * 2 * sh.cp}, and {job.seq_length} is not: choose another "
-                        "sequence length or TP, or emit for --framework-version 0.1",
-                        source="plan", field="seq_length")
+    if version != "0.1" and (why := torchtitan_seq_problem(job, sh)):
+        raise SpecError(f"{why}, or emit for --framework-version 0.1", source="plan",
+                        field="seq_length")
     local = job.global_batch // sh.dp  # per data-parallel rank
     training = {"global_batch_size": job.global_batch, "seq_len": job.seq_length}
     if sh.pp > 1:

@@ -201,6 +201,17 @@ def no_fp8_cores(cluster: ClusterSpec) -> str:
             "(Hopper, Ada or newer)")
 
 
+def torchtitan_seq_problem(job: JobSpec, shape: Shape) -> str | None:
+    """Why torchtitan 0.2 would refuse the job's sequence length for the shape, or None: its
+    ParallelDims.seq_len_divisor, TP x 2 CP, asserted for every TP or CP run from v0.2.0
+    (torchtitan/models/llama3/infra/parallelize.py; v0.1.0 has no such check)."""
+    div = shape.tp * 2 * shape.cp
+    if div > 2 and job.seq_length % div:
+        return (f"torchtitan 0.2 needs the sequence length divisible by TP x 2 CP = {div}, and "
+                f"{job.seq_length} is not: choose another sequence length, TP or CP")
+    return None
+
+
 def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None:
     """What Megatron-LM needs of expert parallelism, and what the cost model covers."""
     if not model.is_moe:
@@ -311,14 +322,11 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                             "(its Ulysses sequence parallelism is a different scheme); use "
                             "framework megatron, nemo or torchtitan, or CP = 1", source=src,
                             field="cp")
-    div = shape.tp * 2 * shape.cp
-    if job.framework == "torchtitan" and not job.repeat_kv and div > 2 and job.seq_length % div:
-        # v0.2's ParallelDims.seq_len_divisor = TP x 2 CP, asserted for every TP or CP run
-        # (torchtitan/models/llama3/infra/parallelize.py); a job that repeats K and V is v0.1
-        # or v0.2.0/1, checked by the emit for the release it is emitted for
-        raise SpecError(f"torchtitan 0.2 needs the sequence length divisible by TP x 2 CP = "
-                        f"{div}, and {job.seq_length} is not: choose another sequence length, "
-                        "TP or CP", source=src, field="seq_length")
+    if job.framework == "torchtitan" and not job.repeat_kv and (
+            why := torchtitan_seq_problem(job, shape)):
+        # a job that repeats K and V is v0.1 or v0.2.0/1: the emit checks the release it
+        # writes for
+        raise SpecError(why, source=src, field="seq_length")
     if job.framework == "torchtitan" and shape.tp_comm_overlap and not job.compile:
         # torchtitan/distributed/tensor_parallel.py maybe_enable_async_tp (v0.2.2; v0.1.0
         # models/llama3/infra/parallelize.py) raises without torch.compile of the model

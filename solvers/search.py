@@ -476,13 +476,18 @@ def _not_searched(job: JobSpec, space: SearchSpace) -> str:
                    + (", opt-in for Megatron-LM)" if job.framework == "megatron" else ")"))
     if "full" not in space.recompute:
         out.append(f"full recompute (--recompute was {','.join(space.recompute)})")
-    base = SearchSpace()
-    for attr, flag in (("tp", "--tp"), ("pp", "--pp"), ("cp", "--cp"), ("ep", "--ep"),
-                       ("micro_batch", "--mbs"), ("shard_sizes", "--shard-size")):
-        given = getattr(space, attr)
-        if given is not None and given != getattr(base, attr):
-            out.append(f"other {flag} values (given: {','.join(map(str, given))})")
+    flags = {"tp": "--tp", "pp": "--pp", "cp": "--cp", "ep": "--ep", "micro_batch": "--mbs",
+             "shard_sizes": "--shard-size"}
+    out += [f"other {flags[f]} values (given: {','.join(map(str, v))})"
+            for f, v in _lists_given(space, tuple(flags)).items()]
     return (" Not searched: " + "; ".join(out) + ".") if out else ""
+
+
+def _lists_given(space: SearchSpace, fields: tuple[str, ...]) -> dict:
+    """The search-space lists among `fields` the user narrowed (not left at the default)."""
+    base = SearchSpace()
+    return {f: getattr(space, f) for f in fields
+            if getattr(space, f) is not None and getattr(space, f) != getattr(base, f)}
 
 
 def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str = "auto",
@@ -557,10 +562,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             f"{schedule_slots(job, fewest):,}. Use a smaller global batch, or larger "
             "micro-batches (--mbs)")
     if total == 0:
-        given = {f: getattr(space, f) for f in ("tp", "pp", "cp", "ep", "micro_batch", "zero",
-                                                  "shard_sizes")
-                 if getattr(space, f) is not None and getattr(space, f) != getattr(
-                     SearchSpace(), f)}
+        given = _lists_given(space, ("tp", "pp", "cp", "ep", "micro_batch", "zero",
+                                     "shard_sizes"))
         limits = (" The lists given: " + ", ".join(f"{k} {list(v)}" for k, v in given.items())
                   + "; widen them.") if given else ""
         refused: dict = {}

@@ -245,12 +245,11 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
               "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
               "--ckpt-format", "fsdp_dtensor"]
         if sh.shard_size:
-            warn.append(tagged("megatron", "parallelism", (
-                f"HSDP (shard over {sh.shard_size} data-parallel ranks, "
-                f"{sh.dp // sh.shard_size} replicas) has no flag emitted here; Megatron-FSDP "
-                "would shard over the whole data-parallel group, with less memory and more "
-                "inter-node traffic than the estimate; torchtitan expresses it "
-                "(data_parallel_replicate_degree)")))
+            # HSDP: Megatron-FSDP shards inside each of R distributed-optimizer instances,
+            # consecutive slices of the data x context parallel group (parallel_state.py
+            # intra-partial groups; mcore_fsdp_adapter.py enable_hsdp when R > 1) and
+            # replicates across them (--outer-dp-sharding-strategy no_shard, the default)
+            a += ["--num-distributed-optimizer-instances", str(sh.dp // sh.shard_size)]
     # overlaps (arguments.py _add_distributed_args): what the estimate assumed hidden
     if sh.overlap_grad_reduce:
         a.append("--overlap-grad-reduce")
@@ -543,7 +542,8 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         bridge = "emit for --framework-version bridge (Megatron-FSDP runs it)"
         refused = [(sh.shard_size, "shard_size", "hybrid sharding (HSDP): NLPFSDPStrategy "
                     "asserts sharding_strategy != 'hybrid' (nlp_overrides.py:814)",
-                    "drop --shard-size (plain ZeRO-3 runs here)"),
+                    "emit for --framework-version bridge (Megatron-FSDP's HSDP), or drop "
+                    "--shard-size (plain ZeRO-3 runs here)"),
                    (sh.pp > 1, "pp", "pipeline parallelism: 'FSDP does not support pipeline "
                     "parallelism' (nlp_overrides.py:867)", f"{bridge}, or solve with --pp 1"),
                    (sh.fp8, "fp8", "FP8: 'Torch FSDP does not support FP8.' "
@@ -733,10 +733,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     if sh.zero >= 2:  # Megatron-FSDP: no gradient-accumulation fusion, fsdp_dtensor checkpoints
         m["gradient_accumulation_fusion"] = False
         ckpt["ckpt_format"] = "fsdp_dtensor"
-        if sh.shard_size:
-            warn.append(tagged("nemo", "parallelism", (
-                f"HSDP (shard over {sh.shard_size} data-parallel ranks) has no field set here; "
-                "Megatron-FSDP shards over the whole data-parallel group")))
+        if sh.shard_size:  # HSDP, as Megatron-LM's flags (megatron_args)
+            ddp["num_distributed_optimizer_instances"] = sh.dp // sh.shard_size
     # mixed precision presets (megatron/bridge/training/mixed_precision.py); FP8 is the
     # job's recipe (delayed or per-tensor current scaling), its FP8 parameter gather set as the
     # job says whatever the preset's default (as the Megatron-LM flags)

@@ -80,6 +80,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--use-tp-pp-dp-mapping", action="store_true")
     p.add_argument("--no-overlap-p2p-communication", action="store_false",
                    dest="overlap_p2p_comm")
+    p.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
     return p
 
 
@@ -229,6 +230,27 @@ def test_megatron_interleaved(llama, c32):
     one = make_plan(llama, job, c32, tp=8, pp=4)
     assert any("sends block" in w for w in megatron_args(llama, job, one, blocking_p2p=False)[1])
     assert megatron_args(llama, job, one)[1] == []
+
+
+def test_hsdp_reaches_megatron_fsdp(llama, c32):
+    """An HSDP plan (ZeRO-3 sharded in groups of S data-parallel ranks) runs on Megatron-FSDP
+    as DP / S distributed-optimizer instances, each a consecutive slice of the data x context
+    parallel group (parallel_state.py; mcore_fsdp_adapter.py enable_hsdp): Megatron-LM's flag
+    and Bridge's ddp field (the emit had warned that it would shard over the whole group)."""
+    from launch.emit import bridge_recipe
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = make_plan(llama, job, c32, tp=8, pp=1, dp=4, zero=3, shard_size=2,
+                     sequence_parallel=True, recompute="full")
+    args, warn = megatron_args(llama, job, plan)
+    ns = parse_megatron(args)
+    assert ns.num_distributed_optimizer_instances == 2 and ns.use_megatron_fsdp
+    assert not any("HSDP" in w for w in warn)
+    cfg, warn = bridge_recipe(llama, job, c32, plan)
+    assert cfg["ddp"]["num_distributed_optimizer_instances"] == 2
+    assert not any("HSDP" in w for w in warn)
+    full = make_plan(llama, job, c32, tp=8, pp=1, dp=4, zero=3, sequence_parallel=True,
+                     recompute="full")
+    assert "--num-distributed-optimizer-instances" not in megatron_args(llama, job, full)[0]
 
 
 def test_bridge_recipe_sends_buckets_and_fsdp_order(llama, c32):

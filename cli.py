@@ -374,11 +374,14 @@ def _calibrated(c, opts, calibration: Path | None, safe_memory: bool = False,
     from model.calibration import apply_profile, fragmentation_at_interval_top
     if calibration is not None:
         prof, label = load_profile(calibration), str(calibration)
-    else:
-        prof, label = recorded[0], f"{recorded[1].get('profile')} (recorded in the plan file)"
+    else:  # the path as recorded (it had carried "(recorded in the plan file)" into JSON
+        # and into plan files saved again); the terminal says where it came from
+        prof, label = recorded[0], str(recorded[1].get("profile"))
     c2, o2 = apply_profile(prof, c, opts)
     cal = {"profile": label, "gpu": prof.gpu, "parameters": dict(prof.values),
            "document": prof.to_dict()}
+    if calibration is None:
+        cal["recorded_in_plan"] = True
     others = sorted({nd.gpu.name for nd in c.nodes} - {prof.gpu})
     if others:
         links = [k for k in ("network_scale", "nvlink_scale", "intra_latency_scale")
@@ -547,12 +550,20 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     warnings = [*notes, *(calibration or {}).get("notes", []), *unmodelled,
                 *shape_warnings(m, job, plan.shape), *own, *warnings]
     if as_json:
+        if mem_interval is not None and mem_interval.may_not_fit_stage is not None:
+            warnings.append(render.may_not_fit(mem_interval))  # the terminal says it too
         d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
         render.echo_json(_with_calibration(d, calibration, interval, mem_interval))
         return
     render.print_estimate(est, plan, c)
     _print_calibration(calibration, interval, mem_interval)
     render.print_written(files, warnings)
+
+
+def _profile_label(cal: dict) -> str:
+    """The profile as the terminal names it: its path, and where a plan file carried it."""
+    return cal["profile"] + (" (recorded in the plan file)" if cal.get("recorded_in_plan")
+                             else "")
 
 
 def _unmodelled_warnings(m, job) -> list[str]:
@@ -566,6 +577,8 @@ def _with_calibration(d: dict, cal, interval, mem_interval, **about_interval) ->
     (`about_interval`: more keys for the time interval) and --safe-memory's fragmentation."""
     if interval is not None:
         d["interval_s"] = {**_interval_json(interval, cal["profile"]), **about_interval}
+        if cal.get("recorded_in_plan"):
+            d["interval_s"]["profile_recorded_in_plan"] = True
     if mem_interval is not None:
         d["memory_interval_gib"] = _memory_json(mem_interval)
     if cal and cal.get("safe_memory"):
@@ -576,11 +589,11 @@ def _with_calibration(d: dict, cal, interval, mem_interval, **about_interval) ->
 def _print_calibration(cal, interval, mem_interval, toss_up=None) -> None:
     """What a calibration profile adds to the terminal output (`toss_up`: solve's pair)."""
     if interval is not None:
-        render.print_interval(interval, cal["profile"])
+        render.print_interval(interval, _profile_label(cal))
         if toss_up is not None:
             render.print_toss_up(*toss_up)
     if mem_interval is not None:
-        render.print_memory_interval(mem_interval, cal["profile"])
+        render.print_memory_interval(mem_interval, _profile_label(cal))
     if cal and cal.get("safe_memory"):
         render.print_safe_memory(cal)
 

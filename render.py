@@ -111,8 +111,7 @@ def estimate_json(model, cluster, plan, est, files=None, warnings=None) -> dict:
          "estimate": estimate_to_dict(est)}
     if files is not None:
         d["files"] = [str(p) for p in files]
-    if files is not None or warnings:
-        d["warnings"] = list(warnings or ())
+    d["warnings"] = list(warnings or ())  # always there, as solve's
     return d
 
 
@@ -150,8 +149,13 @@ def print_memory_interval(mi, profile: str) -> None:
     con.print(f"calibrated ({profile}): peak memory {mi.peak_gib:.1f} GiB ({mi.low_gib:.1f}-"
               f"{mi.high_gib:.1f}, 95% prediction interval)", highlight=False)
     if mi.may_not_fit_stage is not None:
-        con.print(f"[yellow]warning:[/yellow] may not fit: stage {mi.may_not_fit_stage}'s "
-                  "95% memory interval reaches past its GPU's memory", highlight=False)
+        con.print(f"[yellow]warning:[/yellow] {may_not_fit(mi)}", highlight=False)
+
+
+def may_not_fit(mi) -> str:
+    """The warning of a memory interval that reaches past a stage's GPU memory."""
+    return (f"may not fit: stage {mi.may_not_fit_stage}'s 95% memory interval reaches past its "
+            "GPU's memory")
 
 
 def print_safe_memory(cal: dict) -> None:

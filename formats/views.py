@@ -47,6 +47,12 @@ def plan_to_dict(plan: Plan, cluster: ClusterSpec) -> dict:
             "placement": placement_to_dict(plan.placement, cluster, plan.shape.cp)}
 
 
+# estimate --json's breakdown_ms keys (model/estimator.py Evaluator.estimate)
+BREAKDOWN_KEYS = ("compute_ms", "tp_comm_ms", "ep_alltoall_ms", "cp_exchange_ms",
+                  "pipeline_p2p_ms", "dp_sync_exposed_ms", "optimizer_ms", "other_tail_ms",
+                  "bubble_ms")
+
+
 def estimate_to_dict(e: Estimate) -> dict:
     return {
         "iteration_ms": e.iteration_ms,
@@ -56,13 +62,15 @@ def estimate_to_dict(e: Estimate) -> dict:
         "num_microbatches": e.num_microbatches,
         "fits": e.fits,
         "peak_memory_gib": e.peak_memory_gib,
-        "breakdown_ms": e.breakdown_ms,
+        # one key set whatever the plan (a part the plan has none of is 0.0), in the
+        # estimator's order
+        "breakdown_ms": {**{k: 0.0 for k in BREAKDOWN_KEYS}, **e.breakdown_ms},
         "replica_ms": list(e.replica_ms),
         "hops_ms": [{"hop": h, "fwd_ms": f, "bwd_ms": b} for h, (f, b) in enumerate(e.hops_ms)],
         "stages": [{
             "stage": s.stage, "layers": s.layers, "fwd_ms": s.fwd_ms, "bwd_ms": s.bwd_ms,
             "dp_sync_ms": s.sync_ms, "dp_sync_exposed_ms": s.sync_exposed_ms,
-            "optimizer_ms": s.optimizer_ms, "limit_gib": s.limit_gib,
+            "optimizer_ms": s.optimizer_ms, "limit_gib": float(s.limit_gib),
             "memory_gib": {
                 "weights": s.memory.weights_gib, "grads": s.memory.grads_gib,
                 "optimizer": s.memory.optimizer_gib, "activations": s.memory.activations_gib,

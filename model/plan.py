@@ -88,6 +88,10 @@ class Shape:
             zero = 1
         object.__setattr__(self, "zero", zero)
         object.__setattr__(self, "distributed_optimizer", zero >= 1)
+        # a shard group of every data-parallel rank is plain ZeRO-3 (0), as the search
+        # enumerates it: one shape, one price (estimate had priced it as HSDP of one replica)
+        if zero >= 3 and self.shard_size == self.dp and isinstance(self.dp, int):
+            object.__setattr__(self, "shard_size", 0)
 
     @property
     def cols(self) -> int:

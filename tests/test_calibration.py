@@ -1595,9 +1595,17 @@ def test_safe_memory_judges_at_the_interval_top(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(plan.read_text())
     assert doc["calibration"]["safe_memory"] == safe["safe_memory"]
-    res = runner.invoke(app, ["estimate", "--plan", str(plan), "--json"])
-    assert json.loads(res.output)["estimate"]["peak_memory_gib"] == pytest.approx(
+    again = tmp_path / "again.json"
+    res = runner.invoke(app, ["estimate", "--plan", str(plan), "--json", "--save-plan",
+                              str(again)])
+    got = json.loads(res.output)
+    assert got["estimate"]["peak_memory_gib"] == pytest.approx(
         doc["estimate"]["peak_memory_gib"], rel=1e-9)
+    # the recorded profile's path stays a path, in the JSON and in a plan saved again (it had
+    # carried "(recorded in the plan file)")
+    assert got["interval_s"]["profile"] == str(p) and got["interval_s"][
+        "profile_recorded_in_plan"] is True
+    assert json.loads(again.read_text())["calibration"]["profile"] == str(p)
     # another profile given for it: the plan's --safe-memory is not carried over, and that
     # is said (it had gone without a word, so fits could flip)
     res = runner.invoke(app, ["estimate", "--plan", str(plan), "--calibration", str(p),

@@ -37,6 +37,13 @@ def test_byte_tables(framework, precision, zero, d, expected):
     assert param_bytes(job, sh) == pytest.approx(expected)
 
 
+def test_a_shard_group_of_every_rank_is_plain_zero3():
+    """--shard-size equal to DP is ZeRO-3 (shard size 0), as the search enumerates it: one
+    shape, one price (estimate had priced it as HSDP of one replica, solve as ZeRO-3)."""
+    assert Shape(tp=1, pp=1, dp=8, micro_batch=1, zero=3, shard_size=8).shard_size == 0
+    assert Shape(tp=1, pp=1, dp=8, micro_batch=1, zero=3, shard_size=4).shard_size == 4
+
+
 def test_hsdp_shards_over_its_group():
     job = JobSpec(global_batch=64, seq_length=2048, framework="torchtitan")
     sh = Shape(tp=1, pp=1, dp=32, micro_batch=1, zero=3, shard_size=8)

@@ -417,6 +417,20 @@ def _int_list(text: str | None, flag: str, allow_zero: bool = False
     return tuple(sorted(set(vals)))
 
 
+def _zero_against_distopt(zeros: tuple[int, ...] | None, distopt: bool | None) -> None:
+    """--zero and --distopt / --no-distopt must agree (ZeRO-1 to 3 are the distributed
+    optimizer): one line where they do not (--no-distopt had made the job ZeRO-0, which won
+    over --zero without a word in solve; estimate had let --zero win)."""
+    from model.errors import SpecError
+
+    clash = [z for z in zeros or () if distopt is not None and (z >= 1) != distopt]
+    if clash:
+        raise SpecError(f"--zero {','.join(map(str, clash))} with --{'' if distopt else 'no-'}"
+                        "distopt: ZeRO-1 to 3 shard the optimizer state (Megatron-LM's "
+                        "distributed optimizer), ZeRO-0 does not; give one of the two",
+                        source="options", field="--zero")
+
+
 def _zero_list(text: str | None) -> tuple[int, ...] | None:
     from model.errors import SpecError
 
@@ -482,18 +496,12 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
-    from model.errors import SpecError
     from model.specs import RECOMPUTE
     from solvers.space import SearchSpace
 
     base = SearchSpace()
     zeros = _zero_list(zero)
-    clash = [z for z in zeros or () if distopt is not None and (z >= 1) != distopt]
-    if clash:  # --no-distopt had made the job ZeRO-0, which won over --zero without a word
-        raise SpecError(f"--zero {','.join(map(str, clash))} with --{'' if distopt else 'no-'}"
-                        "distopt: ZeRO-1 to 3 shard the optimizer state (Megatron-LM's "
-                        "distributed optimizer), ZeRO-0 does not; give one of the two",
-                        source="options", field="--zero")
+    _zero_against_distopt(zeros, distopt)
     return SearchSpace(tp=_int_list(tp, "--tp"), pp=_int_list(pp, "--pp"),
                        micro_batch=_int_list(mbs, "--mbs") or base.micro_batch,
                        schedules=_schedules(schedule) or base.schedules,
@@ -748,11 +756,7 @@ def estimate(
         except ValueError:
             raise SpecError("must be comma-separated integers, e.g. 20,20,20,20",
                             source="options", field="--layers") from None
-    if zero is not None and distopt is not None and (zero >= 1) != distopt:
-        # the rule solve and compare apply (_space): it had let --zero win without a word
-        raise SpecError(f"--zero {zero} with --{'' if distopt else 'no-'}distopt: ZeRO-1 to 3 "
-                        "shard the optimizer state (Megatron-LM's distributed optimizer), ZeRO-0 "
-                        "does not; give one of the two", source="options", field="--zero")
+    _zero_against_distopt(None if zero is None else (zero,), distopt)
     c0, opts0 = c, _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp,

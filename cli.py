@@ -1072,7 +1072,9 @@ def solve(
         d = render.solve_json(res, m, c, files, warnings, space)
         render.echo_json(_with_calibration(
             d, cal, interval, mem_interval, toss_up_with=toss.describe if toss else None,
-            toss_up_possible_with=maybe.describe if maybe else None))
+            toss_up_with_ms=toss.timed_ms if toss else None,
+            toss_up_possible_with=maybe.describe if maybe else None,
+            toss_up_possible_with_bound_ms=maybe.lower_bound_ms if maybe else None))
         return
     render.print_solve(res, c)
     _print_calibration(cal, interval, mem_interval, toss_up=(toss, maybe))
@@ -1131,7 +1133,7 @@ def compare(
     """Exact solver vs annealer vs baselines (Megatron-LM placement, AMP-style choice), all
     re-evaluated with this cost model; or, with --sharding, ZeRO-1 vs ZeRO-3 vs HSDP."""
     from formats.clusters import SynthParams, synth_cluster
-    from formats.views import write_csv
+    from formats.views import plan_to_dict, write_csv
     from solvers.compare import compare_instance
 
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
@@ -1157,18 +1159,23 @@ def compare(
         instances = [x[0] for x in calibrated]
         opts = calibrated[0][1]
     prog = render.Progress(not as_json)
-    rows = []
+    rows, details = [], []  # details: each row's plan as solve --json gives it (for --json)
     try:
         for inst in instances:
+            plans: dict = {}
             if sharding:
                 from solvers.compare import compare_sharding
-                rows += [{"cluster": inst.name, **r} for r in compare_sharding(
+                got = [{"cluster": inst.name, **r} for r in compare_sharding(
                     m, job, inst, time_limit_s=time_limit, seed=seed, progress=prog,
-                    space=space, options=opts, clock=clock.value)]
+                    space=space, options=opts, clock=clock.value, plans=plans)]
             else:
-                rows += compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
-                                         progress=prog, space=space, options=opts,
-                                         clock=clock.value)
+                got = compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
+                                       progress=prog, space=space, options=opts,
+                                       clock=clock.value, plans=plans)
+            for r in got:
+                p = plans.get(r["sharding"] if sharding else r["method"])
+                details.append(plan_to_dict(p, inst) if p is not None else None)
+            rows += got
     finally:
         prog.stop()
     notes = []
@@ -1179,7 +1186,7 @@ def compare(
     if csv is not None:
         write_csv(csv, rows)
     if as_json:
-        render.echo_json(rows)
+        render.echo_json([{**r, "plan_detail": d} for r, d in zip(rows, details)])
         return
     title = (f"{m.name}, global batch {job.global_batch}, seq {job.seq_length}; time limit "
              f"{time_limit:g} {'work-' if clock.value == 'work' else ''}s per search, seed "

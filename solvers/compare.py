@@ -59,10 +59,12 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     proven = ex.termination == "optimal"
     ref = ex.objective_ms if proven else ex.bound_ms
 
-    def row(method, plan, ms, solve_s, prov):
+    def row(method, plan, ms, solve_s, prov, fits=True, gap=None):
         """`over_reference`: T / reference - 1, the reference the exact search's proven
         optimum or, unproven, its lower bound (then not a gap to the optimum); `proven` gives
-        the exact search's own gap, (T - bound) / T as solve reports it."""
+        the exact search's own gap, (T - bound) / T as solve reports it, in words; for
+        scripts, `proven_optimal` (the exact row's proof), `solver_gap` (the exact row's
+        gap, None for the others) and `fits` say the same as values."""
         if plans is not None:
             plans[method] = plan
         return {"cluster": cluster.name, "method": method,
@@ -70,11 +72,12 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                 "over_reference": (ms - ref) / ref if ref else None,
                 "reference": "proven optimum" if proven else "lower bound",
                 "solve_s": solve_s, "clock": clock, "time_limit_s": time_limit_s,
-                "seed": seed, "proven": prov}
+                "seed": seed, "proven": prov, "proven_optimal": method == "exact" and proven,
+                "solver_gap": gap, "fits": fits}
 
     rows.append(row("exact", ex.plan, ex.objective_ms, ex.wall_s,
                     f"yes (solver gap {ex.gap * 100:.3f}%)" if proven else
-                    f"no (solver gap {ex.gap * 100:.2f}%)"))
+                    f"no (solver gap {ex.gap * 100:.2f}%)", gap=ex.gap))
     an = solve(model, job, cluster, method="anneal", time_limit_s=time_limit_s, seed=seed,
                options=options, progress=progress, space=space, clock=clock)
     rows.append(row("anneal", an.plan, an.objective_ms, an.wall_s, "no (heuristic)"))
@@ -88,7 +91,8 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     meg = Plan(with_layers(sh, lay), megatron_placement(cluster, sh.tp, sh.pp, sh.cols))
     meg_est = Evaluator(model, job, cluster, meg.shape, options).estimate(meg.placement)
     rows.append(row("megatron", meg, meg_est.iteration_ms, time.perf_counter() - t0,
-                    "baseline" if meg_est.fits else "baseline (does not fit)"))
+                    "baseline" if meg_est.fits else "baseline (does not fit)",
+                    fits=meg_est.fits))
     t0 = time.perf_counter()
     amp = amp_style_plan(model, job, cluster, space)
     if amp is not None:
@@ -96,7 +100,7 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
         ms = ev.iteration_ms(amp.placement)
         fits = ev.estimate(amp.placement).fits  # each stage on its hosts' memory
         rows.append(row("amp-style", amp, ms, time.perf_counter() - t0,
-                        "baseline" if fits else "baseline (does not fit)"))
+                        "baseline" if fits else "baseline (does not fit)", fits=fits))
     return rows
 
 
@@ -107,10 +111,11 @@ SHARDING_OPTIONS = (("ZeRO-1 (distributed optimizer)", 1, 0), ("ZeRO-3 / FSDP", 
 def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      time_limit_s: float = 60.0, seed: int = 0, options: Options | None = None,
                      space: SearchSpace = SearchSpace(), progress=None,
-                     clock: str = "wall") -> list[dict]:
+                     clock: str = "wall", plans: dict | None = None) -> list[dict]:
     """The best plan under each data-parallel sharding (ZeRO-1, ZeRO-3, HSDP with one node's
     replicas per shard group), each found by the full search restricted to it: iteration
-    time, peak memory, the plan, and the search's proof status."""
+    time, peak memory, the plan, and the search's proof status; `plans`, if given, receives
+    each row's plan object under its row's label (None where nothing fits)."""
     from dataclasses import replace
 
     options = options or Options()
@@ -161,6 +166,8 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                          "peak_memory_gib": None, "termination": f"none: {errors[0]}",
                          "solve_s": None})
             continue
+        if plans is not None:
+            plans[label] = best.plan
         rows.append({"sharding": label, "plan": best.plan.shape.describe(),
                      "iteration_ms": best.objective_ms,
                      "peak_memory_gib": best.estimate.peak_memory_gib,

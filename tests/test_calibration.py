@@ -1815,6 +1815,9 @@ def test_solve_with_a_profile_gives_an_interval_and_names_a_toss_up(tmp_path):
     assert iv["low"] < iv["estimate"] < iv["high"]
     assert iv["estimate"] == pytest.approx(d["solver"]["objective_ms"] / 1e3, rel=1e-9)
     assert iv["toss_up_with"] is not None and iv["toss_up_possible_with"] is None
+    # the toss-up's own time, inside the best plan's interval and no faster than the best
+    assert iv["estimate"] * 1e3 * (1 - 1e-9) <= iv["toss_up_with_ms"] <= iv["high"] * 1e3
+    assert iv["toss_up_possible_with_bound_ms"] is None
     assert json.loads(plan.read_text())["calibration"]["gpu"] == "A100-80GB"
 
 

@@ -122,6 +122,24 @@ def test_compare_writes_csv(tiny, tmp_path):
     assert "over optimum" in r.output or "over lower bound" in r.output
 
 
+def test_compare_json_rows_carry_values_and_the_plan(tiny):
+    """compare --json: the proof, gap and fit as values (not only the `proven` words), and
+    each row's plan as solve --json gives it, whose shape is the row's plan string."""
+    r = runner.invoke(app, ["compare", *tiny, "--time-limit", "10", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    by = {x["method"]: x for x in rows}
+    ex = by["exact"]
+    assert ex["proven_optimal"] == ex["proven"].startswith("yes")
+    assert 0 <= ex["solver_gap"] < 1 and by["anneal"]["solver_gap"] is None
+    assert not by["anneal"]["proven_optimal"] and by["anneal"]["fits"]
+    for x in rows:
+        d = x["plan_detail"]
+        assert isinstance(x["fits"], bool) and set(d) == {"shape", "placement"}
+        assert x["plan"].startswith(f"TP={d['shape']['tp']} PP={d['shape']['pp']}")
+        assert sum(d["shape"]["layers"]) == 4 and len(d["placement"]) >= d["shape"]["pp"]
+
+
 def test_compare_cluster_seed_fixes_the_generated_clusters():
     """--seed varies the solvers; --cluster-seed keeps the generated clusters (--seed had
     changed both, mixing solver spread with cluster spread)."""

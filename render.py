@@ -640,8 +640,13 @@ def print_presets(gpus, models, clusters) -> None:
 def cluster_json(c, written, warnings=()) -> dict:
     return {"name": c.name, "latency_us": c.latency_us, "intra_latency_us": c.intra_latency_us,
             "written": str(written) if written else None,
+            # a node's GPU-to-GPU matrix where its file or topology gives one (None: every
+            # pair at intra_gb_per_s)
             "nodes": [{"name": nd.name, "gpu": nd.gpu.name, "gpus": nd.num_gpus,
-                       "intra_gb_per_s": nd.intra_gb_per_s} for nd in c.nodes],
+                       "intra_gb_per_s": nd.intra_gb_per_s,
+                       "intra_matrix_gb_per_s": (None if nd.intra_matrix_gb_per_s is None
+                                                 else nd.intra_matrix_gb_per_s.tolist())}
+                      for nd in c.nodes],
             "inter_gb_per_s": c.inter_gb_per_s.tolist(), "warnings": list(warnings)}
 
 

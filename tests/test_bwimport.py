@@ -262,6 +262,17 @@ def test_cli_synth_matches_generator(tmp_path):
     r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx-h100", "--gpu",
             "H100-SXM-80GB")
     assert r.exit_code == 0 and "intra_matrix_gb_per_s" in r.output
+    # --json carries the same matrix (it had given only intra_gb_per_s)
+    r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx-h100", "--gpu",
+            "H100-SXM-80GB", "--json", "-o", str(tmp_path / "t.toml"))
+    assert r.exit_code == 0, r.output
+    nodes = json.loads(r.output)["nodes"]
+    written = load_cluster(tmp_path / "t.toml")
+    assert all(np.allclose(nd["intra_matrix_gb_per_s"], w.intra_matrix_gb_per_s)
+               for nd, w in zip(nodes, written.nodes))
+    assert np.ptp(np.array(nodes[0]["intra_matrix_gb_per_s"])) > 0
+    r = cli("cluster", "synth", "--nodes", "2", "--json")
+    assert all(nd["intra_matrix_gb_per_s"] is None for nd in json.loads(r.output)["nodes"])
 
 
 def test_intra_node_allreduce_gives_the_latency_and_link_rate(tmp_path):

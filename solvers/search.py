@@ -375,7 +375,8 @@ def _workers(jobs: int | None, n_items: int):
         return None
     from model import walk_jit
     walk_jit.settle()  # no child may inherit a half-done import of the compiled walks
-    return mp.get_context("fork").Pool(jobs)
+    from .sweep import die_with_parent
+    return mp.get_context("fork").Pool(jobs, initializer=die_with_parent)
 
 
 def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None,

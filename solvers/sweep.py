@@ -110,6 +110,28 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+def die_with_parent() -> None:
+    """Worker initializer: the worker ends when the process that started it does, whatever
+    ended it. A kill -9 of the sweep driver (or of a solve with --jobs) had left its workers
+    (and the forkserver and resource tracker they hold open) running a task and then waiting
+    on their queue forever: nothing tells them the parent is gone. multiprocessing gives each
+    child a sentinel, a pipe end that reads EOF when the parent is gone
+    (`parent_process().join()` waits on it), for fork, forkserver and spawn alike; a daemon
+    thread waits on it and exits the process (a worker inside a C call that holds the GIL,
+    e.g. one HiGHS solve, ends when that call returns)."""
+    import threading
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
 def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
               executor: str = "local", ray_address: str | None = None) -> dict:
     """Run the tasks (formats.sweepspec.Task) the store does not hold; returns counts.
@@ -133,7 +155,8 @@ def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
         ctx = multiprocessing.get_context(
             "forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
             else "spawn")
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
+                                    initializer=die_with_parent) as pool:
             futures = {}
             for t in queue:
                 store.started(t.id)

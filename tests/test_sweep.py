@@ -264,3 +264,61 @@ def test_sweep_specs_refuse_unknown_fields_and_stores_that_are_not_stores(tmp_pa
         assert r.exit_code == 2 and "Traceback" not in r.output, (args, r.output)
         assert len([x for x in r.output.splitlines() if x.strip()]) == 1, r.output
     assert notdb.read_text() == "hello\n"
+
+
+_ORPHAN_SCRIPT = """
+import concurrent.futures as cf, multiprocessing as mp, os, signal, sys, time
+sys.path.insert(0, {root!r})
+from solvers.sweep import die_with_parent
+
+
+def pid_then_sleep(s):
+    time.sleep(s)
+    return os.getpid()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fork-pool":  # solve --jobs's pool (solvers/search.py _workers)
+        pool = mp.get_context("fork").Pool(2, initializer=die_with_parent)
+        print(sorted(set(pool.map(pid_then_sleep, [0.3, 0.3]))), flush=True)
+        pool.apply_async(pid_then_sleep, (1000,))
+    else:  # the sweep's pool (solvers/sweep.py run_sweep)
+        pool = cf.ProcessPoolExecutor(2, mp_context=mp.get_context(sys.argv[1]),
+                                      initializer=die_with_parent)
+        print(sorted({{f.result() for f in [pool.submit(pid_then_sleep, 0.3)
+                                            for _ in range(2)]}}), flush=True)
+        pool.submit(pid_then_sleep, 1000)  # a worker busy when its driver is killed
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of the driver alone
+"""
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie waits for init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("how", ["forkserver", "spawn", "fork-pool"])
+def test_workers_end_when_their_driver_is_killed(tmp_path, how):
+    """kill -9 of the sweep driver (or of solve with --jobs) alone: its workers, one of them
+    mid-task, end within seconds (they had run on, then waited on their queue forever)."""
+    script = tmp_path / "driver.py"
+    script.write_text(_ORPHAN_SCRIPT.format(root=str(ROOT)))
+    # output to a file: an orphan holding a pipe would keep subprocess.run waiting
+    with open(tmp_path / "out.txt", "w") as f:
+        rc = subprocess.run([sys.executable, str(script), how], stdout=f,
+                            stderr=subprocess.DEVNULL, timeout=60).returncode
+    assert rc == -signal.SIGKILL
+    pids = [int(x) for x in (tmp_path / "out.txt").read_text().strip().strip("[]").split(",")]
+    assert len(pids) == 2
+    deadline = time.time() + 20
+    while time.time() < deadline and any(map(_running, pids)):
+        time.sleep(0.2)
+    alive = [p for p in pids if _running(p)]
+    for p in alive:  # do not leave them behind, whatever the verdict
+        os.kill(p, signal.SIGKILL)
+    assert not alive

@@ -33,7 +33,8 @@ from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import NOT_BOUNDED, Candidate, SolveResult
 from .space import (SearchSpace, blocks_for, capacity_split, check_space,
-                    enumerate_shapes, min_max_memory_split, unused_values, with_layers)
+                    enumerate_shapes, min_max_memory_split, refuse_unusable_lists,
+                    unused_values, with_layers)
 
 # Above this many nodes `auto` anneals instead of proving optimality. bench/exact_scaling.py
 # (Llama-2 7B, TP=8, one pipeline stage per node, random and switch-structured matrices; one
@@ -400,6 +401,7 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
     global _WORK
     infos, rejected = [], []
     shapes = list(enumerate_shapes(model, job, cluster, space, too_long))
+    refuse_unusable_lists(space, shapes + list(too_long or ()))
     _WORK = (model, job, cluster, options, shapes)
     pool = _workers(jobs, len(shapes))
     try:

@@ -223,10 +223,8 @@ _GIVEN_LISTS = (
 )
 
 
-def unused_values(space: SearchSpace, shapes) -> list[str]:
-    """One line per option value the user listed that no valid shape has (it could only be
-    ignored, silently until now: `--tp 3,8` searched TP 8 alone)."""
-    out = []
+def _lost_values(space: SearchSpace, shapes):
+    """(flag, values no valid shape has, all given values, rule) per list the user gave."""
     for attr, flag, fld, rule in _GIVEN_LISTS:
         given = getattr(space, attr)
         if given is None or given == getattr(SearchSpace(), attr):
@@ -237,9 +235,33 @@ def unused_values(space: SearchSpace, shapes) -> list[str]:
             have |= {0} if any(not sh.shard_size for sh in shapes) else set()
         lost = [v for v in given if v not in have]
         if lost:
-            out.append(f"{flag} {','.join(map(str, lost))}: no valid plan has "
-                       f"{'this value' if len(lost) == 1 else 'these values'} here ({rule}); "
-                       "searched without")
+            yield flag, lost, given, rule
+
+
+def refuse_unusable_lists(space: SearchSpace, shapes) -> None:
+    """Refuse a list option none of whose values any valid shape has (`shapes`: every valid
+    one), in one line naming it. The search could only have run without the option, or
+    under what is left of it (torchtitan with `--zero 1` had searched the DP 1 shapes alone,
+    which no ZeRO stage concerns, while saying it searched without)."""
+    if not shapes:
+        return  # nothing valid at all: the search's own error says why, lists included
+    for flag, lost, given, rule in _lost_values(space, shapes):
+        if len(lost) == len(given):
+            raise SpecError(f"{flag} {','.join(map(str, lost))}: no valid plan has "
+                            f"{'this value' if len(lost) == 1 else 'these values'} here "
+                            f"({rule}); give a value a plan can use, or drop {flag}",
+                            source="options", field=flag)
+
+
+def unused_values(space: SearchSpace, shapes) -> list[str]:
+    """One line per option value the user listed that no valid shape has (it could only be
+    ignored, silently until now: `--tp 3,8` searched TP 8 alone); a list with no usable value
+    at all is refused before the search (refuse_unusable_lists)."""
+    out = []
+    for flag, lost, _given, rule in _lost_values(space, shapes):
+        out.append(f"{flag} {','.join(map(str, lost))}: no valid plan has "
+                   f"{'this value' if len(lost) == 1 else 'these values'} here ({rule}); "
+                   "searched the others")
     # an overlap asked for that no shape can use (_overlaps): said, not dropped
     for attr, flag, rule in _OVERLAPS:
         if True in getattr(space, attr) and shapes and not any(getattr(sh, attr)

@@ -180,14 +180,23 @@ def test_search_knobs_restrict_solve(tiny):
     w = json.loads(r.output)["warnings"]
     assert any(x.startswith("--tp 3: no valid plan has this value") for x in w), w
     assert any(x.startswith("--pp 3: no valid plan") for x in w) and len(w) == 2, w
-    # sharding asked for and not searched: an HSDP shard group where only ZeRO-0/1 is searched
-    # (Megatron-LM's default) and ZeRO-1 for torchtitan had been dropped without a word
+    # sharding asked for and not searched: ZeRO-1 for torchtitan beside ZeRO-3 had been
+    # dropped without a word; now said, and ZeRO-3 searched
+    r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "5", "--mbs", "1",
+                            "--recompute", "full", "--zero", "1,3", "--framework", "torchtitan"])
+    assert r.exit_code == 0, r.output
+    assert any(x.startswith("--zero 1: no valid plan has this value here") and
+               x.endswith("searched the others") for x in json.loads(r.output)["warnings"])
+    # a list none of whose values any plan can have is refused before the search: an HSDP
+    # shard group where only ZeRO-0/1 is searched (Megatron-LM's default), ZeRO-1 alone for
+    # torchtitan (it had searched the DP 1 shapes alone, saying it searched without --zero)
     for args, says in ((["--shard-size", "2"], "--shard-size 2: no valid plan"),
-                       (["--zero", "1,3", "--framework", "torchtitan"], "--zero 1: no valid")):
-        r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "5", "--mbs", "1",
+                       (["--shard-size", "2", "--zero", "1"], "--shard-size 2: no valid plan"),
+                       (["--zero", "1", "--framework", "torchtitan"], "--zero 1: no valid")):
+        r = runner.invoke(app, ["solve", *tiny, "--time-limit", "5", "--mbs", "1",
                                 "--recompute", "full", *args])
-        assert r.exit_code == 0, r.output
-        assert any(x.startswith(says) for x in json.loads(r.output)["warnings"]), r.output
+        assert r.exit_code == 2 and says in r.output, r.output
+        assert "or drop " + args[0] in r.output and len(r.output.strip().splitlines()) == 1
     # --no-distopt had made the job ZeRO-0, which won over --zero 2 without a word
     r = runner.invoke(app, ["solve", *tiny, "--zero", "2", "--no-distopt"])
     assert r.exit_code == 2 and "--zero 2 with --no-distopt" in r.output, r.output

@@ -59,6 +59,7 @@ def estimate_to_dict(e: Estimate) -> dict:
         "tokens_per_s": e.tokens_per_s,
         "mfu": e.mfu,
         "hfu": e.hfu,
+        "mfu_causal": e.mfu_causal,
         "num_microbatches": e.num_microbatches,
         "fits": e.fits,
         "peak_memory_gib": e.peak_memory_gib,

@@ -203,9 +203,11 @@ class Pass:
 
     ms: dict[str, float] = field(default_factory=dict)
     flops: float = 0.0
+    op_flops: dict[str, float] = field(default_factory=dict)  # name -> its share of `flops`
 
     def add(self, name: str, ms: float, flops: float = 0.0) -> None:
         self.ms[name] = self.ms.get(name, 0.0) + ms
+        self.op_flops[name] = self.op_flops.get(name, 0.0) + flops
         self.flops += flops
 
     @property

@@ -215,18 +215,31 @@ class CostModel:
         self._layer_cache[key] = out
         return out
 
+    def _op_sac_kept(self, F: dict[str, float]) -> float:
+        """What torchtitan's per-op selective checkpointing keeps of one layer's forward, of
+        `F` (op name -> its milliseconds or FLOPs, compute.Pass): the attention core, the q
+        and v multiplies, w1 (every other matmul: its policy's mm count) and w2, half of the
+        FP8 casts (memory.op_sac_tensors)."""
+        m = self.model
+        q, kv = m.q_dim, m.kv_dim
+        kept = F["attention"] + F["qkv"] * (q + kv) / (q + 2 * kv) + F["fc2"] + (
+            F["fc1"] / 2 if m.gated_mlp else F["fc1"])
+        return kept + sum(v for k, v in F.items() if k.endswith(".cast") and k.split(".")[0]
+                          in ("qkv", "fc1", "fc2")) / 2
+
     def _op_sac_recompute_ms(self, lc) -> float:
         """The compute torchtitan's per-op selective checkpointing reruns in the backward:
         every forward operation whose output it did not keep (memory.op_sac_tensors), the k, o
         and w3 multiplies, the norms, rotary and activation kernels (its tensor-parallel
         all-gathers: `layer_times`)."""
-        m, F = self.model, lc.fwd.ms
-        q, kv = m.q_dim, m.kv_dim
-        kept = F["attention"] + F["qkv"] * (q + kv) / (q + 2 * kv) + F["fc2"] + (
-            F["fc1"] / 2 if m.gated_mlp else F["fc1"])
-        kept += sum(v for k, v in F.items() if k.endswith(".cast") and k.split(".")[0] in
-                    ("qkv", "fc1", "fc2")) / 2
-        return max(0.0, lc.fwd.total_ms - kept)
+        return max(0.0, lc.fwd.total_ms - self._op_sac_kept(lc.fwd.ms))
+
+    def op_sac_recompute_share(self, gpu) -> float:
+        """The share of one layer's forward FLOPs (eq. 3's terms) that torchtitan's per-op
+        selective checkpointing runs again (the k, o and w3 multiplies): what its recompute
+        adds to the hardware FLOPs, as `_op_sac_recompute_ms` adds it to the time."""
+        f = self.compute(gpu).layer().fwd
+        return max(0.0, f.flops - self._op_sac_kept(f.op_flops)) / f.flops if f.flops else 0.0
 
     def cp_step_bytes(self) -> float:
         """Bytes one CP rank sends per ring step of one layer's forward: its K and V chunk

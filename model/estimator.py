@@ -48,10 +48,11 @@ class Estimate:
     hops_ms: tuple[tuple[float, float], ...]  # slowest (fwd, bwd) transfer per hop
     breakdown_ms: dict  # critical path of the slowest replica, by category
     tokens_per_s: float
-    mfu: float
-    hfu: float
+    mfu: float  # eq. (3) model FLOPs (full s x s attention) / time / dense peak
+    hfu: float  # the same with what recompute runs again
     num_microbatches: int
     critical_path: list = field(default_factory=list, repr=False)
+    mfu_causal: float = 0.0  # MFU counting the causal half of the attention core
 
     @property
     def peak_memory_gib(self) -> float:
@@ -400,20 +401,28 @@ class Evaluator:
 
     # -- full report ---------------------------------------------------------------------------
 
-    def model_flops(self) -> tuple[float, float]:
-        """(model FLOPs, recompute FLOPs) of one iteration: Narayanan et al. 2021 eq. (3),
-        3x the forward of every layer and the output layer; full recompute adds one forward of
-        every layer, selective the attention core."""
+    def model_flops(self) -> tuple[float, float, float]:
+        """(model FLOPs, recompute FLOPs, causal attention's saving) of one iteration:
+        Narayanan et al. 2021 eq. (3), 3x the forward of every layer and the output layer,
+        the attention core counted over the full s x s (as torchtitan's MFU counts it); full
+        recompute adds one forward of every layer, selective what the framework runs again
+        (Megatron-LM the attention core, Korthikanti et al. 2022 Sec. 5; torchtitan's per-op
+        checkpointing the k, o and w3 multiplies, costs.CostModel.op_sac_recompute_share);
+        the saving: half of the attention core's 3 passes, which a causal count leaves out
+        (Megatron-Bridge's flop_utils, `causal_self_attn`)."""
         m, job = self.model, self.job
         tokens = job.global_batch * job.seq_length
-        model_flops = 3 * (m.model_flops_fwd(tokens, job.seq_length)
-                           + m.logits_flops_fwd(tokens))
+        layers_fwd = m.model_flops_fwd(tokens, job.seq_length)
+        model_flops = 3 * (layers_fwd + m.logits_flops_fwd(tokens))
+        core = m.num_layers * m.attention_core_flops_fwd(tokens, job.seq_length)
         extra = 0.0
         if self.shape.recompute == "full":
-            extra = m.model_flops_fwd(tokens, job.seq_length)
+            extra = layers_fwd
+        elif self.shape.recompute == "selective" and job.framework == "torchtitan":
+            extra = layers_fwd * self.costs.op_sac_recompute_share(self.cluster.nodes[0].gpu)
         elif self.shape.recompute == "selective":
-            extra = m.num_layers * m.attention_core_flops_fwd(tokens, job.seq_length)
-        return model_flops, extra
+            extra = core
+        return model_flops, extra, 3 * core / 2
 
     def comm_on_path(self, pl: Placement, r: int, counts: np.ndarray, kind: str) -> float:
         """Milliseconds of column r's critical path (`counts`: times it visits each
@@ -494,7 +503,7 @@ class Evaluator:
         }
         tokens = self.job.global_batch * self.job.seq_length
         secs = length / 1e3
-        model_flops, extra = self.model_flops()
+        model_flops, extra, causal_saving = self.model_flops()
         # MFU against the base precision's dense peak (bf16 for FP8 runs, as torchtitan does)
         peak = sum(nd.gpu.peak_flops(self.job.precision) * nd.num_gpus for nd in c.nodes)
         if not (math.isfinite(length) and length > 0 and all(
@@ -507,7 +516,8 @@ class Evaluator:
             iteration_ms=float(length), replica_ms=tuple(float(x) for x in lengths),
             stages=tuple(stages), hops_ms=tuple(hops), breakdown_ms=breakdown,
             tokens_per_s=tokens / secs, mfu=model_flops / secs / peak,
-            hfu=(model_flops + extra) / secs / peak, num_microbatches=self.m,
+            hfu=(model_flops + extra) / secs / peak,
+            mfu_causal=(model_flops - causal_saving) / secs / peak, num_microbatches=self.m,
             critical_path=[self.cs.label(i) for i in path])
 
 

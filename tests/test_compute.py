@@ -369,3 +369,30 @@ def test_fp8_gemm_efficiency_sets_the_fp8_gemm_rate(h100):
     assert slow == pytest.approx(2 * same, rel=0.02)
     b16 = [ComputeModel(m, job, g, fp8=False, **kw).layer().fwd.ms["fc1"] for g in (h100, half)]
     assert b16[0] == b16[1]
+
+
+@pytest.mark.parametrize("framework,recompute", [("megatron", "selective"),
+                                                 ("torchtitan", "selective"),
+                                                 ("torchtitan", "full"), ("megatron", "none")])
+def test_hfu_counts_what_the_recompute_runs_again_and_mfu_causal_halves_the_core(
+        framework, recompute):
+    """HFU adds the FLOPs the framework's recompute runs again: Megatron-LM's selective the
+    attention core, torchtitan's per-op checkpointing the k, o and w3 multiplies (it keeps the
+    attention core; counting the core had put HFU at 102% for an 8B FP8 run at 65k tokens);
+    full one forward of every layer. MFU causal leaves out half of the core's 3 passes."""
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=8, seq_length=32768, framework=framework)
+    plan = make_plan(m, job, c, tp=1, pp=1, dp=4, cp=2, recompute=recompute,
+                     zero=3 if framework == "torchtitan" else 1)
+    e = estimate(m, job, c, plan)
+    T, s, h, q, kv, L = 8 * 32768, 32768, m.hidden_size, m.q_dim, m.kv_dim, m.num_layers
+    core = 4 * T * s * q
+    extra = {"none": 0.0, "full": m.model_flops_fwd(T, s),
+             "selective": L * (core if framework == "megatron" else
+                               2 * T * h * kv + 2 * T * q * h + 2 * T * h * m.ffn_hidden_size)}
+    assert e.hfu / e.mfu == pytest.approx(1 + extra[recompute] / (3 * (
+        m.model_flops_fwd(T, s) + m.logits_flops_fwd(T))), rel=1e-9)
+    assert e.mfu - e.mfu_causal == pytest.approx(
+        e.mfu * 1.5 * L * core / (3 * (m.model_flops_fwd(T, s) + m.logits_flops_fwd(T))),
+        rel=1e-9)

@@ -234,6 +234,18 @@ def test_torchtitan_release_decides_how_kv_is_counted(tmp_path):
         out[version] = (saved["job"]["repeat_kv"], json.loads(r.output)["estimate"])
     assert out["0.1"][0] is True and out["0.2"][0] is False
     assert out["0.1"][1]["iteration_ms"] > out["0.2"][1]["iteration_ms"]
+    # emit follows the release the plan was priced for (it had written v0.2's files for the
+    # v0.1 plan, with a warning); a release given wins, and says the difference
+    for version, given, warned in (("0.1", [], False), ("0.2", [], False),
+                                   ("0.1", ["--framework-version", "0.2"], True)):
+        d = tmp_path / f"emit{version}{len(given)}"
+        r = run("emit", str(tmp_path / f"plan{version}.json"), "--framework", "torchtitan",
+                "--out", str(d), *given, "--json")
+        assert r.exit_code == 0, r.output
+        written = (d / "torchtitan.toml").read_text()
+        release = given[1] if given else version
+        assert written.startswith(f"# torchtitan {release}.x job config"), written[:100]
+        assert any("[attention]" in w for w in json.loads(r.output)["warnings"]) == warned
     # another framework's estimate does not read it: one line, exit 2
     r = run("estimate", "--framework-version", "0.1")
     assert r.exit_code == 2 and "--framework-version: is for --emit" in r.output

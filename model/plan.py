@@ -407,9 +407,12 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         raise SpecError("a shard group smaller than the data-parallel group is HSDP: ZeRO "
                         "stage 3", source=src, field="shard_size")
     if shape.zero >= 3 and (shape.overlap_grad_reduce or shape.overlap_param_gather):
+        # the field named is the one the plan set (the grad one where both are)
         raise SpecError("ZeRO-3 prefetches and overlaps its per-layer collectives itself; the "
                         "bucket overlaps (--overlap-grad-reduce / --overlap-param-gather) are "
-                        "for ZeRO-0 to 2", source=src, field="overlap_grad_reduce")
+                        "for ZeRO-0 to 2", source=src,
+                        field="overlap_grad_reduce" if shape.overlap_grad_reduce
+                        else "overlap_param_gather")
     if shape.cp_alltoall and (job.framework != "torchtitan" or shape.cp <= 1):
         raise SpecError("is torchtitan's choice of K/V rotation under context parallelism "
                         "(context_parallel_rotate_method alltoall); it needs framework "

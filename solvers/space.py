@@ -198,8 +198,9 @@ def check_space(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                         "apply; drop --ep", source="options", field="--ep")
     if space.cp_alltoall != SearchSpace().cp_alltoall and \
             all(c == 1 for c in cp_degrees(job, cluster, space)):
-        raise SpecError(f"no context parallelism is searched (sequence {job.seq_length} is "
-                        f"below {CP_MIN_SEQ:,} tokens and no --cp above 1), so there is no K/V "
+        why = (f"--cp {','.join(map(str, space.cp))}" if space.cp else
+               f"sequence {job.seq_length} is below {CP_MIN_SEQ:,} tokens and no --cp above 1")
+        raise SpecError(f"no context parallelism is searched ({why}), so there is no K/V "
                         "to rotate: drop --kv-rotate or add --cp", source="options",
                         field="--kv-rotate")
     if job.fp8 and gpus_without_fp8(cluster):

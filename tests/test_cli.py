@@ -273,6 +273,20 @@ def test_kv_rotate_option(tmp_path):
     assert r.exit_code == 2 and "--kv-rotate: is torchtitan's K/V rotation" in r.output
     r = run("solve", "--framework", "torchtitan", "--kv-rotate", "ring")
     assert r.exit_code == 2 and "--kv-rotate" in r.output
+    # a long sequence with --cp 1: the line blames --cp 1, not the sequence's length
+    r = run("solve", "-m", "llama3-8b", "-c", "h100-8x8", "--framework", "torchtitan",
+            "--kv-rotate", "alltoall", "--cp", "1", "--gbs", "64", "--seq", "32768")
+    assert r.exit_code == 2 and "(--cp 1)" in r.output and "below" not in r.output, r.output
+
+
+def test_zero3_overlap_refusal_names_the_overlap_given():
+    """ZeRO-3 with a bucket overlap: the line names the overlap the user gave."""
+    common = ("-m", "llama3-70b", "-c", "h100-8x8", "--gbs", "128", "--seq", "8192", "--tp",
+              "4", "--pp", "2", "--zero", "3", "--sp")
+    for flag, field in (("--overlap-param-gather", "overlap_param_gather"),
+                        ("--overlap-grad-reduce", "overlap_grad_reduce")):
+        r = run("estimate", *common, flag)
+        assert r.exit_code == 2 and f"{field}: ZeRO-3 prefetches" in r.output, r.output
 
 
 def test_help_shows_bracketed_defaults():

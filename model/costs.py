@@ -72,6 +72,15 @@ class LayerTimes:
     tp_comm_rerun_ms: float = 0.0
     cp_comm_rerun_ms: float = 0.0
     ep_comm_rerun_ms: float = 0.0
+    # ZeRO-3: what of a layer's parameter gather (and, in the backward, gradient
+    # reduce-scatter) outlasts the compute it prefetches behind, inside fwd_ms and bwd_ms (the
+    # recompute's gather included), and the embedding's or output layer's own gather
+    # (+ reduce-scatter), inside emb_* and head_*
+    shard_comm_fwd_ms: float = 0.0
+    shard_comm_bwd_ms: float = 0.0
+    shard_comm_rerun_ms: float = 0.0  # (none apart: the backward's exposure counts it)
+    shard_edge_fwd_ms: float = 0.0
+    shard_edge_bwd_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -190,28 +199,32 @@ class CostModel:
         emb_f, emb_b = ef.total_ms + emb_f, eb.total_ms + emb_b
         head_f, head_b = hf.total_ms + head_f, hb.total_ms + head_b
         fill_f = fill_b = 0.0
+        shard = (0.0, 0.0, 0.0, 0.0)  # LayerTimes.shard_comm_* and shard_edge_*
         if sh.zero >= 3:
             ag, rs = self._shard_collectives(self.model.params_per_layer / sh.tp,
                                              shard_ring_gb_per_s)
             # prefetch: the next layer's gather runs during this layer's compute (and in the
             # backward the previous layer's reduce-scatter too); only what outlasts it shows,
             # plus the first gather (and last reduce-scatter) of every chunk: `fill`
-            fwd += exposed_async_ms(ag, fwd)
+            z_f = exposed_async_ms(ag, fwd)
             if self.job.framework == "deepspeed":
                 # DeepSpeed reduces gradients beside the backward only with overlap_comm,
                 # off by default (DeepSpeed config reference, zero_optimization); the emitted
                 # config sets it off: each layer's reduce-scatter waits in line
-                bwd += exposed_async_ms(ag, bwd) + rs
+                z_b = exposed_async_ms(ag, bwd) + rs
             else:
-                bwd += exposed_async_ms(ag + rs, bwd)
+                z_b = exposed_async_ms(ag + rs, bwd)
+            fwd, bwd = fwd + z_f, bwd + z_b
             fill_f, fill_b = ag, ag + rs
             # the embedding and output layer are units of their own, gathered when reached
             e_ag, e_rs = self._shard_collectives(self.model.vocab_size * self.model.hidden_size
                                                  / sh.tp, shard_ring_gb_per_s)
             emb_f, emb_b = emb_f + e_ag, emb_b + e_ag + e_rs
             head_f, head_b = head_f + e_ag, head_b + e_ag + e_rs
+            shard = (z_f, z_b, e_ag, e_ag + e_rs)
         out = LayerTimes(fwd, bwd, emb_f, emb_b, head_f, head_b, f_comm, b_comm, cp_f, cp_b,
-                         fill_f, fill_b, ep_f, ep_b, *rerun)
+                         fill_f, fill_b, ep_f, ep_b, *rerun, shard[0], shard[1], 0.0,
+                         shard[2], shard[3])
         self._layer_cache[key] = out
         return out
 

@@ -430,7 +430,9 @@ class Evaluator:
         F and B: "ep" the expert-parallel all-to-alls (each forward of a layer carries a
         dispatch and a combine, each backward their gradients'), "cp" the exposed
         context-parallel K/V exchange (costs.CostModel._cp_exchange_ms), "tp" the exposed
-        tensor-parallel collectives (costs.CostModel._layer_tp_comm); each backward also
+        tensor-parallel collectives (costs.CostModel._layer_tp_comm), "shard" ZeRO-3's
+        exposed parameter gathers and gradient reduce-scatters (each chunk's first gather and
+        last reduce-scatter, the embedding's and output layer's included); each backward also
         carries what its recompute runs again (LayerTimes.*_comm_rerun_ms)."""
         sh, K = self.shape, self.kinds
         total = 0.0
@@ -444,6 +446,13 @@ class Evaluator:
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 total += sh.layers[j] * (counts[K.F(j)] * f + counts[K.B(j)] * per_b)
+                if kind == "shard":  # each chunk's first gather (+ last reduce-scatter), and
+                    # the embedding's and output layer's (costs.CostModel.virtual_stage_ms)
+                    edges = (j == 0) + (j == sh.num_virtual - 1)
+                    total += counts[K.F(j)] * (lt.shard_fill_fwd_ms + edges
+                                               * lt.shard_edge_fwd_ms)
+                    total += counts[K.B(j)] * (lt.shard_fill_bwd_ms + edges
+                                               * lt.shard_edge_bwd_ms)
         return float(total)
 
     def estimate(self, pl: Placement) -> Estimate:
@@ -488,7 +497,8 @@ class Evaluator:
         # from the compute
         for kind, key, on in (("tp", "tp_comm_ms", sh.tp > 1),
                               ("ep", "ep_alltoall_ms", sh.ep > 1),
-                              ("cp", "cp_exchange_ms", sh.cp > 1)):
+                              ("cp", "cp_exchange_ms", sh.cp > 1),
+                              ("shard", "shard_comm_ms", sh.zero >= 3)):
             if on:
                 comm_part[key] = self.comm_on_path(pl, worst, counts, kind)
                 compute -= comm_part[key]

@@ -155,6 +155,38 @@ def test_zero3_prefetch_hides_what_the_compute_covers():
     assert times[1] / times[0] < 1.02 and times[3] > 2 * times[2] > 2 * times[0]
 
 
+@pytest.mark.parametrize("framework,pp,chunks", [("megatron", 1, 1), ("torchtitan", 1, 1),
+                                                  ("megatron", 2, 2)])
+def test_zero3_collectives_have_their_own_breakdown_part(framework, pp, chunks):
+    """The exposed ZeRO-3 gathers and reduce-scatters are `shard_comm_ms`, not compute (they
+    had made a gather-bound 405B run read 96% compute): on slow links it is the part that
+    grows, and without a pipeline the rest of the path is ZeRO-1's same-shape path less its
+    gradient sync: compute and TP parts equal; with an interleaved pipeline every part stays
+    non-negative and the parts add up to the iteration."""
+    m = presets.model("llama2-7b")
+    job = JobSpec(global_batch=64, seq_length=4096, framework=framework)
+    parts = []
+    for bw in (25.0, 0.5):
+        c = uniform_cluster(4, 8, "A100-80GB", 240.0, bw)
+        tp = 1 if framework == "torchtitan" else 2  # its DDP runs on 1-D meshes only
+        kw = dict(tp=tp, pp=pp, micro_batch=2, sequence_parallel=tp > 1,
+                  schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks)
+        e3 = estimate(m, job, c, make_plan(m, job, c, zero=3, **kw))
+        b = e3.breakdown_ms
+        assert b["shard_comm_ms"] > 0 and min(b.values()) >= 0
+        assert sum(v for k, v in b.items() if k != "bubble_ms") == pytest.approx(
+            e3.iteration_ms, rel=1e-9)
+        if pp == 1:
+            z1 = 0 if framework == "torchtitan" else 1
+            e1 = estimate(m, job, c, make_plan(m, job, c, zero=z1, **kw))
+            assert b["compute_ms"] == pytest.approx(e1.breakdown_ms["compute_ms"], rel=1e-9)
+            assert b.get("tp_comm_ms", 0) == pytest.approx(
+                e1.breakdown_ms.get("tp_comm_ms", 0), rel=1e-9)
+        parts.append(b)
+    assert parts[1]["shard_comm_ms"] > 10 * parts[0]["shard_comm_ms"]
+    assert parts[1]["shard_comm_ms"] > parts[1]["compute_ms"]
+
+
 def _best(m, job, c, zero, shard):
     sp = SearchSpace(zero=(zero,), shard_sizes=(shard,) if zero == 3 else None,
                      micro_batch=(1, 2, 4), schedules=(("1f1b", 1),), tp=(1, 2),

@@ -1041,6 +1041,11 @@ def solve(
     _kv_rotate_check(kv_rotate, framework.value)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt)
+    if emit is not None:
+        # a plan to launch: only placements torchrun can start in the framework's rank orders
+        from dataclasses import replace
+        from launch.ranks import ORDERS
+        space = replace(space, launch_orders=ORDERS[emit])
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,

@@ -32,7 +32,7 @@ from .brute import brute_force, enumerable
 from .milp import milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import NOT_BOUNDED, Candidate, SolveResult
-from .space import (SearchSpace, blocks_for, capacity_split, check_space,
+from .space import (SearchSpace, block_launchable, blocks_for, capacity_split, check_space,
                     enumerate_shapes, min_max_memory_split, refuse_unusable_lists,
                     unused_values, with_layers)
 
@@ -618,6 +618,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         return (sh.schedule, sh.pp, num_microbatches(job, sh), sh.chunks, options.blocking_p2p)
     block_bounds: dict[int, float] = {}  # id(PlacementProblem) -> its placement-relaxed bound
     probs_of: dict[int, list] = {}
+    # block layouts left out as torchrun cannot start them (space.launch_orders), and shapes
+    # left with none
+    unlaunchable = [0, 0]
     # Phase A: bound every shape that the cheap bound cannot rule out; prune. With annealing
     # (large clusters) this phase ends at BOUND_FRACTION of the time limit; shapes not bounded
     # by then keep their cheap bound and go on to phase B.
@@ -764,11 +767,19 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         if left <= 0 or not info.screened:
             cand.status = "not searched (time limit)" if info.bounded else NOT_BOUNDED
             continue
+        blks = blocks_for(cluster, info.shape)
+        if space.launch_orders is not None:
+            kept = [b for b in blks if block_launchable(info.shape, b, space.launch_orders)]
+            unlaunchable[0] += len(blks) - len(kept)
+            unlaunchable[1] += bool(blks) and not kept
+            blks = kept
         probs = [PlacementProblem(model, job, cluster, info.shape, blk, options)
-                 for blk in blocks_for(cluster, info.shape)]
+                 for blk in blks]
         probs_of[id(info)] = probs
         if not probs:
-            cand.status = "no block layout fits this cluster's nodes"
+            cand.status = ("no block layout fits this cluster's nodes" if not unlaunchable[0]
+                           or blocks_for(cluster, info.shape) == [] else
+                           "no block layout the framework's torchrun launch can start")
             bounds_left[id(info)] = math.inf
             continue
         cuts: list = pool.setdefault(graph_key(info.shape), [])
@@ -957,4 +968,10 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                        work_s=work.now() - t0 if clock == "work" else None,
                        notes=unused_values(space, [i.shape for i in infos]
                                            + [c.shape for c in rejected if c.shape]
-                                           + too_long))
+                                           + too_long)
+                       + ([f"placements limited to what torchrun can start in the "
+                           f"framework's rank order{'s' * (len(space.launch_orders) > 1)} "
+                           f"(--emit): {unlaunchable[0]} block layout(s) of the shapes "
+                           f"searched left out"
+                           + (f", {unlaunchable[1]} shape(s) left with none"
+                              if unlaunchable[1] else "")] if unlaunchable[0] else []))

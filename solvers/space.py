@@ -20,8 +20,8 @@ from model.cluster import ClusterSpec
 from model.costs import CostModel
 from model.memory import GIB
 from model.errors import ScheduleTooLongError, SpecError
-from model.plan import (Placement, Shape, block_placement, gpus_without_fp8, no_fp8_cores,
-                        num_microbatches, validate_shape)
+from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, gpus_without_fp8,
+                        megatron_rank, no_fp8_cores, num_microbatches, validate_shape)
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
 
@@ -57,6 +57,30 @@ def blocks_for(cluster: ClusterSpec, shape: Shape) -> list[Block]:
         if A * D == cluster.num_nodes:
             out.append(Block(j, k, A, D))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def block_launchable(shape: Shape, block: Block, orders: tuple[str, ...]) -> bool:
+    """Whether torchrun can start a block layout under one of the rank `orders` (model.plan
+    megatron_rank; launch/ranks.py): each node's ranks, stages [a j, a j + j) x columns
+    [b k, b k + k) x every tensor rank, must be consecutive (a node_rank's block). Which node
+    plays which slot, and which of its GPUs runs which rank, is free (node_rank,
+    CUDA_VISIBLE_DEVICES), so the layout alone decides. The tp-pp-dp order only without
+    expert parallelism (its expert groups assume the default order: rank_mapping)."""
+    j, k, sh = block.j, block.k, shape
+    for order in orders:
+        if order != DEFAULT_ORDER and sh.ep > 1:
+            continue
+        if all(_consecutive(sorted(megatron_rank(sh.tp, sh.cols, st, c, t, order, sh.pp, sh.cp)
+                                   for st in range(a * j, a * j + j)
+                                   for c in range(b * k, b * k + k) for t in range(sh.tp)))
+               for a in range(block.A) for b in range(block.D)):
+            return True
+    return False
+
+
+def _consecutive(ranks: list[int]) -> bool:
+    return ranks[-1] - ranks[0] == len(ranks) - 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -107,6 +131,10 @@ class SearchSpace:
     tp_comm_overlap: tuple[bool, ...] = (False,)
     overlap_grad_reduce: tuple[bool, ...] = (False,)
     overlap_param_gather: tuple[bool, ...] = (False,)
+    # the rank orders of the framework the plan is for (launch.ranks.ORDERS), when it is to be
+    # launched by torchrun (solve --emit): only block layouts one of them can start are placed
+    # (block_launchable); None: every layout
+    launch_orders: tuple[str, ...] | None = None
 
 
 def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,

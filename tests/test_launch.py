@@ -1205,3 +1205,86 @@ def test_deepspeed_config_runs_what_the_estimate_priced(tmp_path):
     _f, warn = emit("deepspeed", m, job, c, plan, tmp_path / "emb")
     (split,) = [w for w in warn if w.startswith("deepspeed [split]")]
     assert "your own PipelineModule" in split and "cannot build this model" in split
+
+
+def test_block_launchable_follows_the_rank_orders():
+    """A node's block is launchable when its ranks are consecutive in a rank order the
+    framework has: TP 1, PP 4, DP 8 on 8-GPU nodes: one stage x 8 replicas (default order),
+    4 stages x 2 replicas (tp-pp-dp), never 2 stages x 4 replicas; with expert parallelism
+    only the default order counts."""
+    from launch.ranks import ORDERS
+    from model.plan import Shape
+    from solvers.space import Block, block_launchable
+    sh = Shape(tp=1, pp=4, dp=8, micro_batch=1)
+    one, four, two = Block(1, 8, 4, 1), Block(4, 2, 1, 4), Block(2, 4, 2, 2)
+    for fw, want in (("megatron", (True, True, False)), ("nemo", (True, True, False)),
+                     ("torchtitan", (True, False, False)), ("deepspeed", (True, False, False))):
+        assert tuple(block_launchable(sh, b, ORDERS[fw]) for b in (one, four, two)) == want
+    moe = dataclasses.replace(sh, ep=2)
+    assert not block_launchable(moe, four, ORDERS["megatron"])
+    # with context parallelism the columns are replica x CP + cp_rank: a replica's 2 CP ranks
+    # of 4 stages fill one node in the tp-pp-dp order
+    cp = Shape(tp=1, pp=4, dp=4, cp=2, micro_batch=1)
+    assert block_launchable(cp, Block(4, 2, 1, 4), ORDERS["megatron"])
+    assert not block_launchable(cp, Block(4, 2, 1, 4), ORDERS["torchtitan"])
+
+
+@pytest.mark.parametrize("fw", ["megatron", "deepspeed"])
+def test_solve_for_an_emit_returns_a_plan_its_launch_can_start(fw, tmp_path):
+    """solve --emit X places only what X's torchrun launch can start (it had returned 2
+    stages x 4 replicas per node, which no rank order puts in one node's block, and written no
+    launch.sh): on the same cluster, unrestricted, the search picks such a layout."""
+    from typer.testing import CliRunner
+    from cli import app
+    from formats.clusters import SynthParams, cluster_to_toml, synth_cluster
+    c = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=8, nic_gb_per_s=3.0,
+                                  leaf_size=2, oversubscription=8, degraded=0, seed=13))
+    (tmp_path / "c.toml").write_text(cluster_to_toml(c))
+    args = ["solve", "-m", "gpt-1.7b", "-c", str(tmp_path / "c.toml"), "--gbs", "1024",
+            "--seq", "8192", "--tp", "1", "--pp", "4", "--time-limit", "8", "--clock", "work",
+            "--framework", fw, "--json"]
+    free = json.loads(CliRunner().invoke(app, args).output)
+    nodes = {}
+    for row in free["plan"]["placement"]:
+        nodes.setdefault(row["node"], set()).add((row["stage"], row["replica"]))
+    assert any(len({s for s, _ in v}) == 2 for v in nodes.values())  # 2 stages x 4 replicas
+    r = CliRunner().invoke(app, [*args, "--emit", fw, "--out", str(tmp_path / fw)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert (tmp_path / fw / "launch.sh").exists(), d["warnings"]
+    assert any(w.startswith("placements limited to what torchrun can start")
+               for w in d["warnings"])
+    assert d["solver"]["bound_ms"] <= d["solver"]["objective_ms"]
+
+
+def test_launch_sh_survives_a_folder_with_a_space_and_finds_a_full_host_name(tmp_path):
+    """launch.sh's command stays one word per token in a folder with a space (torchtitan's
+    --job.config_file had been split in two), and a node named with its domain is found by
+    `hostname` when `hostname -s` gives the short name (it had said the host is not in the
+    plan)."""
+    import os
+    import stat
+    import subprocess
+    from model.plan import megatron_placement
+    m = presets.model("llama3-8b")
+    nodes = tuple(NodeSpec(f"gpu{i}.cluster.local", presets.gpu("H100-SXM-80GB"), 8, 400.0)
+                  for i in range(2))
+    c = ClusterSpec("fqdn", nodes, np.full((2, 2), 50.0) - np.diag([50.0, 50.0]))
+    job = JobSpec(global_batch=16, seq_length=4096, framework="torchtitan")
+    plan = make_plan(m, job, c, tp=8, pp=1, dp=2, zero=3,
+                     placement=megatron_placement(c, 8, 1, 2))
+    out = tmp_path / "with space" / "tt"
+    emit("torchtitan", m, job, c, plan, out, force=True)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$REC"\n')
+    (bin_ / "hostname").write_text('#!/usr/bin/env bash\n'
+                                   '[ "${1:-}" = -s ] && echo gpu1 || echo gpu1.cluster.local\n')
+    for f in ("torchrun", "hostname"):
+        (bin_ / f).chmod((bin_ / f).stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "REC": str(tmp_path / "rec")}
+    env.pop("NODE_NAME", None)
+    subprocess.run(["bash", str(out / "launch.sh")], env=env, check=True)
+    words = (tmp_path / "rec").read_text().splitlines()
+    assert words[words.index("--job.config_file") + 1] == str(out / "torchtitan.toml")
+    assert "--node_rank=1" in words

@@ -127,6 +127,12 @@ def milp_supported(prob: PlacementProblem) -> str | None:
         return "mixed GPU types or GPU counts (the annealer handles them)"
     if c.gpu_specific_links:
         return "non-uniform intra-node links (the annealer handles them)"
+    if len({nd.intra_gb_per_s for nd in c.nodes}) > 1:
+        # the MILP prices every node's tensor-parallel rings and intra-node hops and rings
+        # with one node's rate (`_Data`): with a node slower (a degraded NVLink) its optimum
+        # and bound were another cluster's, claimed optimal 2-35% above the optimum
+        return ("nodes differ in their intra-node link rate (the annealer handles them; the "
+                "bound is the closed form)")
     if prob.shape.zero >= 3 and not c.uniform():
         return ("ZeRO-3 / FSDP gathers every layer over its shard group, whose ring depends on "
                 "the placement (the annealer searches it; the bound is the closed form)")

@@ -168,8 +168,17 @@ _UNMODELLED = {
 def unmodelled(cfg: dict, moe: bool) -> tuple[str, ...]:
     """The config's settings of _UNMODELLED that are not their no-op value, as
     'key value: what differs' lines (a sliding window only where the config uses it; router
-    settings only for a mixture of experts)."""
+    settings only for a mixture of experts), and a rotary scaling (transformers'
+    `rope_scaling`: Llama 3.1's "llama3", YaRN, linear, dynamic), which changes no FLOPs or
+    bytes and is not emitted."""
     out = []
+    rs = cfg.get("rope_scaling")
+    kind = (rs.get("rope_type") or rs.get("type")) if isinstance(rs, dict) else None
+    if kind not in (None, "default"):
+        out.append(f"rope_scaling {json.dumps(rs, sort_keys=True)}: rotary position scaling "
+                   f"({kind}): priced as plain RoPE (the same FLOPs and bytes); the emitted "
+                   "arguments do not set it: check that the framework's rotary scaling "
+                   "matches")
     for key, (noop, what) in _UNMODELLED.items():
         v = cfg.get(key)
         if v is None or v == noop or isinstance(v, (dict, list)):

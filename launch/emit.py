@@ -1395,6 +1395,14 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
     # what the model's source sets that these files do not (ModelSpec.unmodelled)
     warn += [tagged(fw, "model", f"{model.origin}: {x}")
              for x in model.unmodelled_at(job.seq_length)]
+    if model.is_moe and fw in ("megatron", "nemo") and not any(
+            x.startswith(("router_aux_loss_coef ", "aux_loss_alpha ")) for x in model.unmodelled):
+        # Megatron-Core's TransformerConfig: moe_aux_loss_coeff 0.0 by default
+        warn.append(tagged(fw, "model", (
+            f"{model.origin}: the load-balancing loss is not emitted and its coefficient is "
+            "not known here: Megatron-LM's --moe-aux-loss-coeff defaults to 0 (no balancing), "
+            "while the estimate prices tokens spread evenly over the experts; set the "
+            "model's")))
     if _runs_an_even_split(fw, version, model, job, plan.shape):
         warn += even_split_warnings(fw, model, job, cluster, plan, options,
                                     None if est is None else est.iteration_ms)

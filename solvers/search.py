@@ -376,7 +376,7 @@ def _workers(jobs: int | None, n_items: int):
         return None
     from model import walk_jit
     walk_jit.settle()  # no child may inherit a half-done import of the compiled walks
-    from .sweep import die_with_parent
+    from .workers import die_with_parent
     return mp.get_context("fork").Pool(jobs, initializer=die_with_parent)
 
 

@@ -95,7 +95,7 @@ def test_solve_nothing_fits_exit_2(tmp_path):
     # a --recompute list without full), the lists given too
     assert "Not searched: ZeRO-3 / FSDP (--zero 3" in r.output
     r = runner.invoke(app, ["solve", *_inputs(tmp_path, cfg, c), "--gbs", "8", "--seq", "8192",
-                            "--time-limit", "10", "--recompute", "none", "--zero", "1,3",
+                            "--time-limit", "10", "--recompute", "none", "--zero", "0,3",
                             "--tp", "2"])
     assert r.exit_code == 2 and "nothing fits" in r.output, r.output
     assert "full recompute (--recompute was none)" in r.output and "--tp values" in r.output

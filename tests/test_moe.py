@@ -9,7 +9,7 @@ import pytest
 from formats import presets
 from formats.clusters import uniform_cluster
 from formats.hf_config import load_hf_config
-from launch.emit import megatron_args
+from launch.emit import emit, megatron_args
 from model.compute import ComputeModel
 from model.errors import SpecError
 from model.estimator import estimate, make_plan
@@ -145,6 +145,37 @@ def test_unmodelled_config_settings_are_said_not_dropped(tmp_path):
     r = runner.invoke(app, ["emit", str(plan), "--out", str(tmp_path / "e"), "--json"])
     w = json.loads(r.output)["warnings"]
     assert any(x.startswith("megatron [model]") and "router_aux_loss_coef" in x for x in w), w
+
+
+def test_rope_scaling_and_an_unknown_balancing_loss_are_said(tmp_path):
+    """A rotary scaling (Llama 3.1's "llama3", YaRN) changes no FLOPs and is not emitted:
+    said, from a config.json and from the presets that have one; "default" or null is not.
+    A MoE emitted for Megatron-LM without a known load-balancing coefficient is warned
+    (--moe-aux-loss-coeff defaults to 0), once; a model that names its coefficient gets
+    that line instead."""
+    from model.plan import megatron_placement
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 512,
+           "num_attention_heads": 8, "intermediate_size": 1024, "vocab_size": 1000,
+           "max_position_embeddings": 131072,
+           "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                            "original_max_position_embeddings": 8192}}
+    said = load_hf_config(_write(tmp_path, cfg)).unmodelled
+    assert len(said) == 1 and said[0].startswith('rope_scaling {"factor": 8.0')
+    for quiet in (None, {"rope_type": "default"}):
+        (tmp_path / str(quiet)).mkdir()
+        assert load_hf_config(_write(tmp_path / str(quiet),
+                                     {**cfg, "rope_scaling": quiet})).unmodelled == ()
+    assert "(llama3)" in presets.model("llama3-405b").unmodelled[0]
+    assert "(yarn)" in presets.model("deepseek-v2-lite").unmodelled[0]
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096)
+    for name, generic in (("mixtral-8x22b", True), ("mixtral-8x7b", False)):
+        m = presets.model(name)
+        plan = make_plan(m, job, c, tp=8, pp=4, sequence_parallel=True,
+                         placement=megatron_placement(c, 8, 4, 1))
+        _files, warn = emit("megatron", m, job, c, plan, tmp_path / name, force=True)
+        lines = [w for w in warn if "load-balancing loss" in w]
+        assert len(lines) == 1 and ("not known here" in lines[0]) == generic, lines
 
 
 def test_megatron_gets_the_expert_flags():

@@ -269,7 +269,7 @@ def test_sweep_specs_refuse_unknown_fields_and_stores_that_are_not_stores(tmp_pa
 _ORPHAN_SCRIPT = """
 import concurrent.futures as cf, multiprocessing as mp, os, signal, sys, time
 sys.path.insert(0, {root!r})
-from solvers.sweep import die_with_parent
+from solvers.workers import die_with_parent
 
 
 def pid_then_sleep(s):

@@ -280,7 +280,17 @@ class CostModel:
         "alltoall" rotation (`Shape.cp_alltoall`, `_AllToAllRotater`) the forward passes each
         chunk on to the next rank while a step computes, as the ring above, and in the
         backward each step also carries the previous step's fp32 gradients (the last
-        gradients waited for in full)."""
+        gradients waited for in full).
+
+        torchtitan v0.1 compiled (`JobSpec.repeat_kv` marks that release, `compile` on; its
+        2024-12 stack, torchtitan 9dec370 `apply_compile`: each block compiled with
+        fullgraph=True): the ring loop is traced into the block's graph, where a functional
+        collective's wait follows it at once (`_functional_collectives._maybe_wrap_tensor`
+        under tracing) and Inductor's `reorder_for_compute_comm_overlap` is off, so no
+        exchange hides: the forward waits for its (cp - 1) chunks, the backward for them again
+        and for every step's gradient pass. Priced so, the published 405B CP 2/4/8 runs
+        read -5/-1/-12% where overlapped they read -13/-16/-25%. Whether v0.2's stack
+        overlaps them is not known here: priced overlapped, as above."""
         cp = self.shape.cp
         if cp <= 1:
             return 0.0, 0.0
@@ -291,6 +301,8 @@ class CostModel:
         if self.job.framework != "torchtitan":
             return ring_fwd, (cp - 1) * exposed_async_ms(2 * step, b)
         grad_step = element_bytes("fp32") / self.job.activation_bytes * (step - lat) + lat
+        if self.job.compile and self.job.repeat_kv:  # v0.1 compiled: nothing overlaps
+            return (cp - 1) * step, (cp - 1) * step + cp * grad_step
         if self.shape.cp_alltoall:
             # backward step windows: the first carries the next K/V chunk, the middle cp - 2
             # a chunk and the previous step's gradients, the last the gradients

@@ -95,16 +95,17 @@ def test_cp_ring_exchange_shows_when_links_are_slow(l3):
     assert times[0] < times[1] < times[2]
 
 
-@pytest.mark.parametrize("repeat_kv", [False, True])
-def test_torchtitan_cp_gathers_kv_and_hides_it_behind_one_step(l3, repeat_kv):
+@pytest.mark.parametrize("repeat_kv,compiled", [(False, True), (True, False)])
+def test_torchtitan_cp_gathers_kv_and_hides_it_behind_one_step(l3, repeat_kv, compiled):
     """torchtitan's context parallelism (PyTorch's ring attention with its default all-gather
     rotation): the forward's gather of (cp - 1) K/V chunks hides only behind the first of cp
     attention steps, the backward gathers again and passes fp32 K/V gradients after every
     step, the last one waited for in full. The chunks hold the 8 kv heads, or all 32 query
     heads where torchtitan repeats K and V (before v0.2.2). Megatron-LM's p2p ring on the
-    same links hides each chunk behind one step, never less."""
+    same links hides each chunk behind one step, never less. (v0.1 compiled: the next
+    test.)"""
     job_tt = JobSpec(global_batch=8, seq_length=131072, framework="torchtitan",
-                     repeat_kv=repeat_kv)
+                     repeat_kv=repeat_kv, compile=compiled)
     job_mg = JobSpec(global_batch=8, seq_length=131072)
     for inter in (45.0, 5.0):
         c = h100(8, inter)
@@ -143,6 +144,32 @@ def test_torchtitan_cp_gathers_kv_and_hides_it_behind_one_step(l3, repeat_kv):
         assert a2a.cp_comm_bwd_ms == pytest.approx(
             max(0.0, step - b) + 30 * max(0.0, step + grad - b) + max(0.0, grad - b) + grad)
         assert a2a.cp_comm_fwd_ms <= lt.cp_comm_fwd_ms * (1 + 1e-12)
+
+
+def test_torchtitan_v01_compiled_cp_hides_no_exchange(l3):
+    """torchtitan v0.1 compiled (repeat_kv marks the release): the ring loop is traced into
+    the block's graph, each collective waited for at once, so the forward pays its (cp - 1)
+    K/V chunks in full and the backward them again and every step's fp32 gradient pass;
+    eager v0.1 and compiled v0.2 hide them behind the steps (the test above)."""
+    c = h100(8, 45.0)
+    out = {}
+    for repeat_kv, compiled in ((True, True), (True, False), (False, True)):
+        job = JobSpec(global_batch=8, seq_length=131072, framework="torchtitan",
+                      repeat_kv=repeat_kv, compile=compiled)
+        plan = make_plan(l3, job, c, tp=2, pp=1, dp=1, cp=32, sequence_parallel=True, zero=0)
+        ev = Evaluator(l3, job, c, plan.shape)
+        ring = ev.cp_ring(plan.placement, 0, 0)
+        out[repeat_kv, compiled] = (ev.costs.layer_times(c.nodes[0].gpu, 360.0,
+                                                         cp_ring_gb_per_s=ring), ring)
+    lt, ring = out[True, True]
+    lat_ms = c.latency_us / 1e3
+    chunk = 4096 * 2 * 32 * 128 / 2 * 2  # the 32 repeated heads' K and V, TP 2, 2 bytes
+    step = chunk / (ring * 1e6) + lat_ms
+    grad = 2 * chunk / (ring * 1e6) + lat_ms
+    assert lt.cp_comm_fwd_ms == pytest.approx(31 * step)
+    assert lt.cp_comm_bwd_ms == pytest.approx(31 * step + 32 * grad)
+    eager = out[True, False][0]
+    assert lt.cp_comm_fwd_ms > eager.cp_comm_fwd_ms and lt.cp_comm_bwd_ms > eager.cp_comm_bwd_ms
 
 
 @pytest.mark.parametrize("repeat_kv", [False, True])

@@ -697,7 +697,10 @@ def estimate(
     layers: Annotated[Optional[str], typer.Option(
         help="Layers per virtual stage, comma-separated \\[balanced].")] = None,
     recompute: Annotated[Recompute, typer.Option(help="Activation recompute.")] = Recompute.none,
-    sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
+    sp: Annotated[Optional[bool], typer.Option(
+        "--sp/--no-sp", help="Sequence parallelism \\[on with TP > 1 for torchtitan, whose "
+        "tensor parallelism shards the norms, and for mixtures of experts, which Megatron-LM "
+        "runs with TP only so; off otherwise, Megatron-LM's default].")] = None,
     distopt: Annotated[Optional[bool], typer.Option(
         "--distopt/--no-distopt", help="Distributed optimizer (ZeRO-1) [off].")] = None,
     zero: Annotated[Optional[int], typer.Option(
@@ -759,6 +762,8 @@ def estimate(
     _zero_against_distopt(None if zero is None else (zero,), distopt)
     c0, opts0 = c, _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
+    if sp is None:
+        sp = (tp or 1) > 1 and (job.framework == "torchtitan" or m.is_moe)
     plan = make_plan(m, job, c, tp=tp, pp=pp, dp=dp, cp=cp,
                      cp_alltoall=kv_rotate == KvRotate.alltoall, ep=ep,
                      etp=0 if etp is None else etp, micro_batch=mbs,
@@ -1326,7 +1331,8 @@ def cluster_synth(
     gpus_per_node: GpusPerNodeOpt = 8,
     gpu: GpuOpt = "A100-80GB",
     intra_gb_per_s: Annotated[Optional[float], typer.Option(
-        help="Intra-node link, GB/s \\[240, or with --intra-topology its best ring].")] = None,
+        help="Intra-node link, GB/s \\[the GPU's NVLink x 0.8: 240 for A100, 360 for H100, "
+        "720 for B200; with --intra-topology its best ring].")] = None,
     intra_topology: IntraTopologyOpt = None,
     nic_gb_per_s: Annotated[float, typer.Option(help="In-leaf stream bandwidth, GB/s.")] = 23.0,
     leaf_size: Annotated[int, typer.Option(help="Nodes per leaf switch.")] = 4,
@@ -1348,7 +1354,7 @@ def cluster_synth(
 
     c = synth_cluster(SynthParams(
         num_nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu,
-        intra_gb_per_s=240.0 if intra_gb_per_s is None else intra_gb_per_s,
+        intra_gb_per_s=intra_gb_per_s,
         nic_gb_per_s=nic_gb_per_s, leaf_size=leaf_size, oversubscription=oversubscription,
         degraded=degraded, degraded_factor=degraded_factor, noise=noise, latency_us=latency_us,
         seed=seed, name=name, intra_latency_us=(INTRA_LATENCY_US if intra_latency_us is None

@@ -32,9 +32,8 @@ from model.plan import deepspeed_split
 from model.specs import JobSpec, ModelSpec, Options
 
 from . import presets
-from .clusters import uniform_cluster
+from .clusters import NVLINK_ACHIEVED, uniform_cluster
 
-NVLINK_ACHIEVED = 0.8
 NETWORKS_GB_PER_S = {  # source_group prefix -> (inter-node GB/s per GPU stream, description)
     "narayanan_sc21": (25.0, "Selene: HDR 200 Gb/s per GPU"),
     "bloom": (6.25, "Jean Zay: 4x OPA 100 Gb/s per 8 GPUs"),

@@ -347,3 +347,20 @@ def test_a_plan_file_given_as_a_log_is_named(tmp_path):
     assert run("estimate", "--save-plan", str(plan)).exit_code == 0
     r = run("calibrate", str(plan), "--plan", str(plan))
     assert r.exit_code == 2 and "is a plan file, not a training log" in r.output, r.output
+
+
+def test_estimate_turns_sequence_parallelism_on_where_the_framework_needs_it():
+    """Without --sp/--no-sp, TP > 1 runs with sequence parallelism for torchtitan (its TP
+    shards the norms; the estimate had priced plain TP, which it cannot run) and for a mixture
+    of experts (Megatron-LM refuses MoE with TP but not SP); a dense Megatron-LM job keeps its
+    default, off; --no-sp is taken as given."""
+    common = ("-c", "h100-8x8", "--gbs", "32", "--seq", "4096", "--tp", "8", "--json")
+    for args, want in ((("-m", "llama3-70b", "--framework", "torchtitan", "--zero", "3"), True),
+                       (("-m", "mixtral-8x7b", "--pp", "2"), True),
+                       (("-m", "llama3-70b", "--pp", "2"), False),
+                       (("-m", "llama3-70b", "--pp", "2", "--sp"), True),
+                       (("-m", "llama3-70b", "--framework", "torchtitan", "--zero", "3",
+                         "--no-sp"), False)):
+        r = run("estimate", *common, *args)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["plan"]["shape"]["sequence_parallel"] is want, args

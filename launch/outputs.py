@@ -38,6 +38,12 @@ def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
     if tokenizer is not None and emit is None:
         raise SpecError("is for --emit; add --emit FRAMEWORK", source="options",
                         field="--tokenizer")
+    if tokenizer is not None and any(ch.isspace() for ch in tokenizer):
+        # megatron_args.txt holds a flag and its value per line, split into words by
+        # launch.sh: a path with a space would reach Megatron-LM as two arguments
+        raise SpecError(f"{tokenizer!r} has a space, which the emitted argument files cannot "
+                        "carry as one word; give a path without one (a symbolic link to it)",
+                        source="options", field="--tokenizer")
     if version is not None and emit is None:
         if job_framework is None:  # estimate --plan: the plan keeps the release it was priced for
             raise SpecError("beside --plan only picks the release of the files --emit writes "

@@ -230,12 +230,13 @@ class CostModel:
 
     def _op_sac_kept(self, F: dict[str, float]) -> float:
         """What torchtitan's per-op selective checkpointing keeps of one layer's forward, of
-        `F` (op name -> its milliseconds or FLOPs, compute.Pass): the attention core, the q
-        and v multiplies, w1 (every other matmul: its policy's mm count) and w2, half of the
-        FP8 casts (memory.op_sac_tensors)."""
+        `F` (op name -> its milliseconds or FLOPs, compute.Pass): the attention core (the
+        fused SDPA kernel its policy saves; eager attention's batched matmuls and softmax are
+        not in its save list, so they run again), the q and v multiplies, w1 (every other
+        matmul: its policy's mm count) and w2, half of the FP8 casts (memory.op_sac_tensors)."""
         m = self.model
         q, kv = m.q_dim, m.kv_dim
-        kept = F["attention"] + F["qkv"] * (q + kv) / (q + 2 * kv) + F["fc2"] + (
+        kept = F.get("attention", 0.0) + F["qkv"] * (q + kv) / (q + 2 * kv) + F["fc2"] + (
             F["fc1"] / 2 if m.gated_mlp else F["fc1"])
         return kept + sum(v for k, v in F.items() if k.endswith(".cast") and k.split(".")[0]
                           in ("qkv", "fc1", "fc2")) / 2

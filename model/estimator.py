@@ -446,6 +446,16 @@ class Evaluator:
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 total += sh.layers[j] * (counts[K.F(j)] * f + counts[K.B(j)] * per_b)
+                if j == 0 and self.costs.first_dense:
+                    # the leading dense layers at their own times (costs.virtual_stage_ms):
+                    # no all-to-all, a smaller gather under ZeRO-3
+                    d = self.costs.dense_costs().layer_times(
+                        node.gpu, node.ring_gb_per_s(pl.gpus[s][r]), self.shard_ring(pl, s),
+                        self.cp_ring(pl, s, r))
+                    d_f = getattr(d, f"{kind}_comm_fwd_ms")
+                    d_b = getattr(d, f"{kind}_comm_bwd_ms") + getattr(d, f"{kind}_comm_rerun_ms")
+                    total += self.costs.first_dense * (counts[K.F(j)] * (d_f - f)
+                                                       + counts[K.B(j)] * (d_b - per_b))
                 if kind == "shard":  # each chunk's first gather (+ last reduce-scatter), and
                     # the embedding's and output layer's (costs.CostModel.virtual_stage_ms)
                     edges = (j == 0) + (j == sh.num_virtual - 1)

@@ -72,8 +72,8 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                 "over_reference": (ms - ref) / ref if ref else None,
                 "reference": "proven optimum" if proven else "lower bound",
                 "solve_s": solve_s, "clock": clock, "time_limit_s": time_limit_s,
-                "seed": seed, "proven": prov, "proven_optimal": method == "exact" and proven,
-                "solver_gap": gap, "fits": fits}
+                "seed": seed, "proven": prov,
+                **_proof(method == "exact" and proven, gap, fits)}
 
     rows.append(row("exact", ex.plan, ex.objective_ms, ex.wall_s,
                     f"yes (solver gap {ex.gap * 100:.3f}%)" if proven else
@@ -104,6 +104,12 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     return rows
 
 
+def _proof(proven: bool, gap: float | None, fits: bool | None) -> dict:
+    """A row's proof and fit as values, for scripts (`proven_optimal`, `solver_gap`: the
+    search's own gap, None where there is no search or no plan; `fits`: None with no plan)."""
+    return {"proven_optimal": proven, "solver_gap": gap, "fits": fits}
+
+
 SHARDING_OPTIONS = (("ZeRO-1 (distributed optimizer)", 1, 0), ("ZeRO-3 / FSDP", 3, 0),
                     ("HSDP (shard in a node)", 3, -1))
 
@@ -124,7 +130,8 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
         if job.framework == "torchtitan" and zero == 1:  # said, not left out
             rows.append({"sharding": label, "plan": "-", "iteration_ms": None,
                          "peak_memory_gib": None, "solve_s": None,
-                         "termination": "none: torchtitan runs DDP or FSDP2, no ZeRO-1"})
+                         "termination": "none: torchtitan runs DDP or FSDP2, no ZeRO-1",
+                         **_proof(False, None, None)})
             continue
         spaces = [replace(space, zero=(zero,), shard_sizes=(0,))]
         if shard < 0 and space.shard_sizes:
@@ -146,7 +153,8 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                              "peak_memory_gib": None, "solve_s": None,
                              "termination": "none: no HSDP layout: TP x CP fills a node (no "
                              "node holds two data-parallel ranks to shard over); give "
-                             "--shard-size for groups across nodes"})
+                             "--shard-size for groups across nodes",
+                             **_proof(False, None, None)})
                 continue
         best, errors, wall = None, [], 0.0
         for sp in spaces:
@@ -164,7 +172,7 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
         if best is None:
             rows.append({"sharding": label, "plan": "-", "iteration_ms": None,
                          "peak_memory_gib": None, "termination": f"none: {errors[0]}",
-                         "solve_s": None})
+                         "solve_s": None, **_proof(False, None, None)})
             continue
         if plans is not None:
             plans[label] = best.plan
@@ -172,5 +180,6 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      "iteration_ms": best.objective_ms,
                      "peak_memory_gib": best.estimate.peak_memory_gib,
                      "termination": f"{best.termination} (gap {best.gap * 100:.2g}%)",
-                     "solve_s": wall})
+                     "solve_s": wall, **_proof(best.termination == "optimal", best.gap,
+                                               best.estimate.fits)})
     return rows

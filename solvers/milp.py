@@ -64,6 +64,7 @@ and the master's bound for the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -120,6 +121,26 @@ def lat_us_for(cl, ev, pl) -> float:
     return cl.latency_us if len(nodes) > 1 else cl.intra_latency_us
 
 
+INTRA_RATES_DIFFER = ("nodes differ in their intra-node link rate (the annealer searches the "
+                      "placement; the bound is the MILP's with every node at the fastest rate)")
+
+
+def intra_relaxed(prob: PlacementProblem) -> PlacementProblem | None:
+    """The same block on the cluster with every node's intra-node link at the fastest node's
+    rate, where that difference is all that keeps the MILP out (else None): every time the
+    cost model adds falls or stays as a link speeds up, and the critical path is monotone in
+    them, so this problem's optimum (and MILP bound) bounds the block's, and its plan is a
+    placement and split to time on the real cluster."""
+    c = prob.cluster
+    if milp_supported(prob) != INTRA_RATES_DIFFER:
+        return None
+    fast = max(nd.intra_gb_per_s for nd in c.nodes)
+    nodes = tuple(dataclasses.replace(nd, intra_gb_per_s=fast) for nd in c.nodes)
+    rc = dataclasses.replace(c, nodes=nodes)
+    out = PlacementProblem(prob.model, prob.job, rc, prob.shape, prob.block, prob.options)
+    return out if milp_supported(out) is None else None
+
+
 def milp_supported(prob: PlacementProblem) -> str | None:
     """None if the MILP applies, else why not (the caller falls back to annealing)."""
     c = prob.cluster
@@ -131,8 +152,7 @@ def milp_supported(prob: PlacementProblem) -> str | None:
         # the MILP prices every node's tensor-parallel rings and intra-node hops and rings
         # with one node's rate (`_Data`): with a node slower (a degraded NVLink) its optimum
         # and bound were another cluster's, claimed optimal 2-35% above the optimum
-        return ("nodes differ in their intra-node link rate (the annealer handles them; the "
-                "bound is the closed form)")
+        return INTRA_RATES_DIFFER
     if prob.shape.zero >= 3 and not c.uniform():
         return ("ZeRO-3 / FSDP gathers every layer over its shard group, whose ring depends on "
                 "the placement (the annealer searches it; the bound is the closed form)")

@@ -29,7 +29,7 @@ from model.specs import JobSpec, ModelSpec, Options
 from .anneal import _perm_of, anneal
 from .bounds import layer_room, shape_bound_ms
 from .brute import brute_force, enumerable
-from .milp import milp_supported, solve_milp
+from .milp import INTRA_RATES_DIFFER, intra_relaxed, milp_supported, solve_milp
 from .problem import PlacementProblem
 from .result import NOT_BOUNDED, Candidate, SolveResult
 from .space import (SearchSpace, block_launchable, blocks_for, capacity_split, check_space,
@@ -735,11 +735,33 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 except Exception as e:  # noqa: BLE001  (reported; the annealer takes over)
                     failed(info, e)
                     res = None
+            relaxed_ms, start = 0.0, {}
+            if method == "exact" and res is None and why_not == INTRA_RATES_DIFFER:
+                # nodes differ only in their intra-node rate: the MILP over the same block with
+                # every node at the fastest rate bounds this one (milp.intra_relaxed), and its
+                # plan, timed on the real links, starts the annealer
+                rp = intra_relaxed(prob)
+                if rp is not None:
+                    try:
+                        t_rel = work.now()
+                        rr = solve_milp(rp, time_limit_s=budget(per_block_now / 2),
+                                        cutoff_ms=best_ms)
+                        relaxed_ms = rr.bound_ms
+                        if rr.plan is not None:
+                            start = dict(init_perm=_perm_of(prob, rr.plan),
+                                         init_layers=tuple(rr.plan.shape.layers))
+                        per_block_now = max(MIN_CALL_S, per_block_now - (work.now() - t_rel))
+                    except Exception as e:  # noqa: BLE001  (reported; the annealer goes on)
+                        failed(info, e)
+                if relaxed_ms >= best_ms * (1 - 1e-9):
+                    # even on the fastest links this layout cannot beat the incumbent
+                    shape_bound = min(shape_bound, max(relaxed_ms, prob.lower_bound_ms()))
+                    continue
             if res is None:
                 res = anneal(prob, seed=seed, time_limit_s=per_block_now,
                              iters=None if anneal_clock and (method == "anneal" or clock)
-                             else (anneal_iters or 3000))
-                res.bound_ms = info.bound_ms
+                             else (anneal_iters or 3000), **start)
+                res.bound_ms = max(info.bound_ms, relaxed_ms)
             # every result's bound is valid (a MILP stopped early keeps at least the shape's
             # closed-form bound; infeasible blocks bound at infinity)
             shape_bound = min(shape_bound, max(res.bound_ms, prob.lower_bound_ms()))
@@ -792,7 +814,10 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 survivors.append(info)
             continue
         bound_left_s = min(left, bound_until - work.now())
-        if bound_left_s > 0 and all(milp_supported(pr) is None for pr in probs):
+        # the problem whose MILP bounds each block: the block's own, or where the nodes differ
+        # only in their intra-node rate the same block with every node at the fastest
+        bounding = [pr if milp_supported(pr) is None else intra_relaxed(pr) for pr in probs]
+        if bound_left_s > 0 and all(br is not None for br in bounding):
             left = bound_left_s
             if progress:
                 progress(f"bounding shape {n_done + 1}/{len(infos)} {info.shape.describe()}; "
@@ -814,7 +839,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                         rb = min(rb, r.bound_ms)
                         block_bounds[id(pr)] = r.bound_ms
                         continue
-                    b_ms, cuts = relaxed_block_bound(pr, cuts, left)
+                    b_ms, cuts = relaxed_block_bound(bounding[probs.index(pr)], cuts, left)
                     rb = min(rb, b_ms)
                     block_bounds[id(pr)] = b_ms
                 info.bound_ms = max(info.bound_ms, rb)

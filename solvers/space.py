@@ -249,7 +249,17 @@ _GIVEN_LISTS = (
     ("shard_sizes", "--shard-size", "shard_size", "a shard group is HSDP, ZeRO-3 only (add "
      "--zero 3 where the framework's default search leaves it out), and must divide the "
      "data-parallel ranks"),
+    ("schedules", "--schedule", "schedule", "a schedule needs PP > 1 (PP 1 runs 1F1B) and its "
+     "V chunks of a stage at least a layer each (PP x V at most the layers)"),
 )
+
+
+def _given_label(attr: str, v) -> str:
+    """A listed value as the user writes it (a schedule: name, or interleaved:V)."""
+    if attr == "schedules":
+        name, chunks = v
+        return name if chunks == 1 or (name, chunks) == ("interleaved", 2) else f"{name}:{chunks}"
+    return str(v)
 
 
 def _lost_values(space: SearchSpace, shapes):
@@ -259,12 +269,14 @@ def _lost_values(space: SearchSpace, shapes):
         if given is None or given == getattr(SearchSpace(), attr):
             continue
         have = {getattr(sh, fld) for sh in shapes}
+        if attr == "schedules":
+            have = {(sh.schedule, sh.chunks) for sh in shapes}
         if attr == "shard_sizes":  # a group of every data-parallel rank is plain ZeRO-3 (0)
             have = {sh.shard_size or (sh.dp if sh.zero == 3 else None) for sh in shapes}
             have |= {0} if any(not sh.shard_size for sh in shapes) else set()
         lost = [v for v in given if v not in have]
         if lost:
-            yield flag, lost, given, rule
+            yield flag, [_given_label(attr, v) for v in lost], given, rule
 
 
 def refuse_unusable_lists(space: SearchSpace, shapes) -> None:

@@ -364,3 +364,12 @@ def test_estimate_turns_sequence_parallelism_on_where_the_framework_needs_it():
         r = run("estimate", *common, *args)
         assert r.exit_code == 0, r.output
         assert json.loads(r.output)["plan"]["shape"]["sequence_parallel"] is want, args
+
+
+def test_a_tokenizer_path_with_a_space_is_refused(tmp_path):
+    """megatron_args.txt holds a flag and its value per line, which launch.sh splits into
+    words: a tokenizer path with a space had reached Megatron-LM as two arguments."""
+    r = run("estimate", "--emit", "megatron", "--out", str(tmp_path / "e"), "--tokenizer",
+            "/models/my tok")
+    assert r.exit_code == 2 and "--tokenizer" in r.output and "has a space" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "e").exists()

@@ -180,6 +180,12 @@ def test_search_knobs_restrict_solve(tiny):
     w = json.loads(r.output)["warnings"]
     assert any(x.startswith("--tp 3: no valid plan has this value") for x in w), w
     assert any(x.startswith("--pp 3: no valid plan") for x in w) and len(w) == 2, w
+    # a schedule none of whose shapes is valid (8 chunks of a stage on a 4-layer model) too
+    r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "5", "--mbs", "1",
+                            "--recompute", "full", "--schedule", "1f1b,interleaved:8"])
+    assert r.exit_code == 0, r.output
+    w = json.loads(r.output)["warnings"]
+    assert any(x.startswith("--schedule interleaved:8: no valid plan") for x in w), w
     # sharding asked for and not searched: ZeRO-1 for torchtitan beside ZeRO-3 had been
     # dropped without a word; now said, and ZeRO-3 searched
     r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "5", "--mbs", "1",
@@ -299,6 +305,10 @@ def test_hsdp_under_context_parallelism_shards_within_a_node():
     hsdp = next(r for r in rows if r["sharding"].startswith("HSDP"))
     assert hsdp["iteration_ms"] is None and "TP x CP fills a node" in hsdp["termination"]
     assert any(r["iteration_ms"] for r in rows), rows
+    # the proof and fit as values, as compare's rows give them (None where there is no plan)
+    for r in rows:
+        assert r["proven_optimal"] == r["termination"].startswith("optimal")
+        assert (r["solver_gap"] is None) == (r["fits"] is None) == (r["iteration_ms"] is None)
     rows = compare_sharding(m, job, c, time_limit_s=4,
                             space=SearchSpace(cp=(8,), tp=(1,), shard_sizes=(1,)))
     hsdp = next(r for r in rows if r["sharding"].startswith("HSDP"))

@@ -155,15 +155,19 @@ def test_zero3_prefetch_hides_what_the_compute_covers():
     assert times[1] / times[0] < 1.02 and times[3] > 2 * times[2] > 2 * times[0]
 
 
-@pytest.mark.parametrize("framework,pp,chunks", [("megatron", 1, 1), ("torchtitan", 1, 1),
-                                                  ("megatron", 2, 2)])
-def test_zero3_collectives_have_their_own_breakdown_part(framework, pp, chunks):
+@pytest.mark.parametrize("framework,pp,chunks,name", [
+    ("megatron", 1, 1, "llama2-7b"), ("torchtitan", 1, 1, "llama2-7b"),
+    ("megatron", 2, 2, "llama2-7b"),
+    # a dense first layer, whose gather is smaller than the MoE layers' (it had been counted at
+    # theirs, 35 ms of compute read as shard_comm)
+    ("megatron", 1, 1, "deepseek-v2-lite")])
+def test_zero3_collectives_have_their_own_breakdown_part(framework, pp, chunks, name):
     """The exposed ZeRO-3 gathers and reduce-scatters are `shard_comm_ms`, not compute (they
     had made a gather-bound 405B run read 96% compute): on slow links it is the part that
     grows, and without a pipeline the rest of the path is ZeRO-1's same-shape path less its
     gradient sync: compute and TP parts equal; with an interleaved pipeline every part stays
     non-negative and the parts add up to the iteration."""
-    m = presets.model("llama2-7b")
+    m = presets.model(name)
     job = JobSpec(global_batch=64, seq_length=4096, framework=framework)
     parts = []
     for bw in (25.0, 0.5):

@@ -868,6 +868,13 @@ def test_a_node_with_a_slower_nvlink_is_solved_exactly(slow):
     prob = PlacementProblem(TINY, job, c, sh, blk, Options())
     assert "intra-node link rate" in milp_supported(prob)
     best = brute_force(prob).objective_ms
+    # the same block with every node at the fastest rate: its MILP optimum bounds this one
+    # (milp.intra_relaxed), tighter than the closed form, and its plan times at least `best`
+    from solvers.milp import intra_relaxed
+    rp = intra_relaxed(prob)
+    rr = solve_milp(rp, time_limit_s=30)
+    assert prob.lower_bound_ms() <= rr.bound_ms <= best * (1 + 1e-9)
+    assert estimate(TINY, job, c, rr.plan).iteration_ms >= best * (1 - 1e-9)
     res = solve(TINY, job, c, method="exact", time_limit_s=60, jobs=1,
                 space=SearchSpace(tp=(4,), pp=(4,), micro_batch=(1,),
                                   schedules=(("1f1b", 1),), recompute=("none",), zero=(0,)))

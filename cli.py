@@ -1139,6 +1139,11 @@ def compare(
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write the table as CSV.")] = None,
     as_json: JsonOpt = False,
     calibration: CalibrationOpt = None,
+    blocking: BlockingOpt = True,
+    tp_comm_overlap: TpOverlapOpt = False,
+    overlap_grad_reduce: OverlapGradOpt = False,
+    overlap_param_gather: OverlapParamOpt = False,
+    framework_version: FwVersionOpt = None,
 ):
     """Exact solver vs annealer vs baselines (Megatron-LM placement, AMP-style choice), all
     re-evaluated with this cost model; or, with --sharding, ZeRO-1 vs ZeRO-3 vs HSDP."""
@@ -1146,11 +1151,21 @@ def compare(
     from formats.views import plan_to_dict, write_csv
     from solvers.compare import compare_instance
 
+    if framework_version is not None:
+        # compare writes no files: the release only prices a torchtitan job
+        from launch.emit import check_framework
+        from model.errors import SpecError
+        if framework.value != "torchtitan":
+            raise SpecError("prices a torchtitan job's release here (compare writes no "
+                            "files); drop it, or add --framework torchtitan",
+                            source="options", field="--framework-version")
+        check_framework("torchtitan", framework_version)
     m, job, c = _inputs(model, cluster, gbs, seq, precision, distopt, attention.value,
                         allow_list=True, framework=framework.value,
                         grad_reduce_in_bf16=grad_reduce_in_bf16, fused_loss=fused_loss,
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
-                        moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks)
+                        moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
+                        framework_version=framework_version)
     _kv_rotate_check(kv_rotate, framework.value)
     if sharding and (zero is not None or distopt is not None):
         from model.errors import SpecError
@@ -1158,14 +1173,15 @@ def compare(
                         "--sharding: the rows are the shardings (ZeRO-1, ZeRO-3, HSDP); leave "
                         "it out, or compare without --sharding", source="options",
                         field="--zero" if zero is not None else "--distopt")
-    space = _space(False, False, False, tp, pp, mbs, schedule, recompute, zero, shard_size,
-                   cp, ep, kv_rotate, distopt)
+    space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
+                   schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt)
     c_seed = seed if cluster_seed is None else cluster_seed
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]
-    opts = None
+    opts = _options(blocking)
     if calibration is not None:
-        calibrated = [_calibrated(inst, _options(True), calibration) for inst in instances]
+        calibrated = [_calibrated(inst, _options(blocking), calibration)
+                      for inst in instances]
         instances = [x[0] for x in calibrated]
         opts = calibrated[0][1]
     prog = render.Progress(not as_json)

@@ -140,6 +140,25 @@ def test_compare_json_rows_carry_values_and_the_plan(tiny):
         assert sum(d["shape"]["layers"]) == 4 and len(d["placement"]) >= d["shape"]["pp"]
 
 
+def test_compare_takes_solves_overlaps_and_torchtitan_release(tiny):
+    """compare searches what solve would with the same overlap options, and prices a
+    torchtitan job's release (it had neither, so a plan solved with them could not be
+    compared like for like); a release for another framework is one line."""
+    r = runner.invoke(app, ["compare", *tiny, "--time-limit", "5", "--tp", "2",
+                            "--tp-comm-overlap", "--overlap-grad-reduce", "--json"])
+    assert r.exit_code == 0, r.output
+    ex = json.loads(r.output)[0]
+    assert "tp-overlap" in ex["plan"] and ex["plan_detail"]["shape"]["tp_comm_overlap"]
+    r = runner.invoke(app, ["compare", *tiny, "--framework-version", "0.1"])
+    assert r.exit_code == 2 and "--framework-version" in r.output, r.output
+    args = ["compare", "-m", "llama3-8b", "-c", "h100-8x8", "--gbs", "64", "--seq", "32768",
+            "--framework", "torchtitan", "--cp", "4", "--tp", "2", "--time-limit", "4",
+            "--clock", "work", "--json"]
+    t = {v: json.loads(runner.invoke(app, [*args, *f]).output)[0]["iteration_ms"]
+         for v, f in (("0.2", []), ("0.1", ["--framework-version", "0.1"]))}
+    assert t["0.1"] > t["0.2"]  # v0.1 repeats K and V: more to exchange
+
+
 def test_compare_cluster_seed_fixes_the_generated_clusters():
     """--seed varies the solvers; --cluster-seed keeps the generated clusters (--seed had
     changed both, mixing solver spread with cluster spread)."""

@@ -78,7 +78,6 @@ class LayerTimes:
     # (+ reduce-scatter), inside emb_* and head_*
     shard_comm_fwd_ms: float = 0.0
     shard_comm_bwd_ms: float = 0.0
-    shard_comm_rerun_ms: float = 0.0  # (none apart: the backward's exposure counts it)
     shard_edge_fwd_ms: float = 0.0
     shard_edge_bwd_ms: float = 0.0
 
@@ -223,8 +222,7 @@ class CostModel:
             head_f, head_b = head_f + e_ag, head_b + e_ag + e_rs
             shard = (z_f, z_b, e_ag, e_ag + e_rs)
         out = LayerTimes(fwd, bwd, emb_f, emb_b, head_f, head_b, f_comm, b_comm, cp_f, cp_b,
-                         fill_f, fill_b, ep_f, ep_b, *rerun, shard[0], shard[1], 0.0,
-                         shard[2], shard[3])
+                         fill_f, fill_b, ep_f, ep_b, *rerun, *shard)
         self._layer_cache[key] = out
         return out
 

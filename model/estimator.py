@@ -67,6 +67,14 @@ class Estimate:
                 for s in self.stages if s.memory.total_gib > s.limit_gib]
 
 
+def _path_comm(lt, kind: str) -> tuple[float, float]:
+    """One layer's exposed communication of a kind inside its F and its B (with what the
+    recompute runs again: LayerTimes.*_comm_rerun_ms; ZeRO-3's backward exposure counts its
+    re-gather already)."""
+    return (getattr(lt, f"{kind}_comm_fwd_ms"), getattr(lt, f"{kind}_comm_bwd_ms")
+            + getattr(lt, f"{kind}_comm_rerun_ms", 0.0))
+
+
 def stage_limit_gib(cluster: ClusterSpec, pl: Placement, stage: int) -> float:
     """A stage's memory limit: the smallest GPU memory among the nodes hosting it (every
     replica of the stage holds the same bytes), the one fit rule of estimator and solvers."""
@@ -441,8 +449,7 @@ class Evaluator:
             lt = self.costs.layer_times(node.gpu, node.ring_gb_per_s(pl.gpus[s][r]),
                                         self.shard_ring(pl, s), self.cp_ring(pl, s, r),
                                         self.ep_alltoall(pl, s, r))
-            f = getattr(lt, f"{kind}_comm_fwd_ms")
-            per_b = getattr(lt, f"{kind}_comm_bwd_ms") + getattr(lt, f"{kind}_comm_rerun_ms")
+            f, per_b = _path_comm(lt, kind)
             for ch in range(sh.chunks):
                 j = ch * sh.pp + s
                 total += sh.layers[j] * (counts[K.F(j)] * f + counts[K.B(j)] * per_b)
@@ -452,8 +459,7 @@ class Evaluator:
                     d = self.costs.dense_costs().layer_times(
                         node.gpu, node.ring_gb_per_s(pl.gpus[s][r]), self.shard_ring(pl, s),
                         self.cp_ring(pl, s, r))
-                    d_f = getattr(d, f"{kind}_comm_fwd_ms")
-                    d_b = getattr(d, f"{kind}_comm_bwd_ms") + getattr(d, f"{kind}_comm_rerun_ms")
+                    d_f, d_b = _path_comm(d, kind)
                     total += self.costs.first_dense * (counts[K.F(j)] * (d_f - f)
                                                        + counts[K.B(j)] * (d_b - per_b))
                 if kind == "shard":  # each chunk's first gather (+ last reduce-scatter), and

@@ -825,7 +825,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             try:
                 rb = math.inf
                 exact_all = uniform
-                for pr in probs:
+                for pr, br in zip(probs, bounding):
                     if uniform:
                         r, plan_ms = _uniform_block(pr, cuts, best_ms, left)
                         cuts = r.cuts
@@ -839,7 +839,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                         rb = min(rb, r.bound_ms)
                         block_bounds[id(pr)] = r.bound_ms
                         continue
-                    b_ms, cuts = relaxed_block_bound(bounding[probs.index(pr)], cuts, left)
+                    b_ms, cuts = relaxed_block_bound(br, cuts, left)
                     rb = min(rb, b_ms)
                     block_bounds[id(pr)] = b_ms
                 info.bound_ms = max(info.bound_ms, rb)

@@ -1179,6 +1179,7 @@ def compare(
     instances = [c] if generated <= 0 else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]
     opts = _options(blocking)
+    measured = instances  # as given (a profile scales them)
     if calibration is not None:
         calibrated = [_calibrated(inst, _options(blocking), calibration)
                       for inst in instances]
@@ -1187,7 +1188,7 @@ def compare(
     prog = render.Progress(not as_json)
     rows, details = [], []  # details: each row's plan as solve --json gives it (for --json)
     try:
-        for inst in instances:
+        for idx, inst in enumerate(instances):
             plans: dict = {}
             if sharding:
                 from solvers.compare import compare_sharding
@@ -1201,6 +1202,12 @@ def compare(
             for r in got:
                 p = plans.get(r["sharding"] if sharding else r["method"])
                 details.append(plan_to_dict(p, inst) if p is not None else None)
+                if calibration is not None:
+                    # each plan's 95% prediction interval under the profile, as estimate's
+                    iv = (_interval(calibrated[idx][2], m, job, measured[idx], p,
+                                    _options(blocking)) if p is not None else None)
+                    r["interval_low_s"], r["interval_high_s"] = (
+                        (iv[1], iv[2]) if iv is not None else (None, None))
             rows += got
     finally:
         prog.stop()

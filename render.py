@@ -427,12 +427,15 @@ def print_compare(rows, title: str, csv_path=None) -> None:
     over = ("over optimum" if refs == {"proven optimum"} else
             "over lower bound" if refs == {"lower bound"} else "over reference")
     t = Table(title=title)
-    for col in ("cluster", "method", "plan", "iteration s", over, "solve s (wall)",
-                "proven"):
+    calibrated = any("interval_low_s" in r for r in rows)
+    for col in ("cluster", "method", "plan", "iteration s") + (
+            ("95% interval s",) if calibrated else ()) + (over, "solve s (wall)", "proven"):
         t.add_column(col)
     for r in rows:
         gap = r["over_reference"]
-        t.add_row(r["cluster"], r["method"], r["plan"], f"{r['iteration_ms'] / 1e3:.3f}",
+        iv = ((f"{r['interval_low_s']:.3f}-{r['interval_high_s']:.3f}"
+               if r.get("interval_low_s") is not None else "-"),) if calibrated else ()
+        t.add_row(r["cluster"], r["method"], r["plan"], f"{r['iteration_ms'] / 1e3:.3f}", *iv,
                   "-" if gap is None else f"{gap * 100:.2f}%", f"{r['solve_s']:.1f}",
                   r["proven"])
     con = console()

@@ -41,14 +41,23 @@ class Store:
                             field=fld)
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        # a report only reads: it changes nothing in the store (a damaged row is skipped and
+        # left for the next sweep run to drop and run again)
+        self.read_only = not create
         try:
             self.conn = sqlite3.connect(self.path)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=FULL")
-            with self.conn:
-                self.conn.execute("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, "
-                                  "payload TEXT NOT NULL, sha TEXT NOT NULL, recorded REAL)")
-                self.conn.execute("CREATE TABLE IF NOT EXISTS starts (id TEXT, t REAL)")
+            if create:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=FULL")
+                with self.conn:
+                    self.conn.execute("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, "
+                                      "payload TEXT NOT NULL, sha TEXT NOT NULL, "
+                                      "recorded REAL)")
+                    self.conn.execute("CREATE TABLE IF NOT EXISTS starts (id TEXT, t REAL)")
+            tables = {r[0] for r in self.conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"tasks", "starts"} <= tables:
+                raise sqlite3.DatabaseError("no tasks and starts tables")
         except sqlite3.Error as e:  # not a database, or one this sweep cannot write
             raise SpecError(f"is not a sweep results store (SQLite: {e}); give another path",
                             source=src, field=fld) from None
@@ -76,7 +85,11 @@ class Store:
                 out.append(json.loads(payload))
             except json.JSONDecodeError:
                 bad.append(tid)
-        if bad:
+        if bad and self.read_only:
+            self.warnings.append(f"{self.path}: {len(bad)} damaged row(s) skipped (checksum "
+                                 f"mismatch): {', '.join(bad[:5])}; left in the store, which "
+                                 "the next sweep run drops and runs again")
+        elif bad:
             self.warnings.append(f"{self.path}: {len(bad)} damaged row(s) dropped (checksum "
                                  f"mismatch): {', '.join(bad[:5])}; they will run again")
             with self.conn:
@@ -139,7 +152,8 @@ def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
         t05 = [within[i] for i in insts]
         table.append({"method": method, "nodes": nodes, "tasks": len(rs),
                       "failed": failed[(method, nodes)],
-                      "no_bound": unbounded if method not in BASELINES else None,
+                      # baselines too: their gap to the bound is to the instance's bound
+                      "no_bound": unbounded,
                       "median_gap_to_best": statistics.median(gaps) if gaps else None,
                       "worst_gap_to_best": max(gaps) if gaps else None,
                       "median_gap_to_bound": statistics.median(bgaps) if bgaps else None,

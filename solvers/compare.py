@@ -182,4 +182,5 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      "termination": f"{best.termination} (gap {best.gap * 100:.2g}%)",
                      "solve_s": wall, **_proof(best.termination == "optimal", best.gap,
                                                best.estimate.fits)})
-    return rows
+    # each row records what produced it, as compare_instance's rows do
+    return [{**r, "clock": clock, "time_limit_s": time_limit_s, "seed": seed} for r in rows]

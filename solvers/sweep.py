@@ -138,27 +138,43 @@ def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
         with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
                                     initializer=die_with_parent) as pool:
             futures = {}
-            for t in queue:
-                store.started(t.id)
-                futures[pool.submit(run_task, t, build)] = t
-            queue = []
-            for fut in cf.as_completed(futures):
-                t = futures[fut]
-                try:
-                    res = fut.result()
-                except cf.process.BrokenProcessPool as e:  # a worker died
-                    if t.id in retried:
-                        res = {"id": t.id, "inputs": t.inputs(), "status": "failed",
-                               "error": f"worker died twice: {e}"}
-                    else:
-                        retried.add(t.id)
-                        queue.append(t)
-                        continue
-                store.record(res)
-                counts["done" if res["status"] == "done" else "failed"] += 1
-                if progress:
-                    progress(counts, len(futures) - counts["done"] - counts["failed"])
+            try:
+                queue = _drain(pool, queue, store, build, counts, retried, progress, futures)
+            except BaseException:
+                # interrupted (SIGINT to the driver alone, say): leaving the pool would wait for
+                # every queued task and then drop their results; the queued ones are cancelled
+                # and the busy workers stopped now (the recorded rows stay; the rest run again)
+                pool.shutdown(wait=False, cancel_futures=True)
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.terminate()
+                raise
     return counts
+
+
+def _drain(pool, queue, store, build, counts, retried, progress, futures) -> list:
+    """Submit `queue` to the pool and record each result as it comes; returns the tasks to
+    submit again (a worker died under them, once)."""
+    for t in queue:
+        store.started(t.id)
+        futures[pool.submit(run_task, t, build)] = t
+    again = []
+    for fut in cf.as_completed(futures):
+        t = futures[fut]
+        try:
+            res = fut.result()
+        except cf.process.BrokenProcessPool as e:  # a worker died
+            if t.id in retried:
+                res = {"id": t.id, "inputs": t.inputs(), "status": "failed",
+                       "error": f"worker died twice: {e}"}
+            else:
+                retried.add(t.id)
+                again.append(t)
+                continue
+        store.record(res)
+        counts["done" if res["status"] == "done" else "failed"] += 1
+        if progress:
+            progress(counts, len(futures) - counts["done"] - counts["failed"])
+    return again
 
 
 def _run_ray(todo, store, build, counts, progress, address):

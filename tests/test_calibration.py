@@ -1821,6 +1821,31 @@ def test_solve_with_a_profile_gives_an_interval_and_names_a_toss_up(tmp_path):
     assert json.loads(plan.read_text())["calibration"]["gpu"] == "A100-80GB"
 
 
+def test_compare_with_a_profile_gives_each_plan_its_interval(tmp_path):
+    """compare --calibration: each row's plan carries its 95% interval (the README had
+    promised one; rows had none), around the calibrated time the row reports."""
+    from formats.clusters import SynthParams, cluster_to_toml, synth_cluster
+    from model.calibration import Profile
+    c = synth_cluster(SynthParams(num_nodes=2, gpus_per_node=4, seed=0))
+    (tmp_path / "c.toml").write_text(cluster_to_toml(c))
+    prof = Profile("A100-80GB", {"gemm_scale": 0.9, "network_scale": 0.8},
+                   {"gemm_scale": 0.02, "network_scale": 0.05},
+                   ("gemm_scale", "network_scale"), [[4e-4, 0.0], [0.0, 2.5e-3]], 0.05)
+    save_profile(tmp_path / "cal.json", prof)
+    args = ["compare", "-m", "gpt-1.7b", "-c", str(tmp_path / "c.toml"), "--gbs", "16",
+            "--seq", "1024", "--time-limit", "2", "--clock", "work",
+            "--calibration", str(tmp_path / "cal.json")]
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    for r in json.loads(res.output):
+        t = r["iteration_ms"] / 1e3
+        assert r["interval_low_s"] < t < r["interval_high_s"], r
+        assert t == pytest.approx((r["interval_low_s"] * r["interval_high_s"]) ** 0.5,
+                                  rel=1e-6)  # symmetric in log time
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert res.exit_code == 0 and "95% interval s" in res.output, res.output
+
+
 def test_toss_up_separates_timed_runners_up_from_bounds_only():
     """A runner-up timed inside the interval is a toss-up; failing that, a shape whose lower
     bound lies inside it (pruned, or timed only above it) is one the search cannot rule out;

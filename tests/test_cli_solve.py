@@ -326,6 +326,7 @@ def test_hsdp_under_context_parallelism_shards_within_a_node():
     assert any(r["iteration_ms"] for r in rows), rows
     # the proof and fit as values, as compare's rows give them (None where there is no plan)
     for r in rows:
+        assert (r["time_limit_s"], r["seed"], r["clock"]) == (4, 0, "wall")
         assert r["proven_optimal"] == r["termination"].startswith("optimal")
         assert (r["solver_gap"] is None) == (r["fits"] is None) == (r["iteration_ms"] is None)
     rows = compare_sharding(m, job, c, time_limit_s=4,

@@ -130,6 +130,52 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert not (rerun & before)
 
 
+def test_sigint_to_the_driver_alone_stops_it_soon(tmp_path):
+    """SIGINT to the sweep driver alone (`timeout -s INT`, a scheduler): it had run the whole
+    queue before exiting and dropped those results; now the queued tasks are cancelled and
+    the busy workers stopped at once, what was recorded stays, and a rerun finishes it."""
+    spec = _spec(tmp_path)
+    db = tmp_path / "int.sqlite"
+    cmd = [sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--results", str(db),
+           "--jobs", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        try:
+            s = Store(db, create=False)
+            n = len(s.rows())
+            s.close()
+        except Exception:  # noqa: BLE001  (the file is being created)
+            n = 0
+        if n >= 2:
+            break
+    proc.send_signal(signal.SIGINT)  # the driver only, not its process group
+    t0 = time.time()
+    try:
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.time() - t0
+    for _ in range(50):  # the forkserver and resource tracker follow their driver
+        leftover = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        if not leftover:
+            break
+        time.sleep(0.2)
+    for pid in leftover:
+        os.kill(int(pid), signal.SIGKILL)
+    s = Store(db, create=False)
+    recorded = len(s.rows())
+    s.close()
+    assert took < 10 and not leftover and 2 <= recorded < 18, (took, leftover, recorded)
+    counts = run_sweep(load_spec(spec)[1], Store(db), build_inputs, jobs=1)
+    assert counts["skipped"] == recorded and counts["done"] + counts["skipped"] == 18
+
+
 @pytest.mark.skipif(__import__("importlib").util.find_spec("ray") is None,
                     reason="ray is not installed (the [sweep] extra)")
 def test_ray_local_gives_the_local_pools_results(tmp_path):
@@ -186,8 +232,17 @@ def test_damaged_rows_are_dropped_with_a_warning(tmp_path):
     s.record({"id": "b", "status": "done", "inputs": {}})
     with s.conn:
         s.conn.execute("UPDATE tasks SET payload = payload || ' ' WHERE id = 'b'")
+    # a report reads the store and changes nothing in it (it had deleted the damaged row)
+    s.close()
+    r = Store(tmp_path / "s.sqlite", create=False)
+    assert [x["id"] for x in r.rows()] == ["a"] and "skipped" in r.warnings[0]
+    assert r.conn.execute("SELECT COUNT(*) FROM tasks").fetchone()[0] == 2
+    r.close()
+    # a sweep run drops it and runs it again
+    s = Store(tmp_path / "s.sqlite")
     assert s.done_ids() == {"a"}
-    assert s.warnings and "damaged" in s.warnings[0]
+    assert s.warnings and "damaged" in s.warnings[0] and "dropped" in s.warnings[0]
+    assert s.conn.execute("SELECT COUNT(*) FROM tasks").fetchone()[0] == 1
 
 
 def test_report_writes_tables_and_three_plots(tmp_path):
@@ -225,10 +280,14 @@ def test_failures_are_said_and_counted_not_dropped(tmp_path):
     rows = [{"id": "a", "status": "done", "nodes": 2, "iteration_ms": 10.0, "bound_ms": 0.0,
              "wall_s": 1.0, "inputs": {**inst, "method": "exact", "budget_s": 1.0}},
             {"id": "b", "status": "failed", "error": "x", "nodes": 2,
-             "inputs": {**inst, "method": "exact", "budget_s": 2.0}}]
+             "inputs": {**inst, "method": "exact", "budget_s": 2.0}},
+            # a baseline's gap to the bound is to its instance's: counted out there too (its
+            # row had said nothing of the instances left out)
+            {"id": "c", "status": "done", "nodes": 2, "iteration_ms": 11.0, "bound_ms": None,
+             "wall_s": 0.1, "inputs": {**inst, "method": "megatron", "budget_s": 0.0}}]
     table, _ = summarize(rows)
     assert [(r["method"], r["tasks"], r["failed"], r["no_bound"]) for r in table] == [
-        ("exact", 1, 1, 1)]
+        ("exact", 1, 1, 1), ("megatron", 1, 0, 1)]
 
 
 def test_sweep_specs_refuse_unknown_fields_and_stores_that_are_not_stores(tmp_path):

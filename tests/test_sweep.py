@@ -93,29 +93,35 @@ def _values(store: Store) -> dict:
     return {r["id"]: (r["status"], r.get("plan"), r.get("iteration_ms")) for r in store.rows()}
 
 
+def _sweep_until_recorded(spec, db, n: int) -> subprocess.Popen:
+    """`cli.py sweep` in a session of its own (SIGINT at its default: a driver started from a
+    script or a scheduler), returned once `n` tasks are recorded in `db` (or after 120 s)."""
+    cmd = [sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--results", str(db),
+           "--jobs", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        try:
+            s = Store(db, create=False)
+            recorded = len({r["id"] for r in s.rows() if r.get("status") == "done"})
+            s.close()
+        except Exception:  # noqa: BLE001  (the file is being created)
+            recorded = 0
+        if recorded >= n:
+            break
+    return proc
+
+
 def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
     spec = _spec(tmp_path)
     ref = Store(tmp_path / "ref.sqlite")
     counts = run_sweep(load_spec(spec)[1], ref, build_inputs, jobs=2)
     assert counts["done"] == 18
     killed_db = tmp_path / "killed.sqlite"
-    cmd = [sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--results",
-           str(killed_db), "--jobs", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 120
-    recorded = 0
-    while time.time() < deadline:
-        time.sleep(0.2)
-        if killed_db.exists():
-            try:
-                s = Store(killed_db)
-                recorded = len(s.done_ids())
-                s.close()
-            except Exception:  # noqa: BLE001  (the file is being created)
-                recorded = 0
-        if recorded >= 3:
-            break
+    proc = _sweep_until_recorded(spec, killed_db, 3)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers, mid-run
     proc.wait()
     s = Store(killed_db)
@@ -136,22 +142,7 @@ def test_sigint_to_the_driver_alone_stops_it_soon(tmp_path):
     the busy workers stopped at once, what was recorded stays, and a rerun finishes it."""
     spec = _spec(tmp_path)
     db = tmp_path / "int.sqlite"
-    cmd = [sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--results", str(db),
-           "--jobs", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-        try:
-            s = Store(db, create=False)
-            n = len(s.rows())
-            s.close()
-        except Exception:  # noqa: BLE001  (the file is being created)
-            n = 0
-        if n >= 2:
-            break
+    proc = _sweep_until_recorded(spec, db, 2)
     proc.send_signal(signal.SIGINT)  # the driver only, not its process group
     t0 = time.time()
     try:

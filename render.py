@@ -433,8 +433,7 @@ def print_compare(rows, title: str, csv_path=None) -> None:
         t.add_column(col)
     for r in rows:
         gap = r["over_reference"]
-        iv = ((f"{r['interval_low_s']:.3f}-{r['interval_high_s']:.3f}"
-               if r.get("interval_low_s") is not None else "-"),) if calibrated else ()
+        iv = (_interval_cell(r),) if calibrated else ()
         t.add_row(r["cluster"], r["method"], r["plan"], f"{r['iteration_ms'] / 1e3:.3f}", *iv,
                   "-" if gap is None else f"{gap * 100:.2f}%", f"{r['solve_s']:.1f}",
                   r["proven"])
@@ -450,13 +449,22 @@ def print_compare(rows, title: str, csv_path=None) -> None:
         con.print(f"wrote {csv_path}")
 
 
+def _interval_cell(r: dict) -> str:
+    """A row's 95% interval under a calibration profile (compare --calibration), or '-'."""
+    return (f"{r['interval_low_s']:.3f}-{r['interval_high_s']:.3f}"
+            if r.get("interval_low_s") is not None else "-")
+
+
 def print_sharding(rows, title: str, csv_path=None) -> None:
     t = Table(title=title + ": best plan under each data-parallel sharding")
-    for col in ("cluster", "sharding", "plan", "iteration s", "peak GiB", "search", "solve s"):
+    calibrated = any("interval_low_s" in r for r in rows)
+    for col in ("cluster", "sharding", "plan", "iteration s") + (
+            ("95% interval s",) if calibrated else ()) + ("peak GiB", "search", "solve s"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["cluster"], r["sharding"], r["plan"],
                   "-" if r["iteration_ms"] is None else f"{r['iteration_ms'] / 1e3:.3f}",
+                  *((_interval_cell(r),) if calibrated else ()),
                   "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f}",
                   escape(str(r["termination"])),
                   "-" if r["solve_s"] is None else f"{r['solve_s']:.1f}")

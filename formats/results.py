@@ -45,7 +45,10 @@ class Store:
         # left for the next sweep run to drop and run again)
         self.read_only = not create
         try:
-            self.conn = sqlite3.connect(self.path)
+            # read-only for a report: a plain connection's close folds the write-ahead log
+            # into the file (a store left by a killed sweep changed on a report)
+            self.conn = (sqlite3.connect(self.path) if create else
+                         sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True))
             if create:
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 self.conn.execute("PRAGMA synchronous=FULL")

@@ -876,11 +876,11 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             continue
         left = time_limit_s - (work.now() - t0)
         if method == "anneal":
-            # keep a little for the final report; no run shorter than a tenth of the limit
-            # (at most a second: a 1.5 s budget had annealed nothing, its screening leaving
-            # under a second, and returned Megatron-LM's placement)
+            # keep a little for the final report; no run shorter than half the limit, or a
+            # second (a 1.5 s budget had annealed nothing, its screening leaving under a
+            # second; with less, the late screening of Megatron-LM placements does better)
             left -= min(1.0, 0.02 * time_limit_s)
-            if left < min(1.0, 0.1 * time_limit_s):
+            if left < min(1.0, 0.5 * time_limit_s):
                 left = 0.0
         if left <= 0 or (max_shapes is not None and solved >= max_shapes):
             cand.status = "not searched (time limit)"

@@ -144,9 +144,11 @@ def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
                 # interrupted (SIGINT to the driver alone, say): leaving the pool would wait for
                 # every queued task and then drop their results; the queued ones are cancelled
                 # and the busy workers stopped now (the recorded rows stay; the rest run again)
-                pool.shutdown(wait=False, cancel_futures=True)
-                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                # (the workers are taken before shutdown, which forgets them)
+                procs = list((getattr(pool, "_processes", None) or {}).values())
+                for proc in procs:
                     proc.terminate()
+                pool.shutdown(wait=False, cancel_futures=True)
                 raise
     return counts
 

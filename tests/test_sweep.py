@@ -167,6 +167,68 @@ def test_sigint_to_the_driver_alone_stops_it_soon(tmp_path):
     assert counts["skipped"] == recorded and counts["done"] + counts["skipped"] == 18
 
 
+LONG_SPEC = """
+[sweep]
+name = "long"
+methods = ["anneal"]
+budgets = [25.0]
+seeds = [0, 1, 2]
+[[models]]
+name = "gpt-1.7b"
+[[jobs]]
+global_batch = 64
+seq_length = 1024
+[[clusters]]
+synth = { num_nodes = [4], gpus_per_node = 2, seed = [0], nic_gb_per_s = 5.0 }
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_sigint_stops_tasks_in_flight(tmp_path, jobs):
+    """SIGINT to the driver while its workers run 25 s tasks: the busy workers are stopped
+    at once (the handler had read the pool's workers after shutdown had forgotten them, and
+    waited 40-60 s for the tasks, recording none)."""
+    spec = tmp_path / "long.toml"
+    spec.write_text(LONG_SPEC)
+    db = tmp_path / "long.sqlite"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "sweep", str(spec),
+                             "--results", str(db), "--jobs", jobs], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 60
+    while time.time() < deadline and not _started(db):
+        time.sleep(0.2)
+    time.sleep(1.0)  # the tasks are running
+    proc.send_signal(signal.SIGINT)
+    t0 = time.time()
+    try:
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.time() - t0
+    for _ in range(50):
+        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True,
+                              text=True).stdout.split()
+        if not left:
+            break
+        time.sleep(0.2)
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    assert took < 5 and not left, (took, left)
+
+
+def _started(db) -> bool:
+    try:
+        s = Store(db, create=False)
+        n = len(s.starts())
+        s.close()
+        return n > 0
+    except Exception:  # noqa: BLE001  (the file is being created)
+        return False
+
+
 @pytest.mark.skipif(__import__("importlib").util.find_spec("ray") is None,
                     reason="ray is not installed (the [sweep] extra)")
 def test_ray_local_gives_the_local_pools_results(tmp_path):

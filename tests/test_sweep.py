@@ -93,11 +93,12 @@ def _values(store: Store) -> dict:
     return {r["id"]: (r["status"], r.get("plan"), r.get("iteration_ms")) for r in store.rows()}
 
 
-def _sweep_until_recorded(spec, db, n: int) -> subprocess.Popen:
+def _sweep_until_recorded(spec, db, n: int, jobs: str = "1") -> subprocess.Popen:
     """`cli.py sweep` in a session of its own (SIGINT at its default: a driver started from a
-    script or a scheduler), returned once `n` tasks are recorded in `db` (or after 120 s)."""
+    script or a scheduler), returned once `n` tasks are recorded in `db` (0: once a task is
+    dispatched), or after 120 s."""
     cmd = [sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--results", str(db),
-           "--jobs", "1"]
+           "--jobs", jobs]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -107,12 +108,35 @@ def _sweep_until_recorded(spec, db, n: int) -> subprocess.Popen:
         try:
             s = Store(db, create=False)
             recorded = len({r["id"] for r in s.rows() if r.get("status") == "done"})
+            started = len(s.starts())
             s.close()
         except Exception:  # noqa: BLE001  (the file is being created)
-            recorded = 0
-        if recorded >= n:
+            recorded = started = 0
+        if (recorded >= n) if n else started:
             break
     return proc
+
+
+def _interrupt(proc: subprocess.Popen) -> tuple[float, list[str]]:
+    """SIGINT to the driver alone (not its process group): seconds until it exited, and the
+    processes of its group still there after 10 s (killed, whatever the verdict)."""
+    proc.send_signal(signal.SIGINT)
+    t0 = time.time()
+    try:
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.time() - t0
+    for _ in range(50):  # the forkserver and resource tracker follow their driver
+        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True,
+                              text=True).stdout.split()
+        if not left:
+            break
+        time.sleep(0.2)
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    return took, left
 
 
 def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path):
@@ -143,22 +167,7 @@ def test_sigint_to_the_driver_alone_stops_it_soon(tmp_path):
     spec = _spec(tmp_path)
     db = tmp_path / "int.sqlite"
     proc = _sweep_until_recorded(spec, db, 2)
-    proc.send_signal(signal.SIGINT)  # the driver only, not its process group
-    t0 = time.time()
-    try:
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    took = time.time() - t0
-    for _ in range(50):  # the forkserver and resource tracker follow their driver
-        leftover = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True,
-                                  text=True).stdout.split()
-        if not leftover:
-            break
-        time.sleep(0.2)
-    for pid in leftover:
-        os.kill(int(pid), signal.SIGKILL)
+    took, leftover = _interrupt(proc)
     s = Store(db, create=False)
     recorded = len(s.rows())
     s.close()
@@ -190,43 +199,10 @@ def test_sigint_stops_tasks_in_flight(tmp_path, jobs):
     waited 40-60 s for the tasks, recording none)."""
     spec = tmp_path / "long.toml"
     spec.write_text(LONG_SPEC)
-    db = tmp_path / "long.sqlite"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "sweep", str(spec),
-                             "--results", str(db), "--jobs", jobs], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 60
-    while time.time() < deadline and not _started(db):
-        time.sleep(0.2)
+    proc = _sweep_until_recorded(spec, tmp_path / "long.sqlite", 0, jobs=jobs)
     time.sleep(1.0)  # the tasks are running
-    proc.send_signal(signal.SIGINT)
-    t0 = time.time()
-    try:
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    took = time.time() - t0
-    for _ in range(50):
-        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True,
-                              text=True).stdout.split()
-        if not left:
-            break
-        time.sleep(0.2)
-    for pid in left:
-        os.kill(int(pid), signal.SIGKILL)
+    took, left = _interrupt(proc)
     assert took < 5 and not left, (took, left)
-
-
-def _started(db) -> bool:
-    try:
-        s = Store(db, create=False)
-        n = len(s.starts())
-        s.close()
-        return n > 0
-    except Exception:  # noqa: BLE001  (the file is being created)
-        return False
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("ray") is None,

@@ -165,6 +165,11 @@ def shape_warnings(model, job, shape) -> list[str]:
         out.append(f"head dimension {head} is above {FLASH_MAX_HEAD_DIM}, the widest PyTorch's "
                    "FlashAttention kernel takes: attention falls back to a slower kernel than "
                    "the FlashAttention this estimate prices")
+    if job.framework == "torchtitan" and shape.tp > 1 and not shape.sequence_parallel:
+        # the emit says so too (launch/emit.py); `estimate --no-sp` asks for it
+        out.append("torchtitan's tensor-parallel plan always shards the norms along the "
+                   "sequence (sequence parallelism); this estimate prices TP without it, which "
+                   "torchtitan does not run: estimate with --sp")
     t = shape.tp
     lin = 1 if shape.fp8 else el  # FP8 linear layers: 1-byte operands
     need_lin = GEMM_ALIGN_BYTES // lin

@@ -363,7 +363,11 @@ def test_estimate_turns_sequence_parallelism_on_where_the_framework_needs_it():
                          "--no-sp"), False)):
         r = run("estimate", *common, *args)
         assert r.exit_code == 0, r.output
-        assert json.loads(r.output)["plan"]["shape"]["sequence_parallel"] is want, args
+        d = json.loads(r.output)
+        assert d["plan"]["shape"]["sequence_parallel"] is want, args
+        # torchtitan without it: priced as asked, and said (torchtitan does not run it)
+        assert any("always shards the norms" in w for w in d["warnings"]) == (
+            "--no-sp" in args), d["warnings"]
 
 
 def test_a_tokenizer_path_with_a_space_is_refused(tmp_path):

@@ -137,9 +137,8 @@ def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
             else "spawn")
         with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
                                     initializer=die_with_parent) as pool:
-            futures = {}
             try:
-                queue = _drain(pool, queue, store, build, counts, retried, progress, futures)
+                queue = _drain(pool, queue, store, build, counts, retried, progress)
             except BaseException:
                 # interrupted (SIGINT to the driver alone, say): leaving the pool would wait for
                 # every queued task and then drop their results; the queued ones are cancelled
@@ -153,9 +152,10 @@ def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
     return counts
 
 
-def _drain(pool, queue, store, build, counts, retried, progress, futures) -> list:
+def _drain(pool, queue, store, build, counts, retried, progress) -> list:
     """Submit `queue` to the pool and record each result as it comes; returns the tasks to
     submit again (a worker died under them, once)."""
+    futures = {}
     for t in queue:
         store.started(t.id)
         futures[pool.submit(run_task, t, build)] = t

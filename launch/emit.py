@@ -932,6 +932,9 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         ratio = model.num_heads // model.num_kv_heads
         warn.append(f"torchtitan [attention]: the estimate counted K and V {counted}; {runs}"
                     + (f"; the context-parallel K/V exchange differs {ratio}x in bytes"
+                       + (", and compiled v0.1 hides none of it (model/costs.py "
+                          "_cp_exchange_ms): re-estimate with the release you run"
+                          if job.compile else "")
                        if sh.cp > 1 else ""))
     # FSDP2 shards over data_parallel_shard_degree ranks and replicates over
     # data_parallel_replicate_degree (HSDP when both > 1); DDP only on 1-D meshes

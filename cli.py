@@ -1049,8 +1049,9 @@ def solve(
     if emit is not None:
         # a plan to launch: only placements torchrun can start in the framework's rank orders
         from dataclasses import replace
+        from launch.emit import check_framework
         from launch.ranks import ORDERS
-        space = replace(space, launch_orders=ORDERS[emit])
+        space = replace(space, launch_orders=ORDERS[check_framework(emit)])
     prog = render.Progress(not as_json)
     try:
         res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,

@@ -1248,7 +1248,8 @@ def test_solve_for_an_emit_returns_a_plan_its_launch_can_start(fw, tmp_path):
     for row in free["plan"]["placement"]:
         nodes.setdefault(row["node"], set()).add((row["stage"], row["replica"]))
     assert any(len({s for s, _ in v}) == 2 for v in nodes.values())  # 2 stages x 4 replicas
-    r = CliRunner().invoke(app, [*args, "--emit", fw, "--out", str(tmp_path / fw)])
+    # the framework's name in any case, as --emit takes it elsewhere (it had raised KeyError)
+    r = CliRunner().invoke(app, [*args, "--emit", fw.capitalize(), "--out", str(tmp_path / fw)])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert (tmp_path / fw / "launch.sh").exists(), d["warnings"]

@@ -1442,7 +1442,7 @@ def emit_cmd(
     check_outputs(emit=framework, out=out, gantt=gantt, placement_png=placement_png,
                   force=force, tokenizer=tokenizer, version=framework_version)
     m, job, c0, plan, opts0, meta = load_plan(plan_file)
-    if framework_version is None and framework == "torchtitan" and job.repeat_kv:
+    if framework_version is None and framework.lower() == "torchtitan" and job.repeat_kv:
         # the plan was priced for torchtitan v0.1 (K and V repeated: estimate
         # --framework-version 0.1): its files are v0.1's unless the release is given
         framework_version = "0.1"

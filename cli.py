@@ -939,8 +939,12 @@ def validate(as_json: JsonOpt = False,
     if prof is not None:  # which runs the profile calibrated: those on its GPU type
         on = sum(any(a.startswith("calibrated with") for a in x.assumptions)
                  for x in (*s.rows, *moe.rows, *dense.rows))
+        judged = [x.inside_interval for x in (*s.rows, *moe.rows, *dense.rows)
+                  if x.inside_interval is not None]
         cal = {"profile": str(calibration), "gpu": prof.gpu, "runs_calibrated": on,
-               "runs": len(s.rows) + len(moe.rows) + len(dense.rows)}
+               "runs": len(s.rows) + len(moe.rows) + len(dense.rows),
+               # published times inside their calibrated 95% prediction interval
+               "inside_interval": sum(judged), "judged": len(judged)}
     if as_json:
         render.echo_json({**render.validate_json(s), "moe": render.validate_heldout_json(moe),
                           "dense_heldout": render.validate_heldout_json(dense),
@@ -952,7 +956,9 @@ def validate(as_json: JsonOpt = False,
     if cal:
         render.console().print(
             f"calibrated with {cal['profile']} ({cal['gpu']}): {cal['runs_calibrated']} of "
-            f"{cal['runs']} runs are on {cal['gpu']} and use it; the others keep the presets",
+            f"{cal['runs']} runs are on {cal['gpu']} and use it; the others keep the presets"
+            + (f"; {cal['inside_interval']} of the {cal['judged']} published times lie in "
+               "their 95% prediction interval" if cal["judged"] else ""),
             highlight=False)
 
 

@@ -490,6 +490,7 @@ def validate_json(s) -> dict:
                   "predicted_gib": x.predicted_gib, "published_gib": x.published_gib,
                   "memory_abs_pct_err": None if x.mem_err is None else 100 * x.mem_err,
                   "oom_published": x.oom_published, "predicted_fits": x.predicted_fits,
+                  "interval_low_s": x.interval_low_s, "interval_high_s": x.interval_high_s,
                   "assumptions": x.assumptions} for x in s.rows],
         "time_median_pct": 100 * s.time_median, "time_mean_pct": 100 * s.time_mean,
         "time_median_pct_by_group": {g: {"median_pct": 100 * m, "runs": n}
@@ -512,7 +513,9 @@ def validate_heldout_json(s) -> dict:
                   "alltoall_share": (x.estimate.breakdown_ms.get("ep_alltoall_ms", 0.0)
                                      / x.estimate.iteration_ms),
                   "predicted_peak_gib": x.estimate.peak_memory_gib, "ran_published": True,
-                  "predicted_fits": x.predicted_fits, "assumptions": x.assumptions}
+                  "predicted_fits": x.predicted_fits,
+                  "interval_low_s": x.interval_low_s, "interval_high_s": x.interval_high_s,
+                  "assumptions": x.assumptions}
                  for x in s.rows if not x.skipped],
         "time_median_pct": 100 * s.time_median, "oom_correct": list(s.oom_correct)}
 

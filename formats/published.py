@@ -63,6 +63,17 @@ class Comparison:
     assumptions: list[str] = field(default_factory=list)
     skipped: str | None = None
     estimate: Estimate | None = None
+    # the 95% prediction interval (s) where a calibration profile applies to the run
+    interval_low_s: float | None = None
+    interval_high_s: float | None = None
+
+    @property
+    def inside_interval(self) -> bool | None:
+        """Whether the published time lies in the calibrated interval (None: no interval or
+        no published time)."""
+        if self.interval_low_s is None or self.published_s is None:
+            return None
+        return self.interval_low_s <= self.published_s <= self.interval_high_s
 
     @property
     def time_err(self) -> float | None:
@@ -424,7 +435,11 @@ def compare_run(r: dict, options: Options | None = None,
         return c
     model, job, cluster, plan, c.assumptions = run_to_inputs(r, gpu_params)
     if profile is not None and any(nd.gpu.name == profile.gpu for nd in cluster.nodes):
-        from model.calibration import apply_profile
+        from model.calibration import apply_profile, interval_s
+        # the interval as estimate gives it (model.calibration.interval_s takes the cluster
+        # and options before the profile scales them)
+        _t, c.interval_low_s, c.interval_high_s = interval_s(
+            profile, model, job, cluster, plan, options or Options())
         cluster, options = apply_profile(profile, cluster, options or Options())
         c.assumptions.append(f"calibrated with {profile.source}")
     c.params = model.total_params

@@ -2008,8 +2008,17 @@ def test_every_command_says_which_runs_and_nodes_a_profile_calibrates(tmp_path):
     save_profile(cal, prof)
     res = runner.invoke(app, ["validate", "--calibration", str(cal), "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)["calibration"]
+    out = json.loads(res.output)
+    d = out["calibration"]
     assert d["gpu"] == "A100-80GB" and 0 < d["runs_calibrated"] < d["runs"]
+    # each calibrated run with a published time is judged against its 95% interval (it had
+    # none), and the count is what the rows say
+    rows = [r for r in out["runs"] if r["interval_low_s"] is not None]
+    judged = [r for r in rows if r["published_s"] is not None]
+    assert d["judged"] == len(judged) > 0 and len(rows) == d["runs_calibrated"]
+    assert d["inside_interval"] == sum(r["interval_low_s"] <= r["published_s"]
+                                       <= r["interval_high_s"] for r in judged)
+    assert all(r["interval_low_s"] < r["predicted_s"] < r["interval_high_s"] for r in rows)
     res = runner.invoke(app, ["compare", "--calibration", str(cal), "--json", "--tp", "8",
                               "--pp", "4", "--time-limit", "5"])
     assert res.exit_code == 0, res.output

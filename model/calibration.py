@@ -28,10 +28,12 @@ log (an absolute parameter's distance from its preset) has a normal prior around
 (noise / sd) log(theta) (or theta - preset) per parameter, `noise` the
 run-to-run noise of one measured time; the fit is the posterior mode (MAP). Without it, three
 runs of a group fit two parameters exactly and predict the group's other runs worse than the
-presets (bench/calibration_loo.py --no-prior). `noise` is NOISE_SD, or the residual spread the
-fit leaves (n - p degrees of freedom) where that is larger, re-fitted until the two agree: runs
-that the parameters cannot reconcile are noisier than assumed, and the prior then weighs more
-(empirical Bayes; BLOOM's pre-launch runs, bench/README.md). Uncertainty: the covariance
+presets (bench/calibration_loo.py --no-prior). `noise` is NOISE_SD, or where larger the
+residual spread (n - p degrees of freedom) of the best fit to the runs alone: runs that the
+parameters cannot reconcile are noisier than assumed, and the prior then weighs more
+(empirical Bayes; BLOOM's pre-launch runs, bench/README.md). (Taken from the prior's own fit
+and re-fitted, the spread had fed on itself: runs all 2x slower than the presets stayed
+uncalibrated.) Uncertainty: the covariance
 s^2 (J' W J)^-1 at the solution, J with the prior's rows, s^2 the residual variance of the runs
 with n - p degrees of freedom, unweighted (the Huber weights discount large residuals in the
 fit, but a new measurement's spread includes them: with 5% noise the weighted spread left
@@ -91,8 +93,8 @@ PRIOR_SD = {"gemm_scale": 0.15, "attention_scale": 0.2, "network_scale": 0.5,
 # run-to-run noise of one measured iteration time (log): BLOOM's two identical DP8/TP4/PP12
 # rows differ by 2.7% (data/published_runs.json); 5% as the scale the prior is weighed against
 NOISE_SD = 0.05
-# fits at most, each with the noise the one before left, while that exceeds NOISE_SD
-NOISE_ROUNDS = 5
+# weigh the prior against the spread the runs leave where that exceeds NOISE_SD (`fit`)
+EMPIRICAL_NOISE = True
 FRAGMENTATION_BOUNDS = (0.0, 1.0)
 HUBER_DELTA = 0.05
 # a fitted parameter whose doubling moves every run's predicted time by less than this share
@@ -326,17 +328,22 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     def dphi(th):
         return np.where(absolute, 1.0, 1.0 / np.where(absolute, 1.0, th))
 
-    def map_fit(theta, r, J, noise_sd):
+    def map_fit(theta, r, J, noise_sd, use_prior=True, w_runs=None):
         """Levenberg-Marquardt to the posterior mode, the prior's residuals
-        (noise_sd / PRIOR_SD) phi(theta) (module docstring; phi = log for multipliers)."""
-        pw = np.array([noise_sd / PRIOR_SD[nm] if prior else 0.0 for nm in names])
+        (noise_sd / PRIOR_SD) phi(theta) (module docstring; phi = log for multipliers);
+        `use_prior` False: the best fit to the runs alone (Huber); `w_runs`: fixed weights of
+        the runs (weighted least squares) instead of Huber's at each step."""
+        pw = np.array([noise_sd / PRIOR_SD[nm] if prior and use_prior else 0.0
+                       for nm in names])
 
         def total(res, th):
-            return _huber_cost(res) + 0.5 * float(np.sum((pw * phi(th)) ** 2))
+            data = (_huber_cost(res) if w_runs is None else
+                    0.5 * float(np.sum(w_runs * res ** 2)))
+            return data + 0.5 * float(np.sum((pw * phi(th)) ** 2))
 
         lam = 1e-3
         for _ in range(max_iter if p else 0):
-            w = weights(r)
+            w = weights(r) if w_runs is None else w_runs
             Jp = np.diag(pw * dphi(theta))
             A = J.T @ (w[:, None] * J) + Jp.T @ Jp
             g = J.T @ (w * r) + Jp.T @ (pw * phi(theta))
@@ -361,28 +368,34 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     J = _jacobian(runs, names, theta, {}, gpu, r) if p else np.zeros((len(runs), 0))
     uninformed = tuple(nm for k, nm in enumerate(names)
                        if np.max(np.abs(J[:, k])) < UNINFORMED_SLOPE)
-    # The noise the prior is weighed against: NOISE_SD, or the spread the fit leaves where that
-    # is larger (runs the parameters cannot reconcile are noisier than assumed, so the prior
-    # should weigh more); re-fitted until the two agree (empirical Bayes; NOISE_ROUNDS at most)
+    # The noise the prior is weighed against: NOISE_SD, or, where larger, the spread the runs
+    # leave that the parameters cannot reconcile: that of the best fit to the runs alone
+    # (n - p degrees of freedom, Huber-weighted); runs noisier than assumed make the prior
+    # weigh more (empirical Bayes; BLOOM's pre-launch runs, bench/README.md). The spread had
+    # been taken from the prior's own fit and fed back: runs all 2x slower than the presets
+    # left the prior's fit near the preset, its spread large, the prior heavier, and gemm_scale
+    # at 0.96 with every run still -49%.
     def spread_sd(res) -> float:  # the weighted residual spread, n - p degrees of freedom
         return math.sqrt(float(np.sum(weights(res) * res ** 2) / (n - p)))
 
-    noise_sd = NOISE_SD
-    for _ in range(NOISE_ROUNDS):
-        theta, r, J, pw = map_fit(theta, r, J, noise_sd)
-        if not prior or n <= p:
-            break
-        spread = spread_sd(r)
-        if spread <= noise_sd * 1.01:
-            break
-        noise_sd = spread
+    # With the prior, the runs' robust weights are those of the best fit to the runs alone:
+    # a run is an outlier for disagreeing with the others, not with the preset. (Huber's
+    # weights at each step of the prior's fit had capped the pull of runs that all sit far
+    # from the preset, so the prior won: 2x slow runs stopped at gemm_scale 0.65, -32%.)
+    noise_sd, w_runs = NOISE_SD, None
+    if prior and p:
+        _th, r_alone, _J, _pw = map_fit(theta, r, J, noise_sd, use_prior=False)
+        w_runs = weights(r_alone)
+        if n > p and EMPIRICAL_NOISE:
+            noise_sd = max(NOISE_SD, spread_sd(r_alone))
+    theta, r, J, pw = map_fit(theta, r, J, noise_sd, w_runs=w_runs)
     values = dict(zip(names, map(float, theta)))
     stderr: dict = {n: None for n in names}
     cov: list = []
     sd = dof = None
     assumed = n <= p and prior and p > 0
     if n > p or assumed:
-        w = weights(r)
+        w = weights(r) if w_runs is None else w_runs
         # measured with n - p degrees of freedom, unweighted, or (no more runs than
         # parameters) the noise the prior was weighed against, assumed (module docstring)
         sd = noise_sd if assumed else math.sqrt(float(np.sum(r ** 2)) / (n - p))

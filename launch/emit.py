@@ -465,10 +465,12 @@ def _nemo_architecture(model: ModelSpec, sh: Shape, tokenizer: str | None,
 
 
 def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
-                plan: Plan, tokenizer: str | None = None) -> tuple[dict, list[str]]:
+                plan: Plan, tokenizer: str | None = None,
+                blocking_p2p: bool = True) -> tuple[dict, list[str]]:
     """NeMo 1.x (Megatron GPT) config for the plan: a full config, megatron_gpt_config.yaml
     from NeMo's examples as the default it overrides (a Hydra defaults list), with the
-    architecture, split, parallel and precision keys of the plan."""
+    architecture, split, parallel and precision keys of the plan. `blocking_p2p`: the
+    pipeline sends as priced (Options.blocking_p2p)."""
     sh = plan.shape
     warn = []
     G = cluster.gpus_per_node
@@ -598,6 +600,13 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     m.update(_nemo_architecture(model, sh, tokenizer, warn))
     if sh.schedule == "gpipe":
         warn.append("nemo [schedule]: NeMo (Megatron-Core) has no GPipe schedule; it runs 1F1B")
+    # pipeline sends: megatron_gpt_config.yaml leaves overlap_p2p_comm off (blocking), and
+    # Megatron-Core overlaps them only under interleaving (as for Megatron-LM above)
+    if sh.pp > 1 and sh.chunks > 1 and not blocking_p2p:
+        m["overlap_p2p_comm"] = True
+    elif sh.pp > 1 and sh.chunks == 1 and not blocking_p2p:
+        warn.append("nemo [schedule]: without interleaving Megatron-Core's pipeline sends "
+                    "block; the estimate priced them overlapped: estimate without --overlapped")
     cfg = {"defaults": ["megatron_gpt_config", "_self_"],
            "trainer": {"num_nodes": cluster.num_nodes, "devices": G, "accelerator": "gpu",
                        "precision": prec},
@@ -1281,12 +1290,18 @@ def even_split_warnings(fw: str, model: ModelSpec, job: JobSpec, cluster: Cluste
         splits.append(tuple(lay))
     how = f"{base}" if not extra else f"{base} or {base + 1}"
     how += " layers per virtual stage"
+    run = sh
     if fw == "deepspeed":  # its rule is known: the first L % V stages take one more
         splits, extra = [deepspeed_split(L, sh.pp)], 0
         how = (f"{'/'.join(map(str, splits[0]))} layers per stage, partition_method "
                f"'{DEEPSPEED_PARTITIONS[0]}'")
+        # its pipeline engine runs one chunk per stage (TrainSchedule, its 1F1B): an
+        # interleaved plan is judged as that runs it (the split had been given PP entries
+        # for PP x chunks virtual stages, a refusal naming the plan's own layers)
+        if sh.chunks > 1 or sh.schedule == "interleaved":
+            run = replace(sh, schedule="1f1b", chunks=1)
     for lay in splits:
-        est = Evaluator(model, job, cluster, replace(sh, layers=lay),
+        est = Evaluator(model, job, cluster, replace(run, layers=lay),
                         options).estimate(plan.placement)
         slowest = max(slowest, est.iteration_ms)
         for st in est.stages:
@@ -1355,7 +1370,8 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         cmd = ["$HERE/bridge_recipe.py"]
         env = megatron_env(cluster, plan)
     elif fw == "nemo":
-        cfg, w = nemo_config(model, job, cluster, plan, tokenizer)
+        cfg, w = nemo_config(model, job, cluster, plan, tokenizer,
+                             blocking_p2p=(options or Options()).blocking_p2p)
         if order == TP_PP_DP_ORDER:
             cfg["model"]["use_tp_pp_dp_mapping"] = True
         head = "".join(f"# {n}\n" for n in notices)

@@ -1289,3 +1289,39 @@ def test_launch_sh_survives_a_folder_with_a_space_and_finds_a_full_host_name(tmp
     words = (tmp_path / "rec").read_text().splitlines()
     assert words[words.index("--job.config_file") + 1] == str(out / "torchtitan.toml")
     assert "--node_rank=1" in words
+
+
+def test_deepspeed_emit_of_an_interleaved_plan_judges_its_own_split(tmp_path):
+    """An interleaved plan with an uneven split emitted for DeepSpeed: its pipeline engine
+    runs one chunk per stage, so its even split is judged under 1F1B (the split had been given
+    PP entries for PP x chunks virtual stages, and emit and solve --emit deepspeed had stopped
+    with 'layers has 3 entries')."""
+    m = presets.model("llama2-7b")
+    c = uniform_cluster(3, 4, "H100-SXM-80GB", 360.0, 25.0)
+    job = JobSpec(global_batch=24, seq_length=4096)
+    plan = make_plan(m, job, c, tp=1, pp=3, schedule="interleaved", chunks=2,
+                     layers=(5, 5, 5, 6, 6, 5), placement=megatron_placement(c, 1, 3, 4))
+    _files, warn = emit("deepspeed", m, job, c, plan, tmp_path / "ds", force=True)
+    assert (tmp_path / "ds" / "ds_config.json").exists()
+    assert any("[schedule]" in w for w in warn)
+    assert any("[split]" in w and "11/11/10 layers per stage" in w for w in warn), warn
+
+
+def test_nemo1_gets_the_overlapped_pipeline_sends_the_plan_was_priced_with():
+    """NeMo 1.x: an interleaved plan priced with overlapped pipeline sends sets
+    overlap_p2p_comm (megatron_gpt_config.yaml leaves it off; the key had been left out, so
+    the run would block where the plan had priced overlap); blocking plans keep NeMo's
+    default, and 1F1B priced overlapped is warned."""
+    from model.specs import Options
+    m = presets.model("llama2-13b")
+    c = uniform_cluster(3, 8, "H100-SXM-80GB", 360.0, 25.0)
+    job = JobSpec(global_batch=48, seq_length=4096)
+    inter = make_plan(m, job, c, tp=2, pp=3, schedule="interleaved", chunks=2,
+                      sequence_parallel=True)
+    cfg, _w = nemo_config(m, job, c, inter, blocking_p2p=False)
+    assert cfg["model"]["overlap_p2p_comm"] is True
+    assert "overlap_p2p_comm" not in nemo_config(m, job, c, inter)[0]["model"]
+    plain = make_plan(m, job, c, tp=2, pp=3, sequence_parallel=True)
+    cfg, w = nemo_config(m, job, c, plain, blocking_p2p=False)
+    assert "overlap_p2p_comm" not in cfg["model"] and any("[schedule]" in x for x in w)
+    assert Options().blocking_p2p  # the default priced: blocking, NeMo's default

@@ -4,6 +4,7 @@ clear error per problem. Schema in the README ("Calibration profiles")."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -54,9 +55,11 @@ def _optional_at_least_0(v, src: str, fld: str, what: str) -> float | None:
     return x
 
 
-def _covariance(cov, p: int, src: str) -> list:
+def _covariance(cov, p: int, src: str, names=()) -> list:
     """The fitted parameters' covariance: empty, or p x p finite numbers, symmetric and
-    positive semi-definite (what a fit can give: model/calibration.py)."""
+    positive semi-definite (what a fit can give: model/calibration.py), no parameter's sd
+    wider than its whole range (TIME_PARAMETERS' bounds; a wider one says nothing more and
+    had given intervals to 1e22 s)."""
     if not cov:
         return []
     if (not isinstance(cov, list) or len(cov) != p
@@ -72,6 +75,12 @@ def _covariance(cov, p: int, src: str) -> list:
             or float(np.min(np.linalg.eigvalsh((C + C.T) / 2))) < -1e-9 * scale):
         raise SpecError("must be symmetric and positive semi-definite (a covariance)",
                         source=src, field="covariance")
+    for k, nm in enumerate(names):
+        lo, hi = TIME_PARAMETERS.get(nm, (0.0, math.inf))
+        if C[k, k] > (hi - lo) ** 2:
+            raise SpecError(f"gives {nm} an sd of {math.sqrt(C[k, k]):.3g}, wider than its "
+                            f"whole range ({lo:g} to {hi:g}): not a fit's covariance",
+                            source=src, field="covariance")
     return cov
 
 
@@ -134,7 +143,7 @@ def profile_from_dict(d, src: str) -> Profile:
         raise SpecError("must list distinct time parameters, each with its value in "
                         "'parameters'", source=src, field="fitted")
     names = tuple(fitted)
-    cov = _covariance(d.get("covariance") or [], len(names), src)
+    cov = _covariance(d.get("covariance") or [], len(names), src, names)
     uninformed = d.get("uninformed") or []
     if (not isinstance(uninformed, list) or not all(isinstance(x, str) for x in uninformed)
             or not set(uninformed) <= set(names)):
@@ -178,7 +187,7 @@ def profile_from_dict(d, src: str) -> Profile:
     if not (isinstance(f_n, int) and not isinstance(f_n, bool) and f_n >= 0):
         raise SpecError(f"must be {what}", source=src, field="fragmentation_spread")
     f_sd = _optional_at_least_0(spread.get("sd"), src, "fragmentation_spread", what)
-    if f_sd is not None and f_n < 2:
+    if f_sd is not None and (f_n < 2 or f_sd > 1.0):  # fragmentation itself spans 0 to 1
         raise SpecError(f"must be {what}", source=src, field="fragmentation_spread")
     prior = d.get("prior_sd_log") or {}
     if not isinstance(prior, dict) or not set(prior) <= set(TIME_PARAMETERS):

@@ -1453,6 +1453,11 @@ def test_no_more_runs_than_parameters(tmp_path):
     (lambda d: d.update(kernels="abc"), "kernels"),
     (lambda d: d.update(device=123), "device"),
     (lambda d: d.update(residual_sd_assumed=True), "residual_sd_assumed"),  # dof given
+    # an sd wider than the parameter's whole range (intervals to 1e22 s had been printed),
+    # a fragmentation spread wider than fragmentation's 0 to 1
+    (lambda d: d.update(covariance=[[1e6, 0.0], [0.0, 2e-3]]), "covariance"),
+    (lambda d: d.update(fragmentation_spread={"sd": 1e9, "readings": 3}),
+     "fragmentation_spread"),
 ])
 def test_profile_fields_that_would_break_an_interval_are_refused(tmp_path, edit, field):
     """What estimate and solve compute an interval from is checked when the profile is read:

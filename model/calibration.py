@@ -512,13 +512,17 @@ def memory_interval_gib(prof: Profile, est) -> MemoryInterval:
         return MemoryInterval(peak, None, None, none_because=(
             "no memory interval: one memory reading leaves no spread to judge the memory model "
             "by; calibrate on two runs or more with memory readings"))
-    spread = fragmentation_at_interval_top(prof) - prof.values["fragmentation"]
+    f = prof.values["fragmentation"]
+    up = fragmentation_at_interval_top(prof) - f
+    # f stays within FRAGMENTATION_BOUNDS at both ends, as the fit keeps it: below 0 the
+    # allocator would reserve less than the tensors it holds
+    down = min(up, f - FRAGMENTATION_BOUNDS[0])
     # one f for every stage, so the peak's interval is the largest of the stages' ends
     lows, highs, stage = [], [], None
     for st in est.stages:
         tensors = st.memory.total_gib - st.memory.allowance_gib
-        lows.append(max(st.memory.total_gib - spread * tensors, 0.0))
-        highs.append(st.memory.total_gib + spread * tensors)
+        lows.append(max(st.memory.total_gib - down * tensors, 0.0))
+        highs.append(st.memory.total_gib + up * tensors)
         if stage is None and highs[-1] > st.limit_gib:
             stage = st.stage
     return MemoryInterval(peak, max(lows), max(highs), stage)
@@ -533,8 +537,8 @@ def fragmentation_at_interval_top(prof: Profile) -> float:
         raise SpecError("needs a calibration profile fitted on two or more memory readings of "
                         "the reserved peak (its fragmentation_spread)", source="options",
                         field="--safe-memory")
-    return prof.values["fragmentation"] + t975(n - 1) * prof.fragmentation_sd * math.sqrt(
-        1 + math.pi / (2 * n))
+    return min(prof.values["fragmentation"] + t975(n - 1) * prof.fragmentation_sd * math.sqrt(
+        1 + math.pi / (2 * n)), FRAGMENTATION_BOUNDS[1])  # within the fit's bounds
 
 
 # -- kernel readings (probe/gemm.py) ------------------------------------------------------------

@@ -1544,6 +1544,22 @@ def test_memory_interval_from_the_readings_spread(tmp_path):
                                    ).may_not_fit_stage is not None
         assert mi.may_not_fit_stage is None or mi.high_gib > 80
     assert inside >= 11
+    # a wide spread: the interval's ends keep fragmentation within the fit's 0 to 1 (its low
+    # end had implied an allocator reserving less than its tensors, its top f = 1.135)
+    from model.calibration import fragmentation_at_interval_top
+    wide = dataclasses.replace(prof, fragmentation_sd=0.5)
+    assert fragmentation_at_interval_top(wide) == 1.0
+    c, opts = apply_profile(wide, held[0].cluster, held[0].options)
+    est = estimate(held[0].model, held[0].job, c, held[0].plan, opts)
+    mi = memory_interval_gib(wide, est)
+    f = wide.values["fragmentation"]
+    for st in est.stages:
+        tensors = st.memory.total_gib - st.memory.allowance_gib
+        assert mi.low_gib >= st.memory.total_gib - f * tensors - 1e-9
+        assert mi.high_gib >= st.memory.total_gib
+    big = max(est.stages, key=lambda st: st.memory.total_gib)
+    tensors = big.memory.total_gib - big.memory.allowance_gib
+    assert mi.high_gib == pytest.approx(big.memory.total_gib + (1.0 - f) * tensors)
     p = tmp_path / "mem.json"
     save_profile(p, prof)
     back = load_profile(p)

@@ -325,8 +325,10 @@ def run(argv: list[str] | None = None, log=print) -> dict:
     else:
         name = f"CPU ({os.cpu_count()} cores), test mode"
         gpu = gpu_preset(a.gpu or "A100-80GB")
-        sz = Sizes(tiny_model(), 64, (1, 2), (1, 2), (1 / 256, 1 / 64, 1.0, 4.0), (0.0625, 16.0), 2,
-                   "fp32")
+        # tiny shapes; the collectives among 2 local processes unless --gpus says otherwise
+        # (--gpus 1 skips them, as on a GPU)
+        sz = Sizes(tiny_model(), 64, (1, 2), (1, 2), (1 / 256, 1 / 64, 1.0, 4.0), (0.0625, 16.0),
+                   a.gpus or 2, "fp32")
         device, backend, iters, warmup = "cpu", "gloo", min(a.iters, 3), min(a.warmup, 1)
     log(f"probe on {name}: {gpu.name} preset, {sz.dtype}")
     readings = time_kernels(sz, gpu, device, iters, warmup, log)

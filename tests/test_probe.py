@@ -192,6 +192,11 @@ def test_gemm_probe_cpu_test_mode_runs_and_is_refused_for_planning(tmp_path):
                                  "--gbs", "64", "--calibration", str(out)])
     assert r.exit_code == 2 and "not for planning" in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+    # --gpus 1 skips the collectives here as on a GPU (the CPU mode had run them anyway)
+    one = tmp_path / "one.json"
+    assert main(["-o", str(one), "--cpu", "--gpus", "1", "--iters", "2", "--warmup", "1"]) == 0
+    d = json.loads(one.read_text())
+    assert {k["kind"] for k in d["kernels"]} == {"elementwise", "gemm", "attention"}
 
 
 def test_loss_memory_matches_the_measured_peak():

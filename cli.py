@@ -625,7 +625,13 @@ def _plan_calibrated(plan_file: Path, meta: dict, c0, opts0, calibration: Path |
         return c0, opts0, None, None, [
             f"the plan file's cluster is calibrated with {rec.get('profile')} (schema 2: no "
             "interval; re-create the plan with --calibration for one)"]
-    prof = recorded_profile(meta, str(plan_file))
+    if calibration is None:
+        prof = recorded_profile(meta, str(plan_file))
+    else:  # replaced: a damaged recorded profile does not stand in the way
+        try:
+            prof = recorded_profile(meta, str(plan_file))
+        except SpecError:
+            prof = None
     notes = []
     if calibration is not None and prof is not None:
         notes.append(f"--calibration {calibration} replaces the profile the plan file "

@@ -463,9 +463,23 @@ def recorded_profile(meta: dict, src: str):
     cal = meta.get("calibration")
     if cal is None or meta.get("calibrated_cluster"):
         return None
+    known = ("profile", "gpu", "parameters", "document", "recorded_in_plan", "safe_memory",
+             "notes")
+    for key in cal:
+        if key not in known:
+            raise SpecError(f"unknown field; a plan's calibration holds {', '.join(known)}",
+                            source=src, field=f"calibration.{key}")
     doc = cal.get("document")
     if not isinstance(doc, dict):
         raise SpecError("missing: a calibrated plan carries its profile whole; re-create it "
                         "(estimate or solve with --calibration and --save-plan)", source=src,
                         field="calibration.document")
-    return profile_from_dict(doc, f"{src} (calibration.document)")
+    prof = profile_from_dict(doc, f"{src} (calibration.document)")
+    # the summary beside the document says the same, or the file was edited: which one holds?
+    if cal.get("gpu", prof.gpu) != prof.gpu or (
+            "parameters" in cal and cal["parameters"] != dict(prof.values)):
+        field = "gpu" if cal.get("gpu", prof.gpu) != prof.gpu else "parameters"
+        raise SpecError("does not match calibration.document, the profile the plan applies; "
+                        "re-create the plan with --calibration, or give --calibration",
+                        source=src, field=f"calibration.{field}")
+    return prof

@@ -2068,3 +2068,33 @@ def test_every_command_says_which_runs_and_nodes_a_profile_calibrates(tmp_path):
     warns = json.loads(res.output)["warnings"]
     assert any("H100-SXM-80GB nodes keep their presets" in w and "network_scale" in w
                for w in warns), warns
+
+
+def test_a_plan_files_calibration_section_is_checked(tmp_path):
+    """The calibration a plan file carries: an unknown key, or a gpu / parameters summary that
+    contradicts the profile document it applies, is one line naming the field (they had been
+    accepted and ignored); --calibration replaces it, damaged or not."""
+    prof, _ = fit(_runs({"gemm_scale": 0.9}, 0.02, seed=3, n=4), ("gemm_scale",), "A100-80GB",
+                  fit_fragmentation=False)
+    cal = tmp_path / "cal.json"
+    save_profile(cal, prof)
+    plan = tmp_path / "plan.json"
+    runner = CliRunner()
+    base = ["estimate", "-m", "gpt-1.7b", "--gbs", "64", "--seq", "2048", "--tp", "2",
+            "--pp", "2"]
+    r = runner.invoke(app, [*base, "--calibration", str(cal), "--save-plan", str(plan)])
+    assert r.exit_code == 0, r.output
+    good = json.loads(plan.read_text())
+    for edit, field in ((lambda c: c.update(foo=1), "calibration.foo"),
+                        (lambda c: c.update(gpu="H100-SXM-80GB"), "calibration.gpu"),
+                        (lambda c: c["parameters"].update(gemm_scale=0.5),
+                         "calibration.parameters")):
+        doc = json.loads(json.dumps(good))
+        edit(doc["calibration"])
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(doc))
+        r = runner.invoke(app, ["estimate", "--plan", str(bad)])
+        assert r.exit_code == 2 and f"{field}:" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1
+        r = runner.invoke(app, ["estimate", "--plan", str(bad), "--calibration", str(cal)])
+        assert r.exit_code == 0, r.output

@@ -280,6 +280,15 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
                 described += f" (saved to {written})"
         check_logged_args(reading, m, job, pl, str(plan_file) if plan_file
                           else "read from the run's own settings", cluster=c)
+        # the framework that printed the log ran the plan: a plan priced for another one
+        # would have the fit absorb the frameworks' difference into the cost parameters
+        # (NeMo runs Megatron-Core: its plans are priced as Megatron-LM's)
+        ran = {"nemo": "megatron", "deepspeed-pipe": "deepspeed"}.get(reading.framework,
+                                                                      reading.framework)
+        if plan_file and ran != job.framework:
+            raise SpecError(f"the log is {reading.framework}'s, but its plan {plan_file} was "
+                            f"priced for {job.framework}: estimate the plan with --framework "
+                            f"{ran} and --save-plan it again", source=str(log), field="log")
         # a loss fused by Transformer Engine: its memory is not priced, so not fitted
         kind = reading.memory_kind
         if kind and any(loss_unpriced(s) for s in

@@ -2098,3 +2098,18 @@ def test_a_plan_files_calibration_section_is_checked(tmp_path):
         assert len(r.output.strip().splitlines()) == 1
         r = runner.invoke(app, ["estimate", "--plan", str(bad), "--calibration", str(cal)])
         assert r.exit_code == 0, r.output
+
+
+def test_a_log_of_another_framework_than_its_plan_is_refused(tmp_path):
+    """A torchtitan log paired with a plan priced for Megatron-LM: the fit would put the
+    frameworks' difference into the cost parameters; one line says how to re-price the plan
+    (it had been fitted without a word)."""
+    plan = tmp_path / "mg.json"
+    r = CliRunner().invoke(app, ["estimate", "-m", "llama3-8b", "-c", "h100-8x8", "--gbs",
+                                 "64", "--seq", "8192", "--tp", "1", "--pp", "1",
+                                 "--save-plan", str(plan)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["calibrate", str(LOGS / "torchtitan.log"), "--plan", str(plan),
+                                 "--out", str(tmp_path / "c.json")])
+    assert r.exit_code == 2 and "the log is torchtitan's" in r.output, r.output
+    assert "--framework torchtitan" in r.output and not (tmp_path / "c.json").exists()

@@ -476,10 +476,9 @@ def recorded_profile(meta: dict, src: str):
                         field="calibration.document")
     prof = profile_from_dict(doc, f"{src} (calibration.document)")
     # the summary beside the document says the same, or the file was edited: which one holds?
-    if cal.get("gpu", prof.gpu) != prof.gpu or (
-            "parameters" in cal and cal["parameters"] != dict(prof.values)):
-        field = "gpu" if cal.get("gpu", prof.gpu) != prof.gpu else "parameters"
-        raise SpecError("does not match calibration.document, the profile the plan applies; "
-                        "re-create the plan with --calibration, or give --calibration",
-                        source=src, field=f"calibration.{field}")
+    for field, want in (("gpu", prof.gpu), ("parameters", dict(prof.values))):
+        if cal.get(field, want) != want:
+            raise SpecError("does not match calibration.document, the profile the plan "
+                            "applies; re-create the plan with --calibration, or give "
+                            "--calibration", source=src, field=f"calibration.{field}")
     return prof

@@ -13,7 +13,7 @@ from pathlib import Path
 from model.calibration import Run
 from model.errors import SpecError
 from model.estimator import estimate
-from model.specs import Options
+from model.specs import Options, priced_as
 
 from .bridge_config import bridge_summary_args, plan_from_bridge_config
 from .clusters import cluster as load_cluster
@@ -282,9 +282,7 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
                           else "read from the run's own settings", cluster=c)
         # the framework that printed the log ran the plan: a plan priced for another one
         # would have the fit absorb the frameworks' difference into the cost parameters
-        # (NeMo runs Megatron-Core: its plans are priced as Megatron-LM's)
-        ran = {"nemo": "megatron", "deepspeed-pipe": "deepspeed"}.get(reading.framework,
-                                                                      reading.framework)
+        ran = priced_as(reading.framework)
         if plan_file and ran != job.framework:
             raise SpecError(f"the log is {reading.framework}'s, but its plan {plan_file} was "
                             f"priced for {job.framework}: estimate the plan with --framework "

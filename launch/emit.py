@@ -29,7 +29,7 @@ from model.memory import fp8_params_apply
 from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepspeed_pipe_partitioned,
                         deepspeed_split, deepspeed_splits, num_microbatches,
                         torchtitan_seq_problem)
-from model.specs import JobSpec, ModelSpec, Options
+from model.specs import JobSpec, ModelSpec, Options, priced_as
 
 from .ranks import DEFAULT_ORDER, ORDERS, TP_PP_DP_ORDER, launch_files, rank_mapping
 
@@ -1248,9 +1248,6 @@ def check_framework(framework: str, version: str | None = None) -> str:
 
 
 # the frameworks whose runs a job's estimate describes: NeMo runs Megatron-Core
-_PRICED_AS = {"megatron": ("megatron", "nemo"), "nemo": ("megatron", "nemo")}
-
-
 def _runs_an_even_split(fw: str, version: str | None, model: ModelSpec, job: JobSpec,
                         sh: Shape) -> bool:
     """Whether the framework runs its own even split instead of the plan's: DeepSpeed's
@@ -1342,12 +1339,12 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         notices.append(f"WARNING: written with --force although it does not fit: {why}")
         warn.append(tagged(fw, "memory", f"does not fit: {why}; written with --force"))
     priced = job.framework
-    if fw not in _PRICED_AS.get(priced, (priced,)):
+    if priced_as(fw) != priced:
         # the estimate is the job's framework's (its kernels, memory, sharding rules)
         warn.append(tagged(fw, "framework", (
             f"the plan was priced for {priced}, whose kernels, memory and sharding rules "
-            f"differ from {fw}'s: estimate it with --framework "
-            f"{'megatron' if fw == 'nemo' else fw} before running it there")))
+            f"differ from {fw}'s: estimate it with --framework {priced_as(fw)} before "
+            "running it there")))
     mapping, reason = rank_mapping(cluster, plan, ORDERS[fw])
     order = mapping.rank_order if mapping else DEFAULT_ORDER
     files: dict[str, str] = {}

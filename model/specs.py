@@ -17,6 +17,12 @@ PRECISIONS = ("fp16", "bf16", "fp32")  # the job's base (parameter and activatio
 PEAK_KINDS = ("fp16", "bf16", "fp32", "fp8")  # tensor-core peaks a GPU preset may list
 ATTENTION = ("flash", "eager")
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")  # whose byte rules apply
+
+
+def priced_as(framework: str) -> str:
+    """The job framework (FRAMEWORKS) whose estimate describes a run of `framework`: NeMo runs
+    Megatron-Core, so Megatron-LM's; a DeepSpeed pipeline log is DeepSpeed's."""
+    return {"nemo": "megatron", "deepspeed-pipe": "deepspeed"}.get(framework, framework)
 FP8_RECIPES = ("delayed", "tensorwise")  # Transformer Engine's per-tensor scaling recipes
 POSITION_EMBEDDINGS = ("learned", "rope", "alibi")
 NORMS = ("layernorm", "rmsnorm")

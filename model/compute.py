@@ -53,6 +53,8 @@ micro-batch (T = micro-batch x sequence tokens).
     delayed scaling takes the amax inside the cast kernel.
   - torchao float8 (torchtitan): read 2, write 1 over the gathered tokens, as fitted on the
     reference set's Float8 run (data/gpus.json H100-96GB-500W fp8_gemm_efficiency).
+  The FP8 GEMMs run at `GPUSpec.fp8_efficiency` of the FP8 peak: the GPU's own
+  fp8_gemm_efficiency, or FP8_GEMM_RATIO (0.78, the same fit) x its bf16 GEMM efficiency.
 """
 
 from __future__ import annotations
@@ -296,7 +298,7 @@ class ComputeModel:
         eff = None
         if self.fp8:
             ib, peak = 1.0, self.peak_fp8
-            eff = g.fp8_gemm_efficiency
+            eff = g.fp8_efficiency
             fwd.add(f"{name}.cast", elementwise_ms(
                 g, self.cast_b * m * k / (self.cast_shard if tp_role == "col" else 1)))
             bwd.add(f"{name}.cast", elementwise_ms(

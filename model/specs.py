@@ -39,6 +39,14 @@ def _positive(value, name: str, source: str | None, *, integer: bool = False, al
         raise SpecError(f"must be {kind}, got {value!r}", source=source, field=name)
 
 
+# A large FP8 GEMM's fraction of the FP8 peak against a bf16 GEMM's fraction of the bf16 peak,
+# for a GPU without its own fp8_gemm_efficiency: 0.78, fitted on the reference set's one Float8
+# run (bench/fit_h100_500w.py: torchao float8, tensor-wise dynamic scaling, its amax
+# reductions included, H100). Hopper's FP8 tensor cores do not reach twice the bf16 rate in
+# practice; outside Hopper the same ratio is an assumption (each preset's curve_source says so)
+FP8_GEMM_RATIO = 0.78
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """One accelerator type: datasheet figures (data/gpus.json cites each) and the few named
@@ -50,7 +58,7 @@ class GPUSpec:
     - `hbm_efficiency`: fraction of the datasheet HBM bandwidth element-wise kernels reach;
     - `kernel_overhead_us`: the gap each kernel adds (launch, prologue, tail);
     - `fp8_gemm_efficiency`: fraction of the dense FP8 peak a large FP8 GEMM reaches, with
-      its scaling overheads; None: the same fraction as `gemm_efficiency`.
+      its scaling overheads; None: FP8_GEMM_RATIO x `gemm_efficiency` (`fp8_efficiency`).
     `curve_source` says where they come from (a fit on published runs, or an assumption).
     """
 
@@ -87,6 +95,14 @@ class GPUSpec:
                 raise SpecError(f"unknown precision '{p}'; use one of {', '.join(PEAK_KINDS)}",
                                 source=src, field="peak_tflops")
             _positive(v, f"peak_tflops.{p}", src)
+
+    @property
+    def fp8_efficiency(self) -> float:
+        """The FP8 GEMMs' fraction of the FP8 peak: `fp8_gemm_efficiency`, or where the GPU
+        has none, FP8_GEMM_RATIO x the bf16 GEMMs' fraction of the bf16 peak."""
+        if self.fp8_gemm_efficiency is not None:
+            return self.fp8_gemm_efficiency
+        return FP8_GEMM_RATIO * self.gemm_efficiency
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak in FLOP/s for `precision`; raises if the GPU has no such tensor core."""

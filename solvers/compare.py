@@ -1,8 +1,11 @@
 """Research entry point: exact vs annealing vs baselines on one instance, one cost model.
 
 Baselines, each re-evaluated with this project's estimator on the cluster as measured:
-- "megatron": the exact solver's best shape with Megatron-LM's default rank placement and the
-  balanced layer split (what a user gets by picking the right degrees and launching plainly);
+- "megatron": the exact solver's best plan, its degrees and layer split, with Megatron-LM's
+  default rank placement instead of the searched one: what placement alone gains. (It had
+  taken the balanced split, or where that did not fit a memory-balanced one, and so charged
+  placement with a split's cost: +33% on a uniform 8 x 8 H100 cluster, where placement cannot
+  matter. The sweep's "megatron" task is the plain launch: see solvers/sweep.py.)
 - "amp-style": the plan an AMP-style model (Li et al., NeurIPS 2022) would pick: it sees every
   inter-node link at the cluster's mean bandwidth and counts pipeline communication once
   (transfers overlap with compute: `Options(blocking_p2p=False)`); it places ranks in Megatron-LM
@@ -82,13 +85,8 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                options=options, progress=progress, space=space, clock=clock)
     rows.append(row("anneal", an.plan, an.objective_ms, an.wall_s, "no (heuristic)"))
     t0 = time.perf_counter()
-    sh = ex.plan.shape
-    from .problem import PlacementProblem
-    from .space import blocks_for
-    blk = blocks_for(cluster, sh)
-    lay = PlacementProblem(model, job, cluster, sh, blk[0], options).start_layers() if blk \
-        else sh.layers
-    meg = Plan(with_layers(sh, lay), megatron_placement(cluster, sh.tp, sh.pp, sh.cols))
+    sh = ex.plan.shape  # its split too: the row's difference from "exact" is placement alone
+    meg = Plan(sh, megatron_placement(cluster, sh.tp, sh.pp, sh.cols))
     meg_est = Evaluator(model, job, cluster, meg.shape, options).estimate(meg.placement)
     rows.append(row("megatron", meg, meg_est.iteration_ms, time.perf_counter() - t0,
                     "baseline" if meg_est.fits else "baseline (does not fit)",

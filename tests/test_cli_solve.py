@@ -122,6 +122,41 @@ def test_compare_writes_csv(tiny, tmp_path):
     assert "over optimum" in r.output or "over lower bound" in r.output
 
 
+def test_compare_megatron_row_differs_from_exact_by_placement_alone():
+    """The "megatron" baseline is the exact plan (degrees and layer split) with Megatron-LM's
+    rank placement. It had taken the balanced split, or where that did not fit a
+    memory-balanced one, and charged placement with the split's cost (+33% on a uniform
+    H100 cluster). Here, on a uniform cluster whose memory the time-balanced split (5, 6, 7,
+    6) does not fit, the exact plan's (5, 7, 7, 5) is kept and placement costs nothing."""
+    import dataclasses
+
+    from formats import presets
+    from formats.clusters import uniform_cluster
+    from model.estimator import Evaluator
+    from model.plan import megatron_placement
+    from model.specs import JobSpec
+    from solvers.compare import compare_instance
+    from solvers.space import SearchSpace
+
+    m = presets.model("gpt-1.7b")
+    job = JobSpec(global_batch=64, seq_length=2048)
+    c = uniform_cluster(2, 4, "A100-80GB", 240.0, 25.0)
+    g = dataclasses.replace(c.nodes[0].gpu, memory_gib=11)
+    c = dataclasses.replace(c, nodes=tuple(dataclasses.replace(n, gpu=g) for n in c.nodes))
+    plans = {}
+    rows = compare_instance(m, job, c, time_limit_s=20, plans=plans, space=SearchSpace(
+        tp=(1,), pp=(4,), schedules=(("1f1b", 1),), recompute=("none",), micro_batch=(1,)))
+    by = {r["method"]: r for r in rows}
+    ex, mg = plans["exact"], plans["megatron"]
+    assert mg.shape == ex.shape and ex.shape.layers == (5, 7, 7, 5)
+    sh = ex.shape
+    assert mg.placement == megatron_placement(c, sh.tp, sh.pp, sh.cols)
+    assert by["megatron"]["iteration_ms"] == pytest.approx(
+        Evaluator(m, job, c, sh).iteration_ms(mg.placement), rel=1e-9)
+    assert by["megatron"]["iteration_ms"] == pytest.approx(by["exact"]["iteration_ms"],
+                                                           rel=1e-9)
+
+
 def test_compare_json_rows_carry_values_and_the_plan(tiny):
     """compare --json: the proof, gap and fit as values (not only the `proven` words), and
     each row's plan as solve --json gives it, whose shape is the row's plan string."""

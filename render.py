@@ -314,13 +314,45 @@ def print_written(files, warnings) -> None:
 # solve and compare
 
 
+def slow_nodes(plan, cluster) -> list[dict]:
+    """The nodes `cluster show` calls outliers (a degraded NIC: median link below OUTLIER_RATIO
+    x the cluster's; a degraded NVLink: best ring below it x the median node's) and what
+    `plan` gives each: its placement slots (none: the plan leaves it idle)."""
+    from formats.bandwidth import summarize
+
+    s = summarize(cluster)
+    idx = {nd.name: n for n, nd in enumerate(cluster.nodes)}
+    pl, cp = plan.placement, plan.shape.cp
+    hosts: dict[int, list[str]] = {}
+    for st in range(pl.pp):
+        for r in range(pl.cols):
+            hosts.setdefault(pl.node[st][r], []).append(slot_label(st, r, cp))
+    rows = [{"node": o["node"], "link": "network", "gb_per_s": o["median_gb_per_s"],
+             "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], [])}
+            for o in s.get("outliers", [])]
+    rows += [{"node": o["node"], "link": "NVLink", "gb_per_s": o["intra_gb_per_s"],
+              "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], [])}
+             for o in s.get("intra_outliers", [])]
+    return rows
+
+
+def print_slow_nodes(plan, cluster) -> None:
+    for o in slow_nodes(plan, cluster):
+        what = ("median network link" if o["link"] == "network" else "best NVLink ring")
+        where = (f"hosts {' '.join(o['slots'])}" if o["slots"] else
+                 "left idle by this plan")
+        console().print(f"slow node {o['node']}: {what} {o['gb_per_s']:.1f} GB/s, "
+                        f"{o['ratio']:.2f}x the cluster's median (cluster show); {where}",
+                        highlight=False)
+
+
 def solve_json(res, model, cluster, files, warnings, space=None) -> dict:
     import dataclasses
 
     return {
         "space": dataclasses.asdict(space) if space is not None else None,
         "plan": plan_to_dict(res.plan, cluster), "estimate": estimate_to_dict(res.estimate),
-        "solver": res.status_dict(),
+        "slow_nodes": slow_nodes(res.plan, cluster), "solver": res.status_dict(),
         "candidates": [{"shape": x.describe, "lower_bound_ms": x.lower_bound_ms,
                         "megatron_placement_ms": x.quick_ms, "best_ms": x.best_ms,
                         "status": x.status} for x in res.candidates],
@@ -333,6 +365,7 @@ def print_solve(res, c) -> None:
     con = console()
     print_estimate(res.estimate, res.plan, c, title="Best plan")
     print_placement(res.plan, c)
+    print_slow_nodes(res.plan, c)
     proven = "proven optimal" if res.termination == "optimal" else "NOT proven optimal"
     con.print(f"solver: {res.method}, {res.termination} ({proven}); objective "
               f"{res.objective_ms / 1e3:.4f} s, bound {res.bound_ms / 1e3:.4f} s, gap "

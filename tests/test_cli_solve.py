@@ -49,6 +49,32 @@ def test_solve_json_and_plan_file_round_trip(tiny, tmp_path):
         s["objective_ms"], rel=1e-9)
 
 
+def test_solve_names_the_slow_node_and_what_the_plan_gives_it(tiny, tmp_path):
+    """A node `cluster show` flags (here the synthetic cluster's degraded NIC) is named in
+    solve's output with the slots the plan gives it, the same in the JSON; a uniform cluster
+    has none."""
+    from render import slow_nodes
+
+    r = runner.invoke(app, ["solve", *tiny, "--json", "--time-limit", "60"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    slow = d["slow_nodes"]
+    assert [o["link"] for o in slow] == ["network"] and slow[0]["ratio"] < 0.75
+    hosted = {f"s{x['stage']}/r{x['replica']}" for x in d["plan"]["placement"]
+              if x["node"] == slow[0]["node"]}
+    assert set(slow[0]["slots"]) == hosted
+    r = runner.invoke(app, ["solve", *tiny, "--time-limit", "60"])
+    assert f"slow node {slow[0]['node']}: median network link" in r.output
+    from formats.clusters import uniform_cluster
+    from model.estimator import make_plan
+    from model.specs import JobSpec
+    from formats import presets
+    c = uniform_cluster(2, 4, "A100-80GB", 240.0, 25.0)
+    plan = make_plan(presets.model("gpt-1.7b"), JobSpec(global_batch=8, seq_length=1024), c,
+                     tp=1, pp=2, dp=4)
+    assert slow_nodes(plan, c) == []
+
+
 def test_solve_tables_name_the_losers(tiny):
     r = runner.invoke(app, ["solve", *tiny, "--time-limit", "60"])
     assert r.exit_code == 0, r.output

@@ -92,6 +92,8 @@ class SolveResult:
     work_s: float | None = None
     # option values the user listed that no valid shape has (space.unused_values)
     notes: list[str] = field(default_factory=list)
+    # the plan is not a block layout (space.block_of): the bound does not cover its kind
+    outside_blocks: bool = False
 
     @property
     def gap(self) -> float:
@@ -136,4 +138,5 @@ class SolveResult:
                 "annealed_with_closed_form_bound": dict(self.not_covered),
                 "blocks_enumerated": self.blocks_enumerated,
                 "shapes_too_long": self.shapes_too_long,
-                "clock": self.clock, "work_s": self.work_s}
+                "clock": self.clock, "work_s": self.work_s,
+                "outside_blocks": self.outside_blocks}

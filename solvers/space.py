@@ -59,6 +59,20 @@ def blocks_for(cluster: ClusterSpec, shape: Shape) -> list[Block]:
     return out
 
 
+def block_of(cluster: ClusterSpec, shape: Shape, placement) -> Block | None:
+    """The block layout `placement` is (every node hosting one j x k rectangle of stages x
+    columns, each rectangle on its own node), or None: a placement outside the space the
+    search and its bounds cover (Megatron-LM's own rank order can be, where the screening
+    scores it)."""
+    for blk in blocks_for(cluster, shape):
+        owner: dict[tuple[int, int], int] = {}
+        if all(owner.setdefault((st // blk.j, c // blk.k), placement.node[st][c])
+               == placement.node[st][c] for st in range(shape.pp) for c in range(shape.cols)) \
+                and len(set(owner.values())) == len(owner):
+            return blk
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def block_launchable(shape: Shape, block: Block, orders: tuple[str, ...]) -> bool:
     """Whether torchrun can start a block layout under one of the rank `orders` (model.plan

@@ -1065,10 +1065,12 @@ def solve(
         from launch.ranks import ORDERS
         space = replace(space, launch_orders=ORDERS[check_framework(emit)])
     prog = render.Progress(not as_json)
+    from solvers.workers import stop_on_sigint
     try:
-        res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit, seed=seed,
-                        options=opts, space=space, progress=prog, jobs=jobs,
-                        clock=clock.value)
+        with stop_on_sigint(render.say_err):
+            res = run_solve(m, job, c, method=method.value, time_limit_s=time_limit,
+                            seed=seed, options=opts, space=space, progress=prog, jobs=jobs,
+                            clock=clock.value)
     finally:
         prog.stop()
     files, warnings = write_outputs(m, job, c, res.plan, res.estimate, opts, save_plan=save_plan,
@@ -1200,28 +1202,39 @@ def compare(
         opts = calibrated[0][1]
     prog = render.Progress(not as_json)
     rows, details = [], []  # details: each row's plan as solve --json gives it (for --json)
+    from model import work
+    from solvers.workers import stop_on_sigint
+    stopped = None
     try:
-        for idx, inst in enumerate(instances):
-            plans: dict = {}
-            if sharding:
-                from solvers.compare import compare_sharding
-                got = [{"cluster": inst.name, **r} for r in compare_sharding(
-                    m, job, inst, time_limit_s=time_limit, seed=seed, progress=prog,
-                    space=space, options=opts, clock=clock.value, plans=plans)]
-            else:
-                got = compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
-                                       progress=prog, space=space, options=opts,
-                                       clock=clock.value, plans=plans)
-            for r in got:
-                p = plans.get(r["sharding"] if sharding else r["method"])
-                details.append(plan_to_dict(p, inst) if p is not None else None)
-                if calibration is not None:
-                    # each plan's 95% prediction interval under the profile, as estimate's
-                    iv = (_interval(calibrated[idx][2], m, job, measured[idx], p,
-                                    _options(blocking)) if p is not None else None)
-                    r["interval_low_s"], r["interval_high_s"] = (
-                        (iv[1], iv[2]) if iv is not None else (None, None))
-            rows += got
+        with stop_on_sigint(render.say_err):
+            for idx, inst in enumerate(instances):
+                plans: dict = {}
+                if sharding:
+                    from solvers.compare import compare_sharding
+                    got = [{"cluster": inst.name, **r} for r in compare_sharding(
+                        m, job, inst, time_limit_s=time_limit, seed=seed, progress=prog,
+                        space=space, options=opts, clock=clock.value, plans=plans)]
+                else:
+                    got = compare_instance(m, job, inst, time_limit_s=time_limit, seed=seed,
+                                           progress=prog, space=space, options=opts,
+                                           clock=clock.value, plans=plans)
+                for r in got:
+                    p = plans.get(r["sharding"] if sharding else r["method"])
+                    details.append(plan_to_dict(p, inst) if p is not None else None)
+                    if calibration is not None:
+                        # each plan's 95% prediction interval under the profile, as estimate's
+                        iv = (_interval(calibrated[idx][2], m, job, measured[idx], p,
+                                        _options(blocking)) if p is not None else None)
+                        r["interval_low_s"], r["interval_high_s"] = (
+                            (iv[1], iv[2]) if iv is not None else (None, None))
+                rows += got
+                if work.stop_offset():  # Ctrl-C: this instance's rows, no more instances
+                    left = len(instances) - idx - 1
+                    stopped = (f"stopped by Ctrl-C during instance {idx + 1} of "
+                               f"{len(instances)}: its searches stopped early (their rows say "
+                               "whether they are proven)"
+                               + (f"; {left} instance(s) not compared" if left else ""))
+                    break
     finally:
         prog.stop()
     notes = []
@@ -1229,10 +1242,14 @@ def compare(
         for r in rows:
             r["calibration"] = str(calibration)
         notes = list(dict.fromkeys(n for x in calibrated for n in (x[3] or {}).get("notes", [])))
+    if stopped:
+        notes.append(stopped)
     if csv is not None:
         write_csv(csv, rows)
     if as_json:
         render.echo_json([{**r, "plan_detail": d} for r, d in zip(rows, details)])
+        if stopped:
+            render.say_err(stopped)
         return
     title = (f"{m.name}, global batch {job.global_batch}, seq {job.seq_length}; time limit "
              f"{time_limit:g} {'work-' if clock.value == 'work' else ''}s per search, seed "

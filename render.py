@@ -27,6 +27,12 @@ def console():
     return c if c.width >= 150 else Console(width=150)
 
 
+def say_err(text: str) -> None:
+    """One line to stderr (what a command says while --json owns stdout)."""
+    from rich.console import Console
+    Console(stderr=True).print(escape(text), highlight=False)
+
+
 def echo_json(doc) -> None:
     """Strict JSON: an infinite bound or a NaN is null (json.dumps would write Infinity)."""
     typer.echo(json.dumps(json_safe(doc), indent=1, allow_nan=False, default=str))

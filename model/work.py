@@ -77,11 +77,34 @@ def charge(kind: str, n: float = 1.0) -> None:
         _meter[kind] = _meter.get(kind, 0.0) + n
 
 
+# A stop request (solvers.workers.stop_on_sigint: Ctrl-C) moves every clock reading this far
+# ahead, so every deadline of a search has passed: it winds down as at its time limit, with
+# its best plan and a valid bound. Elapsed time is then `now() - start - stop_offset()`.
+STOP_OFFSET_S = 1e9
+_stop_offset = 0.0
+
+
+def request_stop() -> None:
+    global _stop_offset
+    _stop_offset = STOP_OFFSET_S
+
+
+def clear_stop() -> None:
+    global _stop_offset
+    _stop_offset = 0.0
+
+
+def stop_offset() -> float:
+    """What a stop request added to `now()` (0 without one)."""
+    return _stop_offset
+
+
 def now() -> float:
-    """Seconds: the work meter's while metered, else the wall clock's (perf_counter)."""
+    """Seconds: the work meter's while metered, else the wall clock's (perf_counter); past
+    every deadline after a stop request."""
     if _meter is None:
-        return time.perf_counter()
-    return sum(PRICE_S[k] * v for k, v in _meter.items())
+        return time.perf_counter() + _stop_offset
+    return sum(PRICE_S[k] * v for k, v in _meter.items()) + _stop_offset
 
 
 def counts() -> dict:

@@ -60,6 +60,12 @@ BOUND_FRACTION = 0.5
 # through the enumeration), so a cut-short pass still bounds shapes of every degree.
 CLOSED_BOUND_FRACTION = 0.35
 BOUND_BATCH = 256
+# The first BOUND_BATCH shapes are bounded whatever the limit (a bound for every shape of a
+# small space), in batches that start at FIRST_BOUND_BATCH and double, unless that takes
+# over FIRST_BOUNDS_S: 256 bounds of GPT-1T on 512 nodes take 1.3 s, over a 1 s limit
+# (with the screening of a shape they had brought first, 5.7 s in all; 1.1 s now)
+FIRST_BOUND_BATCH = 32
+FIRST_BOUNDS_S = 0.25
 ANNEAL_SHARES = 3
 # With the exact method the shape of the best quick score is optimized first, with at most this
 # share of the time limit; the annealing warm start of each MILP takes at most WARM_START_S.
@@ -353,6 +359,23 @@ def _closest_misfit(rejected: list[Candidate]) -> Candidate | None:
     return min(rejected, key=lambda c: (c.needs_gib, -(c.room or 0.0)), default=None)
 
 
+def _bound_batches(n: int) -> list[list[int]]:
+    """_bound_order's indices in batches: FIRST_BOUND_BATCH of them at a stride through its
+    first BOUND_BATCH (themselves a sample of every part of the enumeration), then the rest in
+    batches twice as large each time, up to BOUND_BATCH."""
+    todo = _bound_order(n)
+    step = max(1, min(BOUND_BATCH, len(todo)) // FIRST_BOUND_BATCH)
+    first = todo[:BOUND_BATCH:step][:FIRST_BOUND_BATCH]
+    chosen = set(first)
+    rest = [i for i in todo if i not in chosen]
+    out, size, at = [first], FIRST_BOUND_BATCH, 0
+    while at < len(rest):
+        size = min(2 * size, BOUND_BATCH)
+        out.append(rest[at:at + size])
+        at += size
+    return out
+
+
 def _bound_order(n: int) -> list[int]:
     """Enumeration indices in bounding order: batch b holds b, b + k, b + 2k, ... for k
     batches, so each batch samples every part of the enumeration."""
@@ -376,8 +399,18 @@ def _workers(jobs: int | None, n_items: int):
         return None
     from model import walk_jit
     walk_jit.settle()  # no child may inherit a half-done import of the compiled walks
-    from .workers import die_with_parent
-    return mp.get_context("fork").Pool(jobs, initializer=die_with_parent)
+    import signal
+    import threading
+
+    from .workers import quiet_worker
+    # forked with Ctrl-C ignored, so that none arrives before quiet_worker has run
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        return mp.get_context("fork").Pool(jobs, initializer=quiet_worker)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, old)
 
 
 def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=None,
@@ -407,7 +440,6 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
     try:
         run = pool.map if pool is not None else lambda f, xs: [f(x) for x in xs]
         bounds: list[float | None] = [None] * len(shapes)
-        todo = _bound_order(len(shapes))
         def past(soft, found_some: bool, done_some: bool) -> bool:
             """Past the soft deadline once something was found, or past the hard one once
             anything was done (the first round always runs: a search returns a plan)."""
@@ -415,13 +447,16 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
             return (soft is not None and now > soft and found_some) or (
                 hard_deadline is not None and now > hard_deadline and done_some)
 
-        for start in range(0, len(todo), BOUND_BATCH):
-            if past(bound_deadline, any(b is not None and math.isfinite(b) for b in bounds),
-                    start > 0):
+        done, t_bounds = 0, work.now()
+        for nb, batch in enumerate(_bound_batches(len(shapes))):
+            first_round = done < BOUND_BATCH and work.now() - t_bounds < FIRST_BOUNDS_S
+            if not first_round and past(
+                    bound_deadline, any(b is not None and math.isfinite(b) for b in bounds),
+                    nb > 0):
                 break
             if progress:
-                progress(f"bounding shapes {start}/{len(shapes)}")
-            batch = todo[start:start + BOUND_BATCH]
+                progress(f"bounding shapes {done}/{len(shapes)}")
+            done += len(batch)
             for i, b in zip(batch, run(_bound_of, batch)):
                 bounds[i] = b
         # the bounded shapes by bound, then the unbounded ones (which may fit), the shapes no
@@ -455,6 +490,11 @@ def prepare_shapes(model, job, cluster, options, space, progress=None, deadline=
                 found.append((i, info))
                 if info.quick_ms is not None:
                     best_quick = min(best_quick, info.quick_ms)
+    except BaseException:
+        if pool is not None:  # its workers may be mid-task: close() and join() would wait
+            pool.terminate()
+            pool = None
+        raise
     finally:
         if pool is not None:
             pool.close()
@@ -529,7 +569,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                          uniform_tol=uniform_tol, jobs=1, anneal_clock=anneal_clock,
                          clock=clock)
     options = options or Options()
-    t0, wall0 = work.now(), time.perf_counter()
+    # offset-free: a search begun after a stop request (compare's second solve) is past its
+    # deadlines at once, as one that was running
+    t0, wall0 = work.now() - work.stop_offset(), time.perf_counter()
     # time-true: the search plans with a little less than the user's limit, leaving room for
     # what overruns a call's own limit (model hand-over to HiGHS, the last evaluation) and for
     # the final report (bench/time_true.py measures the result)
@@ -988,11 +1030,13 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     # placements outside blocks are not searched (a helper found one 0.3% faster than such
     # a plan reported "optimal", gap 0)
     outside = block_of(cluster, best_plan.shape, best_plan.placement) is None
-    outside_note = []
+    outside_note = [] if not work.stop_offset() else [
+        f"stopped by Ctrl-C after {time.perf_counter() - wall0:.1f} s: the best plan found "
+        "by then and the bound proven by then"]
     if outside:
         if termination == "optimal":
             termination = "feasible"
-        outside_note = [
+        outside_note += [
             "the plan is Megatron-LM's own rank placement, which is not one of the block "
             "layouts (each node one rectangle of stages x replicas) that the search and its "
             f"bound cover; no block placement beats it (their bound "
@@ -1008,7 +1052,8 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                        time.perf_counter() - wall0, ordered + rejected, total, solved,
                        errors=errors, not_covered=not_covered, clock=clock,
                        blocks_enumerated=enumerated[0], shapes_too_long=len(too_long),
-                       work_s=work.now() - t0 if clock == "work" else None,
+                       work_s=(work.now() - work.stop_offset() - t0
+                               if clock == "work" else None),
                        outside_blocks=outside,
                        notes=outside_note + unused_values(space, [i.shape for i in infos]
                                            + [c.shape for c in rejected if c.shape]

@@ -464,3 +464,40 @@ def test_csv_the_csv_module_cannot_parse(tmp_path):
     p.write_text('from\\to,a,b\na,,"1.0\nb,2.0,\n' + "x" * 200_000 + '"\n')
     one_error_line(RUN.invoke(app, ["cluster", "import", str(p), "--gpu", "A100-80GB",
                                     "--gpus-per-node", "8", "--intra-gb-per-s", "240"]))
+
+
+def test_ctrl_c_returns_the_best_plan_so_far_with_a_valid_bound():
+    """The first Ctrl-C inside stop_on_sigint (solve and compare's CLI) winds the search down
+    as at its time limit: a plan, a bound at or below it, a note, well before the limit, with
+    worker processes (a Ctrl-C early in the bounding had left the pool waiting for ever on
+    workers killed mid-task). A second search begun after the stop (compare's anneal row) is
+    past its deadlines at once; the stop is cleared when the block ends."""
+    import signal
+    import threading
+    import time
+
+    from formats.clusters import SynthParams, synth_cluster
+    from formats import presets
+    from model import work
+    from model.specs import JobSpec
+    from solvers.search import solve
+    from solvers.workers import stop_on_sigint
+
+    c = synth_cluster(SynthParams(num_nodes=16, degraded=2, degraded_factor=0.3, noise=0.2,
+                                  oversubscription=3, seed=16))
+    m, job = presets.model("llama2-70b"), JobSpec(global_batch=256, seq_length=4096)
+    said, before = [], signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    t0 = time.perf_counter()
+    with stop_on_sigint(said.append):
+        timer.start()
+        res = solve(m, job, c, method="exact", time_limit_s=60, jobs=2)
+        again = solve(m, job, c, method="anneal", time_limit_s=60, jobs=1)
+    took = time.perf_counter() - t0
+    timer.cancel()
+    assert said and "Ctrl-C again" in said[0]
+    assert took < 30 and work.stop_offset() == 0.0
+    for r in (res, again):
+        assert r.plan is not None and r.bound_ms <= r.objective_ms
+        assert r.termination != "optimal" and any("stopped by Ctrl-C" in n for n in r.notes)
+    assert signal.getsignal(signal.SIGINT) is before

@@ -692,6 +692,11 @@ def test_bounding_cut_short_by_its_deadline_keeps_every_bound_valid():
     assert sorted(_bound_order(1000)) == list(range(1000))
     first = _bound_order(1000)[:BOUND_BATCH]
     assert max(first) - min(first) >= 1000 - 1000 // BOUND_BATCH - 4  # spans the space
+    from solvers.search import FIRST_BOUND_BATCH, _bound_batches
+    batches = _bound_batches(1000)  # each shape once, the first batch small and spread out
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    assert len(batches[0]) == FIRST_BOUND_BATCH and max(batches[0]) - min(batches[0]) > 800
+    assert [len(b) for b in batches[1:4]] == [64, 128, 256]
     m = presets.model("gpt-3.6b")
     job = JobSpec(512, 2048, "bf16")
     c = uniform_cluster(64, 8, "A100-80GB", 240.0, 25.0)

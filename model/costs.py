@@ -200,7 +200,7 @@ class CostModel:
         fill_f = fill_b = 0.0
         shard = (0.0, 0.0, 0.0, 0.0)  # LayerTimes.shard_comm_* and shard_edge_*
         if sh.zero >= 3:
-            ag, rs = self._shard_collectives(self.model.params_per_layer / sh.tp,
+            ag, rs = self._shard_collectives(self.model.layer_params_per_gpu(sh.tp),
                                              shard_ring_gb_per_s)
             # prefetch: the next layer's gather runs during this layer's compute (and in the
             # backward the previous layer's reduce-scatter too); only what outlasts it shows,
@@ -553,7 +553,11 @@ class CostModel:
         """Parameters held by one GPU of `stage` (its TP shard)."""
         m, sh = self.model, self.shape
         layers = layers if layers is not None else sh.layers
-        per_layer = self.layer_params * sh.tp if self.experts_split else m.params_per_layer
+        # in units of tp: divided by tp below (replicated weights: ModelSpec.
+        # layer_params_per_gpu, whole on every rank)
+        per_layer = (self.layer_params * sh.tp if self.experts_split
+                     or m.tp_replicated_params_per_layer else m.params_per_layer)
+        dm = m.dense_layer_model if self.first_dense else None
         n = 0.0
         for c in range(sh.chunks):
             j = c * sh.pp + stage
@@ -561,7 +565,9 @@ class CostModel:
             if j == 0:
                 n += m.embedding_params
                 if self.first_dense:  # its leading dense layers instead of MoE ones
-                    n += self.first_dense * (m.dense_layer_model.params_per_layer - per_layer)
+                    dense = (dm.layer_params_per_gpu(sh.tp) * sh.tp
+                             if dm.tp_replicated_params_per_layer else dm.params_per_layer)
+                    n += self.first_dense * (dense - per_layer)
             if j == sh.num_virtual - 1:
                 n += m.final_norm_params
                 if not m.tied_embeddings or sh.pp > 1:
@@ -590,7 +596,7 @@ class CostModel:
         per = self.layer_linear_params
         if stage == 0 and self.first_dense:
             return n * per + self.first_dense * (
-                self.model.dense_layer_model.linear_params_per_layer / sh.tp - per)
+                self.model.dense_layer_model.layer_params_per_gpu(sh.tp, linear=True) - per)
         return n * per
 
     # -- data parallel -------------------------------------------------------------------------

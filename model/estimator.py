@@ -530,7 +530,9 @@ class Evaluator:
         tokens = self.job.global_batch * self.job.seq_length
         secs = length / 1e3
         model_flops, extra, causal_saving = self.model_flops()
-        # MFU against the base precision's dense peak (bf16 for FP8 runs, as torchtitan does)
+        # MFU against the base precision's dense peak (bf16 for FP8 runs, as torchtitan did
+        # through v0.2.2; since its #2451, 2026-02, it reports no MFU with FP8 at all; the
+        # outputs say "of the 16-bit peak")
         peak = sum(nd.gpu.peak_flops(self.job.precision) * nd.num_gpus for nd in c.nodes)
         if not (math.isfinite(length) and length > 0 and all(
                 math.isfinite(st.memory.total_gib) for st in stages)):

@@ -384,7 +384,8 @@ class MemoryModel:
         self.expert_grad_extra = factor * gb if shape.zero >= 2 else 0.0
         self.expert_opt_extra = factor * ob if shape.zero >= 1 else 0.0
         # weights, grads, optimizer state (and FP8 copies) of one layer on one GPU
-        if self._plain:  # (the arithmetic as before expert parallelism)
+        if self._plain and not model.tp_replicated_params_per_layer:
+            # (the arithmetic as before expert parallelism)
             self.layer_static_bytes = (model.params_per_layer * per_param
                                        + model.linear_params_per_layer * fp8) / t
         else:
@@ -395,7 +396,7 @@ class MemoryModel:
         # stage 0's leading dense layers: FP8 copies of their own linear weights instead of
         # the MoE layers', and no expert shards (their parameters are in `params`)
         self.first_dense_fp8 = (self.first_dense * fp8 * (
-            model.dense_layer_model.linear_params_per_layer / t - lp.linear)
+            model.dense_layer_model.layer_params_per_gpu(t, linear=True) - lp.linear)
             if self.first_dense else 0.0)
         self.first_dense_static = self.first_dense_fp8 - self.first_dense * \
             self.layer_expert_params * (self.expert_grad_extra + self.expert_opt_extra)
@@ -406,7 +407,9 @@ class MemoryModel:
         unit = model.params_per_layer if job.framework != "deepspeed" else max(
             model.hidden_size * (model.hidden_size + 2 * model.kv_dim),
             model.ffn_hidden_size * model.hidden_size * (2 if model.gated_mlp else 1))
-        self.transient = (unit / t * (2 * gathered_weight_bytes(job) + job.reduce_bytes)
+        per_gpu = (model.layer_params_per_gpu(t) if job.framework != "deepspeed" else
+                   unit / t)
+        self.transient = (per_gpu * (2 * gathered_weight_bytes(job) + job.reduce_bytes)
                           if shape.zero >= 3 and not keeps_unsharded(job, shape) else 0.0)
 
     def stage_work(self, s: int) -> float:

@@ -167,11 +167,12 @@ def layer_params(model: ModelSpec, shape: Shape) -> LayerParams:
     ep, et, t = shape.ep, shape.expert_tp, shape.tp
     pe = model.expert_params_per_layer
     split = model.is_moe and (ep > 1 or et != t)
+    # the weights every TP rank holds whole (latent attention's down-projections, the
+    # router: ModelSpec.tp_replicated_params_per_layer) are not divided by t
+    total, linear = model.layer_params_per_gpu(t), model.layer_params_per_gpu(t, linear=True)
     if not split:  # (the arithmetic as before expert parallelism, bit for bit)
-        return LayerParams(model.params_per_layer / t, model.linear_params_per_layer / t,
-                           pe / (ep * et), ep * et / t, False)
-    return LayerParams((model.params_per_layer - pe) / t + pe / (ep * et),
-                       (model.linear_params_per_layer - pe) / t + pe / (ep * et),
+        return LayerParams(total, linear, pe / (ep * et), ep * et / t, False)
+    return LayerParams(total - pe / t + pe / (ep * et), linear - pe / t + pe / (ep * et),
                        pe / (ep * et), ep * et / t, True)
 
 

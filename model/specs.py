@@ -395,6 +395,35 @@ class ModelSpec:
             + h if self.bias else 0
         return self.linear_params_per_layer + norms + biases
 
+    @cached_property
+    def tp_replicated_linear_params_per_layer(self) -> int:
+        """Linear weights of one block that every tensor-parallel rank holds whole: latent
+        attention's down-projections (Megatron-LM's TE layer spec builds linear_q_down_proj and
+        linear_kv_down_proj as plain linears, MultiLatentAttention sets parallel_mode
+        'duplicated': megatron/core/transformer/multi_latent_attention.py) and the router
+        (moe/router.py TopKRouter: one E x h weight, not split). 0 for other models."""
+        h = self.hidden_size
+        down = (h * self.mla_q_lora_rank + h * (self.mla_kv_lora_rank + self.mla_qk_rope_dim)
+                if self.is_mla else 0)
+        return down + (h * self.num_experts if self.is_moe else 0)
+
+    @cached_property
+    def tp_replicated_params_per_layer(self) -> int:
+        """tp_replicated_linear_params_per_layer and the latents' norms (whole on every TP
+        rank, as the down-projections they follow). The ordinary blocks' norms are split with
+        the rest (2h of ~12h^2: below 1e-4 of a layer), as before."""
+        norms = self.mla_q_lora_rank + self.mla_kv_lora_rank if self.is_mla else 0
+        return self.tp_replicated_linear_params_per_layer + norms
+
+    def layer_params_per_gpu(self, tp: int, linear: bool = False) -> float:
+        """One block's weights (`linear`: its linear weights) on one of `tp` tensor-parallel
+        ranks: the split ones divided by tp, the replicated ones whole (bit for bit P / tp
+        where none is replicated)."""
+        full = self.linear_params_per_layer if linear else self.params_per_layer
+        rep = (self.tp_replicated_linear_params_per_layer if linear else
+               self.tp_replicated_params_per_layer)
+        return full / tp if not rep else (full - rep) / tp + rep
+
     @property
     def tensors_per_layer(self) -> int:
         """Parameter tensors of one block as Megatron-style code declares them: fused QKV,

@@ -94,7 +94,9 @@ def test_ep_splits_the_experts_weights_and_optimizer_state():
         n = s.layers
         pe = m.expert_params_per_layer
         et = etp or 2
-        expect = n * ((m.params_per_layer - pe) / 2 + pe / (ep * et)) * 2 / 2**30
+        router = m.hidden_size * m.num_experts  # whole on every TP rank
+        expect = n * ((m.params_per_layer - pe - router) / 2 + router + pe / (ep * et)) \
+            * 2 / 2**30
         assert s.memory.weights_gib == pytest.approx(expect, rel=1e-12)
         # Adam state: 12 bytes of (dense / (tp dp) + experts / (ep etp edp)) = the same
         assert s.memory.optimizer_gib == pytest.approx(s0.memory.optimizer_gib, rel=1e-9)
@@ -512,3 +514,28 @@ def test_leading_dense_layers_sit_in_stage_zero_at_their_own_cost():
     # the latent norms the cost model counts: without --qk-layernorm Megatron-LM's MLA spec
     # builds plain up-projections (they had been left out)
     assert "--qk-layernorm" in a
+
+
+def test_latent_down_projections_and_router_are_whole_on_every_tp_rank():
+    """DeepSeek-V3: Megatron-LM's latent attention keeps the query and key/value
+    down-projections whole on every TP rank ('duplicated'), as the router; the memory model
+    had divided them by TP (0.74 GiB of weights, gradients and optimizer state missing per
+    GPU of stage 0 at TP 8, PP 8, EP 64). A stage's weights are its layers' per-GPU share."""
+    m = presets.model("deepseek-v3")
+    h = m.hidden_size
+    down = h * (m.mla_q_lora_rank + m.mla_kv_lora_rank + m.mla_qk_rope_dim)
+    assert (m.mla_q_lora_rank, m.mla_kv_lora_rank, m.mla_qk_rope_dim) == (1536, 512, 64)
+    assert m.tp_replicated_linear_params_per_layer == down + h * m.num_experts
+    assert m.tp_replicated_params_per_layer == down + h * m.num_experts + 1536 + 512
+    assert m.layer_params_per_gpu(8) == pytest.approx(
+        (m.params_per_layer - m.tp_replicated_params_per_layer) / 8
+        + m.tp_replicated_params_per_layer, rel=1e-15)
+    assert presets.model("llama3-70b").tp_replicated_params_per_layer == 0
+    job = JobSpec(global_batch=1024, seq_length=4096)
+    c = uniform_cluster(64, 8, "H100-SXM-80GB", 360.0, 45.0)
+    plan = _plan(m, job, c, tp=8, pp=8, ep=64, etp=1, zero=1, recompute="selective")
+    e = estimate(m, job, c, plan)
+    s = e.stages[1]  # MoE layers only
+    pe = m.expert_params_per_layer
+    per_layer = m.layer_params_per_gpu(8) - pe / 8 + pe / 64
+    assert s.memory.weights_gib == pytest.approx(s.layers * per_layer * 2 / 2**30, rel=1e-9)

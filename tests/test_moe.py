@@ -58,7 +58,11 @@ def test_moe_memory_holds_every_expert():
     c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
     plan = make_plan(m, job, c, tp=8, pp=4, sequence_parallel=True, zero=1, recompute="full")
     e = estimate(m, job, c, plan)
-    per_gpu = sum(s.layers for s in e.stages[1:2]) * m.params_per_layer / 8
+    # every rank holds the router whole (Megatron-LM's TopKRouter weight is not split)
+    router = m.hidden_size * m.num_experts
+    assert m.tp_replicated_params_per_layer == router
+    per_gpu = sum(s.layers for s in e.stages[1:2]) * ((m.params_per_layer - router) / 8
+                                                      + router)
     assert e.stages[1].memory.weights_gib == pytest.approx(per_gpu * 2 / 2**30, rel=1e-9)
     assert m.params_per_layer / (m.params_per_layer - m.linear_params_per_layer
                                  + m.active_linear_params_per_layer) > 3.5

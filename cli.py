@@ -1284,6 +1284,40 @@ def _emit_cluster(c, out: Optional[Path], as_json: bool = False,
         typer.echo(f"wrote {out} ({c.num_nodes} nodes, {c.num_gpus} GPUs)", err=True)
 
 
+# the option each field of the cluster that `cluster import` builds comes from
+_IMPORT_OPTION_OF = (("gpus", "--gpus-per-node"), ("gpu", "--gpu"),
+                     ("intra_topology", "--intra-topology"),
+                     ("intra_gb_per_s", "--intra-gb-per-s"),
+                     ("intra_latency_us", "--intra-latency-us"), ("latency_us", "--latency-us"))
+
+
+def _check_import_options(gpu, gpus_per_node, intra_gb_per_s, intra_topology, latency_us,
+                          intra_latency_us) -> None:
+    """The node and link options of `cluster import`, checked on a two-node stand-in before
+    any file is read, and blamed on the option (they had been blamed on the measurement
+    file: 't8.csv: nodes[0].gpu: unknown GPU type')."""
+    import numpy as np
+
+    from formats.bandwidth import build_cluster
+    from model.cluster import INTRA_LATENCY_US
+    from model.errors import SpecError
+
+    if intra_topology is None and intra_gb_per_s is None:
+        return  # --intra-allreduce may give it; build_cluster says so otherwise
+    try:
+        build_cluster(["a", "b"], np.array([[0.0, 1.0], [1.0, 0.0]]), gpu=gpu,
+                      gpus_per_node=gpus_per_node, intra_gb_per_s=intra_gb_per_s,
+                      intra_topology=intra_topology, latency_us=latency_us,
+                      intra_latency_us=(INTRA_LATENCY_US if intra_latency_us is None
+                                        else intra_latency_us), source="options")
+    except SpecError as e:
+        fld = e.field or ""
+        opt = next((o for key, o in _IMPORT_OPTION_OF
+                    if fld.split(".")[-1].split("[")[0] == key), fld)
+        raise SpecError(e.problem.replace("node a: ", ""), source="options",
+                        field=opt) from None
+
+
 @command("import", aliases={"--nodes": "--node-names"}, parent=cluster_app)
 def cluster_import(
     sources: Annotated[list[Path], typer.Argument(
@@ -1319,11 +1353,18 @@ def cluster_import(
     as_json: JsonOpt = False,
 ):
     """Build a cluster TOML from measured bandwidth (nccl-tests, mpiGraph, CSV, JSON)."""
-    from formats.bandwidth import (build_cluster, check_and_fill, intra_node_allreduce,
-                                   load_measurements)
+    import math
+
+    from formats.bandwidth import (build_cluster, check_and_fill, implausible_rates,
+                                   intra_node_allreduce, load_measurements)
     from model.cluster import INTRA_LATENCY_US
     from model.errors import SpecError
 
+    if not (math.isfinite(asym_ratio) and asym_ratio > 1):
+        raise SpecError(f"must be a number above 1 (a ratio of the faster direction to the "
+                        f"slower), got {asym_ratio}", source="options", field="--asym-ratio")
+    _check_import_options(gpu, gpus_per_node, intra_gb_per_s, intra_topology, latency_us,
+                          intra_latency_us)
     intra_notes: list[str] = []
     if intra_allreduce is not None:
         if intra_latency_us is not None:
@@ -1346,6 +1387,7 @@ def cluster_import(
                       latency_us=latency_us, name=name, source=meas.source,
                       intra_latency_us=(INTRA_LATENCY_US if intra_latency_us is None
                                         else intra_latency_us))
+    warnings = warnings + implausible_rates(c)
     # what was read and the warnings, once the cluster is built (an error stays one line)
     for line in intra_notes:
         typer.echo(line, err=True)

@@ -321,9 +321,9 @@ def print_written(files, warnings) -> None:
 
 
 def slow_nodes(plan, cluster) -> list[dict]:
-    """The nodes `cluster show` calls outliers (a degraded NIC: median link below OUTLIER_RATIO
-    x the cluster's; a degraded NVLink: best ring below it x the median node's) and what
-    `plan` gives each: its placement slots (none: the plan leaves it idle)."""
+    """The nodes `cluster show` calls outliers (a degraded NIC: median stream out or in below
+    OUTLIER_RATIO x the links not touching it; a degraded NVLink: best ring below it x the
+    median node's) and what `plan` gives each: its placement slots (none: idle)."""
     from formats.bandwidth import summarize
 
     s = summarize(cluster)
@@ -344,11 +344,11 @@ def slow_nodes(plan, cluster) -> list[dict]:
 
 def print_slow_nodes(plan, cluster) -> None:
     for o in slow_nodes(plan, cluster):
-        what = ("median network link" if o["link"] == "network" else "best NVLink ring")
+        what = ("median network stream" if o["link"] == "network" else "best NVLink ring")
         where = (f"hosts {' '.join(o['slots'])}" if o["slots"] else
                  "left idle by this plan")
         console().print(f"slow node {o['node']}: {what} {o['gb_per_s']:.1f} GB/s, "
-                        f"{o['ratio']:.2f}x the cluster's median (cluster show); {where}",
+                        f"{o['ratio']:.2f}x the cluster's (cluster show); {where}",
                         highlight=False)
 
 
@@ -741,9 +741,11 @@ def print_cluster_summary(c, s, png=None) -> None:
             t.add_row(x["from"], x["to"], f"{x['gb_per_s']:.2f}")
         con.print(t)
     if s["outliers"]:
-        con.print(f"outlier nodes (median link < {OUTLIER_RATIO} x cluster median): " + ", ".join(
-            f"{o['node']} ({o['median_gb_per_s']:.2f} GB/s, {o['ratio']:.2f}x)"
-            for o in s["outliers"]))
+        dirs = {"both": "", "out": ", sending", "in": ", receiving"}
+        con.print(f"outlier nodes (median stream out or in < {OUTLIER_RATIO} x the median of "
+                  "the links not touching it): " + ", ".join(
+                      f"{o['node']} ({o['median_gb_per_s']:.2f} GB/s, {o['ratio']:.2f}x"
+                      f"{dirs[o['direction']]})" for o in s["outliers"]))
     else:
         con.print("no outlier nodes")
     con.print(f"switch groups (links >= {GROUP_RATIO} x fastest):")

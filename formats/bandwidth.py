@@ -79,24 +79,53 @@ def _number(cell: str, src: str, where: str) -> tuple[float, bool]:
     return v, math.isnan(v)
 
 
-# a unit written in a CSV's first header cell (e.g. 'from\\to (Gbit/s)'): which --units it is
-# (case matters: GB is bytes, Gb bits); GiB/s is named so that it is refused, not misread
-_CSV_LABEL_UNITS = (("MiB/s", "mib_per_s"), ("GiB/s", None), ("Gbit/s", "gbit_per_s"),
-                    ("Gb/s", "gbit_per_s"), ("Gbps", "gbit_per_s"), ("GB/s", "gb_per_s"),
-                    ("GBps", "gb_per_s"), ("MB/s", "mb_per_s"), ("MBps", "mb_per_s"))
+# a rate written in a CSV's first header cell (e.g. 'from\\to (Gbit/s)'): a prefix, an
+# optional binary 'i', bits ('bit', 'bits', or a lower-case 'b' after an upper-case prefix)
+# or bytes ('byte', 'B'), then '/s', 'ps' or '_s' / '_per_s'
+_CSV_RATE = re.compile(r"(?<![A-Za-z])([kKmMgGtT])(i?)(bits?|bytes?|B|b)\s*(?:/\s*s|ps|_s\b|"
+                       r"_per_s\b)", re.IGNORECASE)
+# which --units a (prefix, binary, bits) names; the others are refused, never misread
+_CSV_RATE_UNITS = {("g", False, True): "gbit_per_s", ("g", False, False): "gb_per_s",
+                   ("m", False, False): "mb_per_s", ("m", True, False): "mib_per_s"}
+
+
+def _csv_rate(label: str, src: str) -> tuple[str, str] | None:
+    """(text, --units key) of the rate a CSV's first header cell names, None if it names
+    none; a rate the import does not read (Mbit/s, TB/s, GiB/s, ...) or an ambiguous one
+    (lower-case 'gb': bits or bytes?) is refused. (A case-sensitive list had read '(GBit/s)'
+    and '(Mbit/s)' matrices as GB/s.)"""
+    keys = re.search(r"\b(" + "|".join(_UNIT_TEXT) + r")\b", label)
+    if keys:  # the --units names themselves
+        return keys.group(1), keys.group(1)
+    mt = _CSV_RATE.search(label)
+    if mt is None:
+        return None
+    text, (prefix, binary, unit) = mt.group(0), mt.groups()[:3]
+    word = unit.lower()
+    if word.startswith("bit"):
+        bits = True
+    elif word.startswith("byte") or unit == "B":
+        bits = False
+    elif prefix.isupper():  # Gb/s: bits, as network rates are written
+        bits = True
+    else:
+        raise SpecError(f"the header's {text} does not say bits or bytes; write GB/s "
+                        "(bytes) or Gbit/s (bits)", source=src, field="header")
+    key = _CSV_RATE_UNITS.get((prefix.lower(), bool(binary), bits))
+    if key is None:
+        raise SpecError(f"the header names {text}, which is not a unit the import reads; "
+                        f"convert the matrix to one of {', '.join(_UNIT_TEXT.values())}",
+                        source=src, field="header")
+    return text, key
 
 
 def _csv_units(label: str, units: str | None, src: str) -> str:
     """The unit of a CSV matrix: the one its first header cell names, which --units (where
     given) must agree with; else --units, else GB/s."""
-    said = next(((text, key) for text, key in _CSV_LABEL_UNITS if text in label), None)
+    said = _csv_rate(label, src)
     if said is None:
         return units or "gb_per_s"
     text, key = said
-    if key is None:
-        raise SpecError(f"the header names {text}, which is not a unit the import reads; "
-                        f"convert the matrix to one of {', '.join(_UNIT_TEXT.values())}",
-                        source=src, field="header")
     if units is not None and units != key:
         raise SpecError(f"the header says {text} ({key}) but --units {units} was given; drop "
                         "--units or fix the header", source=src, field="header")
@@ -126,8 +155,12 @@ def read_csv(path: str | Path, units: str | None = None) -> Measured:
     n = len(header)
     data = rows[1:]
     if len(data) != n:
+        sep = next((ch for ch in (";", "\t", "|") if n <= 1 and ch in text.splitlines()[0]),
+                   None)
         raise SpecError(f"matrix is not square: {len(data)} data rows but {n} node columns "
-                        f"in the header; give one row per node", source=src, field="rows")
+                        f"in the header; give one row per node"
+                        + (f" (the header is split by {sep!r}: the import reads commas)"
+                           if sep else ""), source=src, field="rows")
     m = np.full((n, n), math.nan)
     nan = np.zeros((n, n), dtype=bool)
     seen: dict[str, int] = {}
@@ -565,10 +598,17 @@ def read_nccl_pairs(paths: list[Path], test: str | None = None) -> Measured:
     idx = {h: i for i, h in enumerate(names)}
     n = len(names)
     m = np.full((n, n), math.nan)
-    for (a, b), (bw, _) in entries.items():
+    # a file covers both directions of its pair, unless the set measured pairs one way each:
+    # then a direction without its file is filled from the reverse, and said
+    directional = any((b, a) in entries for a, b in entries)
+    for (a, b), (bw, f) in entries.items():
         m[idx[a], idx[b]] = bw
         if (b, a) not in entries:
             m[idx[b], idx[a]] = bw
+            if directional:
+                warnings.append(f"filled {b} -> {a} = {bw:.2f} GB/s from the reverse "
+                                f"direction's file ({f}): the other pairs were measured both "
+                                "ways; measure this direction to replace it")
     src = str(paths[0].parent) if len(paths) > 1 else str(paths[0])
     return Measured(names, m, src, np.zeros((n, n), bool), notes=sorted(set(notes)),
                     warnings=warnings)
@@ -680,8 +720,12 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
         _check_names(nodes, "options", "--node-names")
         unknown = [x for x in names if x not in nodes]
         if unknown:
+            lower = {x.lower(): x for x in nodes}
+            case = [f"{x} (--node-names has {lower[x.lower()]})" for x in unknown
+                    if x.lower() in lower]
             raise SpecError(f"unknown node(s) {', '.join(unknown)}: measured but not in "
-                            "--node-names; add them there or remove their measurements",
+                            "--node-names; add them there or remove their measurements"
+                            + (f"; differing only in case: {', '.join(case)}" if case else ""),
                             source=src, field="nodes")
         order = [names.index(x) if x in names else -1 for x in nodes]
         n = len(nodes)
@@ -779,11 +823,34 @@ def build_cluster(names: list[str], gb_per_s: np.ndarray, *, gpu: str, gpus_per_
     return cluster_from_dict(raw, source)
 
 
+# the fastest stream one GPU's NIC delivers in 2026: 800 Gbit/s (NVIDIA ConnectX-8 SuperNIC
+# datasheet), 100 GB/s
+MAX_NIC_GB_PER_S = 100.0
+
+
+def implausible_rates(c) -> list[str]:
+    """Warnings for a matrix whose inter-node streams are faster than any NIC, or than the
+    nodes' own NVLink: most likely a Gbit/s matrix read as GB/s (8x too fast)."""
+    m = np.asarray(c.inter_gb_per_s, dtype=float)
+    top = float(m[~np.eye(len(m), dtype=bool)].max()) if len(m) > 1 else 0.0
+    intra = min(nd.ring_gb_per_s(tuple(range(nd.num_gpus))) if nd.num_gpus > 1 else math.inf
+                for nd in c.nodes)
+    out = []
+    if top > MAX_NIC_GB_PER_S or top > intra:
+        out.append(f"the fastest inter-node stream is {top:.1f} GB/s, above "
+                   + (f"any NIC's ({MAX_NIC_GB_PER_S:g} GB/s, 800 Gbit/s)"
+                      if top > MAX_NIC_GB_PER_S else f"the nodes' own NVLink ({intra:.1f} GB/s)")
+                   + ": if the matrix is in Gbit/s, say so (--units gbit_per_s or a header "
+                   "unit)")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Looking at a cluster
 
 
-OUTLIER_RATIO = 0.75  # a node whose median link is below this x the cluster median
+OUTLIER_RATIO = 0.75  # a node whose median stream out or in is below this x the median of
+                      # the links that do not touch it
 GROUP_RATIO = 0.85    # links >= this x the fastest link join one switch group
 
 
@@ -837,9 +904,25 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
     node_med = [float(np.median(np.concatenate([m[i][off[i]], m[:, i][off[:, i]]])))
                 for i in range(n)]
     out["node_median_gb_per_s"] = dict(zip(names, node_med))
-    outl = [i for i in range(n) if node_med[i] < outlier_ratio * med]
-    out["outliers"] = [{"node": names[i], "median_gb_per_s": node_med[i],
-                        "ratio": node_med[i] / med} for i in outl]
+    # a node is an outlier when its median stream out, or in, is below outlier_ratio x the
+    # median of the links that do not touch it (with one node of three degraded, two thirds
+    # of the links are its own, and the cluster's median was its rate: it went unflagged; a
+    # node slow to send only had its in/out median at 0.75x, on the line)
+    outl, rows = [], []
+    for i in range(n):
+        others = off.copy()
+        others[i, :] = others[:, i] = False
+        if not others.any():  # two nodes: no link tells which end is slow
+            continue
+        ref = float(np.median(m[others]))
+        send, recv = float(np.median(m[i][off[i]])), float(np.median(m[:, i][off[:, i]]))
+        low = min(send, recv)
+        if low < outlier_ratio * ref:
+            outl.append(i)
+            rows.append({"node": names[i], "median_gb_per_s": low, "ratio": low / ref,
+                         "direction": ("both" if max(send, recv) < outlier_ratio * ref else
+                                       "out" if send < recv else "in")})
+    out["outliers"] = rows
     sym = (m + m.T) / 2
     core = [i for i in range(n) if i not in outl] or list(range(n))
     top = max(sym[i, j] for i in core for j in core if i != j) if len(core) > 1 else 0.0
@@ -894,6 +977,19 @@ def _check_names(names: list[str], src: str, fld: str) -> None:
     if dup:
         raise SpecError(f"duplicated node name(s) {', '.join(dup)}; names must be unique",
                         source=src, field=fld)
+    _check_case(names, src, fld)
+
+
+def _check_case(names: list[str], src: str, fld: str) -> None:
+    """Host names are case-insensitive (RFC 4343): names that differ only in case are one
+    machine, which a hostfile would list twice."""
+    low: dict[str, str] = {}
+    for x in names:
+        other = low.setdefault(str(x).lower(), x)
+        if other != x:
+            raise SpecError(f"node names {other} and {x} differ only in case; host names are "
+                            "case-insensitive, so they name one machine: give each node one "
+                            "name", source=src, field=fld)
 
 
 def _natural_sorted(xs) -> list[str]:

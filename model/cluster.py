@@ -133,6 +133,12 @@ class ClusterSpec:
         if dup:
             raise SpecError(f"duplicated node names {dup}; names must be unique", source=src,
                             field="nodes.name")
+        low: dict[str, str] = {}
+        for x in names:  # host names are case-insensitive (RFC 4343): one machine
+            if low.setdefault(x.lower(), x) != x:
+                raise SpecError(f"node names {low[x.lower()]} and {x} differ only in case; "
+                                "host names are case-insensitive, so they name one machine: "
+                                "give each node one name", source=src, field="nodes.name")
         m = self.inter_gb_per_s
         if m.shape != (n, n):
             raise SpecError(f"matrix is {m.shape[0]}x{m.shape[1] if m.ndim > 1 else '?'} but "

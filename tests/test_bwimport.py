@@ -433,3 +433,88 @@ def test_cluster_show_says_what_is_inside_each_node(tmp_path):
     text = " ".join(cli("cluster", "show", str(p)).output.split())
     assert "1 node of 8 H100-SXM-80GB, best ring inside 48 GB/s: g2" in text, text
     assert "intra-node outliers" in text and "g2 (48 GB/s, 0.13x)" in text
+
+
+@pytest.mark.parametrize("label,expect", [
+    ("from\\to (GBit/s)", 22.5), ("(Gbits/s)", 22.5), ("gbit_s", 22.5), ("(Gbps)", 22.5),
+    ("(GByte/s)", 180.0), ("gbit_per_s", 22.5), ("(Mbit/s)", "names Mbit/s"),
+    ("TB_s", "names TB_s"), ("gb_s", "does not say bits or bytes"),
+    ("(gbps)", "does not say bits or bytes")])
+def test_csv_header_unit_in_any_unambiguous_spelling_or_refused(tmp_path, label, expect):
+    """A header unit is read in any case where it says bits or bytes (a case-sensitive list
+    had read '(GBit/s)' and '(Mbit/s)' matrices as GB/s, silently); a rate the import does not
+    read, or a lower-case 'gb', is refused."""
+    p = tmp_path / "m.csv"
+    p.write_text(f"{label},n1,n2\nn1,,180\nn2,160,\n")
+    if isinstance(expect, float):
+        assert load_measurements([p]).gb_per_s[0, 1] == pytest.approx(expect)
+    else:
+        with pytest.raises(SpecError, match=expect):
+            load_measurements([p])
+
+
+def test_node_names_differing_only_in_case_are_one_machine(tmp_path):
+    p = tmp_path / "m.csv"
+    p.write_text("from\\to,node01,NODE01\nnode01,,20\nNODE01,20,\n")
+    with pytest.raises(SpecError, match="differ only in case"):
+        check_and_fill(load_measurements([p]))
+    p.write_text("from\\to,node01,node02\nnode01,,20\nnode02,20,\n")
+    with pytest.raises(SpecError) as e:
+        check_and_fill(load_measurements([p]), nodes=["NODE01", "node02"])
+    assert "differing only in case: node01 (--node-names has NODE01)" in e.value.problem
+
+
+def test_directional_nccl_set_says_which_direction_it_filled(tmp_path):
+    """Where some pairs were measured both ways, a direction without its file is filled from
+    the reverse and said (it had been filled silently); a set of one file per pair covers
+    both directions, as documented, without a word."""
+    d = tmp_path / "pairs"
+    shutil.copytree(DATA / "nccl_pairs", d)
+    assert not [w for w in load_measurements([d]).warnings if "filled" in w]
+    text = (d / "sendrecv_node01_node02.txt").read_text()
+    rev = "\n".join(ln for ln in text.splitlines() if "Rank" not in ln)
+    (d / "sendrecv_node02_node01.txt").write_text(rev)
+    filled = [w for w in load_measurements([d]).warnings if "filled" in w]
+    assert len(filled) == 5 and "filled node02 -> node01" not in " ".join(filled)
+    assert any("filled node03 -> node01" in w for w in filled)
+
+
+def test_outliers_against_the_links_that_do_not_touch_the_node():
+    """One degraded node of three (two thirds of the links its own, so the cluster median
+    was its rate) and a node that only sends slowly (its in/out median on the 0.75 line) are
+    flagged; a healthy uneven cluster is not."""
+    from formats.bandwidth import summarize
+    from formats.clusters import uniform_cluster
+
+    c = uniform_cluster(3, 8, "A100-80GB", 240.0, 24.0)
+    m = c.inter_gb_per_s.copy()
+    m[2, :2] = m[:2, 2] = 12.0
+    import dataclasses
+    c3 = dataclasses.replace(c, inter_gb_per_s=m)
+    out = summarize(c3)["outliers"]
+    assert [(o["node"], o["direction"]) for o in out] == [(c.nodes[2].name, "both")]
+    assert out[0]["ratio"] == pytest.approx(0.5)
+    c8 = uniform_cluster(8, 8, "A100-80GB", 240.0, 24.0)
+    m = c8.inter_gb_per_s.copy()
+    m[4, :] = 12.0
+    np.fill_diagonal(m, 0.0)
+    out = summarize(dataclasses.replace(c8, inter_gb_per_s=m))["outliers"]
+    assert [(o["node"], o["direction"]) for o in out] == [(c8.nodes[4].name, "out")]
+    assert summarize(c8)["outliers"] == []
+
+
+def test_import_options_are_blamed_on_the_options_and_rates_faster_than_a_nic_warned(tmp_path):
+    p = tmp_path / "m.csv"
+    p.write_text("from\\to,n1,n2\nn1,,180\nn2,160,\n")
+    for args, field in ((["--gpu", "A100"], "--gpu"), (["--gpus-per-node", "0"],
+                                                        "--gpus-per-node"),
+                        (["--intra-gb-per-s", "-5"], "--intra-gb-per-s"),
+                        (["--latency-us", "-1"], "--latency-us"),
+                        (["--asym-ratio", "nan"], "--asym-ratio"),
+                        (["--asym-ratio", "0.5"], "--asym-ratio")):
+        base = ["cluster", "import", str(p), "--gpu", "A100-80GB", "--gpus-per-node", "8",
+                "--intra-gb-per-s", "240"]
+        r = cli(*base, *args, "-o", str(tmp_path / "c.toml"))
+        assert r.exit_code == 2 and f"options: {field}:" in r.output, (args, r.output)
+    r = cli(*IMPORT, str(p), "-o", str(tmp_path / "c.toml"))
+    assert r.exit_code == 0 and "above any NIC's (100 GB/s" in r.output, r.output

@@ -64,7 +64,7 @@ def test_solve_names_the_slow_node_and_what_the_plan_gives_it(tiny, tmp_path):
               if x["node"] == slow[0]["node"]}
     assert set(slow[0]["slots"]) == hosted
     r = runner.invoke(app, ["solve", *tiny, "--time-limit", "60"])
-    assert f"slow node {slow[0]['node']}: median network link" in r.output
+    assert f"slow node {slow[0]['node']}: median network stream" in r.output
     from formats.clusters import uniform_cluster
     from model.estimator import make_plan
     from model.specs import JobSpec

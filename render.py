@@ -321,8 +321,8 @@ def print_written(files, warnings) -> None:
 
 
 def slow_nodes(plan, cluster) -> list[dict]:
-    """The nodes `cluster show` calls outliers (a degraded NIC: median stream out or in below
-    OUTLIER_RATIO x the links not touching it; a degraded NVLink: best ring below it x the
+    """The nodes `cluster show` calls outliers (a degraded NIC: best stream out or in below
+    OUTLIER_RATIO x the other nodes' best; a degraded NVLink: best ring below it x the
     median node's) and what `plan` gives each: its placement slots (none: idle)."""
     from formats.bandwidth import summarize
 
@@ -333,7 +333,7 @@ def slow_nodes(plan, cluster) -> list[dict]:
     for st in range(pl.pp):
         for r in range(pl.cols):
             hosts.setdefault(pl.node[st][r], []).append(slot_label(st, r, cp))
-    rows = [{"node": o["node"], "link": "network", "gb_per_s": o["median_gb_per_s"],
+    rows = [{"node": o["node"], "link": "network", "gb_per_s": o["best_gb_per_s"],
              "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], [])}
             for o in s.get("outliers", [])]
     rows += [{"node": o["node"], "link": "NVLink", "gb_per_s": o["intra_gb_per_s"],
@@ -344,7 +344,7 @@ def slow_nodes(plan, cluster) -> list[dict]:
 
 def print_slow_nodes(plan, cluster) -> None:
     for o in slow_nodes(plan, cluster):
-        what = ("median network stream" if o["link"] == "network" else "best NVLink ring")
+        what = ("best network stream" if o["link"] == "network" else "best NVLink ring")
         where = (f"hosts {' '.join(o['slots'])}" if o["slots"] else
                  "left idle by this plan")
         console().print(f"slow node {o['node']}: {what} {o['gb_per_s']:.1f} GB/s, "
@@ -375,7 +375,9 @@ def print_solve(res, c) -> None:
     proven = "proven optimal" if res.termination == "optimal" else "NOT proven optimal"
     con.print(f"solver: {res.method}, {res.termination} ({proven}); objective "
               f"{res.objective_ms / 1e3:.4f} s, bound {res.bound_ms / 1e3:.4f} s, gap "
-              f"{res.gap * 100:.4f}%, {res.wall_s:.1f} s"
+              f"{res.gap * 100:.4f}%"
+              + (" (over block placements and this plan only)" if res.outside_blocks else "")
+              + f", {res.wall_s:.1f} s"
               + (f" ({res.work_s:.1f} work-s, clock: work)" if res.clock == "work" else "")
               + f"; {res.shapes_total} shapes, "
               f"{res.shapes_solved} placement-optimized"
@@ -742,9 +744,9 @@ def print_cluster_summary(c, s, png=None) -> None:
         con.print(t)
     if s["outliers"]:
         dirs = {"both": "", "out": ", sending", "in": ", receiving"}
-        con.print(f"outlier nodes (median stream out or in < {OUTLIER_RATIO} x the median of "
-                  "the links not touching it): " + ", ".join(
-                      f"{o['node']} ({o['median_gb_per_s']:.2f} GB/s, {o['ratio']:.2f}x"
+        con.print(f"outlier nodes (best stream out or in < {OUTLIER_RATIO} x the other nodes' "
+                  "best): " + ", ".join(
+                      f"{o['node']} ({o['best_gb_per_s']:.2f} GB/s, {o['ratio']:.2f}x"
                       f"{dirs[o['direction']]})" for o in s["outliers"]))
     else:
         con.print("no outlier nodes")

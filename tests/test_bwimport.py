@@ -479,10 +479,11 @@ def test_directional_nccl_set_says_which_direction_it_filled(tmp_path):
     assert any("filled node03 -> node01" in w for w in filled)
 
 
-def test_outliers_against_the_links_that_do_not_touch_the_node():
+def test_outliers_by_their_best_stream_against_the_others_best():
     """One degraded node of three (two thirds of the links its own, so the cluster median
     was its rate) and a node that only sends slowly (its in/out median on the 0.75 line) are
-    flagged; a healthy uneven cluster is not."""
+    flagged; a healthy cluster is not, nor the nodes of a small leaf (a rule against the
+    links not touching the node had flagged node04 and node05 of 6 nodes in leaves of 4)."""
     from formats.bandwidth import summarize
     from formats.clusters import uniform_cluster
 
@@ -501,6 +502,9 @@ def test_outliers_against_the_links_that_do_not_touch_the_node():
     out = summarize(dataclasses.replace(c8, inter_gb_per_s=m))["outliers"]
     assert [(o["node"], o["direction"]) for o in out] == [(c8.nodes[4].name, "out")]
     assert summarize(c8)["outliers"] == []
+    for nodes, leaf in ((6, 4), (13, 8), (27, 16), (4, 2), (10, 4)):
+        c = synth_cluster(SynthParams(num_nodes=nodes, leaf_size=leaf, degraded=0, seed=0))
+        assert summarize(c)["outliers"] == [], (nodes, leaf)
 
 
 def test_import_options_are_blamed_on_the_options_and_rates_faster_than_a_nic_warned(tmp_path):

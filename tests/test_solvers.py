@@ -912,7 +912,7 @@ def test_a_plan_outside_block_layouts_is_never_called_optimal():
     assert r.plan.placement == megatron_placement(c, sh.tp, sh.pp, sh.cols)
     assert block_of(c, sh, r.plan.placement) is None and r.outside_blocks
     assert r.termination != "optimal" and r.status_dict()["outside_blocks"]
-    assert any("not one of the block layouts" in n for n in r.notes)
+    assert any("outside the block layouts" in n for n in r.notes)
     # every block layout of a shape that has some is recognised
     sh6 = Shape(tp=1, pp=2, dp=6, micro_batch=2, recompute="none")
     for blk in blocks_for(c, sh6):

@@ -746,6 +746,10 @@ def estimate(
         c, opts, prof, cal, notes = _plan_calibrated(plan_file, meta, c0, opts0, calibration,
                                                      safe_memory)
         est = run_estimate(m, job, c, plan, opts)
+        if calibration is None:  # as the file was estimated: its numbers should be these
+            from formats.planfile import recorded_estimate_drift
+            drift = recorded_estimate_drift(meta, est, str(plan_file))
+            notes = [*notes, drift] if drift else notes
         _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
                           interval=_interval(prof, m, job, c0, plan, opts0),
                           mem_interval=_memory_interval(prof, est, cal), notes=notes,
@@ -1518,11 +1522,15 @@ def emit_cmd(
         # --framework-version 0.1): its files are v0.1's unless the release is given
         framework_version = "0.1"
     c, opts, _prof, _cal, _notes = _plan_calibrated(plan_file, meta, c0, opts0, None, False)
+    from formats.planfile import recorded_estimate_drift
     from model.errors import SpecError
+    from model.estimator import estimate as run_estimate
+    drift = recorded_estimate_drift(meta, run_estimate(m, job, c, plan, opts), str(plan_file))
     try:
         files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
                                         gantt=gantt, placement_png=placement_png, force=force,
                                         tokenizer=tokenizer, version=framework_version)
+        warnings = [drift, *warnings] if drift else warnings
     except SpecError as e:
         if e.source != "plan":
             raise

@@ -376,7 +376,8 @@ def print_solve(res, c) -> None:
     con.print(f"solver: {res.method}, {res.termination} ({proven}); objective "
               f"{res.objective_ms / 1e3:.4f} s, bound {res.bound_ms / 1e3:.4f} s, gap "
               f"{res.gap * 100:.4f}%"
-              + (" (over block placements and this plan only)" if res.outside_blocks else "")
+              + (" (the bound covers block placements, and every placement of a shape "
+                 "with no block layout)" if res.outside_blocks else "")
               + f", {res.wall_s:.1f} s"
               + (f" ({res.work_s:.1f} work-s, clock: work)" if res.clock == "work" else "")
               + f"; {res.shapes_total} shapes, "

@@ -106,8 +106,12 @@ def options_to_dict(o: Options) -> dict:
 def gpu_to_dict(g: GPUSpec) -> dict:
     d = {"peak_tflops": dict(g.peak_tflops), "sm_count": g.sm_count}
     d.update({f: getattr(g, f) for f in _GPU_FLOATS})
+    # the FP8 rate the estimate used, whatever its origin (the GPU's own figure, or
+    # FP8_GEMM_RATIO x its bf16 one): a file reads back to the same estimate whatever later
+    # versions assume (null had meant "the bf16 fraction" before 2026-12-06, then the ratio)
     d.update(source=g.source, curve_source=g.curve_source,
-             fp8_gemm_efficiency=g.fp8_gemm_efficiency)
+             fp8_gemm_efficiency=(g.fp8_efficiency if "fp8" in g.peak_tflops else
+                                  g.fp8_gemm_efficiency))
     return d
 
 
@@ -452,6 +456,25 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
             "solver": solver, "calibration": calibration,
             "calibrated_cluster": ver == 2 and calibration is not None}
     return model, job, cluster, plan, options, meta
+
+
+def recorded_estimate_drift(meta: dict, est, src: str) -> str | None:
+    """The warning when a plan file's recorded estimate (iteration time, peak memory) is not
+    what this version computes for it (the cost model changed since the file was written),
+    or None. (An older file had been re-estimated 18.9% slower without a word.)"""
+    rec = meta.get("estimate") or {}
+    it, mem = rec.get("iteration_ms"), rec.get("peak_memory_gib")
+    said = []
+    if isinstance(it, (int, float)) and it > 0 and abs(est.iteration_ms / it - 1) > 1e-6:
+        said.append(f"{it / 1e3:.4f} s per iteration (now {est.iteration_ms / 1e3:.4f} s, "
+                    f"{100 * (est.iteration_ms / it - 1):+.1f}%)")
+    if isinstance(mem, (int, float)) and abs(est.peak_memory_gib - mem) > 1e-6 * max(1.0, mem):
+        said.append(f"a peak of {mem:.2f} GiB (now {est.peak_memory_gib:.2f} GiB)")
+    if not said:
+        return None
+    by = meta.get("generator") or "an earlier version"
+    return (f"{src} records {' and '.join(said)}, written by {by}: the cost model has "
+            "changed since; re-solve to plan with this version's")
 
 
 def recorded_profile(meta: dict, src: str):

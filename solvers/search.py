@@ -841,10 +841,16 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                  for blk in blks]
         probs_of[id(info)] = probs
         if not probs:
+            none_at_all = blocks_for(cluster, info.shape) == []
             cand.status = ("no block layout fits this cluster's nodes" if not unlaunchable[0]
-                           or blocks_for(cluster, info.shape) == [] else
+                           or none_at_all else
                            "no block layout the framework's torchrun launch can start")
-            bounds_left[id(info)] = math.inf
+            # a shape with no block layout at all keeps its closed-form bound, which then
+            # holds for every placement (bounds.best_dp_ring_gb_per_s takes the loosest ring):
+            # its Megatron-LM placement may be the plan, and nothing better is ruled out (a
+            # gap of 0 had been reported where that bound left 10.6%); one whose layouts
+            # the launch cannot start is outside the space asked for
+            bounds_left[id(info)] = info.bound_ms if none_at_all else math.inf
             continue
         cuts: list = pool.setdefault(graph_key(info.shape), [])
         if n_done == 0 and method == "exact" and not uniform:
@@ -1053,8 +1059,9 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     est = Evaluator(model, job, cluster, best_plan.shape, options).estimate(best_plan.placement)
     ordered = sorted(candidates.values(), key=lambda c: (c.best_ms or c.quick_ms or math.inf))
     for c in ordered:
+        timed = c.best_ms if c.best_ms is not None else c.quick_ms
         if c.plan is best_plan or (c.describe == best_plan.shape.describe() and
-                                   c.best_ms is not None and abs(c.best_ms - best_ms) < 1e-9):
+                                   timed is not None and abs(timed - best_ms) < 1e-9):
             c.status = "best"
     return SolveResult(best_plan, est, best_ms, bound, termination, method,
                        time.perf_counter() - wall0, ordered + rejected, total, solved,

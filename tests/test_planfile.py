@@ -197,3 +197,35 @@ def test_plan_file_keeps_fp8_param_gather(tmp_path):
     e2 = estimate(m, j2, c2, p2, o2)
     assert _close(e2.peak_memory_gib, est.peak_memory_gib)
     assert _close(e2.iteration_ms, est.iteration_ms)
+
+
+def test_plan_file_carries_the_fp8_rate_used_and_says_when_its_estimate_moved(tmp_path):
+    """A plan file writes the FP8 GEMM fraction its estimate used (the GPU's own, or
+    FP8_GEMM_RATIO x its bf16 one: null had changed meaning), so it reads back to the same
+    estimate; and where this version's estimate of a file differs from the one recorded (a
+    file written before a cost-model change), estimate --plan and emit say so (an older file
+    had been re-estimated 18.9% slower without a word)."""
+    from formats.clusters import uniform_cluster
+    from model.specs import FP8_GEMM_RATIO
+
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=16, seq_length=4096, fp8=True)
+    plan = make_plan(m, job, c, tp=8, pp=1, sequence_parallel=True, distributed_optimizer=True)
+    est = estimate(m, job, c, plan)
+    p = tmp_path / "p.json"
+    save_plan(p, m, job, c, plan, est)
+    doc = json.loads(p.read_text())
+    g = doc["cluster"]["gpu_types"]["H100-SXM-80GB"]
+    assert g["fp8_gemm_efficiency"] == pytest.approx(FP8_GEMM_RATIO * g["gemm_efficiency"])
+    r = runner.invoke(app, ["estimate", "--plan", str(p), "--json"])
+    assert r.exit_code == 0 and not [w for w in json.loads(r.output)["warnings"]
+                                     if "records" in w], r.output
+    doc["estimate"]["iteration_ms"] *= 0.8
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    r = runner.invoke(app, ["estimate", "--plan", str(old), "--json"])
+    said = [w for w in json.loads(r.output)["warnings"] if "records" in w]
+    assert said and "+25.0%" in said[0] and "the cost model has changed" in said[0]
+    r = runner.invoke(app, ["emit", str(old), "--out", str(tmp_path / "e"), "--json"])
+    assert r.exit_code == 0 and any("+25.0%" in w for w in json.loads(r.output)["warnings"])

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from networkx.utils import UnionFind
 
-from model.cluster import INTRA_LATENCY_US
+from model.cluster import INTRA_LATENCY_US, check_unique_hosts
 from model.errors import SpecError
 
 from .reading import read_text, unknown_keys
@@ -981,23 +981,7 @@ def _check_names(names: list[str], src: str, fld: str) -> None:
     empty = [i for i, x in enumerate(names) if not str(x).strip()]
     if empty:
         raise SpecError(f"node name #{empty[0]} is empty", source=src, field=fld)
-    dup = sorted({x for x in names if names.count(x) > 1})
-    if dup:
-        raise SpecError(f"duplicated node name(s) {', '.join(dup)}; names must be unique",
-                        source=src, field=fld)
-    _check_case(names, src, fld)
-
-
-def _check_case(names: list[str], src: str, fld: str) -> None:
-    """Host names are case-insensitive (RFC 4343): names that differ only in case are one
-    machine, which a hostfile would list twice."""
-    low: dict[str, str] = {}
-    for x in names:
-        other = low.setdefault(str(x).lower(), x)
-        if other != x:
-            raise SpecError(f"node names {other} and {x} differ only in case; host names are "
-                            "case-insensitive, so they name one machine: give each node one "
-                            "name", source=src, field=fld)
+    check_unique_hosts(names, src, fld)
 
 
 def _natural_sorted(xs) -> list[str]:

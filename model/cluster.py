@@ -36,6 +36,21 @@ from .topology import best_ring_gb_per_s
 INTRA_LATENCY_US = 10.0
 
 
+def check_unique_hosts(names: list[str], src: str, fld: str) -> None:
+    """Node names name machines: each once, and host names are case-insensitive (RFC 4343),
+    so two that differ only in case are one machine, which a hostfile would list twice."""
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise SpecError(f"duplicated node name(s) {', '.join(dup)}; names must be unique",
+                        source=src, field=fld)
+    low: dict[str, str] = {}
+    for x in names:
+        if low.setdefault(str(x).lower(), x) != x:
+            raise SpecError(f"node names {low[str(x).lower()]} and {x} differ only in case; "
+                            "host names are case-insensitive, so they name one machine: give "
+                            "each node one name", source=src, field=fld)
+
+
 def _strongly_connected(adj: np.ndarray) -> bool:
     """Every node reaches node 0 and node 0 reaches every node along adj's edges."""
     for a in (adj, adj.T):
@@ -129,16 +144,7 @@ class ClusterSpec:
         for nd in self.nodes:
             check_name(nd.name, "a node name", src, "nodes.name", host=True)
         names = [nd.name for nd in self.nodes]
-        dup = sorted({x for x in names if names.count(x) > 1})
-        if dup:
-            raise SpecError(f"duplicated node names {dup}; names must be unique", source=src,
-                            field="nodes.name")
-        low: dict[str, str] = {}
-        for x in names:  # host names are case-insensitive (RFC 4343): one machine
-            if low.setdefault(x.lower(), x) != x:
-                raise SpecError(f"node names {low[x.lower()]} and {x} differ only in case; "
-                                "host names are case-insensitive, so they name one machine: "
-                                "give each node one name", source=src, field="nodes.name")
+        check_unique_hosts(names, src, "nodes.name")
         m = self.inter_gb_per_s
         if m.shape != (n, n):
             raise SpecError(f"matrix is {m.shape[0]}x{m.shape[1] if m.ndim > 1 else '?'} but "

@@ -13,6 +13,37 @@ from .bounds import shape_bound_ms
 from .space import Block, capacity_split, decode, memory_split, with_layers
 
 
+ROW_CAPS_MAX = 4096  # arrangements row_caps tries at most
+
+
+def row_caps(cluster, sh: Shape, blk):
+    """Per-stage memory caps (GiB) for each way of giving a block's node-stages (its A rows
+    of D nodes, j stages each) their GPUs: the nodes sorted by memory and grouped D by D (a
+    row's cap is its smallest node's; any other grouping leaves no row more), then every
+    distinct order of those row caps over the rows, at most ROW_CAPS_MAX of them."""
+    mems = sorted((nd.gpu.memory_gib for nd in cluster.nodes), reverse=True)
+    rows = [mems[(a + 1) * blk.D - 1] for a in range(blk.A)]
+    counts: dict[float, int] = {}
+    for r in rows:
+        counts[r] = counts.get(r, 0) + 1
+    done = 0
+
+    def orders(prefix):
+        nonlocal done
+        if done >= ROW_CAPS_MAX:
+            return
+        if len(prefix) == len(rows):
+            done += 1
+            yield [prefix[st // blk.j] for st in range(sh.pp)]
+            return
+        for cap in list(counts):
+            if counts[cap]:
+                counts[cap] -= 1
+                yield from orders(prefix + [cap])
+                counts[cap] += 1
+    yield from orders([])
+
+
 class PlacementProblem:
     """Decisions: the permutation of nodes over the block's A x D slots and the layer split."""
 
@@ -183,8 +214,19 @@ class PlacementProblem:
         if self.fits(lay):
             return lay
         if self.mixed_memory:
-            return capacity_split(self.model, self.job, self.cluster, self.shape,
-                                  self.options, self.stage_caps_gib(lay))[0]
+            cand = tuple(capacity_split(self.model, self.job, self.cluster, self.shape,
+                                        self.options, self.stage_caps_gib(lay))[0])
+            if self.fits(cand):
+                return cand
+            # which stages need the large GPUs depends on the split: every way to give them
+            # to the node-stages (balanced once against the caps of the time-balanced split,
+            # a shape that fits, (2, 1, 2, 3) on 80/40/40/80 GiB, had been called a misfit)
+            for caps in row_caps(self.cluster, self.shape, self.block):
+                nxt, ok, _st, _need = capacity_split(self.model, self.job, self.cluster,
+                                                     self.shape, self.options, caps)
+                if ok and self.fits(tuple(nxt)):
+                    return tuple(nxt)
+            return cand
         return memory_split(self.model, self.job, self.cluster, self.shape, self.options)[0]
 
     def stage_caps_gib(self, layers: tuple[int, ...]) -> list[float]:

@@ -12,6 +12,7 @@ node, tensor groups take consecutive GPUs, or the best rings where the node's li
 from __future__ import annotations
 
 import functools
+import math
 import itertools
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -166,7 +167,9 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     the job leaves it open (precision bf16,fp8) and every GPU has FP8 tensor cores."""
     G = cluster.gpus_per_node
     total = cluster.num_gpus
-    tps = space.tp or tuple(d for d in divisors(G or 1))
+    # every TP that divides each node's GPU count (where the counts differ, their common
+    # divisors: only TP 1 had been tried on nodes of 8 and 4, "nothing fits" where TP 4 did)
+    tps = space.tp or tuple(divisors(G or math.gcd(*(nd.num_gpus for nd in cluster.nodes))))
     if job.fp8 is None:
         fp8s = (False, True) if not gpus_without_fp8(cluster) \
             else (False,)

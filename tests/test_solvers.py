@@ -939,3 +939,47 @@ def test_nodes_of_different_gpu_counts_bound_every_placement_and_name_the_best()
     assert len(best) == 1 and best[0].describe == r.plan.shape.describe()
     assert min(x.lower_bound_ms for x in r.candidates
                if not x.status.startswith("does not fit")) <= r.bound_ms * (1 + 1e-9)
+
+
+def test_mixed_memory_finds_which_stages_need_the_large_gpus():
+    """Nodes of 80 and 40 GB: the time-balanced split puts the large GPUs on stages 0 and 2,
+    and the split balanced once against those caps does not fit; with the large GPUs on
+    stages 0 and 3, (2, 1, 2, 3) does. Both methods find the brute-force optimum (it had been
+    "nothing fits in GPU memory")."""
+    from model.cluster import ClusterSpec, NodeSpec
+    from formats import presets
+
+    rng = np.random.default_rng(1)
+    nodes = tuple(NodeSpec(f"n{i}", presets.gpu(g), 8, 240.0) for i, g in
+                  enumerate(["A100-80GB", "A100-40GB", "A100-80GB", "A100-40GB"]))
+    bw = rng.uniform(2.0, 12.0, (4, 4))
+    np.fill_diagonal(bw, 0.0)
+    c = ClusterSpec("mixed-memory", nodes, bw, 5.0)
+    m = ModelSpec("m", 8, 8192, 64, 8, 32768, 128000, 8192)
+    job = JobSpec(global_batch=32, seq_length=8192)
+    sp = SearchSpace(tp=(1,), pp=(4,), micro_batch=(1,), recompute=("none",),
+                     schedules=(("1f1b", 1),), distributed_optimizer=(False,))
+    best = math.inf
+    for sh in enumerate_shapes(m, job, c, sp):
+        for blk in blocks_for(c, sh):
+            best = min(best, brute_force(PlacementProblem(m, job, c, sh, blk,
+                                                          Options())).objective_ms)
+    assert best == pytest.approx(4878.29, abs=0.01)
+    for method in ("exact", "anneal"):
+        r = solve(m, job, c, method=method, time_limit_s=10, jobs=1, space=sp)
+        assert r.objective_ms == pytest.approx(best, rel=1e-9) and r.estimate.fits
+
+
+def test_nodes_of_different_gpu_counts_enumerate_every_common_tp():
+    """Nodes of 8 and 4 GPUs: TP 1, 2 and 4 divide both and are searched (only TP 1 had
+    been: "nothing fits" for a model that fits at TP 4)."""
+    import dataclasses
+
+    from formats import presets
+
+    c = uniform_cluster(2, 8, "A100-80GB", 240.0, 25.0)
+    c = dataclasses.replace(c, nodes=(c.nodes[0], dataclasses.replace(c.nodes[1],
+                                                                      num_gpus=4)))
+    m, job = presets.model("gpt-1.7b"), JobSpec(global_batch=24, seq_length=2048)
+    tps = {sh.tp for sh in enumerate_shapes(m, job, c)}
+    assert tps == {1, 2, 4}

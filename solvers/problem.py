@@ -13,7 +13,9 @@ from .bounds import shape_bound_ms
 from .space import Block, capacity_split, decode, memory_split, with_layers
 
 
-ROW_CAPS_MAX = 4096  # arrangements row_caps tries at most
+# arrangements row_caps gives at most: one balanced split each (capacity_split, ~2 ms at PP 16),
+# so a misfit shape costs at most ~0.6 s of screening
+ROW_CAPS_MAX = 256
 
 
 def row_caps(cluster, sh: Shape, blk):
@@ -220,7 +222,12 @@ class PlacementProblem:
                 return cand
             # which stages need the large GPUs depends on the split: every way to give them
             # to the node-stages (balanced once against the caps of the time-balanced split,
-            # a shape that fits, (2, 1, 2, 3) on 80/40/40/80 GiB, had been called a misfit)
+            # a shape that fits, (2, 1, 2, 3) on 80/40/40/80 GiB, had been called a misfit);
+            # none is tried where even the largest GPUs everywhere would not hold a split
+            top = max(self.caps_gib)
+            if not capacity_split(self.model, self.job, self.cluster, self.shape,
+                                  self.options, [top] * self.shape.pp)[1]:
+                return cand
             for caps in row_caps(self.cluster, self.shape, self.block):
                 nxt, ok, _st, _need = capacity_split(self.model, self.job, self.cluster,
                                                      self.shape, self.options, caps)

@@ -13,37 +13,27 @@ from .bounds import shape_bound_ms
 from .space import Block, capacity_split, decode, memory_split, with_layers
 
 
-# arrangements row_caps gives at most: one balanced split each (capacity_split, ~2 ms at PP 16),
-# so a misfit shape costs at most ~0.6 s of screening
-ROW_CAPS_MAX = 256
-
-
 def row_caps(cluster, sh: Shape, blk):
-    """Per-stage memory caps (GiB) for each way of giving a block's node-stages (its A rows
-    of D nodes, j stages each) their GPUs: the nodes sorted by memory and grouped D by D (a
-    row's cap is its smallest node's; any other grouping leaves no row more), then every
-    distinct order of those row caps over the rows, at most ROW_CAPS_MAX of them."""
+    """Per-stage memory caps (GiB) for ways of giving a block's node-stages (its A rows of D
+    nodes, j stages each) their GPUs: the nodes sorted by memory and grouped D by D (a row's
+    cap is its smallest node's; any other grouping leaves no row more), the largest caps given
+    to the first k rows and then to the last ones, for k = 0 .. A: where the stage memory of a
+    pipeline peaks, at its first stages (the most micro-batches in flight, the embedding) or
+    its last (the output layer and logits). At most A + 1 balanced splits (every order of the
+    rows had been up to 4096 of them, 9-24 s for one misfit shape at PP 16)."""
     mems = sorted((nd.gpu.memory_gib for nd in cluster.nodes), reverse=True)
-    rows = [mems[(a + 1) * blk.D - 1] for a in range(blk.A)]
-    counts: dict[float, int] = {}
-    for r in rows:
-        counts[r] = counts.get(r, 0) + 1
-    done = 0
-
-    def orders(prefix):
-        nonlocal done
-        if done >= ROW_CAPS_MAX:
-            return
-        if len(prefix) == len(rows):
-            done += 1
-            yield [prefix[st // blk.j] for st in range(sh.pp)]
-            return
-        for cap in list(counts):
-            if counts[cap]:
-                counts[cap] -= 1
-                yield from orders(prefix + [cap])
-                counts[cap] += 1
-    yield from orders([])
+    rows = [mems[(a + 1) * blk.D - 1] for a in range(blk.A)]  # largest first
+    seen = set()
+    for k in range(blk.A + 1):
+        order = list(range(k)) + list(range(blk.A - 1, k - 1, -1))
+        caps_of_row = [0.0] * blk.A
+        for cap, row in zip(rows, order):
+            caps_of_row[row] = cap
+        key = tuple(caps_of_row)
+        if key in seen:
+            continue
+        seen.add(key)
+        yield [caps_of_row[st // blk.j] for st in range(sh.pp)]
 
 
 class PlacementProblem:
@@ -220,10 +210,11 @@ class PlacementProblem:
                                         self.options, self.stage_caps_gib(lay))[0])
             if self.fits(cand):
                 return cand
-            # which stages need the large GPUs depends on the split: every way to give them
-            # to the node-stages (balanced once against the caps of the time-balanced split,
-            # a shape that fits, (2, 1, 2, 3) on 80/40/40/80 GiB, had been called a misfit);
-            # none is tried where even the largest GPUs everywhere would not hold a split
+            # which stages need the large GPUs depends on the split: the large GPUs at the
+            # pipeline's ends, in every proportion (balanced once against the caps of the
+            # time-balanced split, a shape that fits, (2, 1, 2, 3) on 80/40/40/80 GiB, had
+            # been called a misfit); none where even the largest GPUs everywhere would not
+            # hold a split
             top = max(self.caps_gib)
             if not capacity_split(self.model, self.job, self.cluster, self.shape,
                                   self.options, [top] * self.shape.pp)[1]:

@@ -1049,13 +1049,15 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     if outside:
         if termination == "optimal":
             termination = "feasible"
-        where = ("outside the block layouts (each node one rectangle of stages x replicas) "
-                 "that the search and its bound cover" if blocks_for(cluster, best_plan.shape)
-                 else "and no block layout of its shape exists on these nodes")
         outside_note += [
-            f"the plan is Megatron-LM's own rank placement, {where}; the search found no "
-            "block placement faster, but placements outside blocks are neither searched nor "
-            "bounded, so it is not proven optimal"]
+            "the plan is Megatron-LM's own rank placement, outside the block layouts (each "
+            "node one rectangle of stages x replicas) that the search and its bound cover; "
+            "the search found no block placement faster, but placements outside blocks are "
+            "neither searched nor bounded, so it is not proven optimal"
+            if blocks_for(cluster, best_plan.shape) else
+            "the plan is Megatron-LM's own rank placement: no block layout of its shape exists "
+            "on these nodes, so the search scores that placement only, and the bound is the "
+            "shapes' closed form over every placement: it is not proven optimal"]
     est = Evaluator(model, job, cluster, best_plan.shape, options).estimate(best_plan.placement)
     ordered = sorted(candidates.values(), key=lambda c: (c.best_ms or c.quick_ms or math.inf))
     for c in ordered:

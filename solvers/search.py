@@ -31,7 +31,7 @@ from .bounds import layer_room, shape_bound_ms
 from .brute import brute_force, enumerable
 from .milp import INTRA_RATES_DIFFER, intra_relaxed, milp_supported, solve_milp
 from .problem import PlacementProblem
-from .result import NOT_BOUNDED, Candidate, SolveResult
+from .result import NOT_BOUNDED, Candidate, PlacementResult, SolveResult
 from .space import (SearchSpace, block_launchable, block_of, blocks_for, capacity_split,
                     check_space, enumerate_shapes, min_max_memory_split,
                     refuse_unusable_lists, unused_values, with_layers)
@@ -97,13 +97,33 @@ class ShapeInfo:
     bounded: bool = True  # False: the bounding's time ran out; bound_ms is the trivial 0
 
 
+UNIFORM_ENUMERATE_SPLITS = 4  # (each split an evaluator build: milliseconds to tenths)
+
+
 def _uniform_block(pr: PlacementProblem, cuts: list, best_ms: float, left_s: float):
     """One block of a shape on a uniform cluster, where the placement-relaxed model is exact
     (every order of nodes costs the same). The split's linear program bounds it; integral
     splits around its solution (rounded, balanced) give plans in node order; if one is within
     the optimality tolerance of the bound the block is settled, else the integral model (with
     the best of them as its cutoff) settles it. Returns (result with a valid bound and a
-    termination, (time, plan) of the best plan found or None)."""
+    termination, (time, plan) of the best plan found or None).
+
+    A block with at most UNIFORM_ENUMERATE_SPLITS splits (PP 1, tiny models) is settled by
+    timing each split in node order instead: exact whatever the model's relaxations (a
+    one-node, two-GPU shape with a single plan had kept a 0.23% gap: the LP's bound of its
+    overlapped tail is loose)."""
+    from .brute import space_size
+    if space_size(pr)[1] <= UNIFORM_ENUMERATE_SPLITS:
+        t = time.perf_counter()
+        perm = list(range(pr.num_slots))
+        timed = [(pr.cost(perm, lay), lay) for lay in pr.all_splits() if pr.fits(lay)]
+        wall = time.perf_counter() - t
+        if not timed:
+            return PlacementResult(None, math.inf, math.inf, "infeasible", "enumeration",
+                                   wall, cuts=cuts), None
+        ms, lay = min(timed, key=lambda x: x[0])
+        return PlacementResult(pr.plan(perm, lay), ms, ms, "optimal", "enumeration", wall,
+                               cuts=cuts), (ms, pr.plan(perm, lay))
     lp = solve_milp(pr, relax_placement=True, initial_cuts=cuts, integral_layers=False,
                     cutoff_ms=best_ms, time_limit_s=_clamp(min(10.0, left_s / 4), left_s))
     if lp.termination in ("cutoff", "infeasible") or lp.layers is None:

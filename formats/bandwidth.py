@@ -785,8 +785,14 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
             "all: measure {}".format("it" if len(dark) == 1 else "them") if dark else
             "no rule given could fill them; measure them"
             + (f" or add --fill {other[0]}" if other else ""))
-        raise SpecError(f"{len(pairs)} missing pair(s): {shown}; {hint}", source=src,
-                        field=pairs[0])
+        # what reading noticed that may explain the gaps (a file named for one host whose
+        # run was on another, e.g. a fully qualified name): said with the error, as the
+        # warnings of a failed import are not printed
+        why = [w.split(": ", 1)[-1] for w in meas.warnings if "file name says" in w]
+        raise SpecError(f"{len(pairs)} missing pair(s): {shown}; {hint}"
+                        + (f" (note: {why[0]}" + (f"; {len(why) - 1} more such file(s)"
+                                                   if len(why) > 1 else "") + ")"
+                           if why else ""), source=src, field=pairs[0])
     np.fill_diagonal(m, 0.0)
     for i in range(n):
         for j in range(i + 1, n):

@@ -522,3 +522,17 @@ def test_import_options_are_blamed_on_the_options_and_rates_faster_than_a_nic_wa
         assert r.exit_code == 2 and f"options: {field}:" in r.output, (args, r.output)
     r = cli(*IMPORT, str(p), "-o", str(tmp_path / "c.toml"))
     assert r.exit_code == 0 and "above any NIC's (100 GB/s" in r.output, r.output
+
+
+def test_missing_pairs_error_names_a_file_whose_run_was_on_another_host(tmp_path):
+    """A pair file named for node01 whose run was on node01.cluster.local leaves pairs
+    missing; the error says why (its warning had been printed only on success)."""
+    d = tmp_path / "pairs"
+    shutil.copytree(DATA / "nccl_pairs", d)
+    f = d / "sendrecv_node01_node02.txt"
+    f.write_text(f.read_text().replace(" on     node01 ", " on     node01.cluster.local "))
+    with pytest.raises(SpecError) as e:
+        check_and_fill(load_measurements([d]))
+    assert "missing pair" in e.value.problem
+    assert "(note: file name says node01/node02 but the run was on node01.cluster.local" \
+        in e.value.problem

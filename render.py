@@ -126,16 +126,25 @@ def estimate_json(model, cluster, plan, est, files=None, warnings=None) -> dict:
     return d
 
 
-def print_placement(plan, cluster) -> None:
+def slots_by_node(plan, gpus: bool = False) -> dict[int, list[str]]:
+    """Node index -> the placement slots it hosts (s<stage>/r<replica>[c<CP rank>]), with
+    their local GPUs in brackets when `gpus`."""
     pl = plan.placement
+    out: dict[int, list[str]] = {}
+    for s in range(pl.pp):
+        for r in range(pl.cols):
+            label = slot_label(s, r, plan.shape.cp)
+            if gpus:
+                label += f"[{','.join(map(str, pl.gpus[s][r]))}]"
+            out.setdefault(pl.node[s][r], []).append(label)
+    return out
+
+
+def print_placement(plan, cluster) -> None:
     t = Table(title="Placement (node: stage/replica [GPUs])")
     t.add_column("node")
     t.add_column("hosts")
-    by_node: dict[int, list[str]] = {}
-    for s in range(pl.pp):
-        for r in range(pl.cols):
-            by_node.setdefault(pl.node[s][r], []).append(
-                f"{slot_label(s, r, plan.shape.cp)}[{','.join(map(str, pl.gpus[s][r]))}]")
+    by_node = slots_by_node(plan, gpus=True)
     for n, nd in enumerate(cluster.nodes):
         t.add_row(nd.name, "  ".join(by_node.get(n, ["-"])))
     console().print(t)
@@ -328,11 +337,7 @@ def slow_nodes(plan, cluster) -> list[dict]:
 
     s = summarize(cluster)
     idx = {nd.name: n for n, nd in enumerate(cluster.nodes)}
-    pl, cp = plan.placement, plan.shape.cp
-    hosts: dict[int, list[str]] = {}
-    for st in range(pl.pp):
-        for r in range(pl.cols):
-            hosts.setdefault(pl.node[st][r], []).append(slot_label(st, r, cp))
+    hosts = slots_by_node(plan)
     rows = [{"node": o["node"], "link": "network", "gb_per_s": o["best_gb_per_s"],
              "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], [])}
             for o in s.get("outliers", [])]

@@ -3,7 +3,7 @@ import pytest
 
 from formats import presets
 from formats.clusters import cluster, uniform_cluster
-from model.specs import JobSpec
+from model.specs import JobSpec, ModelSpec
 
 
 @pytest.fixture
@@ -58,3 +58,13 @@ def _megatron_groups(world: int, sizes: dict, order: str, dim: str) -> list[list
 def megatron_groups():
     """Megatron-LM's RankGenerator rule as a function (world, sizes, order, dim) -> groups."""
     return _megatron_groups
+
+
+@pytest.fixture
+def moe_first_dense():
+    """A tiny mixture of experts (4 experts top-2, one shared) with a leading dense layer
+    cheaper than its MoE layers: brute force over it is milliseconds."""
+    return ModelSpec("moe-fd", 6, 1024, 8, 2, 4096, 8000, 2048, gated_mlp=True, norm="rmsnorm",
+                     bias=False, dropout=False, position_embedding="rope", num_experts=4,
+                     moe_topk=2, moe_ffn_hidden_size=1024, moe_shared_experts=1,
+                     first_dense_layers=1)

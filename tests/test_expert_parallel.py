@@ -279,7 +279,7 @@ def test_milp_alltoall_equals_the_estimator_and_brute_force(prob):
         assert ann.objective_ms == pytest.approx(opt.objective_ms, rel=1e-9)
 
 
-def test_closed_form_bound_prices_leading_dense_layers_at_their_own_cost():
+def test_closed_form_bound_prices_leading_dense_layers_at_their_own_cost(moe_first_dense):
     """A mixture of experts with a leading dense layer cheaper than its MoE layers (one
     shared expert, 4 experts top-2): the closed-form bound of every shape and block stays at
     or below the brute-force optimum. Priced as MoE layers, the bound had been above it
@@ -287,10 +287,7 @@ def test_closed_form_bound_prices_leading_dense_layers_at_their_own_cost():
     from solvers.brute import brute_force
     from solvers.space import SearchSpace, enumerate_shapes
 
-    m = ModelSpec("moe-fd", 6, 1024, 8, 2, 4096, 8000, 2048, gated_mlp=True, norm="rmsnorm",
-                  bias=False, dropout=False, position_embedding="rope", num_experts=4,
-                  moe_topk=2, moe_ffn_hidden_size=1024, moe_shared_experts=1,
-                  first_dense_layers=1)
+    m = moe_first_dense
     c = uniform_cluster(1, 2, "A100-80GB", 240.0, 23.0)
     job = JobSpec(global_batch=4, seq_length=2048)
     sp = SearchSpace(micro_batch=(1,), schedules=(("1f1b", 1),), recompute=("none",),

@@ -985,16 +985,13 @@ def test_nodes_of_different_gpu_counts_enumerate_every_common_tp():
     assert tps == {1, 2, 4}
 
 
-def test_uniform_block_with_one_split_is_settled_exactly():
+def test_uniform_block_with_one_split_is_settled_exactly(moe_first_dense):
     """PP 1 on one uniform node: the block has a single plan, timed and so proven (the LP's
     bound of the overlapped tail is looser than the estimator: the search had stopped
     "feasible" with a gap, a 15 s limit unused)."""
     from solvers import search as S
 
-    m = ModelSpec("r6", 6, 1024, 8, 2, 4096, 8000, 2048, gated_mlp=True, norm="rmsnorm",
-                  bias=False, dropout=False, position_embedding="rope", num_experts=4,
-                  moe_topk=2, moe_ffn_hidden_size=1024, moe_shared_experts=1,
-                  first_dense_layers=1)
+    m = moe_first_dense
     c = uniform_cluster(1, 2, "A100-80GB", 240.0, 25.0)
     job = JobSpec(global_batch=4, seq_length=2048)
     sp = SearchSpace(pp=(1,), micro_batch=(1, 2), recompute=("none",), zero=(1,),

@@ -350,7 +350,9 @@ def titan_expected(model, job, plan, version) -> list[tuple[str, object, str]]:
         ("tokens_per_step", job.global_batch * job.seq_length, "parallelism"),
         ("micro_batch", sh.micro_batch, "parallelism"),
         ("ac_mode", sh.recompute, "recompute"),
-        ("float8", sh.fp8, "precision"), ("async_tp", sh.tp_comm_overlap, "overlap"),
+        ("float8", sh.fp8, "precision"),
+        ("float8_tp", sh.fp8 and sh.tp > 1 and job.fp8_tp_gathers, "precision"),
+        ("async_tp", sh.tp_comm_overlap, "overlap"),
         ("cp_rotate", ("alltoall" if sh.cp_alltoall else "allgather") if sh.cp > 1 else None,
          "parallelism"),
     ]
@@ -369,7 +371,13 @@ def titan_built(v: dict) -> dict:
         "layers": v["layers"] if v["pp"] > 1 else None,
         "tokens_per_step": v["global_batch"] * v["seq_len"],
         "micro_batch": v["microbatch"] if v["pp"] > 1 else v["local_batch"],
-        "ac_mode": v["ac_mode"], "float8": "float8" in v["converters"],
+        # float8 linears: the release's registered converter name (formats/torchtitan_config
+        # FLOAT8_CONVERTER); Float8 TP: what llama3/infra/parallelize.py itself tests
+        # ('float8' in the converters, a tensorwise recipe), with TP > 1
+        "ac_mode": v["ac_mode"],
+        "float8": any(c in ("float8", "quantize.linear.float8") for c in v["converters"]),
+        "float8_tp": v["tp"] > 1 and "float8" in v["converters"] and v.get("float8_recipe") in (
+            None, "tensorwise"),
         "async_tp": v["async_tp"],
         "cp_rotate": v["cp_rotate"] if v["cp"] > 1 else None}
 

@@ -61,6 +61,8 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
         "virtual_pipeline_model_parallel_size": sh.chunks if sh.chunks > 1 else None,
         "sequence_parallel": sh.sequence_parallel and sh.tp > 1,  # validate_args: off at TP 1
         "use_distributed_optimizer": sh.zero >= 1,
+        # HSDP: that many shard groups, replicated across (launch/emit.py; default 1)
+        "num_distributed_optimizer_instances": sh.dp // sh.shard_size if sh.shard_size else 1,
         "recompute_granularity": None if sh.recompute == "none" else sh.recompute,
         "bf16": job.precision == "bf16", "fp16": job.precision == "fp16",
     }
@@ -401,6 +403,20 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
         zero = _FSDP_ZERO[strategy]
     else:
         zero = int(a.flag("use_distributed_optimizer"))
+    # HSDP (launch/emit.py): R distributed-optimizer instances, each sharding over dp / R
+    # data-parallel ranks (x CP) and replicated across the R (arguments.py
+    # --num-distributed-optimizer-instances, default 1)
+    instances = a.integer("num_distributed_optimizer_instances", default=1)
+    shard_size = 0
+    if instances != 1:
+        if instances < 1 or dp % instances:
+            a.fail("num_distributed_optimizer_instances",
+                   f"printed {instances}, which does not divide the data-parallel size {dp}")
+        if zero < 3:
+            a.fail("num_distributed_optimizer_instances",
+                   f"{instances} instances of a ZeRO-{zero} optimizer (partial sharding) are "
+                   "not priced; only Megatron-FSDP's (HSDP) are")
+        shard_size = dp // instances
     vp = a.integer("virtual_pipeline_model_parallel_size", default=1)
     if vp < 1:
         a.fail("virtual_pipeline_model_parallel_size", f"printed {vp}, not a count of stages")
@@ -416,8 +432,8 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                      layers=_deepspeed_layers(a, deepspeed_layers, pp, model.num_layers)
                      if ds and pp > 1 else _layers(a, model.num_layers, pp, vp),
                      recompute=recompute,
-                     sequence_parallel=a.flag("sequence_parallel"), zero=zero, fp8=fp8,
-                     tp_comm_overlap=a.flag("tp_comm_overlap"),
+                     sequence_parallel=a.flag("sequence_parallel"), zero=zero,
+                     shard_size=shard_size, fp8=fp8, tp_comm_overlap=a.flag("tp_comm_overlap"),
                      overlap_grad_reduce=a.flag("overlap_grad_reduce"),
                      overlap_param_gather=a.flag("overlap_param_gather"),
                      placement=ordered_placement(cluster, tp, pp, dp, cp, TP_PP_DP_ORDER,

@@ -560,6 +560,19 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         m["fsdp"] = True
         m["fsdp_sharding_strategy"] = "grad" if sh.zero == 2 else "full"
         m["megatron_amp_O2"] = False  # FSDP keeps its own fp32 shards
+    if job.grad_reduce_in_bf16:
+        if sh.zero == 1:
+            # the distributed optimizer's gradient buffers and reductions in bf16: NeMo 1.x
+            # builds Megatron-Core's DDP with grad_reduce_in_fp32 = (optim.grad_sync_dtype ==
+            # 'fp32') (megatron_base_model.py setup_mcore_distributed_parallel), apex's
+            # DistributedFusedAdam takes the same grad_sync_dtype
+            m["optim"]["grad_sync_dtype"] = "bf16"
+        else:
+            warn.append("nemo [memory]: NeMo 1.x keeps fp32 main gradients without the "
+                        "distributed optimizer (megatron_gpt_model.py configure_optimizers: "
+                        "fp32_grad_accum with bf16 O2) and has no key for the plan's bf16 "
+                        "gradients: 2 bytes per parameter more than the estimate; estimate "
+                        "without --grad-reduce-in-bf16, or emit for --framework-version bridge")
     if sh.zero <= 1:
         # written either way: NeMo's MegatronDistributedFusedAdam takes apex's defaults,
         # overlap_grad_sync and overlap_param_sync True (apex distributed_fused_adam.py); with
@@ -945,6 +958,14 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                           "_cp_exchange_ms): re-estimate with the release you run"
                           if job.compile else "")
                        if sh.cp > 1 else ""))
+    # Float8 TP: on in v0.1 ('float8' converter), off in v0.2.x (JobSpec.fp8_tp_gathers)
+    if sh.fp8 and sh.tp > 1 and job.fp8_tp_gathers != (version == "0.1"):
+        priced = "in FP8 (Float8 TP)" if job.fp8_tp_gathers else "in bf16"
+        runs = ("v0.1 turns Float8 TP on: its gathers move FP8" if version == "0.1" else
+                "v0.2 never turns Float8 TP on (its parallelize tests the converter name "
+                "'float8', which it registers as 'quantize.linear.float8'): bf16 gathers")
+        warn.append(f"torchtitan [precision]: the estimate priced the TP all-gathers {priced}; "
+                    f"{runs}: re-estimate with --framework-version {version}")
     # FSDP2 shards over data_parallel_shard_degree ranks and replicates over
     # data_parallel_replicate_degree (HSDP when both > 1); DDP only on 1-D meshes
     if sh.zero >= 3:

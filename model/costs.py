@@ -422,8 +422,9 @@ class CostModel:
     def _gather_fraction(self) -> float:
         """Bytes a TP all-gather of an activation (or its gradient) moves, as a fraction of
         the 16-bit activation: 1/2 with FP8 linear layers, torchtitan's Float8 TP and
-        Transformer Engine's quantized gathers alike (`_layer_tp_comm`)."""
-        if self.shape.fp8:
+        Transformer Engine's quantized gathers alike (`_layer_tp_comm`); 1 where the
+        torchtitan release leaves Float8 TP off (JobSpec.fp8_tp_gathers)."""
+        if self.shape.fp8 and self.job.fp8_tp_gathers:
             return 1.0 / self.job.activation_bytes
         return 1.0
 

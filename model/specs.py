@@ -692,6 +692,17 @@ class JobSpec:
         return self.framework != "torchtitan"
 
     @property
+    def fp8_tp_gathers(self) -> bool:
+        """Whether FP8 linear layers' tensor-parallel all-gathers move FP8 (model/costs.py):
+        Transformer Engine's always; torchtitan's only where its release turns Float8 TP on.
+        The 2024-12 code and v0.1.0 do (parallelize tests 'float8' in model.converters, the
+        name they register); v0.2.0-v0.2.2 register the converter as 'quantize.linear.float8'
+        (components/quantization/float8.py:238) while llama3/infra/parallelize.py:77 still
+        tests 'float8', so their TP gathers stay bf16. `repeat_kv` marks the older releases
+        (the reference runs; cli.py's --framework-version 0.1)."""
+        return self.framework != "torchtitan" or self.repeat_kv
+
+    @property
     def loss_compiled(self) -> bool:
         """Whether the loss runs under torch.compile (torchtitan only)."""
         if self.framework != "torchtitan":

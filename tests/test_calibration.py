@@ -638,6 +638,35 @@ def test_plan_read_from_megatron_arguments():
     assert "cluster has 64" in str(e.value)
 
 
+def test_hsdp_reads_back_from_megatron_arguments():
+    """Megatron-FSDP's HSDP (--num-distributed-optimizer-instances R, launch/emit.py) reads
+    back as shard groups of DP / R ranks, and the plan's instance count is among what a log's
+    arguments must say; R instances of the plain distributed optimizer are refused."""
+    from formats.clusters import cluster as load_cluster
+    from formats.megatron_args import (megatron_args_mismatch, megatron_planned_args,
+                                       plan_from_megatron_args)
+    ex = load_cluster("example")
+    text = (LOGS / "megatron_args_70b.txt").read_text()
+    base = megatron_arg_blocks(text)[0]
+    hsdp = {**base, "use_megatron_fsdp": "True",
+            "data_parallel_sharding_strategy": "optim_grads_params",
+            "num_distributed_optimizer_instances": "2", "pipeline_model_parallel_size": "1",
+            "data_parallel_size": "8", "recompute_granularity": "full",
+            "recompute_method": "uniform", "recompute_num_layers": "1"}
+    m, job, plan = plan_from_megatron_args(hsdp, ex, source="t")
+    assert (plan.shape.zero, plan.shape.dp, plan.shape.shard_size) == (3, 8, 4)
+    assert megatron_planned_args(m, job, plan)["num_distributed_optimizer_instances"] == "2"
+    assert megatron_args_mismatch(m, job, plan, hsdp) == []
+    whole = dataclasses.replace(plan, shape=dataclasses.replace(plan.shape, shard_size=0))
+    assert ("num_distributed_optimizer_instances", "2", "1") in megatron_args_mismatch(
+        m, job, whole, hsdp)
+    for bad, why in ((dict(num_distributed_optimizer_instances="3"), "does not divide"),
+                     (dict(use_megatron_fsdp="False"), "not priced")):
+        with pytest.raises(SpecError) as e:
+            plan_from_megatron_args({**hsdp, **bad}, ex, source="t")
+        assert e.value.field == "num_distributed_optimizer_instances" and why in str(e.value)
+
+
 def test_plan_read_from_older_megatron_and_megatron_deepspeed_logs(tmp_path):
     """Older arguments blocks: --checkpoint-activations (1 layer per group) is full recompute,
     no attention backend printed is Megatron's fused softmax (scores stored: eager); a

@@ -196,6 +196,50 @@ def test_fp8_param_gather_reaches_megatron_nemo_and_bridge(llama):
     assert any("tensorwise recipe has no key" in w for w in nemo_config(llama, cs, c, on)[1])
 
 
+def test_bf16_gradients_reach_nemo1_or_are_warned(llama):
+    """--grad-reduce-in-bf16 (2 bytes per gradient in the estimate): NeMo 1.x's distributed
+    optimizer takes optim.grad_sync_dtype bf16 (Megatron-Core's grad_reduce_in_fp32 follows it);
+    without it NeMo 1.x keeps fp32 main gradients, which the files say."""
+    from formats.clusters import uniform_cluster as uc
+    from launch.emit import nemo_config
+    c = uc(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, grad_reduce_in_bf16=True)
+    on = make_plan(llama, job, c, tp=8, pp=4, sequence_parallel=True, distributed_optimizer=True)
+    cfg, warn = nemo_config(llama, job, c, on)
+    assert cfg["model"]["optim"]["grad_sync_dtype"] == "bf16"
+    assert not any("fp32 main gradients" in w for w in warn)
+    off = make_plan(llama, job, c, tp=8, pp=4, sequence_parallel=True,
+                    distributed_optimizer=False)
+    cfg, warn = nemo_config(llama, job, c, off)
+    assert "grad_sync_dtype" not in cfg["model"]["optim"]
+    assert any(w.startswith("nemo [memory]") and "fp32 main gradients" in w for w in warn)
+    plain = dataclasses.replace(job, grad_reduce_in_bf16=False)
+    cfg, warn = nemo_config(llama, plain, c, on)
+    assert "grad_sync_dtype" not in cfg["model"]["optim"] and not any(
+        "fp32 main gradients" in w for w in warn)
+
+
+def test_torchtitan_float8_tp_follows_the_release(tmp_path):
+    """An FP8 plan with TP priced for one torchtitan release and emitted for the other is
+    warned: v0.1 gathers in FP8 (Float8 TP), v0.2 in bf16 (JobSpec.fp8_tp_gathers)."""
+    from launch.emit import torchtitan_config
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    l70 = presets.model("llama3-70b")
+    for v01 in (False, True):
+        job = JobSpec(global_batch=128, seq_length=8192, framework="torchtitan", fp8=True,
+                      repeat_kv=v01)
+        plan = make_plan(l70, job, c, tp=8, pp=1, zero=3, sequence_parallel=True,
+                         recompute="full")
+        for version in ("0.2", "0.1"):
+            warn = torchtitan_config(l70, job, c, plan, version)[1]
+            said = [w for w in warn if w.startswith("torchtitan [precision]")
+                    and "Float8 TP" in w]
+            assert bool(said) == (v01 != (version == "0.1")), (v01, version, warn)
+        tp1 = make_plan(l70, job, c, tp=1, pp=1, zero=3, recompute="full")
+        assert not any("Float8 TP" in w for w in torchtitan_config(
+            l70, job, c, tp1, "0.1" if not v01 else "0.2")[1])
+
+
 def test_megatron_interleaved(llama, c32):
     job = JobSpec(global_batch=64, seq_length=4096)
     plan = make_plan(llama, job, c32, tp=8, pp=4, schedule="interleaved", chunks=2)

@@ -118,6 +118,11 @@ def titan_view(item):
            "local_batch": tr.local_batch_size, "global_batch": tr.global_batch_size,
            "seq_len": tr.seq_len, "ac_mode": cfg.activation_checkpoint.mode,
            "async_tp": par.enable_async_tensor_parallel}
+    # the float8 recipe (v0.2 quantize.linear.float8, v0.1 float8): parallelize turns Float8
+    # TP on for a tensorwise recipe (None is tensorwise) when 'float8' is among the converters
+    q = getattr(getattr(getattr(cfg, "quantize", None), "linear", None), "float8", None)
+    f8 = q if q is not None else getattr(cfg, "float8", None)
+    out["float8_recipe"] = getattr(f8, "recipe_name", None) if f8 is not None else None
     out["printed"] = _printed(cfg)
     try:
         out["model"] = _model_view(cfg.model.name, cfg.model.flavor, vocab)

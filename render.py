@@ -377,7 +377,8 @@ def print_solve(res, c) -> None:
     print_estimate(res.estimate, res.plan, c, title="Best plan")
     print_placement(res.plan, c)
     print_slow_nodes(res.plan, c)
-    proven = "proven optimal" if res.termination == "optimal" else "NOT proven optimal"
+    proven = ("proven optimal" + res.proven_note if res.termination == "optimal"
+              else "NOT proven optimal")
     con.print(f"solver: {res.method}, {res.termination} ({proven}); objective "
               f"{res.objective_ms / 1e3:.4f} s, bound {res.bound_ms / 1e3:.4f} s, gap "
               f"{res.gap * 100:.4f}%"
@@ -389,6 +390,10 @@ def print_solve(res, c) -> None:
               f"{res.shapes_solved} placement-optimized"
               + (f" ({res.blocks_enumerated} block(s) small enough to enumerate every "
                  "placement and split)" if res.blocks_enumerated else ""), highlight=False)
+    for b in res.beyond:
+        if not (b.checked and b.could_beat == 0):
+            con.print(f"beyond the search: {escape(b.describe(res.objective_ms))}",
+                      highlight=False)
     if res.shapes_too_long:
         con.print(f"left out: {res.shapes_too_long} shapes whose schedules are longer than "
                   f"the {plan_rules.MAX_SCHEDULE_SLOTS:,} slots (micro-batches per replica x "

@@ -67,6 +67,47 @@ NOT_BOUNDED = "not searched (time limit; not bounded, lower bound 0)"
 
 
 @dataclass
+class Beyond:
+    """Shapes the default search leaves out (Megatron-FSDP's ZeRO-3, context parallelism
+    below space.CP_MIN_SEQ tokens), looked at after the search with the time left: how many
+    there are, how many have a closed-form bound below the plan's time (could beat it), and
+    the fastest of those with Megatron-LM's placement and a split that fits, where faster."""
+
+    label: str
+    option: str  # what adds them to the search
+    shapes: int = 0
+    could_beat: int = 0
+    screened: int = 0
+    faster_ms: float | None = None
+    faster_shape: str | None = None
+    checked: bool = False  # every shape bounded and every one that could beat screened
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "option": self.option, "shapes": self.shapes,
+                "could_beat": self.could_beat, "screened": self.screened,
+                "faster_ms": self.faster_ms, "faster_shape": self.faster_shape,
+                "checked": self.checked}
+
+    def describe(self, best_ms: float) -> str:
+        if not self.checked and not self.screened and self.faster_ms is None:
+            return (f"{self.label}: not searched by default ({self.option} adds it), and "
+                    "no time was left to look at its shapes")
+        head = f"{self.label}: not searched by default; of its {self.shapes} shapes, "
+        if self.faster_ms is not None:
+            gain = 100 * (1 - self.faster_ms / best_ms)
+            return (head + f"{self.faster_shape} runs {self.faster_ms / 1e3:.3f} s with "
+                    f"Megatron-LM's placement, {gain:.1f}% faster than this plan: search "
+                    f"with {self.option}")
+        if self.could_beat == 0 and self.checked:
+            return head + "none can beat this plan (closed-form bounds)"
+        return (head + f"{self.could_beat} could beat this plan by their bounds; "
+                + (f"none of the {self.screened} screened does with Megatron-LM's placement"
+                   if self.screened else "none was screened in the time left")
+                + ("" if self.checked else " (time ran out)")
+                + f": {self.option} searches them")
+
+
+@dataclass
 class SolveResult:
     plan: Plan | None
     estimate: Estimate | None
@@ -94,6 +135,20 @@ class SolveResult:
     notes: list[str] = field(default_factory=list)
     # the plan is not a block layout (space.block_of): the bound does not cover its kind
     outside_blocks: bool = False
+    # what the default search leaves out (search.beyond_default_space), checked after it
+    beyond: list[Beyond] = field(default_factory=list)
+
+    @property
+    def proven_note(self) -> str:
+        """How far an optimal result's proof reaches: '' where nothing was left out by
+        default, else what the bounds also rule out or that the proof is over the searched
+        space."""
+        if not self.beyond or self.termination != "optimal":
+            return ""
+        if all(b.checked and b.could_beat == 0 for b in self.beyond):
+            return " (also over " + " and ".join(b.label for b in self.beyond) + \
+                ", by their bounds)"
+        return " over the searched space"
 
     @property
     def gap(self) -> float:
@@ -139,4 +194,5 @@ class SolveResult:
                 "blocks_enumerated": self.blocks_enumerated,
                 "shapes_too_long": self.shapes_too_long,
                 "clock": self.clock, "work_s": self.work_s,
-                "outside_blocks": self.outside_blocks}
+                "outside_blocks": self.outside_blocks,
+                "beyond_default_space": [b.as_dict() for b in self.beyond]}

@@ -31,7 +31,7 @@ from .bounds import layer_room, shape_bound_ms
 from .brute import brute_force, enumerable
 from .milp import INTRA_RATES_DIFFER, intra_relaxed, milp_supported, solve_milp
 from .problem import PlacementProblem
-from .result import NOT_BOUNDED, Candidate, PlacementResult, SolveResult
+from .result import NOT_BOUNDED, Beyond, Candidate, PlacementResult, SolveResult
 from .space import (SearchSpace, block_launchable, block_of, blocks_for, capacity_split,
                     check_space, enumerate_shapes, min_max_memory_split,
                     refuse_unusable_lists, unused_values, with_layers)
@@ -544,6 +544,64 @@ def _not_searched(job: JobSpec, space: SearchSpace) -> str:
     out += [f"other {flags[f]} values (given: {','.join(map(str, v))})"
             for f, v in _lists_given(space, tuple(flags)).items()]
     return (" Not searched: " + "; ".join(out) + ".") if out else ""
+
+
+def beyond_default_space(model, job, cluster, options, space: SearchSpace, best_ms: float,
+                         deadline: float) -> list[Beyond]:
+    """What the default search left out that could be faster, looked at with the time left
+    (until `deadline`, work.now()): Megatron-FSDP's ZeRO-3 (opt-in for Megatron-LM:
+    space.DEFAULT_ZERO) and context parallelism below CP_MIN_SEQ tokens, unless the user
+    listed --zero / --cp. Each group's shapes get their closed-form bound; those below
+    `best_ms`, lowest first, are screened (a split that fits, Megatron-LM's placement). A
+    helper found a TP 4 PP 1 ZeRO-3 plan 13% faster than a Llama-3 70B plan 'proven optimal'
+    over the default space, and CP 2 at 8k tokens 29% faster for Llama-3 405B."""
+    from dataclasses import replace
+
+    from .space import CP_MIN_SEQ, DEFAULT_ZERO, FRAMEWORK_ZERO
+    groups: list[tuple[Beyond, SearchSpace]] = []
+    fw = job.framework
+    if job.zero is None and space.zero is None and True in space.distributed_optimizer \
+            and 3 in FRAMEWORK_ZERO[fw] and 3 not in DEFAULT_ZERO[fw]:
+        zeros = [z for z in DEFAULT_ZERO[fw] if (z >= 1) in space.distributed_optimizer]
+        groups.append((Beyond("ZeRO-3 (Megatron-FSDP)",
+                              "--zero " + ",".join(map(str, zeros + [3]))),
+                       replace(space, zero=(3,))))
+    if space.cp is None and job.seq_length < CP_MIN_SEQ:
+        cps = tuple(2 ** i for i in range(1, 12) if 2 ** i <= cluster.num_gpus)
+        if cps:
+            groups.append((Beyond(f"context parallelism below {CP_MIN_SEQ:,} tokens",
+                                  "--cp 1," + ",".join(map(str, cps[:3]))),
+                           replace(space, cp=cps)))
+    out = []
+    for b, sub in groups:
+        out.append(b)
+        if work.stop_offset() or work.now() > deadline:
+            continue
+        shapes = list(enumerate_shapes(model, job, cluster, sub))
+        b.shapes = len(shapes)
+        below = []
+        for sh in shapes:
+            if work.now() > deadline:
+                break
+            bound = shape_bound_ms(model, job, cluster, sh, options)
+            if bound < best_ms * (1 - 1e-9):
+                below.append((bound, sh))
+        else:
+            b.could_beat = len(below)
+            below.sort(key=lambda x: x[0])
+            for bound, sh in below:
+                if work.now() > deadline:
+                    break
+                info, _misfit = screen_shape(model, job, cluster, options, sh, bound, best_ms)
+                b.screened += 1
+                if info is not None and info.quick_ms is not None and info.quick_ms < (
+                        b.faster_ms or best_ms) * (1 - 1e-9):
+                    b.faster_ms, b.faster_shape = info.quick_ms, sh.describe()
+                    if sh.cp > 1:
+                        b.option = f"--cp 1,{sh.cp}"
+            else:
+                b.checked = True
+    return out
 
 
 def _lists_given(space: SearchSpace, fields: tuple[str, ...]) -> dict:
@@ -1079,6 +1137,11 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
             "on these nodes, so the search scores that placement only, and the bound is the "
             "shapes' closed form over every placement: it is not proven optimal"]
     est = Evaluator(model, job, cluster, best_plan.shape, options).estimate(best_plan.placement)
+    # what the default search left out, with the time left (a faster plan there is named)
+    if progress:
+        progress("looking beyond the default search space")
+    beyond = beyond_default_space(model, job, cluster, options, space, best_ms,
+                                  t0 + time_limit_s)
     ordered = sorted(candidates.values(), key=lambda c: (c.best_ms or c.quick_ms or math.inf))
     for c in ordered:
         timed = c.best_ms if c.best_ms is not None else c.quick_ms
@@ -1091,7 +1154,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                        blocks_enumerated=enumerated[0], shapes_too_long=len(too_long),
                        work_s=(work.now() - work.stop_offset() - t0
                                if clock == "work" else None),
-                       outside_blocks=outside,
+                       outside_blocks=outside, beyond=beyond,
                        notes=outside_note + unused_values(space, [i.shape for i in infos]
                                            + [c.shape for c in rejected if c.shape]
                                            + too_long)

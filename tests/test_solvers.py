@@ -1000,3 +1000,33 @@ def test_uniform_block_with_one_split_is_settled_exactly(moe_first_dense):
     r = solve(m, job, c, method="exact", time_limit_s=15, space=sp, jobs=1)
     assert r.termination == "optimal" and r.gap <= 1e-4
     assert r.objective_ms == pytest.approx(estimate(m, job, c, r.plan).iteration_ms, rel=1e-9)
+
+
+def test_what_the_default_search_leaves_out_is_looked_at():
+    """Megatron-FSDP's ZeRO-3 and CP below 16k tokens are outside Megatron-LM's default search;
+    after the search each group's shapes are bounded and those that could beat the plan
+    screened. A faster one found there is named (and the search that includes it finds a
+    plan at least as fast); a group whose bounds rule every shape out extends the proof; a
+    group the user listed is not looked at."""
+    from formats import presets
+    from solvers.result import Beyond
+    m = presets.model("llama2-7b")
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=32, seq_length=4096)
+    res = solve(m, job, c, time_limit_s=30)
+    z3, cp = res.beyond
+    assert z3.option == "--zero 0,1,3" and cp.label.startswith("context parallelism")
+    assert z3.checked and z3.screened == z3.could_beat > 0 and 0 < z3.shapes
+    assert z3.faster_ms is not None and z3.faster_ms < res.objective_ms
+    assert "zero3" in z3.faster_shape and res.proven_note == " over the searched space"
+    wide = solve(m, job, c, time_limit_s=30, space=SearchSpace(zero=(0, 1, 3)))
+    assert wide.objective_ms <= z3.faster_ms * (1 + 1e-9)
+    assert [b.label for b in wide.beyond] == [cp.label]  # --zero given: not looked at
+    assert res.status_dict()["beyond_default_space"][0]["faster_ms"] == z3.faster_ms
+    # a group every shape of which is ruled out by its bounds: the proof covers it
+    res.beyond = [Beyond("X", "--x", shapes=5, checked=True)]
+    assert res.proven_note == " (also over X, by their bounds)"
+    assert "none can beat this plan" in res.beyond[0].describe(res.objective_ms)
+    long_job = JobSpec(global_batch=8, seq_length=16384)  # CP searched by default from 16k
+    assert [b.label for b in solve(presets.model("gpt-1.7b"), long_job, c,
+                                   time_limit_s=20).beyond] == [z3.label]

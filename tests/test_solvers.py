@@ -1030,3 +1030,33 @@ def test_what_the_default_search_leaves_out_is_looked_at():
     long_job = JobSpec(global_batch=8, seq_length=16384)  # CP searched by default from 16k
     assert [b.label for b in solve(presets.model("gpt-1.7b"), long_job, c,
                                    time_limit_s=20).beyond] == [z3.label]
+
+
+def test_a_plan_worse_than_megatron_placement_of_its_split_takes_that_placement():
+    """The search's last step (megatron_polish): a plan whose placement is slower than
+    Megatron-LM's placement of the same shape and split returns as Megatron's; a faster one
+    is kept (a helper saw compare's exact row 0.85% slower than its Megatron row under a short
+    time limit)."""
+    from model.estimator import make_plan
+    from model.plan import Plan, block_placement
+    from solvers.search import megatron_polish
+    from formats import presets
+    m = presets.model("llama2-7b")
+    c = synth_cluster(SynthParams(num_nodes=4, gpu="A100-80GB", degraded=1,
+                                  degraded_factor=0.1, seed=1))
+    job = JobSpec(global_batch=32, seq_length=4096)
+    meg = make_plan(m, job, c, tp=8, pp=4)  # Megatron-LM's placement, one stage a node
+    ev = Evaluator(m, job, c, meg.shape, Options())
+    t_meg = ev.iteration_ms(meg.placement)
+    times = {}
+    for order in itertools.permutations(range(4)):
+        pl = block_placement(c, 8, 4, 1, 1, node_order=list(order))
+        times[order] = ev.iteration_ms(pl)
+    worst = max(times, key=times.get)
+    best = min(times, key=times.get)
+    assert times[worst] > t_meg * 1.001 and times[best] < t_meg * 0.999
+    bad = Plan(meg.shape, block_placement(c, 8, 4, 1, 1, node_order=list(worst)))
+    plan, ms = megatron_polish(m, job, c, Options(), bad, times[worst])
+    assert plan.placement == meg.placement and ms == t_meg
+    good = Plan(meg.shape, block_placement(c, 8, 4, 1, 1, node_order=list(best)))
+    assert megatron_polish(m, job, c, Options(), good, times[best]) == (good, times[best])

@@ -866,7 +866,8 @@ def sweep(
     results: Annotated[Optional[Path], typer.Option(
         "--results", help="The results store (SQLite) \\[sweeps/<name>.sqlite].")] = None,
     jobs: Annotated[Optional[int], typer.Option(
-        "--jobs", help="Worker processes \\[all cores].")] = None,
+        "--jobs", help="Worker processes \\[all cores].",
+        callback=_bounded("--jobs", 1, 4096))] = None,  # as solve's --jobs
     ray: Annotated[Optional[str], typer.Option(
         "--ray", help="Run on Ray: a cluster address, or `local` for ray.init() here.")] = None,
     out: Annotated[Path, typer.Option("--out", help="With `report`: the folder for tables "

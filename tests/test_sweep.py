@@ -410,3 +410,16 @@ def test_workers_end_when_their_driver_is_killed(tmp_path, how):
     for p in alive:  # do not leave them behind, whatever the verdict
         os.kill(p, signal.SIGKILL)
     assert not alive
+
+
+@pytest.mark.parametrize("jobs", ["-1", "0", "100000"])
+def test_sweep_jobs_out_of_range_is_one_line(tmp_path, jobs):
+    """--jobs is checked as solve's is: -1 had been a ValueError traceback from the pool, 0 and
+    100000 had run silently."""
+    from typer.testing import CliRunner
+    from cli import app
+    r = CliRunner().invoke(app, ["sweep", str(_spec(tmp_path)), "--results",
+                                 str(tmp_path / "r.db"), "--jobs", jobs])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert f"--jobs: {jobs} is out of range; give 1 to 4,096" in r.output
+    assert not (tmp_path / "r.db").exists()

@@ -143,8 +143,8 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m",
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c",
                                          help="Cluster preset name or a cluster .toml file.")]
 def _bounded(flag: str, lo: float, hi: float, why: str = ""):
-    """A typer callback: the value must be finite and within [lo, hi], or one error line and
-    exit 2 (the command's own error handling does not run during option parsing)."""
+    """A typer callback: the value must be finite and within [lo, hi] (hi may be inf), or one
+    error line and exit 2 (the command's own error handling does not run during option parsing)."""
     import math
 
     def exact(x: float) -> str:  # whole bounds in full (2,147,483,648, not 2.14748e+09)
@@ -154,7 +154,8 @@ def _bounded(flag: str, lo: float, hi: float, why: str = ""):
         if value is None:
             return value
         if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
-            fail(f"options: {flag}: {value!r} is out of range; give {exact(lo)} to {exact(hi)}"
+            span = f"{exact(lo)} or more" if hi == math.inf else f"{exact(lo)} to {exact(hi)}"
+            fail(f"options: {flag}: {value!r} is out of range; give {span}"
                  + (f" ({why})" if why else ""))
         return value
     return check
@@ -1407,7 +1408,10 @@ def cluster_import(
 def cluster_show(
     cluster: Annotated[str, typer.Argument(help="Cluster preset or .toml file.")] = EXAMPLE_CLUSTER,
     png: Annotated[Optional[Path], typer.Option(help="Write a heatmap PNG here.")] = None,
-    slowest: Annotated[int, typer.Option(help="How many slowest links to list.")] = 5,
+    slowest: Annotated[int, typer.Option(
+        help="How many slowest links to list.",
+        # a negative count had sliced the list from its end (-3: all links but 3)
+        callback=_bounded("--slowest", 0, float("inf")))] = 5,
     as_json: JsonOpt = False,
 ):
     """Summary of a cluster's matrix: slowest links, outlier nodes, inferred switch groups."""

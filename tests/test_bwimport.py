@@ -243,6 +243,9 @@ def test_cli_show_json_and_png(tmp_path):
     assert r.exit_code == 0 and "node05" in r.output and "group 1" in r.output
     r = cli("cluster", "show", "nope")
     assert r.exit_code == 2 and "unknown cluster 'nope'" in r.output
+    # a negative count had listed all links but 3 (a Python slice from the end)
+    r = cli("cluster", "show", "--slowest", "-3")
+    assert r.exit_code == 2 and "--slowest: -3 is out of range; give 0 or more" in r.output
 
 
 def test_cli_synth_matches_generator(tmp_path):

@@ -1127,9 +1127,11 @@ def compare(
     fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
-    generated: Annotated[int, typer.Option(
+    generated: Annotated[Optional[int], typer.Option(
         help="Instead of --cluster, compare on this many synthetic clusters "
-        "(cluster synth's model; see --nodes).")] = 0,
+        "(cluster synth's model; see --nodes).",
+        # 0 and -1 had compared on --cluster without a word
+        callback=_bounded("--generated", 1, float("inf")))] = None,
     nodes: Annotated[int, typer.Option(help="Nodes of each generated cluster.")] = 8,
     cluster_seed: Annotated[Optional[int], typer.Option(
         "--cluster-seed", help="Seed of the first generated cluster (the i-th gets it + i) "
@@ -1197,7 +1199,7 @@ def compare(
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt)
     c_seed = seed if cluster_seed is None else cluster_seed
-    instances = [c] if generated <= 0 else [
+    instances = [c] if generated is None else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]
     opts = _options(blocking)
     measured = instances  # as given (a profile scales them)

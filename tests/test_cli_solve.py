@@ -449,3 +449,11 @@ def test_emit_for_another_framework_than_priced_and_hostfile_slots(tmp_path):
     r = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--hostfile", str(hf),
                             "--out", str(tmp_path / "c.json")])
     assert r.exit_code == 2 and "slots=4" in r.output, r.output
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_compare_generated_needs_one_or_more(n):
+    """--generated 0 or -1 had compared on --cluster without a word."""
+    r = runner.invoke(app, ["compare", "-m", "gpt-1.7b", "--generated", n])
+    assert r.exit_code == 2 and "--generated: " in r.output and "give 1 or more" in r.output
+

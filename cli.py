@@ -1114,6 +1114,7 @@ def solve(
 
 @command()
 def compare(
+    ctx: typer.Context,
     model: ModelOpt = EXAMPLE_MODEL,
     cluster: ClusterOpt = EXAMPLE_CLUSTER,
     gbs: GbsOpt = EXAMPLE_GBS,
@@ -1174,6 +1175,7 @@ def compare(
     from formats.views import plan_to_dict, write_csv
     from solvers.compare import compare_instance
 
+    _generated_or_cluster(ctx, generated)
     if framework_version is not None:
         # compare writes no files: the release only prices a torchtitan job
         from launch.emit import check_framework
@@ -1268,6 +1270,30 @@ def compare(
     else:
         render.print_compare(rows, title, csv)
     render.print_written([], notes)
+
+
+def _given(ctx, name: str) -> bool:
+    """Whether the user gave the option `name` (a parameter name), not its default."""
+    src = ctx.get_parameter_source(name)
+    # typer vendors click: compare the enum by name (COMMANDLINE, ENVIRONMENT, ...)
+    return src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _generated_or_cluster(ctx, generated: int | None) -> None:
+    """compare's cluster comes from --cluster or from --generated (with --nodes and
+    --cluster-seed); an option of the other kind given beside them is refused, not ignored
+    (--nodes 4 without --generated had compared on the example cluster of 8 nodes)."""
+    from model.errors import SpecError
+
+    if generated is not None and _given(ctx, "cluster"):
+        raise SpecError("given with --generated: the generated clusters replace it; give "
+                        "one of the two", source="options", field="--cluster")
+    if generated is None:
+        for name, flag in (("nodes", "--nodes"), ("cluster_seed", "--cluster-seed")):
+            if _given(ctx, name):
+                raise SpecError("shapes the generated clusters and applies only with "
+                                "--generated N; drop it, or add --generated",
+                                source="options", field=flag)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -457,3 +457,14 @@ def test_compare_generated_needs_one_or_more(n):
     r = runner.invoke(app, ["compare", "-m", "gpt-1.7b", "--generated", n])
     assert r.exit_code == 2 and "--generated: " in r.output and "give 1 or more" in r.output
 
+
+@pytest.mark.parametrize("args,flag", [
+    (["--nodes", "4"], "--nodes"), (["--cluster-seed", "5"], "--cluster-seed"),
+    (["--cluster", "example", "--generated", "1", "--nodes", "2"], "--cluster"),
+    (["-c", "h100-8x8", "--generated", "1"], "--cluster")])
+def test_compare_refuses_cluster_options_of_the_other_kind(args, flag):
+    """--nodes / --cluster-seed without --generated, or --cluster beside it, had been ignored
+    (the comparison ran on the other cluster than the one asked for)."""
+    r = runner.invoke(app, ["compare", "-m", "gpt-1.7b", "--time-limit", "0.5", *args])
+    assert r.exit_code == 2 and f"options: {flag}: " in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1

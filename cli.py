@@ -1373,7 +1373,8 @@ def cluster_import(
     asym_ratio: Annotated[float, typer.Option(help="Asymmetry warning ratio.")] = 1.5,
     units: Annotated[Optional[str], typer.Option(
         help="CSV/JSON units: gb_per_s, mb_per_s, mib_per_s, gbit_per_s \\[gb_per_s].")] = None,
-    mpigraph_table: Annotated[str, typer.Option(help="mpiGraph table: recv, send, min.")] = "recv",
+    mpigraph_table: Annotated[Optional[str], typer.Option(
+        help="mpiGraph table: recv, send, min \\[recv].")] = None,
     nccl_test: Annotated[Optional[str], typer.Option(
         help="sendrecv or all_reduce \\[from the file names].")] = None,
     name: Annotated[str, typer.Option(help="Cluster name.")] = "imported",

@@ -539,3 +539,23 @@ def test_missing_pairs_error_names_a_file_whose_run_was_on_another_host(tmp_path
     assert "missing pair" in e.value.problem
     assert "(note: file name says node01/node02 but the run was on node01.cluster.local" \
         in e.value.problem
+
+
+@pytest.mark.parametrize("src,opts,says", [
+    ("matrix.csv", ["--nccl-test", "bogus"], "--nccl-test: unknown value 'bogus'; use sendrecv"),
+    ("matrix.csv", ["--mpigraph-table", "bogus"], "--mpigraph-table: unknown value 'bogus'"),
+    ("matrix.csv", ["--mpigraph-table", "send"],
+     "--mpigraph-table: applies to mpiGraph files; "),
+    ("mpigraph_3hosts.txt", ["--nccl-test", "sendrecv"],
+     "--nccl-test: applies to nccl-tests files; "),
+    ("mpigraph_3hosts.txt", ["--units", "mb_per_s"], "--units: applies to CSV and JSON files"),
+    ("nccl_pairs", ["--units", "mb_per_s"], "--units: applies to CSV and JSON files")])
+def test_import_options_of_another_format_or_unknown_are_refused(src, opts, says):
+    """--nccl-test, --mpigraph-table and --units: an unknown value, or one given for a file of
+    another format, is one line and exit 2 (they had been ignored: exit 0)."""
+    r = cli(*IMPORT, str(DATA / src), *opts)
+    assert r.exit_code == 2 and f"options: {says}" in " ".join(r.output.split()), r.output
+    for ok in (["mpigraph_3hosts.txt", "--mpigraph-table", "min"],
+               ["nccl_pairs", "--nccl-test", "sendrecv"], ["matrix.json", "--units", "mb_per_s"]):
+        r = cli(*IMPORT, str(DATA / ok[0]), *ok[1:])
+        assert r.exit_code == 0, r.output

@@ -693,7 +693,13 @@ _FORMATS = ("nccl", "mpigraph", "csv", "json")
 
 
 def _detect(paths: list[Path]) -> str:
-    if len(paths) > 1 or paths[0].is_dir():
+    if len(paths) > 1:
+        matrices = [p for p in paths if p.suffix.lower() in (".csv", ".json")]
+        if matrices:  # several files are nccl-tests pairs; a matrix had been read as one
+            raise SpecError(f"a CSV/JSON matrix is read one file at a time ({len(paths)} "
+                            "sources given): import each apart", source=str(matrices[0]))
+        return "nccl"
+    if paths[0].is_dir():
         return "nccl"
     p = paths[0]
     if p.suffix.lower() == ".csv":

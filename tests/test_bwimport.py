@@ -559,3 +559,12 @@ def test_import_options_of_another_format_or_unknown_are_refused(src, opts, says
                ["nccl_pairs", "--nccl-test", "sendrecv"], ["matrix.json", "--units", "mb_per_s"]):
         r = cli(*IMPORT, str(DATA / ok[0]), *ok[1:])
         assert r.exit_code == 0, r.output
+
+
+def test_two_matrix_files_are_read_one_at_a_time():
+    """matrix.csv matrix.json: said (one matrix per import), not 'cannot tell the nccl test
+    from the file name' (several sources had been taken for nccl-tests pair files)."""
+    r = cli(*IMPORT, str(DATA / "matrix.csv"), str(DATA / "matrix.json"))
+    line = " ".join(r.output.split())
+    assert r.exit_code == 2 and "a CSV/JSON matrix is read one file at a time" in line, line
+    assert "nccl test" not in line

@@ -871,8 +871,9 @@ def sweep(
         callback=_bounded("--jobs", 1, 4096))] = None,  # as solve's --jobs
     ray: Annotated[Optional[str], typer.Option(
         "--ray", help="Run on Ray: a cluster address, or `local` for ray.init() here.")] = None,
-    out: Annotated[Path, typer.Option("--out", help="With `report`: the folder for tables "
-                                      "and plots.")] = Path("sweep-report"),
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="With `report`: the folder for tables and plots \\[sweep-report].")
+    ] = None,
 ):
     """Run a sweep of solves, resumable (a rerun skips the tasks the store holds); or
     `sweep report RESULTS`: tables (CSV, Markdown) and plots (PNG)."""
@@ -903,9 +904,13 @@ def sweep(
             typer.echo(f"warning: {w}", err=True)
         if not rows:
             raise SpecError("no finished task in the store", source=rest[0], field="tasks")
-        files = report(rows, out)
+        files = report(rows, out or Path("sweep-report"))
         render.print_written(files, [])
         return
+    if out is not None:  # a run writes its store only (--out had been ignored)
+        raise SpecError("is the folder of `sweep report`'s tables and plots; a sweep run "
+                        "writes its results to --results: drop --out, then run `sweep report "
+                        f"STORE --out {str(out)[:60]}`", source="options", field="--out")
     name, tasks = load_spec(spec)
     store = Store(results or Path("sweeps") / f"{name}.sqlite")
     done_before = len(store.done_ids())

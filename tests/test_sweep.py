@@ -423,3 +423,14 @@ def test_sweep_jobs_out_of_range_is_one_line(tmp_path, jobs):
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert f"--jobs: {jobs} is out of range; give 1 to 4,096" in r.output
     assert not (tmp_path / "r.db").exists()
+
+
+def test_sweep_run_refuses_out(tmp_path):
+    """--out is the report's folder: given to a run, it had been ignored (nothing written
+    there, exit 0)."""
+    from typer.testing import CliRunner
+    from cli import app
+    r = CliRunner().invoke(app, ["sweep", str(_spec(tmp_path)), "--results",
+                                 str(tmp_path / "r.db"), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 2 and "options: --out: is the folder of `sweep report`" in r.output
+    assert not (tmp_path / "r.db").exists()

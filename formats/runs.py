@@ -234,10 +234,11 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
     the plan read from it or None). `plans` (plan files) or `clusters` (with optional
     `hostfiles`, torchtitan `run_configs` and `version`, and `save_plans`, a folder for the
     plans read), each once per log or once for all."""
-    if bool(plans) == bool(clusters):
+    if bool(plans) == bool(clusters):  # neither had been told 'not both' too
         raise SpecError("give --plan (the plan file each log ran), or --cluster to read each "
-                        "Megatron-LM log's plan from the arguments it printed; not both",
-                        source="options", field="--plan" if plans else "--cluster")
+                        "log's plan from the settings it printed" + ("; not both" if plans else
+                                                                     ": neither was given"),
+                        source="options", field="--plan" if plans else "--plan/--cluster")
     if (hostfiles or save_plans or run_configs) and not clusters:
         flag = "--hostfile" if hostfiles else "--save-plans" if save_plans else "--run-config"
         raise SpecError(f"{flag} goes with --cluster (the plans are read from the logs then)",

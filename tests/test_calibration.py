@@ -2113,3 +2113,12 @@ def test_a_log_of_another_framework_than_its_plan_is_refused(tmp_path):
                                  "--out", str(tmp_path / "c.json")])
     assert r.exit_code == 2 and "the log is torchtitan's" in r.output, r.output
     assert "--framework torchtitan" in r.output and not (tmp_path / "c.json").exists()
+
+
+def test_calibrate_without_plan_or_cluster_asks_for_one():
+    """Neither --plan nor --cluster: the line asks for one of them (it had ended '; not both',
+    as if both were given)."""
+    r = CliRunner().invoke(app, ["calibrate", str(LOGS / "megatron.log")])
+    line = " ".join(r.output.split())
+    assert r.exit_code == 2 and "options: --plan/--cluster: give --plan" in line, line
+    assert line.endswith("neither was given") and "not both" not in line

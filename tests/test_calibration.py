@@ -2122,3 +2122,30 @@ def test_calibrate_without_plan_or_cluster_asks_for_one():
     line = " ".join(r.output.split())
     assert r.exit_code == 2 and "options: --plan/--cluster: give --plan" in line, line
     assert line.endswith("neither was given") and "not both" not in line
+
+
+def test_framework_version_beside_a_plan_must_be_the_logs_and_the_plans(tmp_path):
+    """--framework-version with --plan had been ignored: refused for a Megatron-LM log
+    (torchtitan's release), and for a torchtitan log where the plan was priced for another
+    release; the plan's own release is accepted."""
+    plans = {}
+    for fw, extra in (("megatron", []), ("torchtitan", ["--framework", "torchtitan"])):
+        plans[fw] = tmp_path / f"{fw}.json"
+        r = CliRunner().invoke(app, ["estimate", "-m", "llama3-8b", "-c", "h100-8x8", "--gbs",
+                                     "64", "--seq", "8192", "--tp", "1", "--pp", "1", *extra,
+                                     "--save-plan", str(plans[fw])])
+        assert r.exit_code == 0, r.output
+    out = tmp_path / "c.json"
+    for log, plan, version, says in (
+            ("megatron.log", "megatron", "0.1", "is torchtitan's release; this is a megatron"),
+            ("torchtitan.log", "torchtitan", "0.1", "was priced for torchtitan 0.2"),
+            ("torchtitan.log", "torchtitan", "0.3", "torchtitan's releases are 0.2, 0.1")):
+        r = CliRunner().invoke(app, ["calibrate", str(LOGS / log), "--plan", str(plans[plan]),
+                                     "--framework-version", version, "--out", str(out)])
+        line = " ".join(r.output.split())
+        assert r.exit_code == 2 and "--framework-version: " in line and says in line, line
+    assert not out.exists()
+    r = CliRunner().invoke(app, ["calibrate", str(LOGS / "torchtitan.log"), "--plan",
+                                 str(plans["torchtitan"]), "--framework-version", "0.2",
+                                 "--out", str(out)])
+    assert "--framework-version" not in r.output, r.output

@@ -2149,3 +2149,18 @@ def test_framework_version_beside_a_plan_must_be_the_logs_and_the_plans(tmp_path
                                  str(plans["torchtitan"]), "--framework-version", "0.2",
                                  "--out", str(out)])
     assert "--framework-version" not in r.output, r.output
+
+
+@pytest.mark.parametrize("ms,says", [("nan", "reads nan s"), ("-5.0", "reads -0.005 s"),
+                                     ("0.0", "reads 0 s")])
+def test_a_nan_or_negative_iteration_time_is_refused_as_a_zero_is(tmp_path, ms, says):
+    """'elapsed time per iteration (ms): nan' or ': -5.0' had been passed over as no reading
+    (neither read nor counted), while ': 0.0' was refused: each is refused, naming its step."""
+    log = tmp_path / "bad.log"
+    _megatron_log(log, 1.0)
+    lines = log.read_text().splitlines()
+    lines[5] = lines[5].replace("1000.0 |", f"{ms} |")
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError) as e:
+        read_log(log)
+    assert e.value.field == "log" and f"step 6 {says}" in e.value.problem

@@ -155,6 +155,16 @@ def profile_from_dict(d, src: str) -> Profile:
                         "run)", source=src, field="runs")
     for k, x in enumerate(runs):
         unknown_keys(x, _RUN_KEYS, src, f"runs[{k}]")
+        # seconds the fit measured and predicted (a -1 had been read, and printed as a run)
+        for key in ("measured_s", "before_s", "after_s"):
+            if finite_number(x.get(key), src, f"runs[{k}].{key}",
+                             "an iteration time in seconds, above 0") <= 0:
+                raise SpecError(f"must be an iteration time in seconds, above 0, got {x[key]}",
+                                source=src, field=f"runs[{k}].{key}")
+        if x.get("memory_gib") is not None and finite_number(
+                x["memory_gib"], src, f"runs[{k}].memory_gib", "GiB above 0, or null") <= 0:
+            raise SpecError(f"must be GiB above 0, or null, got {x['memory_gib']}", source=src,
+                            field=f"runs[{k}].memory_gib")
     kernels = d.get("kernels") or []
     if not isinstance(kernels, list) or not all(isinstance(x, dict) for x in kernels):
         raise SpecError("must be the list of kernels the probe timed (one object per kernel)",

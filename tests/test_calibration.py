@@ -1450,6 +1450,11 @@ def test_no_more_runs_than_parameters(tmp_path):
      "fragmentation_spread.foo"),
     (lambda d: d.update(runs=[1, 2, "a"]), "runs"),
     (lambda d: d["runs"][0].update(extra=1), "runs[0].extra"),
+    # a run's times and memory are measurements: above 0 (a -1 had been read)
+    (lambda d: d["runs"][0].update(measured_s=-1), "runs[0].measured_s"),
+    (lambda d: d["runs"][1].update(after_s=0), "runs[1].after_s"),
+    (lambda d: d["runs"][0].pop("before_s"), "runs[0].before_s"),
+    (lambda d: d["runs"][0].update(memory_gib=-3.0), "runs[0].memory_gib"),
     (lambda d: d.update(kernels="abc"), "kernels"),
     (lambda d: d.update(device=123), "device"),
     (lambda d: d.update(residual_sd_assumed=True), "residual_sd_assumed"),  # dof given

@@ -107,7 +107,8 @@ def profile_from_dict(d, src: str) -> Profile:
                         "`python cli.py calibrate`", source=src, field="kind")
     if type(d.get("schema_version")) is not int or d["schema_version"] != SCHEMA_VERSION:
         raise SpecError(f"schema_version {d.get('schema_version')!r}; this version reads "
-                        f"{SCHEMA_VERSION}", source=src, field="schema_version")
+                        f"{SCHEMA_VERSION}: re-run `calibrate` with this version on the runs' "
+                        "logs to write the profile again", source=src, field="schema_version")
     unknown_keys(d, _KEYS, src)
     if not isinstance(d.get("planning", True), bool):
         raise SpecError(f"must be true or false, got {str(json.dumps(d['planning']))[:40]}",

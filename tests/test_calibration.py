@@ -2169,3 +2169,18 @@ def test_a_nan_or_negative_iteration_time_is_refused_as_a_zero_is(tmp_path, ms, 
     with pytest.raises(SpecError) as e:
         read_log(log)
     assert e.value.field == "log" and f"step 6 {says}" in e.value.problem
+
+
+def test_a_profile_of_another_schema_says_how_to_get_one(tmp_path):
+    """A profile of another schema_version: the line says to calibrate again (it had said
+    only which version is read)."""
+    prof, _ = fit(_runs({"gemm_scale": 0.9}, 0.02, seed=3, n=4), ("gemm_scale",), "A100-80GB",
+                  fit_fragmentation=False)
+    p = tmp_path / "cal.json"
+    save_profile(p, prof)
+    doc = json.loads(p.read_text())
+    doc["schema_version"] += 1
+    p.write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as e:
+        load_profile(p)
+    assert e.value.field == "schema_version" and "re-run `calibrate`" in e.value.problem

@@ -849,6 +849,15 @@ def calibrate(
                         "profile is for one: calibrate each type apart", source="options",
                         field="--plan")
     names = tuple(x.strip() for x in fit_params.split(","))  # "a,,b": refused by fit
+    from model.calibration import TIME_PARAMETERS
+    if not prior and len(runs) < len(names) and len(set(names)) == len(names) and \
+            set(names) <= set(TIME_PARAMETERS):  # (fit names a bad list first)
+        # fewer runs (one iteration time each) than unknowns: many values fit them exactly,
+        # and the one a plain least-squares fit lands on says nothing (it had been written)
+        raise SpecError(f"{len(names)} parameters from {len(runs)} run"
+                        f"{'s' * (len(runs) != 1)} without the prior is underdetermined: give "
+                        f"at least {len(names)} runs' logs, fit fewer parameters, or keep the "
+                        "prior (drop --no-prior)", source="options", field="--fit")
     prof, _ = fit(runs, names, gpus.pop(), prior=prior)
     save_profile(out, prof)
     if as_json:

@@ -2184,3 +2184,31 @@ def test_a_profile_of_another_schema_says_how_to_get_one(tmp_path):
     with pytest.raises(SpecError) as e:
         load_profile(p)
     assert e.value.field == "schema_version" and "re-run `calibrate`" in e.value.problem
+
+
+def test_an_underdetermined_fit_without_the_prior_is_refused(tmp_path):
+    """--no-prior with fewer runs than fitted parameters: many values fit the runs exactly, so
+    no profile is written (one had been, from 1 run for all 7 parameters); with the prior, or
+    with as many runs as parameters, the fit goes on."""
+    from model.calibration import TIME_PARAMETERS
+    from model.estimator import estimate
+    args = []
+    for k, r in enumerate(_runs({"gemm_scale": 0.9}, 0.01, seed=5, n=2)):
+        pf, lf = tmp_path / f"p{k}.json", tmp_path / f"run{k}.log"
+        save_plan(pf, r.model, r.job, r.cluster, r.plan,
+                  estimate(r.model, r.job, r.cluster, r.plan))
+        _megatron_log(lf, r.measured_s)
+        args.append((str(lf), "--plan", str(pf)))
+    out = tmp_path / "cal.json"
+    every = ",".join(TIME_PARAMETERS)
+    r = CliRunner().invoke(app, ["calibrate", *args[0], "--fit", every, "--no-prior",
+                                 "--out", str(out)])
+    line = " ".join(r.output.split())
+    n = len(TIME_PARAMETERS)
+    assert r.exit_code == 2 and (f"options: --fit: {n} parameters from 1 run without the prior "
+                                 f"is underdetermined: give at least {n}") in line, line
+    assert not out.exists()
+    two = [args[0][0], args[1][0], args[0][1], args[0][2], args[1][1], args[1][2]]
+    for extra in (["--fit", "gemm_scale,network_scale", "--no-prior"], ["--fit", every]):
+        r = CliRunner().invoke(app, ["calibrate", *two, *extra, "--out", str(out)])
+        assert r.exit_code == 0, r.output

@@ -207,9 +207,9 @@ FwVersionOpt = Annotated[Optional[str], typer.Option(
     "release) or 0.1 (v0.1.0 to the 2025-10 main; its estimate counts K and V repeated to "
     "the query heads, as v0.1 runs attention) \\[the current one].")]
 GanttOpt = Annotated[Optional[Path], typer.Option(
-    "--gantt", help="Write the schedule's Gantt chart to this PNG.")]
+    "--gantt", help="Write the schedule's Gantt chart to this PNG (or .pdf, .svg).")]
 PlacementPngOpt = Annotated[Optional[Path], typer.Option(
-    "--placement-png", help="Write the placement on the cluster to this PNG.")]
+    "--placement-png", help="Write the placement on the cluster to this PNG (or .pdf, .svg).")]
 MethodOpt = Annotated[Method, typer.Option(
     "--method", help="exact (MILP on HiGHS), anneal, or auto (exact up to "
     "solvers.search.AUTO_EXACT_MAX_NODES nodes).")]
@@ -1450,7 +1450,8 @@ def cluster_import(
 @command("show", parent=cluster_app)
 def cluster_show(
     cluster: Annotated[str, typer.Argument(help="Cluster preset or .toml file.")] = EXAMPLE_CLUSTER,
-    png: Annotated[Optional[Path], typer.Option(help="Write a heatmap PNG here.")] = None,
+    png: Annotated[Optional[Path], typer.Option(
+        help="Write a heatmap PNG here (or .pdf, .svg).")] = None,
     slowest: Annotated[int, typer.Option(
         help="How many slowest links to list.",
         # a negative count had sliced the list from its end (-3: all links but 3)
@@ -1460,8 +1461,10 @@ def cluster_show(
     """Summary of a cluster's matrix: slowest links, outlier nodes, inferred switch groups."""
     from formats.bandwidth import summarize
     from formats.clusters import cluster as load_cluster
-    from launch.pictures import heatmap_png
+    from launch.pictures import heatmap_png, picture_format
 
+    if png is not None:
+        picture_format(png, "--png")  # before any work
     c = load_cluster(cluster)
     s = summarize(c, slowest=slowest)
     if png is not None:

@@ -77,6 +77,8 @@ def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
                         (placement_png, "--placement-png")):
         if path is not None:
             check_target(Path(path), field)
+            if field != "--save-plan":
+                pictures.picture_format(path, field)
     if emit is not None:
         check_set(Path(out or f"launch-{emit.lower()}"), (), force=force)
 

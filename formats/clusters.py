@@ -271,8 +271,10 @@ def synth_cluster(p: SynthParams) -> ClusterSpec:
     for f in ("intra_gb_per_s", "nic_gb_per_s", "oversubscription", "degraded_factor",
               "noise", "latency_us", "intra_latency_us"):
         _number(getattr(p, f), src, f, "a finite number")
-    if not (0 < p.nic_gb_per_s and 0 < p.intra_gb_per_s):
-        raise SpecError("link rates must be positive GB/s", source=src, field="nic_gb_per_s")
+    for f in ("nic_gb_per_s", "intra_gb_per_s"):  # each named (intra's had been nic's)
+        if not getattr(p, f) > 0:
+            raise SpecError(f"link rates must be positive GB/s, got {getattr(p, f):g}",
+                            source=src, field=f)
     if p.leaf_size < 1:
         raise SpecError("leaf_size must be >= 1", source=src, field="leaf_size")
     if p.oversubscription < 1:

@@ -262,6 +262,11 @@ def test_cli_synth_matches_generator(tmp_path):
     assert c.inter_gb_per_s[0, 1] in (23.0, 5.75) and c.gpus_per_node == 4
     r = cli("cluster", "synth", "--nodes", "3", "--degraded", "5")
     assert r.exit_code == 2 and "degraded must be between 0 and 3" in r.output
+    # each link rate names its own field (an intra-node rate of 0 had been blamed on the NIC)
+    for f in ("intra", "nic"):
+        r = cli("cluster", "synth", f"--{f}-gb-per-s", "0")
+        assert r.exit_code == 2 and f"synth: {f}_gb_per_s: link rates must be positive" in (
+            r.output), r.output
     r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx-h100", "--gpu",
             "H100-SXM-80GB")
     assert r.exit_code == 0 and "intra_matrix_gb_per_s" in r.output

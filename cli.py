@@ -1477,6 +1477,7 @@ def cluster_show(
 
 @command("synth", parent=cluster_app)
 def cluster_synth(
+    ctx: typer.Context,
     nodes: Annotated[int, typer.Option(help="Number of nodes.")] = 8,
     gpus_per_node: GpusPerNodeOpt = 8,
     gpu: GpuOpt = "A100-80GB",
@@ -1513,7 +1514,18 @@ def cluster_synth(
         from formats.topologies import cluster_with_topology
         # given beside the topology: the preset's matrix scaled to it, as import does
         c = cluster_with_topology(c, intra_topology, intra_gb_per_s)
-    _emit_cluster(c, out, as_json)
+    # options given that the generator then has no use for: said, not kept without a word
+    warnings = []
+    if degraded == 0 and _given(ctx, "degraded_factor"):
+        warnings.append(f"--degraded-factor {degraded_factor:g} has no effect: no node is "
+                        "degraded (--degraded 0)")
+    if leaf_size >= nodes and _given(ctx, "oversubscription"):
+        warnings.append(f"--oversubscription {oversubscription:g} has no effect: the "
+                        f"{nodes} nodes share one leaf switch (--leaf-size {leaf_size}), so no "
+                        "stream crosses the spine")
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+    _emit_cluster(c, out, as_json, warnings)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -573,3 +573,19 @@ def test_two_matrix_files_are_read_one_at_a_time():
     line = " ".join(r.output.split())
     assert r.exit_code == 2 and "a CSV/JSON matrix is read one file at a time" in line, line
     assert "nccl test" not in line
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--degraded", "0", "--degraded-factor", "0.1"], "--degraded-factor 0.1 has no effect"),
+    (["--oversubscription", "8", "--leaf-size", "100", "--nodes", "4"],
+     "--oversubscription 8 has no effect: the 4 nodes share one leaf switch")])
+def test_synth_options_with_no_effect_are_warned(tmp_path, args, says):
+    """cluster synth: a degraded-NIC factor with no degraded node, or an oversubscription with
+    a single leaf, had been kept without a word; a warning says so (terminal and --json)."""
+    r = runner.invoke(app, ["cluster", "synth", *args, "-o", str(tmp_path / "s.toml")])
+    assert r.exit_code == 0 and f"warning: {says}" in " ".join(r.output.split()), r.output
+    r = runner.invoke(app, ["cluster", "synth", *args, "--json"])
+    d = json.loads(r.stdout)
+    assert any(says in w for w in d["warnings"])
+    r = runner.invoke(app, ["cluster", "synth", "-o", str(tmp_path / "t.toml")])
+    assert "warning" not in r.output

@@ -335,11 +335,18 @@ def test_sweep_specs_refuse_unknown_fields_and_stores_that_are_not_stores(tmp_pa
                         (base.replace('name = "gpt-1.7b"\n', 'name = "gpt-1.7b"\nlayers = 4\n'),
                          "models[0].layers"),
                         (base + "[extra]\nx = 1\n", "extra"),
+                        # a job's or synth's key by its own name, not JobSpec.__init__()'s
+                        # TypeError ("got an unexpected keyword argument 'foo'")
+                        (base + "foo = 1\n", "jobs[0].foo"),
+                        (base.replace("global_batch = 64\n", ""), "jobs[0].global_batch"),
+                        (base.replace('preset = "example"', 'synth = { num_nodes = 2, bar = 1 }'),
+                         "clusters[0].synth.bar"),
                         (base.replace("gpt-1.7b", "nosuch"), "models")):
         spec.write_text(text)
         r = CliRunner().invoke(app, ["sweep", str(spec), "--results", str(tmp_path / "r.db")])
         line = " ".join(r.output.split())
         assert r.exit_code == 2 and f"{spec}: {field}:" in line, (field, r.output)
+        assert "__init__" not in line and "keyword" not in line
     spec.write_text(base)
     notdb = tmp_path / "notdb.txt"
     notdb.write_text("hello\n")

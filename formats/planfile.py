@@ -332,8 +332,11 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
         if key not in later and key not in sd:
             raise rd.err(f"{sw}.{key}", f"missing; schema 3 writes every shape field: add it "
                          f"({json.dumps(none)} for a plan without it) or save the plan again")
-    if sd.get("distributed_optimizer") is not None and isinstance(sd.get("zero"), int) and \
-            sd["distributed_optimizer"] is not (sd["zero"] >= 1):
+    # (a stage outside 0-3 is Shape's range error, not this contradiction: zero 5 had been
+    # 'distributed_optimizer: False beside zero 5')
+    zero = sd.get("zero")
+    if sd.get("distributed_optimizer") is not None and zero in (0, 1, 2, 3) and \
+            not isinstance(zero, bool) and sd["distributed_optimizer"] is not (zero >= 1):
         raise rd.err(f"{sw}.distributed_optimizer", f"{sd['distributed_optimizer']} beside zero "
                      f"{sd['zero']}: the distributed optimizer is ZeRO-1 and above; make them "
                      "agree")

@@ -136,6 +136,8 @@ def _corrupt(src, dst, fn):
 
     (lambda d: d["plan"]["shape"].update(zero=1, distributed_optimizer=False),
      "plan.shape.distributed_optimizer: False beside zero 1"),
+    (lambda d: d["plan"]["shape"].update(zero=5, distributed_optimizer=False),
+     "plan.shape.zero: ZeRO stage must be 0, 1, 2 or 3, got 5"),
 ])
 def test_corrupted_plan_one_line_exit_2(setup, tmp_path, mutate, needle):
     m, c, job = setup

@@ -444,6 +444,10 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     rd.known(doc, "", _TOP_KEYS)
     model = _read_model(rd, rd.obj(doc, "model", ""))
     job = _read_job(rd, rd.obj(doc, "job", ""))
+    if job.moe_capacity_factor != 1.0 and not model.is_moe:  # as the commands refuse it
+        raise rd.err("job.moe_capacity_factor", f"{job.moe_capacity_factor:g} on {model.name}, "
+                     "which is dense (no experts): a capacity factor does not apply; set it to "
+                     "1.0")
     options = _read_options(rd, rd.obj(doc, "options", "", optional=True))
     cluster = _read_cluster(rd, rd.obj(doc, "cluster", ""))
     for nd in cluster.nodes:

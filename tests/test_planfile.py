@@ -136,6 +136,9 @@ def _corrupt(src, dst, fn):
 
     (lambda d: d["plan"]["shape"].update(zero=1, distributed_optimizer=False),
      "plan.shape.distributed_optimizer: False beside zero 1"),
+    # what the commands refuse for a dense model (it had been read)
+    (lambda d: d["job"].update(moe_capacity_factor=2.0),
+     "job.moe_capacity_factor: 2 on llama2-70b, which is dense"),
     (lambda d: d["plan"]["shape"].update(zero=5, distributed_optimizer=False),
      "plan.shape.zero: ZeRO stage must be 0, 1, 2 or 3, got 5"),
 ])

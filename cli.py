@@ -746,6 +746,7 @@ def estimate(
         m, job, c0, plan, opts0, meta = _load_plan_only(ctx, plan_file)
         c, opts, prof, cal, notes = _plan_calibrated(plan_file, meta, c0, opts0, calibration,
                                                      safe_memory)
+        notes = [*meta["read_notes"], *notes]  # fields an older file lacks: their defaults
         est = run_estimate(m, job, c, plan, opts)
         if calibration is None:  # as the file was estimated: its numbers should be these
             from formats.planfile import recorded_estimate_drift
@@ -1593,7 +1594,7 @@ def emit_cmd(
         files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
                                         gantt=gantt, placement_png=placement_png, force=force,
                                         tokenizer=tokenizer, version=framework_version)
-        warnings = [drift, *warnings] if drift else warnings
+        warnings = [*meta["read_notes"], *([drift] if drift else []), *warnings]
     except SpecError as e:
         if e.source != "plan":
             raise

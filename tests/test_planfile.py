@@ -234,3 +234,36 @@ def test_plan_file_carries_the_fp8_rate_used_and_says_when_its_estimate_moved(tm
     assert said and "+25.0%" in said[0] and "the cost model has changed" in said[0]
     r = runner.invoke(app, ["emit", str(old), "--out", str(tmp_path / "e"), "--json"])
     assert r.exit_code == 0 and any("+25.0%" in w for w in json.loads(r.output)["warnings"])
+
+
+@pytest.mark.parametrize("drop,field", [
+    (lambda d: d["options"].pop("overheads"), "options.overheads"),
+    (lambda d: d.pop("options"), "options"),
+    (lambda d: d["job"].pop("fused_loss"), "job.fused_loss"),
+    (lambda d: d["cluster"].pop("intra_latency_us"), "cluster.intra_latency_us"),
+    (lambda d: d["options"]["overheads"].pop("fragmentation"), "options.overheads.fragmentation")])
+def test_a_field_schema_3_writes_is_refused_when_missing_and_said_in_schema_2(setup, tmp_path,
+                                                                             drop, field):
+    """A field that changes the estimate, missing from a schema 3 file (which writes it), is
+    refused as plan.shape.etp is; missing from a schema 2 file, which may predate it, it is
+    read as its default and the commands say so (both had been read as defaults without a
+    word)."""
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    bad = tmp_path / "bad.json"
+    _corrupt(good, bad, drop)
+    with pytest.raises(SpecError) as e:
+        load_plan(bad)
+    assert e.value.field == field and "missing; schema 3 writes it" in e.value.problem
+    old = tmp_path / "old.json"
+    _corrupt(bad, old, lambda d: d.update(schema_version=2))
+    assert load_plan(old)[5]["read_notes"]
+    for args in (["estimate", "--plan", str(old), "--json"],
+                 ["emit", str(old), "--out", str(tmp_path / "e"), "--json", "--force"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, r.output
+        said = [w for w in json.loads(r.output)["warnings"] if " lacks " in w]
+        assert said and field in said[0] and "read as these defaults" in said[0], said
+    assert not load_plan(good)[5]["read_notes"]

@@ -525,6 +525,10 @@ def recorded_estimate_drift(meta: dict, est, src: str) -> str | None:
     if not said:
         return None
     by = meta.get("generator") or "an earlier version"
+    if by == GENERATOR:  # this very version: the model did not change, the file's numbers did
+        return (f"{src} records {' and '.join(said)}, written by this version ({by}): the "
+                "recorded estimate was edited, or computed with other inputs than the file "
+                "holds; estimate the plan again to record this one")
     return (f"{src} records {' and '.join(said)}, written by {by}: the cost model has "
             "changed since; re-solve to plan with this version's")
 

@@ -227,6 +227,14 @@ def test_plan_file_carries_the_fp8_rate_used_and_says_when_its_estimate_moved(tm
     assert r.exit_code == 0 and not [w for w in json.loads(r.output)["warnings"]
                                      if "records" in w], r.output
     doc["estimate"]["iteration_ms"] *= 0.8
+    # written by this very version, the cost model has not changed: the numbers were edited
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(doc))
+    r = runner.invoke(app, ["estimate", "--plan", str(same), "--json"])
+    said = [w for w in json.loads(r.output)["warnings"] if "records" in w]
+    assert said and "+25.0%" in said[0] and "the recorded estimate was edited" in said[0]
+    assert "the cost model has changed" not in said[0]
+    doc["generator"] = "pipette-configurator 0.0.9"
     old = tmp_path / "old.json"
     old.write_text(json.dumps(doc))
     r = runner.invoke(app, ["estimate", "--plan", str(old), "--json"])

@@ -455,6 +455,15 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
     return Plan(shape, pl)
 
 
+def _is_toml(text: str) -> bool:
+    """Whether `text` is a TOML document with at least one key (not JSON damaged)."""
+    import tomllib
+    try:
+        return bool(tomllib.loads(text))
+    except tomllib.TOMLDecodeError:
+        return False
+
+
 def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dict]:
     """Read and validate a plan file. Returns (model, job, cluster, plan, options, meta); meta
     holds the stored "estimate", "solver", "schema_version" and "generator" as written."""
@@ -465,6 +474,9 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
+        if _is_toml(text):  # a cluster file or a job config given for the plan
+            raise SpecError("is a TOML file, not a plan file: give the plan file (the JSON "
+                            "that --save-plan or solve writes)", source=src) from None
         raise SpecError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
                         "the file is damaged, re-create it", source=src) from None
     except RecursionError:

@@ -275,3 +275,19 @@ def test_a_field_schema_3_writes_is_refused_when_missing_and_said_in_schema_2(se
         said = [w for w in json.loads(r.output)["warnings"] if " lacks " in w]
         assert said and field in said[0] and "read as these defaults" in said[0], said
     assert not load_plan(good)[5]["read_notes"]
+
+
+def test_a_plan_with_a_byte_order_mark_reads_and_a_toml_is_named(setup, tmp_path):
+    """A plan file saved with a UTF-8 byte-order mark reads as without one; a TOML file given
+    for a plan is said to be one (both had been 'not valid JSON ...; the file is damaged')."""
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())
+    assert load_plan(bom)[3] == plan
+    toml = tmp_path / "cluster.toml"
+    toml.write_text('name = "x"\n[[nodes]]\nname = "a"\n')
+    r = runner.invoke(app, ["emit", str(toml)])
+    assert r.exit_code == 2 and "is a TOML file, not a plan file" in r.output, r.output

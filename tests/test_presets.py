@@ -45,3 +45,19 @@ def test_hf_configs(tmp_path):
     p.write_text(json.dumps({"model_type": "llama", "hidden_size": 10}))
     with pytest.raises(SpecError, match="num_layers"):
         presets.model(str(p))
+
+
+def test_a_hf_config_with_a_byte_order_mark_reads(tmp_path):
+    """config.json saved with a UTF-8 byte-order mark reads as without one (it had been
+    refused as not JSON)."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2816,
+           "vocab_size": 8000, "max_position_embeddings": 1024}
+    plain, bom = tmp_path / "a" / "config.json", tmp_path / "b" / "config.json"
+    for p in (plain, bom):
+        p.parent.mkdir()
+    plain.write_text(json.dumps(cfg))
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    a, b = presets.model(str(plain)), presets.model(str(bom))
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size) == (b.num_layers, b.hidden_size,
+                                                               b.ffn_hidden_size)

@@ -330,6 +330,15 @@ def cluster(name_or_path: str) -> ClusterSpec:
         return load_cluster(p)
     known = sorted(q.stem for q in presets.data_path("clusters").glob("*.toml"))
     if name_or_path not in known:
+        try:  # a path that exists is said to be what it is, not an unknown preset name
+            what = ("is a folder" if p.is_dir() else "is not a .toml file" if p.exists()
+                    else None)
+        except OSError:  # not a path this system can look up (a name too long, say)
+            what = None
+        if what:
+            raise SpecError(f"{p} {what}; give a cluster .toml file (cluster import or "
+                            f"synth writes one) or a preset: {', '.join(known)}",
+                            field="cluster")
         raise SpecError(f"unknown cluster '{name_or_path}'; known presets: {', '.join(known)} "
                         "(or give a .toml file)", field="cluster")
     return load_cluster(presets.data_path("clusters", f"{name_or_path}.toml"))

@@ -377,3 +377,21 @@ def test_a_tokenizer_path_with_a_space_is_refused(tmp_path):
             "/models/my tok")
     assert r.exit_code == 2 and "--tokenizer" in r.output and "has a space" in r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "e").exists()
+
+
+def test_a_path_given_for_a_cluster_or_model_is_said_to_be_what_it_is(tmp_path):
+    """A folder, a .txt or an extension-less file given to --cluster / --model: said what is
+    wrong with it (it had been 'unknown cluster ...; known presets: ...')."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "two.txt").write_text("x\n")
+    (tmp_path / "noext").write_text("x\n")
+    for flag, path, says in (
+            ("-c", "adir", "adir is a folder; give a cluster .toml file"),
+            ("-c", "two.txt", "two.txt is not a .toml file"),
+            ("-c", "noext", "noext is not a .toml file"),
+            ("-m", "adir", "adir is a folder without a config.json"),
+            ("-m", "two.txt", "two.txt is not a .json file"),
+            ("-m", "noext", "noext is not a .json file")):
+        r = run("estimate", flag, str(tmp_path / path))
+        line = " ".join(r.output.split())
+        assert r.exit_code == 2 and says in line and "unknown" not in line, line

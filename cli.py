@@ -69,9 +69,21 @@ def _aliased(extra: dict[str, str] | None = None):
                     break
                 name, eq, val = a.partition("=")
                 out.append(table[name] + eq + val if name in table else a)
+            _both_sides(self, out)
             return _one_line_usage(super().parse_args, ctx, out)
 
     return AliasedCommand
+
+
+def _both_sides(cmd, args: list[str]) -> None:
+    """An on/off flag given both ways (--sp --no-sp, --blocking --overlapped) is one error
+    line: click keeps the last without a word."""
+    given = set(args[:args.index("--")] if "--" in args else args)
+    for p in cmd.params:
+        on = given & set(getattr(p, "opts", ()))
+        off = given & set(getattr(p, "secondary_opts", None) or ())
+        if on and off:
+            fail(f"options: {min(on)} and {min(off)} both given; give one of them")
 
 
 def command(name: str | None = None, aliases: dict[str, str] | None = None, parent=None):

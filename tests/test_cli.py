@@ -395,3 +395,15 @@ def test_a_path_given_for_a_cluster_or_model_is_said_to_be_what_it_is(tmp_path):
         r = run("estimate", flag, str(tmp_path / path))
         line = " ".join(r.output.split())
         assert r.exit_code == 2 and says in line and "unknown" not in line, line
+
+
+@pytest.mark.parametrize("args", [["estimate", "--sp", "--no-sp"],
+                                  ["estimate", "--blocking", "--overlapped"],
+                                  ["solve", "--overlapped", "--blocking"],
+                                  ["calibrate", "x.log", "--prior", "--no-prior"]])
+def test_an_on_off_flag_given_both_ways_is_refused(args):
+    """--sp --no-sp or --blocking --overlapped: one line, exit 2 (the last had won without a
+    word)."""
+    r = run(*args)
+    assert r.exit_code == 2 and "both given; give one of them" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1

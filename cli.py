@@ -69,9 +69,21 @@ def _aliased(extra: dict[str, str] | None = None):
                     break
                 name, eq, val = a.partition("=")
                 out.append(table[name] + eq + val if name in table else a)
+            _both_sides(self, out)
             return _one_line_usage(super().parse_args, ctx, out)
 
     return AliasedCommand
+
+
+def _both_sides(cmd, args: list[str]) -> None:
+    """An on/off flag given both ways (--sp --no-sp, --blocking --overlapped) is one error
+    line: click keeps the last without a word."""
+    given = set(args[:args.index("--")] if "--" in args else args)
+    for p in cmd.params:
+        on = given & set(getattr(p, "opts", ()))
+        off = given & set(getattr(p, "secondary_opts", None) or ())
+        if on and off:
+            fail(f"options: {min(on)} and {min(off)} both given; give one of them")
 
 
 def command(name: str | None = None, aliases: dict[str, str] | None = None, parent=None):
@@ -143,8 +155,8 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m",
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c",
                                          help="Cluster preset name or a cluster .toml file.")]
 def _bounded(flag: str, lo: float, hi: float, why: str = ""):
-    """A typer callback: the value must be finite and within [lo, hi], or one error line and
-    exit 2 (the command's own error handling does not run during option parsing)."""
+    """A typer callback: the value must be finite and within [lo, hi] (hi may be inf), or one
+    error line and exit 2 (the command's own error handling does not run during option parsing)."""
     import math
 
     def exact(x: float) -> str:  # whole bounds in full (2,147,483,648, not 2.14748e+09)
@@ -154,7 +166,8 @@ def _bounded(flag: str, lo: float, hi: float, why: str = ""):
         if value is None:
             return value
         if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
-            fail(f"options: {flag}: {value!r} is out of range; give {exact(lo)} to {exact(hi)}"
+            span = f"{exact(lo)} or more" if hi == math.inf else f"{exact(lo)} to {exact(hi)}"
+            fail(f"options: {flag}: {value!r} is out of range; give {span}"
                  + (f" ({why})" if why else ""))
         return value
     return check
@@ -206,9 +219,9 @@ FwVersionOpt = Annotated[Optional[str], typer.Option(
     "release) or 0.1 (v0.1.0 to the 2025-10 main; its estimate counts K and V repeated to "
     "the query heads, as v0.1 runs attention) \\[the current one].")]
 GanttOpt = Annotated[Optional[Path], typer.Option(
-    "--gantt", help="Write the schedule's Gantt chart to this PNG.")]
+    "--gantt", help="Write the schedule's Gantt chart to this PNG (or .pdf, .svg).")]
 PlacementPngOpt = Annotated[Optional[Path], typer.Option(
-    "--placement-png", help="Write the placement on the cluster to this PNG.")]
+    "--placement-png", help="Write the placement on the cluster to this PNG (or .pdf, .svg).")]
 MethodOpt = Annotated[Method, typer.Option(
     "--method", help="exact (MILP on HiGHS), anneal, or auto (exact up to "
     "solvers.search.AUTO_EXACT_MAX_NODES nodes).")]
@@ -745,6 +758,7 @@ def estimate(
         m, job, c0, plan, opts0, meta = _load_plan_only(ctx, plan_file)
         c, opts, prof, cal, notes = _plan_calibrated(plan_file, meta, c0, opts0, calibration,
                                                      safe_memory)
+        notes = [*meta["read_notes"], *notes]  # fields an older file lacks: their defaults
         est = run_estimate(m, job, c, plan, opts)
         if calibration is None:  # as the file was estimated: its numbers should be these
             from formats.planfile import recorded_estimate_drift
@@ -848,6 +862,15 @@ def calibrate(
                         "profile is for one: calibrate each type apart", source="options",
                         field="--plan")
     names = tuple(x.strip() for x in fit_params.split(","))  # "a,,b": refused by fit
+    from model.calibration import TIME_PARAMETERS
+    if not prior and len(runs) < len(names) and len(set(names)) == len(names) and \
+            set(names) <= set(TIME_PARAMETERS):  # (fit names a bad list first)
+        # fewer runs (one iteration time each) than unknowns: many values fit them exactly,
+        # and the one a plain least-squares fit lands on says nothing (it had been written)
+        raise SpecError(f"{len(names)} parameters from {len(runs)} run"
+                        f"{'s' * (len(runs) != 1)} without the prior is underdetermined: give "
+                        f"at least {len(names)} runs' logs, fit fewer parameters, or keep the "
+                        "prior (drop --no-prior)", source="options", field="--fit")
     prof, _ = fit(runs, names, gpus.pop(), prior=prior)
     save_profile(out, prof)
     if as_json:
@@ -866,11 +889,13 @@ def sweep(
     results: Annotated[Optional[Path], typer.Option(
         "--results", help="The results store (SQLite) \\[sweeps/<name>.sqlite].")] = None,
     jobs: Annotated[Optional[int], typer.Option(
-        "--jobs", help="Worker processes \\[all cores].")] = None,
+        "--jobs", help="Worker processes \\[all cores].",
+        callback=_bounded("--jobs", 1, 4096))] = None,  # as solve's --jobs
     ray: Annotated[Optional[str], typer.Option(
         "--ray", help="Run on Ray: a cluster address, or `local` for ray.init() here.")] = None,
-    out: Annotated[Path, typer.Option("--out", help="With `report`: the folder for tables "
-                                      "and plots.")] = Path("sweep-report"),
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="With `report`: the folder for tables and plots \\[sweep-report].")
+    ] = None,
 ):
     """Run a sweep of solves, resumable (a rerun skips the tasks the store holds); or
     `sweep report RESULTS`: tables (CSV, Markdown) and plots (PNG)."""
@@ -901,9 +926,13 @@ def sweep(
             typer.echo(f"warning: {w}", err=True)
         if not rows:
             raise SpecError("no finished task in the store", source=rest[0], field="tasks")
-        files = report(rows, out)
+        files = report(rows, out or Path("sweep-report"))
         render.print_written(files, [])
         return
+    if out is not None:  # a run writes its store only (--out had been ignored)
+        raise SpecError("is the folder of `sweep report`'s tables and plots; a sweep run "
+                        "writes its results to --results: drop --out, then run `sweep report "
+                        f"STORE --out {str(out)[:60]}`", source="options", field="--out")
     name, tasks = load_spec(spec)
     store = Store(results or Path("sweeps") / f"{name}.sqlite")
     done_before = len(store.done_ids())
@@ -1112,6 +1141,7 @@ def solve(
 
 @command()
 def compare(
+    ctx: typer.Context,
     model: ModelOpt = EXAMPLE_MODEL,
     cluster: ClusterOpt = EXAMPLE_CLUSTER,
     gbs: GbsOpt = EXAMPLE_GBS,
@@ -1125,9 +1155,11 @@ def compare(
     fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
-    generated: Annotated[int, typer.Option(
+    generated: Annotated[Optional[int], typer.Option(
         help="Instead of --cluster, compare on this many synthetic clusters "
-        "(cluster synth's model; see --nodes).")] = 0,
+        "(cluster synth's model; see --nodes).",
+        # 0 and -1 had compared on --cluster without a word
+        callback=_bounded("--generated", 1, float("inf")))] = None,
     nodes: Annotated[int, typer.Option(help="Nodes of each generated cluster.")] = 8,
     cluster_seed: Annotated[Optional[int], typer.Option(
         "--cluster-seed", help="Seed of the first generated cluster (the i-th gets it + i) "
@@ -1170,6 +1202,7 @@ def compare(
     from formats.views import plan_to_dict, write_csv
     from solvers.compare import compare_instance
 
+    _generated_or_cluster(ctx, generated)
     if framework_version is not None:
         # compare writes no files: the release only prices a torchtitan job
         from launch.emit import check_framework
@@ -1195,7 +1228,7 @@ def compare(
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt)
     c_seed = seed if cluster_seed is None else cluster_seed
-    instances = [c] if generated <= 0 else [
+    instances = [c] if generated is None else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]
     opts = _options(blocking)
     measured = instances  # as given (a profile scales them)
@@ -1264,6 +1297,30 @@ def compare(
     else:
         render.print_compare(rows, title, csv)
     render.print_written([], notes)
+
+
+def _given(ctx, name: str) -> bool:
+    """Whether the user gave the option `name` (a parameter name), not its default."""
+    src = ctx.get_parameter_source(name)
+    # typer vendors click: compare the enum by name (COMMANDLINE, ENVIRONMENT, ...)
+    return src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _generated_or_cluster(ctx, generated: int | None) -> None:
+    """compare's cluster comes from --cluster or from --generated (with --nodes and
+    --cluster-seed); an option of the other kind given beside them is refused, not ignored
+    (--nodes 4 without --generated had compared on the example cluster of 8 nodes)."""
+    from model.errors import SpecError
+
+    if generated is not None and _given(ctx, "cluster"):
+        raise SpecError("given with --generated: the generated clusters replace it; give "
+                        "one of the two", source="options", field="--cluster")
+    if generated is None:
+        for name, flag in (("nodes", "--nodes"), ("cluster_seed", "--cluster-seed")):
+            if _given(ctx, name):
+                raise SpecError("shapes the generated clusters and applies only with "
+                                "--generated N; drop it, or add --generated",
+                                source="options", field=flag)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1343,7 +1400,8 @@ def cluster_import(
     asym_ratio: Annotated[float, typer.Option(help="Asymmetry warning ratio.")] = 1.5,
     units: Annotated[Optional[str], typer.Option(
         help="CSV/JSON units: gb_per_s, mb_per_s, mib_per_s, gbit_per_s \\[gb_per_s].")] = None,
-    mpigraph_table: Annotated[str, typer.Option(help="mpiGraph table: recv, send, min.")] = "recv",
+    mpigraph_table: Annotated[Optional[str], typer.Option(
+        help="mpiGraph table: recv, send, min \\[recv].")] = None,
     nccl_test: Annotated[Optional[str], typer.Option(
         help="sendrecv or all_reduce \\[from the file names].")] = None,
     name: Annotated[str, typer.Option(help="Cluster name.")] = "imported",
@@ -1405,15 +1463,21 @@ def cluster_import(
 @command("show", parent=cluster_app)
 def cluster_show(
     cluster: Annotated[str, typer.Argument(help="Cluster preset or .toml file.")] = EXAMPLE_CLUSTER,
-    png: Annotated[Optional[Path], typer.Option(help="Write a heatmap PNG here.")] = None,
-    slowest: Annotated[int, typer.Option(help="How many slowest links to list.")] = 5,
+    png: Annotated[Optional[Path], typer.Option(
+        help="Write a heatmap PNG here (or .pdf, .svg).")] = None,
+    slowest: Annotated[int, typer.Option(
+        help="How many slowest links to list.",
+        # a negative count had sliced the list from its end (-3: all links but 3)
+        callback=_bounded("--slowest", 0, float("inf")))] = 5,
     as_json: JsonOpt = False,
 ):
     """Summary of a cluster's matrix: slowest links, outlier nodes, inferred switch groups."""
     from formats.bandwidth import summarize
     from formats.clusters import cluster as load_cluster
-    from launch.pictures import heatmap_png
+    from launch.pictures import heatmap_png, picture_format
 
+    if png is not None:
+        picture_format(png, "--png")  # before any work
     c = load_cluster(cluster)
     s = summarize(c, slowest=slowest)
     if png is not None:
@@ -1426,6 +1490,7 @@ def cluster_show(
 
 @command("synth", parent=cluster_app)
 def cluster_synth(
+    ctx: typer.Context,
     nodes: Annotated[int, typer.Option(help="Number of nodes.")] = 8,
     gpus_per_node: GpusPerNodeOpt = 8,
     gpu: GpuOpt = "A100-80GB",
@@ -1462,7 +1527,18 @@ def cluster_synth(
         from formats.topologies import cluster_with_topology
         # given beside the topology: the preset's matrix scaled to it, as import does
         c = cluster_with_topology(c, intra_topology, intra_gb_per_s)
-    _emit_cluster(c, out, as_json)
+    # options given that the generator then has no use for: said, not kept without a word
+    warnings = []
+    if degraded == 0 and _given(ctx, "degraded_factor"):
+        warnings.append(f"--degraded-factor {degraded_factor:g} has no effect: no node is "
+                        "degraded (--degraded 0)")
+    if leaf_size >= nodes and _given(ctx, "oversubscription"):
+        warnings.append(f"--oversubscription {oversubscription:g} has no effect: the "
+                        f"{nodes} nodes share one leaf switch (--leaf-size {leaf_size}), so no "
+                        "stream crosses the spine")
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+    _emit_cluster(c, out, as_json, warnings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1530,7 +1606,7 @@ def emit_cmd(
         files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
                                         gantt=gantt, placement_png=placement_png, force=force,
                                         tokenizer=tokenizer, version=framework_version)
-        warnings = [drift, *warnings] if drift else warnings
+        warnings = [*meta["read_notes"], *([drift] if drift else []), *warnings]
     except SpecError as e:
         if e.source != "plan":
             raise

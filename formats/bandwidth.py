@@ -33,6 +33,7 @@ from .clusters import cluster_from_dict
 ASYMMETRY_WARN_RATIO = 1.5  # max(m_ij, m_ji) / min(...) above this is reported
 FILL_RULES = ("symmetric", "min-row")
 NCCL_TESTS = ("sendrecv", "all_reduce")
+MPIGRAPH_TABLES = ("recv", "send", "min")
 NCCL_SUFFIXES = (".txt", ".log", ".out")
 # mpiGraph prints MB/s with MB = 2^20 bytes: MBsec = size * 1e6 / (1024 * 1024) per usec
 # (LLNL/mpiGraph, mpiGraph.c, the send/recv table printing code).
@@ -269,7 +270,7 @@ def read_mpigraph(path: str | Path, table: str = "recv") -> Measured:
     within a host (intra-node) are not used.
     """
     src = str(path)
-    if table not in ("recv", "send", "min"):
+    if table not in MPIGRAPH_TABLES:
         raise SpecError(f"unknown mpiGraph table '{table}'; use recv, send or min", source=src,
                         field="--mpigraph-table")
     lines = _read_text(path).splitlines()
@@ -618,16 +619,29 @@ def read_nccl_pairs(paths: list[Path], test: str | None = None) -> Measured:
 # Dispatch
 
 
+# the options of one reading format each (cluster import): given for another, refused
+_FORMAT_OPTIONS = (("--nccl-test", ("nccl",), NCCL_TESTS), ("--mpigraph-table", ("mpigraph",),
+                   MPIGRAPH_TABLES), ("--units", ("csv", "json"), tuple(UNIT_TO_GB_PER_S)))
+
+
 def load_measurements(sources: list[str | Path], fmt: str = "auto", *, units: str | None = None,
-                      mpigraph_table: str = "recv", nccl_test: str | None = None) -> Measured:
+                      mpigraph_table: str | None = None, nccl_test: str | None = None
+                      ) -> Measured:
     """Read one CSV / JSON / mpiGraph file, or nccl-tests pair files and directories of them.
 
     `fmt` auto: a directory or several files -> nccl; .csv -> csv; .json -> json; otherwise the
-    text decides ('START mpiGraph' -> mpigraph, an algbw/busbw header -> nccl)."""
+    text decides ('START mpiGraph' -> mpigraph, an algbw/busbw header -> nccl). `units` (CSV,
+    JSON), `mpigraph_table` (mpiGraph: recv where None) and `nccl_test` (nccl-tests) given for
+    another format, or with a value not known, are refused (they had been ignored)."""
     paths = [Path(s) for s in sources]
     if fmt not in ("auto", *_FORMATS):
         raise SpecError(f"unknown format '{fmt}'; use auto, {', '.join(_FORMATS)}",
                         source="options", field="--format")
+    given = {"--nccl-test": nccl_test, "--mpigraph-table": mpigraph_table, "--units": units}
+    for flag, _fmts, known in _FORMAT_OPTIONS:
+        if known and given[flag] is not None and given[flag] not in known:
+            raise SpecError(f"unknown value {given[flag]!r}; use {', '.join(known)}",
+                            source="options", field=flag)
     if not paths:
         raise SpecError("give at least one file or directory", source="options",
                         field="SOURCES")
@@ -636,6 +650,12 @@ def load_measurements(sources: list[str | Path], fmt: str = "auto", *, units: st
             raise SpecError("file not found", source=str(p))
     if fmt == "auto":
         fmt = _detect(paths)
+    for flag, fmts, _known in _FORMAT_OPTIONS:
+        if given[flag] is not None and fmt not in fmts:
+            said = {"nccl": "nccl-tests", "mpigraph": "mpiGraph", "csv": "CSV", "json": "JSON"}
+            raise SpecError(f"applies to {' and '.join(said[f] for f in fmts)} files; "
+                            f"{', '.join(map(str, paths))[:80]} is read as {said[fmt]}: drop "
+                            "it", source="options", field=flag)
     if fmt == "nccl":
         files: list[Path] = []
         skipped: list[str] = []
@@ -666,14 +686,20 @@ def load_measurements(sources: list[str | Path], fmt: str = "auto", *, units: st
         return read_csv(p, units)
     if fmt == "json":
         return read_json(p, units)
-    return read_mpigraph(p, mpigraph_table)
+    return read_mpigraph(p, mpigraph_table or "recv")
 
 
 _FORMATS = ("nccl", "mpigraph", "csv", "json")
 
 
 def _detect(paths: list[Path]) -> str:
-    if len(paths) > 1 or paths[0].is_dir():
+    if len(paths) > 1:
+        matrices = [p for p in paths if p.suffix.lower() in (".csv", ".json")]
+        if matrices:  # several files are nccl-tests pairs; a matrix had been read as one
+            raise SpecError(f"a CSV/JSON matrix is read one file at a time ({len(paths)} "
+                            "sources given): import each apart", source=str(matrices[0]))
+        return "nccl"
+    if paths[0].is_dir():
         return "nccl"
     p = paths[0]
     if p.suffix.lower() == ".csv":

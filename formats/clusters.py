@@ -271,8 +271,10 @@ def synth_cluster(p: SynthParams) -> ClusterSpec:
     for f in ("intra_gb_per_s", "nic_gb_per_s", "oversubscription", "degraded_factor",
               "noise", "latency_us", "intra_latency_us"):
         _number(getattr(p, f), src, f, "a finite number")
-    if not (0 < p.nic_gb_per_s and 0 < p.intra_gb_per_s):
-        raise SpecError("link rates must be positive GB/s", source=src, field="nic_gb_per_s")
+    for f in ("nic_gb_per_s", "intra_gb_per_s"):  # each named (intra's had been nic's)
+        if not getattr(p, f) > 0:
+            raise SpecError(f"link rates must be positive GB/s, got {getattr(p, f):g}",
+                            source=src, field=f)
     if p.leaf_size < 1:
         raise SpecError("leaf_size must be >= 1", source=src, field="leaf_size")
     if p.oversubscription < 1:
@@ -328,6 +330,15 @@ def cluster(name_or_path: str) -> ClusterSpec:
         return load_cluster(p)
     known = sorted(q.stem for q in presets.data_path("clusters").glob("*.toml"))
     if name_or_path not in known:
+        try:  # a path that exists is said to be what it is, not an unknown preset name
+            what = ("is a folder" if p.is_dir() else "is not a .toml file" if p.exists()
+                    else None)
+        except OSError:  # not a path this system can look up (a name too long, say)
+            what = None
+        if what:
+            raise SpecError(f"{p} {what}; give a cluster .toml file (cluster import or "
+                            f"synth writes one) or a preset: {', '.join(known)}",
+                            field="cluster")
         raise SpecError(f"unknown cluster '{name_or_path}'; known presets: {', '.join(known)} "
                         "(or give a .toml file)", field="cluster")
     return load_cluster(presets.data_path("clusters", f"{name_or_path}.toml"))

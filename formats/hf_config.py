@@ -5,6 +5,7 @@ dense layers) as model specs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from model.cluster import check_name
@@ -98,10 +99,12 @@ def load_hf_config(path: Path) -> ModelSpec:
         raise SpecError(f"unsupported model_type {mtype!r}; supported: {', '.join(_GATED)}",
                         source=src, field="model_type")
     vals: dict = {}
+    key_of = _file_keys(cfg, mtype)  # our field -> the file's key, for the messages
     for ours, keys in _HF_KEYS.items():
         for k in keys:
             if cfg.get(k) is not None:
                 vals[ours] = cfg[k]
+                key_of[ours] = k
                 break
     if "num_kv_heads" not in vals and "num_heads" in vals:
         vals["num_kv_heads"] = vals["num_heads"]  # no GQA key: multi-head attention
@@ -122,20 +125,83 @@ def load_hf_config(path: Path) -> ModelSpec:
     if hd is not None and isinstance(vals["num_heads"], int) and \
             hd * vals["num_heads"] != vals["hidden_size"] and "kv_channels" not in vals:
         vals["kv_channels"] = hd
+        key_of["kv_channels"] = "head_dim"
     if pos == "rope":  # rotary base and rotated fraction (GPT-NeoX: rotary_emb_base, rotary_pct)
         for ours, keys in (("rope_base", ("rope_theta", "rotary_emb_base")),
                            ("rotary_percent", ("partial_rotary_factor", "rotary_pct"))):
-            got = next((_typed(cfg, k, float, src) for k in keys if cfg.get(k) is not None),
-                       None)
-            if got is not None:
-                vals[ours] = got
+            k = next((k for k in keys if cfg.get(k) is not None), None)
+            if k is not None:
+                vals[ours] = _typed(cfg, k, float, src)
+                key_of[ours] = k
     # Qwen3's attention normalizes q and k per head (transformers' Qwen3MoeAttention q_norm,
     # k_norm); the other families here do not
-    return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=tied,
-                     position_embedding=pos, norm=norm, bias=bias,
-                     qk_norm=mtype == "qwen3_moe",
-                     dropout=_dropout(cfg, mtype, src), source=src,
-                     unmodelled=unmodelled(cfg, mtype in _MOE_KEYS), **vals)
+    if isinstance(cfg.get("rope_scaling"), str):  # transformers' form is an object
+        raise SpecError(f"is the string {json.dumps(cfg['rope_scaling'])[:40]}; transformers "
+                        "reads an object such as {\"rope_type\": \"linear\", \"factor\": 2.0}: "
+                        "write it so", source=src, field="rope_scaling")
+    try:
+        return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=tied,
+                         position_embedding=pos, norm=norm, bias=bias,
+                         qk_norm=mtype == "qwen3_moe",
+                         dropout=_dropout(cfg, mtype, src), source=src,
+                         unmodelled=unmodelled(cfg, mtype in _MOE_KEYS) + _ignored(cfg, mtype,
+                                                                                   bias),
+                         **vals)
+    except SpecError as e:
+        # the file's own keys, not our fields ('first_dense_layers' for first_k_dense_replace)
+        problem = e.problem
+        for ours, theirs in sorted(key_of.items(), key=lambda x: -len(x[0])):
+            problem = re.sub(rf"\b{ours}\b", theirs, problem)
+        raise SpecError(problem, source=src, field=key_of.get(e.field, e.field)) from None
+
+
+def _file_keys(cfg: dict, mtype: str) -> dict:
+    """Our ModelSpec field -> the config.json key it is read from, beyond _HF_KEYS (found as
+    they are read): the experts' (_MOE_KEYS), DeepSeek's (_deepseek_fields), the name's."""
+    out = {"name": "_name_or_path", "tied_embeddings": "tie_word_embeddings"}
+    if mtype in _MOE_KEYS:
+        ek, kk, fk = _MOE_KEYS[mtype]
+        out.update(num_experts=ek, moe_topk=kk, moe_shared_experts=(
+            "n_shared_experts" if mtype.startswith("deepseek")
+            else "shared_expert_intermediate_size"))
+        if fk:
+            out["moe_ffn_hidden_size"] = fk
+    if mtype.startswith("deepseek"):
+        out.update(first_dense_layers="first_k_dense_replace", kv_channels="qk_nope_head_dim",
+                   mla_kv_lora_rank="kv_lora_rank", mla_q_lora_rank="q_lora_rank",
+                   mla_qk_rope_dim="qk_rope_head_dim", mla_v_head_dim="v_head_dim")
+    return out
+
+
+# keys a family's transformers configuration ignores, or that change layers priced otherwise:
+# said, not dropped. LlamaConfig/MistralConfig build a dense model (LlamaMLP) whatever expert
+# keys the file carries; MixtralConfig sizes its experts by intermediate_size (no
+# moe_intermediate_size); LlamaConfig's attention_bias / mlp_bias put biases on the attention
+# or MLP projections (modeling_llama.py), which a bias-free family is priced without
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+                "moe_intermediate_size")
+
+
+def _ignored(cfg: dict, mtype: str, bias: bool) -> tuple[str, ...]:
+    out = []
+    if mtype not in _MOE_KEYS:
+        for k in _EXPERT_KEYS:
+            if cfg.get(k) is not None and cfg[k] != 0:
+                out.append(f"{k} {json.dumps(cfg[k])}: model_type {mtype} builds a dense model "
+                           "(transformers ignores expert keys there); priced and emitted as "
+                           "dense: use the mixture-of-experts model_type (mixtral, qwen2_moe, "
+                           "...) for experts")
+    if mtype == "mixtral" and cfg.get("moe_intermediate_size") is not None:
+        out.append(f"moe_intermediate_size {json.dumps(cfg['moe_intermediate_size'])}: "
+                   "Mixtral's experts are intermediate_size wide (MixtralConfig has no such "
+                   f"key); priced with intermediate_size {cfg.get('intermediate_size')}")
+    if not bias:
+        for k in ("attention_bias", "mlp_bias"):
+            if cfg.get(k) is True:
+                what = {"attention_bias": "attention", "mlp_bias": "MLP"}[k]
+                out.append(f"{k} true: biases on the {what} projections; priced and emitted "
+                           "as bias-free")
+    return tuple(out)
 
 
 # Settings that change the model or its training but neither the cost model nor the emitters

@@ -71,8 +71,10 @@ _NUM = r"([0-9][0-9,]*\.?[0-9]*(?:[eE][-+]?\d+)?)"
 
 # megatron/training/training.py (training_log): ' iteration {:8d}/{:8d} |' ... ' elapsed time
 # per iteration (ms): {:.1f} |'
+# The time as '{:.1f}' prints any float: a nan or a negative one is read, then refused as a 0
+# is (read_log), not passed over as a line that is no reading (they had been, without a word)
 _MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration "
-                            r"\(ms\):\s*" + _NUM)
+                            r"\(ms\):\s*(-?(?:nan|inf)|-?[0-9][0-9,]*\.?[0-9]*(?:[eE][-+]?\d+)?)")
 # megatron/training/utils/common_utils.py (report_memory): '[Rank {}] {} memory (MB) |
 # allocated: .. | max allocated: .. | reserved: .. | max reserved: ..'
 _MEGATRON_MEM = re.compile(r"\[Rank (\d+)\].*?memory \(MB\)\s*\|\s*allocated:\s*" + _NUM
@@ -556,7 +558,7 @@ def read_log(path) -> LogReading:
         if step not in first and len(first) < WARMUP_READINGS:
             first.append(step)
         if step not in first:
-            if not (math.isfinite(v) and v > 0):  # 0 ms or 0 tokens/s: no measurement
+            if not (math.isfinite(v) and v > 0):  # 0, nan or -5 ms, 0 tokens/s: none
                 raise SpecError(f"step {step} reads {v:g} {unit}; a timing reading must be "
                                 "positive: give the log as the framework printed it",
                                 source=src, field="log")

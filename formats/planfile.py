@@ -185,27 +185,46 @@ _GPU_KEYS = ("peak_tflops", "sm_count", *_GPU_FLOATS, "source", "curve_source",
 _SHAPE_KEYS = tuple(f.name for f in fields(Shape))
 
 
-def _read_model(rd: FieldReader, d: dict) -> ModelSpec:
+def _later(rd: FieldReader, d: dict, key: str, where: str, kind, default, ver: int,
+           notes: list, nullable: bool = False, since: int | None = 3):
+    """A field that changes the estimate and that every file of schema `since` and later holds
+    (None: none need hold it, files of that schema written before it existed lack it): missing
+    from such a file, refused; missing from an older one, its default, listed in `notes` (a
+    schema 3 file without options.overheads, job.fused_loss or cluster.intra_latency_us had
+    been read with their defaults without a word)."""
+    if key in d:
+        return rd.get(d, key, where, kind, nullable=nullable)
+    fld = f"{where}.{key}" if where else key
+    if since is not None and ver >= since:
+        raise rd.err(fld, f"missing; schema {ver} writes it: add it or save the plan again")
+    notes.append(f"{fld} {json.dumps(default)}")
+    return default
+
+
+def _read_model(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
+                notes: list | None = None) -> ModelSpec:
     w = "model"
+    notes = [] if notes is None else notes
     rd.known(d, w, _MODEL_FIELDS)
     kw = {"name": rd.get(d, "name", w, str)}
     for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
               "vocab_size", "seq_length"):
         kw[f] = rd.get(d, f, w, int)
-    kw["gated_mlp"] = rd.get(d, "gated_mlp", w, bool, False)
-    kw["tied_embeddings"] = rd.get(d, "tied_embeddings", w, bool, False)
+    kw["gated_mlp"] = _later(rd, d, "gated_mlp", w, bool, False, ver, notes)
+    kw["tied_embeddings"] = _later(rd, d, "tied_embeddings", w, bool, False, ver, notes)
     kw["position_embedding"] = rd.get(d, "position_embedding", w, str)
     kw["norm"] = rd.get(d, "norm", w, str)
     kw["bias"] = rd.get(d, "bias", w, bool)
     kw["dropout"] = rd.get(d, "dropout", w, bool)
     kw["embedding_norm"] = rd.get(d, "embedding_norm", w, bool)
-    kw["qk_norm"] = rd.get(d, "qk_norm", w, bool, False)
+    # written since 2026-12-06, after schema 3 began: an earlier schema 3 file lacks it
+    kw["qk_norm"] = _later(rd, d, "qk_norm", w, bool, False, ver, notes, since=None)
     for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
               "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
               "mla_qk_rope_dim", "mla_v_head_dim"):
-        kw[f] = rd.get(d, f, w, int, 0)
-    kw["rope_base"] = rd.get(d, "rope_base", w, float, 0.0)
-    kw["rotary_percent"] = rd.get(d, "rotary_percent", w, float, 1.0)
+        kw[f] = _later(rd, d, f, w, int, 0, ver, notes)
+    kw["rope_base"] = _later(rd, d, "rope_base", w, float, 0.0, ver, notes)
+    kw["rotary_percent"] = _later(rd, d, "rotary_percent", w, float, 1.0, ver, notes)
     kw["source"] = rd.get(d, "source", w, str, "")
     kw["unmodelled"] = tuple(rd.get(d, "unmodelled", w, list, []))
     try:
@@ -214,9 +233,14 @@ def _read_model(rd: FieldReader, d: dict) -> ModelSpec:
         raise rd.wrap(e, w) from None
 
 
-def _read_job(rd: FieldReader, d: dict) -> JobSpec:
+def _read_job(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
+              notes: list | None = None) -> JobSpec:
     w = "job"
+    notes = [] if notes is None else notes
     rd.known(d, w, _JOB_KEYS)
+
+    def later(key: str, kind, default, nullable: bool = False):
+        return _later(rd, d, key, w, kind, default, ver, notes, nullable=nullable)
     try:
         return JobSpec(global_batch=rd.get(d, "global_batch", w, int),
                        seq_length=rd.get(d, "seq_length", w, int),
@@ -224,39 +248,53 @@ def _read_job(rd: FieldReader, d: dict) -> JobSpec:
                        fp8=rd.get(d, "fp8", w, bool, nullable=True),
                        attention=rd.get(d, "attention", w, str),
                        framework=rd.get(d, "framework", w, str),
-                       zero=rd.get(d, "zero", w, int, None, nullable=True),
-                       distributed_optimizer=rd.get(d, "distributed_optimizer", w, bool, None,
-                                                    nullable=True),
-                       grad_reduce_in_bf16=rd.get(d, "grad_reduce_in_bf16", w, bool, False),
-                       fp8_param_gather=rd.get(d, "fp8_param_gather", w, bool, False),
-                       fp8_recipe=rd.get(d, "fp8_recipe", w, str, "delayed"),
-                       moe_capacity_factor=rd.get(d, "moe_capacity_factor", w, float, 1.0),
-                       compile=rd.get(d, "compile", w, bool, True),
-                       compile_loss=rd.get(d, "compile_loss", w, bool, None, nullable=True),
-                       repeat_kv=rd.get(d, "repeat_kv", w, bool, False),
-                       fused_loss=rd.get(d, "fused_loss", w, bool, False),
+                       zero=later("zero", int, None, nullable=True),
+                       distributed_optimizer=later("distributed_optimizer", bool, None,
+                                                   nullable=True),
+                       grad_reduce_in_bf16=later("grad_reduce_in_bf16", bool, False),
+                       fp8_param_gather=later("fp8_param_gather", bool, False),
+                       fp8_recipe=later("fp8_recipe", str, "delayed"),
+                       moe_capacity_factor=later("moe_capacity_factor", float, 1.0),
+                       compile=later("compile", bool, True),
+                       compile_loss=later("compile_loss", bool, None, nullable=True),
+                       repeat_kv=later("repeat_kv", bool, False),
+                       fused_loss=later("fused_loss", bool, False),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None
 
 
-def _read_options(rd: FieldReader, d: dict | None) -> Options:
-    if d is None:
-        return Options()
+def _read_options(rd: FieldReader, d: dict | None, ver: int = SCHEMA_VERSION,
+                  notes: list | None = None) -> Options:
+    notes = [] if notes is None else notes
     w = "options"
+    if d is None:
+        if ver >= 3:
+            raise rd.err(w, f"missing; schema {ver} writes it: add it or save the plan again")
+        notes.append(f"{w} (blocking pipeline transfers, the default overheads)")
+        return Options()
     rd.known(d, w, ("blocking_p2p", "overheads"))
-    oh = rd.obj(d, "overheads", w, optional=True) or {}
+    oh = rd.obj(d, "overheads", w, optional=True)
+    if oh is None:
+        if ver >= 3:
+            raise rd.err(f"{w}.overheads", f"missing; schema {ver} writes it: add it or save "
+                         "the plan again")
+        notes.append(f"{w}.overheads (the defaults)")
+        oh = {f.name: f.default for f in fields(Overheads)}
     rd.known(oh, f"{w}.overheads", tuple(f.name for f in fields(Overheads)))
     try:
-        ov = Overheads(**{f.name: rd.get(oh, f.name, f"{w}.overheads", float, f.default)
-                          for f in fields(Overheads)})
+        ov = Overheads(**{f.name: _later(rd, oh, f.name, f"{w}.overheads", float, f.default,
+                                         ver, notes) for f in fields(Overheads)})
     except SpecError as e:
         raise rd.wrap(e, f"{w}.overheads") from None
-    return Options(blocking_p2p=rd.get(d, "blocking_p2p", w, bool, True), overheads=ov)
+    return Options(blocking_p2p=_later(rd, d, "blocking_p2p", w, bool, True, ver, notes),
+                   overheads=ov)
 
 
-def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
+def _read_cluster(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
+                  notes: list | None = None) -> ClusterSpec:
     w = "cluster"
+    notes = [] if notes is None else notes
     rd.known(d, w, ("name", "latency_us", "intra_latency_us", "gpu_types", "nodes", "inter"))
     types_raw = rd.obj(d, "gpu_types", w)
     gpus: dict[str, GPUSpec] = {}
@@ -274,8 +312,9 @@ def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
                                  **{f: rd.get(g, f, gw, float) for f in _GPU_FLOATS},
                                  source=rd.get(g, "source", gw, str, ""),
                                  curve_source=rd.get(g, "curve_source", gw, str, ""),
-                                 fp8_gemm_efficiency=rd.get(g, "fp8_gemm_efficiency", gw, float,
-                                                            None, nullable=True))
+                                 fp8_gemm_efficiency=_later(rd, g, "fp8_gemm_efficiency",
+                                                            gw, float, None, ver, notes,
+                                                            nullable=True))
         except SpecError as e:
             raise rd.wrap(e, gw) from None
     nodes_raw = rd.get(d, "nodes", w, list)
@@ -309,9 +348,10 @@ def _read_cluster(rd: FieldReader, d: dict) -> ClusterSpec:
     try:
         return ClusterSpec(name=rd.get(d, "name", w, str, "cluster"), nodes=tuple(nodes),
                            inter_gb_per_s=mat,
-                           latency_us=rd.get(d, "latency_us", w, float, 5.0), source=rd.src,
-                           intra_latency_us=rd.get(d, "intra_latency_us", w, float,
-                                                   INTRA_LATENCY_US))
+                           latency_us=_later(rd, d, "latency_us", w, float, 5.0, ver, notes),
+                           source=rd.src,
+                           intra_latency_us=_later(rd, d, "intra_latency_us", w, float,
+                                                   INTRA_LATENCY_US, ver, notes))
     except SpecError as e:
         raise rd.wrap(e, w) from None
 
@@ -332,8 +372,11 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
         if key not in later and key not in sd:
             raise rd.err(f"{sw}.{key}", f"missing; schema 3 writes every shape field: add it "
                          f"({json.dumps(none)} for a plan without it) or save the plan again")
-    if sd.get("distributed_optimizer") is not None and isinstance(sd.get("zero"), int) and \
-            sd["distributed_optimizer"] is not (sd["zero"] >= 1):
+    # (a stage outside 0-3 is Shape's range error, not this contradiction: zero 5 had been
+    # 'distributed_optimizer: False beside zero 5')
+    zero = sd.get("zero")
+    if sd.get("distributed_optimizer") is not None and zero in (0, 1, 2, 3) and \
+            not isinstance(zero, bool) and sd["distributed_optimizer"] is not (zero >= 1):
         raise rd.err(f"{sw}.distributed_optimizer", f"{sd['distributed_optimizer']} beside zero "
                      f"{sd['zero']}: the distributed optimizer is ZeRO-1 and above; make them "
                      "agree")
@@ -412,6 +455,15 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
     return Plan(shape, pl)
 
 
+def _is_toml(text: str) -> bool:
+    """Whether `text` is a TOML document with at least one key (not JSON damaged)."""
+    import tomllib
+    try:
+        return bool(tomllib.loads(text))
+    except tomllib.TOMLDecodeError:
+        return False
+
+
 def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dict]:
     """Read and validate a plan file. Returns (model, job, cluster, plan, options, meta); meta
     holds the stored "estimate", "solver", "schema_version" and "generator" as written."""
@@ -422,6 +474,9 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
+        if _is_toml(text):  # a cluster file or a job config given for the plan
+            raise SpecError("is a TOML file, not a plan file: give the plan file (the JSON "
+                            "that --save-plan or solve writes)", source=src) from None
         raise SpecError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
                         "the file is damaged, re-create it", source=src) from None
     except RecursionError:
@@ -439,10 +494,15 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
                      f"pipette-configurator reads plan files of schema_version "
                      f"{' or '.join(map(str, READS))}; re-create the plan with this version")
     rd.known(doc, "", _TOP_KEYS)
-    model = _read_model(rd, rd.obj(doc, "model", ""))
-    job = _read_job(rd, rd.obj(doc, "job", ""))
-    options = _read_options(rd, rd.obj(doc, "options", "", optional=True))
-    cluster = _read_cluster(rd, rd.obj(doc, "cluster", ""))
+    notes: list[str] = []  # fields an older file lacks, read as their defaults
+    model = _read_model(rd, rd.obj(doc, "model", ""), ver, notes)
+    job = _read_job(rd, rd.obj(doc, "job", ""), ver, notes)
+    if job.moe_capacity_factor != 1.0 and not model.is_moe:  # as the commands refuse it
+        raise rd.err("job.moe_capacity_factor", f"{job.moe_capacity_factor:g} on {model.name}, "
+                     "which is dense (no experts): a capacity factor does not apply; set it to "
+                     "1.0")
+    options = _read_options(rd, rd.obj(doc, "options", "", optional=True), ver, notes)
+    cluster = _read_cluster(rd, rd.obj(doc, "cluster", ""), ver, notes)
     for nd in cluster.nodes:
         if job.precision not in nd.gpu.peak_tflops:
             raise rd.err(f"cluster.gpu_types.{nd.gpu.name}.peak_tflops",
@@ -454,7 +514,11 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     calibration = rd.obj(doc, "calibration", "", optional=True)
     meta = {"schema_version": ver, "generator": doc.get("generator"), "estimate": estimate,
             "solver": solver, "calibration": calibration,
-            "calibrated_cluster": ver == 2 and calibration is not None}
+            "calibrated_cluster": ver == 2 and calibration is not None,
+            # said by the commands that read the file (estimate --plan, emit)
+            "read_notes": [f"{src} lacks {', '.join(dict.fromkeys(notes))} (written before "
+                           "they were recorded): read as these defaults; save the plan again "
+                           "to record its own"] if notes else []}
     return model, job, cluster, plan, options, meta
 
 
@@ -473,6 +537,10 @@ def recorded_estimate_drift(meta: dict, est, src: str) -> str | None:
     if not said:
         return None
     by = meta.get("generator") or "an earlier version"
+    if by == GENERATOR:  # this very version: the model did not change, the file's numbers did
+        return (f"{src} records {' and '.join(said)}, written by this version ({by}): the "
+                "recorded estimate was edited, or computed with other inputs than the file "
+                "holds; estimate the plan again to record this one")
     return (f"{src} records {' and '.join(said)}, written by {by}: the cost model has "
             "changed since; re-solve to plan with this version's")
 

@@ -56,21 +56,36 @@ def gpu(name: str) -> GPUSpec:
                                 for k, v in d.items()})
 
 
+def _is_file(p: Path) -> bool:
+    """Whether `p` names an existing file (False for a name no path lookup takes)."""
+    try:
+        return p.is_file()
+    except OSError:
+        return False
+
+
 def model(name_or_path: str) -> ModelSpec:
     """A model preset by name, or a Hugging Face `config.json` (or a folder holding one)."""
     p = Path(name_or_path)
+    folder = False
     try:
         if p.is_dir():
-            p = p / "config.json"
+            folder, p = True, p / "config.json"
         found = p.suffix == ".json" and p.exists()
     except OSError:  # not a path this system can look up (a name too long, say): a name
         found = False
     if found:
         return load_hf_config(p)
+    if folder:
+        raise SpecError(f"{p.parent} is a folder without a config.json; give a Hugging Face "
+                        "config.json (or its folder) or a preset name", field="model")
     if p.suffix == ".json":
         raise SpecError(f"file not found: {p}", field="model")
     key = _canon(name_or_path, model_names())
     if key is None:
+        if _is_file(p):  # a file that is not JSON had been called an unknown model name
+            raise SpecError(f"{p} is not a .json file; give a Hugging Face config.json or a "
+                            "preset name", field="model")
         raise _unknown("model", name_or_path, model_names(), "model")
     d = dict(_load("models.json")[key])
     # the preset's Hugging Face settings the cost model does not cover (hf_config.unmodelled)

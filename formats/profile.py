@@ -107,7 +107,8 @@ def profile_from_dict(d, src: str) -> Profile:
                         "`python cli.py calibrate`", source=src, field="kind")
     if type(d.get("schema_version")) is not int or d["schema_version"] != SCHEMA_VERSION:
         raise SpecError(f"schema_version {d.get('schema_version')!r}; this version reads "
-                        f"{SCHEMA_VERSION}", source=src, field="schema_version")
+                        f"{SCHEMA_VERSION}: re-run `calibrate` with this version on the runs' "
+                        "logs to write the profile again", source=src, field="schema_version")
     unknown_keys(d, _KEYS, src)
     if not isinstance(d.get("planning", True), bool):
         raise SpecError(f"must be true or false, got {str(json.dumps(d['planning']))[:40]}",
@@ -155,6 +156,16 @@ def profile_from_dict(d, src: str) -> Profile:
                         "run)", source=src, field="runs")
     for k, x in enumerate(runs):
         unknown_keys(x, _RUN_KEYS, src, f"runs[{k}]")
+        # seconds the fit measured and predicted (a -1 had been read, and printed as a run)
+        for key in ("measured_s", "before_s", "after_s"):
+            if finite_number(x.get(key), src, f"runs[{k}].{key}",
+                             "an iteration time in seconds, above 0") <= 0:
+                raise SpecError(f"must be an iteration time in seconds, above 0, got {x[key]}",
+                                source=src, field=f"runs[{k}].{key}")
+        if x.get("memory_gib") is not None and finite_number(
+                x["memory_gib"], src, f"runs[{k}].memory_gib", "GiB above 0, or null") <= 0:
+            raise SpecError(f"must be GiB above 0, or null, got {x['memory_gib']}", source=src,
+                            field=f"runs[{k}].memory_gib")
     kernels = d.get("kernels") or []
     if not isinstance(kernels, list) or not all(isinstance(x, dict) for x in kernels):
         raise SpecError("must be the list of kernels the probe timed (one object per kernel)",

@@ -51,7 +51,9 @@ def read_text(path: str | Path, field: str | None = None, what: str = "the file"
     except OSError as e:
         raise SpecError(f"cannot read {what} ({e.strerror})", source=src, field=field) from None
     try:
-        return data.decode("utf-8", errors=errors)
+        # utf-8-sig: a byte-order mark, which some editors save, is read past (JSON and TOML
+        # parsers refuse it: a plan file with one had been called damaged)
+        return data.decode("utf-8-sig", errors=errors)
     except UnicodeDecodeError as e:
         raise SpecError(f"is not UTF-8 text (byte {e.start}); save it as UTF-8", source=src,
                         field=field) from None

@@ -227,6 +227,26 @@ def memory_stages(reading: LogReading, plan, cluster):
     return None if len(stages) == plan.shape.pp else stages
 
 
+def _version_against_plan(reading: LogReading, job, version: str, plan_file) -> None:
+    """--framework-version beside --plan: the plan fixes the release it was priced for
+    (torchtitan's 0.1 repeats K and V: JobSpec.repeat_kv, as cli.py's _inputs sets it), so a
+    release of another framework than the log's, or another than the plan's, is refused (it
+    had been ignored)."""
+    if reading.framework != "torchtitan":
+        raise SpecError(f"--framework-version {version} is torchtitan's release; this is a "
+                        f"{reading.framework} log, whose plan file {plan_file} fixes the run: "
+                        "drop it", source=reading.path, field="--framework-version")
+    if version not in TORCHTITAN_VERSIONS:
+        raise SpecError(f"torchtitan's releases are {', '.join(TORCHTITAN_VERSIONS)}, not "
+                        f"{version!r}", source="options", field="--framework-version")
+    priced = "0.1" if job.repeat_kv else TORCHTITAN_VERSIONS[0]
+    if version != priced:
+        raise SpecError(f"--framework-version {version}, but the plan file {plan_file} was "
+                        f"priced for torchtitan {priced}: drop it, or estimate the plan with "
+                        f"--framework-version {version} and --save-plan it again",
+                        source=reading.path, field="--framework-version")
+
+
 def calibration_runs(logs: list, plans: list | None = None, clusters: list | None = None,
                      hostfiles: list | None = None, save_plans: Path | None = None,
                      run_configs: list | None = None, version: str | None = None):
@@ -234,10 +254,11 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
     the plan read from it or None). `plans` (plan files) or `clusters` (with optional
     `hostfiles`, torchtitan `run_configs` and `version`, and `save_plans`, a folder for the
     plans read), each once per log or once for all."""
-    if bool(plans) == bool(clusters):
+    if bool(plans) == bool(clusters):  # neither had been told 'not both' too
         raise SpecError("give --plan (the plan file each log ran), or --cluster to read each "
-                        "Megatron-LM log's plan from the arguments it printed; not both",
-                        source="options", field="--plan" if plans else "--cluster")
+                        "log's plan from the settings it printed" + ("; not both" if plans else
+                                                                     ": neither was given"),
+                        source="options", field="--plan" if plans else "--plan/--cluster")
     if (hostfiles or save_plans or run_configs) and not clusters:
         flag = "--hostfile" if hostfiles else "--save-plans" if save_plans else "--run-config"
         raise SpecError(f"{flag} goes with --cluster (the plans are read from the logs then)",
@@ -264,6 +285,8 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         settings = None
         if plan_file:
             m, job, c, pl, opts, meta = load_plan(plan_file)
+            if version is not None:
+                _version_against_plan(reading, job, version, plan_file)
             if meta["calibrated_cluster"]:
                 raise SpecError("this plan file (schema 2) holds a cluster already scaled by "
                                 "a calibration profile; a fit on it would scale twice: "

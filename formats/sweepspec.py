@@ -4,6 +4,7 @@ README."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.errors import SpecError
+from model.specs import JobSpec
+
 from .reading import read_text, unknown_keys
 
 METHODS = ("exact", "anneal", "megatron", "amp-style")
@@ -140,6 +143,15 @@ def load_spec(path) -> tuple[str, list[Task]]:
     if not jobs:
         raise SpecError("give at least one [[jobs]] (global_batch, seq_length)", source=src,
                         field="jobs")
+    # each job's fields are JobSpec's, named here by the spec's own keys (a misspelt or
+    # missing one had been JobSpec.__init__()'s TypeError: "got an unexpected keyword")
+    job_keys = [f.name for f in dataclasses.fields(JobSpec) if f.name != "source"]
+    for k, j in enumerate(jobs):
+        unknown_keys(j, job_keys, src, f"jobs[{k}]")
+        for f in dataclasses.fields(JobSpec):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING \
+                    and f.name not in j:
+                raise SpecError("missing", source=src, field=f"jobs[{k}].{f.name}")
     clusters: list[dict] = []
     for k, c in enumerate(_tables(spec, "clusters", src)):
         fld = f"clusters[{k}]"
@@ -157,6 +169,10 @@ def load_spec(path) -> tuple[str, list[Task]]:
                 raise SpecError("must be a path", source=src, field=f"{fld}.file")
             clusters.append({"file": str((Path(path).parent / c["file"]).resolve())})
         elif "synth" in c:
+            from .clusters import SynthParams
+            if isinstance(c["synth"], dict):  # as a job's fields (above)
+                unknown_keys(c["synth"], [f.name for f in dataclasses.fields(SynthParams)],
+                             src, f"{fld}.synth")
             clusters += [{"synth": g} for g in _grid(c["synth"], src, f"{fld}.synth")]
         else:
             raise SpecError("a [[clusters]] entry needs preset, file or synth", source=src,

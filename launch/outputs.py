@@ -16,7 +16,24 @@ from model.errors import SpecError
 from model.estimator import Evaluator
 
 from . import pictures
-from .emit import launch_set
+from .emit import check_framework, launch_set, tagged
+
+# where --tokenizer goes nowhere: the files launch.emit writes for these frameworks have no
+# tokenizer key (it writes megatron_args.txt's --tokenizer-model and NeMo's model.tokenizer)
+NO_TOKENIZER_KEY = {
+    "torchtitan": "torchtitan.toml has no tokenizer key: set the tokenizer assets of its "
+                  "[model] section to it yourself",
+    "deepspeed": "ds_config.json has no tokenizer key (DeepSpeed's config holds none): give it "
+                 "to train.py's own arguments yourself"}
+
+
+def _tokenizer_unused(framework: str, tokenizer: str | None) -> str | None:
+    """The warning for a --tokenizer the framework's emitted files cannot carry, or None."""
+    fw = check_framework(framework)
+    if tokenizer is None or fw not in NO_TOKENIZER_KEY:
+        return None
+    return tagged(fw, "model", f"--tokenizer {tokenizer!r} is not written: "
+                  + NO_TOKENIZER_KEY[fw])
 
 
 def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
@@ -60,6 +77,8 @@ def check_outputs(*, save_plan: Path | None = None, emit: str | None = None,
                         (placement_png, "--placement-png")):
         if path is not None:
             check_target(Path(path), field)
+            if field != "--save-plan":
+                pictures.picture_format(path, field)
     if emit is not None:
         check_set(Path(out or f"launch-{emit.lower()}"), (), force=force)
 
@@ -81,6 +100,10 @@ def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
     if emit is not None:
         ls = launch_set(emit, m, job, c, plan, est=est, options=opts, force=force,
                         tokenizer=tokenizer, version=version)
+        unused = _tokenizer_unused(emit, tokenizer)
+        if unused:  # said, not dropped (it had been written nowhere without a word)
+            ls.warnings.insert(0, unused)
+            ls.files["warnings.txt"] = "".join(f"- {x}\n" for x in ls.warnings)
         folder = Path(out or f"launch-{emit.lower()}")
         check_set(folder, ls.files, force=force)
     files: list[Path] = []

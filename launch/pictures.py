@@ -15,6 +15,18 @@ from model.errors import SpecError
 from model.plan import Placement, Plan, slot_label
 
 SLOW_FACTOR = 0.75  # a link below this fraction of the median inter-node bandwidth is "slow"
+# the picture formats written, by file suffix (matplotlib's savefig formats; `g.pdf` had been
+# given PNG bytes under that name)
+PICTURE_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+
+
+def picture_format(path, field: str) -> str:
+    """The format a picture's file name asks for (its suffix), or one line refusing it."""
+    fmt = PICTURE_FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise SpecError(f"a picture is written as {', '.join(PICTURE_FORMATS)}; give a file "
+                        "name ending in one of them", source=str(path), field=field)
+    return fmt
 
 
 def _plt():
@@ -138,7 +150,7 @@ def _save(fig, path, field: str = "--gantt/--placement-png", dpi: int = 110) -> 
     try:
         fig.tight_layout()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi)
+        fig.savefig(buf, format=picture_format(path, field), dpi=dpi)
     finally:
         plt.close(fig)
     return write_atomic(Path(path), buf.getvalue(), field=field)

@@ -122,8 +122,11 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     each row's plan object under its row's label (None where nothing fits)."""
     from dataclasses import replace
 
+    from model.errors import InfeasibleError, PipetteError
+
     options = options or Options()
     rows = []
+    why_none: list[tuple[str, PipetteError]] = []  # user-facing reasons no plan came, by row
     for label, zero, shard in SHARDING_OPTIONS:
         if job.framework == "torchtitan" and zero == 1:  # said, not left out
             rows.append({"sharding": label, "plan": "-", "iteration_ms": None,
@@ -163,6 +166,8 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                           options=options, space=sp, progress=progress, clock=clock)
             except Exception as e:  # noqa: BLE001  (nothing fits under this sharding: say so)
                 errors.append(str(e))
+                if isinstance(e, PipetteError):
+                    why_none.append((label, e))
                 continue
             wall += r.wall_s
             if best is None or r.objective_ms < best.objective_ms:
@@ -180,5 +185,18 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      "termination": f"{best.termination} (gap {best.gap * 100:.2g}%)",
                      "solve_s": wall, **_proof(best.termination == "optimal", best.gap,
                                                best.estimate.fits)})
+    if why_none and all(r["iteration_ms"] is None for r in rows):
+        # No sharding gives a plan: say why as solve and compare without --sharding do (one
+        # line, exit 2), not in a table of 'none' rows (it had exited 0). Each row's own error
+        # speaks of its restricted space ("Not searched: ZeRO-3" under ZeRO-1): the search the
+        # user asked for gives the explanation; where it finds a plan, no sharding applies.
+        r = solve(model, job, cluster, time_limit_s=time_limit_s, seed=seed, options=options,
+                  space=space, progress=progress, clock=clock)
+        label, e = why_none[0]
+        first = getattr(e, "problem", str(e))  # a SpecError's, without its source and field
+        raise InfeasibleError(
+            f"none of the shardings compared (ZeRO-1, ZeRO-3, HSDP) gives a plan on "
+            f"{cluster.name} ({label}: {first}); the search without them finds "
+            f"{r.plan.shape.describe()}: compare without --sharding")
     # each row records what produced it, as compare_instance's rows do
     return [{**r, "clock": clock, "time_limit_s": time_limit_s, "seed": seed} for r in rows]

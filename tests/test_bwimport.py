@@ -243,6 +243,9 @@ def test_cli_show_json_and_png(tmp_path):
     assert r.exit_code == 0 and "node05" in r.output and "group 1" in r.output
     r = cli("cluster", "show", "nope")
     assert r.exit_code == 2 and "unknown cluster 'nope'" in r.output
+    # a negative count had listed all links but 3 (a Python slice from the end)
+    r = cli("cluster", "show", "--slowest", "-3")
+    assert r.exit_code == 2 and "--slowest: -3 is out of range; give 0 or more" in r.output
 
 
 def test_cli_synth_matches_generator(tmp_path):
@@ -259,6 +262,11 @@ def test_cli_synth_matches_generator(tmp_path):
     assert c.inter_gb_per_s[0, 1] in (23.0, 5.75) and c.gpus_per_node == 4
     r = cli("cluster", "synth", "--nodes", "3", "--degraded", "5")
     assert r.exit_code == 2 and "degraded must be between 0 and 3" in r.output
+    # each link rate names its own field (an intra-node rate of 0 had been blamed on the NIC)
+    for f in ("intra", "nic"):
+        r = cli("cluster", "synth", f"--{f}-gb-per-s", "0")
+        assert r.exit_code == 2 and f"synth: {f}_gb_per_s: link rates must be positive" in (
+            r.output), r.output
     r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx-h100", "--gpu",
             "H100-SXM-80GB")
     assert r.exit_code == 0 and "intra_matrix_gb_per_s" in r.output
@@ -536,3 +544,48 @@ def test_missing_pairs_error_names_a_file_whose_run_was_on_another_host(tmp_path
     assert "missing pair" in e.value.problem
     assert "(note: file name says node01/node02 but the run was on node01.cluster.local" \
         in e.value.problem
+
+
+@pytest.mark.parametrize("src,opts,says", [
+    ("matrix.csv", ["--nccl-test", "bogus"], "--nccl-test: unknown value 'bogus'; use sendrecv"),
+    ("matrix.csv", ["--mpigraph-table", "bogus"], "--mpigraph-table: unknown value 'bogus'"),
+    ("matrix.csv", ["--mpigraph-table", "send"],
+     "--mpigraph-table: applies to mpiGraph files; "),
+    ("mpigraph_3hosts.txt", ["--nccl-test", "sendrecv"],
+     "--nccl-test: applies to nccl-tests files; "),
+    ("mpigraph_3hosts.txt", ["--units", "mb_per_s"], "--units: applies to CSV and JSON files"),
+    ("nccl_pairs", ["--units", "mb_per_s"], "--units: applies to CSV and JSON files")])
+def test_import_options_of_another_format_or_unknown_are_refused(src, opts, says):
+    """--nccl-test, --mpigraph-table and --units: an unknown value, or one given for a file of
+    another format, is one line and exit 2 (they had been ignored: exit 0)."""
+    r = cli(*IMPORT, str(DATA / src), *opts)
+    assert r.exit_code == 2 and f"options: {says}" in " ".join(r.output.split()), r.output
+    for ok in (["mpigraph_3hosts.txt", "--mpigraph-table", "min"],
+               ["nccl_pairs", "--nccl-test", "sendrecv"], ["matrix.json", "--units", "mb_per_s"]):
+        r = cli(*IMPORT, str(DATA / ok[0]), *ok[1:])
+        assert r.exit_code == 0, r.output
+
+
+def test_two_matrix_files_are_read_one_at_a_time():
+    """matrix.csv matrix.json: said (one matrix per import), not 'cannot tell the nccl test
+    from the file name' (several sources had been taken for nccl-tests pair files)."""
+    r = cli(*IMPORT, str(DATA / "matrix.csv"), str(DATA / "matrix.json"))
+    line = " ".join(r.output.split())
+    assert r.exit_code == 2 and "a CSV/JSON matrix is read one file at a time" in line, line
+    assert "nccl test" not in line
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--degraded", "0", "--degraded-factor", "0.1"], "--degraded-factor 0.1 has no effect"),
+    (["--oversubscription", "8", "--leaf-size", "100", "--nodes", "4"],
+     "--oversubscription 8 has no effect: the 4 nodes share one leaf switch")])
+def test_synth_options_with_no_effect_are_warned(tmp_path, args, says):
+    """cluster synth: a degraded-NIC factor with no degraded node, or an oversubscription with
+    a single leaf, had been kept without a word; a warning says so (terminal and --json)."""
+    r = runner.invoke(app, ["cluster", "synth", *args, "-o", str(tmp_path / "s.toml")])
+    assert r.exit_code == 0 and f"warning: {says}" in " ".join(r.output.split()), r.output
+    r = runner.invoke(app, ["cluster", "synth", *args, "--json"])
+    d = json.loads(r.stdout)
+    assert any(says in w for w in d["warnings"])
+    r = runner.invoke(app, ["cluster", "synth", "-o", str(tmp_path / "t.toml")])
+    assert "warning" not in r.output

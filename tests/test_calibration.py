@@ -1479,6 +1479,11 @@ def test_no_more_runs_than_parameters(tmp_path):
      "fragmentation_spread.foo"),
     (lambda d: d.update(runs=[1, 2, "a"]), "runs"),
     (lambda d: d["runs"][0].update(extra=1), "runs[0].extra"),
+    # a run's times and memory are measurements: above 0 (a -1 had been read)
+    (lambda d: d["runs"][0].update(measured_s=-1), "runs[0].measured_s"),
+    (lambda d: d["runs"][1].update(after_s=0), "runs[1].after_s"),
+    (lambda d: d["runs"][0].pop("before_s"), "runs[0].before_s"),
+    (lambda d: d["runs"][0].update(memory_gib=-3.0), "runs[0].memory_gib"),
     (lambda d: d.update(kernels="abc"), "kernels"),
     (lambda d: d.update(device=123), "device"),
     (lambda d: d.update(residual_sd_assumed=True), "residual_sd_assumed"),  # dof given
@@ -2142,3 +2147,97 @@ def test_a_log_of_another_framework_than_its_plan_is_refused(tmp_path):
                                  "--out", str(tmp_path / "c.json")])
     assert r.exit_code == 2 and "the log is torchtitan's" in r.output, r.output
     assert "--framework torchtitan" in r.output and not (tmp_path / "c.json").exists()
+
+
+def test_calibrate_without_plan_or_cluster_asks_for_one():
+    """Neither --plan nor --cluster: the line asks for one of them (it had ended '; not both',
+    as if both were given)."""
+    r = CliRunner().invoke(app, ["calibrate", str(LOGS / "megatron.log")])
+    line = " ".join(r.output.split())
+    assert r.exit_code == 2 and "options: --plan/--cluster: give --plan" in line, line
+    assert line.endswith("neither was given") and "not both" not in line
+
+
+def test_framework_version_beside_a_plan_must_be_the_logs_and_the_plans(tmp_path):
+    """--framework-version with --plan had been ignored: refused for a Megatron-LM log
+    (torchtitan's release), and for a torchtitan log where the plan was priced for another
+    release; the plan's own release is accepted."""
+    plans = {}
+    for fw, extra in (("megatron", []), ("torchtitan", ["--framework", "torchtitan"])):
+        plans[fw] = tmp_path / f"{fw}.json"
+        r = CliRunner().invoke(app, ["estimate", "-m", "llama3-8b", "-c", "h100-8x8", "--gbs",
+                                     "64", "--seq", "8192", "--tp", "1", "--pp", "1", *extra,
+                                     "--save-plan", str(plans[fw])])
+        assert r.exit_code == 0, r.output
+    out = tmp_path / "c.json"
+    for log, plan, version, says in (
+            ("megatron.log", "megatron", "0.1", "is torchtitan's release; this is a megatron"),
+            ("torchtitan.log", "torchtitan", "0.1", "was priced for torchtitan 0.2"),
+            ("torchtitan.log", "torchtitan", "0.3", "torchtitan's releases are 0.2, 0.1")):
+        r = CliRunner().invoke(app, ["calibrate", str(LOGS / log), "--plan", str(plans[plan]),
+                                     "--framework-version", version, "--out", str(out)])
+        line = " ".join(r.output.split())
+        assert r.exit_code == 2 and "--framework-version: " in line and says in line, line
+    assert not out.exists()
+    r = CliRunner().invoke(app, ["calibrate", str(LOGS / "torchtitan.log"), "--plan",
+                                 str(plans["torchtitan"]), "--framework-version", "0.2",
+                                 "--out", str(out)])
+    assert "--framework-version" not in r.output, r.output
+
+
+@pytest.mark.parametrize("ms,says", [("nan", "reads nan s"), ("-5.0", "reads -0.005 s"),
+                                     ("0.0", "reads 0 s")])
+def test_a_nan_or_negative_iteration_time_is_refused_as_a_zero_is(tmp_path, ms, says):
+    """'elapsed time per iteration (ms): nan' or ': -5.0' had been passed over as no reading
+    (neither read nor counted), while ': 0.0' was refused: each is refused, naming its step."""
+    log = tmp_path / "bad.log"
+    _megatron_log(log, 1.0)
+    lines = log.read_text().splitlines()
+    lines[5] = lines[5].replace("1000.0 |", f"{ms} |")
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError) as e:
+        read_log(log)
+    assert e.value.field == "log" and f"step 6 {says}" in e.value.problem
+
+
+def test_a_profile_of_another_schema_says_how_to_get_one(tmp_path):
+    """A profile of another schema_version: the line says to calibrate again (it had said
+    only which version is read)."""
+    prof, _ = fit(_runs({"gemm_scale": 0.9}, 0.02, seed=3, n=4), ("gemm_scale",), "A100-80GB",
+                  fit_fragmentation=False)
+    p = tmp_path / "cal.json"
+    save_profile(p, prof)
+    doc = json.loads(p.read_text())
+    doc["schema_version"] += 1
+    p.write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as e:
+        load_profile(p)
+    assert e.value.field == "schema_version" and "re-run `calibrate`" in e.value.problem
+
+
+def test_an_underdetermined_fit_without_the_prior_is_refused(tmp_path):
+    """--no-prior with fewer runs than fitted parameters: many values fit the runs exactly, so
+    no profile is written (one had been, from 1 run for all 7 parameters); with the prior, or
+    with as many runs as parameters, the fit goes on."""
+    from model.calibration import TIME_PARAMETERS
+    from model.estimator import estimate
+    args = []
+    for k, r in enumerate(_runs({"gemm_scale": 0.9}, 0.01, seed=5, n=2)):
+        pf, lf = tmp_path / f"p{k}.json", tmp_path / f"run{k}.log"
+        save_plan(pf, r.model, r.job, r.cluster, r.plan,
+                  estimate(r.model, r.job, r.cluster, r.plan))
+        _megatron_log(lf, r.measured_s)
+        args.append((str(lf), "--plan", str(pf)))
+    out = tmp_path / "cal.json"
+    every = ",".join(TIME_PARAMETERS)
+    r = CliRunner().invoke(app, ["calibrate", *args[0], "--fit", every, "--no-prior",
+                                 "--out", str(out)])
+    line = " ".join(r.output.split())
+    n = len(TIME_PARAMETERS)
+    assert r.exit_code == 2 and (f"options: --fit: {n} parameters from 1 run without the prior "
+                                 f"is underdetermined: give at least {n}") in line, line
+    assert not out.exists()
+    two = [args[0][0], args[1][0], args[0][1], args[0][2], args[1][1], args[1][2]]
+    for extra in (["--fit", "gemm_scale,network_scale", "--no-prior"], ["--fit", every]):
+        r = CliRunner().invoke(app, ["calibrate", *two, *extra, "--out", str(out)])
+        assert r.exit_code == 0, r.output

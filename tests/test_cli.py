@@ -214,8 +214,8 @@ def test_hf_config_values_of_the_wrong_type_are_refused_not_coerced(tmp_path, ke
     p.write_text(json.dumps(cfg))
     r = run("estimate", "-m", str(p), "--tp", "8", "--pp", "1")
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    named = "num_layers" if key == "num_hidden_layers" else key
-    assert f"config.json: {named}:" in r.output, r.output
+    # the file's own key (num_hidden_layers had been named by our field, num_layers)
+    assert f"config.json: {key}:" in r.output, r.output
 
 
 def test_torchtitan_release_decides_how_kv_is_counted(tmp_path):
@@ -377,3 +377,33 @@ def test_a_tokenizer_path_with_a_space_is_refused(tmp_path):
             "/models/my tok")
     assert r.exit_code == 2 and "--tokenizer" in r.output and "has a space" in r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "e").exists()
+
+
+def test_a_path_given_for_a_cluster_or_model_is_said_to_be_what_it_is(tmp_path):
+    """A folder, a .txt or an extension-less file given to --cluster / --model: said what is
+    wrong with it (it had been 'unknown cluster ...; known presets: ...')."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "two.txt").write_text("x\n")
+    (tmp_path / "noext").write_text("x\n")
+    for flag, path, says in (
+            ("-c", "adir", "adir is a folder; give a cluster .toml file"),
+            ("-c", "two.txt", "two.txt is not a .toml file"),
+            ("-c", "noext", "noext is not a .toml file"),
+            ("-m", "adir", "adir is a folder without a config.json"),
+            ("-m", "two.txt", "two.txt is not a .json file"),
+            ("-m", "noext", "noext is not a .json file")):
+        r = run("estimate", flag, str(tmp_path / path))
+        line = " ".join(r.output.split())
+        assert r.exit_code == 2 and says in line and "unknown" not in line, line
+
+
+@pytest.mark.parametrize("args", [["estimate", "--sp", "--no-sp"],
+                                  ["estimate", "--blocking", "--overlapped"],
+                                  ["solve", "--overlapped", "--blocking"],
+                                  ["calibrate", "x.log", "--prior", "--no-prior"]])
+def test_an_on_off_flag_given_both_ways_is_refused(args):
+    """--sp --no-sp or --blocking --overlapped: one line, exit 2 (the last had won without a
+    word)."""
+    r = run(*args)
+    assert r.exit_code == 2 and "both given; give one of them" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1

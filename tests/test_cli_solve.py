@@ -449,3 +449,56 @@ def test_emit_for_another_framework_than_priced_and_hostfile_slots(tmp_path):
     r = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--hostfile", str(hf),
                             "--out", str(tmp_path / "c.json")])
     assert r.exit_code == 2 and "slots=4" in r.output, r.output
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_compare_generated_needs_one_or_more(n):
+    """--generated 0 or -1 had compared on --cluster without a word."""
+    r = runner.invoke(app, ["compare", "-m", "gpt-1.7b", "--generated", n])
+    assert r.exit_code == 2 and "--generated: " in r.output and "give 1 or more" in r.output
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--nodes", "4"], "--nodes"), (["--cluster-seed", "5"], "--cluster-seed"),
+    (["--cluster", "example", "--generated", "1", "--nodes", "2"], "--cluster"),
+    (["-c", "h100-8x8", "--generated", "1"], "--cluster")])
+def test_compare_refuses_cluster_options_of_the_other_kind(args, flag):
+    """--nodes / --cluster-seed without --generated, or --cluster beside it, had been ignored
+    (the comparison ran on the other cluster than the one asked for)."""
+    r = runner.invoke(app, ["compare", "-m", "gpt-1.7b", "--time-limit", "0.5", *args])
+    assert r.exit_code == 2 and f"options: {flag}: " in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+ONE_GPU = """name = "one"
+[[nodes]]
+name = "n0"
+gpu = "A100-80GB"
+gpus = 1
+intra_gb_per_s = 240
+[inter]
+gb_per_s = [[0.0]]
+"""
+
+
+@pytest.mark.parametrize("args,says", [
+    (["-m", "gpt-1t", "--gbs", "32", "--seq", "1024", "--cluster", "{one}"],
+     "nothing fits in GPU memory. The closest is"),
+    (["-m", "gpt-1.7b", "--gbs", "16", "--seq", "1024", "--tp", "3"],
+     "no plan in the search space is valid"),
+    # a plan fits, but no sharding applies on one GPU: said, with the plan found without it
+    (["-m", "gpt-1.7b", "--gbs", "16", "--seq", "1024", "--cluster", "{one}"],
+     "none of the shardings compared (ZeRO-1, ZeRO-3, HSDP) gives a plan on one")])
+def test_compare_sharding_with_no_plan_exits_2_as_without_it(tmp_path, args, says):
+    """compare --sharding where no sharding gives a plan: one line and exit 2 with the
+    explanation compare and solve give without --sharding (it had exited 0, every row
+    'none: ...')."""
+    one = tmp_path / "one.toml"
+    one.write_text(ONE_GPU)
+    args = [a.replace("{one}", str(one)) for a in args]
+    r = runner.invoke(app, ["compare", "--sharding", "--time-limit", "2", *args])
+    assert r.exit_code == 2 and says in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    if "none of" not in says:  # the same line as compare without --sharding
+        plain = runner.invoke(app, ["compare", "--time-limit", "2", *args])
+        assert plain.exit_code == 2 and plain.output == r.output

@@ -1369,3 +1369,22 @@ def test_nemo1_gets_the_overlapped_pipeline_sends_the_plan_was_priced_with():
     cfg, w = nemo_config(m, job, c, plain, blocking_p2p=False)
     assert "overlap_p2p_comm" not in cfg["model"] and any("[schedule]" in x for x in w)
     assert Options().blocking_p2p  # the default priced: blocking, NeMo's default
+
+
+@pytest.mark.parametrize("fw", ["torchtitan", "deepspeed"])
+def test_a_tokenizer_their_files_cannot_carry_is_said(tmp_path, fw):
+    """--tokenizer with torchtitan or DeepSpeed, whose emitted files have no tokenizer key: a
+    warning on the terminal and in warnings.txt (it had been written nowhere without a word)."""
+    from typer.testing import CliRunner
+    from cli import app
+    plan = tmp_path / "p.json"
+    r = CliRunner().invoke(app, ["estimate", "-m", "gpt-1.7b", "--gbs", "64", "--seq", "1024",
+                                 "--tp", "1", "--pp", "1", "--save-plan", str(plan)])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / fw
+    r = CliRunner().invoke(app, ["emit", str(plan), "--framework", fw, "--tokenizer",
+                                 "my/tok", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    said = [w for w in json.loads(r.output)["warnings"] if "--tokenizer 'my/tok'" in w]
+    assert said and said[0].startswith(f"{fw} [model]: ") and "no tokenizer key" in said[0]
+    assert "--tokenizer 'my/tok' is not written" in (out / "warnings.txt").read_text()

@@ -42,3 +42,23 @@ def test_placement_png(setup, tmp_path):
     # the example cluster's half-rate NIC on node05 makes its links slow
     n5 = c.node_index("node05")
     assert any(n5 in pair for pair in slow_links(c))
+
+
+@pytest.mark.parametrize("name,head", [("g.pdf", b"%PDF"), ("g.svg", b"<?xml"),
+                                       ("g.png", b"\x89PNG"), ("g.txt", None), ("g", None)])
+def test_pictures_are_written_in_the_format_their_name_says(tmp_path, name, head):
+    """--gantt g.pdf had been given PNG bytes: .pdf and .svg are written as such; a name with
+    another suffix, or none, is one line and exit 2 before any work."""
+    from typer.testing import CliRunner
+    from cli import app
+    path = tmp_path / name
+    for args in (["estimate", "-m", "gpt-1.7b", "--gbs", "64", "--seq", "1024", "--tp", "1",
+                  "--pp", "1", "--gantt", str(path)], ["cluster", "show", "--png", str(path)]):
+        r = CliRunner().invoke(app, args)
+        if head is None:
+            assert r.exit_code == 2 and "a picture is written as .png, .pdf, .svg" in r.output
+            assert not path.exists()
+        else:
+            assert r.exit_code == 0, r.output
+            assert path.read_bytes().startswith(head)
+            path.unlink()

@@ -136,6 +136,11 @@ def _corrupt(src, dst, fn):
 
     (lambda d: d["plan"]["shape"].update(zero=1, distributed_optimizer=False),
      "plan.shape.distributed_optimizer: False beside zero 1"),
+    # what the commands refuse for a dense model (it had been read)
+    (lambda d: d["job"].update(moe_capacity_factor=2.0),
+     "job.moe_capacity_factor: 2 on llama2-70b, which is dense"),
+    (lambda d: d["plan"]["shape"].update(zero=5, distributed_optimizer=False),
+     "plan.shape.zero: ZeRO stage must be 0, 1, 2 or 3, got 5"),
 ])
 def test_corrupted_plan_one_line_exit_2(setup, tmp_path, mutate, needle):
     m, c, job = setup
@@ -222,6 +227,14 @@ def test_plan_file_carries_the_fp8_rate_used_and_says_when_its_estimate_moved(tm
     assert r.exit_code == 0 and not [w for w in json.loads(r.output)["warnings"]
                                      if "records" in w], r.output
     doc["estimate"]["iteration_ms"] *= 0.8
+    # written by this very version, the cost model has not changed: the numbers were edited
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(doc))
+    r = runner.invoke(app, ["estimate", "--plan", str(same), "--json"])
+    said = [w for w in json.loads(r.output)["warnings"] if "records" in w]
+    assert said and "+25.0%" in said[0] and "the recorded estimate was edited" in said[0]
+    assert "the cost model has changed" not in said[0]
+    doc["generator"] = "pipette-configurator 0.0.9"
     old = tmp_path / "old.json"
     old.write_text(json.dumps(doc))
     r = runner.invoke(app, ["estimate", "--plan", str(old), "--json"])
@@ -229,3 +242,52 @@ def test_plan_file_carries_the_fp8_rate_used_and_says_when_its_estimate_moved(tm
     assert said and "+25.0%" in said[0] and "the cost model has changed" in said[0]
     r = runner.invoke(app, ["emit", str(old), "--out", str(tmp_path / "e"), "--json"])
     assert r.exit_code == 0 and any("+25.0%" in w for w in json.loads(r.output)["warnings"])
+
+
+@pytest.mark.parametrize("drop,field", [
+    (lambda d: d["options"].pop("overheads"), "options.overheads"),
+    (lambda d: d.pop("options"), "options"),
+    (lambda d: d["job"].pop("fused_loss"), "job.fused_loss"),
+    (lambda d: d["cluster"].pop("intra_latency_us"), "cluster.intra_latency_us"),
+    (lambda d: d["options"]["overheads"].pop("fragmentation"), "options.overheads.fragmentation")])
+def test_a_field_schema_3_writes_is_refused_when_missing_and_said_in_schema_2(setup, tmp_path,
+                                                                             drop, field):
+    """A field that changes the estimate, missing from a schema 3 file (which writes it), is
+    refused as plan.shape.etp is; missing from a schema 2 file, which may predate it, it is
+    read as its default and the commands say so (both had been read as defaults without a
+    word)."""
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    bad = tmp_path / "bad.json"
+    _corrupt(good, bad, drop)
+    with pytest.raises(SpecError) as e:
+        load_plan(bad)
+    assert e.value.field == field and "missing; schema 3 writes it" in e.value.problem
+    old = tmp_path / "old.json"
+    _corrupt(bad, old, lambda d: d.update(schema_version=2))
+    assert load_plan(old)[5]["read_notes"]
+    for args in (["estimate", "--plan", str(old), "--json"],
+                 ["emit", str(old), "--out", str(tmp_path / "e"), "--json", "--force"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, r.output
+        said = [w for w in json.loads(r.output)["warnings"] if " lacks " in w]
+        assert said and field in said[0] and "read as these defaults" in said[0], said
+    assert not load_plan(good)[5]["read_notes"]
+
+
+def test_a_plan_with_a_byte_order_mark_reads_and_a_toml_is_named(setup, tmp_path):
+    """A plan file saved with a UTF-8 byte-order mark reads as without one; a TOML file given
+    for a plan is said to be one (both had been 'not valid JSON ...; the file is damaged')."""
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())
+    assert load_plan(bom)[3] == plan
+    toml = tmp_path / "cluster.toml"
+    toml.write_text('name = "x"\n[[nodes]]\nname = "a"\n')
+    r = runner.invoke(app, ["emit", str(toml)])
+    assert r.exit_code == 2 and "is a TOML file, not a plan file" in r.output, r.output

@@ -45,3 +45,70 @@ def test_hf_configs(tmp_path):
     p.write_text(json.dumps({"model_type": "llama", "hidden_size": 10}))
     with pytest.raises(SpecError, match="num_layers"):
         presets.model(str(p))
+
+
+def test_a_hf_config_with_a_byte_order_mark_reads(tmp_path):
+    """config.json saved with a UTF-8 byte-order mark reads as without one (it had been
+    refused as not JSON)."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2816,
+           "vocab_size": 8000, "max_position_embeddings": 1024}
+    plain, bom = tmp_path / "a" / "config.json", tmp_path / "b" / "config.json"
+    for p in (plain, bom):
+        p.parent.mkdir()
+    plain.write_text(json.dumps(cfg))
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    a, b = presets.model(str(plain)), presets.model(str(bom))
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size) == (b.num_layers, b.hidden_size,
+                                                               b.ffn_hidden_size)
+
+
+_LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
+          "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2816,
+          "vocab_size": 8000, "max_position_embeddings": 1024}
+_DEEPSEEK = dict(_LLAMA, model_type="deepseek_v3", n_routed_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=512, kv_lora_rank=64, qk_nope_head_dim=64,
+                 qk_rope_head_dim=32, v_head_dim=64, first_k_dense_replace=1)
+
+
+@pytest.mark.parametrize("cfg,key,says", [
+    (dict(_DEEPSEEK, first_k_dense_replace=9), "first_k_dense_replace",
+     "first_k_dense_replace 9 needs"),
+    (dict(_DEEPSEEK, kv_lora_rank=-1), "kv_lora_rank", "must be a positive integer"),
+    (dict(_DEEPSEEK, num_experts_per_tok=20), "num_experts_per_tok",
+     "num_experts_per_tok 20 must be between 1 and n_routed_experts 8"),
+    (dict(_LLAMA, model_type="mixtral", num_local_experts=0, num_experts_per_tok=2),
+     "num_local_experts", "need num_local_experts > 0"),
+    (dict(_LLAMA, max_position_embeddings=0), "max_position_embeddings", "must be a positive"),
+    (dict(_LLAMA, num_hidden_layers=0), "num_hidden_layers", "must be a positive"),
+    (dict(_LLAMA, rope_scaling="linear"), "rope_scaling", "is the string \"linear\"")])
+def test_hf_config_errors_name_the_files_keys(tmp_path, cfg, key, says):
+    """An error in a config.json names the file's key (first_k_dense_replace), never ours
+    (first_dense_layers, mla_kv_lora_rank, moe_topk, num_experts, seq_length, num_layers); a
+    rope_scaling string (transformers reads an object) is refused, not ignored."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(SpecError) as e:
+        presets.model(str(p))
+    assert e.value.field == key and says in e.value.problem, str(e.value)
+    for ours in ("first_dense_layers", "mla_", "moe_topk", "seq_length", "num_layers"):
+        assert ours not in str(e.value)
+
+
+@pytest.mark.parametrize("cfg,says", [
+    (dict(_LLAMA, attention_bias=True), "attention_bias true: biases on the attention"),
+    (dict(_LLAMA, mlp_bias=True), "mlp_bias true: biases on the MLP"),
+    (dict(_LLAMA, num_local_experts=8, num_experts_per_tok=2),
+     "num_local_experts 8: model_type llama builds a dense model"),
+    (dict(_LLAMA, model_type="mixtral", num_local_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=512), "moe_intermediate_size 512: Mixtral's experts are "
+     "intermediate_size wide")])
+def test_hf_config_settings_priced_otherwise_are_said(tmp_path, cfg, says):
+    """Settings the model is priced without (a llama's biases, expert keys on a dense family,
+    Mixtral's moe_intermediate_size) are model warnings, not dropped without a word; their
+    absence (or false) says nothing."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    assert any(x.startswith(says) for x in presets.model(str(p)).unmodelled)
+    p.write_text(json.dumps(dict(_LLAMA, attention_bias=False, mlp_bias=False)))
+    assert presets.model(str(p)).unmodelled == ()

@@ -335,11 +335,18 @@ def test_sweep_specs_refuse_unknown_fields_and_stores_that_are_not_stores(tmp_pa
                         (base.replace('name = "gpt-1.7b"\n', 'name = "gpt-1.7b"\nlayers = 4\n'),
                          "models[0].layers"),
                         (base + "[extra]\nx = 1\n", "extra"),
+                        # a job's or synth's key by its own name, not JobSpec.__init__()'s
+                        # TypeError ("got an unexpected keyword argument 'foo'")
+                        (base + "foo = 1\n", "jobs[0].foo"),
+                        (base.replace("global_batch = 64\n", ""), "jobs[0].global_batch"),
+                        (base.replace('preset = "example"', 'synth = { num_nodes = 2, bar = 1 }'),
+                         "clusters[0].synth.bar"),
                         (base.replace("gpt-1.7b", "nosuch"), "models")):
         spec.write_text(text)
         r = CliRunner().invoke(app, ["sweep", str(spec), "--results", str(tmp_path / "r.db")])
         line = " ".join(r.output.split())
         assert r.exit_code == 2 and f"{spec}: {field}:" in line, (field, r.output)
+        assert "__init__" not in line and "keyword" not in line
     spec.write_text(base)
     notdb = tmp_path / "notdb.txt"
     notdb.write_text("hello\n")
@@ -410,3 +417,27 @@ def test_workers_end_when_their_driver_is_killed(tmp_path, how):
     for p in alive:  # do not leave them behind, whatever the verdict
         os.kill(p, signal.SIGKILL)
     assert not alive
+
+
+@pytest.mark.parametrize("jobs", ["-1", "0", "100000"])
+def test_sweep_jobs_out_of_range_is_one_line(tmp_path, jobs):
+    """--jobs is checked as solve's is: -1 had been a ValueError traceback from the pool, 0 and
+    100000 had run silently."""
+    from typer.testing import CliRunner
+    from cli import app
+    r = CliRunner().invoke(app, ["sweep", str(_spec(tmp_path)), "--results",
+                                 str(tmp_path / "r.db"), "--jobs", jobs])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert f"--jobs: {jobs} is out of range; give 1 to 4,096" in r.output
+    assert not (tmp_path / "r.db").exists()
+
+
+def test_sweep_run_refuses_out(tmp_path):
+    """--out is the report's folder: given to a run, it had been ignored (nothing written
+    there, exit 0)."""
+    from typer.testing import CliRunner
+    from cli import app
+    r = CliRunner().invoke(app, ["sweep", str(_spec(tmp_path)), "--results",
+                                 str(tmp_path / "r.db"), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 2 and "options: --out: is the folder of `sweep report`" in r.output
+    assert not (tmp_path / "r.db").exists()

@@ -99,6 +99,20 @@ def _corrupt(src, dst, fn):
     dst.write_text(json.dumps(d))
 
 
+def _refused_after(setup, tmp_path, mutate):
+    """(the file, the SpecError) of a saved plan file changed by `mutate`, which must be
+    refused."""
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    bad = tmp_path / "bad.json"
+    _corrupt(good, bad, mutate)
+    with pytest.raises(SpecError) as e:
+        load_plan(bad)
+    return bad, e
+
+
 @pytest.mark.parametrize("mutate,needle", [
     (lambda d: d.update(schema_version=1), "schema_version: version 1 is not supported"),
     (lambda d: d.pop("schema_version"), "schema_version: missing"),
@@ -143,14 +157,7 @@ def _corrupt(src, dst, fn):
      "plan.shape.zero: ZeRO stage must be 0, 1, 2 or 3, got 5"),
 ])
 def test_corrupted_plan_one_line_exit_2(setup, tmp_path, mutate, needle):
-    m, c, job = setup
-    plan = make_plan(m, job, c, tp=8, pp=4)
-    good = tmp_path / "good.json"
-    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
-    bad = tmp_path / "bad.json"
-    _corrupt(good, bad, mutate)
-    with pytest.raises(SpecError) as e:
-        load_plan(bad)
+    bad, e = _refused_after(setup, tmp_path, mutate)
     assert str(bad) in str(e.value) and needle in str(e.value), str(e.value)
     r = runner.invoke(app, ["estimate", "--plan", str(bad)])
     assert r.exit_code == 2
@@ -256,14 +263,7 @@ def test_a_field_schema_3_writes_is_refused_when_missing_and_said_in_schema_2(se
     refused as plan.shape.etp is; missing from a schema 2 file, which may predate it, it is
     read as its default and the commands say so (both had been read as defaults without a
     word)."""
-    m, c, job = setup
-    plan = make_plan(m, job, c, tp=8, pp=4)
-    good = tmp_path / "good.json"
-    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
-    bad = tmp_path / "bad.json"
-    _corrupt(good, bad, drop)
-    with pytest.raises(SpecError) as e:
-        load_plan(bad)
+    bad, e = _refused_after(setup, tmp_path, drop)
     assert e.value.field == field and "missing; schema 3 writes it" in e.value.problem
     old = tmp_path / "old.json"
     _corrupt(bad, old, lambda d: d.update(schema_version=2))
@@ -274,7 +274,7 @@ def test_a_field_schema_3_writes_is_refused_when_missing_and_said_in_schema_2(se
         assert r.exit_code == 0, r.output
         said = [w for w in json.loads(r.output)["warnings"] if " lacks " in w]
         assert said and field in said[0] and "read as these defaults" in said[0], said
-    assert not load_plan(good)[5]["read_notes"]
+    assert not load_plan(tmp_path / "good.json")[5]["read_notes"]
 
 
 def test_a_plan_with_a_byte_order_mark_reads_and_a_toml_is_named(setup, tmp_path):

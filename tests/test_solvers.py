@@ -1003,7 +1003,8 @@ def test_uniform_block_with_one_split_is_settled_exactly(moe_first_dense):
 
 
 def test_what_the_default_search_leaves_out_is_looked_at():
-    """Megatron-FSDP's ZeRO-3 and CP below 16k tokens are outside Megatron-LM's default search;
+    """Megatron-FSDP's ZeRO-3, CP below 16k tokens and Megatron-LM's communication overlaps are
+    outside its default search;
     after the search each group's shapes are bounded and those that could beat the plan
     screened. A faster one found there is named (and the search that includes it finds a
     plan at least as fast); a group whose bounds rule every shape out extends the proof; a
@@ -1014,14 +1015,15 @@ def test_what_the_default_search_leaves_out_is_looked_at():
     c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
     job = JobSpec(global_batch=32, seq_length=4096)
     res = solve(m, job, c, time_limit_s=30)
-    z3, cp = res.beyond
+    z3, cp, ovl = res.beyond
     assert z3.option == "--zero 0,1,3" and cp.label.startswith("context parallelism")
     assert z3.checked and z3.screened == z3.could_beat > 0 and 0 < z3.shapes
     assert z3.faster_ms is not None and z3.faster_ms < res.objective_ms
     assert "zero3" in z3.faster_shape and res.proven_note == " over the searched space"
     wide = solve(m, job, c, time_limit_s=30, space=SearchSpace(zero=(0, 1, 3)))
     assert wide.objective_ms <= z3.faster_ms * (1 + 1e-9)
-    assert [b.label for b in wide.beyond] == [cp.label]  # --zero given: not looked at
+    assert [b.label for b in wide.beyond] == [cp.label, ovl.label]  # --zero given
+    assert ovl.option.startswith("--") and ovl.checked
     assert res.status_dict()["beyond_default_space"][0]["faster_ms"] == z3.faster_ms
     # a group every shape of which is ruled out by its bounds: the proof covers it
     res.beyond = [Beyond("X", "--x", shapes=5, checked=True)]
@@ -1029,7 +1031,9 @@ def test_what_the_default_search_leaves_out_is_looked_at():
     assert "none can beat this plan" in res.beyond[0].describe(res.objective_ms)
     long_job = JobSpec(global_batch=8, seq_length=16384)  # CP searched by default from 16k
     assert [b.label for b in solve(presets.model("gpt-1.7b"), long_job, c,
-                                   time_limit_s=20).beyond] == [z3.label]
+                                   time_limit_s=20).beyond] == [z3.label, ovl.label]
+    asked = solve(m, job, c, time_limit_s=30, space=SearchSpace(overlap_grad_reduce=(True,)))
+    assert [b.label for b in asked.beyond] == [z3.label, cp.label]
 
 
 def test_a_plan_worse_than_megatron_placement_of_its_split_takes_that_placement():

@@ -112,8 +112,8 @@ class Store:
 
 def _instance(r: dict) -> str:
     i = r["inputs"]
-    return json.dumps({"model": i["model"], "cluster": i["cluster"], "job": i["job"]},
-                      sort_keys=True)
+    return json.dumps({"model": i["model"], "cluster": i["cluster"], "job": i["job"],
+                       "files": i.get("files")}, sort_keys=True)
 
 
 def summarize(rows: list[dict]) -> tuple[list[dict], dict]:
@@ -238,7 +238,10 @@ def report(rows: list[dict], out_dir) -> list[Path]:
                     r["iteration_ms"] / ref["best"][_instance(r)] - 1)
         if m in BASELINES:  # no budget: a level line across the budgets
             y = 100 * statistics.median(v for vs in by_b.values() for v in vs)
-            ax.plot([budgets[0], budgets[-1]], [y, y], linestyle="--", label=m + " (no budget)")
+            # axhline spans the axis whatever the budgets (from the one budget to itself,
+            # a plotted segment had no length and nothing showed)
+            ax.axhline(y, linestyle="--", color=f"C{methods.index(m)}",
+                       label=m + " (no budget)")
             continue
         bs = sorted(by_b)
         ax.plot(bs, [100 * statistics.median(by_b[b]) for b in bs], marker="o", label=m)

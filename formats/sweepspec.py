@@ -36,10 +36,15 @@ class Task:
     # "work": budgets in work seconds (model.work), the same answer on any machine and under
     # any load; "wall" (the default) is solve's --time-limit
     clock: str = "wall"
+    # SHA-256 of the files the task reads (a cluster file, a model's config.json): an edited
+    # file is another task, not the stored result of the old one (load_spec fills it)
+    file_digests: tuple = ()
 
     def inputs(self) -> dict:
         d = {"model": self.model, "cluster": self.cluster, "job": self.job,
              "method": self.method, "budget_s": self.budget_s, "seed": self.seed}
+        if self.file_digests:  # absent without files: preset-only task ids stay valid
+            d["files"] = dict(self.file_digests)
         if self.anneal_moves is not None:  # absent otherwise: earlier task ids stay valid
             d["anneal_moves"] = self.anneal_moves
         if self.clock != "wall":  # likewise
@@ -91,6 +96,30 @@ def _tables(spec: dict, key: str, src: str) -> list[dict]:
     return v
 
 
+def _spec_relative(spec_path, name: str) -> str:
+    """A model name that is a path (it names a file next to the spec, or ends in .json) as an
+    absolute path relative to the spec's folder; a preset name as given."""
+    p = Path(name)
+    if p.is_absolute():
+        return name
+    here = Path(spec_path).parent / p
+    if here.exists() or p.suffix.lower() == ".json":
+        return str(here.resolve())
+    return name
+
+
+def _is_file(x) -> bool:
+    return isinstance(x, str) and Path(x).is_file()
+
+
+def _digest(path: str, src: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:20]
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e.strerror}", source=src, field="files") \
+            from None
+
+
 def load_spec(path) -> tuple[str, list[Task]]:
     """Read a sweep spec; every problem is one SpecError naming the file and the field."""
     src = str(path)
@@ -139,6 +168,9 @@ def load_spec(path) -> tuple[str, list[Task]]:
     models = [m.get("name") for m in _tables(spec, "models", src)]
     if not models or any(not isinstance(m, str) for m in models):
         raise SpecError("give at least one [[models]] with a name", source=src, field="models")
+    # a model given as a config.json path is read relative to the spec, as a cluster file
+    # (it had been relative to the working directory)
+    models = [_spec_relative(path, m) for m in models]
     jobs = _tables(spec, "jobs", src)
     if not jobs:
         raise SpecError("give at least one [[jobs]] (global_batch, seq_length)", source=src,
@@ -187,10 +219,16 @@ def load_spec(path) -> tuple[str, list[Task]]:
         raise SpecError(f"{count:,} tasks; at most {MAX_TASKS:,}", source=src, field="sweep")
     # a baseline uses no budget and no seed: one task per instance (budget 0, seed 0), not one
     # per budget and seed that would all give the same plan
-    tasks = [Task(m, c, dict(j), meth, float(b), int(s), moves, clock)
+    digests = {x: _digest(x, src) for x in [*models, *(c["file"] for c in clusters
+                                                      if "file" in c)] if _is_file(x)}
+
+    def files(m: str, c: dict) -> tuple:
+        return tuple((role, digests[x]) for role, x in (("model", m), ("cluster", c.get("file")))
+                     if x in digests)
+    tasks = [Task(m, c, dict(j), meth, float(b), int(s), moves, clock, files(m, c))
              for m, c, j, meth, b, s in itertools.product(models, clusters, jobs, searched,
                                                            budgets, seeds)]
-    tasks += [Task(m, c, dict(j), meth, 0.0, 0, moves, clock)
+    tasks += [Task(m, c, dict(j), meth, 0.0, 0, moves, clock, files(m, c))
               for m, c, j, meth in itertools.product(models, clusters, jobs, base)]
     for t in {(t.model, json.dumps(t.cluster, sort_keys=True), json.dumps(t.job, sort_keys=True)):
               t for t in tasks}.values():  # every input builds: one clear error before any work

@@ -2241,3 +2241,24 @@ def test_an_underdetermined_fit_without_the_prior_is_refused(tmp_path):
     for extra in (["--fit", "gemm_scale,network_scale", "--no-prior"], ["--fit", every]):
         r = CliRunner().invoke(app, ["calibrate", *two, *extra, "--out", str(out)])
         assert r.exit_code == 0, r.output
+
+
+def test_a_parameter_at_its_cap_fits_downward():
+    """hbm_scale at 1 on a GPU whose hbm_efficiency is already 1: a larger scale changes
+    nothing (the efficiency is capped), a smaller one slows the element-wise kernels. Runs made
+    with hbm_scale 0.5 fit back to it, and the parameter is not reported as one no run depends
+    on (the step up alone had read so, and the fit had stayed at the preset)."""
+    model = presets.model("gpt-3.6b")
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    assert c.nodes[0].gpu.hbm_efficiency == 1.0
+    runs = []
+    for k, (tp, pp) in enumerate(((1, 1), (2, 2), (4, 1), (1, 4))):
+        job = JobSpec(global_batch=64 * (1 + k), seq_length=2048)
+        plan = make_plan(model, job, c, tp=tp, pp=pp, micro_batch=1)
+        run = Run(model, job, c, plan, Options(), 1.0, label=f"r{k}")
+        run.measured_s = _predict(run, {"hbm_scale": 0.5}, "H100-SXM-80GB")
+        assert run.measured_s > _predict(run, {}, "H100-SXM-80GB") * 1.01
+        runs.append(run)
+    prof, _ = fit(runs, ("hbm_scale",), "H100-SXM-80GB", fit_fragmentation=False, prior=False)
+    assert prof.uninformed == ()
+    assert prof.values["hbm_scale"] == pytest.approx(0.5, rel=0.02)

@@ -69,6 +69,40 @@ def test_task_ids_are_stable_and_distinct(tmp_path):
     assert not {t.id for t in wall} & {t.id for t in tasks}
 
 
+def test_task_ids_follow_the_files_they_read(tmp_path, monkeypatch):
+    """A task reading a cluster file or a model's config.json is identified by the files'
+    contents too: an edited file makes new tasks (a rerun had reused the old results), and a
+    model path is read relative to the spec, as a cluster file is, from any directory."""
+    import json as _json
+    import shutil
+    root = Path(__file__).resolve().parents[1]
+    spec_dir = tmp_path / "study"
+    (spec_dir / "hf").mkdir(parents=True)
+    shutil.copy(root / "data" / "clusters" / "example.toml", spec_dir / "c.toml")
+    cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 1024,
+           "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 4096,
+           "vocab_size": 32000, "max_position_embeddings": 1024}
+    (spec_dir / "hf" / "config.json").write_text(_json.dumps(cfg))
+    spec = spec_dir / "s.toml"
+    spec.write_text(SPEC.format(model="hf/config.json").replace(
+        "synth = {{ num_nodes = [2], gpus_per_node = 2, seed = [0, 1, 2], nic_gb_per_s = 5.0 }}"
+        .replace("{{", "{").replace("}}", "}"), 'file = "c.toml"'))
+    monkeypatch.chdir(tmp_path)  # not the spec's folder
+    tasks = load_spec(spec)[1]
+    assert {t.model for t in tasks} == {str((spec_dir / "hf" / "config.json").resolve())}
+    assert all(dict(t.file_digests).keys() == {"model", "cluster"} for t in tasks)
+    ids = {t.id for t in tasks}
+    assert ids == {t.id for t in load_spec(spec)[1]}
+    cfg["num_hidden_layers"] = 16
+    (spec_dir / "hf" / "config.json").write_text(_json.dumps(cfg))
+    edited = {t.id for t in load_spec(spec)[1]}
+    assert not edited & ids
+    (spec_dir / "c.toml").write_text((spec_dir / "c.toml").read_text() + "\n# edited\n")
+    assert not {t.id for t in load_spec(spec)[1]} & edited
+    # a preset-only spec keeps its ids (no files read)
+    assert all(t.file_digests == () for t in load_spec(_spec(tmp_path))[1])
+
+
 def test_bad_specs_name_the_field(tmp_path):
     p = tmp_path / "bad.toml"
     p.write_text(SPEC.format(model="gpt-1.7b").replace('"megatron"', '"magic"'))

@@ -70,6 +70,24 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
             mp = prob.memory_perm(lay)
             if mp is not None:
                 first_kw = dict(kw, init_perm=mp, init_layers=lay)
+        if prob.mixed_gpus and prob.split_free and kw.get("init_layers") is None:
+            # GPUs of several types or sizes: the start as it stands, or a few placements each
+            # with the split balanced for its hosts (largest GPUs first or last in the pipeline,
+            # as given, as constructed), whichever is fastest
+            cur_perm = first_kw.get("init_perm") or ident
+            cur_lay = first_kw.get("init_layers") or lay
+            best_start = (prob.cost(cur_perm, cur_lay), cur_perm, cur_lay)
+            mp = prob.memory_perm(lay)
+            for perm in (mp, None if mp is None else mp[::-1], ident, ident[::-1], built):
+                if perm is None:
+                    continue
+                split = prob.placed_split(perm)
+                if split is not None:
+                    c = prob.cost(list(perm), split)
+                    if c < best_start[0]:
+                        best_start = (c, list(perm), split)
+            if math.isfinite(best_start[0]):
+                first_kw = dict(first_kw, init_perm=best_start[1], init_layers=best_start[2])
     if iters is None and PathSurrogate.applies(prob):
         # one pipeline of interchangeable nodes: iterated local search on the critical-path
         # surrogate (solvers.cutsearch) takes the chains' share of the clock
@@ -221,6 +239,9 @@ CONSTRUCT_SHARE = 0.2
 CONSTRUCTED_T0_FRAC = 0.002
 # with clock cooling, the share of the time limit kept for the final descent polish
 POLISH_SHARE = 0.1
+# on GPUs of several types or sizes, the share of moves that move nodes and re-balance the
+# split for the new hosts together (PlacementProblem.placed_split)
+REBALANCE_SHARE = 0.15
 # with clock cooling, the budget one chain needs to be worth a restart: a chain cooled in less
 # ends worse than one chain given the whole budget (bench/anneal_vs_paper.py)
 CLOCK_CHAIN_S = 5.0
@@ -284,6 +305,7 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
     ratio = t_end_frac / t0_frac
     temp = t0
     can_move = prob.can_move_split()
+    rebalance = move_layers and n > 1 and prob.mixed_gpus and prob.split_free
     done = 0
     it = 0
     while clock or it < iters:
@@ -298,7 +320,13 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
             temp = t0 * ratio ** (elapsed / max(time_limit_s, 1e-9))
         new_perm, new_layers = perm, layers
         r = rng.random()
-        if move_layers and can_move and (r < 0.35 or n == 1):
+        if rebalance and r < REBALANCE_SHARE:
+            # GPUs of several types or sizes: move nodes and re-balance the split for the new
+            # hosts in one step (at a fixed split a swap overflows or idles them)
+            new_perm = perm_move(rng, perm, rng.random()) if clock else perm_move(
+                rng, perm, rng.random(), moves=3)
+            new_layers = prob.placed_split(new_perm) or layers
+        elif move_layers and can_move and (r < 0.35 or n == 1):
             new_layers = prob.random_split_move(rng, layers) or layers
         elif n > 1:
             # clock mode: Pipette's five moves; the iteration-budget mode (warm starts) keeps

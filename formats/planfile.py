@@ -6,7 +6,7 @@ the cost model predicted (time and memory breakdown) and the solver's status. Th
 "Plan files" documents the schema; `load_plan` validates every field and names the file and the
 field in its error.
 
-    {"schema_version": 3, "kind": "pipette-plan", "generator": ...,
+    {"schema_version": 3, "kind": "pipette-plan", "generator": ..., "cost_model_revision": ...,
      "model": {...}, "job": {...}, "options": {...}, "cluster": {...},
      "plan": {"shape": {...}, "placement": [{"stage", "replica", "node", "gpus"}, ...]},
      "estimate": {...} (formats.views.estimate_to_dict), "solver": {...} | null,
@@ -20,6 +20,9 @@ Schema 2 files are read too; one of them with a calibration holds the calibrated
 """
 
 from __future__ import annotations
+
+import functools
+import hashlib
 
 import json
 import math
@@ -44,6 +47,21 @@ SCHEMA_VERSION = 3
 READS = (2, 3)
 KIND = "pipette-plan"
 GENERATOR = "pipette-configurator 0.1.0"
+
+
+@functools.lru_cache(maxsize=1)
+def cost_model_revision() -> str:
+    """The cost model's revision: SHA-256 (12 hex digits) of its sources (model/*.py). A plan
+    file records it, so that a recorded estimate this build does not reproduce is told apart:
+    another revision (the cost model changed) or the same (the file's numbers were edited, or
+    computed with other inputs). The version string alone could not: it stays 0.1.0 across
+    cost-model changes, and such a file had been called edited."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1] / "model"
+    for f in sorted(root.glob("*.py")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
 
 _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
                  "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "tied_embeddings",
@@ -142,6 +160,7 @@ def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
         "generator": GENERATOR,
+        "cost_model_revision": cost_model_revision(),
         "model": model_to_dict(model),
         "job": job_to_dict(job),
         "options": options_to_dict(options),
@@ -177,7 +196,7 @@ def _matrix(rd: FieldReader, rows, n: int, fld: str, per: str = "node, in nodes 
     return np.array(rows, dtype=float)
 
 
-_TOP_KEYS = ("schema_version", "kind", "generator", "model", "job", "options", "cluster",
+_TOP_KEYS = ("schema_version", "kind", "generator", "cost_model_revision", "model", "job", "options", "cluster",
              "plan", "estimate", "solver", "calibration")
 _JOB_KEYS = tuple(job_to_dict(JobSpec(global_batch=1, seq_length=1)))
 _GPU_KEYS = ("peak_tflops", "sm_count", *_GPU_FLOATS, "source", "curve_source",
@@ -512,7 +531,8 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     solver = rd.obj(doc, "solver", "", optional=True)
     estimate = rd.obj(doc, "estimate", "", optional=True)
     calibration = rd.obj(doc, "calibration", "", optional=True)
-    meta = {"schema_version": ver, "generator": doc.get("generator"), "estimate": estimate,
+    meta = {"schema_version": ver, "generator": doc.get("generator"),
+            "cost_model_revision": doc.get("cost_model_revision"), "estimate": estimate,
             "solver": solver, "calibration": calibration,
             "calibrated_cluster": ver == 2 and calibration is not None,
             # said by the commands that read the file (estimate --plan, emit)
@@ -537,12 +557,15 @@ def recorded_estimate_drift(meta: dict, est, src: str) -> str | None:
     if not said:
         return None
     by = meta.get("generator") or "an earlier version"
-    if by == GENERATOR:  # this very version: the model did not change, the file's numbers did
-        return (f"{src} records {' and '.join(said)}, written by this version ({by}): the "
-                "recorded estimate was edited, or computed with other inputs than the file "
-                "holds; estimate the plan again to record this one")
-    return (f"{src} records {' and '.join(said)}, written by {by}: the cost model has "
-            "changed since; re-solve to plan with this version's")
+    rev, now = meta.get("cost_model_revision"), cost_model_revision()
+    if rev == now:  # this very cost model: the file's numbers changed, not the model
+        return (f"{src} records {' and '.join(said)}, written with this cost model (revision "
+                f"{rev}): the recorded estimate was edited, or computed with other inputs "
+                "than the file holds; estimate the plan again to record this one")
+    since = (f"cost model revision {rev}, now {now}" if isinstance(rev, str) else
+             "before plan files recorded the cost model's revision")
+    return (f"{src} records {' and '.join(said)}, written by {by} ({since}): the cost model "
+            "has changed since; re-solve to plan with this version's")
 
 
 def recorded_profile(meta: dict, src: str):

@@ -241,12 +241,21 @@ def test_plan_file_carries_the_fp8_rate_used_and_says_when_its_estimate_moved(tm
     said = [w for w in json.loads(r.output)["warnings"] if "records" in w]
     assert said and "+25.0%" in said[0] and "the recorded estimate was edited" in said[0]
     assert "the cost model has changed" not in said[0]
-    doc["generator"] = "pipette-configurator 0.0.9"
+    # written with another cost model (its revision recorded), or before revisions were
+    # recorded: the version string stays 0.1.0 across cost-model changes, so only the
+    # revision tells (a file from an earlier build had been called edited)
+    doc["cost_model_revision"] = "0123456789ab"
     old = tmp_path / "old.json"
     old.write_text(json.dumps(doc))
     r = runner.invoke(app, ["estimate", "--plan", str(old), "--json"])
     said = [w for w in json.loads(r.output)["warnings"] if "records" in w]
     assert said and "+25.0%" in said[0] and "the cost model has changed" in said[0]
+    assert "revision 0123456789ab" in said[0]
+    del doc["cost_model_revision"]
+    (tmp_path / "older.json").write_text(json.dumps(doc))
+    r = runner.invoke(app, ["estimate", "--plan", str(tmp_path / "older.json"), "--json"])
+    said = [w for w in json.loads(r.output)["warnings"] if "records" in w]
+    assert said and "before plan files recorded the cost model's revision" in said[0]
     r = runner.invoke(app, ["emit", str(old), "--out", str(tmp_path / "e"), "--json"])
     assert r.exit_code == 0 and any("+25.0%" in w for w in json.loads(r.output)["warnings"])
 

@@ -21,8 +21,10 @@ PICTURE_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
 
 
 def picture_format(path, field: str) -> str:
-    """The format a picture's file name asks for (its suffix), or one line refusing it."""
-    fmt = PICTURE_FORMATS.get(Path(path).suffix.lower())
+    """The format a picture's file name asks for (its suffix; PNG for a name without one, as
+    before suffixes chose the format), or one line refusing another suffix."""
+    suffix = Path(path).suffix.lower()
+    fmt = PICTURE_FORMATS.get(suffix) if suffix else "png"
     if fmt is None:
         raise SpecError(f"a picture is written as {', '.join(PICTURE_FORMATS)}; give a file "
                         "name ending in one of them", source=str(path), field=field)

@@ -76,7 +76,8 @@ class Beyond:
     label: str
     option: str  # what adds them to the search
     shapes: int = 0
-    could_beat: int = 0
+    bounded: int = 0  # shapes bounded before the time ran out
+    could_beat: int = 0  # of those bounded
     screened: int = 0
     faster_ms: float | None = None
     faster_shape: str | None = None
@@ -84,15 +85,17 @@ class Beyond:
 
     def as_dict(self) -> dict:
         return {"label": self.label, "option": self.option, "shapes": self.shapes,
-                "could_beat": self.could_beat, "screened": self.screened,
+                "bounded": self.bounded, "could_beat": self.could_beat, "screened": self.screened,
                 "faster_ms": self.faster_ms, "faster_shape": self.faster_shape,
                 "checked": self.checked}
 
     def describe(self, best_ms: float) -> str:
-        if not self.checked and not self.screened and self.faster_ms is None:
+        if not self.bounded and not self.checked:
             return (f"{self.label}: not searched by default ({self.option} adds it), and "
                     "no time was left to look at its shapes")
-        head = f"{self.label}: not searched by default; of its {self.shapes} shapes, "
+        head = (f"{self.label}: not searched by default; of its {self.shapes} shapes"
+                + ("" if self.bounded == self.shapes else
+                   f" ({self.bounded} bounded before the time ran out)") + ", ")
         if self.faster_ms is not None:
             gain = 100 * (1 - self.faster_ms / best_ms)
             return (head + f"{self.faster_shape} runs {self.faster_ms / 1e3:.3f} s with "
@@ -103,7 +106,7 @@ class Beyond:
         return (head + f"{self.could_beat} could beat this plan by their bounds; "
                 + (f"none of the {self.screened} screened does with Megatron-LM's placement"
                    if self.screened else "none was screened in the time left")
-                + ("" if self.checked else " (time ran out)")
+                + ("" if self.checked or self.bounded < self.shapes else " (time ran out)")
                 + f": {self.option} searches them")
 
 

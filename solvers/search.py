@@ -617,10 +617,11 @@ def beyond_default_space(model, job, cluster, options, space: SearchSpace, best_
             if work.now() > deadline:
                 break
             bound = shape_bound_ms(model, job, cluster, sh, options)
+            b.bounded += 1
             if bound < best_ms * (1 - 1e-9):
                 below.append((bound, sh))
-        else:
-            b.could_beat = len(below)
+        b.could_beat = len(below)
+        if b.bounded == b.shapes:
             below.sort(key=lambda x: x[0])
             for bound, sh in below:
                 if work.now() > deadline:

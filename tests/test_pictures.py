@@ -45,10 +45,11 @@ def test_placement_png(setup, tmp_path):
 
 
 @pytest.mark.parametrize("name,head", [("g.pdf", b"%PDF"), ("g.svg", b"<?xml"),
-                                       ("g.png", b"\x89PNG"), ("g.txt", None), ("g", None)])
+                                       ("g.png", b"\x89PNG"), ("g.txt", None), ("g", b"\x89PNG")])
 def test_pictures_are_written_in_the_format_their_name_says(tmp_path, name, head):
     """--gantt g.pdf had been given PNG bytes: .pdf and .svg are written as such; a name with
-    another suffix, or none, is one line and exit 2 before any work."""
+    another suffix is one line and exit 2 before any work; a name without one is PNG, as
+    before suffixes chose the format."""
     from typer.testing import CliRunner
     from cli import app
     path = tmp_path / name

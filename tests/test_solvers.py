@@ -1094,3 +1094,19 @@ def test_mixed_gpu_types_move_nodes_and_rebalance_the_split_together():
     perm = _perm_of(prob, best.plan)
     split = prob.placed_split(perm)
     assert split is not None and prob.placed_fits(perm, split)
+
+
+def test_a_look_beyond_cut_short_by_the_time_says_how_far_it_got():
+    """A group whose bounding the time limit cut short says how many of its shapes were
+    bounded, and its count of those that could beat the plan is of those (it had read as
+    'no time was left to look at its shapes', and 0 could beat)."""
+    from solvers.result import Beyond
+    b = Beyond("CP", "--cp 1,2", shapes=100, bounded=40, could_beat=3)
+    text = b.describe(1000.0)
+    assert "40 bounded before the time ran out" in text and "3 could beat" in text
+    assert b.as_dict()["bounded"] == 40
+    assert "(time ran out)" in Beyond("CP", "--cp", shapes=5, bounded=5, could_beat=2,
+                                      screened=1).describe(1000.0)
+    assert "no time was left" in Beyond("CP", "--cp 1,2").describe(1000.0)
+    assert "none can beat" in Beyond("CP", "--cp", shapes=5, bounded=5,
+                                      checked=True).describe(1000.0)

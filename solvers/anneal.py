@@ -77,6 +77,7 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
             cur_perm = first_kw.get("init_perm") or ident
             cur_lay = first_kw.get("init_layers") or lay
             best_start = (prob.cost(cur_perm, cur_lay), cur_perm, cur_lay)
+            cands = [best_start]
             mp = prob.memory_perm(lay)
             for perm in (mp, None if mp is None else mp[::-1], ident, ident[::-1], built):
                 if perm is None:
@@ -84,8 +85,17 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
                 split = prob.placed_split(perm)
                 if split is not None:
                     c = prob.cost(list(perm), split)
+                    cands.append((c, list(perm), split))
                     if c < best_start[0]:
                         best_start = (c, list(perm), split)
+            if prob.block.A > 1:  # and each candidate's mirror: rows reversed, layers carried
+                for c0, perm, split in list(cands):
+                    mp2, ml2 = list(perm), tuple(split)
+                    for a in range(prob.block.A // 2):
+                        mp2, ml2 = prob.row_swap(mp2, ml2, a, prob.block.A - 1 - a)
+                    c = prob.cost(mp2, ml2)
+                    if c < best_start[0]:
+                        best_start = (c, mp2, ml2)
             if math.isfinite(best_start[0]):
                 first_kw = dict(first_kw, init_perm=best_start[1], init_layers=best_start[2])
     if iters is None and PathSurrogate.applies(prob):
@@ -306,6 +316,7 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
     temp = t0
     can_move = prob.can_move_split()
     rebalance = move_layers and n > 1 and prob.mixed_gpus and prob.split_free
+    rows = prob.block.A
     done = 0
     it = 0
     while clock or it < iters:
@@ -320,12 +331,16 @@ def _chain(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 4000,
             temp = t0 * ratio ** (elapsed / max(time_limit_s, 1e-9))
         new_perm, new_layers = perm, layers
         r = rng.random()
-        if rebalance and r < REBALANCE_SHARE:
+        if rebalance and r < REBALANCE_SHARE / 2:
             # GPUs of several types or sizes: move nodes and re-balance the split for the new
             # hosts in one step (at a fixed split a swap overflows or idles them)
             new_perm = perm_move(rng, perm, rng.random()) if clock else perm_move(
                 rng, perm, rng.random(), moves=3)
             new_layers = prob.placed_split(new_perm) or layers
+        elif rebalance and r < REBALANCE_SHARE and rows > 1:
+            # ... or exchange two node-stage rows, their nodes carrying their layers along
+            a, b = (int(x) for x in rng.choice(rows, 2, replace=False))
+            new_perm, new_layers = prob.row_swap(perm, layers, a, b)
         elif move_layers and can_move and (r < 0.35 or n == 1):
             new_layers = prob.random_split_move(rng, layers) or layers
         elif n > 1:

@@ -196,8 +196,8 @@ def _matrix(rd: FieldReader, rows, n: int, fld: str, per: str = "node, in nodes 
     return np.array(rows, dtype=float)
 
 
-_TOP_KEYS = ("schema_version", "kind", "generator", "cost_model_revision", "model", "job", "options", "cluster",
-             "plan", "estimate", "solver", "calibration")
+_TOP_KEYS = ("schema_version", "kind", "generator", "cost_model_revision", "model", "job",
+             "options", "cluster", "plan", "estimate", "solver", "calibration")
 _JOB_KEYS = tuple(job_to_dict(JobSpec(global_batch=1, seq_length=1)))
 _GPU_KEYS = ("peak_tflops", "sm_count", *_GPU_FLOATS, "source", "curve_source",
              "fp8_gemm_efficiency")

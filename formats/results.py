@@ -228,8 +228,6 @@ def report(rows: list[dict], out_dir) -> list[Path]:
                          "Gap vs cluster size", out / "gap_vs_nodes.png"))
     # 2. quality vs budget
     fig, ax = plt.subplots(figsize=(6, 4))
-    budgets = sorted({r["inputs"]["budget_s"] for r in ok
-                      if r["inputs"]["method"] not in BASELINES}) or [1.0]
     for m in methods:
         by_b = defaultdict(list)
         for r in ok:

@@ -1344,6 +1344,11 @@ def even_split_warnings(fw: str, model: ModelSpec, job: JobSpec, cluster: Cluste
                    f"{plan_ms / 1e3:.3f} s")]
 
 
+def warnings_text(warn: list[str]) -> str:
+    """warnings.txt of a launch set: one line per warning."""
+    return "".join(f"- {x}\n" for x in warn)
+
+
 def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                plan: Plan, *, est=None, options=None, force: bool = False,
                tokenizer: str | None = None, version: str | None = None) -> LaunchSet:
@@ -1453,7 +1458,7 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
                                   requires, flags))
         executable.add("launch.sh")
     if warn:
-        files["warnings.txt"] = "".join(f"- {x}\n" for x in warn)
+        files["warnings.txt"] = warnings_text(warn)
     return LaunchSet(files, executable, warn)
 
 

@@ -16,7 +16,7 @@ from model.errors import SpecError
 from model.estimator import Evaluator
 
 from . import pictures
-from .emit import check_framework, launch_set, tagged
+from .emit import check_framework, launch_set, tagged, warnings_text
 
 # where --tokenizer goes nowhere: the files launch.emit writes for these frameworks have no
 # tokenizer key (it writes megatron_args.txt's --tokenizer-model and NeMo's model.tokenizer)
@@ -103,7 +103,7 @@ def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
         unused = _tokenizer_unused(emit, tokenizer)
         if unused:  # said, not dropped (it had been written nowhere without a word)
             ls.warnings.insert(0, unused)
-            ls.files["warnings.txt"] = "".join(f"- {x}\n" for x in ls.warnings)
+            ls.files["warnings.txt"] = warnings_text(ls.warnings)
         folder = Path(out or f"launch-{emit.lower()}")
         check_set(folder, ls.files, force=force)
     files: list[Path] = []

@@ -52,6 +52,7 @@ class PlacementProblem:
         self.caps_gib = [nd.gpu.memory_gib for nd in cluster.nodes]
         self.mixed_memory = len(set(self.caps_gib)) > 1
         self._slot_stages: list[list[int]] | None = None
+        self._split_in = None  # placed_split's per-node times and memory events
         # the splits the framework can run, where it partitions by its own rule (DeepSpeed's
         # pipeline engine): the only ones searched then (`fits` refuses every other)
         own = framework_splits(model, job, self.shape)
@@ -171,32 +172,21 @@ class PlacementProblem:
         where the framework fixes its splits or no split fits these hosts."""
         import numpy as np
 
-        from model.costs import CostModel
-        from model.memory import GIB
-        from .space import _events_over_virtual_stages
+        from .space import events_gib
 
         if not self.split_free:
             return None
         sh, m = self.shape, self.model
         p, V = sh.pp, sh.num_virtual
-        costs = CostModel(m, self.job, self.cluster, sh, self.options)
+        times, (const, coef) = self._split_inputs()  # per node; placement-free memory events
         per, emb, head, cap = [0.0] * p, [0.0] * p, [0.0] * p, [float("inf")] * p
-        times = {}
         for slot, stages in enumerate(self.slot_stages()):
-            nd = self.cluster.nodes[int(perm[slot])]
-            key = (nd.gpu.name, nd.intra_gb_per_s)
-            if key not in times:
-                ring = nd.ring_gb_per_s(tuple(range(min(sh.tp, nd.num_gpus))))
-                lt = costs.layer_times(nd.gpu, ring)
-                times[key] = (lt.fwd_ms + lt.bwd_ms, lt.emb_fwd_ms + lt.emb_bwd_ms,
-                              lt.head_fwd_ms + lt.head_bwd_ms)
-            t, e, h = times[key]
+            n = int(perm[slot])
+            t, e, h = times[n]
             for s in stages:
                 per[s], emb[s], head[s] = max(per[s], t), max(emb[s], e), max(head[s], h)
-                cap[s] = min(cap[s], nd.gpu.memory_gib)
+                cap[s] = min(cap[s], self.caps_gib[n])
         ovh = self.options.overheads
-        scale = (1 + ovh.fragmentation) / GIB
-        const, coef = _events_over_virtual_stages(m, self.job, self.cluster, sh, self.options)
         layers = [1] * V
         layers[0] = max(1, m.first_dense_layers)
         cur = [const[s] + coef[s] @ np.asarray(layers, dtype=float) for s in range(p)]
@@ -205,7 +195,7 @@ class PlacementProblem:
         load[-1] += head[(V - 1) % p]
 
         def fits(s, c) -> bool:
-            return float(c.max()) * scale + ovh.context_gib <= cap[s]
+            return events_gib(c, ovh) <= cap[s]
         if not all(fits(s, cur[s]) for s in range(p)):
             return None
         for _ in range(m.num_layers - sum(layers)):
@@ -217,6 +207,29 @@ class PlacementProblem:
             load[j] += per[j % p]
             cur[j % p] = cur[j % p] + coef[j % p][:, j]
         return tuple(layers)
+
+    def _split_inputs(self):
+        """For placed_split, computed once a problem (the annealer asks on many moves): per
+        node, one layer's forward + backward, the embedding's and the output layer's (its
+        GPU, its TP ring); and the stages' memory events (which do not depend on placement)."""
+        if self._split_in is None:
+            from model.costs import CostModel
+            from .space import _events_over_virtual_stages
+
+            sh = self.shape
+            costs = CostModel(self.model, self.job, self.cluster, sh, self.options)
+            by_kind, times = {}, []
+            for nd in self.cluster.nodes:
+                key = (nd.gpu.name, nd.intra_gb_per_s, nd.num_gpus)
+                if key not in by_kind:
+                    ring = nd.ring_gb_per_s(tuple(range(min(sh.tp, nd.num_gpus))))
+                    lt = costs.layer_times(nd.gpu, ring)
+                    by_kind[key] = (lt.fwd_ms + lt.bwd_ms, lt.emb_fwd_ms + lt.emb_bwd_ms,
+                                    lt.head_fwd_ms + lt.head_bwd_ms)
+                times.append(by_kind[key])
+            self._split_in = (times, _events_over_virtual_stages(
+                self.model, self.job, self.cluster, sh, self.options))
+        return self._split_in
 
     def _neediest_first(self, layers: tuple[int, ...]) -> tuple[list[float], list]:
         """(need per slot, [(slot, node)]): the slots by need and the nodes by memory, both

@@ -69,9 +69,10 @@ NOT_BOUNDED = "not searched (time limit; not bounded, lower bound 0)"
 @dataclass
 class Beyond:
     """Shapes the default search leaves out (Megatron-FSDP's ZeRO-3, context parallelism
-    below space.CP_MIN_SEQ tokens), looked at after the search with the time left: how many
-    there are, how many have a closed-form bound below the plan's time (could beat it), and
-    the fastest of those with Megatron-LM's placement and a split that fits, where faster."""
+    below space.CP_MIN_SEQ tokens, Megatron-LM's communication overlaps), looked at after the
+    search with the time left: how many there are, how many have a closed-form bound below
+    the plan's time (could beat it), and the fastest of those with Megatron-LM's placement and
+    a split that fits, where faster."""
 
     label: str
     option: str  # what adds them to the search

@@ -569,28 +569,30 @@ def beyond_default_space(model, job, cluster, options, space: SearchSpace, best_
     """What the default search left out that could be faster, looked at with the time left
     (until `deadline`, work.now()): Megatron-FSDP's ZeRO-3 (opt-in for Megatron-LM:
     space.DEFAULT_ZERO) and context parallelism below CP_MIN_SEQ tokens, unless the user
-    listed --zero / --cp; and Megatron-LM's communication overlaps (each shape with every
-    overlap it can use) unless one was asked for. Each group's shapes get their closed-form bound; those below
-    `best_ms`, lowest first, are screened (a split that fits, Megatron-LM's placement). A
+    listed --zero / --cp; and Megatron-LM's communication overlaps (each combination a shape
+    can use) unless one was asked for. Each group's shapes get their closed-form bound; those
+    below `best_ms`, lowest first, are screened (a split that fits, Megatron-LM's placement). A
     helper found a TP 4 PP 1 ZeRO-3 plan 13% faster than a Llama-3 70B plan 'proven optimal'
     over the default space, and CP 2 at 8k tokens 29% faster for Llama-3 405B."""
     from dataclasses import replace
 
     from .space import CP_MIN_SEQ, DEFAULT_ZERO, FRAMEWORK_ZERO
-    groups: list[tuple[Beyond, SearchSpace]] = []
+    # (what the group is, its space, which of that space's shapes are new: the rest were
+    # searched)
+    groups: list[tuple[Beyond, SearchSpace, object]] = []
     fw = job.framework
     if job.zero is None and space.zero is None and True in space.distributed_optimizer \
             and 3 in FRAMEWORK_ZERO[fw] and 3 not in DEFAULT_ZERO[fw]:
         zeros = [z for z in DEFAULT_ZERO[fw] if (z >= 1) in space.distributed_optimizer]
         groups.append((Beyond("ZeRO-3 (Megatron-FSDP)",
                               "--zero " + ",".join(map(str, zeros + [3]))),
-                       replace(space, zero=(3,))))
+                       replace(space, zero=(3,)), lambda sh: sh.zero == 3))
     if space.cp is None and job.seq_length < CP_MIN_SEQ:
         cps = tuple(2 ** i for i in range(1, 12) if 2 ** i <= cluster.num_gpus)
         if cps:
             groups.append((Beyond(f"context parallelism below {CP_MIN_SEQ:,} tokens",
                                   "--cp 1," + ",".join(map(str, cps[:3]))),
-                           replace(space, cp=cps)))
+                           replace(space, cp=cps), lambda sh: sh.cp > 1))
     off = (False,)
     if fw == "megatron" and space.tp_comm_overlap == off and \
             space.overlap_grad_reduce == off and space.overlap_param_gather == off:
@@ -602,15 +604,15 @@ def beyond_default_space(model, job, cluster, options, space: SearchSpace, best_
                               "--tp-comm-overlap/--overlap-grad-reduce/"
                               "--overlap-param-gather"),
                        replace(space, tp_comm_overlap=both, overlap_grad_reduce=both,
-                               overlap_param_gather=both)))
+                               overlap_param_gather=both),
+                       lambda sh: sh.tp_comm_overlap or sh.overlap_grad_reduce
+                       or sh.overlap_param_gather))
     out = []
-    for b, sub in groups:
+    for b, sub, new in groups:
         out.append(b)
         if work.stop_offset() or work.now() > deadline:
             continue
-        shapes = [sh for sh in enumerate_shapes(model, job, cluster, sub)
-                  if sh.cp > 1 or sh.zero == 3 or sh.tp_comm_overlap or sh.overlap_grad_reduce
-                  or sh.overlap_param_gather]  # (the others were searched)
+        shapes = [sh for sh in enumerate_shapes(model, job, cluster, sub) if new(sh)]
         b.shapes = len(shapes)
         below = []
         for sh in shapes:

@@ -449,6 +449,13 @@ def _events_over_virtual_stages(model: ModelSpec, job: JobSpec, cluster: Cluster
     return ev_const, ev_coef
 
 
+def events_gib(events_bytes, overheads) -> float:
+    """A stage's peak (GiB) from its memory events (bytes, stage_memory_events): the largest,
+    with the fragmentation allowance and the CUDA context, as the estimator's total."""
+    return (float(events_bytes.max()) * (1 + overheads.fragmentation) / GIB
+            + overheads.context_gib)
+
+
 def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: Shape,
                          options: Options) -> tuple[tuple[int, ...], float, int]:
     """The layer split that minimizes the largest stage memory, that memory (GiB) and the stage
@@ -462,13 +469,11 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
 
     p, V = shape.pp, shape.num_virtual
     ovh = options.overheads
-    scale = (1 + ovh.fragmentation) / GIB
     ev_const, ev_coef = _events_over_virtual_stages(model, job, cluster, shape, options)
 
     def stage_peaks_gib(lay):
         arr = np.asarray(lay, dtype=float)
-        return [float((ev_const[s] + ev_coef[s] @ arr).max()) * scale + ovh.context_gib
-                for s in range(p)]
+        return [events_gib(ev_const[s] + ev_coef[s] @ arr, ovh) for s in range(p)]
 
     if shape.chunks == 1:
         # one chunk per stage: each candidate peak is const + coef * l_s, so under a cap every
@@ -539,11 +544,10 @@ def capacity_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
 
     p, V = shape.pp, shape.num_virtual
     ovh = options.overheads
-    scale = (1 + ovh.fragmentation) / GIB
     const, coef = _events_over_virtual_stages(model, job, cluster, shape, options)
 
     def fill(s, cur_s):
-        return (float(cur_s.max()) * scale + ovh.context_gib) / caps_gib[s]
+        return events_gib(cur_s, ovh) / caps_gib[s]
 
     layers = [1] * V
     layers[0] = max(1, model.first_dense_layers)
@@ -554,8 +558,7 @@ def capacity_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         cur[best_j % p] = cur[best_j % p] + coef[best_j % p][:, best_j]
     fills = [fill(s, cur[s]) for s in range(p)]
     worst = int(np.argmax(fills))
-    need = float(cur[worst].max()) * scale + ovh.context_gib
-    return tuple(layers), max(fills) <= 1.0, worst, need
+    return tuple(layers), max(fills) <= 1.0, worst, events_gib(cur[worst], ovh)
 
 
 def with_layers(shape: Shape, layers) -> Shape:

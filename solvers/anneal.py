@@ -173,6 +173,8 @@ def _placed_descents(prob: PlacementProblem, res: PlacementResult, t_start: floa
             improved = False
             for s_ in range(V):
                 for d in range(V):
+                    if out_of_time():  # a new split builds its evaluator: tens of ms
+                        break
                     if s_ != d and lay[s_] > 1:
                         nxt = list(lay)
                         nxt[s_] -= 1

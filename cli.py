@@ -249,13 +249,15 @@ RecomputeListOpt = Annotated[Optional[str], typer.Option(
     "\\[all].")]
 ZeroListOpt = Annotated[Optional[str], typer.Option(
     "--zero", help="ZeRO stages to search (0 none, 1 optimizer state / distributed optimizer, 2 "
-    "+ gradients, 3 + parameters / FSDP), e.g. 1,3 \\[what the framework offers].")]
+    "+ gradients, 3 + parameters / FSDP), e.g. 1,3 \\[Megatron-LM 0,1 (its FSDP is opt-in; "
+    "solve looks at ZeRO-3 after the search); DeepSpeed 0-3; torchtitan 0,3].")]
 ShardListOpt = Annotated[Optional[str], typer.Option(
     "--shard-size", help="HSDP: data-parallel ranks per shard group for ZeRO-3, a value or a "
     "list; 0 shards over the whole group \\[0 and one node's replicas].")]
 CpListOpt = Annotated[Optional[str], typer.Option(
     "--cp", help="Context-parallel degrees to search: a value or a list \\[1; for sequences of "
-    "16k tokens or more, every power of two the sequence admits].")]
+    "16k tokens or more, every power of two the sequence admits; below, solve looks at CP "
+    "after the search].")]
 KvRotateListOpt = Annotated[Optional[str], typer.Option(
     "--kv-rotate", help="torchtitan with CP: its K/V rotation (context_parallel_rotate_method) "
     "to search, allgather, alltoall or both comma-separated \\[both].")]

@@ -76,7 +76,9 @@ def model(name_or_path: str) -> ModelSpec:
         found = False
     if found:
         return load_hf_config(p)
-    if folder:
+    if folder and _canon(name_or_path, model_names()) is not None:
+        p = Path(name_or_path)  # a preset's name wins over a folder without a config.json
+    elif folder:
         raise SpecError(f"{p.parent} is a folder without a config.json; give a Hugging Face "
                         "config.json (or its folder) or a preset name", field="model")
     if p.suffix == ".json":

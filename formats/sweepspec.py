@@ -96,25 +96,35 @@ def _tables(spec: dict, key: str, src: str) -> list[dict]:
     return v
 
 
+def _config_file(p: Path) -> Path | None:
+    """The file a model path reads: itself, or a folder's config.json (as presets.model)."""
+    if p.is_file():
+        return p
+    if p.is_dir() and (p / "config.json").is_file():
+        return p / "config.json"
+    return None
+
+
 def _spec_relative(spec_path, name: str) -> str:
-    """A model name that is a path (it names a file next to the spec, or ends in .json) as an
-    absolute path relative to the spec's folder; a preset name as given."""
+    """A model name that is a path (a file next to the spec, a folder there holding a
+    config.json, or a name ending in .json) as an absolute path relative to the spec's folder;
+    a preset name as given (an unrelated folder of that name beside the spec included)."""
     p = Path(name)
     if p.is_absolute():
         return name
     here = Path(spec_path).parent / p
-    if here.exists() or p.suffix.lower() == ".json":
+    if _config_file(here) is not None or p.suffix.lower() == ".json":
         return str(here.resolve())
     return name
 
 
 def _is_file(x) -> bool:
-    return isinstance(x, str) and Path(x).is_file()
+    return isinstance(x, str) and _config_file(Path(x)) is not None
 
 
 def _digest(path: str, src: str) -> str:
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:20]
+        return hashlib.sha256(_config_file(Path(path)).read_bytes()).hexdigest()[:20]
     except OSError as e:
         raise SpecError(f"cannot read {path}: {e.strerror}", source=src, field="files") \
             from None

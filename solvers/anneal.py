@@ -79,8 +79,9 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
             best_start = (prob.cost(cur_perm, cur_lay), cur_perm, cur_lay)
             cands = [best_start]
             mp = prob.memory_perm(lay)
+            t_cands = t_start + CONSTRUCT_SHARE * time_limit_s  # with the construction's share
             for perm in (mp, None if mp is None else mp[::-1], ident, ident[::-1], built):
-                if perm is None:
+                if perm is None or work.now() > t_cands:
                     continue
                 split = prob.placed_split(perm)
                 if split is not None:
@@ -90,6 +91,8 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
                         best_start = (c, list(perm), split)
             if prob.block.A > 1:  # and each candidate's mirror: rows reversed, layers carried
                 for c0, perm, split in list(cands):
+                    if work.now() > t_cands:
+                        break
                     mp2, ml2 = list(perm), tuple(split)
                     for a in range(prob.block.A // 2):
                         mp2, ml2 = prob.row_swap(mp2, ml2, a, prob.block.A - 1 - a)

@@ -220,9 +220,11 @@ class PlacementProblem:
             costs = CostModel(self.model, self.job, self.cluster, sh, self.options)
             by_kind, times = {}, []
             for nd in self.cluster.nodes:
-                key = (nd.gpu.name, nd.intra_gb_per_s, nd.num_gpus)
+                # keyed by the node's own TP ring (a measured matrix can slow one node of a
+                # type: its times had been another node's of that type)
+                ring = nd.ring_gb_per_s(tuple(range(min(sh.tp, nd.num_gpus))))
+                key = (nd.gpu.name, ring)
                 if key not in by_kind:
-                    ring = nd.ring_gb_per_s(tuple(range(min(sh.tp, nd.num_gpus))))
                     lt = costs.layer_times(nd.gpu, ring)
                     by_kind[key] = (lt.fwd_ms + lt.bwd_ms, lt.emb_fwd_ms + lt.emb_bwd_ms,
                                     lt.head_fwd_ms + lt.head_bwd_ms)

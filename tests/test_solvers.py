@@ -1159,3 +1159,27 @@ def test_mixed_gpu_small_block_descends_from_every_node_order():
     for seed in range(3):
         got = anneal(prob, seed=seed, iters=413, time_limit_s=30)
         assert got.objective_ms <= best.objective_ms * (1 + 1e-9), seed
+
+
+def test_placed_split_times_each_node_on_its_own_ring():
+    """Two H100 nodes, one with a measured intra-node matrix whose GPU 0 links run at 20 GB/s:
+    its TP ring, and so its layer time, is its own (placed_split's per-node times had been
+    cached by GPU type and datasheet link, giving it the healthy node's)."""
+    from formats import presets
+    from model.cluster import ClusterSpec, NodeSpec
+    h100 = presets.gpu("H100-SXM-80GB")
+    bad = np.full((8, 8), 360.0)
+    bad[0, :] = bad[:, 0] = 20.0
+    np.fill_diagonal(bad, 0.0)
+    c = ClusterSpec("deg", (NodeSpec("h0", h100, 8, 360.0),
+                            NodeSpec("h1", h100, 8, 360.0, intra_matrix_gb_per_s=bad),
+                            NodeSpec("a0", presets.gpu("A100-80GB"), 8, 240.0)),
+                    np.array([[0, 40.0, 40.0], [40.0, 0, 40.0], [40.0, 40.0, 0]]), 5.0)
+    sh = Shape(tp=8, pp=3, dp=1, micro_batch=1, layers=(), sequence_parallel=True)
+    prob = PlacementProblem(presets.model("llama2-13b"), JobSpec(global_batch=32,
+                                                                 seq_length=4096),
+                            c, sh, blocks_for(c, sh)[0], Options())
+    times = prob._split_inputs()[0]
+    assert times[1][0] > 2 * times[0][0] and times[2][0] != times[0][0]
+    split = prob.placed_split([0, 1, 2])
+    assert split[1] < split[0]  # the degraded node's stage gets fewer layers

@@ -101,6 +101,15 @@ def test_task_ids_follow_the_files_they_read(tmp_path, monkeypatch):
     assert not {t.id for t in load_spec(spec)[1]} & edited
     # a preset-only spec keeps its ids (no files read)
     assert all(t.file_digests == () for t in load_spec(_spec(tmp_path))[1])
+    # a model given as a folder holding its config.json (as presets.model reads it) is
+    # followed by that file; an unrelated folder named as a preset leaves the preset
+    spec.write_text(spec.read_text().replace('name = "hf/config.json"', 'name = "hf"'))
+    folder = {t.id for t in load_spec(spec)[1]}
+    cfg["num_hidden_layers"] = 24
+    (spec_dir / "hf" / "config.json").write_text(_json.dumps(cfg))
+    assert not {t.id for t in load_spec(spec)[1]} & folder
+    (tmp_path / "gpt-1.7b").mkdir()
+    assert {t.model for t in load_spec(_spec(tmp_path))[1]} == {"gpt-1.7b"}
 
 
 def test_bad_specs_name_the_field(tmp_path):

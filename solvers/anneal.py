@@ -172,19 +172,27 @@ def _placed_descents(prob: PlacementProblem, res: PlacementResult, t_start: floa
             continue
         c = prob.cost(perm, lay)
         improved = math.isfinite(c)
+        moves = [(a, b) for a in range(V) for b in range(V) if a != b]
+        # where no single move improves, two at once (a few virtual stages: <= 144 pairs); an
+        # interleaved H200 + A100 block's optimum lay two moves across a ridge
+        pairs = [(x, y) for x in moves for y in moves] if len(moves) <= 12 else []
         while improved and not out_of_time():
             improved = False
-            for s_ in range(V):
-                for d in range(V):
+            for group in ([(x,) for x in moves], pairs):
+                for mv in group:
                     if out_of_time():  # a new split builds its evaluator: tens of ms
                         break
-                    if s_ != d and lay[s_] > 1:
-                        nxt = list(lay)
-                        nxt[s_] -= 1
-                        nxt[d] += 1
-                        c2 = prob.cost(perm, tuple(nxt))
-                        if c2 < c - 1e-12:
-                            lay, c, improved = tuple(nxt), c2, True
+                    nxt = list(lay)
+                    for a, b in mv:
+                        nxt[a] -= 1
+                        nxt[b] += 1
+                    if min(nxt) < 1:
+                        continue
+                    c2 = prob.cost(perm, tuple(nxt))
+                    if c2 < c - 1e-12:
+                        lay, c, improved = tuple(nxt), c2, True
+                if improved:
+                    break
         if c < cur - 1e-12:
             best_perm, best_lay, cur = perm, lay, c
     if cur >= res.objective_ms:

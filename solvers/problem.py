@@ -201,7 +201,12 @@ class PlacementProblem:
         for _ in range(m.num_layers - sum(layers)):
             ok = [j for j in range(V) if fits(j % p, cur[j % p] + coef[j % p][:, j])]
             if not ok:
-                return None
+                # the time balance filled a stage's memory unevenly over its chunks: the split
+                # that balances the hosts' memory instead, where it fits (a seeded H200 + A100
+                # interleaved block had found no split here, its optimum (1, 6, 8, 17) fits)
+                lay, fit, _s, _need = capacity_split(m, self.job, self.cluster, sh,
+                                                     self.options, cap)
+                return tuple(lay) if fit else None
             j = min(ok, key=lambda j: (load[j] + per[j % p], -j))
             layers[j] += 1
             load[j] += per[j % p]

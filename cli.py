@@ -1561,10 +1561,7 @@ def _load_plan_only(ctx, plan_file: Path):
     if ctx is not None:
         given = []
         for p in ctx.command.params:
-            src = ctx.get_parameter_source(p.name)
-            # typer vendors click: compare the enum by name (COMMANDLINE, ENVIRONMENT, ...)
-            if p.name not in _NOT_PLAN_OPTION_PARAMS and src is not None and \
-                    src.name not in ("DEFAULT", "DEFAULT_MAP"):
+            if p.name not in _NOT_PLAN_OPTION_PARAMS and _given(ctx, p.name):
                 # the spelling given: --no-compile is the secondary option of --compile
                 off = getattr(p, "secondary_opts", None) and ctx.params.get(p.name) is False
                 given.append(max(p.secondary_opts if off else p.opts, key=len))

@@ -90,7 +90,7 @@ def anneal(prob: PlacementProblem, *, seed: int = 0, iters: int | None = 6000,
                     if c < best_start[0]:
                         best_start = (c, list(perm), split)
             if prob.block.A > 1:  # and each candidate's mirror: rows reversed, layers carried
-                for c0, perm, split in list(cands):
+                for _c, perm, split in list(cands):
                     if work.now() > t_cands:
                         break
                     mp2, ml2 = list(perm), tuple(split)
@@ -152,8 +152,8 @@ MULTISTART_PERMS = 24
 def _placed_descents(prob: PlacementProblem, res: PlacementResult, t_start: float,
                      time_limit_s: float) -> PlacementResult:
     """Every node order of a small block, from the split balanced for its hosts
-    (PlacementProblem.placed_split), descended by single-layer moves; the best of those and
-    `res`. The optimum can starve slow nodes beyond any time balance (a fuzzer's H200 + 2 L40S
+    (PlacementProblem.placed_split), descended by single-layer moves and, where none improves
+    and the block has few virtual stages, two at once; the best of those and `res`. The optimum can starve slow nodes beyond any time balance (a fuzzer's H200 + 2 L40S
     block: (1, 29, 2), where balance gives (6, 22, 4)), a valley the chains, started from one
     order, could end outside (all seeds 11.4% above the brute-force optimum)."""
     import itertools
@@ -163,6 +163,10 @@ def _placed_descents(prob: PlacementProblem, res: PlacementResult, t_start: floa
     best_perm, best_lay, cur = _perm_of(prob, res.plan), tuple(res.plan.shape.layers), \
         res.objective_ms
     V = prob.shape.num_virtual
+    moves = [(a, b) for a in range(V) for b in range(V) if a != b]
+    # where no single move improves, two at once (a few virtual stages: <= 144 pairs); an
+    # interleaved H200 + A100 block's optimum lay two moves across a ridge
+    pairs = [(x, y) for x in moves for y in moves] if len(moves) <= 12 else []
     for perm in itertools.permutations(range(prob.num_slots)):
         if out_of_time():
             break
@@ -172,10 +176,6 @@ def _placed_descents(prob: PlacementProblem, res: PlacementResult, t_start: floa
             continue
         c = prob.cost(perm, lay)
         improved = math.isfinite(c)
-        moves = [(a, b) for a in range(V) for b in range(V) if a != b]
-        # where no single move improves, two at once (a few virtual stages: <= 144 pairs); an
-        # interleaved H200 + A100 block's optimum lay two moves across a ridge
-        pairs = [(x, y) for x in moves for y in moves] if len(moves) <= 12 else []
         while improved and not out_of_time():
             improved = False
             for group in ([(x,) for x in moves], pairs):

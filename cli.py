@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -92,10 +93,13 @@ def command(name: str | None = None, aliases: dict[str, str] | None = None, pare
         @functools.wraps(fn)
         def wrapper(*a, **k):
             from model.errors import PipetteError
+            _JSON_ERRORS[0] = bool(k.get("as_json"))
             try:
                 return fn(*a, **k)
             except PipetteError as e:
                 fail(str(e))
+            finally:
+                _JSON_ERRORS[0] = False
         # The command list shows the docstring's first paragraph as one line (typer keeps its
         # line breaks there, which the list then prints mid-sentence).
         short = " ".join(inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0].split())
@@ -103,10 +107,17 @@ def command(name: str | None = None, aliases: dict[str, str] | None = None, pare
     return deco
 
 
+# whether the running command was given --json: its errors then also go to stdout as JSON
+# ({"error": ..., "exit_code": 2}), so that a script reading stdout gets an object, not nothing
+_JSON_ERRORS = [False]
+
+
 def fail(msg: str) -> None:
     from model.errors import one_line
 
     typer.echo(f"error: {one_line(msg)}", err=True)
+    if _JSON_ERRORS[0]:
+        typer.echo(json.dumps({"error": one_line(msg), "exit_code": 2}))
     raise typer.Exit(2)
 
 

@@ -549,7 +549,7 @@ def _not_searched(job: JobSpec, space: SearchSpace) -> str:
     out = []
     zeros = ((job.zero,) if job.zero is not None else space.zero
              if space.zero is not None else DEFAULT_ZERO[job.framework])
-    if not {1, 2} & set(zeros) and 1 in FRAMEWORK_ZERO[job.framework]:
+    if not {1, 2, 3} & set(zeros) and 1 in FRAMEWORK_ZERO[job.framework]:
         out.append("the distributed optimizer (--distopt or --zero 1: the optimizer state "
                    "sharded over the data-parallel ranks)")
     if 3 not in zeros and 3 in FRAMEWORK_ZERO[job.framework]:
@@ -564,35 +564,32 @@ def _not_searched(job: JobSpec, space: SearchSpace) -> str:
     return (" Not searched: " + "; ".join(out) + ".") if out else ""
 
 
-def beyond_default_space(model, job, cluster, options, space: SearchSpace, best_ms: float,
-                         deadline: float) -> list[Beyond]:
-    """What the default search left out that could be faster, looked at with the time left
-    (until `deadline`, work.now()): Megatron-FSDP's ZeRO-3 (opt-in for Megatron-LM:
-    space.DEFAULT_ZERO) and context parallelism below CP_MIN_SEQ tokens, unless the user
-    listed --zero / --cp; and Megatron-LM's communication overlaps (each combination a shape
-    can use) unless one was asked for. Each group's shapes get their closed-form bound; those
-    below `best_ms`, lowest first, are screened (a split that fits, Megatron-LM's placement). A
-    helper found a TP 4 PP 1 ZeRO-3 plan 13% faster than a Llama-3 70B plan 'proven optimal'
-    over the default space, and CP 2 at 8k tokens 29% faster for Llama-3 405B."""
+def _beyond_groups(job, cluster, space: SearchSpace) -> list:
+    """The groups beyond_default_space looks at: (what the group is, its space, which of that
+    space's shapes are new (the rest were searched), the options that add a faster shape of
+    it to the search). The advice adds only the group's own option: a ZeRO-3 shape with CP 8
+    at 128k tokens is reached by --zero alone (the default space has CP there), and a --cp
+    list in its advice had dropped the plan's own CP degree from the search."""
     from dataclasses import replace
 
     from .space import CP_MIN_SEQ, DEFAULT_ZERO, FRAMEWORK_ZERO
     # (what the group is, its space, which of that space's shapes are new: the rest were
     # searched)
-    groups: list[tuple[Beyond, SearchSpace, object]] = []
+    groups: list[tuple[Beyond, SearchSpace, object, object]] = []
     fw = job.framework
     if job.zero is None and space.zero is None and True in space.distributed_optimizer \
             and 3 in FRAMEWORK_ZERO[fw] and 3 not in DEFAULT_ZERO[fw]:
         zeros = [z for z in DEFAULT_ZERO[fw] if (z >= 1) in space.distributed_optimizer]
-        groups.append((Beyond("ZeRO-3 (Megatron-FSDP)",
-                              "--zero " + ",".join(map(str, zeros + [3]))),
-                       replace(space, zero=(3,)), lambda sh: sh.zero == 3))
+        flag = "--zero " + ",".join(map(str, zeros + [3]))
+        groups.append((Beyond("ZeRO-3 (Megatron-FSDP)", flag), replace(space, zero=(3,)),
+                       lambda sh: sh.zero == 3, lambda sh: flag))
     if space.cp is None and job.seq_length < CP_MIN_SEQ:
         cps = tuple(2 ** i for i in range(1, 12) if 2 ** i <= cluster.num_gpus)
         if cps:
             groups.append((Beyond(f"context parallelism below {CP_MIN_SEQ:,} tokens",
                                   "--cp 1," + ",".join(map(str, cps[:3]))),
-                           replace(space, cp=cps), lambda sh: sh.cp > 1))
+                           replace(space, cp=cps), lambda sh: sh.cp > 1,
+                           lambda sh: f"--cp 1,{sh.cp}"))
     off = (False,)
     if fw == "megatron" and space.tp_comm_overlap == off and \
             space.overlap_grad_reduce == off and space.overlap_param_gather == off:
@@ -606,9 +603,46 @@ def beyond_default_space(model, job, cluster, options, space: SearchSpace, best_
                        replace(space, tp_comm_overlap=both, overlap_grad_reduce=both,
                                overlap_param_gather=both),
                        lambda sh: sh.tp_comm_overlap or sh.overlap_grad_reduce
-                       or sh.overlap_param_gather))
+                       or sh.overlap_param_gather,
+                       lambda sh: " ".join(f for f, on in (
+                           ("--tp-comm-overlap", sh.tp_comm_overlap),
+                           ("--overlap-grad-reduce", sh.overlap_grad_reduce),
+                           ("--overlap-param-gather", sh.overlap_param_gather)) if on)))
+    return groups
+
+
+def model_state_floor(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
+                      options: Options) -> tuple[float, float, int] | None:
+    """For "nothing fits": the weights, gradients and optimizer state, spread over every GPU
+    with nothing replicated (the most any mix of TP, PP and ZeRO-3 can do), against the GPUs'
+    room for tensors (memory less the CUDA context, over 1 + fragmentation: the allowance
+    model/memory.py adds). (state GiB, room GiB of the largest GPU, GPUs of that size the state
+    needs) where the cluster's room is short of it, else None: then more sharding could make
+    it fit, and otherwise only more or larger GPUs can."""
+    from model.memory import param_bytes
+    o = options.overheads
+    per_param = sum(param_bytes(job, Shape(tp=1, pp=1, dp=1, micro_batch=1)))
+    state_gib = model.total_params * per_param / 2 ** 30
+    rooms = [max(0.0, n.gpu.memory_gib - o.context_gib) / (1 + o.fragmentation)
+             for n in cluster.nodes for _g in range(n.num_gpus)]
+    if state_gib <= sum(rooms):
+        return None
+    room = max(rooms)
+    return state_gib, room, math.ceil(state_gib / room) if room > 0 else 0
+
+
+def beyond_default_space(model, job, cluster, options, space: SearchSpace, best_ms: float,
+                         deadline: float) -> list[Beyond]:
+    """What the default search left out that could be faster, looked at with the time left
+    (until `deadline`, work.now()): Megatron-FSDP's ZeRO-3 (opt-in for Megatron-LM:
+    space.DEFAULT_ZERO) and context parallelism below CP_MIN_SEQ tokens, unless the user
+    listed --zero / --cp; and Megatron-LM's communication overlaps (each combination a shape
+    can use) unless one was asked for. Each group's shapes get their closed-form bound; those
+    below `best_ms`, lowest first, are screened (a split that fits, Megatron-LM's placement). A
+    helper found a TP 4 PP 1 ZeRO-3 plan 13% faster than a Llama-3 70B plan 'proven optimal'
+    over the default space, and CP 2 at 8k tokens 29% faster for Llama-3 405B."""
     out = []
-    for b, sub, new in groups:
+    for b, sub, new, advice in _beyond_groups(job, cluster, space):
         out.append(b)
         if work.stop_offset() or work.now() > deadline:
             continue
@@ -633,13 +667,7 @@ def beyond_default_space(model, job, cluster, options, space: SearchSpace, best_
                 if info is not None and info.quick_ms is not None and info.quick_ms < (
                         b.faster_ms or best_ms) * (1 - 1e-9):
                     b.faster_ms, b.faster_shape = info.quick_ms, sh.describe()
-                    if sh.cp > 1:
-                        b.option = f"--cp 1,{sh.cp}"
-                    elif b.option.startswith("--tp-comm-overlap"):
-                        b.option = " ".join(f for f, on in (
-                            ("--tp-comm-overlap", sh.tp_comm_overlap),
-                            ("--overlap-grad-reduce", sh.overlap_grad_reduce),
-                            ("--overlap-param-gather", sh.overlap_param_gather)) if on)
+                    b.option = advice(sh)
             else:
                 b.checked = True
     return out
@@ -748,6 +776,20 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         hint = (f" The closest is {closest.describe}: "
                 f"{closest.status.removeprefix('does not fit: ')}."
                 if closest else " No shape is valid for this model and cluster.")
+        floor = model_state_floor(model, job, cluster, options)
+        if floor is not None:
+            state_gib, room_gib, need = floor
+            per_node = max(n.num_gpus for n in cluster.nodes)
+            raise InfeasibleError(
+                f"nothing fits in GPU memory: the weights, gradients and optimizer state "
+                f"alone are {state_gib:,.0f} GiB ({model.total_params / 1e9:,.1f}B parameters "
+                f"x {state_gib * 2 ** 30 / model.total_params:.0f} bytes), more than the "
+                f"{cluster.num_gpus} GPUs hold even spread over all of them with nothing "
+                f"replicated: at least {need} GPUs with {room_gib:.1f} GiB of room each "
+                f"(memory less the allowance; {math.ceil(need / per_node)} nodes of "
+                f"{per_node}), before any activation. No parallelism, sharding, recompute or "
+                "shorter sequence can make it fit: add GPUs or nodes, or use GPUs with more "
+                "memory." + hint)
         raise InfeasibleError(
             "nothing fits in GPU memory." + hint + _not_searched(job, space) + " To make it "
             "fit: add GPUs or nodes (more pipeline or tensor parallelism), use GPUs with more "

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from formats.clusters import SynthParams, cluster_to_toml, synth_cluster
+from model.specs import JobSpec
 
 runner = CliRunner()
 
@@ -115,8 +116,10 @@ def test_next_best_lists_bound_pruned_shapes_when_none_was_timed():
 
 
 def test_solve_nothing_fits_exit_2(tmp_path):
-    cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 16384,
-           "num_attention_heads": 128, "num_key_value_heads": 8, "intermediate_size": 53248,
+    # its weights, gradients and optimizer state (64 GiB) would fit spread over both GPUs:
+    # what is not searched can be named
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 8192,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672,
            "vocab_size": 128256, "max_position_embeddings": 8192}
     c = synth_cluster(SynthParams(num_nodes=1, gpus_per_node=2, gpu="A100-40GB", degraded=0))
     r = runner.invoke(app, ["solve", *_inputs(tmp_path, cfg, c), "--gbs", "8",
@@ -132,6 +135,40 @@ def test_solve_nothing_fits_exit_2(tmp_path):
     assert r.exit_code == 2 and "nothing fits" in r.output, r.output
     assert "full recompute (--recompute was none)" in r.output and "--tp values" in r.output
     assert "ZeRO-3" not in r.output.split("Not searched")[1]
+
+
+def test_nothing_fits_for_the_model_states_says_how_many_gpus(tmp_path):
+    """Where the weights, gradients and optimizer state alone exceed every GPU's room, spread
+    with nothing replicated, "nothing fits" says so and how many GPUs would hold them, and
+    names no option (it had sent the user from --zero 3 to the distributed optimizer and
+    back, and to a shorter sequence); --json puts the error on stdout as an object (it had
+    printed nothing there)."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 8192,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672,
+           "vocab_size": 128256, "max_position_embeddings": 8192}
+    c = synth_cluster(SynthParams(num_nodes=1, gpus_per_node=2, gpu="A100-40GB", degraded=0))
+    for extra in ([], ["--zero", "3"]):
+        r = runner.invoke(app, ["solve", *_inputs(tmp_path, cfg, c), "--gbs", "8", "--seq",
+                                "8192", "--time-limit", "10", "--json", *extra])
+        assert r.exit_code == 2
+        err = json.loads(r.stdout)
+        assert err["exit_code"] == 2 and err["error"] in r.output
+        msg = err["error"]
+        # 5.5B parameters x 18 bytes = 93 GiB; room (40 - 1) / 1.2 = 32.5 GiB a GPU
+        assert "optimizer state alone are 93 GiB" in msg and "at least 3 GPUs with 32.5 GiB" \
+            in msg and "2 nodes of 2" in msg, msg
+        assert "Not searched" not in msg and "shorten the sequence" not in msg
+
+
+def test_nothing_fits_with_zero_3_does_not_advise_the_distributed_optimizer():
+    """ZeRO-3 shards the optimizer state too: with --zero 3 given, "not searched" does not
+    name the distributed optimizer (ZeRO-1), which saves less."""
+    from solvers.search import _not_searched
+    from solvers.space import SearchSpace as Space
+    assert "distributed optimizer" not in _not_searched(JobSpec(global_batch=8, seq_length=4096),
+                                                        Space(zero=(3,)))
+    assert "distributed optimizer" in _not_searched(JobSpec(global_batch=8, seq_length=4096),
+                                                    Space(zero=(0,)))
 
 
 def test_compare_writes_csv(tiny, tmp_path):
@@ -483,7 +520,7 @@ gb_per_s = [[0.0]]
 
 @pytest.mark.parametrize("args,says", [
     (["-m", "gpt-1t", "--gbs", "32", "--seq", "1024", "--cluster", "{one}"],
-     "nothing fits in GPU memory. The closest is"),
+     "nothing fits in GPU memory: the weights, gradients and optimizer state alone"),
     (["-m", "gpt-1.7b", "--gbs", "16", "--seq", "1024", "--tp", "3"],
      "no plan in the search space is valid"),
     # a plan fits, but no sharding applies on one GPU: said, with the plan found without it

@@ -1002,6 +1002,30 @@ def test_uniform_block_with_one_split_is_settled_exactly(moe_first_dense):
     assert r.objective_ms == pytest.approx(estimate(m, job, c, r.plan).iteration_ms, rel=1e-9)
 
 
+def test_beyond_the_search_advice_adds_only_its_groups_option():
+    """The option each group advises adds that group to the search and drops nothing: a ZeRO-3
+    shape with CP 8 at 128k tokens (the default space has CP there) is advised --zero alone; a
+    helper had been told "--cp 1,32", which left ZeRO-3 out and CP 8, the plan's own degree,
+    too (2.2x slower, and the same advice again)."""
+    from dataclasses import replace as dc_replace
+
+    from model.plan import Shape
+    from solvers.search import _beyond_groups
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    sh = Shape(tp=1, pp=1, dp=4, micro_batch=1, zero=3, cp=8)
+    long_job = JobSpec(global_batch=64, seq_length=131072)
+    groups = {g[0].label.split(" ")[0]: g for g in _beyond_groups(long_job, c, SearchSpace())}
+    assert set(groups) == {"ZeRO-3", "communication"}  # CP is searched at 128k
+    b, _sub, new, advice = groups["ZeRO-3"]
+    assert new(sh) and advice(sh) == b.option == "--zero 0,1,3"
+    ovl = dc_replace(sh, zero=1, overlap_grad_reduce=True, overlap_param_gather=True)
+    assert groups["communication"][3](ovl) == "--overlap-grad-reduce --overlap-param-gather"
+    short = {g[0].label.split(" ")[0]: g for g in _beyond_groups(
+        JobSpec(global_batch=64, seq_length=4096), c, SearchSpace())}
+    assert short["context"][3](dc_replace(sh, zero=1, cp=2)) == "--cp 1,2"
+    assert short["ZeRO-3"][3](sh) == "--zero 0,1,3"
+
+
 def test_what_the_default_search_leaves_out_is_looked_at():
     """Megatron-FSDP's ZeRO-3, CP below 16k tokens and Megatron-LM's communication overlaps are
     outside its default search;

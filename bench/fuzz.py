@@ -18,7 +18,8 @@ Families of generated inputs (each case: files written to a scratch folder and a
   pre-existing target that must survive a failing command.
 
 Each case runs through typer's CliRunner with a per-case time limit (SIGALRM) and is classified:
-clean one-line error (exit 2), typer usage error, success, traceback (signature: exception type
+clean one-line error (exit 2: one line on stderr, and on stdout nothing or, with --json, the
+same error as {"error": ..., "exit_code": 2}), typer usage error, success, traceback (signature: exception type
 and the innermost frame in this project), hang, non-finite output (NaN/Infinity in --json output
 or in a written file), unreadable output (a written cluster TOML that does not load), invalid
 value accepted (the generator knows the value is invalid and the command succeeded), multi-line
@@ -687,6 +688,18 @@ def _signature(exc: BaseException) -> str:
     return f"{type(exc).__name__} at {where}"
 
 
+def _error_stdout(stdout: str, line: str) -> bool:
+    """What an error leaves on stdout: nothing, or (a command given --json) the same line as
+    the object {"error": ..., "exit_code": 2}."""
+    if not stdout.strip():
+        return True
+    try:
+        d = json.loads(stdout)
+    except ValueError:
+        return False
+    return d == {"error": line.removeprefix("error: "), "exit_code": 2}
+
+
 def run_case(case: Case, d: Path, per_case_s: float) -> tuple[str, str]:
     argv = materialize(case, d)
     runner = CliRunner()
@@ -708,10 +721,11 @@ def run_case(case: Case, d: Path, per_case_s: float) -> tuple[str, str]:
         if res.exit_code != 0 and (d / name).read_bytes() != data:
             return "file lost", " ".join(argv)[:200]
     if res.exit_code == 2:
-        lines = [x for x in out.splitlines() if x.strip()]
+        lines = [x for x in res.stderr.splitlines() if x.strip()]
         if "Usage:" in out:
             return "usage error", ""
-        if len(lines) == 1 and lines[0].startswith("error:"):
+        if len(lines) == 1 and lines[0].startswith("error:") and _error_stdout(
+                res.stdout, lines[0]):
             return "clean error", ""
         return "multi-line error", out[:300]
     if res.exit_code != 0:

@@ -1597,26 +1597,40 @@ def emit_cmd(
     framework_version: FwVersionOpt = None,
 ):
     """Write a saved plan's framework arguments, launch script and hostfile."""
-    from formats.planfile import load_plan
+    from formats.planfile import load_plan, recorded_estimate_drift
+    from launch.emit import check_framework
     from launch.outputs import check_outputs, write_outputs
+    from model.errors import SpecError
+    from model.estimator import estimate as run_estimate
 
     check_outputs(emit=framework, out=out, gantt=gantt, placement_png=placement_png,
                   force=force, tokenizer=tokenizer, version=framework_version)
     m, job, c0, plan, opts0, meta = load_plan(plan_file)
+    recorded = meta["emitted"]
+    release_note = []
     if framework_version is None and framework.lower() == "torchtitan" and job.repeat_kv:
         # the plan was priced for torchtitan v0.1 (K and V repeated: estimate
         # --framework-version 0.1): its files are v0.1's unless the release is given
         framework_version = "0.1"
+    elif framework_version is None and recorded and recorded["framework"] == framework.lower():
+        # the release the command that wrote the file emitted for (NeMo 1.x had come back as
+        # a Megatron-Bridge recipe): said, as the release is not the default
+        try:
+            check_framework(framework, recorded["version"])
+        except SpecError as e:
+            raise SpecError(e.problem, source=str(plan_file), field="emitted.version") from None
+        framework_version = recorded["version"]
+        release_note = [f"{plan_file}: files for {recorded['framework']} "
+                        f"--framework-version {framework_version}, the release it was emitted "
+                        "for when saved (give --framework-version to choose another)"]
     c, opts, _prof, _cal, _notes = _plan_calibrated(plan_file, meta, c0, opts0, None, False)
-    from formats.planfile import recorded_estimate_drift
-    from model.errors import SpecError
-    from model.estimator import estimate as run_estimate
     drift = recorded_estimate_drift(meta, run_estimate(m, job, c, plan, opts), str(plan_file))
     try:
         files, warnings = write_outputs(m, job, c, plan, None, opts, emit=framework, out=out,
                                         gantt=gantt, placement_png=placement_png, force=force,
                                         tokenizer=tokenizer, version=framework_version)
-        warnings = [*meta["read_notes"], *([drift] if drift else []), *warnings]
+        warnings = [*meta["read_notes"], *release_note, *([drift] if drift else []),
+                    *warnings]
     except SpecError as e:
         if e.source != "plan":
             raise

@@ -26,6 +26,7 @@ import re
 from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import make_plan
+from model.memory import fp8_params_apply
 from model.plan import TP_PP_DP_ORDER, Plan, megatron_placement, ordered_placement
 from model.specs import JobSpec, ModelSpec
 
@@ -47,7 +48,7 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
     names (the args namespace of megatron/training/arguments.py and TransformerConfig) and as
     it prints them (str of the value). The layer split is not among them (its flags have
     several equivalent spellings), nor the FP8 format (`fp8`: e4m3 or hybrid are both FP8;
-    megatron_args_mismatch checks only that it is set)."""
+    megatron_args_mismatch checks only that it is set, and the FP8 recipe only with FP8)."""
     sh = plan.shape
     want: dict[str, object] = {
         "tensor_model_parallel_size": sh.tp, "pipeline_model_parallel_size": sh.pp,
@@ -65,6 +66,13 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
         "num_distributed_optimizer_instances": sh.dp // sh.shard_size if sh.shard_size else 1,
         "recompute_granularity": None if sh.recompute == "none" else sh.recompute,
         "bf16": job.precision == "bf16", "fp16": job.precision == "fp16",
+        # what launch/emit.py asks for beside them and the estimate prices: bf16 main
+        # gradients, the overlaps, FP8 weights only
+        "grad_reduce_in_bf16": job.precision == "bf16" and job.grad_reduce_in_bf16,
+        "overlap_grad_reduce": sh.overlap_grad_reduce,
+        "overlap_param_gather": sh.overlap_param_gather,
+        "tp_comm_overlap": sh.tp_comm_overlap,
+        "fp8_param_gather": fp8_params_apply(job, sh),
     }
     if model.num_kv_heads != model.num_heads:  # printed as None without GQA
         want["num_query_groups"] = model.num_kv_heads
@@ -90,6 +98,9 @@ def megatron_args_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
     # --fp8-format (dest fp8): e4m3 or hybrid, None without FP8; either is FP8 to the plan
     if "fp8" in logged and (logged["fp8"] != "None") != plan.shape.fp8:
         out.append(("fp8", logged["fp8"], "an FP8 format" if plan.shape.fp8 else "None"))
+    elif plan.shape.fp8 and logged.get("fp8_recipe", job.fp8_recipe) != job.fp8_recipe:
+        # printed whatever --fp8-format says (delayed by default); a recipe only with FP8
+        out.append(("fp8_recipe", logged["fp8_recipe"], job.fp8_recipe))
     # the fused loss the plan prices (native); Transformer Engine's is not priced either way
     # (calibrate reports such a run's memory without fitting it: formats/runs.py)
     if "cross_entropy_loss_fusion" in logged and not loss_unpriced(logged) and \

@@ -165,6 +165,17 @@ def nemo_printed(doc: dict, source: str, strict: bool = True) -> dict[str, str]:
         fail("model.optim.name", f"the optimizer {name!r} is not priced (Adam: "
              f"{', '.join(sorted(_DISTRIBUTED | _ADAM))})")
     out["use_distributed_optimizer"] = str(name in _DISTRIBUTED)
+    # bf16 main gradients: NeMo 1.x builds Megatron-Core's DDP with grad_reduce_in_fp32 =
+    # (optim.grad_sync_dtype == 'fp32'), its default (megatron_base_model.py
+    # setup_mcore_distributed_parallel), under the distributed optimizer; without it bf16 O2
+    # keeps fp32 main gradients (megatron_gpt_model.py configure_optimizers: fp32_grad_accum)
+    sync = str(optim.get("grad_sync_dtype", "fp32"))
+    if name in _DISTRIBUTED and bits == "bf16":
+        if sync not in ("fp32", "bf16"):
+            fail("model.optim.grad_sync_dtype", f"{sync!r} is not priced (fp32, bf16)")
+        out["grad_reduce_in_bf16"] = str(sync == "bf16")
+    else:
+        out["grad_reduce_in_bf16"] = "False"
     for key, arg in (("overlap_grad_sync", "overlap_grad_reduce"),
                      ("overlap_param_sync", "overlap_param_gather")):
         if key in optim:

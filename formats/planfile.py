@@ -151,10 +151,13 @@ def cluster_to_dict(c: ClusterSpec) -> dict:
 
 def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
                   estimate: Estimate | None, solver: dict | None = None,
-                  options: Options | None = None, calibration: dict | None = None) -> dict:
+                  options: Options | None = None, calibration: dict | None = None,
+                  emitted: dict | None = None) -> dict:
     """The plan file's document. `cluster` and `options` as measured, before any profile;
     `calibration`: what the estimate was calibrated with, its profile whole under
-    "document" (cli.py `_calibrated`)."""
+    "document" (cli.py `_calibrated`); `emitted`: the framework and release the command that
+    wrote it emitted files for, where a release was given ({"framework", "version"}: `emit`
+    from the file writes that release's files again)."""
     options = options or Options()
     return json_safe({
         "schema_version": SCHEMA_VERSION,
@@ -170,15 +173,18 @@ def plan_document(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
         "estimate": estimate_to_dict(estimate) if estimate is not None else None,
         "solver": dict(solver) if solver is not None else None,
         "calibration": calibration,
+        "emitted": emitted,
     })
 
 
 def save_plan(path, model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Plan,
               estimate: Estimate, solver: dict | None = None,
-              options: Options | None = None, calibration: dict | None = None) -> None:
+              options: Options | None = None, calibration: dict | None = None,
+              emitted: dict | None = None) -> None:
     """Write the plan file (schema_version 3) to `path`, creating parent folders."""
     path = Path(path)
-    doc = plan_document(model, job, cluster, plan, estimate, solver, options, calibration)
+    doc = plan_document(model, job, cluster, plan, estimate, solver, options, calibration,
+                        emitted)
     write_atomic(path, json.dumps(doc, indent=1) + "\n", field="--save-plan")
 
 
@@ -197,7 +203,7 @@ def _matrix(rd: FieldReader, rows, n: int, fld: str, per: str = "node, in nodes 
 
 
 _TOP_KEYS = ("schema_version", "kind", "generator", "cost_model_revision", "model", "job",
-             "options", "cluster", "plan", "estimate", "solver", "calibration")
+             "options", "cluster", "plan", "estimate", "solver", "calibration", "emitted")
 _JOB_KEYS = tuple(job_to_dict(JobSpec(global_batch=1, seq_length=1)))
 _GPU_KEYS = ("peak_tflops", "sm_count", *_GPU_FLOATS, "source", "curve_source",
              "fp8_gemm_efficiency")
@@ -531,7 +537,11 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     solver = rd.obj(doc, "solver", "", optional=True)
     estimate = rd.obj(doc, "estimate", "", optional=True)
     calibration = rd.obj(doc, "calibration", "", optional=True)
-    meta = {"schema_version": ver, "generator": doc.get("generator"),
+    emitted = rd.obj(doc, "emitted", "", optional=True)
+    if emitted is not None:
+        rd.known(emitted, "emitted", ("framework", "version"))
+        emitted = {k: rd.get(emitted, k, "emitted", str) for k in ("framework", "version")}
+    meta = {"emitted": emitted, "schema_version": ver, "generator": doc.get("generator"),
             "cost_model_revision": doc.get("cost_model_revision"), "estimate": estimate,
             "solver": solver, "calibration": calibration,
             "calibrated_cluster": ver == 2 and calibration is not None,

@@ -110,7 +110,9 @@ def write_outputs(m, job, c, plan, est, opts, *, save_plan: Path | None = None,
     warnings: list[str] = []
     if save_plan is not None:
         c0, opts0 = measured if measured is not None else (c, opts)
-        write_plan(save_plan, m, job, c0, plan, est, solver, opts0, calibration)
+        write_plan(save_plan, m, job, c0, plan, est, solver, opts0, calibration,
+                   {"framework": emit.lower(), "version": version}
+                   if emit is not None and version is not None else None)
         files.append(Path(save_plan))
     if ls is not None:
         files += write_set(folder, ls.files, modes={n: 0o755 for n in ls.executable},

@@ -1146,6 +1146,89 @@ def test_plan_read_from_nemo1_printed_configuration(tmp_path):
     assert plan_from_nemo_config(ref, ex, source="t", vocab=32000)[0].seq_length == 4096
 
 
+def test_nemo_bf16_gradients_read_and_settings_the_estimate_prices_checked(tmp_path):
+    """NeMo 1.x's optim.grad_sync_dtype bf16 (what emit writes for --grad-reduce-in-bf16
+    under the distributed optimizer) is read as bf16 main gradients: the reader had dropped
+    it (4.85 GiB more a GPU). A log whose printed arguments contradict the plan on what the
+    estimate prices beside the degrees (bf16 main gradients, the overlaps, FP8 weights, the
+    FP8 recipe) is refused: megatron_planned_args had left them out, and calibrate fitted a
+    Megatron-LM log against a plan with overlaps and bf16 gradients it never ran."""
+    from formats.megatron_args import megatron_args_mismatch, megatron_planned_args
+    from formats.nemo_config import plan_from_nemo_config
+    from formats.clusters import cluster as load_cluster
+    from model.estimator import estimate
+
+    ex = load_cluster("example")
+    text = read_log(LOGS / "nemo1_config_70b.log").nemo_configs[0]
+    anchor = "    name: distributed_fused_adam\n"
+    assert text.count(anchor) == 1
+    indent = " " * (len(anchor) - len(anchor.lstrip()))
+    bf16 = text.replace(anchor, anchor + indent + "grad_sync_dtype: bf16\n")
+    _m, job, plan, printed = plan_from_nemo_config(bf16, ex, source="t", vocab=32000)
+    assert job.grad_reduce_in_bf16 and printed["grad_reduce_in_bf16"] == "True"
+    _m, job0, plan0, _p = plan_from_nemo_config(text, ex, source="t", vocab=32000)
+    assert not job0.grad_reduce_in_bf16  # fp32, NeMo's default
+    m = presets.model("llama2-70b")
+    assert estimate(m, job, ex, plan).peak_memory_gib < \
+        estimate(m, job0, ex, plan0).peak_memory_gib - 1
+    with pytest.raises(SpecError) as e:
+        plan_from_nemo_config(text.replace(anchor, anchor + indent + "grad_sync_dtype: fp16\n"),
+                              ex, source="t", vocab=32000)
+    assert e.value.field == "model.optim.grad_sync_dtype"
+
+    job = JobSpec(global_batch=256, seq_length=4096)
+    plain = make_plan(m, job, ex, tp=8, pp=4, recompute="selective", zero=1)
+    logged = megatron_planned_args(m, job, plain)
+    assert megatron_args_mismatch(m, job, plain, logged) == []
+    other_job = JobSpec(global_batch=256, seq_length=4096, grad_reduce_in_bf16=True)
+    other = make_plan(m, other_job, ex, tp=8, pp=4, recompute="selective", zero=1,
+                      overlap_grad_reduce=True, overlap_param_gather=True)
+    assert {x[0] for x in megatron_args_mismatch(m, other_job, other, logged)} == {
+        "grad_reduce_in_bf16", "overlap_grad_reduce", "overlap_param_gather"}
+    fp8_job = JobSpec(global_batch=256, seq_length=4096, fp8=True, fp8_recipe="tensorwise")
+    fp8 = make_plan(m, fp8_job, load_cluster("h100-8x8"), tp=8, pp=4, recompute="selective",
+                    zero=1)
+    fp8_logged = {**megatron_planned_args(m, fp8_job, fp8), "fp8": "hybrid",
+                  "fp8_recipe": "delayed"}
+    assert megatron_args_mismatch(m, fp8_job, fp8, fp8_logged) == [
+        ("fp8_recipe", "delayed", "tensorwise")]
+    # the CLI: the Megatron-LM fixture log (no overlaps, fp32 main gradients) against such a
+    # plan is refused in one line
+    pf = tmp_path / "other.json"
+    save_plan(pf, m, other_job, ex, other, estimate(m, other_job, ex, other), options=Options())
+    res = CliRunner().invoke(app, ["calibrate", str(LOGS / "megatron_train.log"), "--plan",
+                                   str(pf), "--fit", "gemm_scale", "--out",
+                                   str(tmp_path / "c.json")])
+    assert res.exit_code == 2 and "overlap_grad_reduce" in res.output, res.output
+
+
+def test_emit_from_a_plan_file_writes_the_release_it_was_saved_with(tmp_path):
+    """A plan saved beside files emitted for NeMo 1.x records that release (`emitted`), and
+    `emit` from the file writes NeMo 1.x's files again (they had come back as a
+    Megatron-Bridge recipe, without a word); another --framework-version still chooses."""
+    runner = CliRunner()
+    pf = tmp_path / "v.json"
+    base = ["-m", "llama3-8b", "-c", "h100-8x8", "--gbs", "128", "--seq", "8192", "--tp", "4",
+            "--pp", "2"]
+    r = runner.invoke(app, ["estimate", *base, "--framework-version", "1", "--save-plan",
+                            str(pf), "--emit", "nemo", "--out", str(tmp_path / "A")])
+    assert r.exit_code == 0, r.output
+    assert json.loads(pf.read_text())["emitted"] == {"framework": "nemo", "version": "1"}
+    r = runner.invoke(app, ["emit", str(pf), "-f", "nemo", "--out", str(tmp_path / "B")])
+    assert r.exit_code == 0 and "the release it was emitted for" in " ".join(
+        r.output.split()), r.output
+    for f in (tmp_path / "A").iterdir():
+        assert (tmp_path / "B" / f.name).read_bytes() == f.read_bytes(), f.name
+    r = runner.invoke(app, ["emit", str(pf), "-f", "nemo", "--framework-version", "bridge",
+                            "--out", str(tmp_path / "C")])
+    assert r.exit_code == 0 and (tmp_path / "C" / "bridge_recipe.py").exists(), r.output
+    doc = json.loads(pf.read_text())
+    doc["emitted"]["version"] = "7"
+    pf.write_text(json.dumps(doc))
+    r = runner.invoke(app, ["emit", str(pf), "-f", "nemo", "--out", str(tmp_path / "D")])
+    assert r.exit_code == 2 and "emitted.version" in r.output, r.output
+
+
 def test_plan_read_from_bridge_run_config(tmp_path):
     """A Megatron-Bridge run's plan from the run_config.yaml its checkpoints hold, files written
     by Bridge (067f987) itself (fixtures/logs/README.md): those of the recipes emitted for two

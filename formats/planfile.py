@@ -111,7 +111,7 @@ def job_to_dict(j: JobSpec) -> dict:
             "fp8_param_gather": j.fp8_param_gather, "fp8_recipe": j.fp8_recipe,
             "moe_capacity_factor": j.moe_capacity_factor, "compile": j.compile,
             "compile_loss": j.compile_loss, "repeat_kv": j.repeat_kv,
-            "fused_loss": j.fused_loss}
+            "fused_loss": j.fused_loss, "p2p_scatter_gather": j.p2p_scatter_gather}
 
 
 def options_to_dict(o: Options) -> dict:
@@ -284,6 +284,7 @@ def _read_job(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
                        compile_loss=later("compile_loss", bool, None, nullable=True),
                        repeat_kv=later("repeat_kv", bool, False),
                        fused_loss=later("fused_loss", bool, False),
+                       p2p_scatter_gather=later("p2p_scatter_gather", bool, False),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None

@@ -234,8 +234,11 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     # DeepSpeed's pipeline engine and optimizers (BLOOM's Megatron-DeepSpeed, MT-NLG) and
     # its ZeRO-3 (Narayanan et al. Table 2) follow DeepSpeed's byte rules
     framework = "deepspeed" if "deepspeed" in (r.get("framework") or "").lower() else "megatron"
+    # and Megatron-LM's pipeline transfers of that time: scattered over the tensor ranks and
+    # gathered (JobSpec.p2p_scatter_gather)
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
-                  precision=precision, zero=zero, attention="eager", framework=framework)
+                  precision=precision, zero=zero, attention="eager", framework=framework,
+                  p2p_scatter_gather=framework == "megatron")
     gpu = "A100-80GB" if "80" in (r.get("gpu_type") or "") else "A100-40GB"
     cluster = _cluster(r, gpu, gpu_params)
     mbs = r.get("micro_batch_size")

@@ -19,7 +19,7 @@ from .cluster import ClusterSpec
 from .communication import (allreduce_ms, alltoall_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
-from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes
+from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes, keeps_unsharded
 from .plan import Shape, layer_params, num_microbatches
 from .specs import GPUSpec, JobSpec, ModelSpec, Options, element_bytes
 
@@ -103,8 +103,11 @@ class CostModel:
         # tokens per micro-batch on one GPU (1/cp of each sequence with context parallelism)
         self.tokens = shape.micro_batch * job.seq_length // shape.cp
         self.act_msg_bytes = self.tokens * model.hidden_size * job.activation_bytes
-        # what one tensor rank of DeepSpeed's pipeline engine sends (hop_ms)
+        # what one tensor rank sends of a pipeline transfer where each sends what it holds
+        # (hop_ms): DeepSpeed's pipeline engine, Megatron-Core (JobSpec.p2p_scatter_gather)
         self.ds_msg_bytes = self.act_msg_bytes / (shape.tp if shape.sequence_parallel else 1)
+        self.whole_p2p = job.framework == "deepspeed" or (
+            job.framework == "megatron" and not job.p2p_scatter_gather)
         self._layer_cache: dict = {}
         self._compute_cache: dict = {}
         # whether ZeRO-3's per-layer collectives get NCCL's hierarchical rings (one channel per
@@ -199,7 +202,10 @@ class CostModel:
         head_f, head_b = hf.total_ms + head_f, hb.total_ms + head_b
         fill_f = fill_b = 0.0
         shard = (0.0, 0.0, 0.0, 0.0)  # LayerTimes.shard_comm_* and shard_edge_*
-        if sh.zero >= 3:
+        # torchtitan's FSDP2 under PP gathers once a step and keeps the weights (and the
+        # gradients) unsharded across the micro-batches: nothing per micro-batch here, its
+        # step's collectives are in the tail (`unsharded_step_coefs`)
+        if sh.zero >= 3 and not keeps_unsharded(self.job, sh):
             ag, rs = self._shard_collectives(self.model.layer_params_per_gpu(sh.tp),
                                              shard_ring_gb_per_s)
             # prefetch: the next layer's gather runs during this layer's compute (and in the
@@ -225,6 +231,30 @@ class CostModel:
                          fill_f, fill_b, ep_f, ep_b, *rerun, *shard)
         self._layer_cache[key] = out
         return out
+
+    def unsharded_step_coefs(self, gpu: GPUSpec, tp_ring_gb_per_s: float,
+                             shard_ring_gb_per_s: float, cp_ring_gb_per_s: float = math.inf,
+                             ep_alltoall_ms: float = 0.0) -> tuple[float, float, float]:
+        """torchtitan's FSDP2 with pipeline parallelism (memory.keeps_unsharded): its
+        collectives run once a step, not per micro-batch. The default reshard_after_forward
+        policy is off when PP is on "to avoid per-microbatch all-gathers"
+        (torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy), and PyTorch's
+        pipeline stage runs every backward with set_reshard_after_backward(False) and
+        set_requires_gradient_sync(False), then reduce-scatters the stage's gradients once
+        after its last backward (torch/distributed/pipelining/stage.py
+        backward_maybe_with_nosync). So a virtual stage pays, once a step: its layers'
+        gathers in the first forward, each prefetched behind the layer before (what outlasts
+        it shows, plus the chunk's first gather), and every reduce-scatter after its last
+        backward, nothing to hide behind. As (per layer, per chunk, per embedding or output
+        layer) ms, a stage's tail: per layer x its layers + per chunk x its chunks + per edge x
+        the edge layers it holds."""
+        lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s,
+                              ep_alltoall_ms)
+        ag, rs = self._shard_collectives(self.model.layer_params_per_gpu(self.shape.tp),
+                                         shard_ring_gb_per_s)
+        e_ag, e_rs = self._shard_collectives(self.model.vocab_size * self.model.hidden_size
+                                             / self.shape.tp, shard_ring_gb_per_s)
+        return exposed_async_ms(ag, lt.fwd_ms) + rs, ag, e_ag + e_rs
 
     def _op_sac_kept(self, F: dict[str, float]) -> float:
         """What torchtitan's per-op selective checkpointing keeps of one layer's forward, of
@@ -486,19 +516,23 @@ class CostModel:
     def hop_ms(self, link_gb_per_s: float, same_node: bool, recv_ring_gb_per_s: float) -> float:
         """One activation (or gradient) transfer between consecutive stages.
 
-        Megatron-LM: each tensor rank sends its 1/t slice (scatter/gather optimization,
-        Narayanan et al. 2021 Sec. 4.1; with sequence parallelism the tensor is already sliced)
-        on its own link, so the slices travel in parallel; without sequence parallelism the
-        receiver all-gathers them over NVLink. DeepSpeed's pipeline engine: every tensor rank
-        sends the activation it holds to its peer: the whole one, or with Megatron-DeepSpeed's
-        sequence parallelism its sequence shard (the stage's output is [s/t, b, h] on each
-        rank; megatron/model/language_model.py scatters the embedding's output). Where the
-        engine partitions the tensor over the tensor ranks (plan.deepspeed_pipe_partitioned)
-        it sends 1/t and gathers; the whole tensor is charged there, as validated on BLOOM.
+        Megatron-Core: every tensor rank sends the tensor it holds to its peer on its own
+        link, the whole [s/cp, b, h] one, or with sequence parallelism its 1/t sequence shard
+        (JobSpec.p2p_scatter_gather). Legacy Megatron-LM (p2p_scatter_gather), and
+        torchtitan (which runs SP wherever TP, so its 1/t shard either way): each tensor rank
+        sends its 1/t slice (scatter/gather optimization,
+        Narayanan et al. 2021 Sec. 4.1), so the slices travel in parallel; without sequence
+        parallelism the receiver all-gathers them over NVLink. DeepSpeed's pipeline engine:
+        every tensor rank sends the activation it holds to its peer: the whole one, or with
+        Megatron-DeepSpeed's sequence parallelism its sequence shard (the stage's output is
+        [s/t, b, h] on each rank; megatron/model/language_model.py scatters the embedding's
+        output). Where the engine partitions the tensor over the tensor ranks
+        (plan.deepspeed_pipe_partitioned) it sends 1/t and gathers; the whole tensor is
+        charged there, as validated on BLOOM.
         """
         t = self.shape.tp
         lat = self.cluster.intra_latency_us if same_node else self.cluster.latency_us
-        if self.job.framework == "deepspeed":
+        if self.whole_p2p:
             return lat / 1e3 + self.ds_msg_bytes / (link_gb_per_s * 1e6)
         ms = lat / 1e3 + self.act_msg_bytes / t / (link_gb_per_s * 1e6)
         if t > 1 and not self.shape.sequence_parallel:
@@ -538,11 +572,10 @@ class CostModel:
         """`hop_ms(bw, False, receiver's TP ring)` elementwise, the last axis indexing the
         receiving node (one gather time per node kind)."""
         c, t = self.cluster, self.shape.tp
-        per_rank = (self.ds_msg_bytes if self.job.framework == "deepspeed"
-                    else self.act_msg_bytes / t)
+        per_rank = self.ds_msg_bytes if self.whole_p2p else self.act_msg_bytes / t
         with np.errstate(divide="ignore"):
             out = c.latency_us / 1e3 + per_rank / (bw_gb_per_s * 1e6)
-        if t > 1 and not self.shape.sequence_parallel and self.job.framework != "deepspeed":
+        if t > 1 and not self.shape.sequence_parallel and not self.whole_p2p:
             gath = np.array([gather_ms(self.act_msg_bytes, t, nd.ring_gb_per_s(
                 tuple(range(min(t, nd.num_gpus)))), c.intra_latency_us) for nd in c.node_kinds])
             out = out + gath[c.node_kind_index]

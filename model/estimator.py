@@ -20,7 +20,7 @@ from .cluster import ClusterSpec
 from .communication import dp_ring, p2p_ring
 from .costs import CostModel
 from .errors import SpecError
-from .memory import MemoryModel, StageMemory, fp8_params_apply
+from .memory import MemoryModel, StageMemory, fp8_params_apply, keeps_unsharded
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
                    megatron_placement, num_microbatches, validate_placement, validate_shape)
 from .schedule import compile_schedule
@@ -295,7 +295,26 @@ class Evaluator:
                 full_e, exposed_e = max(full_e, red + gat), max(exposed_e, exposed)
             worst_full += full_e
             worst_exposed += exposed_e
+        if sh.zero >= 3 and keeps_unsharded(self.job, sh):
+            step = self.unsharded_step_ms(pl, s)
+            worst_full, worst_exposed = worst_full + step, worst_exposed + step
         return worst_full, worst_exposed
+
+    def unsharded_step_ms(self, pl: Placement, s: int) -> float:
+        """torchtitan's FSDP2 under PP: stage s's gathers in the step's first forward and its
+        reduce-scatters after the last backward, once a step (costs.CostModel.
+        unsharded_step_coefs), on its slowest replica."""
+        sh, worst = self.shape, 0.0
+        shard = self.shard_ring(pl, s)
+        for r in range(sh.cols):
+            node = self.cluster.nodes[pl.node[s][r]]
+            per_layer, per_chunk, per_edge = self.costs.unsharded_step_coefs(
+                node.gpu, node.ring_gb_per_s(pl.gpus[s][r]), shard, self.cp_ring(pl, s, r),
+                self.ep_alltoall(pl, s, r))
+            js = range(s, sh.num_virtual, sh.pp)
+            worst = max(worst, per_layer * sum(sh.layers[j] for j in js) + per_chunk * len(js)
+                        + per_edge * sum((j == 0) + (j == sh.num_virtual - 1) for j in js))
+        return worst
 
     def stage_windows_ms(self, pl: Placement, s: int) -> tuple[float, float]:
         """Backward and forward time of the stage's first chunk (virtual stage s) on its

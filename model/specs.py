@@ -591,6 +591,13 @@ class JobSpec:
     # without kv repeats", pytorch/torchtitan#2259, 2026-01). What context parallelism
     # exchanges and what eager kernels copy follow it (model/costs.py, model/compute.py)
     repeat_kv: bool = False
+    # Megatron-LM before Megatron-Core's pipeline schedules (2021-2022 runs): each tensor rank
+    # sends 1/t of a pipeline transfer and the receiver all-gathers it over NVLink (the
+    # scatter/gather optimization, Narayanan et al. 2021 Sec. 4.1). Megatron-Core sends the
+    # whole [s/cp, b, h] tensor from every tensor rank unless sequence parallelism has sliced
+    # it (megatron/core/pipeline_parallel/schedules.py get_tensor_shapes divides the sequence
+    # by TP only with sequence_parallel; its p2p_communication has no scatter or gather)
+    p2p_scatter_gather: bool = False
     source: str = "job"
 
     def __post_init__(self):

@@ -30,7 +30,7 @@ import numpy as np
 from model import work
 from model.cluster import ClusterSpec
 from model.costs import CostModel, bucket_params
-from model.memory import GIB
+from model.memory import GIB, keeps_unsharded
 from model.plan import Shape, num_microbatches
 from model.topology import EXHAUSTIVE_MAX_GPUS
 from model.specs import JobSpec, ModelSpec, Options
@@ -234,11 +234,21 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     # stage 0's leading dense layers (kd): no experts
     lin0 = costs.stage_linear_params(0, zero)
 
+    # torchtitan's FSDP2 under PP: the step's reduce-scatters and each chunk's first gather
+    # (costs.CostModel.unsharded_step_coefs, less the gathers the prefetch may hide) on the
+    # fastest shard ring; stage 0 holds the embedding
+    us_layer = us_const = 0.0
+    if shape.zero >= 3 and keeps_unsharded(job, shape):
+        ag, rs = costs._shard_collectives(model.layer_params_per_gpu(shape.tp), shard_ring)
+        e_ag, e_rs = costs._shard_collectives(model.vocab_size * model.hidden_size / shape.tp,
+                                              shard_ring)
+        us_layer, us_const = rs, v * ag + e_ag + e_rs
+
     def tail0(n: int) -> float:
         params = e0_params + per_layer * n
         experts = exp_layer * max(0, n - kd)
         t = costs.optimizer_ms(params, gpu, lin_layer * n + lin0, experts) + \
-            options.overheads.latency_overhead_ms
+            options.overheads.latency_overhead_ms + us_layer * n + us_const
         if shape.cols > 1:
             dense = params - experts
             lin = (lin_layer * n + lin0) if costs.fp8_gather_saving else 0.0

@@ -75,7 +75,7 @@ from networkx.utils import UnionFind
 from model import work
 from model.costs import FP8_RECAST_BYTES_PER_PARAM, adam_bytes_per_param, bucket_params
 from model.errors import SolverUnavailableError
-from model.memory import GIB
+from model.memory import GIB, keeps_unsharded
 from model.plan import Plan, expert_dp_groups
 
 from .linear import Lin, LinearModel, Row, SolveResult, lsum
@@ -309,6 +309,16 @@ class _Data:
             (sh.shard_group if sh.zero else 1) * gpu.hbm_bytes_per_ms)
         self.fp8_coef = FP8_RECAST_BYTES_PER_PARAM / gpu.hbm_bytes_per_ms if sh.fp8 else 0.0
         self.ovh = prob.options.overheads.latency_overhead_ms
+        # torchtitan's FSDP2 under PP: the step's gathers and reduce-scatters, once a step in
+        # the tail, linear in the stage's layers (costs.CostModel.unsharded_step_coefs; the
+        # shard ring is the cluster's on the uniform clusters the MILP takes ZeRO-3 on)
+        self.us_layer, self.us_const = 0.0, [0.0] * p
+        if sh.zero >= 3 and keeps_unsharded(prob.job, sh):
+            per_layer, per_chunk, per_edge = costs.unsharded_step_coefs(
+                gpu, ring_tp, self.shard_ring, self.cp_ring, self.a2a)
+            self.us_layer = per_layer
+            self.us_const = [per_chunk * self.v + per_edge * sum(
+                (j == 0) + (j == V - 1) for j in range(s_, V, p)) for s_ in range(p)]
         k = self.k
         self.inv_intra = 1.0 / node0.ring_gb_per_s(tuple(range(k))) if k > 1 else 0.0
         bw = cl.inter_gb_per_s
@@ -623,7 +633,8 @@ class _Formulation:
 
         for s in range(p):
             opt_s = (dat.opt_coef * params_expr(s) + dat.fp8_coef * (
-                dat.P_lin * stage_layers(s) + dat.lin_const[s]) + dat.ovh)
+                dat.P_lin * stage_layers(s) + dat.lin_const[s]) + dat.ovh
+                + dat.us_layer * stage_layers(s) + dat.us_const[s])
             if dat.exp_sig:  # the experts' gradient sync over their own ring
                 off = dat.exp_off[s] * (ue[dat.nstage(s)] if ue_var else ue_const)
                 opt_s = opt_s + dat.exp_sig * dat.P_exp * (lsum(
@@ -780,7 +791,8 @@ class _Formulation:
             n_s = sum(lay[j] for j in range(V) if j % p == s)
             params = dat.E_sync[s] + dat.P_sync * n_s
             tail = (dat.opt_coef * (dat.E_opt[s] + dat.P_opt * n_s) + dat.fp8_coef * (
-                dat.P_lin * n_s + dat.lin_const[s]) + dat.ovh)
+                dat.P_lin * n_s + dat.lin_const[s]) + dat.ovh + dat.us_layer * n_s
+                + dat.us_const[s])
             if dat.exp_sig:
                 ue = dat.u_e_const if dat.u_e_const is not None else dat.u_e_min
                 tail += dat.exp_sig * dat.P_exp * (n_s - dat.exp_off[s]) * ue + dat.exp_lam

@@ -304,3 +304,67 @@ def test_breakdown_shows_exposed_tp_collectives(framework, recompute, again):
     want = m.num_layers * 4 * ((1 + again) * lt.tp_comm_fwd_ms + lt.tp_comm_bwd_ms)
     assert e.breakdown_ms["tp_comm_ms"] == pytest.approx(want)
     assert sum(e.breakdown_ms.values()) == pytest.approx(e.iteration_ms)
+
+
+def test_torchtitan_fsdp_under_pp_gathers_and_reduces_once_a_step():
+    """torchtitan's FSDP2 with PP keeps the weights and gradients unsharded across the
+    micro-batches (reshard_after_forward off, and PyTorch's pipeline stage defers the gradient
+    reduce-scatter to the last backward): its gathers and reduce-scatters run once a step, in
+    the stage's tail, not per micro-batch (1.4 s of a 19.3 s Llama-3 70B step had been charged
+    per micro-batch, where memory.keeps_unsharded already held the weights). Twice the
+    micro-batches add no shard communication; the tail's part is the stage's reduce-scatter
+    (fp32 gradients over the shard group's ring) and its first gathers."""
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    ests = []
+    for gbs in (32, 64):
+        job = JobSpec(global_batch=gbs, seq_length=4096, framework="torchtitan", zero=3)
+        plan = make_plan(m, job, c, tp=2, pp=4, zero=3)
+        ev = Evaluator(m, job, c, plan.shape)
+        est = ev.estimate(plan.placement)
+        assert est.breakdown_ms["shard_comm_ms"] == 0.0
+        # stage 0: per layer its reduce-scatter plus the gather the prefetch leaves, a chunk's
+        # first gather, the embedding's gather and reduce-scatter
+        node = c.nodes[plan.placement.node[0][0]]
+        shard = ev.shard_ring(plan.placement, 0)
+        lt = ev.costs.layer_times(node.gpu, node.ring_gb_per_s(plan.placement.gpus[0][0]),
+                                  shard)
+        ag, rs = ev.costs._shard_collectives(m.layer_params_per_gpu(2), shard)
+        e_ag, e_rs = ev.costs._shard_collectives(m.vocab_size * m.hidden_size / 2, shard)
+        want = plan.shape.layers[0] * (max(0.0, ag - lt.fwd_ms) + rs) + ag + e_ag + e_rs
+        assert ev.unsharded_step_ms(plan.placement, 0) == pytest.approx(want, rel=1e-12)
+        d = plan.shape.shard_group  # fp32 gradients, (d - 1) / d of them over the ring
+        assert d == 4 and rs == pytest.approx(
+            m.layer_params_per_gpu(2) * 4 * (d - 1) / d / (shard * 1e6), rel=0.05)
+        ests.append(est)
+    assert ests[1].breakdown_ms["dp_sync_exposed_ms"] == pytest.approx(
+        ests[0].breakdown_ms["dp_sync_exposed_ms"], rel=1e-12)
+    # ZeRO-3 without PP still gathers and reduces per micro-batch
+    job = JobSpec(global_batch=32, seq_length=4096, framework="torchtitan", zero=3)
+    flat = make_plan(m, job, c, tp=2, pp=1, zero=3)
+    assert estimate(m, job, c, flat).breakdown_ms["shard_comm_ms"] > 0
+
+
+def test_megatron_core_pipeline_transfers_send_the_whole_tensor_without_sp():
+    """Megatron-Core sends the whole [s/cp, b, h] activation from every tensor rank unless
+    sequence parallelism slices it (its get_tensor_shapes); legacy Megatron-LM's scatter/gather
+    (the 2021 runs: JobSpec.p2p_scatter_gather) sends 1/t and gathers over NVLink. With SP both
+    send the 1/t shard."""
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    for sp in (False, True):
+        costs = {}
+        for legacy in (False, True):
+            job = JobSpec(global_batch=32, seq_length=8192, p2p_scatter_gather=legacy)
+            plan = make_plan(m, job, c, tp=4, pp=4, sequence_parallel=sp)
+            costs[legacy] = Evaluator(m, job, c, plan.shape).costs
+        core, legacy = costs[False], costs[True]
+        msg = 8192 * m.hidden_size * 2  # bytes of one micro-batch's activation
+        lat = c.latency_us / 1e3
+        want = lat + (msg / 4 if sp else msg) / (50.0 * 1e6)
+        assert core.hop_ms(50.0, False, 360.0) == pytest.approx(want, rel=1e-12)
+        assert float(core._inter_hops_ms(np.array([[50.0]]))[0, 0]) == pytest.approx(want)
+        if sp:
+            assert legacy.hop_ms(50.0, False, 360.0) == pytest.approx(want, rel=1e-12)
+        else:
+            assert legacy.hop_ms(50.0, False, 360.0) < want / 2

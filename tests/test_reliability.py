@@ -26,11 +26,15 @@ SMALL_HF = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376
 
 
 def one_error_line(res) -> str:
-    """The command failed cleanly: exit 2 and exactly one line, 'error: ...'."""
+    """The command failed cleanly: exit 2 and exactly one line on stderr, 'error: ...'; on
+    stdout nothing, or with --json the same error as {"error": ..., "exit_code": 2}."""
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     assert res.exit_code == 2, res.output
-    lines = [x for x in res.output.splitlines() if x.strip()]
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    if res.stdout.strip():
+        assert json.loads(res.stdout) == {"error": lines[0].removeprefix("error: "),
+                                          "exit_code": 2}, res.output
     return lines[0]
 
 

@@ -1232,3 +1232,27 @@ def test_mixed_gpu_interleaved_block_reaches_its_optimum():
     for seed in range(3):
         got = anneal(prob, seed=seed, iters=500, time_limit_s=30)
         assert got.objective_ms <= best.objective_ms * (1 + 1e-9), seed
+
+
+def test_milp_prices_torchtitan_fsdp_under_pp_as_the_estimator():
+    """torchtitan's FSDP2 under PP runs its gathers and reduce-scatters once a step, in the
+    stage's tail (costs.CostModel.unsharded_step_coefs), linear in the stage's layers: the
+    MILP's tail rows carry them, so its optimum is the best layer split the estimator knows
+    (every split enumerated) and its objective the estimator's time of its plan; the
+    closed-form bound stays below."""
+    from model.estimator import make_plan
+    from solvers.bounds import shape_bound_ms
+    m = ModelSpec("small", 8, 2048, 16, 16, 5632, 32000, 4096)
+    c = uniform_cluster(2, 4, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=16, seq_length=2048, framework="torchtitan", zero=3)
+    sp = SearchSpace(tp=(1,), pp=(2,), micro_batch=(1,), recompute=("none",),
+                     schedules=(("1f1b", 1),), shard_sizes=(0,))
+    r = solve(m, job, c, method="exact", time_limit_s=30, space=sp, jobs=1)
+    assert r.termination == "optimal" and r.plan.shape.zero == 3 and r.plan.shape.pp == 2
+    assert r.plan.shape.chunks == 1 and r.plan.shape.shard_size == 0
+    assert r.objective_ms == pytest.approx(estimate(m, job, c, r.plan).iteration_ms, rel=1e-9)
+    best = min(estimate(m, job, c, make_plan(m, job, c, tp=1, pp=2, zero=3,
+                                             layers=(k, 8 - k))).iteration_ms
+               for k in range(1, 8))
+    assert r.objective_ms == pytest.approx(best, rel=1e-6)
+    assert shape_bound_ms(m, job, c, r.plan.shape, Options()) <= r.objective_ms * (1 + 1e-9)

@@ -70,6 +70,9 @@ def _aliased(extra: dict[str, str] | None = None):
                     break
                 name, eq, val = a.partition("=")
                 out.append(table[name] + eq + val if name in table else a)
+            # errors of the options themselves (callbacks, usage) come before the command
+            # runs: --json on the line makes them JSON on stdout too
+            _JSON_ERRORS[0] = "--json" in (out[:out.index("--")] if "--" in out else out)
             _both_sides(self, out)
             return _one_line_usage(super().parse_args, ctx, out)
 

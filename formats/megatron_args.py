@@ -390,6 +390,13 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                "capacity is not priced (each expert's load is the router's)")
     precision = "bf16" if a.flag("bf16") else "fp16" if a.flag("fp16") else "fp32"
     ds = a.flag("deepspeed")
+    # legacy Megatron-LM's scattered pipeline transfers (JobSpec.p2p_scatter_gather): its
+    # flag printed True, by a version from before Megatron-Core's pipeline schedules
+    # (3c92fa93b5, 2023-03-23: their p2p sends whole tensors, while arguments.py kept printing
+    # the flag, unused, until 2026-04). Later versions print overlap_p2p_comm (2023-05-31) or
+    # context_parallel_size; one from the two months between is read as legacy
+    legacy_p2p = a.flag("scatter_gather_tensors_in_pipeline") and not (
+        {"overlap_p2p_comm", "context_parallel_size"} & set(printed))
     job = JobSpec(global_batch=a.integer("global_batch_size"), seq_length=a.integer("seq_length"),
                   precision=precision, fp8=fp8, fp8_recipe=recipe if fp8 else "delayed",
                   attention=_attention(a), framework="deepspeed" if ds else "megatron",
@@ -399,6 +406,7 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                   fused_loss=a.flag("cross_entropy_loss_fusion") and not ds
                   and a.text("cross_entropy_fusion_impl", "native") == "native",
                   fp8_param_gather=a.flag("fp8_param_gather"),
+                  p2p_scatter_gather=legacy_p2p and not ds,
                   moe_capacity_factor=cap if model.num_experts else 1.0, source=source)
     recompute = _recompute(a)
     if ds:

@@ -284,7 +284,9 @@ def _read_job(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
                        compile_loss=later("compile_loss", bool, None, nullable=True),
                        repeat_kv=later("repeat_kv", bool, False),
                        fused_loss=later("fused_loss", bool, False),
-                       p2p_scatter_gather=later("p2p_scatter_gather", bool, False),
+                       # (added within schema 3: files written before it lack it)
+                       p2p_scatter_gather=_later(rd, d, "p2p_scatter_gather", w, bool, False,
+                                                 ver, notes, since=None),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None

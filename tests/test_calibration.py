@@ -2345,3 +2345,24 @@ def test_a_parameter_at_its_cap_fits_downward():
     prof, _ = fit(runs, ("hbm_scale",), "H100-SXM-80GB", fit_fragmentation=False, prior=False)
     assert prof.uninformed == ()
     assert prof.values["hbm_scale"] == pytest.approx(0.5, rel=0.02)
+
+
+def test_a_legacy_megatron_log_is_priced_with_its_scattered_pipeline_transfers():
+    """Megatron-LM before Megatron-Core's pipeline schedules (2023-03) scattered each pipeline
+    transfer over the tensor ranks: a log printing scatter_gather_tensors_in_pipeline True and
+    none of the later versions' overlap_p2p_comm / context_parallel_size is read as such
+    (JobSpec.p2p_scatter_gather; a 2021 BigScience Megatron-LM log had been priced with whole
+    tensors). A later version prints the flag too, unused: whole tensors."""
+    from formats.clusters import cluster as load_cluster
+    from formats.megatron_args import plan_from_megatron_args
+
+    ex = load_cluster("example")
+    args = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
+    assert "context_parallel_size" in args
+    core = {**args, "scatter_gather_tensors_in_pipeline": "True"}
+    assert not plan_from_megatron_args(core, ex, source="t")[1].p2p_scatter_gather
+    legacy = {k: v for k, v in core.items()
+              if k not in ("context_parallel_size", "overlap_p2p_comm")}
+    assert plan_from_megatron_args(legacy, ex, source="t")[1].p2p_scatter_gather
+    off = {**legacy, "scatter_gather_tensors_in_pipeline": "False"}
+    assert not plan_from_megatron_args(off, ex, source="t")[1].p2p_scatter_gather

@@ -407,3 +407,18 @@ def test_an_on_off_flag_given_both_ways_is_refused(args):
     r = run(*args)
     assert r.exit_code == 2 and "both given; give one of them" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_json_errors_of_the_options_themselves_are_objects_on_stdout():
+    """An option refused while the line is parsed (a callback's range, a type error) under
+    --json is also the JSON object on stdout, as errors inside the command are (it had left
+    stdout empty); without --json stdout stays empty."""
+    for args in (["estimate", "--gbs", "0", "--json"], ["estimate", "--tp", "two", "--json"],
+                 ["estimate", "--tp", "3", "--json"]):
+        r = run(*args)
+        assert r.exit_code == 2
+        line = r.stderr.strip()
+        assert line.startswith("error: ") and "\n" not in line
+        assert json.loads(r.stdout) == {"error": line.removeprefix("error: "), "exit_code": 2}
+    r = run("estimate", "--gbs", "0")
+    assert r.exit_code == 2 and r.stdout == ""

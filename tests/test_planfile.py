@@ -300,3 +300,19 @@ def test_a_plan_with_a_byte_order_mark_reads_and_a_toml_is_named(setup, tmp_path
     toml.write_text('name = "x"\n[[nodes]]\nname = "a"\n')
     r = runner.invoke(app, ["emit", str(toml)])
     assert r.exit_code == 2 and "is a TOML file, not a plan file" in r.output, r.output
+
+
+def test_a_schema_3_file_from_before_the_newer_fields_reads_with_their_defaults(setup,
+                                                                              tmp_path):
+    """A schema 3 file written before job.p2p_scatter_gather and the `emitted` record existed
+    reads, the missing field as its default and said so (it had been refused: 'missing;
+    schema 3 writes it', every earlier plan file with it)."""
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=4)
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    old = tmp_path / "old.json"
+    _corrupt(good, old, lambda d: (d["job"].pop("p2p_scatter_gather"), d.pop("emitted")))
+    _m, got_job, _c, got, _o, meta = load_plan(old)
+    assert got == plan and not got_job.p2p_scatter_gather and meta["emitted"] is None
+    assert "job.p2p_scatter_gather false" in meta["read_notes"][0]

@@ -411,23 +411,28 @@ class ComputeModel:
     def _latent_projections(self, fwd: Pass, bwd: Pass) -> None:
         """Multi-head latent attention's input projections (DeepSeek-V2 Sec. 2.1; Megatron-LM
         MultiLatentAttention): the down projections to the query latent (if any) and to the
-        key/value latent plus the shared rotary key run whole on every TP rank (they are not
-        split), each latent is normalized, and the up projections to per-head queries and to
-        per-head keys and values are column-parallel. All are named "qkv" (their sum is what
-        the tensor-parallel overlaps see)."""
+        key/value latent plus the shared rotary key are not split over the TP ranks, each
+        latent is normalized, and the up projections to per-head queries and to per-head keys
+        and values are column-parallel. With sequence parallelism Megatron-LM runs the down
+        projections and the latent norms on the rank's 1/t sequence shard (duplicated
+        TELinear layers, gpt_layer_specs.py; multi_latent_attention.py's down projection:
+        "kv_combined: [s / TP, b, ...]"), and the column-parallel up projections gather the
+        latents; without it every rank runs them on all tokens. All are named "qkv" (their sum
+        is what the tensor-parallel overlaps see)."""
         m, t, T = self.model, self.t, self.T
         h, ql, kvl, rope = m.hidden_size, m.mla_q_lora_rank, m.mla_kv_lora_rank, m.mla_qk_rope_dim
         heads = m.num_heads // t
+        Td = T // t if self.sp and t > 1 and self.job.framework != "torchtitan" else T
         if ql:
-            self._linear(fwd, bwd, "qkv", T, ql, h)
-            self._elementwise(fwd, "latent_norm", T * ql, 1, 1)
-            self._elementwise(bwd, "latent_norm", T * ql, 2, 1)
+            self._linear(fwd, bwd, "qkv", Td, ql, h)
+            self._elementwise(fwd, "latent_norm", Td * ql, 1, 1)
+            self._elementwise(bwd, "latent_norm", Td * ql, 2, 1)
             self._linear(fwd, bwd, "qkv", T, heads * m.qk_head_dim, ql)
         else:
             self._linear(fwd, bwd, "qkv", T, heads * m.qk_head_dim, h)
-        self._linear(fwd, bwd, "qkv", T, kvl + rope, h)
-        self._elementwise(fwd, "latent_norm", T * kvl, 1, 1)
-        self._elementwise(bwd, "latent_norm", T * kvl, 2, 1)
+        self._linear(fwd, bwd, "qkv", Td, kvl + rope, h)
+        self._elementwise(fwd, "latent_norm", Td * kvl, 1, 1)
+        self._elementwise(bwd, "latent_norm", Td * kvl, 2, 1)
         self._linear(fwd, bwd, "qkv", T, heads * (m.head_dim + m.mla_v_head_dim), kvl)
         # rotary on each head's query part and on the shared key part
         self._elementwise(fwd, "rope", T * rope * (heads + 1), 1, 1)

@@ -157,13 +157,14 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[st
          True),
         ("norm2 input", a16 * h, False),
     ]
-    if model.is_mla:  # the latents (norm inputs) and the up projections' inputs, whole per rank
+    if model.is_mla:  # the latents (norm inputs) and the up projections' inputs, whole per
+        # TP rank; with SP each rank's 1/t sequence shard (Megatron-LM's
+        # multi_latent_attention.py: "kv_compressed: [s / TP, b, kv_lora_rank]", the
+        # column-parallel up projections keeping their local input and gathering it again)
         ql, kvl = model.mla_q_lora_rank, model.mla_kv_lora_rank
-        tp_whole = shape.tp if shape.sequence_parallel else 1  # not split by SP either
-        out += [("kv latent", (a16 * (kvl + model.mla_qk_rope_dim) + lin * kvl) * tp_whole,
-                 False)]
+        out += [("kv latent", a16 * (kvl + model.mla_qk_rope_dim) + lin * kvl, False)]
         if ql:
-            out += [("q latent", (a16 + lin) * ql * tp_whole, False)]
+            out += [("q latent", (a16 + lin) * ql, False)]
     if model.is_moe:  # per token: the router's input and fp32 probabilities, and k copies
         # k routed copies per token, times the capacity factor (padded expert inputs)
         k = model.moe_topk * job.moe_capacity_factor

@@ -444,3 +444,19 @@ def test_mla_down_projections_run_on_the_sequence_shard_under_sp():
         cm = ComputeModel(m, job, gpu, tp=t, micro_batch=1, sequence_parallel=sp, fp8=False)
         got = cm.layer().fwd.op_flops["qkv"]
         assert got == pytest.approx(up + down * tokens / T, rel=1e-12), sp
+
+
+def test_mla_latents_are_stored_on_the_sequence_shard_under_sp():
+    """With SP Megatron-LM's latents are [s / TP, b, rank] and the up projections keep their
+    local input: each rank stores 1/t of them (they had been counted whole per rank), as the
+    layer's other tensors."""
+    from model.memory import layer_tensors
+    from model.plan import Shape
+    m = presets.model("deepseek-v3")
+    job = JobSpec(global_batch=8, seq_length=4096)
+    sh = Shape(tp=4, pp=1, dp=1, micro_batch=1, sequence_parallel=True)
+    got = {n: (b, split) for n, b, split in layer_tensors(m, job, sh)}
+    kvl, ql, rope = m.mla_kv_lora_rank, m.mla_q_lora_rank, m.mla_qk_rope_dim
+    # not TP-split, so SP divides them by t with the norms' inputs
+    assert got["kv latent"] == (2 * (kvl + rope) + 2 * kvl, False)
+    assert got["q latent"] == (4 * ql, False)

@@ -439,12 +439,22 @@ class CostModel:
 
         # the MLP's gathers: FP8 for a dense layer, 16-bit tokens for TE's mixture of experts
         ag_mlp = rs if m.is_moe and self.job.transformer_engine else ag
+        # the attention's input gathers, in hidden widths: multi-latent attention gathers its
+        # latents, not the hidden states (the down projections run on the sequence shard:
+        # compute.ComputeModel._latent_projections): the column-parallel up projections gather
+        # the query latent (or, without one, the hidden states) and the key/value latent, and
+        # the shared rotary key is gathered on its own (multi_latent_attention.py
+        # gather_from_sequence_parallel_region(k_pos_emb))
+        qkv = 1.0
+        if m.is_mla and self.job.framework != "torchtitan":
+            qkv = (m.mla_q_lora_rank or m.hidden_size) + m.mla_kv_lora_rank + m.mla_qk_rope_dim
+            qkv /= m.hidden_size
         # forward: all-gather before QKV and MLP-up, reduce-scatter after the projections
-        fwd = serial(F["qkv"], comm=ag) + serial(F["proj"]) + serial(
+        fwd = serial(F["qkv"], qkv, ag) + serial(F["proj"]) + serial(
             F["fc1"], mlp, ag_mlp) + serial(F["fc2"], mlp)
         # backward: the row-parallel layers all-gather their output gradient
         bwd = serial(B["fc2.dgrad"], mlp, ag_mlp) + serial(B["proj.dgrad"], comm=ag)
-        for lin, scale, g in (("qkv", 1, ag), ("fc1", mlp, ag_mlp)):
+        for lin, scale, g in (("qkv", qkv, ag), ("fc1", mlp, ag_mlp)):
             bwd += exposed_async_ms(scale * g, B[f"{lin}.dgrad"]) + exposed_async_ms(
                 scale * rs, B[f"{lin}.wgrad"])
         return fwd, bwd

@@ -460,3 +460,22 @@ def test_mla_latents_are_stored_on_the_sequence_shard_under_sp():
     # not TP-split, so SP divides them by t with the norms' inputs
     assert got["kv latent"] == (2 * (kvl + rope) + 2 * kvl, False)
     assert got["q latent"] == (4 * ql, False)
+
+
+def test_mla_gathers_its_latents_not_the_hidden_states_under_sp():
+    """Under SP multi-latent attention's column-parallel up projections gather the query and
+    key/value latents and the rotary key is gathered on its own: the attention's input
+    all-gather moves q_lora + kv_lora + rope channels a token, not the hidden size (DeepSeek-V3:
+    2,112 against 7,168). The forward's exposed TP communication of a layer with whole experts
+    (expert TP 1) is that gather, the projection's reduce-scatter and the shared experts' gather
+    and reduce-scatter."""
+    m = presets.model("deepseek-v3")
+    job = JobSpec(global_batch=64, seq_length=4096)
+    c = uniform_cluster(8, 8, "H100-SXM-80GB", 360.0, 50.0)
+    plan = make_plan(m, job, c, tp=4, pp=16, ep=4, etp=1, sequence_parallel=True, zero=1)
+    ev = Evaluator(m, job, c, plan.shape)
+    lt = ev.costs.layer_times(c.nodes[0].gpu, 360.0)
+    _ar, rs = ev.costs._tp(360.0)
+    latents = m.mla_q_lora_rank + m.mla_kv_lora_rank + m.mla_qk_rope_dim
+    assert latents == 2112
+    assert lt.tp_comm_fwd_ms == pytest.approx(rs * (latents / m.hidden_size + 3), rel=1e-12)

@@ -232,6 +232,12 @@ class CostModel:
         self._layer_cache[key] = out
         return out
 
+    def stage_edges(self, stage: int) -> int:
+        """How many of the embedding and the output layer pipeline stage `stage` holds (on its
+        virtual stages stage, stage + pp, ...)."""
+        v = self.shape.num_virtual
+        return sum((j == 0) + (j == v - 1) for j in range(stage, v, self.shape.pp))
+
     def unsharded_step_coefs(self, gpu: GPUSpec, tp_ring_gb_per_s: float,
                              shard_ring_gb_per_s: float, cp_ring_gb_per_s: float = math.inf,
                              ep_alltoall_ms: float = 0.0) -> tuple[float, float, float]:

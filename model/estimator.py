@@ -313,7 +313,7 @@ class Evaluator:
                 self.ep_alltoall(pl, s, r))
             js = range(s, sh.num_virtual, sh.pp)
             worst = max(worst, per_layer * sum(sh.layers[j] for j in js) + per_chunk * len(js)
-                        + per_edge * sum((j == 0) + (j == sh.num_virtual - 1) for j in js))
+                        + per_edge * self.costs.stage_edges(s))
         return worst
 
     def stage_windows_ms(self, pl: Placement, s: int) -> tuple[float, float]:

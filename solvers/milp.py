@@ -317,8 +317,8 @@ class _Data:
             per_layer, per_chunk, per_edge = costs.unsharded_step_coefs(
                 gpu, ring_tp, self.shard_ring, self.cp_ring, self.a2a)
             self.us_layer = per_layer
-            self.us_const = [per_chunk * self.v + per_edge * sum(
-                (j == 0) + (j == V - 1) for j in range(s_, V, p)) for s_ in range(p)]
+            self.us_const = [per_chunk * self.v + per_edge * costs.stage_edges(s_)
+                             for s_ in range(p)]
         k = self.k
         self.inv_intra = 1.0 / node0.ring_gb_per_s(tuple(range(k))) if k > 1 else 0.0
         bw = cl.inter_gb_per_s

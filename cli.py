@@ -100,7 +100,7 @@ def command(name: str | None = None, aliases: dict[str, str] | None = None, pare
             try:
                 return fn(*a, **k)
             except PipetteError as e:
-                fail(str(e))
+                fail(str(e), getattr(e, "details", None))
             finally:
                 _JSON_ERRORS[0] = False
         # The command list shows the docstring's first paragraph as one line (typer keeps its
@@ -115,12 +115,14 @@ def command(name: str | None = None, aliases: dict[str, str] | None = None, pare
 _JSON_ERRORS = [False]
 
 
-def fail(msg: str) -> None:
+def fail(msg: str, details: dict | None = None) -> None:
+    """One line on stderr and exit 2; under --json also the object on stdout, with the
+    error's `details` (InfeasibleError: the closest shape, the GPUs the model states need)."""
     from model.errors import one_line
 
     typer.echo(f"error: {one_line(msg)}", err=True)
     if _JSON_ERRORS[0]:
-        typer.echo(json.dumps({"error": one_line(msg), "exit_code": 2}))
+        typer.echo(json.dumps({"error": one_line(msg), "exit_code": 2, **(details or {})}))
     raise typer.Exit(2)
 
 

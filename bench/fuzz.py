@@ -697,7 +697,8 @@ def _error_stdout(stdout: str, line: str) -> bool:
         d = json.loads(stdout)
     except ValueError:
         return False
-    return d == {"error": line.removeprefix("error: "), "exit_code": 2}
+    return isinstance(d, dict) and (d.get("error"), d.get("exit_code")) == (
+        line.removeprefix("error: "), 2)
 
 
 def run_case(case: Case, d: Path, per_case_s: float) -> tuple[str, str]:

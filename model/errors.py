@@ -33,7 +33,13 @@ class ScheduleTooLongError(SpecError):
 
 
 class InfeasibleError(PipetteError):
-    """No plan fits; the message says why and what would make one fit."""
+    """No plan fits; the message says why and what would make one fit. `details`: the same
+    facts as fields (the closest shape, the GPUs the model states need), which `--json` adds
+    to its error object."""
+
+    def __init__(self, message: str, details: dict | None = None):
+        super().__init__(message)
+        self.details = details or {}
 
 
 class SolverUnavailableError(PipetteError):

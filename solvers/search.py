@@ -777,9 +777,13 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 f"{closest.status.removeprefix('does not fit: ')}."
                 if closest else " No shape is valid for this model and cluster.")
         floor = model_state_floor(model, job, cluster, options)
+        details = {"closest": closest.describe, "closest_status": closest.status} if closest \
+            else {}
         if floor is not None:
             state_gib, room_gib, need = floor
             per_node = max(n.num_gpus for n in cluster.nodes)
+            details.update(model_state_gib=state_gib, room_gib_per_gpu=room_gib,
+                           gpus_needed_at_least=need, gpus=cluster.num_gpus)
             raise InfeasibleError(
                 f"nothing fits in GPU memory: the weights, gradients and optimizer state "
                 f"alone are {state_gib:,.0f} GiB ({model.total_params / 1e9:,.1f}B parameters "
@@ -789,12 +793,12 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
                 f"(memory less the allowance; {math.ceil(need / per_node)} nodes of "
                 f"{per_node}), before any activation. No parallelism, sharding, recompute or "
                 "shorter sequence can make it fit: add GPUs or nodes, or use GPUs with more "
-                "memory." + hint)
+                "memory." + hint, details)
         raise InfeasibleError(
             "nothing fits in GPU memory." + hint + _not_searched(job, space) + " To make it "
             "fit: add GPUs or nodes (more pipeline or tensor parallelism), use GPUs with more "
             "memory, shorten the sequence, or lower the memory allowance if your measurements "
-            "support it (Overheads).")
+            "support it (Overheads).", details)
     infos.sort(key=lambda i: (i.quick_ms if i.quick_ms is not None else math.inf, i.bound_ms))
     best_ms, best_plan = math.inf, None
     for i in infos:

@@ -158,6 +158,9 @@ def test_nothing_fits_for_the_model_states_says_how_many_gpus(tmp_path):
         assert "optimizer state alone are 93 GiB" in msg and "at least 3 GPUs with 32.5 GiB" \
             in msg and "2 nodes of 2" in msg, msg
         assert "Not searched" not in msg and "shorten the sequence" not in msg
+        # the same facts as fields
+        assert (err["gpus_needed_at_least"], err["gpus"]) == (3, 2)
+        assert err["model_state_gib"] == pytest.approx(93, abs=0.5) and err["closest"]
 
 
 def test_nothing_fits_with_zero_3_does_not_advise_the_distributed_optimizer():

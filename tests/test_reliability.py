@@ -33,8 +33,8 @@ def one_error_line(res) -> str:
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), res.output
     if res.stdout.strip():
-        assert json.loads(res.stdout) == {"error": lines[0].removeprefix("error: "),
-                                          "exit_code": 2}, res.output
+        d = json.loads(res.stdout)
+        assert (d["error"], d["exit_code"]) == (lines[0].removeprefix("error: "), 2), res.output
     return lines[0]
 
 

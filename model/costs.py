@@ -206,8 +206,7 @@ class CostModel:
         # gradients) unsharded across the micro-batches: nothing per micro-batch here, its
         # step's collectives are in the tail (`unsharded_step_coefs`)
         if sh.zero >= 3 and not keeps_unsharded(self.job, sh):
-            ag, rs = self._shard_collectives(self.model.layer_params_per_gpu(sh.tp),
-                                             shard_ring_gb_per_s)
+            ag, rs, e_ag, e_rs = self.shard_unit_collectives(shard_ring_gb_per_s)
             # prefetch: the next layer's gather runs during this layer's compute (and in the
             # backward the previous layer's reduce-scatter too); only what outlasts it shows,
             # plus the first gather (and last reduce-scatter) of every chunk: `fill`
@@ -222,8 +221,6 @@ class CostModel:
             fwd, bwd = fwd + z_f, bwd + z_b
             fill_f, fill_b = ag, ag + rs
             # the embedding and output layer are units of their own, gathered when reached
-            e_ag, e_rs = self._shard_collectives(self.model.vocab_size * self.model.hidden_size
-                                                 / sh.tp, shard_ring_gb_per_s)
             emb_f, emb_b = emb_f + e_ag, emb_b + e_ag + e_rs
             head_f, head_b = head_f + e_ag, head_b + e_ag + e_rs
             shard = (z_f, z_b, e_ag, e_ag + e_rs)
@@ -256,11 +253,16 @@ class CostModel:
         the edge layers it holds."""
         lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s,
                               ep_alltoall_ms)
-        ag, rs = self._shard_collectives(self.model.layer_params_per_gpu(self.shape.tp),
-                                         shard_ring_gb_per_s)
-        e_ag, e_rs = self._shard_collectives(self.model.vocab_size * self.model.hidden_size
-                                             / self.shape.tp, shard_ring_gb_per_s)
+        ag, rs, e_ag, e_rs = self.shard_unit_collectives(shard_ring_gb_per_s)
         return exposed_async_ms(ag, lt.fwd_ms) + rs, ag, e_ag + e_rs
+
+    def shard_unit_collectives(self, ring_gb_per_s: float) -> tuple[float, float, float, float]:
+        """ZeRO-3 / FSDP's units on one GPU: (gather, reduce-scatter) of one layer, then of the
+        embedding or the output layer (a unit of its own), over the shard ring."""
+        m = self.model
+        return (*self._shard_collectives(m.layer_params_per_gpu(self.shape.tp), ring_gb_per_s),
+                *self._shard_collectives(m.vocab_size * m.hidden_size / self.shape.tp,
+                                         ring_gb_per_s))
 
     def _op_sac_kept(self, F: dict[str, float]) -> float:
         """What torchtitan's per-op selective checkpointing keeps of one layer's forward, of

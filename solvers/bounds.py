@@ -239,9 +239,7 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     # fastest shard ring; stage 0 holds the embedding
     us_layer = us_const = 0.0
     if shape.zero >= 3 and keeps_unsharded(job, shape):
-        ag, rs = costs._shard_collectives(model.layer_params_per_gpu(shape.tp), shard_ring)
-        e_ag, e_rs = costs._shard_collectives(model.vocab_size * model.hidden_size / shape.tp,
-                                              shard_ring)
+        ag, rs, e_ag, e_rs = costs.shard_unit_collectives(shard_ring)
         us_layer, us_const = rs, v * ag + e_ag + e_rs
 
     def tail0(n: int) -> float:

@@ -198,19 +198,12 @@ def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None
 def megatron_polish(model, job, cluster, options, plan: Plan, plan_ms: float
                     ) -> tuple[Plan, float]:
     """(plan, time): the plan's shape and split with Megatron-LM's placement where that is
-    faster and fits, else the plan as given."""
+    faster and fits (`_quick`, the screen's score), else the plan as given."""
     sh = plan.shape
-    try:
-        mp = megatron_placement(cluster, sh.tp, sh.pp, sh.cols)
-    except Exception:
+    t = _quick(model, job, cluster, sh, sh.layers, options)
+    if t is None or not t < plan_ms * (1 - 1e-9):
         return plan, plan_ms
-    if mp == plan.placement:
-        return plan, plan_ms
-    ev = Evaluator(model, job, cluster, sh, options)
-    if not _placement_holds(cluster, sh, mp, ev):
-        return plan, plan_ms
-    t = ev.iteration_ms(mp)
-    return (Plan(sh, mp), t) if t < plan_ms * (1 - 1e-9) else (plan, plan_ms)
+    return Plan(sh, megatron_placement(cluster, sh.tp, sh.pp, sh.cols)), t
 
 
 def _placement_holds(cluster, shape, pl, ev) -> bool:

@@ -298,12 +298,16 @@ Fp8ParamsOpt = Annotated[bool, typer.Option(
 class Fp8Recipe(str, Enum):
     delayed = "delayed"
     tensorwise = "tensorwise"
+    mxfp8 = "mxfp8"
+    blockwise = "blockwise"
 
 
 Fp8RecipeOpt = Annotated[Fp8Recipe, typer.Option(
     "--fp8-recipe", help="Transformer Engine's FP8 scaling: delayed (amax history; Megatron-LM's "
-    "default) or tensorwise (per-tensor current scaling, as Megatron-Bridge's FP8-CS recipes: "
-    "each cast reads its tensor once more for the amax).")]
+    "default), tensorwise (per-tensor current scaling, as Megatron-Bridge's FP8-CS recipes: "
+    "each cast reads its tensor once more for the amax), mxfp8 (blocks of 32, B200 / GB200; "
+    "FP8-MX) or blockwise (1x128 / 128x128 blocks, H100 / H200). Copies and casts by recipe "
+    "and GPU: model/fp8.py.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile/--no-compile", help="torchtitan: torch.compile each transformer block (fused "
     "element-wise kernels) and the loss, as torchtitan does; --no-compile estimates eager "

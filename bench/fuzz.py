@@ -346,7 +346,7 @@ def fam_options(rng: random.Random) -> Case:
                 ("--ep", [1], [0, -3]),
                 ("--zero", [0, 1, 3], [4, -1, "x"]),
                 ("--moe-capacity-factor", [1.0], ["nan", "inf", -1, 0]),
-                ("--fp8-recipe", ["delayed", "tensorwise"], ["mxfp8", "", "TENSORWISE"])]:
+                ("--fp8-recipe", ["delayed", "tensorwise"], ["nvfp4", "", "TENSORWISE"])]:
             if rng.random() < 0.35:
                 v, bad_v = _pick(rng, good, bad)
                 opts += [flag, v]

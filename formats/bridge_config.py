@@ -17,7 +17,8 @@ The model section is a Megatron Core TransformerConfig. Since Bridge's GPTModelC
 nested under `transformer`; the older GPTModelProvider kept it flat. Its field names are
 Megatron-LM's argument names. This module renames the few that differ and reads the plan with
 formats/megatron_args.py's rules, so the same refusals apply: latent attention, recompute
-other than the priced kinds, FP8 recipes other than delayed and tensorwise, and so on.
+other than the priced kinds, FP8 recipes other than delayed, tensorwise, mxfp8 and blockwise,
+and so on.
 
 Refused here as well: FP8 with the first and last layers kept in bf16 (Bridge's
 current-scaling recipes), FP4, activation offloading, and torch FSDP2 under Megatron. The

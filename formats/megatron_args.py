@@ -10,7 +10,8 @@ goes the other way, for the check that a log paired with a plan file is the plan
 the cost model cannot price as the run ran it is refused in one line naming the argument
 (latent attention, a layout with other than transformer layers, recompute other than
 Megatron's full-uniform-1 or selective core attention, token dropping without padding, FP8
-recipes other than delayed and tensorwise, activations partitioned over tensor ranks), never
+recipes the cost model has no rules for (custom; model/fp8.py prices delayed, tensorwise,
+mxfp8 and blockwise), activations partitioned over tensor ranks), never
 approximated; Transformer Engine's fused loss is read, and calibrate does not fit its
 memory. Ranks follow Megatron-LM's order (tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp where the run
 says --use-tp-pp-dp-mapping). Megatron-DeepSpeed logs (--deepspeed) are read with DeepSpeed's own
@@ -28,7 +29,7 @@ from model.errors import SpecError
 from model.estimator import make_plan
 from model.memory import fp8_params_apply
 from model.plan import TP_PP_DP_ORDER, Plan, megatron_placement, ordered_placement
-from model.specs import JobSpec, ModelSpec
+from model.specs import FP8_RECIPES, JobSpec, ModelSpec
 
 # --position-embedding-type -> the cost model's: 'none' has no position weights and no rotation,
 # which is how the cost model prices ALiBi (a bias on the scores), so it maps there; rotary,
@@ -382,8 +383,8 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     model = _model(a, vocab or padded_vocab(a, tp), f"{source} (Megatron-LM arguments)")
     fp8 = a.text("fp8") is not None
     recipe = a.text("fp8_recipe", "delayed")
-    if fp8 and recipe not in ("delayed", "tensorwise"):
-        a.fail("fp8_recipe", f"{recipe!r} is not priced (delayed, tensorwise)")
+    if fp8 and recipe not in FP8_RECIPES:
+        a.fail("fp8_recipe", f"{recipe!r} is not priced ({', '.join(FP8_RECIPES)})")
     cap = a.number("moe_expert_capacity_factor", 1.0)
     if model.num_experts and cap != 1.0 and not a.flag("moe_pad_expert_input_to_capacity"):
         a.fail("moe_pad_expert_input_to_capacity", "token dropping without padding to "

@@ -129,7 +129,8 @@ def gpu_to_dict(g: GPUSpec) -> dict:
     # versions assume (null had meant "the bf16 fraction" before 2026-12-06, then the ratio)
     d.update(source=g.source, curve_source=g.curve_source,
              fp8_gemm_efficiency=(g.fp8_efficiency if "fp8" in g.peak_tflops else
-                                  g.fp8_gemm_efficiency))
+                                  g.fp8_gemm_efficiency),
+             compute_capability=g.compute_capability)
     return d
 
 
@@ -206,7 +207,7 @@ _TOP_KEYS = ("schema_version", "kind", "generator", "cost_model_revision", "mode
              "options", "cluster", "plan", "estimate", "solver", "calibration", "emitted")
 _JOB_KEYS = tuple(job_to_dict(JobSpec(global_batch=1, seq_length=1)))
 _GPU_KEYS = ("peak_tflops", "sm_count", *_GPU_FLOATS, "source", "curve_source",
-             "fp8_gemm_efficiency")
+             "fp8_gemm_efficiency", "compute_capability")
 _SHAPE_KEYS = tuple(f.name for f in fields(Shape))
 
 
@@ -342,7 +343,12 @@ def _read_cluster(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
                                  curve_source=rd.get(g, "curve_source", gw, str, ""),
                                  fp8_gemm_efficiency=_later(rd, g, "fp8_gemm_efficiency",
                                                             gw, float, None, ver, notes,
-                                                            nullable=True))
+                                                            nullable=True),
+                                 # written since 2026-12-07 (the FP8 recipes' rules by GPU):
+                                 # an earlier file's FP8 plan was priced with Hopper's
+                                 compute_capability=_later(rd, g, "compute_capability", gw,
+                                                           float, None, ver, notes,
+                                                           nullable=True, since=None))
         except SpecError as e:
             raise rd.wrap(e, gw) from None
     nodes_raw = rd.get(d, "nodes", w, list)

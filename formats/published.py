@@ -368,7 +368,8 @@ def _bridge_inputs(r: dict, gpu_params: dict | None = None):
     """A Megatron-Bridge benchmark row (a dense Llama or a Qwen3 mixture of experts) as its
     performance recipe runs: RoPE, RMSNorm, SwiGLU, no biases (QK-norm not counted), FP8
     linear layers with per-tensor current scaling and FP8 weights (the FP8-CS preset's
-    fp8_param_gather; Megatron-FSDP gathers 16-bit weights here), flash attention, the distributed
+    fp8_param_gather; Megatron-FSDP gathers 16-bit weights here), or MXFP8 (FP8-MX) with MXFP8
+    weights (its presets' fp8_param_gather), flash attention, the distributed
     optimizer's overlaps with more than one replica (the library turns them on then:
     training/comm_overlap.py), no recompute, the recipe's pipeline layout where it names one.
     Gradients reduce in bf16 where other_settings says the recipe does (grad_reduce_in_fp32
@@ -385,13 +386,15 @@ def _bridge_inputs(r: dict, gpu_params: dict | None = None):
     fsdp = "fsdp" in (r.get("dp_sharding") or "").lower()
     zero = 3 if fsdp else 1
     other = r.get("other_settings") or ""
-    fp8 = (r.get("precision") or "").upper().startswith("FP8")
+    precision = (r.get("precision") or "").upper()
+    fp8 = precision.startswith("FP8")
+    mx = precision.startswith("FP8-MX")
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
                   precision="bf16", fp8=fp8, zero=zero, attention="flash",
                   framework="megatron",
                   grad_reduce_in_bf16="grad_reduce_in_fp32 False" in other,
                   fp8_param_gather=fp8 and not fsdp,
-                  fp8_recipe="tensorwise" if fp8 else "delayed")
+                  fp8_recipe="mxfp8" if mx else "tensorwise" if fp8 else "delayed")
     if moe:
         notes.append("all-to-all counted exposed (the cost model has no dispatcher overlap; "
                      "see other_settings for what the recipe enables)")
@@ -407,7 +410,7 @@ def _bridge_inputs(r: dict, gpu_params: dict | None = None):
         notes.append("TP overlap costed with Transformer Engine's default userbuffers "
                      "configuration (the recipe names its own: comm_overlap.py)")
     if "not in this snapshot" in other:
-        notes.append("FP8 current scaling with FP8 weights"
+        notes.append(("MXFP8" if mx else "FP8 current scaling") + " with FP8 weights"
                      + (", TP overlap" if tp_overlap else "") + " and the distributed "
                      "optimizer's overlaps as in the recipes of the same commit (this "
                      "container's recipe is not in the snapshot)")

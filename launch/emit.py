@@ -269,6 +269,13 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
     if sh.fp8 and job.fp8_recipe == "tensorwise":
         # Transformer Engine's per-tensor current scaling: E4M3 forward, E5M2 gradients
         a += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+    elif sh.fp8 and job.fp8_recipe == "mxfp8":
+        # MXFP8BlockScaling, E4M3 for every tensor (Megatron-Bridge's bf16_with_mxfp8_mixed)
+        a += ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"]
+    elif sh.fp8 and job.fp8_recipe == "blockwise":
+        # Float8BlockScaling, E4M3 forward, E5M2 gradients (Megatron-Bridge's
+        # bf16_with_fp8_subchannel_scaling_mixed)
+        a += ["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"]
     elif sh.fp8:
         # Transformer Engine's delayed-scaling recipe: E4M3 forward, E5M2 gradients
         a += ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024",
@@ -588,7 +595,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         if job.fp8_recipe != "delayed":
             warn.append(f"nemo [precision]: NeMo 1.x's FP8 is Transformer Engine's delayed "
                         f"scaling; the plan's {job.fp8_recipe} recipe has no key here (its "
-                        "casts read each tensor once more than these)")
+                        "casts and FP8 copies are not delayed scaling's: model/fp8.py)")
         if fp8_params_apply(job, sh):  # megatron_gpt_model.py: fp8_param_gather=fp8_params
             m["fp8_params"] = True
     # Transformer Engine's layer spec: with transformer_engine False (the YAML's default) NeMo's
@@ -758,8 +765,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
         if sh.shard_size:  # HSDP, as Megatron-LM's flags (megatron_args)
             ddp["num_distributed_optimizer_instances"] = sh.dp // sh.shard_size
     # mixed precision presets (megatron/bridge/training/mixed_precision.py); FP8 is the
-    # job's recipe (delayed or per-tensor current scaling), its FP8 parameter gather set as the
-    # job says whatever the preset's default (as the Megatron-LM flags)
+    # job's recipe (delayed, per-tensor current scaling, MXFP8 or blockwise), its FP8 parameter
+    # gather set as the job says whatever the preset's default (as the Megatron-LM flags)
     prec = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}[job.precision]
     mp: dict = {"preset": prec}
     if prec:
@@ -769,6 +776,16 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
         # otherwise; the estimate runs every layer's linear layers in FP8
         mp.update(preset=prec.replace("_mixed", "_with_fp8_current_scaling_mixed"),
                   fp8_param_gather=fp8_params_apply(job, sh), first_last_layers_bf16=False)
+    elif sh.fp8 and job.fp8_recipe == "mxfp8":
+        # later presets reuse the gradient buffer for the MXFP8 weights' gather, which
+        # Megatron-Core allows only with MXFP8 weights (distributed_data_parallel_config.py);
+        # the estimate's memory is the same either way (the weights share that buffer)
+        keep = fp8_params_apply(job, sh)
+        mp.update(preset=prec.replace("_mixed", "_with_mxfp8_mixed"), fp8_param_gather=keep,
+                  reuse_grad_buf_for_mxfp8_param_ag=keep)
+    elif sh.fp8 and job.fp8_recipe == "blockwise":  # FP8 weights not priced here (JobSpec)
+        mp.update(preset=prec.replace("_mixed", "_with_fp8_subchannel_scaling_mixed"),
+                  fp8_param_gather=False)
     elif sh.fp8:
         mp.update(preset=prec.replace("_mixed", "_with_fp8_delayed_scaling_mixed"),
                   fp8_param_gather=fp8_params_apply(job, sh))

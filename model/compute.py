@@ -36,23 +36,17 @@ micro-batch (T = micro-batch x sequence tokens).
 - FP8 (Transformer Engine, torchao float8): the four linear layers' GEMMs (forward, data and
   weight gradient) run at the FP8 peak with 1-byte operands; each GEMM input and each output
   gradient is cast first. The output layer and attention stay in the base precision
-  (Transformer Engine and torchtitan keep them there). The casts (`FP8_CAST_BYTES`):
-  - Transformer Engine (Megatron-LM, NeMo, DeepSpeed) quantizes each input for the forward
-    GEMM and, transposed, for the weight gradient in one pass (module/linear.py:
-    input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input); Hopper's FP8
-    GEMMs take no transposed operand), and each output gradient for both backward GEMMs:
-    read 2 bytes, write 1 + 1. With sequence parallelism the QKV and MLP-up inputs are
-    quantized on the local sequence shard before their all-gather (linear.py: quantize the
-    local input shard, then gather_along_first_dim of the FP8 tensor), and so are the output
-    gradients of the two row-parallel layers before theirs (module/base.py
-    grad_output_preprocess: "FP8 with all-gather", gather_along_first_dim(grad_output, ...,
-    quantizer=quantizer)): 1/t of the tokens.
-    The per-tensor current-scaling recipe (JobSpec.fp8_recipe "tensorwise") first reads the
-    tensor once more for its amax (pytorch/csrc quantizer.cpp,
-    Float8CurrentScalingQuantizer::quantize: nvte_compute_amax, then nvte_quantize): + 2;
-    delayed scaling takes the amax inside the cast kernel.
-  - torchao float8 (torchtitan): read 2, write 1 over the gathered tokens, as fitted on the
-    reference set's Float8 run (data/gpus.json H100-96GB-500W fp8_gemm_efficiency).
+  (Transformer Engine and torchtitan keep them there). What a cast reads and writes depends on
+  the recipe and the GPU (model/fp8.py `fp8_bytes`): Transformer Engine (Megatron-LM, NeMo,
+  DeepSpeed) quantizes each input for the forward GEMM and, for the weight gradient, column-wise
+  in the same pass (module/linear.py: input_quantizer.set_usage(rowwise=True,
+  columnwise=backward_needs_input)), and each output gradient for both backward GEMMs. With
+  sequence parallelism the QKV and MLP-up inputs are quantized on the local sequence shard
+  before their all-gather (linear.py: quantize the local input shard, then
+  gather_along_first_dim of the FP8 tensor), and so are the output gradients of the two
+  row-parallel layers before theirs (module/base.py grad_output_preprocess: "FP8 with
+  all-gather", gather_along_first_dim(grad_output, ..., quantizer=quantizer)): 1/t of the
+  tokens. torchao float8 (torchtitan) casts the gathered tokens.
   The FP8 GEMMs run at `GPUSpec.fp8_efficiency` of the FP8 peak: the GPU's own
   fp8_gemm_efficiency, or FP8_GEMM_RATIO (0.78, the same fit) x its bf16 GEMM efficiency.
 """
@@ -62,6 +56,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from .fp8 import fp8_bytes
 from .specs import GPUSpec, JobSpec, ModelSpec
 
 # output tiles of one SM: cuBLAS picks among shapes like these per GEMM (NVIDIA "Matrix
@@ -70,10 +65,6 @@ from .specs import GPUSpec, JobSpec, ModelSpec
 TILES = ((256, 128), (128, 256), (128, 128), (64, 128))
 FLASH_BLOCK = 128  # key/query block of the causal FlashAttention kernel (FlashAttention-2)
 FLASH_BWD_FACTOR = 2.5  # backward work / forward work (5 vs 2 matrix products)
-# bytes per element of an FP8 cast (module docstring): Transformer Engine reads 2 and writes the
-# row-wise and the column-wise (transposed) FP8 copies; current scaling reads once more for its
-# amax; torchao float8 as fitted
-FP8_CAST_BYTES = {"te": 4.0, "te-tensorwise": 6.0, "torchao": 3.0}
 # Transformer Engine's userbuffers TP overlap, its default configuration (Megatron-LM
 # --tp-comm-overlap without a config file; transformer_engine/pytorch/module/base.py
 # initialize_ub, get_default_config): "ring_exchange" layers (QKV and MLP-up forward, the
@@ -248,10 +239,9 @@ class ComputeModel:
         self.act_b = float(job.activation_bytes)
         self.peak = gpu.peak_flops(job.precision)
         self.peak_fp8 = gpu.peak_flops("fp8") if fp8 else self.peak
-        # FP8 casts: torchao's (torchtitan) or Transformer Engine's, with its recipe
+        # FP8 casts: torchao's (torchtitan) or Transformer Engine's, by recipe and GPU
         self.te = job.transformer_engine
-        self.cast_b = FP8_CAST_BYTES["torchao" if not self.te else
-                                     "te-tensorwise" if job.fp8_recipe == "tensorwise" else "te"]
+        self.cast_b = fp8_bytes(job, gpu).cast if fp8 else 0.0
         # what sequence parallelism gathers TE casts on the local 1/t shard (module docstring)
         self.cast_shard = tp if self.te and sequence_parallel else 1
         # eager element-wise kernels: torchtitan without torch.compile (module docstring)

@@ -19,6 +19,7 @@ from .cluster import ClusterSpec
 from .communication import (allreduce_ms, alltoall_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
+from .fp8 import fp8_bytes
 from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes, keeps_unsharded
 from .plan import Shape, layer_params, num_microbatches
 from .specs import GPUSpec, JobSpec, ModelSpec, Options, element_bytes
@@ -43,10 +44,6 @@ def adam_bytes_per_param(job: JobSpec) -> int:
     return b + (6 if job.precision == "fp16" else 0)
 
 
-# FP8 weight copies are refreshed once per iteration (the first micro-batch casts and
-# transposes each linear weight: read 2 bytes, write 2; Transformer Engine's
-# is_first_microbatch caching), counted with the optimizer step.
-FP8_RECAST_BYTES_PER_PARAM = 4
 
 
 @dataclass(frozen=True)
@@ -136,9 +133,11 @@ class CostModel:
         # weight in FP8, 1 byte instead of the 16-bit weight's (Megatron-LM's param buffer of
         # the FP8 weights is uint8): bytes saved per linear weight of the data-parallel sync.
         # Not where the routed experts sync apart (their gather stays at 16 bits, an upper
-        # bound), so that the dense sync's linear weights are the stage's
+        # bound), so that the dense sync's linear weights are the stage's. MXFP8 weights are
+        # gathered in 16 bits through the gradient buffer and quantized again (Megatron-Core
+        # param_and_grad_buffer.py: "MXFP8 params can't be flattened"): no saving
         self.fp8_gather_saving = (float(job.weight_bytes - 1) if fp8_params_apply(job, shape)
-                                  and not lp.split else 0.0)
+                                  and not lp.split and job.fp8_recipe != "mxfp8" else 0.0)
 
     # -- compute -----------------------------------------------------------------------------
 
@@ -741,5 +740,11 @@ class CostModel:
         shard = self.optimizer_shard(params, expert_params)
         nbytes = shard * adam_bytes_per_param(self.job)
         if self.shape.fp8:
-            nbytes += linear_params * FP8_RECAST_BYTES_PER_PARAM
+            nbytes += linear_params * self.fp8_recast_bytes(gpu)
         return nbytes / gpu.hbm_bytes_per_ms
+
+    def fp8_recast_bytes(self, gpu: GPUSpec) -> float:
+        """Bytes per linear weight of the FP8 copies' refresh, once an iteration: the first
+        micro-batch casts each weight (Transformer Engine's is_first_microbatch caching; the
+        recipe's weight cast on this GPU, model/fp8.py), counted with the optimizer step."""
+        return fp8_bytes(self.job, gpu).weight_cast if self.shape.fp8 else 0.0

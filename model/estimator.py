@@ -20,6 +20,7 @@ from .cluster import ClusterSpec
 from .communication import dp_ring, p2p_ring
 from .costs import CostModel
 from .errors import SpecError
+from .fp8 import plan_fp8_bytes
 from .memory import MemoryModel, StageMemory, fp8_params_apply, keeps_unsharded
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
                    megatron_placement, num_microbatches, validate_placement, validate_shape)
@@ -101,7 +102,8 @@ class Evaluator:
                                    options.blocking_p2p)
         self.kinds = self.cs.kinds
         self.costs = CostModel(model, job, cluster, shape, options)
-        self.mem = MemoryModel(model, job, shape, self.cs, options)
+        self.mem = MemoryModel(model, job, shape, self.cs, options,
+                               plan_fp8_bytes(job, shape, cluster))
         self.params = [self.costs.stage_params(s) for s in range(shape.pp)]
         self.memory = [self.mem.stage(s, self.params[s], shape.layers) for s in range(shape.pp)]
         # Caches for the solvers' hot path (`iteration_ms`): a stage's tail depends only on

@@ -4,8 +4,9 @@
   (`param_bytes`: Megatron-LM's distributed-optimizer table, DeepSpeed's ZeRO table, FSDP2's fp32
   shards), divided by the shard group as the ZeRO stage says; ZeRO-3 adds the gathered layer,
   the prefetched one and a layer's full gradient.
-  FP8 adds Transformer Engine's cached FP8 weight and its transpose, 1 byte each per
-  linear-layer weight (transformer_engine/pytorch/module/linear.py: weight_fp8, weight_t_fp8).
+  FP8 adds Transformer Engine's cached FP8 weight copies per linear-layer weight: the FP8
+  weight and its transpose (1 byte each) on Hopper, the one copy on Blackwell, row- and
+  column-wise copies with their scales for the block recipes (model/fp8.py `Fp8Bytes`).
 - Activations per layer per micro-batch: Korthikanti et al. 2022, Sec. 4 and Table 2, tensor by
   tensor (`layer_tensors`), generalized to grouped-query attention and gated MLPs. For a GPT
   block with eager attention it reduces exactly to their sbh(10 + 24/t + 5as/(ht)),
@@ -16,8 +17,8 @@
     frees nothing but that.
   - A model trained without dropout (Llama family) stores no dropout masks.
   - FP8 saves each linear layer's input as its 1-byte cast (Transformer Engine saves the FP8
-    input for the weight gradient); the attention output is kept in 16 bits as well for the
-    attention backward.
+    input for the weight gradient; the block recipes their scales beside it: model/fp8.py);
+    the attention output is kept in 16 bits as well for the attention backward.
 - Micro-batches in flight per stage come from walking the schedule's own order
   (1F1B: min(p - s, m); GPipe: m; interleaved: Megatron's warm-up count), chunk by chunk.
 - Embedding stage: the embedding dropout mask (and the input of an embedding norm); output
@@ -37,12 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .fp8 import Fp8Bytes
 from .plan import Shape, deepspeed_pipe_partitioned, layer_params
 from .schedule import CompiledSchedule
 from .specs import JobSpec, ModelSpec, Options
 
 GIB = float(2 ** 30)
-FP8_WEIGHT_COPY_BYTES = 2  # FP8 weight + its transpose, per linear-layer weight
 # Bytes per logit of the loss step, from the 16-bit logits to the end of their backward, as
 # (kept from the forward to the backward, peak over the step):
 # - torchtitan (loss_fn: F.cross_entropy(pred.flatten(0, 1).float()), pred deleted before the
@@ -115,20 +116,22 @@ def fp8_params_apply(job: JobSpec, shape: Shape) -> bool:
     return job.fp8_param_gather and shape.fp8 and shape.zero in (1, 2)
 
 
-def fp8_weight_copy_bytes(job: JobSpec, shape: Shape) -> float:
+def fp8_weight_copy_bytes(job: JobSpec, shape: Shape, fb: Fp8Bytes | None) -> float:
     """Bytes per linear-layer weight on top of the 16-bit weight (`param_bytes`):
-    - Transformer Engine caches the FP8 weight and its transpose (Megatron-LM, NeMo): 2;
+    - Transformer Engine caches the FP8 weight copies (Megatron-LM, NeMo): `fb.weight_copy`,
+      the weight and its transpose on Hopper, 2 (model/fp8.py);
     - with FP8 parameters (--fp8-param-gather: the weight is a Transformer Engine Float8Tensor
-      created under fp8_model_init, its 1-byte data plus the 1-byte transpose the backward
-      uses) these two bytes are the weight: no 16-bit copy, so 2 - 2 = 0 on top. The fp32
-      main weight stays in the distributed optimizer's state (optimizer bytes, unchanged);
+      created under fp8_model_init, its 1-byte data plus, on Hopper, the 1-byte transpose the
+      backward uses) these bytes are the weight: no 16-bit copy, so 2 - 2 = 0 on top on Hopper,
+      1 - 2 on Blackwell. The fp32 main weight stays in the distributed optimizer's state
+      (optimizer bytes, unchanged);
     - torchao's float8 (torchtitan) casts each weight when used, caching nothing across
       micro-batches: 0."""
-    if not shape.fp8 or not job.transformer_engine:
+    if not shape.fp8 or not job.transformer_engine or fb is None:
         return 0.0
     if fp8_params_apply(job, shape):
-        return float(FP8_WEIGHT_COPY_BYTES - job.weight_bytes)
-    return float(FP8_WEIGHT_COPY_BYTES)
+        return fb.weight_copy - job.weight_bytes
+    return fb.weight_copy
 
 
 def gathered_weight_bytes(job: JobSpec) -> int:
@@ -138,14 +141,17 @@ def gathered_weight_bytes(job: JobSpec) -> int:
     return 4 if job.precision == "fp32" else 2
 
 
-def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape) -> list[tuple[str, float, bool]]:
+def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape, fp8_saved_bytes: float = 1.0
+                  ) -> list[tuple[str, float, bool]]:
     """Tensors one layer stores for its backward without recompute, per micro-batch, as
     (name, bytes per token of the sequence x micro-batch, split across TP ranks?). Tensors not
     split are replicated on every TP rank unless sequence parallelism splits them too;
-    attention scores are returned separately by `attention_score_bytes`."""
+    attention scores are returned separately by `attention_score_bytes`.
+    `fp8_saved_bytes`: what an FP8 linear layer keeps of an input element (model/fp8.py
+    `Fp8Bytes.saved_input`: 1, and the scales of the block recipes)."""
     h = model.hidden_size
     a16 = float(job.activation_bytes)  # 2 bytes in Korthikanti et al.'s count
-    lin = 1.0 if shape.fp8 else a16  # what a linear layer keeps of its input
+    lin = fp8_saved_bytes if shape.fp8 else a16  # what a linear layer keeps of its input
     ffn = model.ffn_hidden_size
     gated = 2 if model.gated_mlp else 1
     out = [
@@ -267,8 +273,9 @@ def op_sac_tensors(model: ModelSpec, job: JobSpec, shape: Shape
 
 
 def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
-                           recompute: str | None = None) -> float:
-    """Stored activations of one transformer layer for one micro-batch on one GPU."""
+                           recompute: str | None = None, fp8_saved_bytes: float = 1.0) -> float:
+    """Stored activations of one transformer layer for one micro-batch on one GPU
+    (`fp8_saved_bytes`: as `layer_tensors`)."""
     recompute = shape.recompute if recompute is None else recompute
     # context parallelism keeps 1/cp of every sequence's tokens (and their activations)
     s, b, h, t = job.seq_length // shape.cp, shape.micro_batch, model.hidden_size, shape.tp
@@ -280,7 +287,7 @@ def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
         return sum(per_token * tokens / (t if (split or sp) else 1)
                    for _n, per_token, split in op_sac_tensors(model, job, shape))
     total = 0.0
-    for name, per_token, split in layer_tensors(model, job, shape):
+    for name, per_token, split in layer_tensors(model, job, shape, fp8_saved_bytes):
         if recompute == "selective" and name == "attention lse":
             continue  # the recomputed core keeps nothing of its own
         total += per_token * tokens / (t if (split or sp) else 1)
@@ -321,12 +328,18 @@ class MemoryModel:
     `chunk_act_bytes`)."""
 
     def __init__(self, model: ModelSpec, job: JobSpec, shape: Shape, cs: CompiledSchedule,
-                 options: Options):
+                 options: Options, fp8: Fp8Bytes | None = None):
+        """`fp8`: the FP8 recipe's bytes on the plan's GPUs (model/fp8.py
+        `cluster_fp8_bytes`), needed where the shape runs FP8 linear layers."""
         self.model, self.job, self.shape, self.cs, self.options = model, job, shape, cs, options
+        if shape.fp8 and fp8 is None:
+            raise ValueError("an FP8 shape needs the recipe's bytes (model/fp8.py)")
+        self.fp8b = fp8
+        saved = fp8.saved_input if fp8 is not None else 1.0
         s, b, h, t = job.seq_length // shape.cp, shape.micro_batch, model.hidden_size, shape.tp
         sp_div = t if shape.sequence_parallel else 1
         a16 = job.activation_bytes
-        self.act_layer = layer_activation_bytes(model, job, shape)
+        self.act_layer = layer_activation_bytes(model, job, shape, fp8_saved_bytes=saved)
         # embedding dropout mask (1 byte); an embedding norm keeps its input for its backward
         self.emb_act = (s * b * h / sp_div if model.dropout else 0.0) + (
             a16 * s * b * h / sp_div if model.embedding_norm else 0.0)
@@ -354,15 +367,16 @@ class MemoryModel:
         # leading dense layers (virtual stage 0): their activations instead of MoE ones
         self.first_dense = model.first_dense_layers
         self.dense_act_delta = (self.first_dense * (layer_activation_bytes(
-            model.dense_layer_model, job, shape) - self.act_layer) if self.first_dense else 0.0)
+            model.dense_layer_model, job, shape, fp8_saved_bytes=saved) - self.act_layer)
+            if self.first_dense else 0.0)
         if shape.recompute == "full" or (shape.recompute == "selective"
                                          and job.framework == "torchtitan"):
             # the backward rebuilds one layer's activations (per-op SAC: all but what it
             # kept, counted whole here)
-            self.work = layer_activation_bytes(model, job, shape, "none")
+            self.work = layer_activation_bytes(model, job, shape, "none", saved)
             if self.first_dense:
                 self.work = max(self.work, layer_activation_bytes(model.dense_layer_model, job,
-                                                                  shape, "none"))
+                                                                  shape, "none", saved))
         elif shape.recompute == "selective":
             self.work = attention_score_bytes(model, job, shape)
         else:
@@ -371,7 +385,7 @@ class MemoryModel:
         self.work += cp_gather_work_bytes(model, job, shape)
         self.bytes_per_param = param_bytes(job, shape)
         per_param = sum(self.bytes_per_param)
-        fp8 = fp8_weight_copy_bytes(job, shape)
+        fp8 = self.fp8_copy = fp8_weight_copy_bytes(job, shape, self.fp8b)
         # expert parallelism: a layer's routed experts are split over EP (and expert TP), and
         # their sharded gradients / optimizer state over the expert-data-parallel group,
         # `expert_shard_factor` times finer than the data-parallel shard (Megatron-LM's
@@ -451,7 +465,7 @@ class MemoryModel:
         best_work = work if is_b[i] else 0.0
         wb, gb, ob = self.bytes_per_param
         n_layers = sum(layers[c * sh.pp + s] for c in range(sh.chunks))
-        fp8_bytes = n_layers * self.layer_linear_params * fp8_weight_copy_bytes(self.job, sh)
+        fp8_bytes = n_layers * self.layer_linear_params * self.fp8_copy
         if s == 0:  # the leading dense layers' own FP8 copies
             fp8_bytes += self.first_dense_fp8
         experts = (n_layers - (self.first_dense if s == 0 else 0)) * self.layer_expert_params

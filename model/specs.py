@@ -23,7 +23,10 @@ def priced_as(framework: str) -> str:
     """The job framework (FRAMEWORKS) whose estimate describes a run of `framework`: NeMo runs
     Megatron-Core, so Megatron-LM's; a DeepSpeed pipeline log is DeepSpeed's."""
     return {"nemo": "megatron", "deepspeed-pipe": "deepspeed"}.get(framework, framework)
-FP8_RECIPES = ("delayed", "tensorwise")  # Transformer Engine's per-tensor scaling recipes
+# Transformer Engine's FP8 scaling recipes (Megatron-LM --fp8-recipe; model/fp8.py): per-tensor
+# delayed and current ("tensorwise") scaling, MXFP8 blocks of 32 (Blackwell) and 1 x 128 / 128 x
+# 128 blocks ("blockwise", Hopper)
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 POSITION_EMBEDDINGS = ("learned", "rope", "alibi")
 NORMS = ("layernorm", "rmsnorm")
 RECOMPUTE = ("none", "selective", "full")
@@ -75,9 +78,18 @@ class GPUSpec:
     source: str = ""
     curve_source: str = ""
     fp8_gemm_efficiency: float | None = None
+    # CUDA compute capability (major.minor, e.g. 9.0 Hopper, 10.0 B200): which FP8 recipes
+    # Transformer Engine runs and how it lays out their copies (model/fp8.py); None for a GPU
+    # without one (AMD), read as Hopper's rules for the per-tensor recipes
+    compute_capability: float | None = None
 
     def __post_init__(self):
         src = f"GPU '{self.name}'"
+        cc = self.compute_capability
+        if cc is not None and (not isinstance(cc, (int, float)) or isinstance(cc, bool)
+                               or not 1.0 <= cc < 100.0):
+            raise SpecError(f"must be a CUDA compute capability such as 9.0, got {cc!r}",
+                            source=src, field="compute_capability")
         _positive(self.memory_gib, "memory_gib", src)
         _positive(self.hbm_gb_per_s, "hbm_gb_per_s", src)
         _positive(self.nvlink_gb_per_s, "nvlink_gb_per_s", src)
@@ -558,14 +570,16 @@ class JobSpec:
     # Megatron-LM --fp8-param-gather (NeMo fp8_params, Megatron-Bridge's mixed-precision
     # fp8_param_gather, on in its FP8 performance recipes): FP8 linear-layer weights are the
     # model's only compute copy, kept in FP8 (model/memory.py fp8_weight_copy_bytes) and
-    # all-gathered in FP8 (model/costs.py fp8_gather_saving). Megatron
+    # all-gathered in FP8 (model/costs.py fp8_gather_saving; MXFP8 weights in 16 bits, then
+    # quantized again). Not priced with the blockwise recipe. Megatron
     # accepts it with the distributed optimizer only, so it applies to plans with FP8 and ZeRO
     # 1 or 2 (`fp8_params_apply`)
     fp8_param_gather: bool = False
     # Transformer Engine's FP8 scaling recipe (Megatron-LM --fp8-recipe): "delayed" (scales
-    # from the amax history; Megatron-LM's default) or "tensorwise" (per-tensor current
-    # scaling, Megatron-Bridge's FP8-CS performance recipes): its casts read the tensor once
-    # more for the amax (model/compute.py FP8_CAST_BYTES)
+    # from the amax history; Megatron-LM's default), "tensorwise" (per-tensor current
+    # scaling, Megatron-Bridge's FP8-CS performance recipes: its casts read the tensor once
+    # more for the amax), "mxfp8" (32-element blocks, Blackwell; FP8-MX) or "blockwise"
+    # (1 x 128 and 128 x 128 blocks, Hopper): what each casts and keeps is model/fp8.py
     fp8_recipe: str = "delayed"
     # mixture of experts: tokens each expert processes relative to a perfectly balanced
     # router's share T k / E. 1.0 (default): balanced, dropless, as the published MoE
@@ -667,6 +681,11 @@ class JobSpec:
                             + ("allow fp8 or drop it" if self.fp8 is False else
                                "torchtitan's torchao float8 has its own scaling; drop it"),
                             source=self.source, field="fp8_recipe")
+        if self.fp8_param_gather and self.fp8_recipe == "blockwise":
+            raise SpecError("fp8_param_gather with the blockwise recipe is not priced (how "
+                            "Megatron-Core shards and gathers 128 x 128-block weights is not "
+                            "modelled); drop it or use recipe delayed, tensorwise or mxfp8",
+                            source=self.source, field="fp8_param_gather")
         if not isinstance(self.compile, bool):
             raise SpecError(f"compile must be true or false, got {self.compile!r}",
                             source=self.source, field="compile")

@@ -73,7 +73,7 @@ import numpy as np
 from networkx.utils import UnionFind
 
 from model import work
-from model.costs import FP8_RECAST_BYTES_PER_PARAM, adam_bytes_per_param, bucket_params
+from model.costs import adam_bytes_per_param, bucket_params
 from model.errors import SolverUnavailableError
 from model.memory import GIB, keeps_unsharded
 from model.plan import Plan, expert_dp_groups
@@ -307,7 +307,7 @@ class _Data:
         self.needs_loads = (self.ogr or self.opg) and d > 1 and "mixed" in self.bucket_case
         self.opt_coef = adam_bytes_per_param(prob.job) / (
             (sh.shard_group if sh.zero else 1) * gpu.hbm_bytes_per_ms)
-        self.fp8_coef = FP8_RECAST_BYTES_PER_PARAM / gpu.hbm_bytes_per_ms if sh.fp8 else 0.0
+        self.fp8_coef = costs.fp8_recast_bytes(gpu) / gpu.hbm_bytes_per_ms
         self.ovh = prob.options.overheads.latency_overhead_ms
         # torchtitan's FSDP2 under PP: the step's gathers and reduce-scatters, once a step in
         # the tail, linear in the stage's layers (costs.CostModel.unsharded_step_coefs; the

@@ -414,10 +414,11 @@ def stage_memory_events(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, sh
     import numpy as np
 
     from model.memory import MemoryModel
+    from model.fp8 import plan_fp8_bytes
 
     m = num_microbatches(job, shape)
     cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
-    mm = MemoryModel(model, job, shape, cs, options)
+    mm = MemoryModel(model, job, shape, cs, options, plan_fp8_bytes(job, shape, cluster))
     costs = costs or CostModel(model, job, cluster, shape, options)
     p = shape.pp
     zero = (0,) * shape.num_virtual

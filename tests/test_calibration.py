@@ -638,6 +638,23 @@ def test_plan_read_from_megatron_arguments():
     assert "cluster has 64" in str(e.value)
 
 
+def test_fp8_recipes_read_back_from_megatron_arguments():
+    """A logged --fp8-recipe reads back as the job's recipe (each one the cost model prices);
+    one it has no rules for (custom) is refused on that argument."""
+    from formats.clusters import uniform_cluster
+    from formats.megatron_args import plan_from_megatron_args
+    b200 = uniform_cluster(8, 8, "B200", 900.0, 50.0)
+    base = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
+    for recipe in ("delayed", "tensorwise", "mxfp8"):
+        _m, job, plan = plan_from_megatron_args(
+            {**base, "fp8": "e4m3", "fp8_recipe": recipe}, b200, source="t")
+        assert job.fp8 and plan.shape.fp8 and job.fp8_recipe == recipe
+    with pytest.raises(SpecError) as e:
+        plan_from_megatron_args({**base, "fp8": "e4m3", "fp8_recipe": "custom"}, b200,
+                                source="t")
+    assert e.value.field == "fp8_recipe" and "not priced" in str(e.value)
+
+
 def test_hsdp_reads_back_from_megatron_arguments():
     """Megatron-FSDP's HSDP (--num-distributed-optimizer-instances R, launch/emit.py) reads
     back as shard groups of DP / R ranks, and the plan's instance count is among what a log's

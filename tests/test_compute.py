@@ -164,7 +164,7 @@ def test_fp8_casts_per_framework_and_recipe(h100):
         JobSpec(global_batch=8, seq_length=T, fp8=True, framework="torchtitan",
                 fp8_recipe="tensorwise")
     with pytest.raises(SpecError, match="unknown fp8_recipe"):
-        JobSpec(global_batch=8, seq_length=T, fp8=True, fp8_recipe="mxfp8")
+        JobSpec(global_batch=8, seq_length=T, fp8=True, fp8_recipe="nvfp4")
 
 
 def test_fp8_plan_needs_fp8_tensor_cores_and_keeps_weight_copies():

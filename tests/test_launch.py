@@ -196,6 +196,33 @@ def test_fp8_param_gather_reaches_megatron_nemo_and_bridge(llama):
     assert any("tensorwise recipe has no key" in w for w in nemo_config(llama, cs, c, on)[1])
 
 
+def test_block_fp8_recipes_reach_megatron_and_bridge(llama):
+    """MXFP8 and blockwise FP8 reach Megatron-LM's --fp8-recipe and Megatron-Bridge's presets;
+    MXFP8 weights go with the gradient-buffer reuse its later presets pair them with, and
+    NeMo 1.x (delayed scaling only) says it cannot."""
+    from formats.clusters import uniform_cluster as uc
+    from launch.emit import bridge_recipe, nemo_config
+    b200, h100 = uc(4, 8, "B200", 900.0, 50.0), uc(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    mx = JobSpec(global_batch=64, seq_length=4096, fp8=True, fp8_recipe="mxfp8",
+                 fp8_param_gather=True)
+    on = make_plan(llama, mx, b200, tp=8, pp=4, sequence_parallel=True,
+                   distributed_optimizer=True)
+    a = parse_megatron(megatron_args(llama, mx, on)[0])
+    assert (a.fp8_format, a.fp8_recipe, a.fp8_param_gather) == ("e4m3", "mxfp8", True)
+    mp = bridge_recipe(llama, mx, b200, on)[0]["mixed_precision"]
+    assert mp["preset"] == "bf16_with_mxfp8_mixed"
+    assert mp["fp8_param_gather"] is True and mp["reuse_grad_buf_for_mxfp8_param_ag"] is True
+    assert any("mxfp8 recipe has no key" in w for w in nemo_config(llama, mx, b200, on)[1])
+    bw = JobSpec(global_batch=64, seq_length=4096, fp8=True, fp8_recipe="blockwise")
+    p = make_plan(llama, bw, h100, tp=8, pp=4, sequence_parallel=True,
+                  distributed_optimizer=True)
+    a = parse_megatron(megatron_args(llama, bw, p)[0])
+    assert (a.fp8_format, a.fp8_recipe, a.fp8_param_gather) == ("hybrid", "blockwise", False)
+    mp = bridge_recipe(llama, bw, h100, p)[0]["mixed_precision"]
+    assert mp["preset"] == "bf16_with_fp8_subchannel_scaling_mixed"
+    assert mp["fp8_param_gather"] is False
+
+
 def test_bf16_gradients_reach_nemo1_or_are_warned(llama):
     """--grad-reduce-in-bf16 (2 bytes per gradient in the estimate): NeMo 1.x's distributed
     optimizer takes optim.grad_sync_dtype bf16 (Megatron-Core's grad_reduce_in_fp32 follows it);

@@ -136,6 +136,16 @@ def _cases():
                 make_plan(l3, jcs, h100, tp=2, pp=2, sequence_parallel=True,
                           distributed_optimizer=True, overlap_grad_reduce=True,
                           overlap_param_gather=True)))
+    b200 = uniform_cluster(2, 8, "B200", 900.0, 50.0)
+    jmx = JobSpec(global_batch=64, seq_length=8192, fp8=True, fp8_recipe="mxfp8",
+                  fp8_param_gather=True)
+    out.append(("Llama-3 8B MXFP8 weights, B200", l3, jmx, b200,
+                make_plan(l3, jmx, b200, tp=2, pp=2, sequence_parallel=True,
+                          distributed_optimizer=True, overlap_param_gather=True)))
+    jbw = JobSpec(global_batch=64, seq_length=8192, fp8=True, fp8_recipe="blockwise")
+    out.append(("Llama-3 8B FP8 blockwise, H100", l3, jbw, h100,
+                make_plan(l3, jbw, h100, tp=2, pp=2, sequence_parallel=True,
+                          distributed_optimizer=True)))
     mx = presets.model("mixtral-8x7b")
     out.append(("Mixtral 8x7B EP=8 interleaved", mx, job, ex,
                 make_plan(mx, job, ex, tp=2, pp=4, ep=8, etp=1, schedule="interleaved",
@@ -209,7 +219,9 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
         ("overlap_param_gather", sh.overlap_param_gather, "overlap"),
         ("tp_comm_overlap", sh.tp_comm_overlap, "overlap"),
         ("bf16", job.precision == "bf16", "precision"),
-        ("fp8", "hybrid" if sh.fp8 else None, "precision"),
+        # the FP8 format emitted: E4M3 everywhere for MXFP8, E4M3 / E5M2 (hybrid) otherwise
+        ("fp8", ("e4m3" if job.fp8_recipe == "mxfp8" else "hybrid") if sh.fp8 else None,
+         "precision"),
         ("fp8_param_gather", fp8_params_apply(job, sh), "precision"),
         *([("fp8_recipe", job.fp8_recipe, "precision"),
            ("first_last_layers_bf16", False, "precision")] if sh.fp8 else []),
@@ -937,7 +949,10 @@ def _check_core(python: str, names: tuple[str, str], fw: str, version: str | Non
         recs = run_launch(folder, c, extra=extra)
         first = recs[c.nodes[0].name]
         assert all(r["args"] == first["args"] for r in recs.values()), "args differ by node"
-        arch = 9 if c.nodes[0].gpu.name.startswith("H") else 8
+        # the GPU's major compute capability (validate_args asks CUDA_DEVICE_MAX_CONNECTIONS=1
+        # with TP or CP below 10); a GPU without one listed as Ampere
+        cc = c.nodes[0].gpu.compute_capability
+        arch = int(cc) if cc is not None else 8
         items.append({"record": first, "world_size": c.num_gpus, "gpu_arch": arch,
                       "run_config": str(folder / "run_config.yaml") if version else None})
         meta.append((name, m, job, c, plan, warns, recs, est.fits))

@@ -282,6 +282,12 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
               "--fp8-amax-compute-algo", "max"]
     if fp8_params_apply(job, sh):  # FP8 weights only (the estimate's weight bytes)
         a.append("--fp8-param-gather")
+        if job.fp8_recipe == "mxfp8":
+            # MXFP8 weights gathered through the gradient buffer (param_and_grad_buffer.py),
+            # as the estimate's memory says and as Megatron-Bridge's bf16_with_mxfp8_mixed
+            # pairs them; without it Megatron-Core remaps each weight into its parameter
+            # buffer, which Transformer Engine's MXFP8Tensor refuses (replace_raw_data)
+            a.append("--reuse-grad-buf-for-mxfp8-param-ag")
     # attention kernel the estimate assumed (--attention-backend: flash, fused, unfused, local,
     # auto; auto picks a fused / flash kernel, neither stores the scores)
     a += ["--attention-backend", "auto" if job.attention == "flash" else "unfused"]

@@ -241,7 +241,7 @@ class ComputeModel:
         self.peak_fp8 = gpu.peak_flops("fp8") if fp8 else self.peak
         # FP8 casts: torchao's (torchtitan) or Transformer Engine's, by recipe and GPU
         self.te = job.transformer_engine
-        self.cast_b = fp8_bytes(job, gpu).cast if fp8 else 0.0
+        self.fp8b = fp8_bytes(job, gpu) if fp8 else None
         # what sequence parallelism gathers TE casts on the local 1/t shard (module docstring)
         self.cast_shard = tp if self.te and sequence_parallel else 1
         # eager element-wise kernels: torchtitan without torch.compile (module docstring)
@@ -277,22 +277,33 @@ class ComputeModel:
         return (UB_PIPELINE_SPLITS, True), (self.t, False), (1, False)
 
     def _linear(self, fwd: Pass, bwd: Pass, name: str, m: int, n: int, k: int,
-                tp_role: str = "") -> None:
+                tp_role: str = "", fp8: bool | None = None) -> None:
         """y[m,n] = x[m,k] W[k,n]: forward, data-gradient and weight-gradient GEMMs; in FP8
         with the casts of the input (forward) and of the output gradient (backward).
         `tp_role`: a dense layer's tensor-parallel linear, "col" (QKV, MLP-up: sequence
         parallelism gathers its input) or "row" (the projections: it gathers its output
         gradient); TE casts the gathered tensor on its local shard (module docstring) and
-        its userbuffers overlap splits the GEMMs (`_ub_split`)."""
+        its userbuffers overlap splits the GEMMs (`_ub_split`). `fp8` False: a GEMM that stays
+        in the base precision in an FP8 plan (the router)."""
         g = self.gpu
         eff = None
-        if self.fp8:
+        if self.fp8 and fp8 is not False:
             ib, peak = 1.0, self.peak_fp8
             eff = g.fp8_efficiency
-            fwd.add(f"{name}.cast", elementwise_ms(
-                g, self.cast_b * m * k / (self.cast_shard if tp_role == "col" else 1)))
-            bwd.add(f"{name}.cast", elementwise_ms(
-                g, self.cast_b * m * n / (self.cast_shard if tp_role == "row" else 1)))
+            fb, t = self.fp8b, self.cast_shard
+            if tp_role == "col" and t > 1:  # the input: cast on the shard, then gathered;
+                # the backward re-gathers it and transposes it for the weight gradient
+                fwd.add(f"{name}.cast", elementwise_ms(g, fb.shard_cast * m * k / t))
+                if fb.gathered_transpose:
+                    bwd.add(f"{name}.cast", elementwise_ms(g, fb.gathered_transpose * m * k))
+            else:
+                fwd.add(f"{name}.cast", elementwise_ms(g, fb.cast * m * k))
+            if tp_role == "row" and t > 1:  # the output gradient: cast on the shard, gathered
+                bwd.add(f"{name}.cast", elementwise_ms(g, fb.shard_cast * m * n / t))
+                if fb.gathered_transpose:
+                    bwd.add(f"{name}.cast", elementwise_ms(g, fb.gathered_transpose * m * n))
+            else:
+                bwd.add(f"{name}.cast", elementwise_ms(g, fb.cast * m * n))
         else:
             ib, peak = self.act_b, self.peak
         flops = 2.0 * m * n * k
@@ -446,9 +457,13 @@ class ComputeModel:
         m, t, T = self.model, self.t, self.T
         h, E, k, fe = m.hidden_size, m.num_experts, m.moe_topk, m.expert_ffn
         gated = 2 if m.gated_mlp else 1
-        self._linear(fwd, bwd, "router", T, E, h)
-        self._elementwise(fwd, "router_topk", T * E, 1, 1, T * E * 4.0)
-        self._elementwise(bwd, "router_topk", T * E, 2, 1, T * E * 4.0)
+        # the router: each TP rank routes its sequence-parallel shard (Megatron-LM router.py:
+        # the layer's input is the sequence-parallel hidden states), in the base precision
+        # (router_gating_linear, not a Transformer Engine layer)
+        Tr = T // t if self.sp else T
+        self._linear(fwd, bwd, "router", Tr, E, h, fp8=False)
+        self._elementwise(fwd, "router_topk", Tr * E, 1, 1, Tr * E * 4.0)
+        self._elementwise(bwd, "router_topk", Tr * E, 2, 1, Tr * E * 4.0)
         ep, et = self.ep, self.etp
         Te = T * et // t if self.sp else T
         # routed copies: k per token, times the capacity factor (JobSpec.moe_capacity_factor:

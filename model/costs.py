@@ -135,7 +135,8 @@ class CostModel:
         # Not where the routed experts sync apart (their gather stays at 16 bits, an upper
         # bound), so that the dense sync's linear weights are the stage's. MXFP8 weights are
         # gathered in 16 bits through the gradient buffer and quantized again (Megatron-Core
-        # param_and_grad_buffer.py: "MXFP8 params can't be flattened"): no saving
+        # param_and_grad_buffer.py: "For MXFP8 param: Create a shared buffer for param AG and
+        # grad RS", params stored in bf16 there; _post_param_sync): no saving
         self.fp8_gather_saving = (float(job.weight_bytes - 1) if fp8_params_apply(job, shape)
                                   and not lp.split and job.fp8_recipe != "mxfp8" else 0.0)
 
@@ -174,7 +175,7 @@ class CostModel:
         sh = self.shape
         cm = self.compute(gpu)
         lc = cm.layer()
-        f_comm, b_comm = self._layer_tp_comm(lc, tp_ring_gb_per_s)
+        f_comm, b_comm = self._layer_tp_comm(lc, tp_ring_gb_per_s, gpu)
         cp_f, cp_b = self._cp_exchange_ms(lc, cp_ring_gb_per_s)
         # expert parallelism: dispatch and combine in the forward, their gradients' in the
         # backward, each on the critical path (Megatron-LM's alltoall token dispatcher waits
@@ -396,7 +397,8 @@ class CostModel:
         lat = self.cluster.intra_latency_us
         return (allreduce_ms(M, t, ring_gb_per_s, lat), gather_ms(M, t, ring_gb_per_s, lat))
 
-    def _layer_tp_comm(self, lc, ring_gb_per_s: float) -> tuple[float, float]:
+    def _layer_tp_comm(self, lc, ring_gb_per_s: float, gpu: GPUSpec
+                       ) -> tuple[float, float]:
         """Exposed tensor-parallel communication of one layer, forward and backward.
 
         Megatron-LM (Shoeybi et al. 2019 Fig. 3; Korthikanti et al. 2022 Sec. 4.2.2):
@@ -417,35 +419,53 @@ class CostModel:
         bf16. Transformer Engine (Megatron-LM) does the same for a dense layer: it quantizes
         the QKV and MLP-up inputs and the row-parallel layers' output gradients on the local
         shard and all-gathers them in FP8 (module/linear.py, module/base.py
-        grad_output_preprocess; model/compute.py); a mixture of experts' token gathers stay
-        16-bit (the dispatcher's, not TE's)."""
+        grad_output_preprocess; model/compute.py), the block recipes an input's one copy and
+        a gradient's two with their scales (model/fp8.py); a mixture of experts' token
+        gathers stay 16-bit (the dispatcher's, not TE's)."""
         sh = self.shape
         t = sh.tp
         if t <= 1:
             return 0.0, 0.0
         ar, rs = self._tp(ring_gb_per_s)
-        ag = rs * self._gather_fraction()
+        f_in, f_grad = self._gather_fractions(gpu)
+        ag, ag_grad = rs * f_in, rs * f_grad
         F, B = lc.fwd.ms, lc.bwd.ms
         if not sh.sequence_parallel:
             fwd = 2 * ar
             bwd = (exposed_async_ms(ar, B["qkv.wgrad"]) + exposed_async_ms(ar, B["fc1.wgrad"]))
             return fwd, bwd
 
-        # the MLP's collectives: a mixture of experts gathers (and reduce-scatters) each
-        # token's k routed copies over the expert-TP ranks after the dispatch (Megatron-LM's
-        # alltoall dispatcher), and its shared experts their own input and output
+        # the MLP's collectives, in activations: a dense MLP's, a mixture of experts' shared
+        # experts' (their own input and output, as a dense MLP's), and where expert TP = TP
+        # each token's k routed copies gathered over the expert-TP ranks (expert TP 1: whole
+        # experts, no collective of their own). Megatron-LM's alltoall dispatcher gathers
+        # those after the dispatch and reduce-scatters them before the combine, blocking
+        # (token_dispatcher.py: gather_from_sequence_parallel_region and
+        # reduce_scatter_to_sequence_parallel_region on the expert-TP group), and autograd runs
+        # their mirrors in the backward (tensor_parallel/mappings.py: an all-gather's gradient
+        # is a reduce-scatter, and the other way round); Transformer Engine's grouped expert
+        # linears do no communication of their own (explicit_expert_comm: tp_size 1), so
+        # nothing overlaps them: `routed` activations' worth of four exposed 16-bit
+        # collectives. torchtitan's are counted with its MLP's
         m = self.model
-        mlp = ((m.moe_topk * self.job.moe_capacity_factor if sh.expert_tp == t else 0)
-               + (1 if m.moe_shared_experts else 0)
-               if m.is_moe else 1)  # expert TP 1: whole experts, no collective of their own
+        routed = (m.moe_topk * self.job.moe_capacity_factor
+                  if m.is_moe and sh.expert_tp == t else 0)
+        mlp = (1 if m.moe_shared_experts else 0) if m.is_moe else 1
+        if not self.job.transformer_engine:
+            mlp, routed = mlp + routed, 0
 
         def serial(gemm, scale=1, comm=rs):
             if sh.tp_comm_overlap:
                 return exposed_pipelined_ms(scale * comm, gemm, t)
             return scale * comm
 
-        # the MLP's gathers: FP8 for a dense layer, 16-bit tokens for TE's mixture of experts
-        ag_mlp = rs if m.is_moe and self.job.transformer_engine else ag
+        # the MLP's gathers: FP8 for a dense layer, 16-bit tokens for TE's mixture of experts;
+        # the GEMMs they can hide behind: a dense MLP's, or Transformer Engine's shared
+        # experts' (the routed experts' collectives are the dispatcher's, above)
+        ag_mlp, ag_mlp_grad = (rs, rs) if m.is_moe and self.job.transformer_engine else (
+            ag, ag_grad)
+        te_shared = m.is_moe and self.job.transformer_engine and m.moe_shared_experts
+        mlp_fc1, mlp_fc2 = ("shared_fc1", "shared_fc2") if te_shared else ("fc1", "fc2")
         # the attention's input gathers, in hidden widths: multi-latent attention gathers its
         # latents, not the hidden states (the down projections run on the sequence shard:
         # compute.ComputeModel._latent_projections): the column-parallel up projections gather
@@ -458,22 +478,26 @@ class CostModel:
             qkv /= m.hidden_size
         # forward: all-gather before QKV and MLP-up, reduce-scatter after the projections
         fwd = serial(F["qkv"], qkv, ag) + serial(F["proj"]) + serial(
-            F["fc1"], mlp, ag_mlp) + serial(F["fc2"], mlp)
+            F[mlp_fc1], mlp, ag_mlp) + serial(F[mlp_fc2], mlp) + 2 * routed * rs
         # backward: the row-parallel layers all-gather their output gradient
-        bwd = serial(B["fc2.dgrad"], mlp, ag_mlp) + serial(B["proj.dgrad"], comm=ag)
-        for lin, scale, g in (("qkv", qkv, ag), ("fc1", mlp, ag_mlp)):
+        bwd = serial(B[f"{mlp_fc2}.dgrad"], mlp, ag_mlp_grad) + serial(B["proj.dgrad"],
+                                                                        comm=ag_grad)
+        for lin, scale, g in (("qkv", qkv, ag), (mlp_fc1, mlp, ag_mlp)):
             bwd += exposed_async_ms(scale * g, B[f"{lin}.dgrad"]) + exposed_async_ms(
                 scale * rs, B[f"{lin}.wgrad"])
-        return fwd, bwd
+        return fwd, bwd + 2 * routed * rs
 
-    def _gather_fraction(self) -> float:
-        """Bytes a TP all-gather of an activation (or its gradient) moves, as a fraction of
-        the 16-bit activation: 1/2 with FP8 linear layers, torchtitan's Float8 TP and
-        Transformer Engine's quantized gathers alike (`_layer_tp_comm`); 1 where the
-        torchtitan release leaves Float8 TP off (JobSpec.fp8_tp_gathers)."""
+    def _gather_fractions(self, gpu: GPUSpec) -> tuple[float, float]:
+        """Bytes a TP all-gather of an activation, and of an output gradient, moves as a
+        fraction of the 16-bit activation: with FP8 linear layers the recipe's (model/fp8.py
+        `Fp8Bytes.gather_input`, `gather_grad`: 1 byte for the per-tensor recipes and
+        torchtitan's Float8 TP, the block recipes' copies with their scales; `_layer_tp_comm`);
+        1 where the torchtitan release leaves Float8 TP off (JobSpec.fp8_tp_gathers)."""
         if self.shape.fp8 and self.job.fp8_tp_gathers:
-            return 1.0 / self.job.activation_bytes
-        return 1.0
+            fb = fp8_bytes(self.job, gpu)
+            return (fb.gather_input / self.job.activation_bytes,
+                    fb.gather_grad / self.job.activation_bytes)
+        return 1.0, 1.0
 
     def _edge_tp_comm(self, head_bwd, ring_gb_per_s: float):
         """Tensor-parallel communication of the embedding and the output layer: the

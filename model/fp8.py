@@ -27,6 +27,15 @@ and on whether the GPU's FP8 GEMMs take operands in any layout. Bytes per elemen
   Hopper (_compute_fp8_block_scaling_support: compute capability 9.0 and later); on Blackwell TE
   converts each operand to MXFP8 before every GEMM (pytorch/csrc/extensions/gemm.cpp
   convert_block_scaling_to_mxfp8_tensor), which this model does not price.
+- Under sequence parallelism Transformer Engine casts a tensor it all-gathers on the local
+  shard and gathers the FP8 data (pytorch/distributed.py gather_along_first_dim). Per-tensor
+  recipes cast the shard row-wise only ("all-gather is not supported with FP8 column-wise
+  data": module/linear.py, layernorm_linear.py) and, where the GPU needs one, transpose after
+  the gather over every token (_all_gather_fp8, then update_usage(columnwise_usage=True)):
+  read 1, write 1. The block recipes write both copies on the shard; an input's forward
+  gather moves its row-wise copy and its backward re-gather the column-wise one (1 byte +
+  scales each), an output gradient's gather both copies with their scales
+  (_all_gather_mxfp8, _start_all_gather_fp8_blockwise).
 - Kept for the backward (pytorch/module/linear.py: the saved input keeps its column-wise usage
   only, update_usage(rowwise_usage=False, columnwise_usage=True)): 1 byte per element, + 1/32
   (MXFP8) or + 4/128 (blockwise) of scales. The cached weight (is_first_microbatch) keeps both
@@ -62,9 +71,17 @@ class Fp8Bytes:
     weight_cast: float  # the once-a-step recast of a linear weight (read + written)
     weight_copy: float  # the FP8 weight copies a linear layer caches, per weight element
     saved_input: float  # what a linear layer keeps of its input for the weight gradient
+    # under sequence parallelism: the cast of a shard that is all-gathered next, the
+    # transpose after the gather (per gathered element), and what the gathers move per
+    # element: an input (forward, and its backward re-gather) and an output gradient
+    shard_cast: float = 0.0
+    gathered_transpose: float = 0.0
+    gather_input: float = 1.0
+    gather_grad: float = 1.0
 
 
-TORCHAO = Fp8Bytes(cast=3.0, weight_cast=4.0, weight_copy=0.0, saved_input=1.0)
+TORCHAO = Fp8Bytes(cast=3.0, weight_cast=4.0, weight_copy=0.0, saved_input=1.0,
+                   shard_cast=3.0)
 
 
 def any_layout(gpu: GPUSpec) -> bool:
@@ -99,18 +116,20 @@ def fp8_bytes(job: JobSpec, gpu: GPUSpec) -> Fp8Bytes:
     why = recipe_problem(recipe, gpu)
     if why:
         raise SpecError(why, source=job.source, field="fp8_recipe")
-    if recipe == "mxfp8":
-        scales = 1.0 / MX_BLOCK
-        return Fp8Bytes(cast=2.0 + 2.0 * (1.0 + scales), weight_cast=2.0 + 2.0 * (1.0 + scales),
-                        weight_copy=2.0 * (1.0 + scales), saved_input=1.0 + scales)
-    if recipe == "blockwise":
-        act, wgt = 4.0 / BLOCK_1D, 4.0 / BLOCK_2D
-        return Fp8Bytes(cast=2.0 + 2.0 * (1.0 + act), weight_cast=2.0 + 2.0 * (1.0 + wgt),
-                        weight_copy=2.0 * (1.0 + wgt), saved_input=1.0 + act)
-    copies = 1.0 if any_layout(gpu) else 2.0  # the FP8 data (+ its transpose)
+    if recipe in ("mxfp8", "blockwise"):
+        # scale bytes per element: of an activation or gradient, of a weight
+        act, wgt = ((1.0 / MX_BLOCK,) * 2 if recipe == "mxfp8" else
+                    (4.0 / BLOCK_1D, 4.0 / BLOCK_2D))
+        cast = 2.0 + 2.0 * (1.0 + act)  # both copies with their scales, in one pass
+        return Fp8Bytes(cast=cast, weight_cast=2.0 + 2.0 * (1.0 + wgt),
+                        weight_copy=2.0 * (1.0 + wgt), saved_input=1.0 + act,
+                        shard_cast=cast, gathered_transpose=0.0, gather_input=1.0 + act,
+                        gather_grad=2.0 * (1.0 + act))
+    transposed = 0.0 if any_layout(gpu) else 1.0  # the transposed copy Hopper's GEMMs need
     amax = 2.0 if recipe == "tensorwise" else 0.0  # current scaling's extra read
-    return Fp8Bytes(cast=2.0 + copies + amax, weight_cast=2.0 + copies + amax,
-                    weight_copy=copies, saved_input=1.0)
+    return Fp8Bytes(cast=3.0 + transposed + amax, weight_cast=3.0 + transposed + amax,
+                    weight_copy=1.0 + transposed, saved_input=1.0, shard_cast=3.0 + amax,
+                    gathered_transpose=2.0 * transposed)
 
 
 def cluster_fp8_bytes(job: JobSpec, gpus) -> Fp8Bytes:

@@ -134,29 +134,42 @@ def test_fp8_is_faster_for_large_gemms_and_never_slower_than_its_casts(h100):
 
 
 def test_fp8_casts_per_framework_and_recipe(h100):
-    """Transformer Engine's casts write the row-wise and column-wise FP8 copies (read 2,
+    """Transformer Engine's casts on Hopper write the row-wise copy and its transpose (read 2,
     write 2 per element), with current scaling read once more (6), torchao's as fitted (3);
-    with sequence parallelism TE casts what it all-gathers on the local 1/t shard: the QKV and
-    MLP-up inputs, the row-parallel layers' output gradients."""
+    with sequence parallelism TE casts what it all-gathers on the local 1/t shard, row-wise
+    only (3, or 5), and transposes it after the gather over every token (read 1, write 1): the
+    QKV and MLP-up inputs (their transpose in the backward, for the weight gradient), the
+    row-parallel layers' output gradients."""
     from model.compute import elementwise_ms
     m = presets.model("llama3-8b")
     kw = dict(tp=4, micro_batch=1, sequence_parallel=True, fp8=True)
     T = 4096
     qkv_in = T * m.hidden_size  # elements of the gathered QKV input
     proj_in = T * m.o_dim // 4
-    for job, cast_b, shard in (
-            (JobSpec(global_batch=8, seq_length=T, fp8=True), 4.0, 4),
-            (JobSpec(global_batch=8, seq_length=T, fp8=True, fp8_recipe="tensorwise"), 6.0, 4),
+    qkv_out = T * (m.q_dim + 2 * m.kv_dim) // 4
+
+    def ew(nbytes):
+        return elementwise_ms(h100, nbytes) if nbytes else 0.0
+
+    for job, full, shard_b, transpose, shard in (
+            (JobSpec(global_batch=8, seq_length=T, fp8=True), 4.0, 3.0, 2.0, 4),
+            (JobSpec(global_batch=8, seq_length=T, fp8=True, fp8_recipe="tensorwise"), 6.0,
+             5.0, 2.0, 4),
             (JobSpec(global_batch=8, seq_length=T, fp8=True, framework="torchtitan",
-                     zero=3), 3.0, 1)):
+                     zero=3), 3.0, 3.0, 0.0, 1)):
         lay = ComputeModel(m, job, h100, **kw).layer()
         f, b = lay.fwd.ms, lay.bwd.ms
-        assert f["qkv.cast"] == pytest.approx(elementwise_ms(h100, cast_b * qkv_in / shard))
-        assert f["proj.cast"] == pytest.approx(elementwise_ms(h100, cast_b * proj_in))
-        # the output projection's gradient (T x h) is gathered; QKV's (T x qkv / t) is not
-        assert b["proj.cast"] == pytest.approx(elementwise_ms(h100, cast_b * qkv_in / shard))
-        assert b["qkv.cast"] == pytest.approx(elementwise_ms(
-            h100, cast_b * T * (m.q_dim + 2 * m.kv_dim) // 4))
+        gathered = shard > 1
+        assert f["qkv.cast"] == pytest.approx(
+            ew((shard_b if gathered else full) * qkv_in / shard))
+        assert f["proj.cast"] == pytest.approx(ew(full * proj_in))
+        # the output projection's gradient (T x h) is gathered; QKV's (T x qkv / t) is not,
+        # and QKV's input is transposed after its backward re-gather
+        assert b["proj.cast"] == pytest.approx(
+            ew((shard_b if gathered else full) * qkv_in / shard)
+            + (ew(transpose * qkv_in) if gathered else 0.0))
+        assert b["qkv.cast"] == pytest.approx(
+            ew(full * qkv_out) + (ew(transpose * qkv_in) if gathered else 0.0))
     from model.errors import SpecError
     with pytest.raises(SpecError, match="allow fp8"):
         JobSpec(global_batch=8, seq_length=T, fp8_recipe="tensorwise")

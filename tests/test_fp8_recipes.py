@@ -101,6 +101,33 @@ def test_cast_time_and_weight_memory_follow_the_recipe_on_b200():
         est["delayed"].stages[1].memory.activations_gib
 
 
+def test_tp_gathers_move_the_recipes_copies_and_scales():
+    """Under sequence parallelism an input's gather moves one FP8 copy (the block recipes with
+    their scales), an output gradient's the per-tensor recipes' one copy or the block
+    recipes' two with their scales (TE's _all_gather_mxfp8 / _start_all_gather_fp8_blockwise),
+    as fractions of the 16-bit activation."""
+    from model.costs import CostModel
+    from model.specs import Options
+    for gpu, recipe, want in (("B200", "delayed", (0.5, 0.5)),
+                              ("B200", "mxfp8", ((1 + 1 / 32) / 2, (2 + 2 / 32) / 2)),
+                              ("H100-SXM-80GB", "blockwise",
+                               ((1 + 4 / 128) / 2, (2 + 8 / 128) / 2))):
+        c = uniform_cluster(1, 8, gpu, 900.0, 50.0)
+        job = _job(fp8_recipe=recipe)
+        cm = CostModel(L8, job, c, make_plan(L8, job, c, tp=4, pp=1,
+                                             sequence_parallel=True).shape, Options())
+        assert cm._gather_fractions(c.nodes[0].gpu) == pytest.approx(want)
+    # the MXFP8 plan's exposed TP time exceeds the per-tensor one's by the gradients' gathers
+    c = uniform_cluster(1, 8, "B200", 900.0, 50.0)
+    tp = {}
+    for recipe in ("delayed", "mxfp8"):
+        job = _job(fp8_recipe=recipe)
+        tp[recipe] = estimate(L8, job, c, make_plan(L8, job, c, tp=4, pp=1,
+                                                    sequence_parallel=True)
+                              ).breakdown_ms["tp_comm_ms"]
+    assert tp["mxfp8"] > 1.1 * tp["delayed"]
+
+
 def test_fp8_param_gather_on_blackwell_keeps_one_byte_per_weight():
     c = uniform_cluster(1, 8, "B200", 900.0, 50.0)
     job = _job(fp8_recipe="tensorwise", fp8_param_gather=True)

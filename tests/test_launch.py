@@ -57,6 +57,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                    choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"])
     p.add_argument("--fp8-param-gather", action="store_true")
+    p.add_argument("--reuse-grad-buf-for-mxfp8-param-ag", action="store_true")
     p.add_argument("--fp8-recipe", default="delayed",
                    choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
     p.add_argument("--fp8-amax-history-len", type=int, default=1)
@@ -209,6 +210,9 @@ def test_block_fp8_recipes_reach_megatron_and_bridge(llama):
                    distributed_optimizer=True)
     a = parse_megatron(megatron_args(llama, mx, on)[0])
     assert (a.fp8_format, a.fp8_recipe, a.fp8_param_gather) == ("e4m3", "mxfp8", True)
+    # MXFP8 weights gather through the gradient buffer (Megatron-Core cannot remap them into
+    # a separate parameter buffer: TE's MXFP8Tensor has no replace_raw_data)
+    assert a.reuse_grad_buf_for_mxfp8_param_ag
     mp = bridge_recipe(llama, mx, b200, on)[0]["mixed_precision"]
     assert mp["preset"] == "bf16_with_mxfp8_mixed"
     assert mp["fp8_param_gather"] is True and mp["reuse_grad_buf_for_mxfp8_param_ag"] is True
@@ -218,6 +222,7 @@ def test_block_fp8_recipes_reach_megatron_and_bridge(llama):
                   distributed_optimizer=True)
     a = parse_megatron(megatron_args(llama, bw, p)[0])
     assert (a.fp8_format, a.fp8_recipe, a.fp8_param_gather) == ("hybrid", "blockwise", False)
+    assert not a.reuse_grad_buf_for_mxfp8_param_ag
     mp = bridge_recipe(llama, bw, h100, p)[0]["mixed_precision"]
     assert mp["preset"] == "bf16_with_fp8_subchannel_scaling_mixed"
     assert mp["fp8_param_gather"] is False

@@ -38,16 +38,19 @@ def test_one_expert_is_the_dense_model():
 
 
 def test_moe_layer_flops_per_gpu():
-    """The router (replicated on every TP rank), each token's top-k experts and the attention,
-    split over TP: the per-operation model's FLOPs add up to eq. (3) with active experts."""
+    """The router (each TP rank routes its sequence-parallel shard; replicated without
+    sequence parallelism), each token's top-k experts and the attention, split over TP: the
+    per-operation model's FLOPs add up to eq. (3) with active experts."""
     m = presets.model("mixtral-8x7b")
     job = JobSpec(global_batch=8, seq_length=4096)
     gpu = presets.gpu("H100-SXM-80GB")
     t, T = 4, 4096
     cm = ComputeModel(m, job, gpu, tp=t, micro_batch=1, sequence_parallel=True, fp8=False)
+    assert cm.layer().fwd.flops == pytest.approx(m.layer_flops_fwd(T, 4096) / t, rel=1e-12)
     router = 2 * T * m.hidden_size * m.num_experts
+    whole = ComputeModel(m, job, gpu, tp=t, micro_batch=1, sequence_parallel=False, fp8=False)
     expected = (m.layer_flops_fwd(T, 4096) - router) / t + router
-    assert cm.layer().fwd.flops == pytest.approx(expected, rel=1e-12)
+    assert whole.layer().fwd.flops == pytest.approx(expected, rel=1e-12)
 
 
 def test_moe_memory_holds_every_expert():
@@ -190,3 +193,56 @@ def test_megatron_gets_the_expert_flags():
     for flag, val in (("--num-experts", "8"), ("--moe-router-topk", "2"),
                       ("--moe-ffn-hidden-size", "14336"), ("--expert-model-parallel-size", "1")):
         assert a[a.index(flag) + 1] == val
+
+
+def test_expert_tp_collectives_are_the_dispatchers_blocking_ones():
+    """With expert TP = TP (Megatron-LM's default), the alltoall dispatcher all-gathers the
+    routed tokens over the expert-TP ranks after the dispatch and reduce-scatters them before
+    the combine, blocking, and autograd runs their mirrors in the backward
+    (token_dispatcher.py, tensor_parallel/mappings.py); Transformer Engine's grouped expert
+    linears do no communication of their own (explicit_expert_comm). So the routed tokens
+    cost four exposed 16-bit collectives of k x the activation a layer, whatever
+    --tp-comm-overlap says (it pipelines the attention's); Qwen3-30B-A3B has no shared
+    experts, so its MLP adds nothing else."""
+    from model.costs import CostModel
+    from model.specs import Options
+    m = presets.model("qwen3-30b-a3b")
+    assert not m.moe_shared_experts
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096)
+    ring = 300.0
+    got = {}
+    for overlap in (False, True):
+        plan = make_plan(m, job, c, tp=2, pp=1, ep=8, sequence_parallel=True,
+                         tp_comm_overlap=overlap)
+        assert plan.shape.expert_tp == 2
+        cm = CostModel(m, job, c, plan.shape, Options())
+        rs = cm._tp(ring)[1]  # a 16-bit reduce-scatter (and all-gather) of the activation
+        gpu = c.nodes[0].gpu
+        got[overlap] = cm._layer_tp_comm(cm.compute(gpu).layer(), ring, gpu)
+    routed = 2 * m.moe_topk * rs
+    (f0, b0), (f1, b1) = got[False], got[True]
+    # forward: the attention's gather and reduce-scatter, then the routed tokens'
+    assert f0 == pytest.approx(2 * rs + routed)
+    # backward: the projection's gradient gather (exposed), QKV's two async ones (hidden in
+    # part), the routed tokens' two mirrors (exposed)
+    assert rs + routed <= b0 + 1e-12 and b0 <= 3 * rs + routed + 1e-12
+    # the overlap hides some of the attention's, none of the routed tokens'
+    assert routed <= f1 < f0 and routed <= b1 <= b0
+
+
+def test_router_runs_on_the_sequence_shard_in_16_bits():
+    """Megatron-LM routes each TP rank's sequence-parallel shard of the tokens (router.py:
+    the MoE layer's input is the sequence-parallel hidden states) with its own GEMM in the
+    base precision (router_gating_linear, not a Transformer Engine layer: no FP8)."""
+    from model.compute import gemm_ms
+    m = presets.model("qwen3-30b-a3b")
+    h100 = presets.gpu("H100-SXM-80GB")
+    T = 4096
+    for fp8 in (False, True):
+        job = JobSpec(global_batch=64, seq_length=T, fp8=fp8)
+        lay = ComputeModel(m, job, h100, tp=2, micro_batch=1, sequence_parallel=True,
+                           fp8=fp8, ep=8).layer()
+        want = gemm_ms(h100, T // 2, m.num_experts, m.hidden_size, h100.peak_flops("bf16"))
+        assert lay.fwd.ms["router"] == pytest.approx(want)
+        assert "router.cast" not in lay.fwd.ms

@@ -141,7 +141,8 @@ def _cases():
                   fp8_param_gather=True)
     out.append(("Llama-3 8B MXFP8 weights, B200", l3, jmx, b200,
                 make_plan(l3, jmx, b200, tp=2, pp=2, sequence_parallel=True,
-                          distributed_optimizer=True, overlap_param_gather=True)))
+                          distributed_optimizer=True, overlap_grad_reduce=True,
+                          overlap_param_gather=True)))
     jbw = JobSpec(global_batch=64, seq_length=8192, fp8=True, fp8_recipe="blockwise")
     out.append(("Llama-3 8B FP8 blockwise, H100", l3, jbw, h100,
                 make_plan(l3, jbw, h100, tp=2, pp=2, sequence_parallel=True,

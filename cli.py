@@ -590,15 +590,19 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     own = [] if outputs.get("emit") == "deepspeed" else own_split_warnings(m, job, plan.shape)
     # the model's unmodelled settings: the emit's [model] lines say them where it ran
     unmodelled = [] if outputs.get("emit") else _unmodelled_warnings(m, job)
+    from model.memory import fp8_param_gather_note
+    # an emitted set says it in its [precision] warning
+    fp8w = [] if outputs.get("emit") else [n for n in (fp8_param_gather_note(job, plan.shape),)
+                                           if n]
     warnings = [*notes, *(calibration or {}).get("notes", []), *unmodelled,
-                *shape_warnings(m, job, plan.shape), *own, *warnings]
+                *shape_warnings(m, job, plan.shape), *own, *fp8w, *warnings]
     if as_json:
         if mem_interval is not None and mem_interval.may_not_fit_stage is not None:
             warnings.append(render.may_not_fit(mem_interval))  # the terminal says it too
-        d = render.estimate_json(m, c, plan, est, files if files else None, warnings)
+        d = render.estimate_json(m, c, plan, est, files if files else None, warnings, job=job)
         render.echo_json(_with_calibration(d, calibration, interval, mem_interval))
         return
-    render.print_estimate(est, plan, c)
+    render.print_estimate(est, plan, c, job=job)
     _print_calibration(calibration, interval, mem_interval)
     render.print_written(files, warnings)
 
@@ -1138,25 +1142,23 @@ def solve(
         from model.compute import shape_warnings
         warnings = [*([] if emit else _unmodelled_warnings(m, job)),
                     *shape_warnings(m, job, res.plan.shape), *warnings]
-    if job.fp8_param_gather and res.plan is not None:
-        from model.memory import fp8_params_apply
-        if not fp8_params_apply(job, res.plan.shape):
-            warnings = [*warnings, "fp8_param_gather: the best plan has no FP8 or no "
-                        "distributed optimizer, so its weights stay 16-bit (the flag applies to "
-                        "plans with both)"]
+    if res.plan is not None and not emit:
+        from model.memory import fp8_param_gather_note
+        if note := fp8_param_gather_note(job, res.plan.shape):
+            warnings = [*warnings, note.replace("the plan", "the best plan", 1)]
     interval = _interval(prof, m, job, c0, res.plan, opts0)
     mem_interval = _memory_interval(prof, res.estimate, cal)
     toss, maybe = (res.toss_up(interval[2] * 1e3) if interval is not None
                    and interval[2] is not None else (None, None))
     if as_json:
-        d = render.solve_json(res, m, c, files, warnings, space)
+        d = render.solve_json(res, m, c, files, warnings, space, job=job)
         render.echo_json(_with_calibration(
             d, cal, interval, mem_interval, toss_up_with=toss.describe if toss else None,
             toss_up_with_ms=toss.timed_ms if toss else None,
             toss_up_possible_with=maybe.describe if maybe else None,
             toss_up_possible_with_bound_ms=maybe.lower_bound_ms if maybe else None))
         return
-    render.print_solve(res, c)
+    render.print_solve(res, c, job=job)
     _print_calibration(cal, interval, mem_interval, toss_up=(toss, maybe))
     render.print_written(files, warnings)
 

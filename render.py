@@ -62,10 +62,19 @@ class Progress:
 # estimates and plans
 
 
-def print_estimate(est, plan, cluster, title: str = "Estimate") -> None:
+def fp8_label(job, shape) -> str:
+    """The FP8 recipe a plan is priced with, beside its shape: Transformer Engine's recipe,
+    or torchao's Float8 (torchtitan); empty without FP8."""
+    if job is None or not shape.fp8:
+        return ""
+    return f" ({job.fp8_recipe})" if job.transformer_engine else " (torchao float8)"
+
+
+def print_estimate(est, plan, cluster, title: str = "Estimate", job=None) -> None:
     con = console()
     sh = plan.shape
-    con.print(f"[bold]{title}[/bold]: {sh.describe()}  layers={list(sh.layers)}  "
+    con.print(f"[bold]{title}[/bold]: {sh.describe()}{fp8_label(job, sh)}  "
+              f"layers={list(sh.layers)}  "
               f"micro-batches/replica={est.num_microbatches}")
     con.print(f"iteration {est.iteration_ms / 1e3:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
               f"MFU {est.mfu * 100:.1f}%"
@@ -117,9 +126,16 @@ def print_estimate(est, plan, cluster, title: str = "Estimate") -> None:
             f"{h}->{(h + 1) % sh.pp}: {f:.2f}/{b:.2f}" for h, (f, b) in enumerate(est.hops_ms)))
 
 
-def estimate_json(model, cluster, plan, est, files=None, warnings=None) -> dict:
+def _job_dict(job) -> dict | None:
+    from formats.planfile import job_to_dict
+    return job_to_dict(job) if job is not None else None
+
+
+def estimate_json(model, cluster, plan, est, files=None, warnings=None, job=None) -> dict:
     d = {"model": model.name, "cluster": cluster.name, "plan": plan_to_dict(plan, cluster),
          "estimate": estimate_to_dict(est)}
+    if job is not None:  # what was priced beyond the plan (precision, FP8 recipe, framework)
+        d["job"] = _job_dict(job)
     if files is not None:
         d["files"] = [str(p) for p in files]
     d["warnings"] = list(warnings or ())  # always there, as solve's
@@ -357,10 +373,11 @@ def print_slow_nodes(plan, cluster) -> None:
                         highlight=False)
 
 
-def solve_json(res, model, cluster, files, warnings, space=None) -> dict:
+def solve_json(res, model, cluster, files, warnings, space=None, job=None) -> dict:
     import dataclasses
 
     return {
+        **({"job": _job_dict(job)} if job is not None else {}),
         "space": dataclasses.asdict(space) if space is not None else None,
         "plan": plan_to_dict(res.plan, cluster), "estimate": estimate_to_dict(res.estimate),
         "slow_nodes": slow_nodes(res.plan, cluster), "solver": res.status_dict(),
@@ -372,9 +389,9 @@ def solve_json(res, model, cluster, files, warnings, space=None) -> dict:
     }
 
 
-def print_solve(res, c) -> None:
+def print_solve(res, c, job=None) -> None:
     con = console()
-    print_estimate(res.estimate, res.plan, c, title="Best plan")
+    print_estimate(res.estimate, res.plan, c, title="Best plan", job=job)
     print_placement(res.plan, c)
     print_slow_nodes(res.plan, c)
     proven = ("proven optimal" + res.proven_note if res.termination == "optimal"

@@ -25,7 +25,7 @@ from formats.torchtitan_config import FLOAT8_CONVERTER, TORCHTITAN_VERSIONS, tor
 from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.costs import bucket_params
-from model.memory import fp8_params_apply
+from model.memory import fp8_param_gather_note, fp8_params_apply
 from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepspeed_pipe_partitioned,
                         deepspeed_split, deepspeed_splits, num_microbatches,
                         torchtitan_seq_problem)
@@ -1075,6 +1075,15 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         for part in where.split("."):
             sec = sec.setdefault(part, {})
         sec["filter_fqns"] = ["output"]
+        if job.transformer_engine and job.fp8_recipe != "delayed":
+            warn.append(tagged("torchtitan", "precision", (
+                f"the plan's {job.fp8_recipe} recipe is Transformer Engine's; torchtitan runs "
+                "torchao's Float8 (tensorwise), which this file turns on instead: estimate with "
+                "--framework torchtitan to price it")))
+        if fp8_params_apply(job, sh):
+            warn.append(tagged("torchtitan", "precision", (
+                "the plan's FP8 weights (fp8_param_gather) have no torchtitan key: FSDP2 keeps "
+                "and gathers 16-bit weights here")))
     if job.attention != "flash":
         warn.append("torchtitan [model]: attention is scaled_dot_product_attention "
                     "(FlashAttention on GPUs that have it); the estimate assumed eager attention")
@@ -1197,7 +1206,8 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     f"ZeRO-{sh.zero} with PP={sh.pp} cannot be expressed")
     if sh.fp8:
         warn.append("deepspeed [precision]: FP8 is not a DeepSpeed config key; enable "
-                    "Transformer Engine FP8 in the model code (Megatron-DeepSpeed) or run bf16")
+                    f"Transformer Engine FP8 with its {job.fp8_recipe} recipe in the model code "
+                    "(Megatron-DeepSpeed) or run bf16")
     if sh.tp_comm_overlap or sh.overlap_param_gather:
         warn.append("deepspeed [overlap]: tensor-parallel and parameter-gather overlap are "
                     "Megatron-LM features with no DeepSpeed config key")
@@ -1394,6 +1404,8 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
             f"the plan was priced for {priced}, whose kernels, memory and sharding rules "
             f"differ from {fw}'s: estimate it with --framework {priced_as(fw)} before "
             "running it there")))
+    if note := fp8_param_gather_note(job, plan.shape):
+        warn.append(tagged(fw, "precision", note))
     mapping, reason = rank_mapping(cluster, plan, ORDERS[fw])
     order = mapping.rank_order if mapping else DEFAULT_ORDER
     files: dict[str, str] = {}

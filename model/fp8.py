@@ -92,18 +92,44 @@ def any_layout(gpu: GPUSpec) -> bool:
     return cc is not None and (10.0 <= cc < 12.0 or cc >= 13.0)
 
 
-def recipe_problem(recipe: str, gpu: GPUSpec) -> str | None:
-    """Why Transformer Engine's `recipe` does not run (or is not priced) on `gpu`, or None."""
+def recipes_run(gpu: GPUSpec) -> tuple[str, ...]:
+    """The Transformer Engine recipes this model prices on `gpu` (`recipe_problem`)."""
+    return tuple(r for r in ("delayed", "tensorwise", "mxfp8", "blockwise")
+                 if _recipe_problem(r, gpu) is None)
+
+
+def _recipe_problem(recipe: str, gpu: GPUSpec) -> str | None:
     cc = gpu.compute_capability
+    has = cc if cc is not None else "none listed"
     if recipe == "mxfp8" and not (cc is not None and 10.0 <= cc < 12.0):
         return (f"MXFP8 runs on compute capability 10.x and 11.x GPUs (B200, GB200); "
-                f"{gpu.name} has {cc if cc is not None else 'none listed'}: use delayed or "
-                "tensorwise")
+                f"{gpu.name} has {has}")
     if recipe == "blockwise" and not (cc is not None and 9.0 <= cc < 10.0):
         return (f"blockwise FP8 is priced on Hopper (compute capability 9.0); {gpu.name} has "
-                f"{cc if cc is not None else 'none listed'}"
-                + (" (Transformer Engine converts it to MXFP8 before every GEMM there): use "
-                   "mxfp8" if cc is not None and cc >= 10.0 else ": use delayed or tensorwise"))
+                f"{has}" + (" (Transformer Engine converts it to MXFP8 before every GEMM there)"
+                            if cc is not None and cc >= 10.0 else ""))
+    return None
+
+
+def recipe_problem(recipe: str, gpu: GPUSpec) -> str | None:
+    """Why Transformer Engine's `recipe` does not run (or is not priced) on `gpu`, with the
+    recipes that do; None where it does."""
+    why = _recipe_problem(recipe, gpu)
+    return None if why is None else f"{why}: use {' or '.join(recipes_run(gpu))}"
+
+
+def cluster_recipe_problem(job: JobSpec, cluster) -> str | None:
+    """Why the job's FP8 recipe cannot run on every GPU type of `cluster` that has FP8
+    tensor cores (with the recipes all of them run), or None. torchao's Float8 has none."""
+    if not job.transformer_engine:
+        return None
+    gpus = [g for g in {nd.gpu.name: nd.gpu for nd in cluster.node_kinds}.values()
+            if "fp8" in g.peak_tflops]
+    for g in gpus:
+        why = _recipe_problem(job.fp8_recipe, g)
+        if why:
+            common = [r for r in recipes_run(g) if all(r in recipes_run(o) for o in gpus)]
+            return f"{why}: use {' or '.join(common)}"
     return None
 
 

@@ -116,6 +116,16 @@ def fp8_params_apply(job: JobSpec, shape: Shape) -> bool:
     return job.fp8_param_gather and shape.fp8 and shape.zero in (1, 2)
 
 
+def fp8_param_gather_note(job: JobSpec, shape: Shape) -> str | None:
+    """The line that says a job's FP8 weights do not apply to a plan (no FP8, or no
+    distributed optimizer: `fp8_params_apply`), or None: the flag applies where it can, and a
+    plan it does not reach is priced, and emitted, with 16-bit weights."""
+    if not job.fp8_param_gather or fp8_params_apply(job, shape):
+        return None
+    return ("fp8_param_gather: the plan has no FP8 or no distributed optimizer, so its "
+            "weights stay 16-bit, as priced (the flag applies to plans with both)")
+
+
 def fp8_weight_copy_bytes(job: JobSpec, shape: Shape, fb: Fp8Bytes | None) -> float:
     """Bytes per linear-layer weight on top of the 16-bit weight (`param_bytes`):
     - Transformer Engine caches the FP8 weight copies (Megatron-LM, NeMo): `fb.weight_copy`,

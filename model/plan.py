@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
 from .errors import ScheduleTooLongError, SpecError
+from .fp8 import cluster_recipe_problem
 from .specs import RECOMPUTE, SCHEDULES, JobSpec, ModelSpec
 from .topology import best_tp_groups
 
@@ -437,6 +438,8 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                         "bf16,fp8 to let the plan decide", source=src, field="fp8")
     if shape.fp8 and gpus_without_fp8(cluster):
         raise SpecError(f"{no_fp8_cores(cluster)}; use bf16", source=src, field="fp8")
+    if shape.fp8 and (why := cluster_recipe_problem(job, cluster)):
+        raise SpecError(why, source=job.source or src, field="fp8_recipe")
     if shape.tp_comm_overlap and not shape.sequence_parallel:
         raise SpecError("tensor-parallel communication overlap needs sequence parallelism "
                         "(Megatron-LM --tp-comm-overlap requires it), and so TP > 1",

@@ -684,7 +684,8 @@ class JobSpec:
         if self.fp8_param_gather and self.fp8_recipe == "blockwise":
             raise SpecError("fp8_param_gather with the blockwise recipe is not priced (how "
                             "Megatron-Core shards and gathers 128 x 128-block weights is not "
-                            "modelled); drop it or use recipe delayed, tensorwise or mxfp8",
+                            "modelled); drop it, or use recipe delayed or tensorwise (mxfp8 "
+                            "on Blackwell)",
                             source=self.source, field="fp8_param_gather")
         if not isinstance(self.compile, bool):
             raise SpecError(f"compile must be true or false, got {self.compile!r}",

@@ -60,8 +60,8 @@ def test_a_recipe_the_gpu_does_not_run_is_one_clear_error():
     c_b = uniform_cluster(1, 8, "B200", 900.0, 50.0)
     c_amd = uniform_cluster(1, 8, "MI300X", 448.0, 50.0)
     for cluster, recipe, says in ((c_h, "mxfp8", "B200"), (c_amd, "mxfp8", "none listed"),
-                                  (c_b, "blockwise", "use mxfp8"),
-                                  (c_amd, "blockwise", "use delayed")):
+                                  (c_b, "blockwise", "tensorwise or mxfp8"),
+                                  (c_amd, "blockwise", "use delayed or tensorwise$")):
         job = _job(fp8_recipe=recipe)
         with pytest.raises(SpecError, match=says) as e:
             estimate(L8, job, cluster, make_plan(L8, job, cluster, tp=8, pp=1))
@@ -189,3 +189,71 @@ def test_solve_with_mxfp8_is_what_the_estimator_says(milp_path):
     again = estimate(L8, job, c, res.plan)
     assert again.iteration_ms == pytest.approx(res.objective_ms, rel=1e-9)
     assert res.plan.shape.fp8
+
+
+def test_refusals_name_the_recipes_the_cluster_runs(tmp_path):
+    """A recipe a GPU does not run is refused with the recipes that GPU (or every GPU type of
+    a mixed cluster) does run; with bf16,fp8 on GPUs without FP8 an explicit recipe is refused
+    rather than dropped; a sweep refuses such a job when it loads."""
+    from formats.sweepspec import load_spec
+    from model.fp8 import cluster_recipe_problem, recipe_problem
+    assert recipe_problem("mxfp8", H100).endswith("use delayed or tensorwise or blockwise")
+    assert recipe_problem("blockwise", B200).endswith("use delayed or tensorwise or mxfp8")
+    assert recipe_problem("mxfp8", B200) is None and recipe_problem("blockwise", H100) is None
+    h, b = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0), uniform_cluster(
+        1, 8, "B200", 900.0, 50.0)
+    mixed = dataclasses.replace(h, nodes=h.nodes + tuple(
+        dataclasses.replace(nd, name=f"b{i}") for i, nd in enumerate(b.nodes)),
+        inter_gb_per_s=uniform_cluster(2, 8, "B200", 900.0, 50.0).inter_gb_per_s)
+    why = cluster_recipe_problem(_job(fp8_recipe="blockwise"), mixed)
+    assert why.endswith("use delayed or tensorwise")
+    assert cluster_recipe_problem(_job(fp8_recipe="tensorwise"), mixed) is None
+    from solvers.search import solve
+    a100 = uniform_cluster(1, 8, "A100-80GB", 240.0, 25.0)
+    open_fp8 = JobSpec(global_batch=16, seq_length=4096, fp8=None, fp8_recipe="mxfp8")
+    with pytest.raises(SpecError, match="no plan here runs the mxfp8 recipe") as e:
+        solve(L8, open_fp8, a100, time_limit_s=5)
+    assert e.value.field == "--fp8-recipe"
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nname = "r"\nmethods = ["megatron"]\n[[models]]\n'
+                    'name = "llama3-8b"\n[[jobs]]\nglobal_batch = 16\nseq_length = 1024\n'
+                    'fp8 = true\nfp8_recipe = "mxfp8"\n[[clusters]]\n'
+                    'synth = { num_nodes = [2], gpus_per_node = 8, seed = [0], '
+                    'gpu = "H100-SXM-80GB" }\n')
+    with pytest.raises(SpecError, match="MXFP8 runs on") as e:
+        load_spec(spec)
+    assert e.value.field == "jobs"
+
+
+def test_outputs_name_the_recipe_and_what_does_not_apply(tmp_path):
+    """estimate and solve name the FP8 recipe they priced (the table beside the shape, JSON
+    under job); FP8 weights a plan cannot use are said by estimate --plan and by emit, and a
+    Transformer Engine recipe emitted for torchtitan says it becomes torchao's Float8."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from launch.emit import launch_set
+    from model.plan import Plan
+    runner = CliRunner()
+    c = tmp_path / "b200.toml"
+    r = runner.invoke(app, ["cluster", "synth", "--nodes", "2", "--gpu", "B200", "-o", str(c)])
+    assert r.exit_code == 0, r.output
+    args = ["estimate", "-m", "llama3-8b", "-c", str(c), "--tp", "2", "--precision", "fp8",
+            "--fp8-recipe", "mxfp8", "--seq", "4096", "--gbs", "16"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0 and "fp8 (mxfp8)" in r.output, r.output
+    r = runner.invoke(app, [*args, "--json"])
+    assert json.loads(r.output)["job"]["fp8_recipe"] == "mxfp8"
+    bc = uniform_cluster(2, 8, "B200", 900.0, 50.0)
+    job = _job(fp8_recipe="mxfp8", fp8_param_gather=True)
+    on = make_plan(L8, job, bc, tp=2, pp=1, sequence_parallel=True, distributed_optimizer=True)
+    z3 = Plan(dataclasses.replace(on.shape, zero=3), on.placement)  # as a search may find
+    warns = launch_set("megatron", L8, job, bc, z3, force=True).warnings
+    assert any("[precision]" in w and "fp8_param_gather" in w for w in warns), warns
+    pf = tmp_path / "z3.json"
+    save_plan(pf, L8, job, bc, z3, estimate(L8, job, bc, z3))
+    r = runner.invoke(app, ["estimate", "--plan", str(pf), "--json"])
+    assert any("fp8_param_gather" in w for w in json.loads(r.output)["warnings"]), r.output
+    tt = launch_set("torchtitan", L8, job, bc, on, force=True).warnings
+    assert any("mxfp8 recipe is Transformer Engine's" in w for w in tt), tt
+    assert any("FP8 weights" in w for w in tt), tt

@@ -362,12 +362,22 @@ class CostModel:
     def ep_alltoall_ms(self, cluster: ClusterSpec, members: list[tuple[int, int]]) -> float:
         """One dispatch (or combine) all-to-all among `members` [(node, GPU)], an EP group of
         one TP rank: `communication.alltoall_ms` on the measured links, with the network's
-        latency per peer once the group leaves a node."""
+        latency per peer once the group leaves a node.
+
+        The dispatch also sends each routed copy's probability, in an all-to-all of its own
+        after the tokens' (Megatron-LM token_dispatcher.py MoEAlltoAllTokenDispatcher:
+        all_to_all of permuted_probs; autograd runs its mirror in the backward), fp32 (the
+        router's scores: moe_utils.py softmax in float32): one such all-to-all each way beside
+        the tokens' two, counted as half of one with each tokens' all-to-all, so that a layer's
+        two each way (dispatch, combine) add up to what runs."""
         if len(members) <= 1:
             return 0.0
         inter = len({n for n, _ in members}) > 1
         lat = cluster.latency_us if inter else cluster.intra_latency_us
-        return alltoall_ms(cluster, members, self.ep_alltoall_bytes(), lat)
+        tokens = self.ep_alltoall_bytes()
+        probs = tokens / (self.model.hidden_size * self.job.activation_bytes) * 4.0
+        return (alltoall_ms(cluster, members, tokens, lat)
+                + 0.5 * alltoall_ms(cluster, members, probs, lat))
 
     def _shard_collectives(self, params: float, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-gather of the weights, reduce-scatter of the gradients) of `params` parameters

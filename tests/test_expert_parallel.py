@@ -119,15 +119,21 @@ def test_ep_keeps_expert_flops_and_grows_their_gemms():
 
 def test_alltoall_is_on_the_critical_path_and_in_the_breakdown():
     """PP = 1, no recompute: the path runs every micro-batch's forward and backward, each
-    layer two all-to-alls each way; the breakdown's share is exactly that."""
+    layer two all-to-alls of the tokens each way and one of their fp32 routing probabilities
+    (Megatron-LM's dispatcher sends them apart: each token all-to-all carries half of it);
+    the breakdown's share is exactly that."""
     job = JobSpec(global_batch=32, seq_length=4096)
     c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 45.0)
     plan = _plan(QWEN3, job, c, tp=1, pp=1, ep=16, zero=1)
     ev = Evaluator(QWEN3, job, c, plan.shape, Options())
     a2a = ev.ep_alltoall(plan.placement, 0, 0)
     members = [(plan.placement.node[0][q], plan.placement.gpus[0][q][0]) for q in range(16)]
-    assert a2a == pytest.approx(alltoall_ms(c, members, ev.costs.ep_alltoall_bytes(),
-                                            c.latency_us), rel=1e-12)
+    tokens = ev.costs.ep_alltoall_bytes()
+    probs = tokens / (QWEN3.hidden_size * 2) * 4  # one fp32 probability per routed copy
+    assert a2a == pytest.approx(alltoall_ms(c, members, tokens, c.latency_us) + 0.5 * alltoall_ms(
+        c, members, probs, c.latency_us), rel=1e-12)
+    # the probabilities' all-to-all is latency: (ep - 1) peers' worth of it, half each call
+    assert a2a - alltoall_ms(c, members, tokens, c.latency_us) >= 0.5 * 15 * c.latency_us / 1e3
     e = estimate(QWEN3, job, c, plan)
     m = job.global_batch // 16
     assert e.breakdown_ms["ep_alltoall_ms"] == pytest.approx(

@@ -292,9 +292,10 @@ FusedLossOpt = Annotated[bool, typer.Option(
     "peaks at 10 bytes per logit instead of 6.")]
 Fp8ParamsOpt = Annotated[bool, typer.Option(
     "--fp8-param-gather", help="Megatron-LM: keep FP8 linear layers' weights in FP8 only "
-    "(--fp8-param-gather; plans with fp8 and the distributed optimizer): 2 bytes per weight "
-    "(FP8 and its transpose) instead of 16-bit weights plus 2 bytes of FP8 copies, and "
-    "all-gathered in 1 byte.")]
+    "(--fp8-param-gather; plans with fp8 and the distributed optimizer): the recipe's FP8 "
+    "copies without the 16-bit weight (on Hopper 2 bytes, the FP8 data and its transpose, "
+    "instead of 2 + 2), all-gathered in 1 byte; MXFP8 weights (both copies with their scales) "
+    "are gathered in 16 bits; not with the blockwise recipe (model/fp8.py).")]
 class Fp8Recipe(str, Enum):
     delayed = "delayed"
     tensorwise = "tensorwise"

@@ -274,15 +274,14 @@ def build_inputs(t: Task, src: str = "sweep"):
         job = JobSpec(**t.job, source=src)
     except TypeError as e:
         raise SpecError(f"job fields: {e}", source=src, field="jobs") from None
-    from model.fp8 import cluster_recipe_problem
-    from model.plan import gpus_without_fp8, no_fp8_cores
-    if job.fp8 and gpus_without_fp8(c):  # every one of its tasks would fail at run time
-        raise SpecError(f"{no_fp8_cores(c)}: a job with fp8 on cluster {c.name}; pair fp8 jobs "
-                        "with FP8 GPUs, or drop fp8", source=src, field="jobs")
-    if job.fp8 is not False and not gpus_without_fp8(c) and (
-            why := cluster_recipe_problem(job, c)):  # the same, for its FP8 recipe
-        raise SpecError(f"{why} (a job with fp8_recipe {job.fp8_recipe} on cluster "
-                        f"{c.name}); pair it with GPUs that run it", source=src, field="jobs")
+    from model.plan import fp8_problem
+    # every task of a job with fp8 (or with a recipe of its own) that the cluster cannot run
+    # would fail at run time
+    problem = fp8_problem(job, c) if job.fp8 is not False else None
+    if problem and (job.fp8 or problem[0] == "fp8_recipe" or job.fp8_recipe != "delayed"):
+        raise SpecError(f"{problem[1]}: a job with fp8 (recipe {job.fp8_recipe}) on cluster "
+                        f"{c.name}; pair it with GPUs that run it, or drop fp8", source=src,
+                        field="jobs")
     return model, c, job
 
 

@@ -206,6 +206,11 @@ class ClusterSpec:
         return self._kinds[0]
 
     @cached_property
+    def gpu_types(self) -> tuple:
+        """Each GPU type of the cluster once (GPUSpec, by name), in first-seen order."""
+        return tuple({nd.gpu.name: nd.gpu for nd in self.node_kinds}.values())
+
+    @cached_property
     def node_kind_index(self) -> np.ndarray:
         """Per node, its kind's index in `node_kinds`."""
         return self._kinds[1]

@@ -291,19 +291,15 @@ class ComputeModel:
             ib, peak = 1.0, self.peak_fp8
             eff = g.fp8_efficiency
             fb, t = self.fp8b, self.cast_shard
-            if tp_role == "col" and t > 1:  # the input: cast on the shard, then gathered;
-                # the backward re-gathers it and transposes it for the weight gradient
-                fwd.add(f"{name}.cast", elementwise_ms(g, fb.shard_cast * m * k / t))
-                if fb.gathered_transpose:
-                    bwd.add(f"{name}.cast", elementwise_ms(g, fb.gathered_transpose * m * k))
-            else:
-                fwd.add(f"{name}.cast", elementwise_ms(g, fb.cast * m * k))
-            if tp_role == "row" and t > 1:  # the output gradient: cast on the shard, gathered
-                bwd.add(f"{name}.cast", elementwise_ms(g, fb.shard_cast * m * n / t))
-                if fb.gathered_transpose:
-                    bwd.add(f"{name}.cast", elementwise_ms(g, fb.gathered_transpose * m * n))
-            else:
-                bwd.add(f"{name}.cast", elementwise_ms(g, fb.cast * m * n))
+            # the input (forward) and the output gradient (backward); the one sequence
+            # parallelism gathers is cast on its shard, and any transpose follows its gather in
+            # the backward (the input's re-gather, for the weight gradient)
+            for p, elements, gathered in ((fwd, m * k, tp_role == "col" and t > 1),
+                                          (bwd, m * n, tp_role == "row" and t > 1)):
+                p.add(f"{name}.cast", elementwise_ms(
+                    g, fb.shard_cast * elements / t if gathered else fb.cast * elements))
+                if gathered and fb.gathered_transpose:
+                    bwd.add(f"{name}.cast", elementwise_ms(g, fb.gathered_transpose * elements))
         else:
             ib, peak = self.act_b, self.peak
         flops = 2.0 * m * n * k
@@ -444,24 +440,29 @@ class ComputeModel:
         the TP ranks as a dense MLP is (Megatron-LM's MoE layer: router, token permutation,
         grouped expert GEMMs, unpermutation; Fedus et al. 2022).
 
-        The router is a T x E GEMM and an fp32 softmax / top-k over its logits; each token is
-        copied to its top-k experts; tokens spread evenly, so each expert multiplies
-        T_e k / E tokens of each of the ep ranks of its expert-parallel group, ep T_e k / E
-        in all, T_e being the tokens one expert-TP group sees: the micro-batch's T with
-        expert TP = TP (sequence parallelism's shares gathered), its 1 / t share with expert
-        TP 1 (whole experts, each FFN unsplit) (a perfectly balanced router: load imbalance is not modelled); the weighted sum
-        of the k outputs brings them back. The all-to-all that carries tokens between the
-        ep ranks is communication (costs.CostModel.ep_alltoall_ms). Shared experts run on every token as a
-        dense MLP of their combined width. Names "fc1" / "fc2" sum over the experts, so the
-        tensor-parallel overlaps read them as for a dense MLP."""
+        The router is a T_r x E GEMM and an fp32 softmax / top-k over its logits, T_r the
+        tokens it routes (below); each token is copied to its top-k experts; tokens spread
+        evenly (a perfectly balanced router: load imbalance is not modelled), so each expert
+        multiplies T_e k / E tokens of each of the ep ranks of its expert-parallel group,
+        ep T_e k / E in all, T_e being the tokens one expert-TP group sees: the micro-batch's T
+        with expert TP = TP (sequence parallelism's shares gathered), its 1 / t share with
+        expert TP 1 (whole experts, each FFN unsplit); the weighted sum of the k outputs brings
+        them back. The all-to-all that carries tokens between the ep ranks is communication
+        (costs.CostModel.ep_alltoall_ms), and so are the expert-TP gathers (the dispatcher's:
+        costs.CostModel._layer_tp_comm). Shared experts run on every token as a dense MLP of
+        their combined width ("shared_fc1" / "shared_fc2"). Names "fc1" / "fc2" sum over the
+        routed experts."""
         m, t, T = self.model, self.t, self.T
         h, E, k, fe = m.hidden_size, m.num_experts, m.moe_topk, m.expert_ffn
         gated = 2 if m.gated_mlp else 1
-        # the router: each TP rank routes its sequence-parallel shard (Megatron-LM router.py:
+        # the router: Megatron-LM's routes each TP rank's sequence-parallel shard (router.py:
         # the layer's input is the sequence-parallel hidden states), in the base precision
-        # (router_gating_linear, not a Transformer Engine layer)
-        Tr = T // t if self.sp else T
-        self._linear(fwd, bwd, "router", Tr, E, h, fp8=False)
+        # (router_gating_linear, not a Transformer Engine layer); torchtitan gathers the MoE
+        # input and runs its gate replicated (parallelize.py: "moe.router.gate": NoParallel),
+        # an nn.Linear its Float8 converter takes like the others
+        te = self.job.transformer_engine
+        Tr = T // t if self.sp and te else T
+        self._linear(fwd, bwd, "router", Tr, E, h, fp8=None if not te else False)
         self._elementwise(fwd, "router_topk", Tr * E, 1, 1, Tr * E * 4.0)
         self._elementwise(bwd, "router_topk", Tr * E, 2, 1, Tr * E * 4.0)
         ep, et = self.ep, self.etp

@@ -366,8 +366,9 @@ class CostModel:
 
         The dispatch also sends each routed copy's probability, in an all-to-all of its own
         after the tokens' (Megatron-LM token_dispatcher.py MoEAlltoAllTokenDispatcher:
-        all_to_all of permuted_probs; autograd runs its mirror in the backward), fp32 (the
-        router's scores: moe_utils.py softmax in float32): one such all-to-all each way beside
+        all_to_all of permuted_probs; autograd runs its mirror in the backward), in the
+        router's precision (moe_utils.py: softmax in float32, then type_as(logits)): one such
+        all-to-all each way beside
         the tokens' two, counted as half of one with each tokens' all-to-all, so that a layer's
         two each way (dispatch, combine) add up to what runs."""
         if len(members) <= 1:
@@ -375,7 +376,7 @@ class CostModel:
         inter = len({n for n, _ in members}) > 1
         lat = cluster.latency_us if inter else cluster.intra_latency_us
         tokens = self.ep_alltoall_bytes()
-        probs = tokens / (self.model.hidden_size * self.job.activation_bytes) * 4.0
+        probs = tokens / self.model.hidden_size  # one probability per routed copy
         return (alltoall_ms(cluster, members, tokens, lat)
                 + 0.5 * alltoall_ms(cluster, members, probs, lat))
 

@@ -123,8 +123,7 @@ def cluster_recipe_problem(job: JobSpec, cluster) -> str | None:
     tensor cores (with the recipes all of them run), or None. torchao's Float8 has none."""
     if not job.transformer_engine:
         return None
-    gpus = [g for g in {nd.gpu.name: nd.gpu for nd in cluster.node_kinds}.values()
-            if "fp8" in g.peak_tflops]
+    gpus = [g for g in cluster.gpu_types if "fp8" in g.peak_tflops]
     for g in gpus:
         why = _recipe_problem(job.fp8_recipe, g)
         if why:
@@ -171,4 +170,4 @@ def plan_fp8_bytes(job: JobSpec, shape, cluster) -> Fp8Bytes | None:
     None without them."""
     if not shape.fp8:
         return None
-    return cluster_fp8_bytes(job, {nd.gpu.name: nd.gpu for nd in cluster.node_kinds}.values())
+    return cluster_fp8_bytes(job, cluster.gpu_types)

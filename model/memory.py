@@ -132,9 +132,10 @@ def fp8_weight_copy_bytes(job: JobSpec, shape: Shape, fb: Fp8Bytes | None) -> fl
       the weight and its transpose on Hopper, 2 (model/fp8.py);
     - with FP8 parameters (--fp8-param-gather: the weight is a Transformer Engine Float8Tensor
       created under fp8_model_init, its 1-byte data plus, on Hopper, the 1-byte transpose the
-      backward uses) these bytes are the weight: no 16-bit copy, so 2 - 2 = 0 on top on Hopper,
-      1 - 2 on Blackwell. The fp32 main weight stays in the distributed optimizer's state
-      (optimizer bytes, unchanged);
+      backward uses; MXFP8's two copies with their scales) these bytes are the weight: no
+      16-bit copy, so 2 - 2 = 0 on top on Hopper, 1 - 2 with the per-tensor recipes on
+      Blackwell, 2 + 2/32 - 2 with MXFP8. The fp32 main weight stays in the distributed
+      optimizer's state (optimizer bytes, unchanged);
     - torchao's float8 (torchtitan) casts each weight when used, caching nothing across
       micro-batches: 0."""
     if not shape.fp8 or not job.transformer_engine or fb is None:

@@ -207,6 +207,16 @@ def no_fp8_cores(cluster: ClusterSpec) -> str:
             "(Hopper, Ada or newer)")
 
 
+def fp8_problem(job: JobSpec, cluster: ClusterSpec) -> tuple[str, str] | None:
+    """Why FP8 linear layers cannot run on `cluster` as the job asks, as (field, message): GPU
+    types without FP8 tensor cores ("fp8"), or the job's recipe one of its GPU types does not
+    run ("fp8_recipe", model/fp8.py); None where they can."""
+    if gpus_without_fp8(cluster):
+        return "fp8", no_fp8_cores(cluster)
+    why = cluster_recipe_problem(job, cluster)
+    return ("fp8_recipe", why) if why else None
+
+
 def torchtitan_seq_problem(job: JobSpec, shape: Shape) -> str | None:
     """Why torchtitan 0.2 would refuse the job's sequence length for the shape, or None: its
     ParallelDims.seq_len_divisor, TP x 2 CP, asserted for every TP or CP run from v0.2.0
@@ -436,10 +446,11 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if job.fp8 is not None and shape.fp8 != job.fp8:
         raise SpecError(f"the job's precision fixes fp8={job.fp8}; choose the precision "
                         "bf16,fp8 to let the plan decide", source=src, field="fp8")
-    if shape.fp8 and gpus_without_fp8(cluster):
-        raise SpecError(f"{no_fp8_cores(cluster)}; use bf16", source=src, field="fp8")
-    if shape.fp8 and (why := cluster_recipe_problem(job, cluster)):
-        raise SpecError(why, source=job.source or src, field="fp8_recipe")
+    if shape.fp8 and (problem := fp8_problem(job, cluster)):
+        fld, why = problem
+        if fld == "fp8":
+            raise SpecError(f"{why}; use bf16", source=src, field=fld)
+        raise SpecError(why, source=job.source or src, field=fld)
     if shape.tp_comm_overlap and not shape.sequence_parallel:
         raise SpecError("tensor-parallel communication overlap needs sequence parallelism "
                         "(Megatron-LM --tp-comm-overlap requires it), and so TP > 1",

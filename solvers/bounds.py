@@ -49,7 +49,7 @@ def _fastest_layer_times(costs: CostModel, cluster: ClusterSpec, tp: int,
     """Per GPU type, its layer times on its fastest TP ring (and ZeRO-3 shard ring, CP ring);
     the type with the fastest layer."""
     best = None
-    for gpu in {nd.gpu.name: nd.gpu for nd in cluster.node_kinds}.values():
+    for gpu in cluster.gpu_types:
         rings = [node_group_ring_gb_per_s(nd, tp) for nd in cluster.node_kinds
                  if nd.gpu.name == gpu.name and tp <= nd.num_gpus]
         if not rings:

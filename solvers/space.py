@@ -21,9 +21,8 @@ from model.cluster import ClusterSpec
 from model.costs import CostModel
 from model.memory import GIB
 from model.errors import ScheduleTooLongError, SpecError
-from model.fp8 import cluster_recipe_problem
-from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, gpus_without_fp8,
-                        megatron_rank, no_fp8_cores, num_microbatches, validate_shape)
+from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, fp8_problem,
+                        gpus_without_fp8, megatron_rank, num_microbatches, validate_shape)
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
 
@@ -249,17 +248,16 @@ def check_space(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         raise SpecError(f"no context parallelism is searched ({why}), so there is no K/V "
                         "to rotate: drop --kv-rotate or add --cp", source="options",
                         field="--kv-rotate")
-    if job.fp8 and gpus_without_fp8(cluster):
-        raise SpecError(f"{no_fp8_cores(cluster)}; use bf16, or bf16,fp8 to let the plan "
-                        "decide where it can", source="options", field="--precision")
-    if job.fp8 is not False and job.fp8_recipe != "delayed" and gpus_without_fp8(cluster):
-        # bf16,fp8 on GPUs without FP8: no plan runs the recipe asked for (nor FP8 weights)
-        raise SpecError(f"{no_fp8_cores(cluster)}, so no plan here runs the "
-                        f"{job.fp8_recipe} recipe; drop --fp8-recipe or use FP8 GPUs",
-                        source="options", field="--fp8-recipe")
-    if job.fp8 is not False and not gpus_without_fp8(cluster) and (
-            why := cluster_recipe_problem(job, cluster)):
-        raise SpecError(why, source="options", field="--fp8-recipe")
+    problem = fp8_problem(job, cluster) if job.fp8 is not False else None
+    if problem and problem[0] == "fp8" and job.fp8:
+        raise SpecError(f"{problem[1]}; use bf16, or bf16,fp8 to let the plan decide where it "
+                        "can", source="options", field="--precision")
+    if problem and problem[0] == "fp8" and job.fp8_recipe != "delayed":
+        # bf16,fp8 on GPUs without FP8: no plan runs the recipe asked for
+        raise SpecError(f"{problem[1]}, so no plan here runs the {job.fp8_recipe} recipe; drop "
+                        "--fp8-recipe or use FP8 GPUs", source="options", field="--fp8-recipe")
+    if problem and problem[0] == "fp8_recipe":
+        raise SpecError(problem[1], source="options", field="--fp8-recipe")
 
 
 # the list options a user gives, the Shape field each sets, and what a value needs to be valid

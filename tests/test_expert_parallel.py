@@ -119,7 +119,7 @@ def test_ep_keeps_expert_flops_and_grows_their_gemms():
 
 def test_alltoall_is_on_the_critical_path_and_in_the_breakdown():
     """PP = 1, no recompute: the path runs every micro-batch's forward and backward, each
-    layer two all-to-alls of the tokens each way and one of their fp32 routing probabilities
+    layer two all-to-alls of the tokens each way and one of their routing probabilities
     (Megatron-LM's dispatcher sends them apart: each token all-to-all carries half of it);
     the breakdown's share is exactly that."""
     job = JobSpec(global_batch=32, seq_length=4096)
@@ -129,7 +129,7 @@ def test_alltoall_is_on_the_critical_path_and_in_the_breakdown():
     a2a = ev.ep_alltoall(plan.placement, 0, 0)
     members = [(plan.placement.node[0][q], plan.placement.gpus[0][q][0]) for q in range(16)]
     tokens = ev.costs.ep_alltoall_bytes()
-    probs = tokens / (QWEN3.hidden_size * 2) * 4  # one fp32 probability per routed copy
+    probs = tokens / QWEN3.hidden_size  # one 16-bit probability per routed copy
     assert a2a == pytest.approx(alltoall_ms(c, members, tokens, c.latency_us) + 0.5 * alltoall_ms(
         c, members, probs, c.latency_us), rel=1e-12)
     # the probabilities' all-to-all is latency: (ep - 1) peers' worth of it, half each call

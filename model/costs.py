@@ -44,8 +44,6 @@ def adam_bytes_per_param(job: JobSpec) -> int:
     return b + (6 if job.precision == "fp16" else 0)
 
 
-
-
 @dataclass(frozen=True)
 class LayerTimes:
     """Per micro-batch, per transformer layer, on one GPU type and TP ring bandwidth (ms)."""
@@ -368,9 +366,8 @@ class CostModel:
         after the tokens' (Megatron-LM token_dispatcher.py MoEAlltoAllTokenDispatcher:
         all_to_all of permuted_probs; autograd runs its mirror in the backward), in the
         router's precision (moe_utils.py: softmax in float32, then type_as(logits)): one such
-        all-to-all each way beside
-        the tokens' two, counted as half of one with each tokens' all-to-all, so that a layer's
-        two each way (dispatch, combine) add up to what runs."""
+        all-to-all each way beside the tokens' two, counted as half of one with each tokens'
+        all-to-all, so that a layer's two each way (dispatch, combine) add up to what runs."""
         if len(members) <= 1:
             return 0.0
         inter = len({n for n, _ in members}) > 1

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from formats.planfile import gpu_to_dict, json_safe, model_to_dict
 from formats.views import estimate_to_dict, plan_to_dict
+from model.fp8 import fp8_label
 from model.plan import slot_label
 from model import plan as plan_rules
 
@@ -60,14 +61,6 @@ class Progress:
 
 # ---------------------------------------------------------------------------------------------
 # estimates and plans
-
-
-def fp8_label(job, shape) -> str:
-    """The FP8 recipe a plan is priced with, beside its shape: Transformer Engine's recipe,
-    or torchao's Float8 (torchtitan); empty without FP8."""
-    if job is None or not shape.fp8:
-        return ""
-    return f" ({job.fp8_recipe})" if job.transformer_engine else " (torchao float8)"
 
 
 def print_estimate(est, plan, cluster, title: str = "Estimate", job=None) -> None:

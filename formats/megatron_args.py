@@ -385,6 +385,13 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     recipe = a.text("fp8_recipe", "delayed")
     if fp8 and recipe not in FP8_RECIPES:
         a.fail("fp8_recipe", f"{recipe!r} is not priced ({', '.join(FP8_RECIPES)})")
+    # TransformerConfig's FP8 options the cost model has no rules for (every linear layer's
+    # three GEMMs run FP8 in its pricing)
+    if fp8 and a.flag("first_last_layers_bf16"):
+        a.fail("first_last_layers_bf16", "FP8 with the first and last layers in bf16 is not "
+               "priced")
+    if fp8 and not a.flag("fp8_wgrad", True):
+        a.fail("fp8_wgrad", "weight-gradient GEMMs in 16 bits beside FP8 ones are not priced")
     cap = a.number("moe_expert_capacity_factor", 1.0)
     if model.num_experts and cap != 1.0 and not a.flag("moe_pad_expert_input_to_capacity"):
         a.fail("moe_pad_expert_input_to_capacity", "token dropping without padding to "

@@ -433,7 +433,8 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
     try:
         validate_shape(model, job, cluster, shape, src=rd.src)
     except SpecError as e:
-        raise rd.wrap(e, sw) from None
+        # the FP8 recipe is the job's field, not the shape's
+        raise rd.wrap(e, "job" if e.field == "fp8_recipe" else sw) from None
     pw = "plan.placement"
     rows = rd.get(d, "placement", "plan", list)
     pp, dp, cp = shape.pp, shape.dp, shape.cp

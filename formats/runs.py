@@ -13,6 +13,7 @@ from pathlib import Path
 from model.calibration import Run
 from model.errors import SpecError
 from model.estimator import estimate
+from model.fp8 import fp8_label
 from model.specs import Options, priced_as
 
 from .bridge_config import bridge_summary_args, plan_from_bridge_config
@@ -296,7 +297,7 @@ def calibration_runs(logs: list, plans: list | None = None, clusters: list | Non
         else:
             m, job, c, pl, settings = plan_from_log(reading, cluster_name, hosts, run_config,
                                                     version)
-            opts, described = Options(), pl.shape.describe()
+            opts, described = Options(), pl.shape.describe() + fp8_label(job, pl.shape)
             if save_plans:  # written once every log has been read (none on an error)
                 written = Path(save_plans) / f"{Path(log).name}.plan.json"
                 to_save.append((written, m, job, c, pl, opts))

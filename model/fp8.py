@@ -100,7 +100,8 @@ def recipes_run(gpu: GPUSpec) -> tuple[str, ...]:
 
 def _recipe_problem(recipe: str, gpu: GPUSpec) -> str | None:
     cc = gpu.compute_capability
-    has = cc if cc is not None else "none listed"
+    # a GPU type without one: AMD's, or a plan file's written before 2026-12-07
+    has = cc if cc is not None else "no compute_capability listed"
     if recipe == "mxfp8" and not (cc is not None and 10.0 <= cc < 12.0):
         return (f"MXFP8 runs on compute capability 10.x and 11.x GPUs (B200, GB200); "
                 f"{gpu.name} has {has}")
@@ -163,6 +164,14 @@ def cluster_fp8_bytes(job: JobSpec, gpus) -> Fp8Bytes:
     transposes everywhere, an upper bound on the Blackwell stages)."""
     each = [fp8_bytes(job, g) for g in gpus]
     return Fp8Bytes(*(max(getattr(b, f) for b in each) for f in Fp8Bytes.__dataclass_fields__))
+
+
+def fp8_label(job: JobSpec | None, shape) -> str:
+    """The FP8 recipe a plan is priced with, to print beside its shape: Transformer Engine's
+    recipe, or torchao's Float8 (torchtitan); empty without FP8."""
+    if job is None or not shape.fp8:
+        return ""
+    return f" ({job.fp8_recipe})" if job.transformer_engine else " (torchao float8)"
 
 
 def plan_fp8_bytes(job: JobSpec, shape, cluster) -> Fp8Bytes | None:

@@ -447,10 +447,9 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         raise SpecError(f"the job's precision fixes fp8={job.fp8}; choose the precision "
                         "bf16,fp8 to let the plan decide", source=src, field="fp8")
     if shape.fp8 and (problem := fp8_problem(job, cluster)):
-        fld, why = problem
-        if fld == "fp8":
-            raise SpecError(f"{why}; use bf16", source=src, field=fld)
-        raise SpecError(why, source=job.source or src, field=fld)
+        fld, why = problem  # the job's (a log's, a file's) own problem, named by its source
+        raise SpecError(f"{why}; use bf16, or GPUs that run it" if fld == "fp8" else why,
+                        source=job.source or src, field=fld)
     if shape.tp_comm_overlap and not shape.sequence_parallel:
         raise SpecError("tensor-parallel communication overlap needs sequence parallelism "
                         "(Megatron-LM --tp-comm-overlap requires it), and so TP > 1",

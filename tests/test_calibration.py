@@ -640,7 +640,8 @@ def test_plan_read_from_megatron_arguments():
 
 def test_fp8_recipes_read_back_from_megatron_arguments():
     """A logged --fp8-recipe reads back as the job's recipe (each one the cost model prices);
-    one it has no rules for (custom) is refused on that argument."""
+    one it has no rules for (custom), or FP8 options it does not price (the first and last
+    layers in bf16, 16-bit weight gradients), are refused on that argument."""
     from formats.clusters import uniform_cluster
     from formats.megatron_args import plan_from_megatron_args
     b200 = uniform_cluster(8, 8, "B200", 900.0, 50.0)
@@ -649,10 +650,15 @@ def test_fp8_recipes_read_back_from_megatron_arguments():
         _m, job, plan = plan_from_megatron_args(
             {**base, "fp8": "e4m3", "fp8_recipe": recipe}, b200, source="t")
         assert job.fp8 and plan.shape.fp8 and job.fp8_recipe == recipe
-    with pytest.raises(SpecError) as e:
-        plan_from_megatron_args({**base, "fp8": "e4m3", "fp8_recipe": "custom"}, b200,
-                                source="t")
-    assert e.value.field == "fp8_recipe" and "not priced" in str(e.value)
+    for bad, field in (({"fp8_recipe": "custom"}, "fp8_recipe"),
+                       ({"first_last_layers_bf16": "True"}, "first_last_layers_bf16"),
+                       ({"fp8_wgrad": "False"}, "fp8_wgrad")):
+        with pytest.raises(SpecError) as e:
+            plan_from_megatron_args({**base, "fp8": "e4m3", **bad}, b200, source="t")
+        assert e.value.field == field and "not priced" in str(e.value)
+    # a bf16 run prints them too, unused
+    plan_from_megatron_args({**base, "first_last_layers_bf16": "True", "fp8_wgrad": "False"},
+                            b200, source="t")
 
 
 def test_hsdp_reads_back_from_megatron_arguments():

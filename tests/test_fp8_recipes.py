@@ -59,7 +59,7 @@ def test_a_recipe_the_gpu_does_not_run_is_one_clear_error():
     c_h = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
     c_b = uniform_cluster(1, 8, "B200", 900.0, 50.0)
     c_amd = uniform_cluster(1, 8, "MI300X", 448.0, 50.0)
-    for cluster, recipe, says in ((c_h, "mxfp8", "B200"), (c_amd, "mxfp8", "none listed"),
+    for cluster, recipe, says in ((c_h, "mxfp8", "B200"), (c_amd, "mxfp8", "no compute_capability listed"),
                                   (c_b, "blockwise", "tensorwise or mxfp8"),
                                   (c_amd, "blockwise", "use delayed or tensorwise$")):
         job = _job(fp8_recipe=recipe)
@@ -179,6 +179,14 @@ def test_plan_file_keeps_the_compute_capability_and_older_files_read_as_hopper(t
     assert c3.nodes[0].gpu.compute_capability is None
     e3 = estimate(L8, j3, c3, p3, o3)
     assert e3.iteration_ms > est.iteration_ms  # Hopper's transposes: more bytes cast
+    # a recipe the file's GPU does not run is the job's field
+    doc = json.loads(p.read_text())
+    doc["job"]["fp8_recipe"] = "blockwise"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as e:
+        load_plan(bad)
+    assert e.value.field == "job.fp8_recipe" and "blockwise" in str(e.value)
 
 
 def test_solve_with_mxfp8_is_what_the_estimator_says(milp_path):

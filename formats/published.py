@@ -350,7 +350,7 @@ def _torchtitan_inputs(r: dict, gpu_params: dict | None = None):
     return model, job, cluster, plan, notes
 
 
-BRIDGE_GPUS = {"H100": "H100-SXM-80GB", "B200": "B200", "GB200": "GB200"}
+BRIDGE_GPUS = {"H100": "H100-SXM-80GB", "B200": "B200", "GB200": "GB200", "GB300": "GB300"}
 
 
 def layout_layers(layout: str) -> tuple[int, ...]:

@@ -112,7 +112,7 @@ def test_torchtitan_rows():
 
 
 def test_validate_covers_the_dense_heldout_runs():
-    """Every held-out dense run (H100, B200, GB200) is modelled with its published degrees,
+    """Every held-out dense run (H100, B200, GB200, GB300) is modelled with its published degrees,
     the recipes' FP8 weights where the distributed optimizer runs, and the 70B recipe's
     pipeline layout; the errors are printed by `validate`, not asserted (nothing is fitted to
     them)."""
@@ -129,7 +129,10 @@ def test_validate_covers_the_dense_heldout_runs():
             r["tp"], r["pp"], r["dp"], r["cp"], r["micro_batch_size"])
         assert job.fp8_param_gather == (sh.zero == 1)
         gpus.add(c.nodes[0].gpu.name)
-    assert gpus == {"H100-SXM-80GB", "B200", "GB200"}
+    assert gpus == {"H100-SXM-80GB", "B200", "GB200", "GB300"}
+    # the FP8-MX rows run MXFP8, the others per-tensor current scaling
+    assert {run_to_inputs(r)[1].fp8_recipe for r in runs if "FP8-MX" in r["precision"]} == {
+        "mxfp8"}
     lay = layout_layers("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL")
     assert len(lay) == 40 and sum(lay) == 80 and lay[35] == 3 and lay[-1] == 1
     first = run_to_inputs(runs[0])[3].shape

@@ -306,9 +306,9 @@ class Fp8Recipe(str, Enum):
 Fp8RecipeOpt = Annotated[Fp8Recipe, typer.Option(
     "--fp8-recipe", help="Transformer Engine's FP8 scaling: delayed (amax history; Megatron-LM's "
     "default), tensorwise (per-tensor current scaling, as Megatron-Bridge's FP8-CS recipes: "
-    "each cast reads its tensor once more for the amax), mxfp8 (blocks of 32, B200 / GB200; "
-    "FP8-MX) or blockwise (1x128 / 128x128 blocks, H100 / H200). Copies and casts by recipe "
-    "and GPU: model/fp8.py.")]
+    "each cast reads its tensor once more for the amax), mxfp8 (blocks of 32, Blackwell: "
+    "B200, GB200, B300, GB300; FP8-MX) or blockwise (1x128 / 128x128 blocks, H100 / H200). "
+    "Copies and casts by recipe and GPU: model/fp8.py.")]
 CompileOpt = Annotated[bool, typer.Option(
     "--compile/--no-compile", help="torchtitan: torch.compile each transformer block (fused "
     "element-wise kernels) and the loss, as torchtitan does; --no-compile estimates eager "
@@ -991,7 +991,7 @@ def validate(as_json: JsonOpt = False,
                                                    help="Show assumptions per run.")] = False,
              calibration: CalibrationOpt = None):
     """Compare the estimator with published training runs (data/published_runs.json, and the
-    held-out mixture-of-experts and dense H100/B200/GB200 runs of data/published_moe_runs.json
+    held-out mixture-of-experts and dense H100/B200/GB200/GB300 runs of data/published_moe_runs.json
     and data/published_dense_heldout_runs.json)."""
     from formats.published import validate as run_validate, validate_dense_heldout, validate_moe
 

@@ -584,9 +584,9 @@ def validate_heldout_json(s) -> dict:
 
 def print_validate_heldout(s, verbose: bool, kind: str = "mixture of experts") -> None:
     """The held-out runs' table: the mixture-of-experts ones (with their all-to-all's share of
-    the iteration) or, kind "dense", the dense H100/B200/GB200 ones."""
+    the iteration) or, kind "dense", the dense H100/B200/GB200/GB300 ones."""
     moe = kind != "dense"
-    title = "Mixture-of-experts runs" if moe else "Dense H100 / B200 / GB200 runs"
+    title = "Mixture-of-experts runs" if moe else "Dense H100 / B200 / GB200 / GB300 runs"
     t = Table(title=f"{title} (held out: nothing is fitted to them)")
     cols = ("run", "pred s", "pub s", "err") + (("all-to-all",) if moe else ()) + (
         "pred peak GiB", "ran/pred")

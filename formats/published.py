@@ -107,7 +107,7 @@ def load_moe_runs() -> list[dict]:
 
 
 def load_dense_heldout_runs() -> list[dict]:
-    """Published dense runs on H100, B200 and GB200 (data/published_dense_heldout_runs.json):
+    """Published dense runs on H100, B200, GB200 and GB300 (data/published_dense_heldout_runs.json):
     kept apart from the reference set like the mixture-of-experts runs; nothing is fitted to
     them."""
     with open(presets.data_path("published_dense_heldout_runs.json")) as f:

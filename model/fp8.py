@@ -103,7 +103,8 @@ def _recipe_problem(recipe: str, gpu: GPUSpec) -> str | None:
     # a GPU type without one: AMD's, or a plan file's written before 2026-12-07
     has = cc if cc is not None else "no compute_capability listed"
     if recipe == "mxfp8" and not (cc is not None and 10.0 <= cc < 12.0):
-        return (f"MXFP8 runs on compute capability 10.x and 11.x GPUs (B200, GB200); "
+        return (f"MXFP8 runs on compute capability 10.x and 11.x GPUs (B200, GB200, B300, "
+                f"GB300); "
                 f"{gpu.name} has {has}")
     if recipe == "blockwise" and not (cc is not None and 9.0 <= cc < 10.0):
         return (f"blockwise FP8 is priced on Hopper (compute capability 9.0); {gpu.name} has "

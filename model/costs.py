@@ -137,6 +137,7 @@ class CostModel:
         # grad RS", params stored in bf16 there; _post_param_sync): no saving
         self.fp8_gather_saving = (float(job.weight_bytes - 1) if fp8_params_apply(job, shape)
                                   and not lp.split and job.fp8_recipe != "mxfp8" else 0.0)
+        self._recast: dict[str, float] = {}  # fp8_recast_bytes by GPU type
 
     # -- compute -----------------------------------------------------------------------------
 
@@ -779,4 +780,9 @@ class CostModel:
         """Bytes per linear weight of the FP8 copies' refresh, once an iteration: the first
         micro-batch casts each weight (Transformer Engine's is_first_microbatch caching; the
         recipe's weight cast on this GPU, model/fp8.py), counted with the optimizer step."""
-        return fp8_bytes(self.job, gpu).weight_cast if self.shape.fp8 else 0.0
+        if not self.shape.fp8:
+            return 0.0
+        hit = self._recast.get(gpu.name)  # per GPU type: the stage tails ask it often
+        if hit is None:
+            hit = self._recast[gpu.name] = fp8_bytes(self.job, gpu).weight_cast
+        return hit

@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import SpecError
-from .specs import GPUSpec, JobSpec
+from .specs import FP8_RECIPES, GPUSpec, JobSpec
 
 MX_BLOCK = 32  # MXFP8: elements per E8M0 (1-byte) scale (OCP Microscaling spec v1.0)
 BLOCK_1D = 128  # Float8BlockScaling: elements per fp32 scale of activations and gradients
@@ -94,8 +94,7 @@ def any_layout(gpu: GPUSpec) -> bool:
 
 def recipes_run(gpu: GPUSpec) -> tuple[str, ...]:
     """The Transformer Engine recipes this model prices on `gpu` (`recipe_problem`)."""
-    return tuple(r for r in ("delayed", "tensorwise", "mxfp8", "blockwise")
-                 if _recipe_problem(r, gpu) is None)
+    return tuple(r for r in FP8_RECIPES if _recipe_problem(r, gpu) is None)
 
 
 def _recipe_problem(recipe: str, gpu: GPUSpec) -> str | None:
@@ -103,9 +102,8 @@ def _recipe_problem(recipe: str, gpu: GPUSpec) -> str | None:
     # a GPU type without one: AMD's, or a plan file's written before 2026-12-07
     has = cc if cc is not None else "no compute_capability listed"
     if recipe == "mxfp8" and not (cc is not None and 10.0 <= cc < 12.0):
-        return (f"MXFP8 runs on compute capability 10.x and 11.x GPUs (B200, GB200, B300, "
-                f"GB300); "
-                f"{gpu.name} has {has}")
+        return ("MXFP8 runs on compute capability 10.x and 11.x GPUs (B200, GB200, B300, "
+                f"GB300); {gpu.name} has {has}")
     if recipe == "blockwise" and not (cc is not None and 9.0 <= cc < 10.0):
         return (f"blockwise FP8 is priced on Hopper (compute capability 9.0); {gpu.name} has "
                 f"{has}" + (" (Transformer Engine converts it to MXFP8 before every GEMM there)"

@@ -1406,6 +1406,15 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
             "running it there")))
     if note := fp8_param_gather_note(job, plan.shape):
         warn.append(tagged(fw, "precision", note))
+    big = sorted({nd.num_gpus for nd in cluster.nodes if nd.num_gpus > 8})
+    if big:
+        # a rack-scale NVLink domain (NVL72: 18 hosts of 4 GPUs) modelled as one node
+        warn.append(tagged(fw, "placement", (
+            f"nodes of {', '.join(map(str, big))} GPUs: the launch files start one process "
+            "group per node (one host). Where such a node is an NVLink domain of several hosts "
+            "(a GB200 / GB300 NVL72 rack), they do not run as written: the plan's placement "
+            "(ranks.json: which GPU of which node plays each rank) holds; start it per "
+            "host with your scheduler")))
     mapping, reason = rank_mapping(cluster, plan, ORDERS[fw])
     order = mapping.rank_order if mapping else DEFAULT_ORDER
     files: dict[str, str] = {}

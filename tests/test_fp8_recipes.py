@@ -265,3 +265,18 @@ def test_outputs_name_the_recipe_and_what_does_not_apply(tmp_path):
     tt = launch_set("torchtitan", L8, job, bc, on, force=True).warnings
     assert any("mxfp8 recipe is Transformer Engine's" in w for w in tt), tt
     assert any("FP8 weights" in w for w in tt), tt
+
+
+def test_emit_says_when_a_node_may_span_several_hosts():
+    """A node of more than 8 GPUs (an NVL72 rack modelled as one NVLink domain) gets a
+    [placement] warning from emit: its launch files start one process group per node."""
+    from launch.emit import launch_set
+    rack = uniform_cluster(1, 72, "GB200", 720.0, 50.0)
+    job = JobSpec(global_batch=72, seq_length=4096)
+    plan = make_plan(L8, job, rack, tp=2, pp=1)
+    warns = launch_set("megatron", L8, job, rack, plan, force=True).warnings
+    assert any("[placement]" in w and "nodes of 72 GPUs" in w for w in warns), warns
+    eight = uniform_cluster(9, 8, "GB200", 720.0, 50.0)
+    plan8 = make_plan(L8, job, eight, tp=2, pp=1)
+    assert not any("nodes of" in w for w in launch_set("megatron", L8, job, eight, plan8,
+                                                        force=True).warnings)

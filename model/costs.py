@@ -19,7 +19,6 @@ from .cluster import ClusterSpec
 from .communication import (allreduce_ms, alltoall_ms, exposed_async_ms,
                             exposed_pipelined_ms, gather_ms)
 from .compute import ComputeModel
-from .fp8 import fp8_bytes
 from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes, keeps_unsharded
 from .plan import Shape, layer_params, num_microbatches
 from .specs import GPUSpec, JobSpec, ModelSpec, Options, element_bytes
@@ -137,7 +136,6 @@ class CostModel:
         # grad RS", params stored in bf16 there; _post_param_sync): no saving
         self.fp8_gather_saving = (float(job.weight_bytes - 1) if fp8_params_apply(job, shape)
                                   and not lp.split and job.fp8_recipe != "mxfp8" else 0.0)
-        self._recast: dict[str, float] = {}  # fp8_recast_bytes by GPU type
 
     # -- compute -----------------------------------------------------------------------------
 
@@ -503,7 +501,7 @@ class CostModel:
         torchtitan's Float8 TP, the block recipes' copies with their scales; `_layer_tp_comm`);
         1 where the torchtitan release leaves Float8 TP off (JobSpec.fp8_tp_gathers)."""
         if self.shape.fp8 and self.job.fp8_tp_gathers:
-            fb = fp8_bytes(self.job, gpu)
+            fb = self.compute(gpu).fp8b  # the recipe's bytes on this GPU, as its casts take
             return (fb.gather_input / self.job.activation_bytes,
                     fb.gather_grad / self.job.activation_bytes)
         return 1.0, 1.0
@@ -780,9 +778,4 @@ class CostModel:
         """Bytes per linear weight of the FP8 copies' refresh, once an iteration: the first
         micro-batch casts each weight (Transformer Engine's is_first_microbatch caching; the
         recipe's weight cast on this GPU, model/fp8.py), counted with the optimizer step."""
-        if not self.shape.fp8:
-            return 0.0
-        hit = self._recast.get(gpu.name)  # per GPU type: the stage tails ask it often
-        if hit is None:
-            hit = self._recast[gpu.name] = fp8_bytes(self.job, gpu).weight_cast
-        return hit
+        return self.compute(gpu).fp8b.weight_cast if self.shape.fp8 else 0.0

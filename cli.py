@@ -317,6 +317,17 @@ CapacityOpt = Annotated[float, typer.Option(
     "--moe-capacity-factor", help="Mixture of experts: tokens per expert relative to a "
     "balanced router (1.0: balanced and dropless; c > 1: token dropping at capacity c, inputs "
     "padded).")]
+class MoeDispatcher(str, Enum):
+    alltoall = "alltoall"
+    deepep = "deepep"
+    hybridep = "hybridep"
+
+
+DispatcherOpt = Annotated[MoeDispatcher, typer.Option(
+    "--moe-dispatcher", help="Mixture of experts: Megatron-Core's token dispatcher. alltoall "
+    "(NCCL all-to-all of every routed copy), or the flex dispatcher with deepep or hybridep "
+    "(each token once per destination GPU, once per destination node over the network, "
+    "forwarded over NVLink; expert TP 1; hybridep for nodes of more than 8 GPUs).")]
 EpListOpt = Annotated[Optional[str], typer.Option(
     "--ep", help="Expert-parallel degrees to search (mixture-of-experts models): a value or a "
     "list \\[every degree dividing the experts and DP x CP].")]
@@ -362,7 +373,7 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
             fused_loss: bool = False, fp8_param_gather: bool = False,
             fp8_recipe: str = "delayed",
             moe_capacity_factor: float = 1.0, compile_blocks: bool = True,
-            framework_version: str | None = None):
+            framework_version: str | None = None, moe_dispatcher: str = "alltoall"):
     from formats import presets
     from formats.clusters import cluster as load_cluster
     from model.errors import SpecError
@@ -374,6 +385,9 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
         raise SpecError(f"{m.name} is dense (no experts): a capacity factor does not apply; "
                         "drop --moe-capacity-factor", source="options",
                         field="--moe-capacity-factor")
+    if moe_dispatcher != "alltoall" and not m.is_moe:
+        raise SpecError(f"{m.name} is dense (no experts): a token dispatcher does not apply; "
+                        "drop --moe-dispatcher", source="options", field="--moe-dispatcher")
     c = load_cluster(cluster)
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
@@ -381,6 +395,7 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
                   fp8_param_gather=fp8_param_gather,
                   fp8_recipe=fp8_recipe,
                   moe_capacity_factor=moe_capacity_factor, compile=compile_blocks,
+                  moe_dispatcher=moe_dispatcher,
                   # torchtitan v0.1 repeats K and V to the query heads (JobSpec.repeat_kv)
                   repeat_kv=framework == "torchtitan" and framework_version == "0.1",
                   source="options")
@@ -726,6 +741,7 @@ def estimate(
     fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
+    moe_dispatcher: DispatcherOpt = MoeDispatcher.alltoall,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 8,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 4,
     dp: Annotated[Optional[int], typer.Option(
@@ -802,6 +818,7 @@ def estimate(
                         fused_loss=fused_loss,
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
+                        moe_dispatcher=moe_dispatcher.value,
                         framework_version=framework_version)
     lay = None
     if layers is not None:
@@ -1062,6 +1079,7 @@ def solve(
     fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
+    moe_dispatcher: DispatcherOpt = MoeDispatcher.alltoall,
     method: MethodOpt = Method.auto,
     time_limit: TimeOpt = 120.0,
     clock: ClockOpt = Clock.wall,
@@ -1112,6 +1130,7 @@ def solve(
                          grad_reduce_in_bf16=grad_reduce_in_bf16, fused_loss=fused_loss,
                          fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                          moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
+                         moe_dispatcher=moe_dispatcher.value,
                          framework_version=framework_version)
     opts0 = _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
@@ -1180,6 +1199,7 @@ def compare(
     fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
     compile_blocks: CompileOpt = True,
     moe_capacity_factor: CapacityOpt = 1.0,
+    moe_dispatcher: DispatcherOpt = MoeDispatcher.alltoall,
     generated: Annotated[Optional[int], typer.Option(
         help="Instead of --cluster, compare on this many synthetic clusters "
         "(cluster synth's model; see --nodes).",
@@ -1242,6 +1262,7 @@ def compare(
                         grad_reduce_in_bf16=grad_reduce_in_bf16, fused_loss=fused_loss,
                         fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe.value,
                         moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
+                        moe_dispatcher=moe_dispatcher.value,
                         framework_version=framework_version)
     _kv_rotate_check(kv_rotate, framework.value)
     if sharding and (zero is not None or distopt is not None):

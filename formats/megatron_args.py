@@ -85,7 +85,11 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
                     moe_router_topk=model.moe_topk, expert_tensor_parallel_size=sh.expert_tp,
                     moe_ffn_hidden_size=model.expert_ffn,
                     moe_expert_capacity_factor=None if cf == 1.0 else float(cf),
-                    moe_pad_expert_input_to_capacity=cf != 1.0)
+                    moe_pad_expert_input_to_capacity=cf != 1.0,
+                    moe_token_dispatcher_type="alltoall" if job.moe_dispatcher == "alltoall"
+                    or sh.ep == 1 else "flex")
+        if job.moe_dispatcher != "alltoall" and sh.ep > 1:
+            want["moe_flex_dispatcher_backend"] = job.moe_dispatcher
     return {k: str(v) for k, v in want.items()}
 
 
@@ -360,6 +364,28 @@ def _recompute(a: PrintedArgs) -> str:
            "or selective core attention is not priced")
 
 
+def _dispatcher(a: PrintedArgs) -> str:
+    """JobSpec.moe_dispatcher of a MoE run: the printed moe_token_dispatcher_type (alltoall
+    where an older log does not print it), the flex dispatcher's backend
+    (moe_flex_dispatcher_backend, Megatron-Core 0.16; before it moe_enable_deepep). The
+    allgather dispatcher (TransformerConfig's default) and NCCL EP are not priced."""
+    kind = a.text("moe_token_dispatcher_type", "alltoall")
+    whole = a.integer("expert_tensor_parallel_size", 1) == 1 or \
+        a.integer("tensor_model_parallel_size") == 1
+    if kind == "alltoall" or (kind == "allgather" and whole
+                              and a.integer("expert_model_parallel_size", 1) == 1):
+        return "alltoall"  # (with EP 1 and whole experts no dispatcher moves tokens)
+    if kind == "flex":
+        backend = a.text("moe_flex_dispatcher_backend",
+                         "deepep" if a.flag("moe_enable_deepep") else None)
+        if backend in ("deepep", "hybridep"):
+            return backend
+        a.fail("moe_flex_dispatcher_backend", f"the flex dispatcher's {backend} backend is not "
+               "priced (deepep and hybridep are)")
+    a.fail("moe_token_dispatcher_type", f"the {kind} token dispatcher is not priced (alltoall "
+           "and flex with deepep or hybridep are)")
+
+
 def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, source: str,
                             vocab: int | None = None, deepspeed_zero: int | None = None,
                             deepspeed_layers: tuple = (), node_order: list[int] | None = None
@@ -396,6 +422,7 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     if model.num_experts and cap != 1.0 and not a.flag("moe_pad_expert_input_to_capacity"):
         a.fail("moe_pad_expert_input_to_capacity", "token dropping without padding to "
                "capacity is not priced (each expert's load is the router's)")
+    dispatcher = _dispatcher(a) if model.num_experts else "alltoall"
     precision = "bf16" if a.flag("bf16") else "fp16" if a.flag("fp16") else "fp32"
     ds = a.flag("deepspeed")
     # legacy Megatron-LM's scattered pipeline transfers (JobSpec.p2p_scatter_gather): its
@@ -415,7 +442,8 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                   and a.text("cross_entropy_fusion_impl", "native") == "native",
                   fp8_param_gather=a.flag("fp8_param_gather"),
                   p2p_scatter_gather=legacy_p2p and not ds,
-                  moe_capacity_factor=cap if model.num_experts else 1.0, source=source)
+                  moe_capacity_factor=cap if model.num_experts else 1.0,
+                  moe_dispatcher=dispatcher, source=source)
     recompute = _recompute(a)
     if ds:
         if deepspeed_zero is None:

@@ -109,7 +109,8 @@ def job_to_dict(j: JobSpec) -> dict:
             "distributed_optimizer": j.distributed_optimizer,
             "grad_reduce_in_bf16": j.grad_reduce_in_bf16,
             "fp8_param_gather": j.fp8_param_gather, "fp8_recipe": j.fp8_recipe,
-            "moe_capacity_factor": j.moe_capacity_factor, "compile": j.compile,
+            "moe_capacity_factor": j.moe_capacity_factor,
+            "moe_dispatcher": j.moe_dispatcher, "compile": j.compile,
             "compile_loss": j.compile_loss, "repeat_kv": j.repeat_kv,
             "fused_loss": j.fused_loss, "p2p_scatter_gather": j.p2p_scatter_gather}
 
@@ -288,6 +289,8 @@ def _read_job(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
                        # (added within schema 3: files written before it lack it)
                        p2p_scatter_gather=_later(rd, d, "p2p_scatter_gather", w, bool, False,
                                                  ver, notes, since=None),
+                       moe_dispatcher=_later(rd, d, "moe_dispatcher", w, str, "alltoall", ver,
+                                             notes, since=None),
                        source=rd.src)
     except SpecError as e:
         raise rd.wrap(e, w) from None
@@ -434,7 +437,8 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
         validate_shape(model, job, cluster, shape, src=rd.src)
     except SpecError as e:
         # the FP8 recipe is the job's field, not the shape's
-        raise rd.wrap(e, "job" if e.field == "fp8_recipe" else sw) from None
+        raise rd.wrap(e, "job" if e.field in ("fp8_recipe", "moe_dispatcher") else sw) \
+            from None
     pw = "plan.placement"
     rows = rd.get(d, "placement", "plan", list)
     pp, dp, cp = shape.pp, shape.dp, shape.cp
@@ -536,6 +540,10 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
         raise rd.err("job.moe_capacity_factor", f"{job.moe_capacity_factor:g} on {model.name}, "
                      "which is dense (no experts): a capacity factor does not apply; set it to "
                      "1.0")
+    if job.moe_dispatcher != "alltoall" and not model.is_moe:
+        raise rd.err("job.moe_dispatcher", f"{job.moe_dispatcher} on {model.name}, which is "
+                     "dense (no experts): a token dispatcher does not apply; set it to "
+                     "alltoall")
     options = _read_options(rd, rd.obj(doc, "options", "", optional=True), ver, notes)
     cluster = _read_cluster(rd, rd.obj(doc, "cluster", ""), ver, notes)
     for nd in cluster.nodes:

@@ -389,15 +389,23 @@ def _bridge_inputs(r: dict, gpu_params: dict | None = None):
     precision = (r.get("precision") or "").upper()
     fp8 = precision.startswith("FP8")
     mx = precision.startswith("FP8-MX")
+    # the recipe's token dispatcher where the data names it (its other_settings): Megatron-
+    # Core's flex dispatcher with the HybridEP or DeepEP backend; otherwise alltoall
+    flex = re.search(r"flex dispatcher with (HybridEP|DeepEP)", other)
+    dispatcher = flex.group(1).lower() if moe and flex else "alltoall"
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
                   precision="bf16", fp8=fp8, zero=zero, attention="flash",
                   framework="megatron",
                   grad_reduce_in_bf16="grad_reduce_in_fp32 False" in other,
                   fp8_param_gather=fp8 and not fsdp,
-                  fp8_recipe="mxfp8" if mx else "tensorwise" if fp8 else "delayed")
+                  fp8_recipe="mxfp8" if mx else "tensorwise" if fp8 else "delayed",
+                  moe_dispatcher=dispatcher)
     if moe:
-        notes.append("all-to-all counted exposed (the cost model has no dispatcher overlap; "
-                     "see other_settings for what the recipe enables)")
+        notes.append(f"{dispatcher} dispatcher"
+                     + (" (the recipe's flex backend)" if flex else "")
+                     + "; its transfers counted exposed (the cost model has no overlap of "
+                     "them with another micro-batch's compute; see other_settings for what "
+                     "the recipe enables)")
     if fsdp:
         notes.append("Megatron-FSDP gathers 16-bit weights here (FP8 weights are modelled "
                      "with the distributed optimizer only)")

@@ -131,6 +131,7 @@ MEGATRON_MIN_CORE = {
     "--expert-tensor-parallel-size": "0.10.0",
     "--multi-latent-attention": "0.10.0",
     "--moe-shared-expert-intermediate-size": "0.10.0",
+    "--moe-flex-dispatcher-backend": "0.16.0",
     "--decoder-first-pipeline-num-layers": "0.9.0",
     "--decoder-last-pipeline-num-layers": "0.9.0",
 }
@@ -363,13 +364,13 @@ def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
         a.append("--swiglu")
     if model.is_moe:
         # arguments.py _add_moe_args: the experts split over EP ranks, each expert's FFN over
-        # the plan's expert-TP ranks; the alltoall token dispatcher the cost model times
-        # (costs.ep_alltoall_bytes); grouped GEMMs for the local experts
+        # the plan's expert-TP ranks; the token dispatcher the cost model times
+        # (JobSpec.moe_dispatcher: costs.ep_alltoall_ms); grouped GEMMs for the local experts
         a += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_topk),
               "--moe-ffn-hidden-size", str(model.expert_ffn),
               "--expert-model-parallel-size", str(sh.ep),
               "--expert-tensor-parallel-size", str(sh.expert_tp),
-              "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+              *dispatcher_args(job, sh), "--moe-grouped-gemm"]
         if model.first_dense_layers:  # leading dense layers (arguments.py: a list pattern)
             a += ["--moe-layer-freq",
                   f"([0]*{model.first_dense_layers}+[1]*{model.moe_layers})"]
@@ -382,6 +383,30 @@ def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
     if not model.tied_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     return a
+
+
+def flex_dispatcher(job: JobSpec, shape) -> str | None:
+    """The flex dispatcher's backend the plan runs (JobSpec.moe_dispatcher), or None for the
+    alltoall dispatcher: also with EP 1, where no tokens move and Megatron-Core's DeepEP and
+    NCCL EP backends refuse a TP x EP group of one (token_dispatcher.py: 'requires TPxEP >
+    1'; the flex dispatcher is priced with expert TP 1)."""
+    return job.moe_dispatcher if job.moe_dispatcher != "alltoall" and shape.ep > 1 else None
+
+
+def dispatcher_args(job: JobSpec, shape) -> list[str]:
+    """Megatron-LM's token dispatcher flags (TransformerConfig fields as flags:
+    --moe-token-dispatcher-type, --moe-flex-dispatcher-backend from Megatron-Core 0.16)."""
+    flex = flex_dispatcher(job, shape)
+    if flex is None:
+        return ["--moe-token-dispatcher-type", "alltoall"]
+    return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", flex]
+
+
+def dispatcher_fields(job: JobSpec, shape) -> dict:
+    """The same as TransformerConfig fields (NeMo's model keys, Megatron-Bridge's provider)."""
+    flex = flex_dispatcher(job, shape)
+    return ({"moe_token_dispatcher_type": "alltoall"} if flex is None else
+            {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": flex})
 
 
 def megatron_args_text(args: list[str], plan: Plan, notices: list[str] = ()) -> str:
@@ -529,7 +554,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     if model.is_moe:  # NeMo (Megatron-Core) MoE keys
         m.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
                  expert_model_parallel_size=sh.ep, expert_tensor_parallel_size=sh.expert_tp,
-                 moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True)
+                 moe_grouped_gemm=True, **dispatcher_fields(job, sh))
         if model.first_dense_layers:
             m["moe_layer_freq"] = [0] * model.first_dense_layers + [1] * model.moe_layers
         if job.moe_capacity_factor != 1.0:
@@ -707,10 +732,10 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                  qk_pos_emb_head_dim=model.mla_qk_rope_dim, v_head_dim=model.mla_v_head_dim)
     elif model.kv_channels:
         m["kv_channels"] = model.kv_channels
-    if model.is_moe:  # the alltoall dispatcher and grouped GEMMs the cost model times
+    if model.is_moe:  # the dispatcher and grouped GEMMs the cost model times
         m.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
-                 moe_ffn_hidden_size=model.expert_ffn, moe_token_dispatcher_type="alltoall",
-                 moe_grouped_gemm=True)
+                 moe_ffn_hidden_size=model.expert_ffn, moe_grouped_gemm=True,
+                 **dispatcher_fields(job, sh))
         if model.first_dense_layers:
             m["moe_layer_freq"] = [0] * model.first_dense_layers + [1] * model.moe_layers
         if model.moe_shared_experts:
@@ -1107,6 +1132,14 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         elif sh.expert_tp != sh.tp:
             warn.append(f"torchtitan [parallelism]: v0.1 splits the experts over TP={sh.tp}; "
                         f"the plan has expert TP {sh.expert_tp}")
+        # v0.2.1 and v0.2.2 job_config.py Parallelism.expert_parallel_comm_backend:
+        # "standard" or "deepep" (HybridEP came later)
+        if job.moe_dispatcher == "deepep" and version == "0.2":
+            par["expert_parallel_comm_backend"] = "deepep"
+        elif job.moe_dispatcher != "alltoall":
+            warn.append(f"torchtitan [parallelism]: v{version} has no {job.moe_dispatcher} "
+                        "backend (expert_parallel_comm_backend: standard, or deepep from "
+                        "v0.2.1); the plan was estimated with it")
     if model.is_moe and job.moe_capacity_factor != 1.0:
         warn.append(f"torchtitan [model]: token dropping at capacity factor "
                     f"{job.moe_capacity_factor:g} has no torchtitan key (its MoE routes "
@@ -1115,7 +1148,8 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         warn.append(f"torchtitan [model]: {model.num_experts}-expert top-{model.moe_topk} MoE "
                     f"comes from the model flavor (e.g. its DeepSeek-V3 / Llama 4 models)"
                     + (f"; the plan's expert parallelism (EP={sh.ep}) was estimated for "
-                       "Megatron-LM's dispatcher, not torchtitan's" if sh.ep > 1 else
+                       f"Megatron-LM's {job.moe_dispatcher} dispatcher, not torchtitan's"
+                       if sh.ep > 1 else
                        "; expert parallelism 1 as the estimate assumed"))
     # the whole job config printed at start-up (v0.2.2 JobConfig.maybe_log: 'Running with
     # configs: ' and its JSON; v0.1.0 train.py: 'Running with args: ' and its repr), from
@@ -1190,7 +1224,8 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     + (f"capacity_factor={job.moe_capacity_factor:g}, drop_tokens=True"
                        if job.moe_capacity_factor != 1.0 else "drop_tokens=False")
                     + f", enable_expert_tensor_parallelism={sh.expert_tp > 1})); the "
-                    "estimate priced Megatron-LM's all-to-all dispatcher and grouped GEMMs")
+                    f"estimate priced Megatron-LM's {job.moe_dispatcher} dispatcher and "
+                    "grouped GEMMs")
     if sh.overlap_grad_reduce:
         cfg["zero_optimization"]["overlap_comm"] = True
     elif sh.zero >= 3:

@@ -132,3 +132,76 @@ def alltoall_ms(cluster: ClusterSpec, members: list[tuple[int, int]], nbytes: fl
                 recv_net += chunk / (float(cluster.inter_gb_per_s[nj, ni]) * 1e6)
         worst = max(worst, send_net, recv_net, send_nv, recv_nv)
     return worst + (n - 1) * latency_us / 1e3
+
+
+def share_reached(experts_there: int, num_experts: int, topk: int) -> float:
+    """Probability that a token's top-k experts (k distinct experts drawn uniformly: the
+    balanced router the published MoE benchmarks force) include at least one of
+    `experts_there` given experts: 1 - C(E - e, k) / C(E, k)."""
+    if experts_there <= 0:
+        return 0.0
+    miss = 1.0
+    for i in range(topk):
+        if num_experts - experts_there - i <= 0:
+            return 1.0
+        miss *= (num_experts - experts_there - i) / (num_experts - i)
+    return 1.0 - miss
+
+
+def hierarchical_dispatch_ms(cluster: ClusterSpec, members: list[tuple[int, int]],
+                             tokens: float, token_bytes: float, num_experts: int, topk: int,
+                             map_bytes: float = 0.0) -> float:
+    """One dispatch (or combine) of Megatron-Core's flex dispatcher with the DeepEP or
+    HybridEP backend among `members` [(node, local GPU)], each holding `tokens` tokens of
+    `token_bytes` and num_experts / len(members) of the experts.
+
+    A token goes once to each GPU that holds one of its top-k experts, not once per expert
+    (DeepEP's dispatch takes the routing as is_token_in_rank; the receiver permutes to
+    experts), and crosses the network once per destination node: it travels to the GPU of the
+    same local index there and is forwarded over NVLink to the others that need it (DeepEP
+    internode.cu: one RDMA slot per node whose is_token_in_rank bytes are not all zero;
+    DeepSeek-V3 technical report Sec. 3.2.2; HybridEP the same, docs/Hybrid-EP_Implementation
+    .md). The network and NVLink legs run at once ("communications via IB and NVLink are fully
+    overlapped", the report). With e experts per GPU and g_n members on node n, member i of
+    node a sends T share(g_n e) tokens to each other node n and receives (g_n / g_a) T
+    share(g_a e) from it (share_reached, balanced routing); over NVLink it sends each other
+    GPU of its node T share(e) tokens of its own and forwards what arrived for them, in all
+    T share(e) (g_a - 1) (1 + sum over other nodes of g_n / g_a) tokens, spread evenly over its
+    g_a - 1 peers (and receives as much). Each leg is timed as `alltoall_ms` times its sends:
+    one after another at the measured stream to each node, and over the GPU-to-GPU links.
+    `map_bytes`: what each member's share of an all-gather among the members adds
+    (HybridEP's routing map across nodes). Latency: one per other node over the network, one
+    per other GPU of the node over NVLink."""
+    n = len(members)
+    if n <= 1 or tokens <= 0:
+        return 0.0
+    per_node: dict[int, list[int]] = {}
+    for node, gpu in members:
+        per_node.setdefault(node, []).append(gpu)
+    e = num_experts / n
+    tok_b = tokens * token_bytes
+    local = share_reached(int(round(e)), num_experts, topk)  # one other GPU needs the token
+    worst = 0.0
+    for a, gpus in per_node.items():
+        ga = len(gpus)
+        node_share = share_reached(int(round(ga * e)), num_experts, topk)
+        others = {m: len(g) for m, g in per_node.items() if m != a}
+        send_net = sum(tok_b * share_reached(int(round(gm * e)), num_experts, topk)
+                       / (float(cluster.inter_gb_per_s[a, m]) * 1e6)
+                       for m, gm in others.items())
+        recv_net = sum(gm / ga * tok_b * node_share / (float(cluster.inter_gb_per_s[m, a]) * 1e6)
+                       for m, gm in others.items())
+        nv_total = tok_b * local * (ga - 1) * (1 + sum(others.values()) / ga)
+        node = cluster.nodes[a]
+        for gi in gpus:
+            peers = [g for g in gpus if g != gi]
+            send_nv = sum(nv_total / len(peers) / (node.link_gb_per_s(gi, g) * 1e6)
+                          for g in peers)
+            recv_nv = sum(nv_total / len(peers) / (node.link_gb_per_s(g, gi) * 1e6)
+                          for g in peers)
+            worst = max(worst, send_net, recv_net, send_nv, recv_nv)
+    lat = ((len(per_node) - 1) * cluster.latency_us
+           + (max(len(g) for g in per_node.values()) - 1) * cluster.intra_latency_us)
+    gather = (alltoall_ms(cluster, members, map_bytes * n, cluster.latency_us)
+              if map_bytes > 0 and len(per_node) > 1 else 0.0)
+    return worst + lat / 1e3 + gather

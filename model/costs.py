@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster import ClusterSpec
-from .communication import (allreduce_ms, alltoall_ms, exposed_async_ms,
-                            exposed_pipelined_ms, gather_ms)
+from .communication import (allreduce_ms, alltoall_ms, exposed_async_ms, exposed_pipelined_ms,
+                            gather_ms, hierarchical_dispatch_ms)
 from .compute import ComputeModel
 from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes, keeps_unsharded
 from .plan import Shape, layer_params, num_microbatches
@@ -369,12 +369,41 @@ class CostModel:
         all-to-all, so that a layer's two each way (dispatch, combine) add up to what runs."""
         if len(members) <= 1:
             return 0.0
+        if self.job.moe_dispatcher != "alltoall":
+            return self._flex_dispatch_ms(cluster, members)
         inter = len({n for n, _ in members}) > 1
         lat = cluster.latency_us if inter else cluster.intra_latency_us
         tokens = self.ep_alltoall_bytes()
         probs = tokens / self.model.hidden_size  # one probability per routed copy
         return (alltoall_ms(cluster, members, tokens, lat)
                 + 0.5 * alltoall_ms(cluster, members, probs, lat))
+
+    def flex_token_bytes(self) -> float:
+        """Bytes of one token in the flex dispatcher's transfers: its hidden state in the
+        activation precision, its top-k expert indices and weights (4 bytes each) and an 8-byte
+        source record, in 16-byte units (DeepEP internode.cu get_num_bytes_per_token: hidden +
+        sizeof(SourceMeta) + topk_idx x 4 + topk_weights x 4, aligned to 16). Every transfer
+        of a layer (dispatch, combine and their gradients') is counted so, at most 8k + 8
+        bytes over the hidden state's (2% of a 2048-wide bf16 token at top-8)."""
+        m = self.model
+        raw = m.hidden_size * self.job.activation_bytes + 8 * m.moe_topk + 8
+        return 16 * math.ceil(raw / 16)
+
+    def _flex_dispatch_ms(self, cluster: ClusterSpec, members: list[tuple[int, int]]
+                          ) -> float:
+        """`ep_alltoall_ms` for the flex dispatcher (JobSpec.moe_dispatcher deepep /
+        hybridep; expert TP 1, so its TP x EP group is the EP group): the hierarchical
+        transfer of `communication.hierarchical_dispatch_ms` for the GPU's tokens (its 1/tp
+        sequence shard under sequence parallelism). HybridEP all-gathers each GPU's boolean
+        routing map, tokens x experts bytes, across the group at every dispatch where the
+        group spans nodes (DeepEP hybrid-ep branch, executor.cu: all_gather_into_tensor);
+        spread here over the layer's four transfers (dispatch and combine each way), so the
+        layer's total holds and its forward carries a quarter of it too few."""
+        m, sh = self.model, self.shape
+        tokens = self.tokens / (sh.tp if sh.sequence_parallel else 1)
+        map_bytes = tokens * m.num_experts / 4 if self.job.moe_dispatcher == "hybridep" else 0.0
+        return hierarchical_dispatch_ms(cluster, members, tokens, self.flex_token_bytes(),
+                                        m.num_experts, m.moe_topk, map_bytes)
 
     def _shard_collectives(self, params: float, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-gather of the weights, reduce-scatter of the gradients) of `params` parameters

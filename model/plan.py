@@ -217,6 +217,19 @@ def fp8_problem(job: JobSpec, cluster: ClusterSpec) -> tuple[str, str] | None:
     return ("fp8_recipe", why) if why else None
 
 
+def dispatcher_problem(job: JobSpec, cluster: ClusterSpec) -> str | None:
+    """Why the job's MoE dispatcher cannot run on `cluster`, or None: DeepEP's NVLink domain
+    is 8 GPUs (its RDMA team takes every 8th rank: DeepEP csrc/kernels/backend/nvshmem.cu;
+    "only 'hybridep' backend supports the MNNVL case", Megatron-Core transformer_config.py),
+    so a node of more GPUs (an NVL72 rack as one node) runs HybridEP."""
+    big = sorted({nd.num_gpus for nd in cluster.node_kinds if nd.num_gpus > 8})
+    if job.moe_dispatcher == "deepep" and big:
+        return (f"DeepEP runs NVLink domains of up to 8 GPUs, and the cluster has nodes of "
+                f"{'/'.join(map(str, big))}; use moe_dispatcher hybridep (Megatron-Core: only "
+                "HybridEP supports multi-node NVLink) or alltoall")
+    return None
+
+
 def torchtitan_seq_problem(job: JobSpec, shape: Shape) -> str | None:
     """Why torchtitan 0.2 would refuse the job's sequence length for the shape, or None: its
     ParallelDims.seq_len_divisor, TP x 2 CP, asserted for every TP or CP run from v0.2.0
@@ -253,6 +266,13 @@ def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None
         raise SpecError("expert parallelism with ZeRO-3 / FSDP is not modelled; use the "
                         "distributed optimizer (zero 1) or zero 0, or ep 1", source=src,
                         field="ep")
+    if job.moe_dispatcher != "alltoall" and shape.expert_tp != 1:
+        # Megatron-Core's flex dispatcher sends each token to every TP rank of its experts
+        # over one TP x EP group (token_dispatcher.py MoEFlexTokenDispatcher: router_topk x
+        # tp_size); priced with whole experts only
+        raise SpecError(f"the {job.moe_dispatcher} dispatcher is priced with whole experts "
+                        f"(expert TP 1), not expert TP {shape.expert_tp}: use --etp 1, or "
+                        "moe_dispatcher alltoall", source=src, field="etp")
 
 
 def slot_label(stage: int, col: int, cp: int = 1) -> str:
@@ -351,6 +371,8 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                         "--tp-comm-overlap", source=src, field="tp_comm_overlap")
     if shape.ep > 1 or shape.etp:
         _validate_ep(model, job, shape, src)
+    if shape.ep > 1 and (why := dispatcher_problem(job, cluster)):
+        raise SpecError(why, source=src, field="moe_dispatcher")
     if model.is_moe and job.framework in ("megatron", "nemo"):
         if shape.tp > 1 and not shape.sequence_parallel:
             # megatron/core/transformer/moe/moe_layer.py (MoELayer.forward, d98e8a6) raises in

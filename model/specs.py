@@ -27,6 +27,11 @@ def priced_as(framework: str) -> str:
 # delayed and current ("tensorwise") scaling, MXFP8 blocks of 32 (Blackwell) and 1 x 128 / 128 x
 # 128 blocks ("blockwise", Hopper)
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+# mixture-of-experts token dispatchers priced (JobSpec.moe_dispatcher): Megatron-Core's
+# alltoall dispatcher (NCCL all-to-all of one copy per routed expert), and its flex dispatcher
+# with the DeepEP or HybridEP backend (one copy per destination GPU, one network crossing per
+# destination node: model/communication.py hierarchical_dispatch_ms)
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 POSITION_EMBEDDINGS = ("learned", "rope", "alibi")
 NORMS = ("layernorm", "rmsnorm")
 RECOMPUTE = ("none", "selective", "full")
@@ -588,6 +593,15 @@ class JobSpec:
     # (--moe-expert-capacity-factor c --moe-pad-expert-input-to-capacity), so every expert's
     # GEMMs, its all-to-all share and its stored activations are c times the balanced ones
     moe_capacity_factor: float = 1.0
+    # mixture of experts: the token dispatcher (MOE_DISPATCHERS). "alltoall" (default):
+    # Megatron-LM --moe-token-dispatcher-type alltoall, one NCCL all-to-all of every routed
+    # copy and one of their probabilities. "deepep" / "hybridep": --moe-token-dispatcher-type
+    # flex --moe-flex-dispatcher-backend deepep|hybridep (Megatron-Core 0.16), each token sent
+    # once per destination GPU with its top-k indices and weights, over the network once per
+    # destination node and forwarded over NVLink there (DeepSeek-V3 report Sec. 3.2.2;
+    # DeepEP internode.cu). Priced with expert TP 1 only (the flex dispatcher folds expert TP
+    # into its group: token_dispatcher.py MoEFlexTokenDispatcher)
+    moe_dispatcher: str = "alltoall"
     compile: bool = True
     # Megatron-Core's fused cross-entropy, its native implementation (Megatron-LM
     # --cross-entropy-loss-fusion with --cross-entropy-fusion-impl native, its default; on by
@@ -651,6 +665,23 @@ class JobSpec:
                             f"balanced router; below 1 tokens are dropped, which the cost model "
                             f"does not price), got {self.moe_capacity_factor!r}",
                             source=self.source, field="moe_capacity_factor")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise SpecError(f"unknown moe_dispatcher {self.moe_dispatcher!r}; use one of "
+                            f"{', '.join(MOE_DISPATCHERS)}", source=self.source,
+                            field="moe_dispatcher")
+        if self.moe_dispatcher != "alltoall" and self.framework != "megatron":
+            raise SpecError(f"moe_dispatcher {self.moe_dispatcher} is priced as Megatron-Core's "
+                            f"flex dispatcher; {self.framework} is not modelled with it: use "
+                            "framework megatron (emit -f nemo or bridge writes the same "
+                            "dispatcher) or moe_dispatcher alltoall", source=self.source,
+                            field="moe_dispatcher")
+        if self.moe_dispatcher != "alltoall" and self.moe_capacity_factor != 1.0:
+            # Megatron-Core refuses DeepEP with inputs padded to capacity
+            # (transformer_config.py __post_init__); HybridEP's drop-and-pad is not priced
+            raise SpecError(f"a capacity factor with the {self.moe_dispatcher} dispatcher is "
+                            "not priced (Megatron-Core refuses DeepEP with padded expert "
+                            "inputs); drop moe_capacity_factor or use moe_dispatcher alltoall",
+                            source=self.source, field="moe_dispatcher")
         if self.grad_reduce_in_bf16 and (self.precision != "bf16" or self.framework not in (
                 "megatron", "nemo")):
             raise SpecError("grad_reduce_in_bf16 is Megatron-LM's (and NeMo's) option for bf16 "

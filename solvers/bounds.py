@@ -135,10 +135,12 @@ def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape)
     ep = shape.ep
     if ep <= 1:
         return 0.0
-    chunk = costs.ep_alltoall_bytes() / ep
     top = _top_inter(cluster, 0.0)
     link = cluster.max_intra_link_gb_per_s
     q = min(ep, max(nd.num_gpus for nd in cluster.node_kinds) // shape.expert_tp)
+    if costs.job.moe_dispatcher != "alltoall":
+        return _fastest_flex_ms(costs, cluster, shape, q, top, link)
+    chunk = costs.ep_alltoall_bytes() / ep
     lat = min(cluster.latency_us, cluster.intra_latency_us) * (ep - 1) / 1e3
     net = (ep - q) * chunk / (top * 1e6) if top > 0 else math.inf
     if q < ep:
@@ -146,6 +148,37 @@ def fastest_ep_alltoall_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape)
     nv = (ep - 1) * chunk / (link * 1e6) if link > 0 else math.inf
     one_off = chunk / (top * 1e6) if top > 0 else math.inf
     return min(nv, one_off) + lat
+
+
+def _fastest_flex_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape, q: int,
+                     top: float, link: float) -> float:
+    """`fastest_ep_alltoall_ms` for the flex dispatcher (communication.
+    hierarchical_dispatch_ms). A member of a group that cannot fit in a node has at least
+    ep - q members on other nodes; what it sends there, T x sum over those nodes of
+    share(g_n e), is least with them packed q to a node (share_reached is concave and 0 at 0),
+    at the fastest stream, plus one network latency per other node (at least ceil(ep / q) - 1
+    of them). A group that fits in a node sends each other member T share(e) over NVLink at
+    best at the fastest link, or has a member off the node (at least T share(e) over the
+    network and one latency)."""
+    from model.communication import share_reached
+    m, ep = costs.model, shape.ep
+    e = m.num_experts // ep
+    sh = shape
+    tok_b = (costs.tokens / (sh.tp if sh.sequence_parallel else 1)) * costs.flex_token_bytes()
+
+    def share(members: int) -> float:
+        return share_reached(members * e, m.num_experts, m.moe_topk)
+
+    if q < ep:
+        rest = ep - q
+        net = tok_b * ((rest // q) * share(q) + share(rest % q)) / (top * 1e6) \
+            if top > 0 else math.inf
+        return net + (-(-ep // q) - 1) * cluster.latency_us / 1e3
+    nv = (tok_b * share(1) * (ep - 1) / (link * 1e6) if link > 0 else math.inf) \
+        + (ep - 1) * cluster.intra_latency_us / 1e3
+    one_off = (tok_b * share(1) / (top * 1e6) if top > 0 else math.inf) \
+        + cluster.latency_us / 1e3
+    return min(nv, one_off)
 
 
 def _memory_caps(model, job, cluster, shape, options, costs) -> list[int]:

@@ -1,0 +1,250 @@
+"""Megatron-Core's flex token dispatcher (DeepEP, HybridEP) beside the alltoall one: the
+routing share, the hierarchical transfer's closed forms, the bound below every placement, the
+MILP and brute force on it, the refusals, what is emitted and read back."""
+
+import dataclasses
+import itertools
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from formats import presets
+from formats.clusters import SynthParams, synth_cluster, uniform_cluster
+from formats.logs import megatron_arg_blocks
+from formats.megatron_args import megatron_args_mismatch, plan_from_megatron_args
+from launch.emit import bridge_recipe, megatron_args, nemo_config
+from model.communication import alltoall_ms, hierarchical_dispatch_ms, share_reached
+from model.costs import CostModel
+from model.errors import SpecError
+from model.estimator import Evaluator, estimate, make_plan
+from model.plan import Shape, validate_shape
+from model.specs import JobSpec, ModelSpec, Options
+from solvers.bounds import fastest_ep_alltoall_ms
+
+QWEN3 = presets.model("qwen3-30b-a3b")  # 128 experts, top-8
+TINY_MOE = ModelSpec("tiny-moe", 8, 1024, 8, 8, 2048, 32000, 2048, gated_mlp=True,
+                     tied_embeddings=False, position_embedding="rope", norm="rmsnorm",
+                     bias=False, dropout=False, num_experts=8, moe_topk=2)
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+@pytest.mark.parametrize("E,k,e", [(8, 2, 2), (8, 3, 4), (6, 2, 1), (10, 4, 5), (4, 4, 1)])
+def test_share_reached_counts_topk_sets(E, k, e):
+    """The share of top-k expert sets (k distinct of E, each set equally likely) that hold at
+    least one of e given experts, by enumeration."""
+    sets = list(itertools.combinations(range(E), k))
+    hit = sum(any(x < e for x in s) for s in sets) / len(sets)
+    assert share_reached(e, E, k) == pytest.approx(hit, rel=1e-12)
+    assert share_reached(0, E, k) == 0.0
+
+
+def test_inside_a_node_each_peer_gets_a_token_once():
+    """EP 8 inside one node on uniform links: each GPU sends every other GPU T share(e)
+    tokens, where the alltoall dispatcher sends T k / 8 copies (Qwen3: 16 experts a GPU,
+    share 0.667 against 1 copy of 8 / 8), plus one latency per peer."""
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 400.0, 50.0)
+    members = [(0, g) for g in range(8)]
+    T, B = 4096, 4176.0
+    got = hierarchical_dispatch_ms(c, members, T, B, 128, 8)
+    share = share_reached(16, 128, 8)
+    want = 7 * T * share * B / (400.0 * 1e6) + 7 * c.intra_latency_us / 1e3
+    assert got == pytest.approx(want, rel=1e-12)
+    nccl = alltoall_ms(c, members, T * 8 * B, 0.0)  # every routed copy
+    assert got - 7 * c.intra_latency_us / 1e3 == pytest.approx(nccl * share, rel=1e-12)
+
+
+def test_across_nodes_a_token_crosses_the_network_once_per_node():
+    """EP 16 over two 8-GPU nodes: the network leg carries T share(64 experts) per GPU (about
+    once per token), the alltoall dispatcher's T k / 2 copies (4 per token): the flex transfer
+    is the NVLink leg or the network one, whichever is longer, and well below NCCL's."""
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    members = [(n, g) for n in range(2) for g in range(8)]
+    T, B = 4096, 4176.0
+    got = hierarchical_dispatch_ms(c, members, T, B, 128, 8)
+    net = T * B * share_reached(64, 128, 8) / (50.0 * 1e6)
+    nv = T * B * share_reached(8, 128, 8) * 7 * 2 / (400.0 * 1e6)  # own + forwarded
+    lat = (c.latency_us + 7 * c.intra_latency_us) / 1e3
+    assert got == pytest.approx(max(net, nv) + lat, rel=1e-12)
+    assert got < 0.35 * alltoall_ms(c, members, T * 8 * B, c.latency_us)
+
+
+def _ev(job, c, **kw):
+    sh = Shape(micro_batch=1, recompute="none", zero=1, **kw)
+    return Evaluator(QWEN3, job, c, sh, Options()), sh
+
+
+def test_flex_costs_less_than_alltoall_on_the_estimate_and_carries_the_metadata():
+    """The same plan priced with DeepEP: its all-to-all time falls (Qwen3-30B, EP 16 over two
+    nodes), the tokens carry 8 bytes a routed expert and an 8-byte record in 16-byte units,
+    and HybridEP adds its routing map's all-gather only where the group spans nodes."""
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    base = JobSpec(global_batch=64, seq_length=4096)
+    deep = dataclasses.replace(base, moe_dispatcher="deepep")
+    hyb = dataclasses.replace(base, moe_dispatcher="hybridep")
+    plans = {j.moe_dispatcher: make_plan(QWEN3, j, c, tp=1, pp=1, ep=16, zero=1)
+             for j in (base, deep, hyb)}
+    times = {j.moe_dispatcher: estimate(QWEN3, j, c, plans[j.moe_dispatcher])
+             .breakdown_ms["ep_alltoall_ms"] for j in (base, deep, hyb)}
+    assert times["deepep"] < 0.4 * times["alltoall"]
+    assert times["deepep"] < times["hybridep"] < times["alltoall"]
+    cm = CostModel(QWEN3, deep, c, plans["deepep"].shape, Options())
+    assert cm.flex_token_bytes() == 16 * math.ceil((2048 * 2 + 8 * 8 + 8) / 16)
+    one = uniform_cluster(1, 8, "H100-SXM-80GB", 400.0, 50.0)
+    members = [(0, g) for g in range(8)]
+    for j in (deep, hyb):  # inside a node the two backends cost the same
+        sh = Shape(tp=1, pp=1, dp=8, micro_batch=1, ep=8, zero=1)
+        assert CostModel(QWEN3, j, one, sh, Options()).ep_alltoall_ms(one, members) == \
+            pytest.approx(CostModel(QWEN3, deep, one, sh, Options()).ep_alltoall_ms(
+                one, members), rel=1e-12)
+
+
+def test_flex_bound_is_below_every_placement_of_its_group():
+    """`fastest_ep_alltoall_ms` for the flex dispatcher stays at or below the transfer of
+    random EP groups on uneven clusters (degraded NICs, oversubscribed leaves), for groups
+    inside a node and across nodes."""
+    rng = random.Random(7)
+    for seed in range(12):
+        gpn = rng.choice((4, 8))
+        c = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=gpn, nic_gb_per_s=25.0,
+                                      leaf_size=2, oversubscription=3, degraded=1,
+                                      degraded_factor=0.3, noise=0.15, seed=seed))
+        for ep in (2, 4, 8, 16):
+            job = JobSpec(global_batch=64, seq_length=2048,
+                          moe_dispatcher=rng.choice(("deepep", "hybridep")))
+            sh = Shape(tp=1, pp=1, dp=c.num_gpus, micro_batch=1, ep=ep, zero=1)
+            cm = CostModel(QWEN3, job, c, sh, Options())
+            lo = fastest_ep_alltoall_ms(cm, c, sh)
+            slots = [(n, g) for n in range(c.num_nodes) for g in range(gpn)]
+            for _ in range(10):
+                members = rng.sample(slots, ep)
+                assert lo <= cm.ep_alltoall_ms(c, members) * (1 + 1e-12), (seed, ep, members)
+
+
+def _flex_problems():
+    """The expert-parallel placement problems of test_expert_parallel (uniform and uneven
+    clusters, EP inside and across nodes) with whole experts, priced with DeepEP."""
+    from solvers.problem import PlacementProblem
+    from tests.test_expert_parallel import _moe_problems
+    return [PlacementProblem(p.model, dataclasses.replace(p.job, moe_dispatcher="deepep"),
+                             p.cluster, p.shape, p.block, p.options)
+            for p in _moe_problems() if p.shape.expert_tp == 1 and p.shape.ep > 1]
+
+
+@pytest.mark.parametrize("prob", _flex_problems(), ids=lambda p: (
+    f"n{p.cluster.num_nodes}-{p.shape.describe()}-j{p.block.j}k{p.block.k}"
+    f"{'-uniform' if p.cluster.uniform() else ''}"))
+def test_flex_milp_and_annealer_reach_brute_force_and_the_estimator(prob):
+    """One cost model with the DeepEP dispatcher: the same checks as the alltoall
+    dispatcher's (the MILP optimal against brute force on uniform clusters, its all-to-all
+    and objective the estimator's; the annealer at brute force elsewhere; the bound below)."""
+    from tests.test_expert_parallel import test_milp_alltoall_equals_the_estimator_and_brute_force
+    test_milp_alltoall_equals_the_estimator_and_brute_force(prob)
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(moe_dispatcher="nccl"), "moe_dispatcher"),
+    (dict(moe_dispatcher="deepep", framework="torchtitan"), "moe_dispatcher"),
+    (dict(moe_dispatcher="hybridep", moe_capacity_factor=1.5), "moe_dispatcher"),
+])
+def test_dispatcher_job_refusals_name_the_field(kw, field):
+    with pytest.raises(SpecError) as e:
+        JobSpec(global_batch=8, seq_length=2048, **kw)
+    assert e.value.field == field
+
+
+def test_flex_needs_whole_experts_and_deepep_an_eight_gpu_domain():
+    """Expert TP = TP 2 is refused with the flex dispatcher (expert TP 1 accepted); DeepEP on
+    a 72-GPU NVLink node is refused naming HybridEP, which is accepted there."""
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="deepep")
+    sh = Shape(tp=2, pp=1, dp=8, micro_batch=1, ep=8, zero=1, sequence_parallel=True)
+    with pytest.raises(SpecError) as e:
+        validate_shape(QWEN3, job, c, sh, check_layers=False)
+    assert e.value.field == "etp" and "expert TP 1" in str(e.value)
+    validate_shape(QWEN3, job, c, dataclasses.replace(sh, etp=1), check_layers=False)
+    rack = uniform_cluster(1, 72, "GB200", 900.0, 50.0)
+    sh72 = Shape(tp=1, pp=1, dp=72, micro_batch=1, ep=8, zero=1)
+    with pytest.raises(SpecError) as e:
+        validate_shape(QWEN3, JobSpec(global_batch=72, seq_length=4096,
+                                      moe_dispatcher="deepep"), rack, sh72,
+                       check_layers=False)
+    assert e.value.field == "moe_dispatcher" and "hybridep" in str(e.value)
+    validate_shape(QWEN3, JobSpec(global_batch=72, seq_length=4096,
+                                  moe_dispatcher="hybridep"), rack, sh72,
+                   check_layers=False)
+
+
+def test_emitted_dispatcher_flags_and_read_back():
+    """Megatron-LM gets --moe-token-dispatcher-type flex and the backend (alltoall where EP
+    is 1: DeepEP refuses a group of one), NeMo and Megatron-Bridge the same fields; a printed
+    arguments block with the flex dispatcher reads back as the job's dispatcher, and the
+    allgather dispatcher and NCCL EP are refused naming their argument."""
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="hybridep")
+    plan = make_plan(QWEN3, job, c, tp=1, pp=2, ep=8, zero=1)
+    a = megatron_args(QWEN3, job, plan)[0]
+    assert a[a.index("--moe-token-dispatcher-type") + 1] == "flex"
+    assert a[a.index("--moe-flex-dispatcher-backend") + 1] == "hybridep"
+    one = make_plan(QWEN3, job, c, tp=1, pp=2, ep=1, zero=1)
+    a1 = megatron_args(QWEN3, job, one)[0]
+    assert a1[a1.index("--moe-token-dispatcher-type") + 1] == "alltoall"
+    assert "--moe-flex-dispatcher-backend" not in a1
+    model = nemo_config(QWEN3, job, c, plan)[0]["model"]
+    assert (model["moe_token_dispatcher_type"], model["moe_flex_dispatcher_backend"]) == \
+        ("flex", "hybridep")
+    fields = bridge_recipe(QWEN3, job, c, plan)[0]["model"]
+    assert (fields["moe_token_dispatcher_type"], fields["moe_flex_dispatcher_backend"]) == \
+        ("flex", "hybridep")
+
+    from formats.clusters import cluster as load_cluster
+    ex = load_cluster("example")
+    text = (LOGS / "megatron_args_mixtral.txt").read_text()
+
+    def with_arg(t, name, value):
+        out, n = re.subn(rf"(?m)^  {name} \.* ?.*$", f"  {name} {'.' * (48 - len(name))} "
+                         f"{value}", t)
+        assert n == 1, name
+        return out
+
+    def read(t):
+        return plan_from_megatron_args(megatron_arg_blocks(t)[0], ex, source="t")
+
+    assert read(text)[1].moe_dispatcher == "alltoall"
+    flex = with_arg(text, "moe_token_dispatcher_type", "flex")
+    assert read(flex)[1].moe_dispatcher == "deepep"  # the backend's printed default
+    hyb = with_arg(flex, "moe_flex_dispatcher_backend", "hybridep")
+    m, j, p = read(hyb)[:3]
+    assert j.moe_dispatcher == "hybridep"
+    assert megatron_args_mismatch(m, j, p, megatron_arg_blocks(hyb)[0]) == []
+    assert ("moe_token_dispatcher_type", "flex", "alltoall") in megatron_args_mismatch(
+        m, dataclasses.replace(j, moe_dispatcher="alltoall"), p, megatron_arg_blocks(hyb)[0])
+    for t, field in ((with_arg(flex, "moe_flex_dispatcher_backend", "ncclep"),
+                      "moe_flex_dispatcher_backend"),
+                     (with_arg(text, "moe_token_dispatcher_type", "allgather"),
+                      "moe_token_dispatcher_type")):
+        with pytest.raises(SpecError) as e:
+            read(t)
+        assert e.value.field == field
+
+
+def test_plan_file_keeps_the_dispatcher_and_older_files_read_alltoall(tmp_path):
+    import json
+    from formats.planfile import load_plan, save_plan
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="deepep")
+    plan = make_plan(QWEN3, job, c, tp=1, pp=2, ep=8, zero=1)
+    est = estimate(QWEN3, job, c, plan)
+    save_plan(tmp_path / "p.json", QWEN3, job, c, plan, est)
+    _m, j2, c2, p2, o2, _meta = load_plan(tmp_path / "p.json")
+    assert j2.moe_dispatcher == "deepep"
+    assert estimate(QWEN3, j2, c2, p2, o2).iteration_ms == pytest.approx(est.iteration_ms,
+                                                                         rel=1e-12)
+    doc = json.loads((tmp_path / "p.json").read_text())
+    del doc["job"]["moe_dispatcher"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    _m, j3, *_rest, meta = load_plan(tmp_path / "old.json")
+    assert j3.moe_dispatcher == "alltoall"
+    assert any("moe_dispatcher" in n for n in meta["read_notes"])

@@ -214,6 +214,11 @@ TpOverlapOpt = Annotated[bool, typer.Option(
     "--tp-comm-overlap/--no-tp-comm-overlap",
     help="Pipeline TP all-gathers / reduce-scatters with their GEMMs (Megatron-LM "
     "--tp-comm-overlap, torchtitan async TP); needs TP > 1 with sequence parallelism.")]
+EpOverlapOpt = Annotated[bool, typer.Option(
+    "--ep-comm-overlap/--no-ep-comm-overlap",
+    help="Mixture of experts: run one micro-batch's forward beside another's backward, layer "
+    "by layer, hiding the expert all-to-alls (Megatron-LM --overlap-moe-expert-parallel-comm "
+    "with --delay-wgrad-compute); needs EP > 1, PP 1, expert TP 1.")]
 SavePlanOpt = Annotated[Optional[Path], typer.Option(
     "--save-plan", help="Write the plan, inputs, estimate (and solver status) to this JSON file.")]
 EmitOpt = Annotated[Optional[str], typer.Option(
@@ -399,6 +404,10 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
                   # torchtitan v0.1 repeats K and V to the query heads (JobSpec.repeat_kv)
                   repeat_kv=framework == "torchtitan" and framework_version == "0.1",
                   source="options")
+    from model.plan import dispatcher_problem
+    if m.is_moe and (why := dispatcher_problem(job, c)):
+        # every EP > 1 plan would be refused, leaving the option without effect
+        raise SpecError(why, source="options", field="--moe-dispatcher")
     return m, job, c
 
 
@@ -543,7 +552,8 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
            tp: str | None = None, pp: str | None = None, mbs: str | None = None,
            schedule: str | None = None, recompute: str | None = None,
            zero: str | None = None, shard_size: str | None = None, cp: str | None = None,
-           ep: str | None = None, kv_rotate: str | None = None, distopt: bool | None = None):
+           ep: str | None = None, kv_rotate: str | None = None, distopt: bool | None = None,
+           ep_comm_overlap: bool = False):
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
@@ -567,7 +577,8 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
                                                                  KV_ROTATIONS) or KV_ROTATIONS)),
                        tp_comm_overlap=(tp_comm_overlap,),
                        overlap_grad_reduce=(overlap_grad_reduce,),
-                       overlap_param_gather=(overlap_param_gather,))
+                       overlap_param_gather=(overlap_param_gather,),
+                       ep_comm_overlap=(ep_comm_overlap,))
 
 
 def _interval_json(interval, profile: str) -> dict:
@@ -610,8 +621,11 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     # an emitted set says it in its [precision] warning
     fp8w = [] if outputs.get("emit") else [n for n in (fp8_param_gather_note(job, plan.shape),)
                                            if n]
+    from model.plan import deepep_layout_problem
+    deepep = [w for w in (deepep_layout_problem(plan, c),) if w] if (
+        job.moe_dispatcher == "deepep" and plan.shape.ep > 1) else []
     warnings = [*notes, *(calibration or {}).get("notes", []), *unmodelled,
-                *shape_warnings(m, job, plan.shape), *own, *fp8w, *warnings]
+                *shape_warnings(m, job, plan.shape), *own, *fp8w, *deepep, *warnings]
     if as_json:
         if mem_interval is not None and mem_interval.may_not_fit_stage is not None:
             warnings.append(render.may_not_fit(mem_interval))  # the terminal says it too
@@ -772,6 +786,7 @@ def estimate(
         "--shard-size", help="HSDP shard group (ZeRO-3); 0: the whole data-parallel group.")] = 0,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
+    ep_comm_overlap: EpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
     overlap_param_gather: OverlapParamOpt = False,
     as_json: JsonOpt = False,
@@ -840,7 +855,8 @@ def estimate(
                      sequence_parallel=sp, distributed_optimizer=bool(distopt), zero=zero,
                      shard_size=shard_size,
                      tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
-                     overlap_param_gather=overlap_param_gather, options=opts)
+                     overlap_param_gather=overlap_param_gather,
+                     ep_comm_overlap=ep_comm_overlap, options=opts)
     est = run_estimate(m, job, c, plan, opts)
     _write_and_report(m, job, c, plan, est, opts, as_json, calibration=cal,
                       interval=_interval(prof, m, job, c0, plan, opts0),
@@ -1099,6 +1115,7 @@ def solve(
     kv_rotate: KvRotateListOpt = None,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
+    ep_comm_overlap: EpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
     overlap_param_gather: OverlapParamOpt = False,
     as_json: JsonOpt = False,
@@ -1136,7 +1153,8 @@ def solve(
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     _kv_rotate_check(kv_rotate, framework.value)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
-                   schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt)
+                   schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt,
+                   ep_comm_overlap)
     if emit is not None:
         # a plan to launch: only placements torchrun can start in the framework's rank orders
         from dataclasses import replace
@@ -1237,6 +1255,7 @@ def compare(
     calibration: CalibrationOpt = None,
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
+    ep_comm_overlap: EpOverlapOpt = False,
     overlap_grad_reduce: OverlapGradOpt = False,
     overlap_param_gather: OverlapParamOpt = False,
     framework_version: FwVersionOpt = None,
@@ -1272,7 +1291,8 @@ def compare(
                         "it out, or compare without --sharding", source="options",
                         field="--zero" if zero is not None else "--distopt")
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
-                   schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt)
+                   schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt,
+                   ep_comm_overlap)
     c_seed = seed if cluster_seed is None else cluster_seed
     instances = [c] if generated is None else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]

@@ -73,6 +73,7 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
         "overlap_grad_reduce": sh.overlap_grad_reduce,
         "overlap_param_gather": sh.overlap_param_gather,
         "tp_comm_overlap": sh.tp_comm_overlap,
+        "overlap_moe_expert_parallel_comm": sh.ep_comm_overlap,
         "fp8_param_gather": fp8_params_apply(job, sh),
     }
     if model.num_kv_heads != model.num_heads:  # printed as None without GQA
@@ -423,6 +424,12 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
         a.fail("moe_pad_expert_input_to_capacity", "token dropping without padding to "
                "capacity is not priced (each expert's load is the router's)")
     dispatcher = _dispatcher(a) if model.num_experts else "alltoall"
+    # the expert all-to-all overlap is priced with its delayed weight gradients
+    # (Shape.ep_comm_overlap; CostModel._ep_overlap)
+    ep_overlap = a.flag("overlap_moe_expert_parallel_comm")
+    if ep_overlap and not a.flag("delay_wgrad_compute"):
+        a.fail("delay_wgrad_compute", "the expert all-to-all overlap without delayed weight "
+               "gradients is not priced")
     precision = "bf16" if a.flag("bf16") else "fp16" if a.flag("fp16") else "fp32"
     ds = a.flag("deepspeed")
     # legacy Megatron-LM's scattered pipeline transfers (JobSpec.p2p_scatter_gather): its
@@ -491,6 +498,7 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                      shard_size=shard_size, fp8=fp8, tp_comm_overlap=a.flag("tp_comm_overlap"),
                      overlap_grad_reduce=a.flag("overlap_grad_reduce"),
                      overlap_param_gather=a.flag("overlap_param_gather"),
+                     ep_comm_overlap=ep_overlap,
                      placement=ordered_placement(cluster, tp, pp, dp, cp, TP_PP_DP_ORDER,
                                                  node_order)
                      if a.flag("use_tp_pp_dp_mapping")

@@ -394,7 +394,9 @@ def _read_cluster(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
 
 
 def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
-               cluster: ClusterSpec, ver: int = SCHEMA_VERSION) -> Plan:
+               cluster: ClusterSpec, ver: int = SCHEMA_VERSION,
+               notes: list | None = None) -> Plan:
+    notes = [] if notes is None else notes
     sw = "plan.shape"
     rd.known(d, "plan", ("shape", "placement"))
     sd = rd.obj(d, "shape", "plan")
@@ -432,7 +434,10 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
                   distributed_optimizer=rd.get(sd, "distributed_optimizer", sw, bool),
                   zero=rd.get(sd, "zero", sw, int), shard_size=rd.get(sd, "shard_size", sw, int),
                   **{f: rd.get(sd, f, sw, bool) for f in (
-                      "fp8", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")})
+                      "fp8", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")},
+                  # (added within schema 3: files written before it lack it)
+                  ep_comm_overlap=_later(rd, sd, "ep_comm_overlap", sw, bool, False, ver,
+                                         notes, since=None))
     try:
         validate_shape(model, job, cluster, shape, src=rd.src)
     except SpecError as e:
@@ -551,7 +556,7 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
             raise rd.err(f"cluster.gpu_types.{nd.gpu.name}.peak_tflops",
                          f"has no {job.precision} peak, which job.precision needs; add it or "
                          "change the precision")
-    plan = _read_plan(rd, rd.obj(doc, "plan", ""), model, job, cluster, ver)
+    plan = _read_plan(rd, rd.obj(doc, "plan", ""), model, job, cluster, ver, notes)
     solver = rd.obj(doc, "solver", "", optional=True)
     estimate = rd.obj(doc, "estimate", "", optional=True)
     calibration = rd.obj(doc, "calibration", "", optional=True)

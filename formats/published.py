@@ -403,9 +403,9 @@ def _bridge_inputs(r: dict, gpu_params: dict | None = None):
     if moe:
         notes.append(f"{dispatcher} dispatcher"
                      + (" (the recipe's flex backend)" if flex else "")
-                     + "; its transfers counted exposed (the cost model has no overlap of "
-                     "them with another micro-batch's compute; see other_settings for what "
-                     "the recipe enables)")
+                     + "; its transfers counted exposed (the cost model overlaps them with "
+                     "another micro-batch's compute only without pipelining, and these "
+                     "recipes' overlap runs with PP > 1 where they have it: other_settings)")
     if fsdp:
         notes.append("Megatron-FSDP gathers 16-bit weights here (FP8 weights are modelled "
                      "with the distributed optimizer only)")

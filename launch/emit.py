@@ -26,7 +26,8 @@ from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.costs import bucket_params
 from model.memory import fp8_param_gather_note, fp8_params_apply
-from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepspeed_pipe_partitioned,
+from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepep_layout_problem,
+                        deepspeed_pipe_partitioned,
                         deepspeed_split, deepspeed_splits, num_microbatches,
                         torchtitan_seq_problem)
 from model.specs import JobSpec, ModelSpec, Options, priced_as
@@ -132,6 +133,8 @@ MEGATRON_MIN_CORE = {
     "--multi-latent-attention": "0.10.0",
     "--moe-shared-expert-intermediate-size": "0.10.0",
     "--moe-flex-dispatcher-backend": "0.16.0",
+    "--overlap-moe-expert-parallel-comm": "0.14.0",
+    "--delay-wgrad-compute": "0.13.0",
     "--decoder-first-pipeline-num-layers": "0.9.0",
     "--decoder-last-pipeline-num-layers": "0.9.0",
 }
@@ -258,6 +261,8 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
         a.append("--overlap-param-gather")
     if sh.tp_comm_overlap:
         a.append("--tp-comm-overlap")
+    if sh.ep_comm_overlap:  # ModelParallelConfig fields as flags (Megatron-Core 0.14 / 0.13)
+        a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     # arguments.py _add_mixed_precision_args; fp32 is Megatron's default (no flag)
     if job.precision == "bf16":
         a.append("--bf16")
@@ -403,10 +408,14 @@ def dispatcher_args(job: JobSpec, shape) -> list[str]:
 
 
 def dispatcher_fields(job: JobSpec, shape) -> dict:
-    """The same as TransformerConfig fields (NeMo's model keys, Megatron-Bridge's provider)."""
+    """The same as TransformerConfig fields (NeMo's model keys, Megatron-Bridge's provider),
+    with the all-to-all overlap's (Shape.ep_comm_overlap) where the plan has it."""
     flex = flex_dispatcher(job, shape)
-    return ({"moe_token_dispatcher_type": "alltoall"} if flex is None else
-            {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": flex})
+    out = ({"moe_token_dispatcher_type": "alltoall"} if flex is None else
+           {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": flex})
+    if shape.ep_comm_overlap:
+        out.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+    return out
 
 
 def megatron_args_text(args: list[str], plan: Plan, notices: list[str] = ()) -> str:
@@ -1136,10 +1145,16 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # "standard" or "deepep" (HybridEP came later)
         if job.moe_dispatcher == "deepep" and version == "0.2":
             par["expert_parallel_comm_backend"] = "deepep"
+            warn.append("torchtitan [parallelism]: expert_parallel_comm_backend is v0.2.1's "
+                        "and later (v0.2.0 refuses the key)")
         elif job.moe_dispatcher != "alltoall":
             warn.append(f"torchtitan [parallelism]: v{version} has no {job.moe_dispatcher} "
                         "backend (expert_parallel_comm_backend: standard, or deepep from "
                         "v0.2.1); the plan was estimated with it")
+    if sh.ep_comm_overlap:
+        warn.append("torchtitan [parallelism]: no key overlaps the expert all-to-alls with "
+                    "another micro-batch's compute (Megatron-LM's "
+                    "--overlap-moe-expert-parallel-comm); the estimate hid them so")
     if model.is_moe and job.moe_capacity_factor != 1.0:
         warn.append(f"torchtitan [model]: token dropping at capacity factor "
                     f"{job.moe_capacity_factor:g} has no torchtitan key (its MoE routes "
@@ -1226,6 +1241,10 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     + f", enable_expert_tensor_parallelism={sh.expert_tp > 1})); the "
                     f"estimate priced Megatron-LM's {job.moe_dispatcher} dispatcher and "
                     "grouped GEMMs")
+    if sh.ep_comm_overlap:
+        warn.append("deepspeed [parallelism]: no key overlaps the expert all-to-alls with "
+                    "another micro-batch's compute (Megatron-LM's "
+                    "--overlap-moe-expert-parallel-comm); the estimate hid them so")
     if sh.overlap_grad_reduce:
         cfg["zero_optimization"]["overlap_comm"] = True
     elif sh.zero >= 3:
@@ -1432,6 +1451,9 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
     if why:
         notices.append(f"WARNING: written with --force although it does not fit: {why}")
         warn.append(tagged(fw, "memory", f"does not fit: {why}; written with --force"))
+    if flex_dispatcher(job, plan.shape) == "deepep" and fw in ("megatron", "nemo") and (
+            bad := deepep_layout_problem(plan, cluster)):
+        raise SpecError(bad, source="plan", field="--emit")
     priced = job.framework
     if priced_as(fw) != priced:
         # the estimate is the job's framework's (its kernels, memory, sharding rules)

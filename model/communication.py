@@ -149,8 +149,8 @@ def share_reached(experts_there: int, num_experts: int, topk: int) -> float:
 
 
 def hierarchical_dispatch_ms(cluster: ClusterSpec, members: list[tuple[int, int]],
-                             tokens: float, token_bytes: float, num_experts: int, topk: int,
-                             map_bytes: float = 0.0) -> float:
+                             tokens: float, token_bytes: float, num_experts: int,
+                             topk: int) -> float:
     """One dispatch (or combine) of Megatron-Core's flex dispatcher with the DeepEP or
     HybridEP backend among `members` [(node, local GPU)], each holding `tokens` tokens of
     `token_bytes` and num_experts / len(members) of the experts.
@@ -169,9 +169,8 @@ def hierarchical_dispatch_ms(cluster: ClusterSpec, members: list[tuple[int, int]
     T share(e) (g_a - 1) (1 + sum over other nodes of g_n / g_a) tokens, spread evenly over its
     g_a - 1 peers (and receives as much). Each leg is timed as `alltoall_ms` times its sends:
     one after another at the measured stream to each node, and over the GPU-to-GPU links.
-    `map_bytes`: what each member's share of an all-gather among the members adds
-    (HybridEP's routing map across nodes). Latency: one per other node over the network, one
-    per other GPU of the node over NVLink."""
+    Latency: one per other node over the network, one per other GPU of the node over
+    NVLink."""
     n = len(members)
     if n <= 1 or tokens <= 0:
         return 0.0
@@ -202,6 +201,4 @@ def hierarchical_dispatch_ms(cluster: ClusterSpec, members: list[tuple[int, int]
             worst = max(worst, send_net, recv_net, send_nv, recv_nv)
     lat = ((len(per_node) - 1) * cluster.latency_us
            + (max(len(g) for g in per_node.values()) - 1) * cluster.intra_latency_us)
-    gather = (alltoall_ms(cluster, members, map_bytes * n, cluster.latency_us)
-              if map_bytes > 0 and len(per_node) > 1 else 0.0)
-    return worst + lat / 1e3 + gather
+    return worst + lat / 1e3

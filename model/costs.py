@@ -75,6 +75,25 @@ class LayerTimes:
     shard_edge_fwd_ms: float = 0.0
     shard_edge_bwd_ms: float = 0.0
 
+def combined_layer_steps(n: int, pf: float, df: float, mf: float, cf: float, cb: float,
+                         mb: float, mw: float, db: float, pb: float, pw: float) -> float:
+    """Time of n layer steps of Megatron-Core's combined forward-backward
+    (CostModel._ep_overlap: the two streams, each running its work in issue order, and the
+    waits between them)."""
+    comp = comm = f_ready = b_ready = 0.0
+    for _ in range(n):
+        cb_end = comm = max(comm, b_ready) + cb
+        pf_end = comp = max(comp, f_ready) + pf
+        mb_end = comp = max(comp, cb_end) + mb
+        df_end = comm = max(comm, pf_end) + df
+        comp += mw
+        db_end = comm = max(comm, mb_end) + db
+        comp = max(comp, df_end) + mf
+        f_ready = comm = max(comm, comp) + cf
+        b_ready = comp = max(comp, db_end) + pb
+        comp += pw
+    return max(comp, comm)
+
 
 @dataclass(frozen=True)
 class TailParts:
@@ -175,9 +194,8 @@ class CostModel:
         f_comm, b_comm = self._layer_tp_comm(lc, tp_ring_gb_per_s, gpu)
         cp_f, cp_b = self._cp_exchange_ms(lc, cp_ring_gb_per_s)
         # expert parallelism: dispatch and combine in the forward, their gradients' in the
-        # backward, each on the critical path (Megatron-LM's alltoall token dispatcher waits
-        # for them; its overlap of one micro-batch's all-to-all with another's compute,
-        # --overlap-moe-expert-parallel-comm, is not modelled and not emitted)
+        # backward, each on the critical path (Megatron-LM's token dispatchers wait for them),
+        # unless the plan overlaps them with another micro-batch's compute (below)
         ep_f = ep_b = 2 * ep_alltoall_ms
         fwd = lc.fwd.total_ms + f_comm + cp_f + ep_f
         bwd = lc.bwd.total_ms + b_comm + cp_b + ep_b
@@ -192,6 +210,17 @@ class CostModel:
             bwd += self._op_sac_recompute_ms(lc) + rerun[0]
         elif sh.recompute == "selective":
             bwd += lc.attention_fwd_ms  # the attention core (Korthikanti et al. Sec. 5)
+        m_ = num_microbatches(self.job, sh)
+        if sh.ep_comm_overlap and ep_alltoall_ms > 0 and m_ > 1:
+            # Megatron-LM's combined 1F1B without pipelining (combined_1f1b_schedule_for_no_
+            # pipelining): the first forward and the last backward run alone, and each of the
+            # m - 1 steps between runs a forward beside the previous micro-batch's backward;
+            # what a step saves is spread over the m forwards and backwards, half to each (only
+            # their sum is on a one-stage critical path), and taken from the all-to-all's share
+            # (the saving is at most the four transfers: `_ep_overlap`)
+            cut = (m_ - 1) / m_ * self._ep_overlap(lc, f_comm, b_comm, cp_f, cp_b,
+                                                   ep_alltoall_ms) / 2
+            fwd, bwd, ep_f, ep_b = fwd - cut, bwd - cut, ep_f - cut, ep_b - cut
         ef, eb = cm.embedding()
         hf, hb = cm.head()
         (emb_f, emb_b), (head_f, head_b) = self._edge_tp_comm(hb, tp_ring_gb_per_s)
@@ -225,6 +254,42 @@ class CostModel:
                          fill_f, fill_b, ep_f, ep_b, *rerun, *shard)
         self._layer_cache[key] = out
         return out
+
+    def _ep_overlap(self, lc, f_comm: float, b_comm: float, cp_f: float, cp_b: float,
+                    a2a_ms: float) -> float:
+        """What Shape.ep_comm_overlap saves per MoE layer of a forward-backward pair, ms.
+
+        Megatron-Core splits a MoE layer into pre-dispatch compute (attention, the pre-MLP
+        norm, the shared experts, router and permutation: P), the dispatch all-to-all (D), the
+        routed experts (M: grouped GEMMs, activation, unpermutation) and the combine (C), and
+        runs one micro-batch's layer forward beside another's layer backward on two streams
+        (models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run, issue
+        order): compute P_f, M_b, M_b weight gradients, M_f, P_b, P_b weight gradients;
+        communication C_b, D_f, D_b, C_f; M_b waits for C_b, D_f for P_f, M_f for D_f, D_b for
+        M_b's data gradients (--delay-wgrad-compute), C_f for M_f, P_b for D_b, and the next
+        layer's C_b for P_b, its P_f for C_f. `combined_layer_steps` walks that over the
+        stage's MoE layers (all of them: PP 1, so the count is the model's and the time stays
+        linear in the stage's layers); the saving is a layer's forward + backward less its
+        share of the walk, never more than the four transfers (the walk is at least the
+        compute). Each transfer is one `ep_alltoall_ms`; the attention's exposed TP and CP
+        communication stays with P (the compute stream); under selective recompute P_b reruns
+        the attention core."""
+        mlp = ("fc1", "act", "fc2", "unpermute", "bda2")
+
+        def split(p, want_mlp: bool, wgrad: bool | None = None) -> float:
+            return sum(v for k, v in p.ms.items()
+                       if (k.split(".")[0] in mlp) == want_mlp
+                       and (wgrad is None or k.endswith(".wgrad") == wgrad))
+        pf = split(lc.fwd, False) + f_comm + cp_f
+        mf = split(lc.fwd, True)
+        pb = split(lc.bwd, False, False) + b_comm + cp_b + (
+            lc.attention_fwd_ms if self.shape.recompute == "selective" else 0.0)
+        pw = split(lc.bwd, False, True)
+        mb, mw = split(lc.bwd, True, False), split(lc.bwd, True, True)
+        steps = (pf, a2a_ms, mf, a2a_ms, a2a_ms, mb, mw, a2a_ms, pb, pw)
+        n = self.model.moe_layers
+        alone = pf + mf + pb + pw + mb + mw + 4 * a2a_ms  # a layer's forward + backward
+        return alone - combined_layer_steps(n, *steps) / n
 
     def stage_edges(self, stage: int) -> int:
         """How many of the embedding and the output layer pipeline stage `stage` holds (on its
@@ -398,12 +463,17 @@ class CostModel:
         routing map, tokens x experts bytes, across the group at every dispatch where the
         group spans nodes (DeepEP hybrid-ep branch, executor.cu: all_gather_into_tensor);
         spread here over the layer's four transfers (dispatch and combine each way), so the
-        layer's total holds and its forward carries a quarter of it too few."""
+        layer's total holds while its forward carries half of the gather, its backward the
+        other half (where the run has it all in the forward)."""
         m, sh = self.model, self.shape
         tokens = self.tokens / (sh.tp if sh.sequence_parallel else 1)
-        map_bytes = tokens * m.num_experts / 4 if self.job.moe_dispatcher == "hybridep" else 0.0
-        return hierarchical_dispatch_ms(cluster, members, tokens, self.flex_token_bytes(),
-                                        m.num_experts, m.moe_topk, map_bytes)
+        t = hierarchical_dispatch_ms(cluster, members, tokens, self.flex_token_bytes(),
+                                     m.num_experts, m.moe_topk)
+        if self.job.moe_dispatcher == "hybridep" and len({n for n, _ in members}) > 1:
+            # each member's map to every other: `alltoall_ms` of n maps per member, once
+            t += alltoall_ms(cluster, members, tokens * m.num_experts * len(members),
+                             cluster.latency_us) / 4
+        return t
 
     def _shard_collectives(self, params: float, ring_gb_per_s: float) -> tuple[float, float]:
         """(all-gather of the weights, reduce-scatter of the gradients) of `params` parameters

@@ -628,6 +628,7 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
               zero: int | None = None, shard_size: int = 0,
               fp8: bool | None = None, tp_comm_overlap: bool = False,
               overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+              ep_comm_overlap: bool = False,
               placement: Placement | None = None, options: Options | None = None) -> Plan:
     """A plan with defaults filled in: DP from the GPU count, the balanced layer split,
     Megatron-LM's placement; the distributed optimizer and FP8 as the job fixes them."""
@@ -655,7 +656,7 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
                   sequence_parallel=sequence_parallel, zero=zero, shard_size=shard_size,
                   fp8=fp8,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
-                  overlap_param_gather=overlap_param_gather)
+                  overlap_param_gather=overlap_param_gather, ep_comm_overlap=ep_comm_overlap)
     if layers is None:
         validate_shape(model, job, cluster, shape, check_layers=False)
         layers = default_layers(model, job, cluster, shape, options)

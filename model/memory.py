@@ -394,6 +394,12 @@ class MemoryModel:
             self.work = 0.0
         # the backward's attention under torchtitan's context parallelism (gathered K/V)
         self.work += cp_gather_work_bytes(model, job, shape)
+        # the expert-parallel all-to-all overlap (Shape.ep_comm_overlap, PP 1): a step runs the
+        # next micro-batch's layer i forward beside this one's layer n - 1 - i backward, whose
+        # activations are freed after it, so a backward moment holds one more layer
+        # (model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run)
+        if shape.ep_comm_overlap:
+            self.work += self.act_layer
         self.bytes_per_param = param_bytes(job, shape)
         per_param = sum(self.bytes_per_param)
         fp8 = self.fp8_copy = fp8_weight_copy_bytes(job, shape, self.fp8b)

@@ -80,6 +80,12 @@ class Shape:
     # split like a dense MLP), or 1 (whole experts; the expert grid etp-ep-edp then fills a
     # stage's tp x columns ranks in order, so EP groups can span the TP ranks)
     etp: int = 0
+    # Megatron-LM --overlap-moe-expert-parallel-comm with --delay-wgrad-compute: the 1F1B
+    # steady state runs one micro-batch's forward and another's backward layer by layer
+    # together, each one's expert all-to-alls on a stream of their own beside the other's
+    # compute (pipeline_parallel/combined_1f1b.py; model/costs.py `_ep_overlap`); priced
+    # without pipelining (PP 1) and with whole experts
+    ep_comm_overlap: bool = False
 
     def __post_init__(self):
         # `distributed_optimizer` is the ZeRO-1 flag of the code that predates `zero`: the two
@@ -142,7 +148,8 @@ class Shape:
         if self.cp_alltoall:
             s += " kv-alltoall"
         for f, tag in (("tp_comm_overlap", "tp-overlap"), ("overlap_grad_reduce", "grad-overlap"),
-                       ("overlap_param_gather", "param-overlap")):
+                       ("overlap_param_gather", "param-overlap"),
+                       ("ep_comm_overlap", "ep-overlap")):
             if getattr(self, f):
                 s += f" {tag}"
         return s.strip()
@@ -230,6 +237,40 @@ def dispatcher_problem(job: JobSpec, cluster: ClusterSpec) -> str | None:
     return None
 
 
+def deepep_shape_problem(shape: Shape, cluster: ClusterSpec) -> str | None:
+    """Why DeepEP's buffer cannot take the shape's EP groups, or None: it asserts
+    num_ranks < 8 or a multiple of 8, and above 8 ranks its RDMA rank is rank / 8, so the
+    nodes must have 8 GPUs (DeepEP csrc/deep_ep.cpp Buffer; with expert TP 1 its group is
+    the EP group)."""
+    ep = shape.ep
+    if ep > 8 and ep % 8:
+        return f"DeepEP takes EP groups below 8 ranks or of a multiple of 8, not {ep}"
+    odd = sorted({nd.num_gpus for nd in cluster.node_kinds if nd.num_gpus != 8})
+    if ep > 8 and odd:
+        return (f"DeepEP spans nodes of 8 GPUs (its RDMA rank is rank / 8), and the cluster "
+                f"has nodes of {'/'.join(map(str, odd))}")
+    return None
+
+
+def deepep_layout_problem(plan: "Plan", cluster: ClusterSpec) -> str | None:
+    """Why DeepEP could not start one of the plan's EP groups where the placement puts it,
+    or None: a group of up to 8 ranks must share one node (its intranode kernels reach every
+    member over NVLink), a larger one must fill whole nodes of 8 (DeepEP Buffer: the GPUs of
+    one RDMA rank are 8 consecutive ranks on one node)."""
+    sh, pl = plan.shape, plan.placement
+    for s in range(sh.pp):
+        for grp in ep_groups(sh):
+            nodes: dict[int, int] = {}
+            for c, _t in grp:
+                nodes[pl.node[s][c]] = nodes.get(pl.node[s][c], 0) + 1
+            if len(nodes) > 1 and any(v != 8 for v in nodes.values()):
+                names = ", ".join(f"{cluster.nodes[n].name} ({v})" for n, v in nodes.items())
+                return (f"stage {s}'s EP group of {sh.ep} ranks lies on {names}: DeepEP runs a "
+                        "group inside one node or over whole nodes of 8 GPUs; use "
+                        "moe_dispatcher hybridep, or another placement")
+    return None
+
+
 def torchtitan_seq_problem(job: JobSpec, shape: Shape) -> str | None:
     """Why torchtitan 0.2 would refuse the job's sequence length for the shape, or None: its
     ParallelDims.seq_len_divisor, TP x 2 CP, asserted for every TP or CP run from v0.2.0
@@ -243,6 +284,18 @@ def torchtitan_seq_problem(job: JobSpec, shape: Shape) -> str | None:
 
 def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None:
     """What Megatron-LM needs of expert parallelism, and what the cost model covers."""
+    if shape.ep_comm_overlap:
+        why = ("it needs EP > 1" if shape.ep <= 1 else
+               "with pipelining it is not priced (Megatron-LM runs it there only interleaved, "
+               "whose paired steps the cost model does not build); use PP 1"
+               if shape.pp > 1 else
+               "it is priced with whole experts (expert TP 1)" if shape.expert_tp != 1 else
+               "Megatron-LM refuses it with full recompute" if shape.recompute == "full" else
+               "Megatron-LM runs it with a bf16 or fp16 model only"
+               if job.precision not in ("bf16", "fp16") else None)
+        if why:
+            raise SpecError(f"the expert-parallel all-to-all overlap (--ep-comm-overlap): {why}"
+                            "; drop it or change the plan", source=src, field="ep_comm_overlap")
     if not model.is_moe:
         raise SpecError(f"EP={shape.ep}" + (f" with expert TP {shape.etp}" if shape.etp else "")
                         + f" needs a mixture-of-experts model; {model.name} is dense: leave "
@@ -369,10 +422,12 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         raise SpecError("torchtitan runs async tensor parallelism only compiled ('Async TP "
                         "requires model in --compile.components'): compile the model, or drop "
                         "--tp-comm-overlap", source=src, field="tp_comm_overlap")
-    if shape.ep > 1 or shape.etp:
+    if shape.ep > 1 or shape.etp or shape.ep_comm_overlap:
         _validate_ep(model, job, shape, src)
-    if shape.ep > 1 and (why := dispatcher_problem(job, cluster)):
-        raise SpecError(why, source=src, field="moe_dispatcher")
+    if shape.ep > 1 and (why := dispatcher_problem(job, cluster) or (
+            job.moe_dispatcher == "deepep" and deepep_shape_problem(shape, cluster))):
+        raise SpecError(why + ("" if "use" in why else "; choose another EP, or moe_dispatcher "
+                               "hybridep"), source=src, field="moe_dispatcher")
     if model.is_moe and job.framework in ("megatron", "nemo"):
         if shape.tp > 1 and not shape.sequence_parallel:
             # megatron/core/transformer/moe/moe_layer.py (MoELayer.forward, d98e8a6) raises in

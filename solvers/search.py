@@ -585,7 +585,8 @@ def _beyond_groups(job, cluster, space: SearchSpace) -> list:
                            lambda sh: f"--cp 1,{sh.cp}"))
     off = (False,)
     if fw == "megatron" and space.tp_comm_overlap == off and \
-            space.overlap_grad_reduce == off and space.overlap_param_gather == off:
+            space.overlap_grad_reduce == off and space.overlap_param_gather == off and \
+            space.ep_comm_overlap == off:
         # Megatron-LM's overlaps are off unless asked for (its defaults; NeMo's and
         # Megatron-Bridge's recipes turn them on): each shape with each combination it can use
         # (not all on: TP overlap can cost more than it hides, the example's plan 42.1 -> 45.1 s)
@@ -594,13 +595,15 @@ def _beyond_groups(job, cluster, space: SearchSpace) -> list:
                               "--tp-comm-overlap/--overlap-grad-reduce/"
                               "--overlap-param-gather"),
                        replace(space, tp_comm_overlap=both, overlap_grad_reduce=both,
-                               overlap_param_gather=both),
+                               overlap_param_gather=both,
+                               ep_comm_overlap=both),
                        lambda sh: sh.tp_comm_overlap or sh.overlap_grad_reduce
-                       or sh.overlap_param_gather,
+                       or sh.overlap_param_gather or sh.ep_comm_overlap,
                        lambda sh: " ".join(f for f, on in (
                            ("--tp-comm-overlap", sh.tp_comm_overlap),
                            ("--overlap-grad-reduce", sh.overlap_grad_reduce),
-                           ("--overlap-param-gather", sh.overlap_param_gather)) if on)))
+                           ("--overlap-param-gather", sh.overlap_param_gather),
+                           ("--ep-comm-overlap", sh.ep_comm_overlap)) if on)))
     return groups
 
 

@@ -146,6 +146,9 @@ class SearchSpace:
     tp_comm_overlap: tuple[bool, ...] = (False,)
     overlap_grad_reduce: tuple[bool, ...] = (False,)
     overlap_param_gather: tuple[bool, ...] = (False,)
+    # Megatron-LM's expert-parallel all-to-all overlap (Shape.ep_comm_overlap); a shape that
+    # cannot run it (EP 1, pipelining, expert TP > 1, full recompute) takes it off
+    ep_comm_overlap: tuple[bool, ...] = (False,)
     # the rank orders of the framework the plan is for (launch.ranks.ORDERS), when it is to be
     # launched by torchrun (solve --emit): only block layouts one of them can start are placed
     # (block_launchable); None: every layout
@@ -198,16 +201,19 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                     rotations = (space.cp_alltoall if cp > 1 and job.framework == "torchtitan"
                                  else (False,))
                     for rc in space.recompute:
-                        for (zero, ss), f8, ovl, (ep, etp), a2a in itertools.product(
+                        for (zero, ss), f8, ovl, (ep, etp), a2a, eo in itertools.product(
                                 shardings, fp8s, overlaps, _eps(model, space, tp, dp * cp),
-                                rotations):
+                                rotations, space.ep_comm_overlap):
                             sh = Shape(tp=tp, pp=pp, dp=dp, cp=cp, cp_alltoall=a2a, ep=ep,
                                        etp=etp,
                                        micro_batch=mbs,
                                        schedule=sched,
                                        chunks=v, layers=(), recompute=rc,
                                        sequence_parallel=tp > 1, zero=zero, shard_size=ss,
-                                       fp8=f8, **_overlaps(ovl, tp, dp * cp, zero))
+                                       fp8=f8, **_overlaps(ovl, tp, dp * cp, zero),
+                                       ep_comm_overlap=eo and ep > 1 and pp == 1
+                                       and (etp == 1 or tp == 1) and rc != "full"
+                                       and job.precision in ("bf16", "fp16"))
                             if sh in seen:
                                 continue
                             seen.add(sh)
@@ -341,6 +347,8 @@ _OVERLAPS = (
      "overlaps its per-layer collectives itself"),
     ("overlap_param_gather", "--overlap-param-gather", "it needs DP > 1 and the distributed "
      "optimizer, ZeRO 1 or 2"),
+    ("ep_comm_overlap", "--ep-comm-overlap", "it needs EP > 1 without pipelining, whole experts "
+     "(expert TP 1), no full recompute and a bf16 or fp16 model"),
 )
 
 

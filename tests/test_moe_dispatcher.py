@@ -177,6 +177,14 @@ def test_flex_needs_whole_experts_and_deepep_an_eight_gpu_domain():
                    check_layers=False)
 
 
+def with_arg(text: str, name: str, value) -> str:
+    """A Megatron-LM arguments block with one printed value changed."""
+    out, n = re.subn(rf"(?m)^  {name} \.* ?.*$", f"  {name} {'.' * (48 - len(name))} {value}",
+                     text)
+    assert n == 1, name
+    return out
+
+
 def test_emitted_dispatcher_flags_and_read_back():
     """Megatron-LM gets --moe-token-dispatcher-type flex and the backend (alltoall where EP
     is 1: DeepEP refuses a group of one), NeMo and Megatron-Bridge the same fields; a printed
@@ -202,12 +210,6 @@ def test_emitted_dispatcher_flags_and_read_back():
     from formats.clusters import cluster as load_cluster
     ex = load_cluster("example")
     text = (LOGS / "megatron_args_mixtral.txt").read_text()
-
-    def with_arg(t, name, value):
-        out, n = re.subn(rf"(?m)^  {name} \.* ?.*$", f"  {name} {'.' * (48 - len(name))} "
-                         f"{value}", t)
-        assert n == 1, name
-        return out
 
     def read(t):
         return plan_from_megatron_args(megatron_arg_blocks(t)[0], ex, source="t")
@@ -248,3 +250,207 @@ def test_plan_file_keeps_the_dispatcher_and_older_files_read_alltoall(tmp_path):
     _m, j3, *_rest, meta = load_plan(tmp_path / "old.json")
     assert j3.moe_dispatcher == "alltoall"
     assert any("moe_dispatcher" in n for n in meta["read_notes"])
+
+
+# -- the expert all-to-all overlap (Shape.ep_comm_overlap) ------------------------------------
+
+def test_combined_layer_steps_lie_between_the_longer_stream_and_the_sum():
+    """n layer steps of the two-stream walk take at least the longer stream's work and at
+    most the sum of both; with no communication the compute alone, with nothing to hide
+    behind, the compute and the transfers in series."""
+    from model.costs import combined_layer_steps
+    rng = random.Random(3)
+    for _ in range(200):
+        pf, mf, pb, pw, mb, mw = (rng.uniform(0, 2) for _ in range(6))
+        a = rng.uniform(0, 2)
+        n = rng.randint(1, 12)
+        t = combined_layer_steps(n, pf, a, mf, a, a, mb, mw, a, pb, pw)
+        comp, comm = pf + mf + pb + pw + mb + mw, 4 * a
+        assert max(comp, comm) * n * (1 - 1e-12) <= t <= (comp + comm) * n * (1 + 1e-12)
+        assert combined_layer_steps(n, pf, 0, mf, 0, 0, mb, mw, 0, pb, pw) == \
+            pytest.approx(n * comp, rel=1e-12)
+
+
+def _ov_plan(job, c, overlap, **kw):
+    return make_plan(QWEN3, job, c, tp=1, pp=1, ep=16, zero=1, ep_comm_overlap=overlap, **kw)
+
+
+def test_overlap_hides_at_most_the_all_to_alls_and_nothing_with_one_micro_batch():
+    """Qwen3-30B at EP 16 over two nodes: the overlap saves time, no more than the exposed
+    all-to-all of the plan without it, and leaves the compute; the breakdown still adds up.
+    With one micro-batch per step there is no pair to overlap: the same estimate."""
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    for disp in ("alltoall", "deepep"):
+        job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher=disp)
+        off, on = (estimate(QWEN3, job, c, _ov_plan(job, c, x)) for x in (False, True))
+        a2a = off.breakdown_ms["ep_alltoall_ms"]
+        assert on.iteration_ms < off.iteration_ms
+        assert off.iteration_ms - on.iteration_ms <= a2a * (1 + 1e-9)
+        assert on.breakdown_ms["compute_ms"] == pytest.approx(off.breakdown_ms["compute_ms"],
+                                                              rel=1e-9)
+        parts = sum(v for k, v in on.breakdown_ms.items() if k != "bubble_ms")
+        assert parts == pytest.approx(on.iteration_ms, rel=1e-9)
+        one = JobSpec(global_batch=16, seq_length=4096, moe_dispatcher=disp)
+        assert estimate(QWEN3, one, c, _ov_plan(one, c, True)).iteration_ms == \
+            pytest.approx(estimate(QWEN3, one, c, _ov_plan(one, c, False)).iteration_ms,
+                          rel=1e-12)
+
+
+def test_overlap_holds_one_more_layer_at_backward_moments():
+    from model.memory import MemoryModel
+    from model.schedule import compile_schedule
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096)
+    mems = []
+    for x in (False, True):
+        sh = _ov_plan(job, c, x).shape
+        mems.append(MemoryModel(QWEN3, job, sh, compile_schedule("1f1b", 1, 4, 1, True),
+                                Options()))
+    assert mems[1].work == pytest.approx(mems[0].work + mems[0].act_layer, rel=1e-12)
+
+
+@pytest.mark.parametrize("kw", [dict(pp=2), dict(ep=1), dict(tp=2, sequence_parallel=True),
+                                dict(recompute="full"), dict(precision="fp32")])
+def test_overlap_refusals_name_the_field(kw):
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, precision=kw.pop("precision", "bf16"))
+    shp = dict(tp=1, pp=1, dp=16, micro_batch=1, ep=8, zero=1, ep_comm_overlap=True)
+    shp.update(kw)
+    shp["dp"] = 16 // (shp["tp"] * shp["pp"])
+    with pytest.raises(SpecError) as e:
+        validate_shape(QWEN3, job, c, Shape(**shp), check_layers=False)
+    assert e.value.field == "ep_comm_overlap"
+
+
+def _overlap_problems():
+    from solvers.problem import PlacementProblem
+    from tests.test_expert_parallel import _moe_problems
+    return [PlacementProblem(p.model, p.job, p.cluster,
+                             dataclasses.replace(p.shape, ep_comm_overlap=True), p.block,
+                             p.options)
+            for p in _moe_problems()
+            if p.shape.expert_tp == 1 and p.shape.ep > 1 and p.shape.pp == 1]
+
+
+@pytest.mark.parametrize("prob", _overlap_problems(), ids=lambda p: (
+    f"n{p.cluster.num_nodes}-{p.shape.describe()}-j{p.block.j}k{p.block.k}"
+    f"{'-uniform' if p.cluster.uniform() else ''}"))
+def test_overlap_milp_and_annealer_reach_brute_force_and_the_estimator(prob):
+    """One cost model with the all-to-all overlap: as the alltoall dispatcher's checks."""
+    from tests.test_expert_parallel import test_milp_alltoall_equals_the_estimator_and_brute_force
+    test_milp_alltoall_equals_the_estimator_and_brute_force(prob)
+
+
+def test_search_turns_the_overlap_on_only_where_it_runs():
+    from solvers.space import SearchSpace, enumerate_shapes
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096)
+    shapes = list(enumerate_shapes(QWEN3, job, c, SearchSpace(
+        micro_batch=(1,), recompute=("none", "full"), ep_comm_overlap=(True,))))
+    on = [s for s in shapes if s.ep_comm_overlap]
+    assert on and all(s.pp == 1 and s.ep > 1 and s.expert_tp == 1 and s.recompute != "full"
+                      for s in on)
+    assert any(s.pp > 1 and s.ep > 1 for s in shapes)  # searched, without it
+
+
+def test_overlap_emitted_read_back_and_kept_in_plan_files(tmp_path):
+    import json
+    from formats.planfile import load_plan, save_plan
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096)
+    plan = _ov_plan(job, c, True)
+    a = megatron_args(QWEN3, job, plan)[0]
+    assert "--overlap-moe-expert-parallel-comm" in a and "--delay-wgrad-compute" in a
+    model = nemo_config(QWEN3, job, c, plan)[0]["model"]
+    assert model["overlap_moe_expert_parallel_comm"] and model["delay_wgrad_compute"]
+    est = estimate(QWEN3, job, c, plan)
+    save_plan(tmp_path / "p.json", QWEN3, job, c, plan, est)
+    _m, j2, c2, p2, o2, _meta = load_plan(tmp_path / "p.json")
+    assert p2.shape.ep_comm_overlap
+    doc = json.loads((tmp_path / "p.json").read_text())
+    del doc["plan"]["shape"]["ep_comm_overlap"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    _m, _j, _c, p3, _o, meta = load_plan(tmp_path / "old.json")
+    assert not p3.shape.ep_comm_overlap
+    assert any("ep_comm_overlap" in n for n in meta["read_notes"])
+
+    from formats.clusters import cluster as load_cluster
+    ex = load_cluster("example")
+    text = (LOGS / "megatron_args_mixtral.txt").read_text()
+
+    # the fixture is PP 4: the overlap is priced without pipelining, so read it at PP 1
+    t = with_arg(with_arg(text, "pipeline_model_parallel_size", 1),
+                 "data_parallel_size", 32)
+    t = with_arg(with_arg(t, "virtual_pipeline_model_parallel_size", "None"),
+                 "overlap_moe_expert_parallel_comm", True)
+    with pytest.raises(SpecError) as e:
+        plan_from_megatron_args(megatron_arg_blocks(t)[0], ex, source="t")
+    assert e.value.field == "delay_wgrad_compute"
+    m, j, p = plan_from_megatron_args(megatron_arg_blocks(
+        with_arg(t, "delay_wgrad_compute", True))[0], ex, source="t")[:3]
+    assert p.shape.ep_comm_overlap and p.shape.pp == 1
+
+
+def test_hybridep_routing_map_gather_is_counted_once_a_layer():
+    """HybridEP over two nodes costs DeepEP's transfer plus a quarter of one all-gather of
+    every member's tokens x experts map per transfer (four a layer: one gather, its latency
+    once); inside a node the two are the same."""
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    sh = Shape(tp=1, pp=1, dp=16, micro_batch=1, ep=16, zero=1)
+    members = [(n, g) for n in range(2) for g in range(8)]
+    deep, hyb = (CostModel(QWEN3, JobSpec(global_batch=64, seq_length=4096, moe_dispatcher=d),
+                           c, sh, Options()) for d in ("deepep", "hybridep"))
+    gather = alltoall_ms(c, members, 4096 * 128 * 16, c.latency_us)
+    assert hyb.ep_alltoall_ms(c, members) - deep.ep_alltoall_ms(c, members) == \
+        pytest.approx(gather / 4, rel=1e-12)
+
+
+def test_deepep_group_sizes_and_layouts_it_cannot_start():
+    """DeepEP's buffer takes groups below 8 ranks or of a multiple of 8, over nodes of 8
+    GPUs above 8 (refused as shapes); a placement that splits a group of 8 over two nodes of
+    4 is named (estimate warns, emit refuses), a group of 16 over two whole nodes of 8 is
+    not."""
+    from model.plan import deepep_layout_problem
+    job = JobSpec(global_batch=96, seq_length=4096, moe_dispatcher="deepep")
+    c12 = uniform_cluster(2, 6, "H100-SXM-80GB", 400.0, 50.0)
+    q12 = dataclasses.replace(QWEN3, num_experts=96)
+    with pytest.raises(SpecError) as e:
+        validate_shape(q12, job, c12, Shape(tp=1, pp=1, dp=12, micro_batch=1, ep=12, zero=1),
+                       check_layers=False)
+    assert e.value.field == "moe_dispatcher" and "multiple of 8" in str(e.value)
+    c4 = uniform_cluster(4, 4, "H100-SXM-80GB", 400.0, 50.0)
+    with pytest.raises(SpecError) as e:
+        validate_shape(QWEN3, job, c4, Shape(tp=1, pp=1, dp=16, micro_batch=1, ep=16, zero=1),
+                       check_layers=False)
+    assert e.value.field == "moe_dispatcher" and "nodes of 8" in str(e.value)
+    split = make_plan(QWEN3, JobSpec(global_batch=64, seq_length=4096,
+                                     moe_dispatcher="deepep"), c4, tp=1, pp=1, ep=8, zero=1)
+    assert "DeepEP runs a group inside one node" in deepep_layout_problem(split, c4)
+    from launch.emit import launch_set
+    with pytest.raises(SpecError) as e:
+        launch_set("megatron", QWEN3, JobSpec(global_batch=64, seq_length=4096,
+                                              moe_dispatcher="deepep"), c4, split,
+                   force=True)
+    assert e.value.field == "--emit" and "DeepEP" in str(e.value)
+    c2 = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    whole = make_plan(QWEN3, JobSpec(global_batch=64, seq_length=4096,
+                                     moe_dispatcher="deepep"), c2, tp=1, pp=1, ep=16, zero=1)
+    assert deepep_layout_problem(whole, c2) is None
+
+
+def test_dispatcher_refusals_before_the_search_and_in_sweeps(tmp_path):
+    from typer.testing import CliRunner
+    from cli import app
+    from formats.sweepspec import Task, build_inputs
+    r = CliRunner().invoke(app, ["cluster", "synth", "--nodes", "1", "--gpu", "GB200",
+                                 "--gpus-per-node", "72", "-o", str(tmp_path / "rack.toml")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["solve", "-m", "qwen3-30b-a3b", "-c",
+                                 str(tmp_path / "rack.toml"), "--gbs", "1152", "--seq", "4096",
+                                 "--moe-dispatcher", "deepep"])
+    assert r.exit_code == 2 and "hybridep" in r.output and "Traceback" not in r.output
+    with pytest.raises(SpecError) as e:
+        build_inputs(Task("llama2-7b", {"preset": "example"},
+                          {"global_batch": 64, "seq_length": 4096, "moe_dispatcher": "deepep"},
+                          "anneal", 1.0, 0))
+    assert e.value.field == "jobs" and "dense" in str(e.value)

@@ -127,7 +127,7 @@ def _flex_problems():
     """The expert-parallel placement problems of test_expert_parallel (uniform and uneven
     clusters, EP inside and across nodes) with whole experts, priced with DeepEP."""
     from solvers.problem import PlacementProblem
-    from tests.test_expert_parallel import _moe_problems
+    from test_expert_parallel import _moe_problems
     return [PlacementProblem(p.model, dataclasses.replace(p.job, moe_dispatcher="deepep"),
                              p.cluster, p.shape, p.block, p.options)
             for p in _moe_problems() if p.shape.expert_tp == 1 and p.shape.ep > 1]
@@ -140,7 +140,7 @@ def test_flex_milp_and_annealer_reach_brute_force_and_the_estimator(prob):
     """One cost model with the DeepEP dispatcher: the same checks as the alltoall
     dispatcher's (the MILP optimal against brute force on uniform clusters, its all-to-all
     and objective the estimator's; the annealer at brute force elsewhere; the bound below)."""
-    from tests.test_expert_parallel import test_milp_alltoall_equals_the_estimator_and_brute_force
+    from test_expert_parallel import test_milp_alltoall_equals_the_estimator_and_brute_force
     test_milp_alltoall_equals_the_estimator_and_brute_force(prob)
 
 
@@ -324,7 +324,7 @@ def test_overlap_refusals_name_the_field(kw):
 
 def _overlap_problems():
     from solvers.problem import PlacementProblem
-    from tests.test_expert_parallel import _moe_problems
+    from test_expert_parallel import _moe_problems
     return [PlacementProblem(p.model, p.job, p.cluster,
                              dataclasses.replace(p.shape, ep_comm_overlap=True), p.block,
                              p.options)
@@ -337,7 +337,7 @@ def _overlap_problems():
     f"{'-uniform' if p.cluster.uniform() else ''}"))
 def test_overlap_milp_and_annealer_reach_brute_force_and_the_estimator(prob):
     """One cost model with the all-to-all overlap: as the alltoall dispatcher's checks."""
-    from tests.test_expert_parallel import test_milp_alltoall_equals_the_estimator_and_brute_force
+    from test_expert_parallel import test_milp_alltoall_equals_the_estimator_and_brute_force
     test_milp_alltoall_equals_the_estimator_and_brute_force(prob)
 
 

@@ -346,12 +346,15 @@ def fam_options(rng: random.Random) -> Case:
                 ("--ep", [1], [0, -3]),
                 ("--zero", [0, 1, 3], [4, -1, "x"]),
                 ("--moe-capacity-factor", [1.0], ["nan", "inf", -1, 0]),
-                ("--fp8-recipe", ["delayed", "tensorwise"], ["nvfp4", "", "TENSORWISE"])]:
+                ("--fp8-recipe", ["delayed", "tensorwise"], ["nvfp4", "", "TENSORWISE"]),
+                # a dense model: any dispatcher but the default is refused
+                ("--moe-dispatcher", ["alltoall"], ["deepep", "hybridep", "nccl", ""])]:
             if rng.random() < 0.35:
                 v, bad_v = _pick(rng, good, bad)
                 opts += [flag, v]
                 invalid |= bad_v
-        for flag in ("--fp8-param-gather", "--fused-loss", "--distopt", "--no-distopt"):
+        for flag in ("--fp8-param-gather", "--fused-loss", "--distopt", "--no-distopt",
+                     "--ep-comm-overlap"):
             if rng.random() < 0.2:
                 opts.append(flag)
         return Case("options", ["estimate", "-m", "llama2-7b", "--recompute", "full", *opts,

@@ -485,6 +485,11 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     etp = a.integer("expert_tensor_parallel_size", default=tp) if model.num_experts else tp
     if etp < 1:
         a.fail("expert_tensor_parallel_size", f"printed {etp}, not a degree")
+    if ep_overlap and (pp > 1 or (etp != 1 and tp > 1)):
+        # Megatron-LM runs it there (interleaved); the cost model prices it without
+        # pipelining and with whole experts only (Shape.ep_comm_overlap)
+        a.fail("overlap_moe_expert_parallel_comm", "the expert all-to-all overlap "
+               + ("with pipelining" if pp > 1 else "with expert TP > 1") + " is not priced")
     etp = 0 if etp == tp else etp  # the plan's 0: expert TP = TP
     plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp,
                      ep=a.integer("expert_model_parallel_size", default=1),

@@ -160,6 +160,15 @@ def megatron_env(cluster: ClusterSpec, plan: Plan) -> dict[str, tuple[str | None
         return {"CUDA_DEVICE_MAX_CONNECTIONS": (
             None, "Megatron-FSDP requires CUDA_DEVICE_MAX_CONNECTIONS unset or > 1")}
     majors = {_cuda_major(nd.gpu.name) for nd in cluster.nodes}
+    if (sh.tp > 1 or sh.cp > 1) and any(m is None or m < 10 for m in majors) and \
+            sh.ep_comm_overlap:
+        # arguments.py validate_args: with the expert all-to-all overlap it only warns, and
+        # advises 1 or 32 by which overlap to favour; one connection would serialize the two
+        # streams whose overlap the estimate prices
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": (
+            "32", "the expert all-to-all overlap needs its streams to run at once (Megatron-LM "
+                  "advises 1 or 32 with TP or CP before Blackwell; the estimate priced the "
+                  "all-to-all overlap)")}
     if (sh.tp > 1 or sh.cp > 1) and any(m is None or m < 10 for m in majors):
         return {"CUDA_DEVICE_MAX_CONNECTIONS": (
             "1", "Megatron-LM requires 1 with tensor or context parallelism before Blackwell "

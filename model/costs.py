@@ -216,11 +216,13 @@ class CostModel:
             # pipelining): the first forward and the last backward run alone, and each of the
             # m - 1 steps between runs a forward beside the previous micro-batch's backward;
             # what a step saves is spread over the m forwards and backwards, half to each (only
-            # their sum is on a one-stage critical path), and taken from the all-to-all's share
-            # (the saving is at most the four transfers: `_ep_overlap`)
+            # their sum is on a one-stage critical path)
             cut = (m_ - 1) / m_ * self._ep_overlap(lc, f_comm, b_comm, cp_f, cp_b,
                                                    ep_alltoall_ms) / 2
-            fwd, bwd, ep_f, ep_b = fwd - cut, bwd - cut, ep_f - cut, ep_b - cut
+            # from the all-to-all's share first (what else the communication stream ran and
+            # the overlap hid, the unpermutation and residual add, is compute)
+            fwd, bwd = fwd - cut, bwd - cut
+            ep_f, ep_b = ep_f - min(cut, ep_f), ep_b - min(cut, ep_b)
         ef, eb = cm.embedding()
         hf, hb = cm.head()
         (emb_f, emb_b), (head_f, head_b) = self._edge_tp_comm(hb, tp_ring_gb_per_s)
@@ -260,35 +262,43 @@ class CostModel:
         """What Shape.ep_comm_overlap saves per MoE layer of a forward-backward pair, ms.
 
         Megatron-Core splits a MoE layer into pre-dispatch compute (attention, the pre-MLP
-        norm, the shared experts, router and permutation: P), the dispatch all-to-all (D), the
-        routed experts (M: grouped GEMMs, activation, unpermutation) and the combine (C), and
-        runs one micro-batch's layer forward beside another's layer backward on two streams
-        (models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run, issue
-        order): compute P_f, M_b, M_b weight gradients, M_f, P_b, P_b weight gradients;
-        communication C_b, D_f, D_b, C_f; M_b waits for C_b, D_f for P_f, M_f for D_f, D_b for
-        M_b's data gradients (--delay-wgrad-compute), C_f for M_f, P_b for D_b, and the next
-        layer's C_b for P_b, its P_f for C_f. `combined_layer_steps` walks that over the
-        stage's MoE layers (all of them: PP 1, so the count is the model's and the time stays
-        linear in the stage's layers); the saving is a layer's forward + backward less its
-        share of the walk, never more than the four transfers (the walk is at least the
-        compute). Each transfer is one `ep_alltoall_ms`; the attention's exposed TP and CP
-        communication stays with P (the compute stream); under selective recompute P_b reruns
-        the attention core."""
-        mlp = ("fc1", "act", "fc2", "unpermute", "bda2")
+        norm, the shared experts, router and the dispatcher's preprocessing: P), the dispatch
+        (D), the routed experts (M: grouped GEMMs and activation) and the combine (C: the
+        transfer, the dispatcher's postprocessing and the residual add, mlp_bda), and runs one
+        micro-batch's layer forward beside another's layer backward, P and M on the compute
+        stream, D and C on the communication stream (models/common/model_chunk_schedule_plan
+        .py TransformerLayerSchedulePlan.run, issue order; gpt/fine_grained_callables.py).
+        The alltoall dispatcher permutes in its preprocessing (P) and unpermutes in the
+        combine's (C: token_dispatcher.py combine_postprocess); the flex dispatchers permute
+        after the transfer and unpermute before it (M: dispatch_postprocess,
+        combine_preprocess). Compute P_f, M_b, M_b weight gradients, M_f, P_b, P_b weight
+        gradients; communication C_b, D_f, D_b, C_f; M_b waits for C_b, D_f for P_f, M_f for
+        D_f, D_b for M_b's data gradients (--delay-wgrad-compute: backward_dw neither waits nor
+        records, models/common/utils.py), C_f for M_f, P_b for D_b, and the next layer's C_b
+        for P_b, its P_f for C_f. `combined_layer_steps` walks that over the stage's MoE layers
+        (all of them: PP 1, so the count is the model's and the time stays linear in the
+        stage's layers); the saving is a layer's forward + backward less its share of the walk
+        (at most what runs on the communication stream). Each transfer is one
+        `ep_alltoall_ms`; the attention's exposed TP and CP communication stays with P (the
+        compute stream); under selective recompute P_b reruns the attention core."""
+        flex = self.job.moe_dispatcher != "alltoall"
+        mlp = {"fc1", "act", "fc2"} | ({"permute", "unpermute"} if flex else set())
+        comm = {"bda2"} | (set() if flex else {"unpermute"})
 
-        def split(p, want_mlp: bool, wgrad: bool | None = None) -> float:
+        def part(p, names, wgrad: bool | None = None, inside: bool = True) -> float:
             return sum(v for k, v in p.ms.items()
-                       if (k.split(".")[0] in mlp) == want_mlp
+                       if (k.split(".")[0] in names) == inside
                        and (wgrad is None or k.endswith(".wgrad") == wgrad))
-        pf = split(lc.fwd, False) + f_comm + cp_f
-        mf = split(lc.fwd, True)
-        pb = split(lc.bwd, False, False) + b_comm + cp_b + (
+        pre = mlp | comm  # P is what neither M nor C runs
+        pf = part(lc.fwd, pre, inside=False) + f_comm + cp_f
+        pb = part(lc.bwd, pre, False, inside=False) + b_comm + cp_b + (
             lc.attention_fwd_ms if self.shape.recompute == "selective" else 0.0)
-        pw = split(lc.bwd, False, True)
-        mb, mw = split(lc.bwd, True, False), split(lc.bwd, True, True)
-        steps = (pf, a2a_ms, mf, a2a_ms, a2a_ms, mb, mw, a2a_ms, pb, pw)
+        pw = part(lc.bwd, pre, True, inside=False)
+        mf, mb, mw = part(lc.fwd, mlp), part(lc.bwd, mlp, False), part(lc.bwd, mlp, True)
+        cf, cb = a2a_ms + part(lc.fwd, comm), a2a_ms + part(lc.bwd, comm)
+        steps = (pf, a2a_ms, mf, cf, cb, mb, mw, a2a_ms, pb, pw)
         n = self.model.moe_layers
-        alone = pf + mf + pb + pw + mb + mw + 4 * a2a_ms  # a layer's forward + backward
+        alone = pf + mf + pb + pw + mb + mw + cf + cb + 2 * a2a_ms  # forward + backward
         return alone - combined_layer_steps(n, *steps) / n
 
     def stage_edges(self, stage: int) -> int:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .fp8 import Fp8Bytes
-from .plan import Shape, deepspeed_pipe_partitioned, layer_params
+from .plan import Shape, deepspeed_pipe_partitioned, layer_params, num_microbatches
 from .schedule import CompiledSchedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -397,8 +397,9 @@ class MemoryModel:
         # the expert-parallel all-to-all overlap (Shape.ep_comm_overlap, PP 1): a step runs the
         # next micro-batch's layer i forward beside this one's layer n - 1 - i backward, whose
         # activations are freed after it, so a backward moment holds one more layer
-        # (model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run)
-        if shape.ep_comm_overlap:
+        # (model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run); with one
+        # micro-batch a step nothing is paired
+        if shape.ep_comm_overlap and num_microbatches(job, shape) > 1:
             self.work += self.act_layer
         self.bytes_per_param = param_bytes(job, shape)
         per_param = sum(self.bytes_per_param)

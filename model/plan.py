@@ -263,7 +263,10 @@ def deepep_layout_problem(plan: "Plan", cluster: ClusterSpec) -> str | None:
             nodes: dict[int, int] = {}
             for c, _t in grp:
                 nodes[pl.node[s][c]] = nodes.get(pl.node[s][c], 0) + 1
-            if len(nodes) > 1 and any(v != 8 for v in nodes.values()):
+            # in rank order, each run of 8 on one node of its own
+            runs = [{pl.node[s][c] for c, _t in grp[i:i + 8]} for i in range(0, len(grp), 8)]
+            whole = all(len(r) == 1 for r in runs) and len(runs) == len(nodes)
+            if len(nodes) > 1 and (any(v != 8 for v in nodes.values()) or not whole):
                 names = ", ".join(f"{cluster.nodes[n].name} ({v})" for n, v in nodes.items())
                 return (f"stage {s}'s EP group of {sh.ep} ranks lies on {names}: DeepEP runs a "
                         "group inside one node or over whole nodes of 8 GPUs; use "

@@ -454,3 +454,64 @@ def test_dispatcher_refusals_before_the_search_and_in_sweeps(tmp_path):
                           {"global_batch": 64, "seq_length": 4096, "moe_dispatcher": "deepep"},
                           "anneal", 1.0, 0))
     assert e.value.field == "jobs" and "dense" in str(e.value)
+
+
+def test_overlap_walk_runs_each_kernel_on_its_node_stream():
+    """The walk's nodes hold what Megatron-Core's callables run: with the alltoall dispatcher
+    the permutation before the dispatch (compute) and the unpermutation and residual add after
+    the combine (communication stream); with the flex dispatchers both permutations with the
+    experts (compute) and the residual add after the combine."""
+    from model.costs import combined_layer_steps
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    for disp, mlp, comm in (("alltoall", {"fc1", "act", "fc2"}, {"unpermute", "bda2"}),
+                            ("deepep", {"fc1", "act", "fc2", "permute", "unpermute"},
+                             {"bda2"})):
+        job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher=disp)
+        cm = CostModel(QWEN3, job, c, _ov_plan(job, c, True).shape, Options())
+        lc = cm.compute(c.nodes[0].gpu).layer()
+        a = 0.7
+
+        def ms(p, names, kind=None, inside=True):
+            return sum(v for k, v in p.ms.items() if (k.split(".")[0] in names) == inside
+                       and (kind is None or k.endswith(".wgrad") == kind))
+        pre = mlp | comm
+        steps = (ms(lc.fwd, pre, inside=False), a, ms(lc.fwd, mlp), a + ms(lc.fwd, comm),
+                 a + ms(lc.bwd, comm), ms(lc.bwd, mlp, False), ms(lc.bwd, mlp, True), a,
+                 ms(lc.bwd, pre, False, inside=False), ms(lc.bwd, pre, True, inside=False))
+        alone = sum(steps)
+        n = QWEN3.moe_layers
+        assert cm._ep_overlap(lc, 0.0, 0.0, 0.0, 0.0, a) == pytest.approx(
+            alone - combined_layer_steps(n, *steps) / n, rel=1e-12)
+
+
+def test_overlap_mends_one_micro_batch_memory_logs_with_pipelining_and_deepep_rank_runs():
+    """With one micro-batch a step nothing is paired, so no extra layer is held; a Megatron
+    log that ran the overlap with pipelining is refused naming the flag (calibrate offers
+    --plan), not read as another run; DeepEP's group of 16 must be two runs of 8 consecutive
+    ranks, each on a node of its own."""
+    from model.memory import MemoryModel
+    from model.plan import Placement, Plan, deepep_layout_problem
+    from model.schedule import compile_schedule
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    one = JobSpec(global_batch=16, seq_length=4096)
+    works = [MemoryModel(QWEN3, one, _ov_plan(one, c, x).shape,
+                         compile_schedule("1f1b", 1, 1, 1, True), Options()).work
+             for x in (False, True)]
+    assert works[0] == works[1]
+
+    from formats.clusters import cluster as load_cluster
+    ex = load_cluster("example")
+    text = (LOGS / "megatron_args_mixtral.txt").read_text()
+    t = with_arg(with_arg(text, "overlap_moe_expert_parallel_comm", True),
+                 "delay_wgrad_compute", True)
+    with pytest.raises(SpecError) as e:
+        plan_from_megatron_args(megatron_arg_blocks(t)[0], ex, source="t")
+    assert e.value.field == "overlap_moe_expert_parallel_comm" and "--plan" in str(e.value)
+
+    job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="deepep")
+    plan = make_plan(QWEN3, job, c, tp=1, pp=1, ep=16, zero=1)
+    assert deepep_layout_problem(plan, c) is None
+    order = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]  # nodes 0,0,0,0,1,1,1,1,..
+    pl = Placement((tuple(plan.placement.node[0][i] for i in order),),
+                   (tuple(plan.placement.gpus[0][i] for i in order),))
+    assert "DeepEP" in deepep_layout_problem(Plan(plan.shape, pl), c)

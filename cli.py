@@ -621,11 +621,9 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     # an emitted set says it in its [precision] warning
     fp8w = [] if outputs.get("emit") else [n for n in (fp8_param_gather_note(job, plan.shape),)
                                            if n]
-    from model.plan import deepep_layout_problem
-    deepep = [w for w in (deepep_layout_problem(plan, c),) if w] if (
-        job.moe_dispatcher == "deepep" and plan.shape.ep > 1) else []
     warnings = [*notes, *(calibration or {}).get("notes", []), *unmodelled,
-                *shape_warnings(m, job, plan.shape), *own, *fp8w, *deepep, *warnings]
+                *shape_warnings(m, job, plan.shape), *own, *fp8w,
+                *_moe_warnings(job, c, plan), *warnings]
     if as_json:
         if mem_interval is not None and mem_interval.may_not_fit_stage is not None:
             warnings.append(render.may_not_fit(mem_interval))  # the terminal says it too
@@ -635,6 +633,26 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     render.print_estimate(est, plan, c, job=job)
     _print_calibration(calibration, interval, mem_interval)
     render.print_written(files, warnings)
+
+
+def _moe_warnings(job, c, plan, asked_ep_overlap: bool = False) -> list[str]:
+    """What the MoE options asked for that the plan does not do as asked: a dispatcher with
+    EP 1 (no tokens move; the alltoall dispatcher is written, DeepEP refusing a group of one),
+    a placement DeepEP cannot start, the all-to-all overlap the best plan cannot use."""
+    from model.plan import deepep_layout_problem
+    sh, out = plan.shape, []
+    if job.moe_dispatcher != "alltoall" and sh.ep <= 1:
+        out.append(f"moe dispatcher {job.moe_dispatcher}: the plan has EP 1, so no tokens move "
+                   "between GPUs; emit writes the alltoall dispatcher (Megatron-Core's flex "
+                   "dispatcher refuses a group of one)")
+    if job.moe_dispatcher == "deepep" and sh.ep > 1 and (
+            why := deepep_layout_problem(plan, c)):
+        out.append(why)
+    if asked_ep_overlap and not sh.ep_comm_overlap:
+        out.append("--ep-comm-overlap: the plan does not use it (it needs EP > 1 without "
+                   "pipelining, whole experts, no full recompute and a 16-bit model); the "
+                   "plans that could were slower or did not fit")
+    return out
 
 
 def _profile_label(cal: dict) -> str:
@@ -1179,7 +1197,8 @@ def solve(
     if res.plan is not None:
         from model.compute import shape_warnings
         warnings = [*([] if emit else _unmodelled_warnings(m, job)),
-                    *shape_warnings(m, job, res.plan.shape), *warnings]
+                    *shape_warnings(m, job, res.plan.shape),
+                    *_moe_warnings(job, c, res.plan, ep_comm_overlap), *warnings]
     if res.plan is not None and not emit:
         from model.memory import fp8_param_gather_note
         if note := fp8_param_gather_note(job, res.plan.shape):

@@ -488,8 +488,10 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     if ep_overlap and (pp > 1 or (etp != 1 and tp > 1)):
         # Megatron-LM runs it there (interleaved); the cost model prices it without
         # pipelining and with whole experts only (Shape.ep_comm_overlap)
-        a.fail("overlap_moe_expert_parallel_comm", "the expert all-to-all overlap "
-               + ("with pipelining" if pp > 1 else "with expert TP > 1") + " is not priced")
+        raise SpecError("the expert all-to-all overlap "
+                        + ("with pipelining" if pp > 1 else "with expert TP > 1")
+                        + " is not priced, and no plan file can say it: this run cannot be "
+                        "calibrated on", source=a.source, field="overlap_moe_expert_parallel_comm")
     etp = 0 if etp == tp else etp  # the plan's 0: expert TP = TP
     plan = make_plan(model, job, cluster, tp=tp, pp=pp, dp=dp, cp=cp,
                      ep=a.integer("expert_model_parallel_size", default=1),

@@ -1463,6 +1463,10 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
     if flex_dispatcher(job, plan.shape) == "deepep" and fw in ("megatron", "nemo") and (
             bad := deepep_layout_problem(plan, cluster)):
         raise SpecError(bad, source="plan", field="--emit")
+    if model.is_moe and job.moe_dispatcher != "alltoall" and plan.shape.ep <= 1:
+        warn.append(tagged(fw, "model", f"the plan has EP 1: the alltoall dispatcher is "
+                           f"written, not {job.moe_dispatcher} (no tokens move; Megatron-Core's "
+                           "flex dispatcher refuses a group of one)"))
     priced = job.framework
     if priced_as(fw) != priced:
         # the estimate is the job's framework's (its kernels, memory, sharding rules)

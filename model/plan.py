@@ -229,6 +229,20 @@ def dispatcher_problem(job: JobSpec, cluster: ClusterSpec) -> str | None:
     is 8 GPUs (its RDMA team takes every 8th rank: DeepEP csrc/kernels/backend/nvshmem.cu;
     "only 'hybridep' backend supports the MNNVL case", Megatron-Core transformer_config.py),
     so a node of more GPUs (an NVL72 rack as one node) runs HybridEP."""
+    if job.moe_dispatcher == "alltoall":
+        return None
+    # both are CUDA kernels: HybridEP's NVLink path uses the Tensor Memory Accelerator
+    # (Hopper and later: DeepEP hybrid-ep docs/README_Hybrid-EP.md); DeepEP's SM80 build has
+    # no NVSHMEM, so no internode kernels (setup.py DISABLE_SM90_FEATURES)
+    old_gpus = sorted({nd.gpu.name for nd in cluster.nodes
+                       if nd.gpu.compute_capability is None
+                       or nd.gpu.compute_capability < (9.0 if job.moe_dispatcher == "hybridep"
+                                                       else 8.0)})
+    if old_gpus:
+        return (f"{job.moe_dispatcher} runs on NVIDIA GPUs from "
+                + ("Hopper" if job.moe_dispatcher == "hybridep" else "Ampere")
+                + f" on, not {', '.join(old_gpus)}; use moe_dispatcher alltoall"
+                + (" (or deepep inside a node)" if job.moe_dispatcher == "hybridep" else ""))
     big = sorted({nd.num_gpus for nd in cluster.node_kinds if nd.num_gpus > 8})
     if job.moe_dispatcher == "deepep" and big:
         return (f"DeepEP runs NVLink domains of up to 8 GPUs, and the cluster has nodes of "
@@ -245,11 +259,30 @@ def deepep_shape_problem(shape: Shape, cluster: ClusterSpec) -> str | None:
     ep = shape.ep
     if ep > 8 and ep % 8:
         return f"DeepEP takes EP groups below 8 ranks or of a multiple of 8, not {ep}"
+    pre_hopper = sorted({nd.gpu.name for nd in cluster.nodes
+                         if (nd.gpu.compute_capability or 0) < 9.0})
+    if pre_hopper and ep > min(nd.num_gpus for nd in cluster.node_kinds):
+        return (f"DeepEP's internode kernels need Hopper or later (its build for "
+                f"{', '.join(pre_hopper)} has no NVSHMEM), and EP {ep} spans nodes")
     odd = sorted({nd.num_gpus for nd in cluster.node_kinds if nd.num_gpus != 8})
     if ep > 8 and odd:
         return (f"DeepEP spans nodes of 8 GPUs (its RDMA rank is rank / 8), and the cluster "
                 f"has nodes of {'/'.join(map(str, odd))}")
     return None
+
+
+def deepep_block_ok(cluster: ClusterSpec, shape: Shape, k: int) -> bool:
+    """Whether DeepEP can start the EP groups of every placement of a block layout whose
+    nodes each hold k columns of a stage (solvers.space.Block): a group of consecutive ranks
+    (expert TP 1) lies inside one node where the node's k x tp ranks are a multiple of it, or
+    fills whole nodes of 8 in runs of 8 (deepep_layout_problem), the latter from Hopper on
+    (deepep_shape_problem)."""
+    ranks = k * shape.tp
+    if ranks % shape.ep == 0:
+        return True
+    hopper = all((nd.gpu.compute_capability or 0) >= 9.0 for nd in cluster.nodes)
+    return hopper and shape.ep % 8 == 0 and ranks == 8 and all(
+        nd.num_gpus == 8 for nd in cluster.node_kinds)
 
 
 def deepep_layout_problem(plan: "Plan", cluster: ClusterSpec) -> str | None:

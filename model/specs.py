@@ -672,8 +672,8 @@ class JobSpec:
         if self.moe_dispatcher != "alltoall" and self.framework != "megatron":
             raise SpecError(f"moe_dispatcher {self.moe_dispatcher} is priced as Megatron-Core's "
                             f"flex dispatcher; {self.framework} is not modelled with it: use "
-                            "framework megatron (emit -f nemo or bridge writes the same "
-                            "dispatcher) or moe_dispatcher alltoall", source=self.source,
+                            "framework megatron (emit -f nemo writes the same dispatcher) or "
+                            "moe_dispatcher alltoall", source=self.source,
                             field="moe_dispatcher")
         if self.moe_dispatcher != "alltoall" and self.moe_capacity_factor != 1.0:
             # Megatron-Core refuses DeepEP with inputs padded to capacity

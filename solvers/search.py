@@ -188,11 +188,22 @@ def _quick(model, job, cluster, shape, layers, options, ev=None) -> float | None
         pl = megatron_placement(cluster, shape.tp, shape.pp, shape.cols)
     except Exception:
         return None
+    if not _dispatcher_starts(job, cluster, shape, pl):
+        return None
     if ev is None or tuple(ev.shape.layers) != tuple(layers):
         ev = Evaluator(model, job, cluster, with_layers(shape, layers), options)
     if not _placement_holds(cluster, shape, pl, ev):
         return None
     return ev.iteration_ms(pl)
+
+
+def _dispatcher_starts(job, cluster, shape, pl) -> bool:
+    """Whether the MoE dispatcher can start the EP groups where `pl` puts them (DeepEP:
+    model.plan.deepep_layout_problem); a placement it cannot start is no plan to score."""
+    if job.moe_dispatcher != "deepep" or shape.ep <= 1:
+        return True
+    from model.plan import deepep_layout_problem
+    return deepep_layout_problem(Plan(shape, pl), cluster) is None
 
 
 def megatron_polish(model, job, cluster, options, plan: Plan, plan_ms: float
@@ -234,10 +245,10 @@ def _screen_mixed_memory(model, job, cluster, options, sh: Shape, bound: float,
             ev = Evaluator(model, job, cluster, with_layers(sh, cand), options)
             if _placement_holds(cluster, sh, pl, ev):
                 info = ShapeInfo(sh, bound, tuple(cand), max(mm.total_gib for mm in ev.memory))
-                if bound < best_quick * (1 + 1e-9):
+                if bound < best_quick * (1 + 1e-9) and _dispatcher_starts(job, cluster, sh, pl):
                     info.quick_ms = ev.iteration_ms(pl)
                 return info, None
-    for blk in blocks_for(cluster, sh):
+    for blk in blocks_for(cluster, sh, job):
         prob = PlacementProblem(model, job, cluster, sh, blk, options)
         cand = prob.start_layers()
         if prob.fits(cand):
@@ -289,7 +300,7 @@ def _screen_own_splits(model, job, cluster, options, sh: Shape, bound: float,
                 quick = ev.iteration_ms(pl)
         else:
             fits = any(PlacementProblem(model, job, cluster, sh, blk, options).fits(lay)
-                       for blk in blocks_for(cluster, sh))
+                       for blk in blocks_for(cluster, sh, job))
         if fits:
             info = ShapeInfo(sh, bound, lay, peak)
             info.quick_ms = quick
@@ -593,7 +604,7 @@ def _beyond_groups(job, cluster, space: SearchSpace) -> list:
         both = (False, True)
         groups.append((Beyond("communication overlaps (off by default, as in Megatron-LM)",
                               "--tp-comm-overlap/--overlap-grad-reduce/"
-                              "--overlap-param-gather"),
+                              "--overlap-param-gather/--ep-comm-overlap"),
                        replace(space, tp_comm_overlap=both, overlap_grad_reduce=both,
                                overlap_param_gather=both,
                                ep_comm_overlap=both),
@@ -992,7 +1003,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         if left <= 0 or not info.screened:
             cand.status = "not searched (time limit)" if info.bounded else NOT_BOUNDED
             continue
-        blks = blocks_for(cluster, info.shape)
+        blks = blocks_for(cluster, info.shape, job)
         if space.launch_orders is not None:
             kept = [b for b in blks if block_launchable(info.shape, b, space.launch_orders)]
             unlaunchable[0] += len(blks) - len(kept)
@@ -1003,9 +1014,12 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
         probs_of[id(info)] = probs
         if not probs:
             none_at_all = blocks_for(cluster, info.shape) == []
-            cand.status = ("no block layout fits this cluster's nodes" if not unlaunchable[0]
-                           or none_at_all else
-                           "no block layout the framework's torchrun launch can start")
+            cand.status = ("no block layout fits this cluster's nodes" if none_at_all else
+                           "no block layout where DeepEP can start its EP groups (each "
+                           "inside a node, or over whole 8-GPU nodes)"
+                           if not blocks_for(cluster, info.shape, job) else
+                           "no block layout fits this cluster's nodes" if not unlaunchable[0]
+                           else "no block layout the framework's torchrun launch can start")
             # a shape with no block layout at all keeps its closed-form bound, which then
             # holds for every placement (bounds.best_dp_ring_gb_per_s takes the loosest ring):
             # its Megatron-LM placement may be the plan, and nothing better is ruled out (a

@@ -21,7 +21,8 @@ from model.cluster import ClusterSpec
 from model.costs import CostModel
 from model.memory import GIB
 from model.errors import ScheduleTooLongError, SpecError
-from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, fp8_problem,
+from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, deepep_block_ok,
+                        fp8_problem,
                         gpus_without_fp8, megatron_rank, num_microbatches, validate_shape)
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
@@ -44,7 +45,9 @@ class Block:
         return f"{self.j} stage(s) x {self.k} replica(s) per node"
 
 
-def blocks_for(cluster: ClusterSpec, shape: Shape) -> list[Block]:
+def blocks_for(cluster: ClusterSpec, shape: Shape, job: JobSpec | None = None) -> list[Block]:
+    """The block layouts of `shape` on `cluster`; with `job`, those its MoE dispatcher can
+    start (DeepEP: model.plan.deepep_block_ok)."""
     G = cluster.gpus_per_node
     if G is None or G % shape.tp:
         return []
@@ -55,7 +58,9 @@ def blocks_for(cluster: ClusterSpec, shape: Shape) -> list[Block]:
         if shape.pp % j or shape.cols % k:
             continue
         A, D = shape.pp // j, shape.cols // k
-        if A * D == cluster.num_nodes:
+        if A * D == cluster.num_nodes and (
+                job is None or job.moe_dispatcher != "deepep" or shape.ep <= 1
+                or deepep_block_ok(cluster, shape, k)):
             out.append(Block(j, k, A, D))
     return out
 

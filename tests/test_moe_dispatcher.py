@@ -123,13 +123,22 @@ def test_flex_bound_is_below_every_placement_of_its_group():
                 assert lo <= cm.ep_alltoall_ms(c, members) * (1 + 1e-12), (seed, ep, members)
 
 
+def _on_hopper(c):
+    """The cluster with its A100s taken for H100s (same links): the flex dispatchers' GPUs."""
+    h100 = presets.gpu("H100-SXM-80GB")
+    return dataclasses.replace(c, nodes=tuple(dataclasses.replace(nd, gpu=h100)
+                                              for nd in c.nodes))
+
+
 def _flex_problems():
     """The expert-parallel placement problems of test_expert_parallel (uniform and uneven
-    clusters, EP inside and across nodes) with whole experts, priced with DeepEP."""
+    clusters, EP inside and across nodes) with whole experts, on H100s, priced with DeepEP
+    where it can start the groups (inside a node of 2) and with HybridEP elsewhere."""
     from solvers.problem import PlacementProblem
     from test_expert_parallel import _moe_problems
-    return [PlacementProblem(p.model, dataclasses.replace(p.job, moe_dispatcher="deepep"),
-                             p.cluster, p.shape, p.block, p.options)
+    return [PlacementProblem(p.model, dataclasses.replace(
+                p.job, moe_dispatcher="deepep" if p.block.k * p.shape.tp % p.shape.ep == 0
+                else "hybridep"), _on_hopper(p.cluster), p.shape, p.block, p.options)
             for p in _moe_problems() if p.shape.expert_tp == 1 and p.shape.ep > 1]
 
 
@@ -208,7 +217,7 @@ def test_emitted_dispatcher_flags_and_read_back():
         ("flex", "hybridep")
 
     from formats.clusters import cluster as load_cluster
-    ex = load_cluster("example")
+    ex = _on_hopper(load_cluster("example"))  # HybridEP needs Hopper
     text = (LOGS / "megatron_args_mixtral.txt").read_text()
 
     def read(t):
@@ -486,8 +495,8 @@ def test_overlap_walk_runs_each_kernel_on_its_node_stream():
 
 def test_overlap_mends_one_micro_batch_memory_logs_with_pipelining_and_deepep_rank_runs():
     """With one micro-batch a step nothing is paired, so no extra layer is held; a Megatron
-    log that ran the overlap with pipelining is refused naming the flag (calibrate offers
-    --plan), not read as another run; DeepEP's group of 16 must be two runs of 8 consecutive
+    log that ran the overlap with pipelining is refused naming the flag (no plan file can say
+    it), not read as another run; DeepEP's group of 16 must be two runs of 8 consecutive
     ranks, each on a node of its own."""
     from model.memory import MemoryModel
     from model.plan import Placement, Plan, deepep_layout_problem
@@ -506,7 +515,8 @@ def test_overlap_mends_one_micro_batch_memory_logs_with_pipelining_and_deepep_ra
                  "delay_wgrad_compute", True)
     with pytest.raises(SpecError) as e:
         plan_from_megatron_args(megatron_arg_blocks(t)[0], ex, source="t")
-    assert e.value.field == "overlap_moe_expert_parallel_comm" and "--plan" in str(e.value)
+    assert e.value.field == "overlap_moe_expert_parallel_comm" and \
+        "cannot be calibrated on" in str(e.value)
 
     job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="deepep")
     plan = make_plan(QWEN3, job, c, tp=1, pp=1, ep=16, zero=1)
@@ -515,3 +525,61 @@ def test_overlap_mends_one_micro_batch_memory_logs_with_pipelining_and_deepep_ra
     pl = Placement((tuple(plan.placement.node[0][i] for i in order),),
                    (tuple(plan.placement.gpus[0][i] for i in order),))
     assert "DeepEP" in deepep_layout_problem(Plan(plan.shape, pl), c)
+
+
+def test_dispatchers_refused_on_gpus_that_do_not_run_them():
+    """HybridEP needs Hopper or later (TMA); DeepEP runs inside an A100 node but not across
+    nodes (its Ampere build has no NVSHMEM)."""
+    from model.plan import dispatcher_problem
+    a100 = uniform_cluster(2, 8, "A100-80GB", 240.0, 25.0)
+    hyb = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="hybridep")
+    assert "Hopper" in dispatcher_problem(hyb, a100)
+    deep = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="deepep")
+    assert dispatcher_problem(deep, a100) is None
+    validate_shape(QWEN3, deep, a100, Shape(tp=1, pp=1, dp=16, micro_batch=1, ep=8, zero=1),
+                   check_layers=False)
+    with pytest.raises(SpecError) as e:
+        validate_shape(QWEN3, deep, a100, Shape(tp=1, pp=1, dp=16, micro_batch=1, ep=16,
+                                                zero=1), check_layers=False)
+    assert e.value.field == "moe_dispatcher" and "NVSHMEM" in str(e.value)
+
+
+def test_search_leaves_out_layouts_deepep_cannot_start():
+    """On nodes of 4 GPUs an EP group of 8 can only be split over nodes: no block layout is
+    left for DeepEP (HybridEP keeps them); EP 4 keeps the layouts whose nodes hold a whole
+    group; and a solve returns a plan whose every EP group DeepEP can start."""
+    from model.plan import deepep_layout_problem
+    from solvers.search import solve
+    from solvers.space import SearchSpace, blocks_for
+    c4 = uniform_cluster(4, 4, "H100-SXM-80GB", 400.0, 50.0)
+    deep = JobSpec(global_batch=64, seq_length=2048, moe_dispatcher="deepep")
+    hyb = dataclasses.replace(deep, moe_dispatcher="hybridep")
+    sh8 = Shape(tp=1, pp=2, dp=8, micro_batch=1, ep=8, zero=1)
+    assert blocks_for(c4, sh8, hyb) and blocks_for(c4, sh8) and not blocks_for(c4, sh8, deep)
+    sh4 = Shape(tp=1, pp=2, dp=8, micro_batch=1, ep=4, zero=1)
+    kept = blocks_for(c4, sh4, deep)
+    assert kept and all(b.k * sh4.tp % 4 == 0 for b in kept)
+    assert len(kept) < len(blocks_for(c4, sh4))
+    res = solve(TINY_MOE, deep, c4, time_limit_s=20, space=SearchSpace(
+        micro_batch=(1,), recompute=("none",), zero=(1,), ep=(4,)))
+    assert res.plan.shape.ep == 4
+    assert deepep_layout_problem(res.plan, c4) is None
+
+
+def test_dispatcher_at_ep_1_and_unused_overlap_are_said(tmp_path):
+    from typer.testing import CliRunner
+    from cli import app
+    r = CliRunner().invoke(app, ["estimate", "-m", "qwen3-30b-a3b", "--tp", "4", "--pp", "4",
+                                 "--ep", "1", "--distopt", "--moe-dispatcher", "deepep",
+                                 "--gbs", "64", "--seq", "4096"])
+    assert r.exit_code == 0, r.output
+    assert "EP 1, so no tokens move" in " ".join(r.output.split())
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="deepep")
+    plan = make_plan(QWEN3, job, c, tp=1, pp=2, ep=1, zero=1)
+    from launch.emit import launch_set
+    ls = launch_set("megatron", QWEN3, job, c, plan, force=True)
+    assert any("EP 1: the alltoall dispatcher is written" in w for w in ls.warnings)
+    from cli import _moe_warnings
+    assert any(w.startswith("--ep-comm-overlap: the plan does not use it")
+               for w in _moe_warnings(job, c, plan, asked_ep_overlap=True))

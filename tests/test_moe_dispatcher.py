@@ -6,7 +6,6 @@ import dataclasses
 import itertools
 import math
 import random
-import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from formats import presets
 from formats.clusters import SynthParams, synth_cluster, uniform_cluster
 from formats.logs import megatron_arg_blocks
+from test_calibration import _set_arg as with_arg  # one printed argument changed
 from formats.megatron_args import megatron_args_mismatch, plan_from_megatron_args
 from launch.emit import bridge_recipe, megatron_args, nemo_config
 from model.communication import alltoall_ms, hierarchical_dispatch_ms, share_reached
@@ -184,14 +184,6 @@ def test_flex_needs_whole_experts_and_deepep_an_eight_gpu_domain():
     validate_shape(QWEN3, JobSpec(global_batch=72, seq_length=4096,
                                   moe_dispatcher="hybridep"), rack, sh72,
                    check_layers=False)
-
-
-def with_arg(text: str, name: str, value) -> str:
-    """A Megatron-LM arguments block with one printed value changed."""
-    out, n = re.subn(rf"(?m)^  {name} \.* ?.*$", f"  {name} {'.' * (48 - len(name))} {value}",
-                     text)
-    assert n == 1, name
-    return out
 
 
 def test_emitted_dispatcher_flags_and_read_back():

@@ -151,6 +151,15 @@ def _cases():
     out.append(("Mixtral 8x7B EP=8 interleaved", mx, job, ex,
                 make_plan(mx, job, ex, tp=2, pp=4, ep=8, etp=1, schedule="interleaved",
                           chunks=2, sequence_parallel=True, distributed_optimizer=True)))
+    qw3 = presets.model("qwen3-30b-a3b")
+    jdeep = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="deepep")
+    out.append(("Qwen3-30B EP=16 DeepEP, all-to-all overlap, H100", qw3, jdeep, h100,
+                make_plan(qw3, jdeep, h100, tp=1, pp=1, ep=16, distributed_optimizer=True,
+                          ep_comm_overlap=True)))
+    jhyb = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher="hybridep")
+    out.append(("Qwen3-30B EP=8 HybridEP, TP 2 SP, PP 2, H100", qw3, jhyb, h100,
+                make_plan(qw3, jhyb, h100, tp=2, pp=2, ep=8, etp=1, sequence_parallel=True,
+                          distributed_optimizer=True)))
     ds = presets.model("deepseek-v2-lite")
     out.append(("DeepSeek-V2-Lite MLA EP=8", ds, job, ex,
                 make_plan(ds, job, ex, tp=1, pp=2, ep=8, recompute="selective",

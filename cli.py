@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from model.specs import MAX_GLOBAL_BATCH, MAX_SEQ_LENGTH
+from model.specs import MAX_GLOBAL_BATCH, MAX_SEQ_LENGTH, MOE_DISPATCHERS
 
 import render
 
@@ -322,10 +322,8 @@ CapacityOpt = Annotated[float, typer.Option(
     "--moe-capacity-factor", help="Mixture of experts: tokens per expert relative to a "
     "balanced router (1.0: balanced and dropless; c > 1: token dropping at capacity c, inputs "
     "padded).")]
-class MoeDispatcher(str, Enum):
-    alltoall = "alltoall"
-    deepep = "deepep"
-    hybridep = "hybridep"
+# the dispatchers priced (model.specs.MOE_DISPATCHERS), as typer's choices
+MoeDispatcher = Enum("MoeDispatcher", {d: d for d in MOE_DISPATCHERS}, type=str)
 
 
 DispatcherOpt = Annotated[MoeDispatcher, typer.Option(
@@ -386,13 +384,6 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
 
     base, fp8 = _precision(precision, allow_list)
     m = presets.model(model)
-    if moe_capacity_factor != 1.0 and not m.is_moe:
-        raise SpecError(f"{m.name} is dense (no experts): a capacity factor does not apply; "
-                        "drop --moe-capacity-factor", source="options",
-                        field="--moe-capacity-factor")
-    if moe_dispatcher != "alltoall" and not m.is_moe:
-        raise SpecError(f"{m.name} is dense (no experts): a token dispatcher does not apply; "
-                        "drop --moe-dispatcher", source="options", field="--moe-dispatcher")
     c = load_cluster(cluster)
     job = JobSpec(global_batch=gbs, seq_length=seq or m.seq_length, precision=base, fp8=fp8,
                   attention=attention, distributed_optimizer=distopt, framework=framework,
@@ -404,7 +395,9 @@ def _inputs(model: str, cluster: str, gbs: int, seq: int | None, precision: str,
                   # torchtitan v0.1 repeats K and V to the query heads (JobSpec.repeat_kv)
                   repeat_kv=framework == "torchtitan" and framework_version == "0.1",
                   source="options")
-    from model.plan import dispatcher_problem
+    from model.plan import dense_moe_option, dispatcher_problem
+    if bad := dense_moe_option(m, job):
+        raise SpecError(bad[1], source="options", field="--" + bad[0].replace("_", "-"))
     if m.is_moe and (why := dispatcher_problem(job, c)):
         # every EP > 1 plan would be refused, leaving the option without effect
         raise SpecError(why, source="options", field="--moe-dispatcher")

@@ -35,7 +35,8 @@ from formats.atomic import write_atomic
 from model.cluster import INTRA_LATENCY_US, ClusterSpec, NodeSpec
 from model.errors import SpecError
 from model.estimator import Estimate
-from model.plan import Placement, Plan, Shape, validate_placement, validate_shape
+from model.plan import (Placement, Plan, Shape, dense_moe_option, validate_placement,
+                        validate_shape)
 from model.specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
 
 from .views import estimate_to_dict, placement_to_dict, shape_to_dict
@@ -541,14 +542,8 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     notes: list[str] = []  # fields an older file lacks, read as their defaults
     model = _read_model(rd, rd.obj(doc, "model", ""), ver, notes)
     job = _read_job(rd, rd.obj(doc, "job", ""), ver, notes)
-    if job.moe_capacity_factor != 1.0 and not model.is_moe:  # as the commands refuse it
-        raise rd.err("job.moe_capacity_factor", f"{job.moe_capacity_factor:g} on {model.name}, "
-                     "which is dense (no experts): a capacity factor does not apply; set it to "
-                     "1.0")
-    if job.moe_dispatcher != "alltoall" and not model.is_moe:
-        raise rd.err("job.moe_dispatcher", f"{job.moe_dispatcher} on {model.name}, which is "
-                     "dense (no experts): a token dispatcher does not apply; set it to "
-                     "alltoall")
+    if bad := dense_moe_option(model, job):  # as the commands refuse it
+        raise rd.err(f"job.{bad[0]}", bad[1])
     options = _read_options(rd, rd.obj(doc, "options", "", optional=True), ver, notes)
     cluster = _read_cluster(rd, rd.obj(doc, "cluster", ""), ver, notes)
     for nd in cluster.nodes:

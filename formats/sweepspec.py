@@ -282,17 +282,11 @@ def build_inputs(t: Task, src: str = "sweep"):
         raise SpecError(f"{problem[1]}: a job with fp8 (recipe {job.fp8_recipe}) on cluster "
                         f"{c.name}; pair it with GPUs that run it, or drop fp8", source=src,
                         field="jobs")
-    from model.plan import dispatcher_problem
-    for bad, why in ((not model.is_moe and job.moe_capacity_factor != 1.0,
-                      f"moe_capacity_factor on {model.name}, which is dense (no experts)"),
-                     (not model.is_moe and job.moe_dispatcher != "alltoall",
-                      f"moe_dispatcher {job.moe_dispatcher} on {model.name}, which is dense "
-                      "(no experts)"),
-                     (model.is_moe and dispatcher_problem(job, c),
-                      f"{dispatcher_problem(job, c)} (cluster {c.name})")):
-        if bad:
-            raise SpecError(f"{why}; drop it from the job or pair it otherwise", source=src,
-                            field="jobs")
+    from model.plan import dense_moe_option, dispatcher_problem
+    if bad := dense_moe_option(model, job):
+        raise SpecError(f"{bad[0]}: {bad[1]}", source=src, field="jobs")
+    if model.is_moe and (why := dispatcher_problem(job, c)):
+        raise SpecError(f"{why} (cluster {c.name})", source=src, field="jobs")
     return model, c, job
 
 

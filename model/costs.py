@@ -421,14 +421,20 @@ class CostModel:
         return exposed_async_ms(gather, f), (exposed_async_ms(gather, b) + (cp - 1)
                                              * exposed_async_ms(grad_step, b) + grad_step)
 
+    @property
+    def dispatch_tokens(self) -> float:
+        """Tokens one GPU routes per micro-batch and layer: its 1/tp sequence shard under
+        sequence parallelism (which EP with TP requires), else the micro-batch's."""
+        return self.tokens / (self.shape.tp if self.shape.sequence_parallel else 1)
+
     def ep_alltoall_bytes(self) -> float:
         """Bytes one GPU holds for one all-to-all of expert parallelism: its tokens (1/tp of
         the micro-batch's with sequence parallelism, which EP with TP requires), each copied
         to its top-k experts, hidden-size wide in the activation precision (Megatron-LM's
         alltoall token dispatcher: permute, all-to-all over the EP group, then an all-gather
         over the expert-TP ranks, which `_layer_tp_comm` counts)."""
-        m, sh = self.model, self.shape
-        return (self.tokens / (sh.tp if sh.sequence_parallel else 1) * m.moe_topk
+        m = self.model
+        return (self.dispatch_tokens * m.moe_topk
                 * self.job.moe_capacity_factor * m.hidden_size * self.job.activation_bytes)
 
     def ep_alltoall_ms(self, cluster: ClusterSpec, members: list[tuple[int, int]]) -> float:
@@ -475,8 +481,7 @@ class CostModel:
         spread here over the layer's four transfers (dispatch and combine each way), so the
         layer's total holds while its forward carries half of the gather, its backward the
         other half (where the run has it all in the forward)."""
-        m, sh = self.model, self.shape
-        tokens = self.tokens / (sh.tp if sh.sequence_parallel else 1)
+        m, tokens = self.model, self.dispatch_tokens
         t = hierarchical_dispatch_ms(cluster, members, tokens, self.flex_token_bytes(),
                                      m.num_experts, m.moe_topk)
         if self.job.moe_dispatcher == "hybridep" and len({n for n, _ in members}) > 1:

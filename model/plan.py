@@ -224,6 +224,22 @@ def fp8_problem(job: JobSpec, cluster: ClusterSpec) -> tuple[str, str] | None:
     return ("fp8_recipe", why) if why else None
 
 
+def dense_moe_option(model: ModelSpec, job: JobSpec) -> tuple[str, str] | None:
+    """A mixture-of-experts job option set on a dense model, as (the job field, what to do),
+    or None: the commands, plan files and sweeps refuse it alike rather than ignore it."""
+    if model.is_moe:
+        return None
+    if job.moe_capacity_factor != 1.0:
+        return ("moe_capacity_factor", f"{job.moe_capacity_factor:g} on {model.name}, which is "
+                "dense (no experts): a capacity factor does not apply; set it to 1.0 (drop "
+                "--moe-capacity-factor)")
+    if job.moe_dispatcher != "alltoall":
+        return ("moe_dispatcher", f"{job.moe_dispatcher} on {model.name}, which is dense (no "
+                "experts): a token dispatcher does not apply; set it to alltoall (drop "
+                "--moe-dispatcher)")
+    return None
+
+
 def dispatcher_problem(job: JobSpec, cluster: ClusterSpec) -> str | None:
     """Why the job's MoE dispatcher cannot run on `cluster`, or None: DeepEP's NVLink domain
     is 8 GPUs (its RDMA team takes every 8th rank: DeepEP csrc/kernels/backend/nvshmem.cu;

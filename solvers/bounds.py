@@ -163,8 +163,7 @@ def _fastest_flex_ms(costs: CostModel, cluster: ClusterSpec, shape: Shape, q: in
     from model.communication import share_reached
     m, ep = costs.model, shape.ep
     e = m.num_experts // ep
-    sh = shape
-    tok_b = (costs.tokens / (sh.tp if sh.sequence_parallel else 1)) * costs.flex_token_bytes()
+    tok_b = costs.dispatch_tokens * costs.flex_token_bytes()
 
     def share(members: int) -> float:
         return share_reached(members * e, m.num_experts, m.moe_topk)

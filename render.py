@@ -114,6 +114,10 @@ def print_estimate(est, plan, cluster, title: str = "Estimate", job=None) -> Non
                   f"{mm.allowance_gib:.1f}", f"{mm.total_gib:.1f}", f"{s.limit_gib:.0f}",
                   style=style)
     con.print(t)
+    buf = max(s.memory.dispatcher_gib for s in est.stages)
+    if buf:
+        con.print(f"the allowance holds DeepEP's buffers, {buf:.2f} GiB a GPU, outside "
+                  "PyTorch's allocator", highlight=False)
     if est.hops_ms:
         con.print("pipeline transfers, slowest replica (ms fwd/bwd): " + "  ".join(
             f"{h}->{(h + 1) % sh.pp}: {f:.2f}/{b:.2f}" for h, (f, b) in enumerate(est.hops_ms)))

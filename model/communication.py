@@ -202,3 +202,59 @@ def hierarchical_dispatch_ms(cluster: ClusterSpec, members: list[tuple[int, int]
     lat = ((len(per_node) - 1) * cluster.latency_us
            + (max(len(g) for g in per_node.values()) - 1) * cluster.intra_latency_us)
     return worst + lat / 1e3
+
+
+# DeepEP's normal-mode kernels (deepseek-ai/DeepEP dd758ca, the legacy Buffer Megatron-Core's
+# flex dispatcher builds: megatron/core/transformer/moe/fused_a2a.py get_buffer). Per EP group
+# size, the (NVLink chunked receive tokens, RDMA chunked send tokens, RDMA chunked receive
+# tokens) of Buffer.get_dispatch_config and get_combine_config (deep_ep/buffers/legacy.py);
+# no other group size has a configuration ("Unsupported number of EP ranks")
+DEEPEP_CONFIGS = {  # ranks: ((dispatch nvl recv, rdma send, rdma recv), (combine ...))
+    2: ((256, 6, 128), (256, 6, 128)), 4: ((256, 6, 128), (256, 6, 128)),
+    8: ((256, 6, 128), (256, 6, 128)), 16: ((288, 20, 128), (288, 12, 128)),
+    24: ((288, 8, 128), (288, 8, 128)), 32: ((288, 8, 128), (288, 8, 128)),
+    48: ((288, 8, 128), (288, 8, 128)), 64: ((288, 8, 128), (288, 8, 128)),
+    96: ((480, 12, 128), (480, 8, 128)), 128: ((560, 12, 128), (560, 8, 128)),
+    144: ((720, 12, 128), (720, 8, 128)), 160: ((720, 12, 128), (720, 8, 128))}
+DEEPEP_GROUP_SIZES = tuple(sorted(DEEPEP_CONFIGS))
+DEEPEP_NUM_SMS = 20  # Megatron-Core's default (token_dispatcher.py: "None -> 20")
+DEEPEP_NVL_PEERS = 8  # LEGACY_NUM_MAX_NVL_PEERS
+DEEPEP_WORKSPACE_BYTES = 32 * 2 ** 20  # LEGACY_NUM_WORKSPACE_BYTES, cudaMalloc'd per buffer
+# DeepEP sets NVSHMEM_CUMEM_GRANULARITY = 2^29 ("NVSHMEM initialization requires at least
+# 256 MiB"): the symmetric heap holding the RDMA buffer grows in granules of this size
+NVSHMEM_GRANULE_BYTES = 2 ** 29
+
+
+def deepep_buffer_bytes(ep: int, hidden_size: int, activation_bytes: int) -> float:
+    """Device memory of the DeepEP buffer one GPU of an EP group of `ep` ranks holds, outside
+    PyTorch's allocator: the NVLink buffer (csrc/legacy/config.hpp get_nvl_buffer_size_hint,
+    the larger of the dispatch and combine configurations', as Megatron-Core takes them),
+    the 32 MiB workspace, and above 8 ranks the RDMA buffer (get_rdma_buffer_size_hint) in
+    NVSHMEM's symmetric heap, whole granules (NVSHMEM_GRANULE_BYTES). Per token slot both
+    hold the hidden state (Megatron-Core's hidden bytes: at least 2 per element,
+    fused_a2a.py get_hidden_bytes), DeepEP's 8-byte source record, and room for 128 top-k
+    indices (int64), 128 weights and 128 scales (fp32), whatever k is; channels are half the
+    SMs. 0 for a group DeepEP does not run (DEEPEP_GROUP_SIZES) or of one rank."""
+    if ep <= 1 or ep not in DEEPEP_CONFIGS:
+        return 0.0
+    hidden_b = hidden_size * max(activation_bytes, 2)
+    meta, topk_max, scales_max = 8, 128, 128
+    slot = hidden_b + meta + topk_max * 8 + topk_max * 4 + scales_max * 4
+    channels = DEEPEP_NUM_SMS // 2
+    rdma_ranks = max(ep // DEEPEP_NVL_PEERS, 1)
+    nvl_ranks = min(ep, DEEPEP_NVL_PEERS)
+
+    def align(x: int) -> int:
+        return (x + 127) // 128 * 128
+
+    nvl = rdma = 0
+    for nvl_recv, rdma_send, rdma_recv in DEEPEP_CONFIGS[ep]:
+        nvl = max(nvl, align(channels * nvl_ranks * (2 * rdma_ranks + 3) * 4
+                             + channels * nvl_ranks * nvl_recv * slot))
+        if ep > DEEPEP_NVL_PEERS:
+            recv = -(-rdma_recv // rdma_send) * rdma_send  # Config rounds it up to the send
+            rdma = max(rdma, align(
+                channels * rdma_ranks * (DEEPEP_NVL_PEERS * 2 + 2) * 2 * 4
+                + channels * rdma_ranks * recv * (2 * slot + 2 * 16)))
+    heap = -(-rdma // NVSHMEM_GRANULE_BYTES) * NVSHMEM_GRANULE_BYTES if rdma else 0
+    return float(nvl + DEEPEP_WORKSPACE_BYTES + heap)

@@ -34,14 +34,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
+from .communication import deepep_buffer_bytes
 from .fp8 import Fp8Bytes
 from .plan import Shape, deepspeed_pipe_partitioned, layer_params, num_microbatches
 from .schedule import CompiledSchedule
-from .specs import JobSpec, ModelSpec, Options
+from .specs import JobSpec, ModelSpec, Options, Overheads
 
 GIB = float(2 ** 30)
 # Bytes per logit of the loss step, from the 16-bit logits to the end of their backward, as
@@ -307,6 +309,26 @@ def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
     return total
 
 
+def dispatcher_buffer_gib(model: ModelSpec, job: JobSpec, shape: Shape) -> float:
+    """GiB one GPU holds for the MoE token dispatcher outside PyTorch's allocator: DeepEP's
+    buffer (communication.deepep_buffer_bytes) with the flex dispatcher's DeepEP backend and
+    expert parallelism; 0 otherwise (NCCL's all-to-all works in the allocator's tensors and
+    the communicator's own buffers, inside `Overheads.context_gib`)."""
+    if not (model.is_moe and shape.ep > 1 and job.moe_dispatcher == "deepep"):
+        return 0.0
+    return deepep_buffer_bytes(shape.ep, model.hidden_size, job.activation_bytes) / GIB
+
+
+def plan_overheads(model: ModelSpec, job: JobSpec, shape: Shape, options: Options
+                   ) -> Overheads:
+    """The options' memory overheads for one shape: its dispatcher's buffers
+    (dispatcher_buffer_gib) join the CUDA context as memory outside the allocator. What the
+    estimator's StageMemory adds, and what every memory check of the search uses."""
+    extra = dispatcher_buffer_gib(model, job, shape)
+    o = options.overheads
+    return dataclasses.replace(o, context_gib=o.context_gib + extra) if extra else o
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """One GPU of one pipeline stage, GiB."""
@@ -319,6 +341,7 @@ class StageMemory:
     working_gib: float
     allowance_gib: float
     context_gib: float = 0.0  # the part of the allowance outside the allocator (Overheads)
+    dispatcher_gib: float = 0.0  # of which the MoE dispatcher's buffers (DeepEP)
 
     @property
     def total_gib(self) -> float:
@@ -343,6 +366,8 @@ class MemoryModel:
         """`fp8`: the FP8 recipe's bytes on the plan's GPUs (model/fp8.py
         `cluster_fp8_bytes`), needed where the shape runs FP8 linear layers."""
         self.model, self.job, self.shape, self.cs, self.options = model, job, shape, cs, options
+        self.overheads = plan_overheads(model, job, shape, options)
+        self.dispatcher_gib = dispatcher_buffer_gib(model, job, shape)
         if shape.fp8 and fp8 is None:
             raise ValueError("an FP8 shape needs the recipe's bytes (model/fp8.py)")
         self.fp8b = fp8
@@ -491,8 +516,9 @@ class MemoryModel:
         opt = params * ob + experts * self.expert_opt_extra
         tensors = (params * (wb + gb + ob) if self._plain else params * wb + grads + opt) + \
             fp8_bytes + best + self.transient
-        o = self.options.overheads
+        o = self.overheads
         return StageMemory((params * wb + fp8_bytes) / GIB, grads / GIB, opt / GIB,
                            (best - best_work) / GIB, best_counts,
                            (best_work + self.transient) / GIB,
-                           o.context_gib + o.fragmentation * tensors / GIB, o.context_gib)
+                           o.context_gib + o.fragmentation * tensors / GIB, o.context_gib,
+                           self.dispatcher_gib)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
+from .communication import DEEPEP_GROUP_SIZES
 from .errors import ScheduleTooLongError, SpecError
 from .fp8 import cluster_recipe_problem
 from .specs import RECOMPUTE, SCHEDULES, JobSpec, ModelSpec
@@ -268,13 +269,16 @@ def dispatcher_problem(job: JobSpec, cluster: ClusterSpec) -> str | None:
 
 
 def deepep_shape_problem(shape: Shape, cluster: ClusterSpec) -> str | None:
-    """Why DeepEP's buffer cannot take the shape's EP groups, or None: it asserts
-    num_ranks < 8 or a multiple of 8, and above 8 ranks its RDMA rank is rank / 8, so the
-    nodes must have 8 GPUs (DeepEP csrc/deep_ep.cpp Buffer; with expert TP 1 its group is
-    the EP group)."""
+    """Why DeepEP's buffer cannot take the shape's EP groups, or None: Megatron-Core sizes
+    its buffer from DeepEP's dispatch and combine configurations (fused_a2a.py get_buffer),
+    which exist only for the group sizes DEEPEP_GROUP_SIZES (any other asserts 'Unsupported
+    number of EP ranks'); above 8 ranks its RDMA rank is rank / 8, so the nodes must have 8
+    GPUs (DeepEP csrc/legacy/buffer.hpp Buffer; with expert TP 1 its group is the EP
+    group)."""
     ep = shape.ep
-    if ep > 8 and ep % 8:
-        return f"DeepEP takes EP groups below 8 ranks or of a multiple of 8, not {ep}"
+    if ep > 1 and ep not in DEEPEP_GROUP_SIZES:
+        return (f"DeepEP runs EP groups of {', '.join(map(str, DEEPEP_GROUP_SIZES))} ranks "
+                f"(its dispatch configurations), not {ep}")
     pre_hopper = sorted({nd.gpu.name for nd in cluster.nodes
                          if (nd.gpu.compute_capability or 0) < 9.0})
     if pre_hopper and ep > min(nd.num_gpus for nd in cluster.node_kinds):

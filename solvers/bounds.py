@@ -30,7 +30,7 @@ import numpy as np
 from model import work
 from model.cluster import ClusterSpec
 from model.costs import CostModel, bucket_params
-from model.memory import GIB, keeps_unsharded
+from model.memory import GIB, keeps_unsharded, plan_overheads
 from model.plan import Shape, num_microbatches
 from model.topology import EXHAUSTIVE_MAX_GPUS
 from model.specs import JobSpec, ModelSpec, Options
@@ -186,7 +186,7 @@ def _memory_caps(model, job, cluster, shape, options, costs) -> list[int]:
     chunk, layers x bytes per layer; charging every layer of the stage at its cheapest chunk's
     rate can only lower them (exact with one chunk per stage), so a stage holds at most
     min over events of (budget - constant) / cheapest rate layers."""
-    ovh = options.overheads
+    ovh = plan_overheads(model, job, shape, options)
     # the largest GPU's memory: a valid relaxation where sizes differ (a stage may sit there)
     cap = max(nd.gpu.memory_gib for nd in cluster.nodes)
     budget = (cap - ovh.context_gib) / (1 + ovh.fragmentation) * GIB

@@ -75,7 +75,7 @@ from networkx.utils import UnionFind
 from model import work
 from model.costs import adam_bytes_per_param, bucket_params
 from model.errors import SolverUnavailableError
-from model.memory import GIB, keeps_unsharded
+from model.memory import GIB, keeps_unsharded, plan_overheads
 from model.plan import Plan, expert_dp_groups
 
 from .linear import Lin, LinearModel, Row, SolveResult, lsum
@@ -226,8 +226,8 @@ class _Data:
                 self.a2a = max(ev0.ep_alltoall(ident, s, r) for s in range(sh.pp)
                                for r in range(sh.cols))
         lt = costs.layer_times(gpu, ring_tp, self.shard_ring, self.cp_ring, self.a2a)
-        self.cap_gib = (gpu.memory_gib - prob.options.overheads.context_gib) / (
-            1 + prob.options.overheads.fragmentation)
+        ovh = plan_overheads(prob.model, prob.job, sh, prob.options)
+        self.cap_gib = (gpu.memory_gib - ovh.context_gib) / (1 + ovh.fragmentation)
         V, p = self.V, self.p
         # per virtual stage: F_j = fF l_j + eF_j, B_j = fB l_j + eB_j (costs.py)
         self.fF, self.fB = [lt.fwd_ms] * V, [lt.bwd_ms] * V

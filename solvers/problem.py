@@ -6,6 +6,7 @@ import itertools
 
 from model.cluster import ClusterSpec
 from model.estimator import Evaluator, default_layers
+from model.memory import plan_overheads
 from model.plan import Placement, Plan, Shape, framework_splits
 from model.specs import JobSpec, ModelSpec, Options
 
@@ -186,7 +187,7 @@ class PlacementProblem:
             for s in stages:
                 per[s], emb[s], head[s] = max(per[s], t), max(emb[s], e), max(head[s], h)
                 cap[s] = min(cap[s], self.caps_gib[n])
-        ovh = self.options.overheads
+        ovh = plan_overheads(self.model, self.job, self.shape, self.options)
         layers = [1] * V
         layers[0] = max(1, m.first_dense_layers)
         cur = [const[s] + coef[s] @ np.asarray(layers, dtype=float) for s in range(p)]

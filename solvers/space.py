@@ -19,7 +19,7 @@ from typing import Iterator
 
 from model.cluster import ClusterSpec
 from model.costs import CostModel
-from model.memory import GIB
+from model.memory import GIB, plan_overheads
 from model.errors import ScheduleTooLongError, SpecError
 from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, deepep_block_ok,
                         fp8_problem,
@@ -489,7 +489,7 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     import numpy as np
 
     p, V = shape.pp, shape.num_virtual
-    ovh = options.overheads
+    ovh = plan_overheads(model, job, shape, options)
     ev_const, ev_coef = _events_over_virtual_stages(model, job, cluster, shape, options)
 
     def stage_peaks_gib(lay):
@@ -564,7 +564,7 @@ def capacity_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     import numpy as np
 
     p, V = shape.pp, shape.num_virtual
-    ovh = options.overheads
+    ovh = plan_overheads(model, job, shape, options)
     const, coef = _events_over_virtual_stages(model, job, cluster, shape, options)
 
     def fill(s, cur_s):

@@ -418,7 +418,7 @@ def test_deepep_group_sizes_and_layouts_it_cannot_start():
     with pytest.raises(SpecError) as e:
         validate_shape(q12, job, c12, Shape(tp=1, pp=1, dp=12, micro_batch=1, ep=12, zero=1),
                        check_layers=False)
-    assert e.value.field == "moe_dispatcher" and "multiple of 8" in str(e.value)
+    assert e.value.field == "moe_dispatcher" and "not 12" in str(e.value)
     c4 = uniform_cluster(4, 4, "H100-SXM-80GB", 400.0, 50.0)
     with pytest.raises(SpecError) as e:
         validate_shape(QWEN3, job, c4, Shape(tp=1, pp=1, dp=16, micro_batch=1, ep=16, zero=1),
@@ -575,3 +575,85 @@ def test_dispatcher_at_ep_1_and_unused_overlap_are_said(tmp_path):
     from cli import _moe_warnings
     assert any(w.startswith("--ep-comm-overlap: the plan does not use it")
                for w in _moe_warnings(job, c, plan, asked_ep_overlap=True))
+
+
+@pytest.mark.parametrize("nodes,gpus,ep,ok", [(1, 6, 6, False), (1, 6, 3, False),
+                                              (1, 8, 4, True), (3, 8, 24, True),
+                                              (5, 8, 40, False), (6, 8, 48, True)])
+def test_deepep_runs_only_the_group_sizes_it_has_configurations_for(nodes, gpus, ep, ok):
+    """Megatron-Core sizes DeepEP's buffer from Buffer.get_dispatch_config(group size),
+    which knows 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144 and 160 ranks and asserts on any
+    other: EP 3, 6 and 40 are refused naming the sizes it runs; 4, 24 and 48 pass."""
+    c = uniform_cluster(nodes, gpus, "H100-SXM-80GB", 400.0, 50.0)
+    model = dataclasses.replace(QWEN3, num_experts=240)  # divisible by every ep here
+    job = JobSpec(global_batch=240, seq_length=4096, moe_dispatcher="deepep")
+    sh = Shape(tp=1, pp=1, dp=nodes * gpus, micro_batch=1, ep=ep, zero=1)
+    if ok:
+        validate_shape(model, job, c, sh, check_layers=False)
+        return
+    with pytest.raises(SpecError) as e:
+        validate_shape(model, job, c, sh, check_layers=False)
+    assert e.value.field == "moe_dispatcher" and f"not {ep}" in str(e.value) \
+        and "16, 24, 32, 48, 64" in str(e.value)
+
+
+def test_deepep_buffer_size_follows_its_size_hints():
+    """DeepEP's buffer, counted by hand from csrc/legacy/config.hpp for Qwen3-30B's hidden
+    2048 in bf16 (4096 bytes a token, 6152 bytes a slot with the 8-byte source record and
+    room for 128 int64 indices, 128 weights and 128 scales), 20 SMs (10 channels): EP 8 has
+    only the NVLink buffer (256 slots a peer) and the 32 MiB workspace; EP 16 has 288 slots a
+    peer and an RDMA buffer of 140 slots (128 rounded up to the 20-token send chunk) per
+    remote node, which takes one 512 MiB NVSHMEM granule; other dispatchers hold none."""
+    from model.communication import deepep_buffer_bytes
+    from model.memory import dispatcher_buffer_gib
+
+    def align(x):
+        return -(-x // 128) * 128
+    slot = 4096 + 8 + 128 * 8 + 128 * 4 + 128 * 4
+    assert slot == 6152
+    nvl8 = align(10 * 8 * 5 * 4 + 10 * 8 * 256 * slot)
+    assert deepep_buffer_bytes(8, 2048, 2) == nvl8 + 32 * 2 ** 20
+    nvl16 = align(10 * 8 * 7 * 4 + 10 * 8 * 288 * slot)
+    rdma16 = align(10 * 2 * 18 * 2 * 4 + 10 * 2 * 140 * (2 * slot + 32))
+    assert rdma16 < 2 ** 29
+    assert deepep_buffer_bytes(16, 2048, 2) == nvl16 + 32 * 2 ** 20 + 2 ** 29
+    assert deepep_buffer_bytes(16, 2048, 1) == deepep_buffer_bytes(16, 2048, 2)  # >= 2 bytes
+    assert deepep_buffer_bytes(1, 2048, 2) == deepep_buffer_bytes(12, 2048, 2) == 0.0
+    sh = Shape(tp=1, pp=1, dp=16, micro_batch=1, ep=16, zero=1)
+    for d, want in (("alltoall", 0.0), ("hybridep", 0.0),
+                    ("deepep", deepep_buffer_bytes(16, 2048, 2) / 2 ** 30)):
+        job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher=d)
+        assert dispatcher_buffer_gib(QWEN3, job, sh) == want
+    assert dispatcher_buffer_gib(QWEN3, JobSpec(global_batch=64, seq_length=4096,
+                                                moe_dispatcher="deepep"),
+                                 dataclasses.replace(sh, ep=1)) == 0.0
+
+
+def test_deepep_buffer_is_memory_outside_the_allocator_for_the_estimate_and_the_search():
+    """The same plan with DeepEP instead of NCCL's all-to-all holds the buffer more on every
+    stage (total, not the allocator's reserved peak, and not scaled by fragmentation), and
+    the search's memory checks (space.capacity_split's peak, problem's split) see it too:
+    the estimator's peak is what capacity_split reports for the estimator's split."""
+    from model.memory import dispatcher_buffer_gib
+    from solvers.space import capacity_split, min_max_memory_split
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    base = JobSpec(global_batch=64, seq_length=4096)
+    deep = dataclasses.replace(base, moe_dispatcher="deepep")
+    ests = {}
+    for j in (base, deep):
+        plan = make_plan(QWEN3, j, c, tp=1, pp=2, ep=8, zero=1)
+        ests[j.moe_dispatcher] = (plan, estimate(QWEN3, j, c, plan))
+    buf = dispatcher_buffer_gib(QWEN3, deep, ests["deepep"][0].shape)
+    assert buf > 0.1
+    for a, b in zip(ests["alltoall"][1].stages, ests["deepep"][1].stages):
+        assert b.memory.total_gib - a.memory.total_gib == pytest.approx(buf, rel=1e-9)
+        assert b.memory.reserved_gib == pytest.approx(a.memory.reserved_gib, rel=1e-12)
+        assert b.memory.dispatcher_gib == buf
+    plan, est = ests["deepep"]
+    sh = plan.shape
+    layers, peak, _ = min_max_memory_split(QWEN3, deep, c, sh, Options())
+    split_peak = capacity_split(QWEN3, deep, c, sh, Options(), [80.0] * sh.pp)[3]
+    at = estimate(QWEN3, deep, c, dataclasses.replace(
+        plan, shape=dataclasses.replace(sh, layers=layers)))
+    assert peak == pytest.approx(max(s.memory.total_gib for s in at.stages), rel=1e-9)
+    assert split_peak == pytest.approx(peak, rel=1e-9)

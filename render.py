@@ -209,6 +209,7 @@ def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict
             "validation_lines_left_out": r.validation_lines,
             "same_steps_lines_left_out": r.same_steps_lines,
             "gzip_cut_short": r.cut_short,
+            "unfinished_last_line_left_out": r.unfinished_line,
             "plan_from_arguments": plan_read}
 
 
@@ -240,6 +241,9 @@ def print_calibration(prof, out, readings=()) -> None:
                       "out")
         if r.cut_short:
             extra += "; the gzip stream ends before its end marker: read up to there"
+        if r.unfinished_line:
+            extra += ("; its last line has no line end (a log still being written): left "
+                      "out")
         con.print(f"{r.path}: {r.framework}, {d['readings_used']} readings used, {r.skipped} "
                   f"warm-up skipped{extra}", highlight=False)
         if plan_read:

@@ -225,6 +225,8 @@ class LogReading:
     processes: int = 1  # training processes found (restarts and ranks), each warmed up apart
     validation_lines: int = 0  # torchtitan validation lines left out
     cut_short: bool = False  # a gzip log that ends before its end marker, read up to there
+    # its last line has no line end (a log still being written): left out, whatever it held
+    unfinished_line: bool = False
     # DeepSpeed's timing lines of steps another line of the same run timed (Megatron-DeepSpeed:
     # Megatron's; the pipeline engine: its own over the ThroughputTimer's), left out
     same_steps_lines: int = 0
@@ -438,7 +440,9 @@ def read_log(path) -> LogReading:
     # each pattern is tried only on lines holding a word it needs (a plain substring test is
     # ~20 times cheaper than a search): a long run's log has millions of lines
     cut_short: list = []
-    for line in text_lines(path, field="log", what="the log", cut_short=cut_short):
+    unfinished: list = []  # a last line without its line end: left out (text_lines)
+    for line in text_lines(path, field="log", what="the log", cut_short=cut_short,
+                           unfinished=unfinished):
         if "\x1b" in line:
             line = _ANSI.sub("", line)
         # a launcher's prefix (srun's task, pdsh's host) becomes a rank's, unless torchrun's
@@ -572,7 +576,7 @@ def read_log(path) -> LogReading:
                         f"{WARMUP_READINGS} of each are warm-up); log more iterations"
                         f"{_CUT if cut_short else ''}", source=src, field="log")
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
-                         cut_short=bool(cut_short),
+                         cut_short=bool(cut_short), unfinished_line=bool(unfinished),
                          processes=len(seen), validation_lines=validation, batches=batches,
                          same_steps_lines=same_steps,
                          megatron_args=[b for b in args.blocks if b] if fw == "megatron" else [],

@@ -113,6 +113,35 @@ def megatron_args_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
             (logged["cross_entropy_loss_fusion"] == "True") != job.fused_loss:
         out.append(("cross_entropy_loss_fusion", logged["cross_entropy_loss_fusion"],
                     str(job.fused_loss)))
+    return out + _architecture_mismatch(model, logged)
+
+
+def _architecture_mismatch(model: ModelSpec, logged: dict[str, str]
+                           ) -> list[tuple[str, str, str]]:
+    """Where the architecture a log's arguments built differs from the plan's model in what
+    the cost model prices beyond the sizes megatron_planned_args checks: the head width
+    (kv_channels: validate_args prints hidden / heads where it was not given), the gated
+    MLP, separate output weights, biases, the norm and the position embedding (as `_model`
+    reads them from a log)."""
+    want = {"swiglu": str(model.gated_mlp),
+            "untie_embeddings_and_output_weights": str(not model.tied_embeddings),
+            "add_bias_linear": str(model.bias)}
+    if not model.is_mla:  # latent attention's kv_channels is its non-rotary query width
+        want["kv_channels"] = str(model.head_dim)
+    out = [(k, logged[k], v) for k, v in want.items() if k in logged and logged[k] != v
+           # a configuration printed before validate_args (NeMo 1.x's) leaves kv_channels
+           # None: hidden / heads
+           and not (k == "kv_channels" and logged[k] == "None"
+                    and model.head_dim == model.hidden_size // model.num_heads)]
+    norm = logged.get("normalization")
+    if norm is not None and _NORMS.get(norm) != model.norm:
+        out.append(("normalization", norm, next(
+            (k for k, v in _NORMS.items() if v == model.norm), model.norm)))
+    pos = logged.get("position_embedding_type")
+    if pos is not None and _POSITIONS.get(pos.split(".")[-1]) != model.position_embedding:
+        out.append(("position_embedding_type", pos, next(
+            (k for k, v in _POSITIONS.items() if v == model.position_embedding),
+            model.position_embedding)))
     return out
 
 

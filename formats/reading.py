@@ -60,22 +60,29 @@ def read_text(path: str | Path, field: str | None = None, what: str = "the file"
 
 
 def text_lines(path: str | Path, field: str | None = None, what: str = "the file",
-               cut_short: list | None = None):
+               cut_short: list | None = None, unfinished: list | None = None):
     """The lines of a regular file as a stream, whatever its size (a long run's training log
     can be gigabytes), gunzipped where it is gzip (a rotated log: its magic bytes, whatever
     its name), bytes that are not UTF-8 replaced; refused as read_text refuses a path. Given
     `cut_short` (a list), a gzip stream that ends before its end marker (a job killed while
-    its log was piped through gzip) is read up to there, as zcat does, and True appended."""
+    its log was piped through gzip) is read up to there, as zcat does, and True appended.
+    Given `unfinished` (a list), a last line without its line end (a log copied while the job
+    was still writing it: 'elapsed time per iteration (ms): 38' of what became 3850.2) is
+    not yielded but appended there."""
     src = str(path)
     _regular_file(path, field, what)
     gz = False
+    last = None  # the line read last, yielded once the next one shows it was whole
     try:
         with open(path, "rb") as raw:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             stream = gzip.GzipFile(fileobj=raw) if gz else raw
-            for line in io.TextIOWrapper(stream, encoding="utf-8", errors="replace"):
-                yield line.rstrip("\r\n")
+            for line in io.TextIOWrapper(stream, encoding="utf-8", errors="replace",
+                                         newline=""):
+                if last is not None:
+                    yield last.rstrip("\r\n")
+                last = line
     except EOFError:
         if not gz or cut_short is None:
             raise SpecError(f"cannot read {what} (a damaged gzip file)", source=src,
@@ -84,6 +91,11 @@ def text_lines(path: str | Path, field: str | None = None, what: str = "the file
     except (OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
         why = "a damaged gzip file" if gz else getattr(e, "strerror", None) or str(e)
         raise SpecError(f"cannot read {what} ({why})", source=src, field=field) from None
+    if last is not None:
+        if unfinished is not None and not last.endswith(("\n", "\r")):
+            unfinished.append(last)
+        else:
+            yield last.rstrip("\r\n")
 
 
 def yaml_mapping(text: str, source: str, field: str, what: str) -> dict:

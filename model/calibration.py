@@ -526,8 +526,9 @@ def memory_interval_gib(prof: Profile, est) -> MemoryInterval:
     f = prof.values["fragmentation"]
     up = fragmentation_at_interval_top(prof) - f
     # f stays within FRAGMENTATION_BOUNDS at both ends, as the fit keeps it: below 0 the
-    # allocator would reserve less than the tensors it holds
-    down = min(up, f - FRAGMENTATION_BOUNDS[0])
+    # allocator would reserve less than the tensors it holds (each end held apart: the top's
+    # hold must not narrow the bottom)
+    down = min(fragmentation_half_width(prof), f - FRAGMENTATION_BOUNDS[0])
     # one f for every stage, so the peak's interval is the largest of the stages' ends
     lows, highs, stage = [], [], None
     for st in est.stages:
@@ -548,8 +549,15 @@ def fragmentation_at_interval_top(prof: Profile) -> float:
         raise SpecError("needs a calibration profile fitted on two or more memory readings of "
                         "the reserved peak (its fragmentation_spread)", source="options",
                         field="--safe-memory")
-    return min(prof.values["fragmentation"] + t975(n - 1) * prof.fragmentation_sd * math.sqrt(
-        1 + math.pi / (2 * n)), FRAGMENTATION_BOUNDS[1])  # within the fit's bounds
+    return min(prof.values["fragmentation"] + fragmentation_half_width(prof),
+               FRAGMENTATION_BOUNDS[1])  # within the fit's bounds
+
+
+def fragmentation_half_width(prof: Profile) -> float:
+    """The 95% half-width of a new run's fragmentation around the fitted one
+    (`memory_interval_gib`), before either end is held within FRAGMENTATION_BOUNDS."""
+    n = prof.fragmentation_readings
+    return t975(n - 1) * prof.fragmentation_sd * math.sqrt(1 + math.pi / (2 * n))
 
 
 # -- kernel readings (probe/gemm.py) ------------------------------------------------------------

@@ -23,8 +23,14 @@ from model.calibration import Run, _predict, apply_profile, fit, interval_s
 from model.errors import SpecError
 from model.estimator import make_plan
 from model.specs import JobSpec, Options
+from render import log_reading_dict
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def _log_text(lines) -> str:
+    """A log's text from its lines, each ended as a framework's logger ends it."""
+    return "\n".join(lines) + "\n"
 
 
 @pytest.mark.parametrize("name,framework,median_s,mem", [
@@ -140,12 +146,38 @@ def test_bridge_documented_iteration_line(tmp_path):
             "7.925096E+00 | loss scale: 1.0 | grad norm: 1.040 | number of skipped "
             "iterations:   0 | number of nan iterations:   0 |")
     p = tmp_path / "bridge_doc.log"
-    p.write_text("\n".join(line.replace("iteration      100/", f"iteration {100 * k:8d}/")
+    p.write_text(_log_text(line.replace("iteration      100/", f"iteration {100 * k:8d}/")
                            for k in range(1, 7)))
     r = read_log(p)
     assert r.framework == "megatron" and r.skipped == WARMUP_READINGS
     assert r.values == [3.7386] * 3 and r.batches == [32] * 3
     assert r.iteration_s(32, 4096, 8) == pytest.approx(3.7386)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_last_line_without_its_line_end_is_left_out_and_said(tmp_path, gz):
+    """A log copied while the job still writes it ends in the middle of a line: Megatron-LM's
+    'elapsed time per iteration (ms): 38' of what became 3850.2, torchtitan's 'tps: 9,2' of
+    9,1xx. That line is left out (it would be read as a reading 100x off) and the reading
+    says so; the same log with its line end keeps it (plain text and gzip)."""
+    import gzip
+    for name, cut in (("megatron.log", "elapsed time per iteration (ms):"),
+                      ("torchtitan.log", "tps:")):
+        lines = (LOGS / name).read_text().splitlines()
+        last = max(i for i, x in enumerate(lines) if cut in x)
+        whole = read_log(LOGS / name)
+        partial = lines[:last] + [lines[last][:lines[last].index(cut) + len(cut) + 3]]
+        for text, unfinished in (("\n".join(partial), True),
+                                 ("\n".join(lines[:last + 1]) + "\n", False)):
+            p = tmp_path / (name + (".gz" if gz else ""))
+            p.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+            r = read_log(p)
+            assert r.unfinished_line is unfinished
+            assert r.values == whole.values[:len(r.values)]
+            assert len(r.values) == len(whole.values) - (1 if unfinished else 0) - sum(
+                cut in x for x in lines[last + 1:])
+            d = log_reading_dict(r, 256 if name == "megatron.log" else 32)
+            assert d["unfinished_last_line_left_out"] is unfinished
 
 
 def test_bridge_memory_without_reserved_keys_is_reported_not_fitted(tmp_path):
@@ -319,7 +351,7 @@ def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     one = read_log(LOGS / "torchtitan.log")
     lines = (LOGS / "torchtitan.log").read_text().splitlines()
     p = tmp_path / "two_ranks.log"
-    p.write_text("\n".join(x for line in lines
+    p.write_text(_log_text(x for line in lines
                            for x in (line, line.replace("[rank0]:", "[rank1]:", 1))))
     r = read_log(p)
     assert r.processes == 2 and r.skipped == 2 * WARMUP_READINGS
@@ -338,13 +370,13 @@ def test_ranks_and_start_lines_are_processes_of_their_own(tmp_path):
     def ranked(t):
         return "\n".join(("[rank0]:" if "before the start" in ln else "[rank63]:") + ln
                          for ln in t.splitlines())
-    p.write_text(ranked(text) + "\n" + ranked(resumed))
+    p.write_text(ranked(text) + "\n" + ranked(resumed) + "\n")
     r = read_log(p)
     assert r.processes == 2 and sorted(r.values) == sorted(m1.values * 2)
     # DeepSpeed's timer prints on every rank, without a prefix: each step's lines repeat, one
     # process, and every rank's line of the warm-up steps is skipped
     ds = read_log(LOGS / "deepspeed.log")
-    p.write_text("\n".join(x for line in (LOGS / "deepspeed.log").read_text().splitlines()
+    p.write_text(_log_text(x for line in (LOGS / "deepspeed.log").read_text().splitlines()
                            for x in [line] * 4))
     r = read_log(p)
     assert r.processes == 1 and r.skipped == 4 * WARMUP_READINGS
@@ -410,12 +442,12 @@ def test_megatron_deepspeed_prints_two_timers_of_the_same_steps(tmp_path):
              "  deepspeed ....................... True",
              "---------------- end of arguments ----------------"]
     p = tmp_path / "meg_ds.log"
-    p.write_text("\n".join(block + mega))
+    p.write_text(_log_text(block + mega))
     r = read_log(p)
     m1 = read_log(LOGS / "megatron.log")
     assert r.framework == "megatron" and r.values == m1.values
     assert r.same_steps_lines == len(steps)
-    p.write_text("\n".join(mega))
+    p.write_text(_log_text(mega))
     with pytest.raises(SpecError) as e:
         read_log(p)
     assert "several frameworks" in str(e.value)
@@ -947,7 +979,7 @@ def test_plan_read_from_torchtitan_printed_config(tmp_path):
     last = lines.index("[rank0]:}", first)
     doc02 = printed_config_doc(*r.torchtitan_configs[0], "t")[0]
     old_print = tmp_path / "v020.log"
-    old_print.write_text("\n".join(lines[:first] + [head + "Running with args: " + repr(doc02)]
+    old_print.write_text(_log_text(lines[:first] + [head + "Running with args: " + repr(doc02)]
                                    + lines[last + 1:]) + "\n")
     assert [code for code, _o in _paired(tmp_path, old_print, m, job, c, [plan])] == [0]
     # a print cut short by the log's end
@@ -1225,6 +1257,30 @@ def test_nemo_bf16_gradients_read_and_settings_the_estimate_prices_checked(tmp_p
     assert res.exit_code == 2 and "overlap_grad_reduce" in res.output, res.output
 
 
+def test_log_of_another_architecture_than_its_plan_is_refused():
+    """Printed arguments of an architecture the plan does not have, in what the estimate
+    prices beyond the sizes (an auditor's Qwen3 log with kv_channels 64 against its plan's
+    128, fitted 15% off; a Llama log without SwiGLU and with tied output weights, 20% off):
+    each named; the same arguments as the plan's, or NeMo's unvalidated kv_channels None for
+    the default width, pass."""
+    from formats.megatron_args import megatron_args_mismatch, megatron_planned_args
+    from formats.clusters import cluster as load_cluster
+    m = presets.model("llama3-8b")
+    job = JobSpec(global_batch=256, seq_length=4096)
+    plan = make_plan(m, job, load_cluster("h100-8x8"), tp=2, pp=1, zero=1)
+    same = {**megatron_planned_args(m, job, plan), "kv_channels": "128", "swiglu": "True",
+            "untie_embeddings_and_output_weights": "True", "add_bias_linear": "False",
+            "normalization": "RMSNorm", "position_embedding_type": "rope"}
+    assert megatron_args_mismatch(m, job, plan, same) == []
+    assert megatron_args_mismatch(m, job, plan, {**same, "kv_channels": "None"}) == []
+    for name, value in (("kv_channels", "64"), ("swiglu", "False"),
+                        ("untie_embeddings_and_output_weights", "False"),
+                        ("add_bias_linear", "True"), ("normalization", "LayerNorm"),
+                        ("position_embedding_type", "learned_absolute")):
+        got = megatron_args_mismatch(m, job, plan, {**same, name: value})
+        assert [x[:2] for x in got] == [(name, value)], (name, got)
+
+
 def test_emit_from_a_plan_file_writes_the_release_it_was_saved_with(tmp_path):
     """A plan saved beside files emitted for NeMo 1.x records that release (`emitted`), and
     `emit` from the file writes NeMo 1.x's files again (they had come back as a
@@ -1402,7 +1458,7 @@ def test_foreign_and_short_logs_are_one_line_errors(tmp_path):
         read_log(p)
     assert e.value.field == "log" and str(p) in str(e.value)
     lines = (LOGS / "megatron.log").read_text().splitlines()
-    p.write_text("\n".join(lines[:6]))  # three timing lines: all warm-up
+    p.write_text(_log_text(lines[:6]))  # three timing lines: all warm-up
     with pytest.raises(SpecError) as e:
         read_log(p)
     assert "warm-up" in str(e.value)
@@ -1700,6 +1756,15 @@ def test_memory_interval_from_the_readings_spread(tmp_path):
     big = max(est.stages, key=lambda st: st.memory.total_gib)
     tensors = big.memory.total_gib - big.memory.allowance_gib
     assert mi.high_gib == pytest.approx(big.memory.total_gib + (1.0 - f) * tensors)
+    # the low end reaches down as far as the spread says, whatever the top's hold at f = 1:
+    # at f = 0.98 it had been held to the top's 0.02 (an auditor's 87.3 GiB for 44.9)
+    near_top = dataclasses.replace(wide, values={**wide.values, "fragmentation": 0.98})
+    c, opts = apply_profile(near_top, held[0].cluster, held[0].options)
+    est = estimate(held[0].model, held[0].job, c, held[0].plan, opts)
+    mi = memory_interval_gib(near_top, est)
+    lows = [st.memory.total_gib - 0.98 * (st.memory.total_gib - st.memory.allowance_gib)
+            for st in est.stages]
+    assert mi.low_gib == pytest.approx(max(lows))
     p = tmp_path / "mem.json"
     save_profile(p, prof)
     back = load_profile(p)

@@ -210,17 +210,21 @@ def memory_stages(reading: LogReading, plan, cluster):
     (pp outermost, torchtitan/distributed/parallel_dims.py) both give rank r the stage
     r // (GPUs / PP); Megatron-LM's --use-tp-pp-dp-mapping (tp-cp-ep-pp-dp) the stage
     (r // (TP x CP)) mod PP. A local rank is torchrun's on every node the log holds the
-    output of."""
-    if reading.memory_stage is not None or not reading.memory_ranks or plan.shape.pp == 1:
+    output of. A rank the plan's GPUs do not have is refused: the log is another run's."""
+    if reading.memory_stage is not None or not reading.memory_ranks:
         return reading.memory_stage
     kind, ranks = reading.memory_ranks
     world, gpn = cluster.num_gpus, cluster.gpus_per_node
+    if max(ranks) >= world:  # a torchrun prefix past a node's GPUs is a global rank
+        raise SpecError(f"its memory lines come from rank {max(ranks)}, and its plan runs "
+                        f"{world} GPUs; pair each log with the plan file of the run it logged",
+                        source=reading.path, field="memory")
+    if plan.shape.pp == 1:
+        return reading.memory_stage
     sh = plan.shape
     per_stage = world // sh.pp
     if kind == "local" and gpn and world > gpn and max(ranks) < gpn:
         ranks = [k * gpn + r for k in range(world // gpn) for r in ranks]
-    if max(ranks) >= world:
-        return None  # not this plan's ranks: the reading stays the largest stage's
     # --use-tp-pp-dp-mapping (order tp-cp-ep-pp-dp): the stage sits inside the replica
     tp_pp_dp = any(b.get("use_tp_pp_dp_mapping") == "True" for b in reading.megatron_args)
     stages = tuple(sorted({(r // (sh.tp * sh.cp)) % sh.pp if tp_pp_dp else r // per_stage

@@ -28,6 +28,13 @@ from render import log_reading_dict
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 
+def _megatron_timing_64() -> str:
+    """The Megatron-LM fixture's timing and memory lines for a 64-GPU plan (the argument
+    blocks of megatron_args_70b.txt): its second memory line from rank 48 (stage 3 at PP 4),
+    not 96, which such a plan does not have."""
+    return (LOGS / "megatron.log").read_text().replace("[Rank 96]", "[Rank 48]")
+
+
 def _log_text(lines) -> str:
     """A log's text from its lines, each ended as a framework's logger ends it."""
     return "\n".join(lines) + "\n"
@@ -315,6 +322,14 @@ def test_memory_is_fitted_on_the_stages_of_the_ranks_that_printed(tmp_path):
     mg.megatron_args = [{"use_tp_pp_dp_mapping": "True"}]
     assert memory_stages(mg, NS(shape=NS(pp=4, tp=8, cp=1)),
                          NS(num_gpus=128, gpus_per_node=8)) == (0,)
+    # a rank the plan does not have: the log is another run's (it had been read as the
+    # largest stage's), whatever the plan's PP
+    for pp in (4, 1):
+        with pytest.raises(SpecError) as e:
+            memory_stages(mg, NS(shape=NS(pp=pp, tp=8, cp=1)), NS(num_gpus=64,
+                                                                 gpus_per_node=8))
+        assert e.value.field == "memory" and "rank 96" in str(e.value) and "64 GPUs" in str(
+            e.value)
     # unprefixed lines: every rank printed, the largest stage's
     q = tmp_path / "bare.log"
     q.write_text(text.replace("[rank0]:", ""))
@@ -530,7 +545,7 @@ def test_megatron_log_of_another_run_is_refused(tmp_path):
            "use_distributed_optimizer": False, "recompute_granularity": None, "bf16": True,
            "fp16": False, "fp8": None, "lr": 0.0003, "attention_backend": "AttnBackend.auto",
            "a_name_longer_than_forty_eight_characters_in_all_of_it": True}
-    timing = (LOGS / "megatron.log").read_text()
+    timing = _megatron_timing_64()
     log = tmp_path / "run.log"
     log.write_text(_megatron_args_block(ran) + timing)
     assert read_log(log).megatron_args[0]["lr"] == "0.0003"
@@ -740,7 +755,7 @@ def test_plan_read_from_older_megatron_and_megatron_deepspeed_logs(tmp_path):
                       f"  checkpoint_num_layers {'.' * 27} 1\n"
                       f"  deepspeed {'.' * 39} True\n"
                       "-------------------- end of arguments")
-    timing = (LOGS / "megatron.log").read_text()
+    timing = _megatron_timing_64()
     stages = "".join(f"stage={k} layers={20 + (k in (0, 3)) * 2}\n"
                      + ("     0: EmbeddingPipe\n     1: <lambda>\n" if k == 0 else "")
                      + "".join(f"    {2 + 20 * k + i:2d}: ParallelTransformerLayerPipe\n"
@@ -783,7 +798,7 @@ def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):
     runner = CliRunner()
     log = tmp_path / "run.log"
     log.write_text((LOGS / "megatron_args_70b.txt").read_text()
-                   + (LOGS / "megatron.log").read_text())
+                   + _megatron_timing_64())
     out = tmp_path / "cal.json"
     res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--fit",
                               "gemm_scale", "--out", str(out)])
@@ -798,11 +813,11 @@ def test_cli_calibrate_reads_plans_from_megatron_logs(tmp_path):
     assert res.exit_code == 0 and json.loads(res.output)["estimate"]["fits"] is True
     # a tokenizer's vocabulary: --vocab-size prints None, the padding line gives the size
     hf = _set_arg((LOGS / "megatron_args_70b.txt").read_text(), "vocab_size", None)
-    log.write_text(hf + (LOGS / "megatron.log").read_text())
+    log.write_text(hf + _megatron_timing_64())
     res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--out", str(out)])
     assert res.exit_code == 2 and "vocab_size" in res.output, res.output
     log.write_text(hf + " > padded vocab (size: 31999) with 1 dummy tokens (new size: 32000)\n"
-                   + (LOGS / "megatron.log").read_text())
+                   + _megatron_timing_64())
     assert read_log(log).padded_vocab == 32000
     res = runner.invoke(app, ["calibrate", str(log), "--cluster", "example", "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -1115,7 +1130,7 @@ def test_plan_read_from_torchtitan_toml(tmp_path):
     for args in ([str(LOGS / "torchtitan.log"), "--cluster", "h100-8x8"],
                  [str(tmp_path / "m.log"), "--cluster", "example", "--run-config", str(f)]):
         (tmp_path / "m.log").write_text((LOGS / "megatron_args_70b.txt").read_text()
-                                        + (LOGS / "megatron.log").read_text())
+                                        + _megatron_timing_64())
         res = runner.invoke(app, ["calibrate", *args, "--out", str(out)])
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
 
@@ -1431,7 +1446,7 @@ def test_fused_loss_read_and_priced_or_not_fitted(tmp_path):
         m, job, plan = plan_from_megatron_args(megatron_arg_blocks(block)[0], ex, source="t")
         assert job.fused_loss == (fused and impl == "native")
         peaks.append(estimate(m, job, ex, plan).stages[-1].memory.total_gib)
-        log.write_text(block + (LOGS / "megatron.log").read_text())
+        log.write_text(block + _megatron_timing_64())
         res = CliRunner().invoke(app, ["calibrate", str(log), "--cluster", "example", "--fit",
                                        "gemm_scale", "--out", str(out), "--json"])
         assert res.exit_code == 0, res.output
@@ -1445,7 +1460,7 @@ def test_fused_loss_read_and_priced_or_not_fitted(tmp_path):
     plan_file = tmp_path / "p.json"
     save_plan(plan_file, m, job, ex, plan, estimate(m, job, ex, plan), options=Options())
     log.write_text(_set_arg(text, "cross_entropy_loss_fusion", True)
-                   + (LOGS / "megatron.log").read_text())
+                   + _megatron_timing_64())
     res = CliRunner().invoke(app, ["calibrate", str(log), "--plan", str(plan_file), "--out",
                                    str(out)])
     assert res.exit_code == 2 and "cross_entropy_loss_fusion" in res.output, res.output
@@ -1680,7 +1695,7 @@ def test_a_log_twice_or_a_measurement_no_parameter_explains_is_refused(tmp_path)
     from formats.runs import calibration_runs
     log = tmp_path / "run.log"
     log.write_text((LOGS / "megatron_args_70b.txt").read_text()
-                   + (LOGS / "megatron.log").read_text())
+                   + _megatron_timing_64())
     plan = tmp_path / "p.json"
     with pytest.raises(SpecError, match="more than once"):
         calibration_runs([str(log), str(log)], [str(plan)])

@@ -1510,7 +1510,8 @@ def cluster_import(
         if intra_latency_us is not None:
             raise SpecError("give --intra-latency-us or --intra-allreduce (which measures it), "
                             "not both", source="options", field="--intra-latency-us")
-        intra_latency_us, bw, note, intra_notes = intra_node_allreduce(intra_allreduce)
+        intra_latency_us, bw, note, intra_notes = intra_node_allreduce(intra_allreduce,
+                                                                        gpus_per_node)
         intra_notes = [f"read: {note}", *(f"warning: {w}" for w in intra_notes)]
         if intra_gb_per_s is None and intra_topology is None:
             intra_gb_per_s = bw

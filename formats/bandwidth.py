@@ -458,9 +458,12 @@ def parse_nccl(text: str, src: str) -> NcclRun:
 LATENCY_MAX_BYTES = 1 << 16
 
 
-def intra_node_allreduce(path: str | Path) -> tuple[float, float, str, list[str]]:
+def intra_node_allreduce(path: str | Path, gpus_per_node: int | None = None
+                         ) -> tuple[float, float, str, list[str]]:
     """(per-step latency in us, busbw in GB/s, a note, warnings) of an all_reduce_perf run
-    among the GPUs of one node.
+    among the GPUs of one node; refused where it ran another number of GPUs than the
+    cluster's nodes have (`gpus_per_node`): its busbw and per-step latency are of rings of
+    its own size.
 
     busbw at the largest size is the rate each link of the ring carries (nccl-tests
     doc/PERFORMANCE.md, "AllReduce": busbw = algbw x 2(n-1)/n), the cluster's intra_gb_per_s.
@@ -477,6 +480,11 @@ def intra_node_allreduce(path: str | Path) -> tuple[float, float, str, list[str]
     if len(set(run.hosts)) != 1:
         raise SpecError(f"ranks on {len(set(run.hosts))} hosts; an intra-node run keeps every "
                         "rank on one node", source=src, field="# Rank lines")
+    if gpus_per_node is not None and n != gpus_per_node:
+        raise SpecError(f"the run all-reduces over {n} GPUs and the cluster's nodes have "
+                        f"{gpus_per_node} (--gpus-per-node): measure one node's GPUs "
+                        f"(all_reduce_perf -g {gpus_per_node})", source=src,
+                        field="# Rank lines")
     _check_busbw_factor(run, 2 * (n - 1) / n, "all_reduce")
     bw = run.busbw_gb_per_s
     if not run.times_us:
@@ -489,7 +497,7 @@ def intra_node_allreduce(path: str | Path) -> tuple[float, float, str, list[str]
     if size > LATENCY_MAX_BYTES:
         warnings.append(f"{src}: smallest message is {size} B (> {LATENCY_MAX_BYTES} B); the "
                         "latency taken from it is imprecise, rerun with -b 8")
-    note = (f"intra-node all_reduce over {n} GPUs: busbw {bw:.1f} GB/s at {run.size_bytes} B; "
+    note = (f"intra-node all_reduce over {n} GPUs of {run.hosts[0]}: busbw {bw:.1f} GB/s at {run.size_bytes} B; "
             f"{t_us:.1f} us at {size} B = {steps} steps of {lat:.2f} us")
     return lat, bw, note, warnings
 

@@ -1563,6 +1563,12 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
         warn += even_split_warnings(fw, model, job, cluster, plan, options,
                                     None if est is None else est.iteration_ms)
     executable: set[str] = set()
+    if mapping is None and not force:
+        # a set without its launcher had been written with exit 0 (a warning scripts miss)
+        raise SpecError(f"the placement cannot be expressed with torchrun node ranks: "
+                        f"{reason}; launch.sh and the hostfile cannot be written: add --force "
+                        "to write the configuration without them", source="plan",
+                        field="--emit")
     if mapping is None:
         warn.append(tagged(fw, "placement", (
             f"placement cannot be expressed with torchrun node ranks: {reason}; launch.sh and "

@@ -308,6 +308,14 @@ def test_intra_node_allreduce_gives_the_latency_and_link_rate(tmp_path):
     r = cli(*IMPORT, str(DATA / "nccl_pairs"), "--intra-allreduce", str(f),
             "--intra-latency-us", "3")
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    # a run of 8 GPUs for nodes of 4: its rate and 14 steps are an 8-GPU ring's (it had been
+    # written to the 4-GPU nodes without a word)
+    r = cli("cluster", "import", str(DATA / "nccl_pairs"), "--gpu", "H100-SXM-80GB",
+            "--gpus-per-node", "4", "--intra-allreduce", str(f), "--out",
+            str(tmp_path / "c4.toml"))
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "over 8 GPUs" in r.output and "-g 4" in r.output and "# Rank lines" in r.output
+    assert "node01" in note
     r = cli(*IMPORT, str(DATA / "nccl_pairs"), "--intra-allreduce",
             str(DATA / "all_reduce_4nodes.txt"))
     assert r.exit_code == 2 and "one node" in r.output

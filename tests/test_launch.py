@@ -851,7 +851,9 @@ def test_tp_pp_dp_order_places_every_rank(llama, tmp_path, megatron_groups):
     for q, co in coord.items():
         s, r, t = co["pp"], co["dp"], co["tp"]
         assert where[q] == (pl.node[s][r], pl.gpus[s][r][t]), q
-    _f, warn = emit("torchtitan", llama, job, c, plan, tmp_path / "t")
+    with pytest.raises(SpecError, match="--force"):
+        emit("torchtitan", llama, job, c, plan, tmp_path / "t")
+    _f, warn = emit("torchtitan", llama, job, c, plan, tmp_path / "t", force=True)
     assert any(w.startswith("torchtitan [placement]") for w in warn)
     assert not (tmp_path / "t" / "launch.sh").exists()
 
@@ -1420,3 +1422,31 @@ def test_a_tokenizer_their_files_cannot_carry_is_said(tmp_path, fw):
     said = [w for w in json.loads(r.output)["warnings"] if "--tokenizer 'my/tok'" in w]
     assert said and said[0].startswith(f"{fw} [model]: ") and "no tokenizer key" in said[0]
     assert "--tokenizer 'my/tok' is not written" in (out / "warnings.txt").read_text()
+
+
+def test_a_placement_torchrun_cannot_start_is_refused_unless_forced(tmp_path):
+    """One pipeline replica per node (what Megatron-LM's tp-pp-dp order starts) emitted for
+    torchtitan, whose mesh keeps PP outermost: no torchrun node ranks give it, so the set
+    without launch.sh and hostfile is refused naming --force (it had been written with exit
+    0, a warning in warnings.txt); with --force it is written and says so; Megatron-LM takes
+    the same plan with its launcher."""
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=4096, framework="torchtitan")
+    p = make_plan(m, job, c, tp=4, pp=2, zero=3)
+    p = dataclasses.replace(p, placement=dataclasses.replace(
+        p.placement, node=((0, 1), (0, 1)),
+        gpus=(((0, 1, 2, 3), (0, 1, 2, 3)), ((4, 5, 6, 7), (4, 5, 6, 7)))))
+    with pytest.raises(SpecError) as e:
+        emit("torchtitan", m, job, c, p, tmp_path / "tt")
+    assert e.value.field == "--emit" and "--force" in str(e.value)
+    assert not (tmp_path / "tt").exists()
+    files, warns = emit("torchtitan", m, job, c, p, tmp_path / "tt", force=True)
+    names = {f.name for f in files}
+    assert "launch.sh" not in names and "warnings.txt" in names
+    assert any("cannot be expressed with torchrun" in w for w in warns)
+    mj = dataclasses.replace(job, framework="megatron")
+    mp = make_plan(m, mj, c, tp=4, pp=2, zero=1)
+    mp = dataclasses.replace(mp, placement=p.placement)
+    files, _ = emit("megatron", m, mj, c, mp, tmp_path / "mg")
+    assert "launch.sh" in {f.name for f in files}

@@ -292,18 +292,25 @@ def print_calibration(prof, out, readings=()) -> None:
         con.print("residual sd of log time: not determined (no more runs than parameters, and "
                   "no prior): estimates under this profile have no prediction interval")
     elif prof.residual_sd_assumed:
+        prior = (f", worth {prof.noise_prior_dof} degrees of freedom to the intervals"
+                 if prof.noise_prior_dof else "")
         con.print(f"residual sd of log time: {100 * sd:.1f}% assumed, not measured (no more "
-                  "runs than parameters): the run-to-run noise the prior is weighed against; "
-                  "the standard errors are the prior's and these runs' together",
-                  highlight=False)
+                  f"runs than parameters): the run-to-run noise the prior is weighed "
+                  f"against{prior}; the standard errors are the prior's and these runs' "
+                  "together", highlight=False)
     else:
-        con.print(f"residual sd of log time: {100 * sd:.1f}% ({prof.residual_dof} degree"
-                  f"{'s' * (prof.residual_dof != 1)} of freedom)", highlight=False)
-        if prof.residual_dof is not None and prof.residual_dof <= 2:
-            from model.calibration import t975
-            con.print(f"  so few that the 95% intervals span +-{t975(prof.residual_dof):.1f} "
-                      "sd: add runs, or fit fewer parameters (--fit gemm_scale)",
-                      highlight=False)
+        from model.calibration import NOISE_SD, spread_dof, t975
+        d = prof.residual_dof
+        pooled = (f", pooled with the prior's {100 * NOISE_SD:.0f}% as "
+                  f"{prof.noise_prior_dof} more" if prof.noise_prior_dof else "")
+        con.print(f"residual sd of log time: {100 * sd:.1f}% ({d} degree{'s' * (d != 1)} of "
+                  f"freedom{pooled})", highlight=False)
+        dof = spread_dof(prof)
+        if dof is not None and dof <= 2:
+            fewer = (", or fit fewer parameters (--fit gemm_scale)" if len(prof.names) > 1
+                     else "")
+            con.print(f"  so few that the 95% intervals span +-{t975(dof):.1f} sd: add runs"
+                      f"{fewer}", highlight=False)
     n = prof.fragmentation_readings
     if n:
         con.print(f"memory: {n} reading{'s' * (n != 1)} of the reserved peak; "
@@ -623,21 +630,28 @@ def print_validate(s, verbose: bool) -> None:
               caption="err: |predicted / published - 1|. pub GiB: BLOOM's nvidia-smi readings, "
               "written 'GB', are read as GiB (nvidia-smi's MiB / 1024; the data's "
               "memory_measurement field)")
-    for col in ("run", "pred s", "pub s", "err", "pred GiB", "pub GiB", "err", "OOM pub/pred"):
+    # under a calibration profile: each run's 95% interval (formats/published.py), where the
+    # run is on the profile's GPU
+    calibrated = any(x.interval_low_s is not None for x in s.rows)
+    for col in ("run", "pred s", *(("95% interval s",) if calibrated else ()), "pub s", "err",
+                "pred GiB", "pub GiB", "err", "OOM pub/pred"):
         t.add_column(col, justify="right" if col != "run" else "left")
     for x in s.rows:
         if x.skipped:
             continue
         oom = "" if x.oom_published is None else (
             f"{'OOM' if x.oom_published else 'ran'}/{'fits' if x.predicted_fits else 'OOM'}")
-        t.add_row(x.id, f"{x.predicted_s:.2f}", f"{x.published_s:.2f}" if x.published_s else "-",
+        iv = ((f"{x.interval_low_s:.2f}-{x.interval_high_s:.2f}"
+               if x.interval_low_s is not None else "-",) if calibrated else ())
+        t.add_row(x.id, f"{x.predicted_s:.2f}", *iv,
+                  f"{x.published_s:.2f}" if x.published_s else "-",
                   f"{x.time_err * 100:.1f}%" if x.time_err is not None else "-",
                   f"{x.predicted_gib:.1f}" if x.predicted_gib else "-",
                   f"{x.published_gib:.0f}" if x.published_gib else "-",
                   f"{x.mem_err * 100:.1f}%" if x.mem_err is not None else "-",
                   oom + ("" if x.oom_ok in (None, True) else " [red]WRONG[/red]"))
         if verbose and x.assumptions:
-            t.add_row("  assumed: " + "; ".join(x.assumptions), *[""] * 7)
+            t.add_row("  assumed: " + "; ".join(x.assumptions), *[""] * (7 + calibrated))
     con = console()
     con.print(t)
     for x in s.rows:

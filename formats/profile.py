@@ -16,7 +16,8 @@ from .reading import finite_number, read_text, unknown_keys
 
 # every field a profile may hold (Profile.to_dict writes them; probe/gemm.py adds the last three)
 _KEYS = ("kind", "schema_version", "gpu", "parameters", "fitted", "covariance",
-         "residual_sd_log", "residual_dof", "residual_sd_assumed", "prior_sd_log", "runs",
+         "residual_sd_log", "residual_dof", "residual_sd_assumed", "noise_prior_dof",
+         "prior_sd_log", "runs",
          "uninformed", "fragmentation_spread", "planning", "device", "kernels")
 
 
@@ -118,9 +119,15 @@ def profile_from_dict(d, src: str) -> Profile:
                         "planning; run the probe on the GPUs you plan for", source=src,
                         field="planning")
     params = d.get("parameters")
-    if not isinstance(d.get("gpu"), str) or not isinstance(params, dict):
-        raise SpecError("needs gpu (a GPU preset name) and parameters", source=src,
-                        field="parameters")
+    if not isinstance(d.get("gpu"), str):
+        raise SpecError("needs gpu, the GPU preset name the profile was fitted for",
+                        source=src, field="gpu")
+    if not isinstance(params, dict):
+        raise SpecError("needs parameters, each fitted value with its standard error",
+                        source=src, field="parameters")
+    if "fitted" not in d:
+        raise SpecError("needs fitted, the list of time parameters the fit fitted ([] for "
+                        "none)", source=src, field="fitted")
     known = set(TIME_PARAMETERS) | {"fragmentation"}
     values, stderr = {}, {}
     for k, v in params.items():
@@ -190,6 +197,16 @@ def profile_from_dict(d, src: str) -> Profile:
         raise SpecError("an assumed spread has no degrees of freedom: set residual_dof to null, "
                         "or residual_sd_assumed to false for a measured one", source=src,
                         field="residual_sd_assumed")
+    if sd is None and (dof is not None or assumed):
+        raise SpecError("degrees of freedom or an assumed spread without a spread: give "
+                        "residual_sd_log, or set residual_dof to null and residual_sd_assumed "
+                        "to false", source=src, field="residual_sd_log")
+    prior_dof = d.get("noise_prior_dof", 0)  # profiles written before it: none pooled
+    if not isinstance(prior_dof, int) or isinstance(prior_dof, bool) or prior_dof < 0 or (
+            prior_dof and not assumed):
+        raise SpecError("must be the degrees of freedom an assumed residual_sd_log is worth "
+                        "to the intervals (an integer, 0 or more; 0 where the spread is "
+                        "measured or there is none)", source=src, field="noise_prior_dof")
     spread = d.get("fragmentation_spread") or {}
     what = ("{sd: the readings' sample sd (null below 2 readings), readings: how many}")
     if isinstance(spread, dict):
@@ -200,6 +217,10 @@ def profile_from_dict(d, src: str) -> Profile:
     f_sd = _optional_at_least_0(spread.get("sd"), src, "fragmentation_spread", what)
     if f_sd is not None and (f_n < 2 or f_sd > 1.0):  # fragmentation itself spans 0 to 1
         raise SpecError(f"must be {what}", source=src, field="fragmentation_spread")
+    if f_n and "fragmentation" not in values:
+        raise SpecError("a spread of memory readings without the fragmentation fitted on them: "
+                        "give parameters.fragmentation, or drop fragmentation_spread",
+                        source=src, field="fragmentation_spread")
     prior = d.get("prior_sd_log") or {}
     if not isinstance(prior, dict) or not set(prior) <= set(TIME_PARAMETERS):
         raise SpecError("must map time parameters to the prior's sd of log (what the fit "
@@ -208,6 +229,7 @@ def profile_from_dict(d, src: str) -> Profile:
              for k, v in prior.items()}
     return Profile(d["gpu"], values, stderr, names, cov, sd,
                    runs, src, residual_dof=dof, residual_sd_assumed=assumed,
+                   noise_prior_dof=prior_dof,
                    fragmentation_sd=f_sd, fragmentation_readings=f_n,
                    device=str(d.get("device") or ""),
                    kernels=kernels, uninformed=tuple(uninformed),

@@ -39,12 +39,13 @@ with n - p degrees of freedom, unweighted (the Huber weights discount large resi
 fit, but a new measurement's spread includes them: with 5% noise the weighted spread left
 12-run intervals at 91% coverage, the plain one 94%: bench/interval_coverage.py). With no
 more runs than parameters the spread cannot be measured: with the prior, s is the assumed
-NOISE_SD and C the posterior covariance NOISE_SD^2 (J' W J + P)^-1 (P the prior's precision in
-the same units), both marked assumed; without it the parameters are not determined and
-nothing has an interval. Prediction interval of a plan: var(log t) = g' C g + s^2, g the
-gradient of log t in the parameters; 95% interval t exp(+-q sd), q Student's t quantile at
-n - p degrees of freedom where s was measured (the spread of a few runs is itself uncertain;
-bench/interval_coverage.py), 1.96 where it was assumed.
+NOISE_SD, worth NOISE_PRIOR_DOF degrees of freedom, and C the posterior covariance
+NOISE_SD^2 (J' W J + P)^-1 (P the prior's precision in the same units), both marked assumed;
+without it the parameters are not determined and nothing has an interval. Prediction
+interval of a plan: var(log t) = g' C g + s^2, g the gradient of log t in the parameters; 95%
+interval t exp(+-q sd), q Student's t quantile at the spread's degrees of freedom, n - p
+measured or NOISE_PRIOR_DOF assumed (the spread of a few runs is itself uncertain;
+bench/interval_coverage.py; `spread_dof`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,16 @@ PRIOR_SD = {"gemm_scale": 0.15, "attention_scale": 0.2, "network_scale": 0.5,
 # run-to-run noise of one measured iteration time (log): BLOOM's two identical DP8/TP4/PP12
 # rows differ by 2.7% (data/published_runs.json); 5% as the scale the prior is weighed against
 NOISE_SD = 0.05
+# With no more runs than parameters the intervals' spread is NOISE_SD, assumed, and Student's
+# t takes it as worth this many degrees of freedom, as uncertain as a spread measured on one
+# run more than parameters (the scaled-inverse-chi-square prior on a normal variance, whose
+# predictive is t at its degrees of freedom: Gelman et al., Bayesian Data Analysis, 3rd ed.,
+# Sec. 3.3). Taken as exact (1.96 x 5%), 2 runs gave narrower intervals than 3 (12.7 x a
+# measured 1-degree spread): an auditor's 24% against 50%, bench/interval_coverage.py's 42%
+# against 382%. A measured spread stays the runs' alone: pooled with the 5% (tried
+# 2026-12-03, bench/README.md) it covered 69-89% of BLOOM's and torchtitan's held-out runs,
+# whose errors are not 5% noise
+NOISE_PRIOR_DOF = 1
 # weigh the prior against the spread the runs leave where that exceeds NOISE_SD (`fit`)
 EMPIRICAL_NOISE = True
 FRAGMENTATION_BOUNDS = (0.0, 1.0)
@@ -147,6 +158,9 @@ class Profile:
     # prior's NOISE_SD, residual_sd_assumed) or there is none
     residual_dof: int | None = None
     residual_sd_assumed: bool = False
+    # the degrees of freedom an assumed residual_sd is worth to the intervals
+    # (NOISE_PRIOR_DOF; 0: measured, or assumed exact as profiles written before it were)
+    noise_prior_dof: int = 0
     # the spread of the memory readings' fragmentation (reading / tensors - 1) over the runs
     # (sample sd; None with fewer than 2 readings) and how many readings it is of
     fragmentation_sd: float | None = None
@@ -172,7 +186,8 @@ class Profile:
                             for k, v in self.values.items()},
              "fitted": list(self.names), "covariance": self.covariance,
              "residual_sd_log": self.residual_sd, "residual_dof": self.residual_dof,
-             "residual_sd_assumed": self.residual_sd_assumed, "prior_sd_log": self.prior_sd,
+             "residual_sd_assumed": self.residual_sd_assumed,
+             "noise_prior_dof": self.noise_prior_dof, "prior_sd_log": self.prior_sd,
              "runs": self.runs}
         if self.uninformed:
             d["uninformed"] = list(self.uninformed)
@@ -405,10 +420,12 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     cov: list = []
     sd = dof = None
     assumed = n <= p and prior and p > 0
+    prior_dof = NOISE_PRIOR_DOF if assumed else 0
     if n > p or assumed:
         w = weights(r) if w_runs is None else w_runs
         # measured with n - p degrees of freedom, unweighted, or (no more runs than
-        # parameters) the noise the prior was weighed against, assumed (module docstring)
+        # parameters) the noise the prior was weighed against, assumed, worth
+        # NOISE_PRIOR_DOF degrees of freedom to the intervals (module docstring)
         sd = noise_sd if assumed else math.sqrt(float(np.sum(r ** 2)) / (n - p))
         dof = None if assumed else n - p
         s2 = sd * sd
@@ -445,7 +462,7 @@ def fit(runs: list[Run], names: tuple[str, ...], gpu: str, max_iter: int = 40,
     else:
         fs, frag_sd = [], None
     prof = Profile(gpu, values, stderr, tuple(names), cov, sd, residual_dof=dof,
-                   residual_sd_assumed=assumed,
+                   residual_sd_assumed=assumed, noise_prior_dof=prior_dof,
                    prior_sd={nm: PRIOR_SD[nm] for nm in names} if prior else {},
                    uninformed=uninformed, fragmentation_sd=frag_sd,
                    fragmentation_readings=len(fs))
@@ -478,10 +495,20 @@ def interval_s(prof: Profile, model, job, cluster, plan, options
             g[k] = (math.log(_predict(run, vals, prof.gpu)) - math.log(t)) / h
         var += float(g @ C @ g)
     sd = math.sqrt(max(var, 0.0))
-    q = t975(prof.residual_dof if prof.residual_sd is not None else None)
+    q = t975(spread_dof(prof))
     # a factor beyond e^50 either way says nothing a wider one would not; kept finite
     half = min(q * sd, 50.0)
     return t, t * math.exp(-half), t * math.exp(half)
+
+
+def spread_dof(prof: Profile) -> int | None:
+    """The degrees of freedom of the profile's residual spread for Student's t: the runs'
+    (residual_dof), or an assumed spread's (noise_prior_dof); None where the spread is
+    assumed exact or there is none (the normal's quantile)."""
+    if prof.residual_sd is None:
+        return None
+    dof = (prof.residual_dof or 0) + prof.noise_prior_dof
+    return dof or None
 
 
 def no_interval_reason(prof: Profile) -> str | None:

@@ -1633,6 +1633,41 @@ def test_no_more_runs_than_parameters(tmp_path):
     assert e.value.field == "residual_dof"
 
 
+def test_intervals_do_not_narrow_with_fewer_runs(tmp_path):
+    """Two parameters fitted with the prior to 1, 2, 3, 4 and 6 runs (2% noise): with no more
+    runs than parameters the assumed 5% spread is worth NOISE_PRIOR_DOF = 1 degree of freedom
+    to Student's t, as a spread measured on one run more would be, so 2 runs no longer give a
+    narrower interval than 3 (it had been taken as exact, 1.96 x 5%: an auditor's 2-run
+    interval was half the width of the 3-run one); measured spreads stay the runs' alone. The
+    profile file keeps it; one written before it reads as exact."""
+    from model.calibration import NOISE_PRIOR_DOF, Z95, spread_dof, t975
+    names = ("gemm_scale", "network_scale")
+    pool = _runs({"gemm_scale": 0.9}, 0.02, seed=21, n=7)
+    r = pool[6]
+    widths = {}
+    for n in (1, 2, 3, 4, 6):
+        prof, _ = fit(pool[:n], names, "A100-80GB", fit_fragmentation=False)
+        assert spread_dof(prof) == (n - 2 if n > 2 else NOISE_PRIOR_DOF)
+        assert prof.noise_prior_dof == (NOISE_PRIOR_DOF if n <= 2 else 0)
+        if n > 2:
+            measured = sum(math.log(x["after_s"] / x["measured_s"]) ** 2 for x in prof.runs)
+            assert prof.residual_sd == pytest.approx(math.sqrt(measured / (n - 2)))
+        t, lo, hi = interval_s(prof, r.model, r.job, r.cluster, r.plan, r.options)
+        widths[n] = hi / lo
+        if n == 2:
+            p = tmp_path / "two.json"
+            save_profile(p, prof)
+            assert interval_s(load_profile(p), r.model, r.job, r.cluster, r.plan,
+                              r.options)[1:] == pytest.approx((lo, hi))
+            doc = json.loads(p.read_text())
+            del doc["noise_prior_dof"]  # a profile written before it: the 1.96 rule
+            p.write_text(json.dumps(doc))
+            old = interval_s(load_profile(p), r.model, r.job, r.cluster, r.plan, r.options)
+            assert math.log(old[2] / t) == pytest.approx(
+                math.log(hi / t) * Z95 / t975(NOISE_PRIOR_DOF), rel=1e-9)
+    assert min(widths[1], widths[2]) > max(widths[3], widths[4], widths[6]), widths
+
+
 @pytest.mark.parametrize("edit,field", [
     (lambda d: d.update(covariance=[[1e-4, "x"], [0.0, 2e-3]]), "covariance"),
     (lambda d: d.update(covariance=[[1e-4, 1.0], [1.0, 2e-3]]), "covariance"),  # not PSD
@@ -1669,6 +1704,15 @@ def test_no_more_runs_than_parameters(tmp_path):
     (lambda d: d.update(covariance=[[1e6, 0.0], [0.0, 2e-3]]), "covariance"),
     (lambda d: d.update(fragmentation_spread={"sd": 1e9, "readings": 3}),
      "fragmentation_spread"),
+    # an auditor's hand edits: each had been read (a spread without its fragmentation said
+    # "fitted on no reading"; degrees of freedom without a spread were dropped) or named
+    # another field
+    (lambda d: d.update(fragmentation_spread={"sd": 0.01, "readings": 3}),
+     "fragmentation_spread"),
+    (lambda d: d.update(residual_sd_log=None), "residual_sd_log"),
+    (lambda d: d.update(noise_prior_dof=-1), "noise_prior_dof"),
+    (lambda d: d.pop("gpu"), "gpu"),
+    (lambda d: d.pop("fitted"), "fitted"),
 ])
 def test_profile_fields_that_would_break_an_interval_are_refused(tmp_path, edit, field):
     """What estimate and solve compute an interval from is checked when the profile is read:
@@ -2272,6 +2316,11 @@ def test_every_command_says_which_runs_and_nodes_a_profile_calibrates(tmp_path):
     assert d["inside_interval"] == sum(r["interval_low_s"] <= r["published_s"]
                                        <= r["interval_high_s"] for r in judged)
     assert all(r["interval_low_s"] < r["predicted_s"] < r["interval_high_s"] for r in rows)
+    # the table shows them too (only the JSON had), a column of its own
+    res = runner.invoke(app, ["validate", "--calibration", str(cal)])
+    assert res.exit_code == 0 and "95% interval s" in res.output, res.output
+    r0 = rows[0]
+    assert f"{r0['interval_low_s']:.2f}-{r0['interval_high_s']:.2f}" in res.output
     res = runner.invoke(app, ["compare", "--calibration", str(cal), "--json", "--tp", "8",
                               "--pp", "4", "--time-limit", "5"])
     assert res.exit_code == 0, res.output

@@ -363,7 +363,8 @@ def slow_nodes(plan, cluster) -> list[dict]:
     idx = {nd.name: n for n, nd in enumerate(cluster.nodes)}
     hosts = slots_by_node(plan)
     rows = [{"node": o["node"], "link": "network", "gb_per_s": o["best_gb_per_s"],
-             "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], [])}
+             "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], []),
+             "direction": o.get("direction", "both")}
             for o in s.get("outliers", [])]
     rows += [{"node": o["node"], "link": "NVLink", "gb_per_s": o["intra_gb_per_s"],
               "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], [])}
@@ -373,7 +374,10 @@ def slow_nodes(plan, cluster) -> list[dict]:
 
 def print_slow_nodes(plan, cluster) -> None:
     for o in slow_nodes(plan, cluster):
-        what = ("best network stream" if o["link"] == "network" else "best NVLink ring")
+        # cluster show's direction: a node slow only sending (or receiving) says which
+        way = {"out": " sending", "in": " receiving"}.get(o.get("direction", "both"), "")
+        what = (f"best network stream{way}" if o["link"] == "network" else
+                "best NVLink ring")
         where = (f"hosts {' '.join(o['slots'])}" if o["slots"] else
                  "left idle by this plan")
         console().print(f"slow node {o['node']}: {what} {o['gb_per_s']:.1f} GB/s, "
@@ -798,6 +802,10 @@ def print_cluster_summary(c, s, png=None) -> None:
         extra = [k for k, v in s["attached"].items() if v == g]
         con.print(f"  group {g}: {', '.join(members)}"
                   + (f"  (outliers attached: {', '.join(extra)})" if extra else ""))
+    if s.get("unattached"):
+        con.print(f"  not attached to a group (their links to two or more groups are alike, "
+                  f"so the measurements do not say where they sit): "
+                  f"{', '.join(s['unattached'])}", highlight=False)
     if s["asymmetric"]:
         con.print(f"{len(s['asymmetric'])} asymmetric pair(s): " + ", ".join(
             f"{a['a']}/{a['b']} {a['ratio']:.2f}x" for a in s["asymmetric"][:5]))

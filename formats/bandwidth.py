@@ -158,10 +158,18 @@ def read_csv(path: str | Path, units: str | None = None) -> Measured:
     if len(data) != n:
         sep = next((ch for ch in (";", "\t", "|") if n <= 1 and ch in text.splitlines()[0]),
                    None)
+        # a header without its corner cell: its first node name was read as the corner
+        corner = rows[0][0].strip() if rows[0] else ""
+        shifted = (len(data) == n + 1 and corner and corner in
+                   {r[0].strip() for r in data if r})
         raise SpecError(f"matrix is not square: {len(data)} data rows but {n} node columns "
                         f"in the header; give one row per node"
                         + (f" (the header is split by {sep!r}: the import reads commas)"
-                           if sep else ""), source=src, field="rows")
+                           if sep else "")
+                        + (f" (the header's first cell, {corner!r}, is read as the corner "
+                           "label over the row names: start the header with an empty cell or "
+                           "a label such as 'from\\to')" if shifted else ""),
+                        source=src, field="rows")
     m = np.full((n, n), math.nan)
     nan = np.zeros((n, n), dtype=bool)
     seen: dict[str, int] = {}
@@ -727,6 +735,10 @@ def _detect(paths: list[Path]) -> str:
 # Checks and fills
 
 
+# what load_measurements warns of a pair file whose run names other hosts than its file name
+_NAME_MISMATCH = re.compile(r"file name says (\S+) but the run was on (\S+);")
+
+
 def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
                    fill: tuple[str, ...] | list[str] = (), strict: bool = False,
                    asym_ratio: float = ASYMMETRY_WARN_RATIO) -> tuple[list[str], np.ndarray,
@@ -793,6 +805,7 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
     ends = [float(min(np.min(m[k][measured[k]], initial=np.inf),
                       np.min(m[:, k][measured[:, k]], initial=np.inf))) for k in range(n)]
     warnings: list[str] = []
+    filled: set[str] = set()
     for rule in fill:
         if rule not in FILL_RULES:
             raise SpecError(f"unknown fill rule '{rule}'; use {' or '.join(FILL_RULES)}",
@@ -807,6 +820,21 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
                 continue
             m[i, j] = v
             warnings.append(f"filled {names[i]} -> {names[j]} = {v:.2f} GB/s ({rule})")
+            filled.add(names[i])
+            filled.add(names[j])
+    # a host a file's run named otherwise than its file name (n3.cluster.local in
+    # sendrecv_n1_n3.txt) may be another node's second name: filling its pairs would make a
+    # node of it that the cluster does not have
+    for w in meas.warnings:
+        if (mt := _NAME_MISMATCH.search(w)) and filled:
+            said, ran = set(mt.group(1).split("/")), set(mt.group(2).split("/"))
+            alias = sorted((ran - said) & filled)
+            if alias and said - ran <= set(names):
+                raise SpecError(f"--fill would fill the pairs of {alias[0]}, which only a file "
+                                f"named for {'/'.join(sorted(said - ran))} measured "
+                                f"({w.split(': ', 1)[-1]}): if they are one host, give it "
+                                "one name in every file's '# Rank ... on HOST' lines; "
+                                "otherwise measure its pairs", source=src, field=alias[0])
     missing = off & np.isnan(m)
     if missing.any():
         pairs = [f"{names[i]} -> {names[j]}" for i, j in np.argwhere(missing)]
@@ -932,7 +960,7 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
         if k["intra_gb_per_s"] is not None and k["intra_gb_per_s"] < outlier_ratio * ring_med]
     if n < 2:
         out.update(median_gb_per_s=None, slowest_links=[], outliers=[],
-                   groups=[names], attached={}, asymmetric=[])
+                   groups=[names], attached={}, unattached=[], asymmetric=[])
         return out
     vals = m[off]
     med = float(np.median(vals))
@@ -983,15 +1011,22 @@ def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
     for i in core:
         groups.setdefault(comp[i], []).append(i)
     glist = sorted(groups.values())
-    attached = {}
+    attached, untold = {}, []
     for i in outl:
         if i in core:
             continue
-        best = max(range(len(glist)), key=lambda g: float(np.mean([sym[i, j] for j in glist[g]])))
+        means = [float(np.mean([sym[i, j] for j in g])) for g in glist]
+        best = max(range(len(glist)), key=lambda g: means[g])
+        if sum(abs(x - means[best]) <= 1e-9 * means[best] for x in means) > 1:
+            # its links to two groups alike (a node degraded to one rate everywhere): which
+            # switch it hangs on is not in the measurements, and is not guessed
+            untold.append(names[i])
+            continue
         glist[best].append(i)
         attached[names[i]] = best
     out["groups"] = [[names[i] for i in sorted(g)] for g in glist]
     out["attached"] = attached
+    out["unattached"] = untold
     asym = []
     for i in range(n):
         for j in range(i + 1, n):

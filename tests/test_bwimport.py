@@ -227,9 +227,19 @@ def test_summarize_finds_degraded_node_and_leaves():
                            ["node04", "node05", "node06", "node07"]]
     assert s["attached"] == {"node05": 1}
     assert all("node05" in (x["from"], x["to"]) for x in s["slowest_links"])
+    assert s["unattached"] == []
     flat = synth_cluster(SynthParams(num_nodes=6, leaf_size=6, degraded=0, seed=1))
     fs = summarize(flat)
     assert fs["outliers"] == [] and len(fs["groups"]) == 1
+    # a node whose every link runs at one degraded rate: its means to both leaves tie, so
+    # it is left unattached (it had been put in group 0, across the spine from its own rack)
+    import dataclasses
+    m = np.array(c.inter_gb_per_s, dtype=float)
+    m[5, :] = m[:, 5] = 12.0
+    np.fill_diagonal(m, 0.0)
+    s = summarize(dataclasses.replace(c, inter_gb_per_s=m))
+    assert s["attached"] == {} and s["unattached"] == ["node05"]
+    assert ["node04", "node06", "node07"] in s["groups"]
 
 
 def test_cli_show_json_and_png(tmp_path):
@@ -597,3 +607,37 @@ def test_synth_options_with_no_effect_are_warned(tmp_path, args, says):
     assert any(says in w for w in d["warnings"])
     r = runner.invoke(app, ["cluster", "synth", "-o", str(tmp_path / "t.toml")])
     assert "warning" not in r.output
+
+
+def test_fill_does_not_make_a_node_of_a_second_host_name(tmp_path):
+    """One pair file's run names node03 by its full name (node03.cluster.local) and the pair
+    node02-node04 is not measured: --fill min-row had filled every pair of the full name and
+    written a fifth node; it is refused naming the file's mismatch, and without the alias the
+    same fill writes four nodes."""
+    import shutil
+    d = tmp_path / "pairs"
+    shutil.copytree(DATA / "nccl_pairs", d)
+    (d / "sendrecv_node02_node04.txt").unlink()
+    f = d / "sendrecv_node01_node03.txt"
+    f.write_text(f.read_text().replace(" node03 ", " node03.cluster.local "))
+    r = cli(*IMPORT, str(d), "--fill", "min-row", "--out", str(tmp_path / "c.toml"))
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "node03.cluster.local" in r.output and "file name says" in r.output
+    assert not (tmp_path / "c.toml").exists()
+    f.write_text(f.read_text().replace(" node03.cluster.local ", " node03 "))
+    r = cli(*IMPORT, str(d), "--fill", "min-row", "--out", str(tmp_path / "c.toml"))
+    assert r.exit_code == 0, r.output
+    assert load_cluster(str(tmp_path / "c.toml")).num_nodes == 4
+
+
+def test_csv_header_without_its_corner_cell_says_so(tmp_path):
+    """A CSV matrix whose header starts with the first node's name (no corner cell): it was
+    read as the corner label, and the error spoke only of 3 rows against 2 columns; now it
+    says what was read as the corner and how to write the header."""
+    p = tmp_path / "m.csv"
+    p.write_text("a1,a2,a3\na1,,10,12\na2,10,,11\na3,12,11,\n")
+    r = cli(*IMPORT, str(p))
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "'a1', is read as the corner label" in r.output
+    p.write_text(",a1,a2,a3\na1,,10,12\na2,10,,11\na3,12,11,\n")
+    assert cli(*IMPORT, str(p), "--out", str(tmp_path / "c.toml")).exit_code == 0

@@ -2518,3 +2518,29 @@ def test_a_legacy_megatron_log_is_priced_with_its_scattered_pipeline_transfers()
     assert plan_from_megatron_args(legacy, ex, source="t")[1].p2p_scatter_gather
     off = {**legacy, "scatter_gather_tensors_in_pipeline": "False"}
     assert not plan_from_megatron_args(off, ex, source="t")[1].p2p_scatter_gather
+
+
+def test_few_degrees_advice_does_not_ask_for_fewer_parameters_than_one(tmp_path):
+    """calibrate's note on a spread of one or two degrees of freedom: with two parameters it
+    suggests --fit gemm_scale; with gemm_scale alone fitted it asks for runs only (it had
+    suggested the fit it was already running)."""
+    import io
+
+    from rich.console import Console
+
+    import render
+    runs = _runs({"gemm_scale": 0.9}, 0.02, seed=3, n=3)
+    outs = {}
+    for names in (("gemm_scale", "network_scale"), ("gemm_scale",)):
+        prof, _ = fit(runs[:len(names) + 1], names, "A100-80GB", fit_fragmentation=False)
+        assert prof.residual_dof == 1
+        buf = io.StringIO()
+        old = render.console
+        render.console = lambda: Console(file=buf, width=300)
+        try:
+            render.print_calibration(prof, tmp_path / "c.json")
+        finally:
+            render.console = old
+        outs[len(names)] = buf.getvalue()
+    assert "so few that the 95% intervals span" in outs[1] and "--fit gemm_scale" not in outs[1]
+    assert "fit fewer parameters (--fit gemm_scale)" in outs[2]

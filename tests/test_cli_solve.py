@@ -80,6 +80,31 @@ def test_solve_names_the_slow_node_and_what_the_plan_gives_it(tiny, tmp_path):
     plan = make_plan(presets.model("gpt-1.7b"), JobSpec(global_batch=8, seq_length=1024), c,
                      tp=1, pp=2, dp=4)
     assert slow_nodes(plan, c) == []
+    # a node slow only sending: the line says which way (cluster show's direction), as it
+    # had not
+    import dataclasses
+    import numpy as np
+    from render import print_slow_nodes
+    c4 = uniform_cluster(4, 4, "A100-80GB", 240.0, 25.0)
+    m = np.array(c4.inter_gb_per_s, dtype=float)
+    m[2, :] = 5.0
+    np.fill_diagonal(m, 0.0)
+    c4 = dataclasses.replace(c4, inter_gb_per_s=m)
+    p4 = make_plan(presets.model("gpt-1.7b"), JobSpec(global_batch=8, seq_length=1024), c4,
+                   tp=1, pp=2, dp=8)
+    rows = slow_nodes(p4, c4)
+    assert [(o["node"], o["direction"]) for o in rows] == [(c4.nodes[2].name, "out")]
+    import io
+    from rich.console import Console
+    import render
+    buf = io.StringIO()
+    old = render.console
+    render.console = lambda: Console(file=buf, width=200)
+    try:
+        print_slow_nodes(p4, c4)
+    finally:
+        render.console = old
+    assert "best network stream sending 5.0 GB/s" in buf.getvalue()
 
 
 def test_solve_tables_name_the_losers(tiny):

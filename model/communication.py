@@ -258,3 +258,35 @@ def deepep_buffer_bytes(ep: int, hidden_size: int, activation_bytes: int) -> flo
                 + channels * rdma_ranks * recv * (2 * slot + 2 * 16)))
     heap = -(-rdma // NVSHMEM_GRANULE_BYTES) * NVSHMEM_GRANULE_BYTES if rdma else 0
     return float(nvl + DEEPEP_WORKSPACE_BYTES + heap)
+
+
+def hybridep_buffer_bytes(tokens: int, hidden_size: int, num_experts: int, ep: int,
+                          domain: int) -> float:
+    """Device memory of the HybridEP buffer one GPU of an EP group of `ep` ranks holds,
+    outside PyTorch's allocator (DeepEP hybrid-ep branch 94a9f8f: csrc/hybrid_ep/buffer/
+    intranode.cu allocate_combine_buffers / allocate_dispatch_buffers and internode_doca.cu,
+    with Megatron-Core's defaults: fused_a2a.py init_hybrid_ep_buffer sizes it for the
+    `tokens` the rank dispatches, 16-bit tokens, the shared dispatch/combine buffer, no
+    custom all-gather). R = min(ep, `domain`) ranks share an NVLink domain and N = ep / R
+    domains take part. Inside the domain every GPU holds room for all T R N tokens of the
+    group: their 16-bit hidden states, an fp32 probability per expert of the domain, and an
+    fp32 scale per 128 elements. Across domains (N > 1) it also holds its own T tokens'
+    hidden states, probabilities (every expert) and scales, and for each of the N - 1 other
+    domains T tokens' hidden states and probabilities for the dispatch, and twice for the
+    combine (the reduction's and the transfer's), the dispatch's with scales. Flags and the
+    preprocessing scratch are left out (kilobytes)."""
+    if ep <= 1 or tokens <= 0:
+        return 0.0
+    R = min(ep, max(1, domain))
+    N = max(1, ep // R)
+    e_rank = num_experts / ep
+    T, h = float(tokens), float(hidden_size)
+    scales = h // 128
+    per_token = 2 * h + 4 * e_rank * R + 4 * scales
+    nvl = T * R * N * per_token
+    rdma = 0.0
+    if N > 1:
+        rdma += T * (2 * h + 4 * e_rank * R * N + 4 * scales)  # the rank's own tokens
+        rdma += T * (N - 1) * per_token  # dispatch, from each other domain
+        rdma += 2 * T * (N - 1) * (2 * h + 4 * e_rank * R)  # combine: reduction, transfer
+    return nvl + rdma

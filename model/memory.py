@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .communication import deepep_buffer_bytes
+from .communication import deepep_buffer_bytes, hybridep_buffer_bytes
 from .fp8 import Fp8Bytes
 from .plan import Shape, deepspeed_pipe_partitioned, layer_params, num_microbatches
 from .schedule import CompiledSchedule
@@ -309,22 +309,38 @@ def layer_activation_bytes(model: ModelSpec, job: JobSpec, shape: Shape,
     return total
 
 
-def dispatcher_buffer_gib(model: ModelSpec, job: JobSpec, shape: Shape) -> float:
-    """GiB one GPU holds for the MoE token dispatcher outside PyTorch's allocator: DeepEP's
-    buffer (communication.deepep_buffer_bytes) with the flex dispatcher's DeepEP backend and
-    expert parallelism; 0 otherwise (NCCL's all-to-all works in the allocator's tensors and
-    the communicator's own buffers, inside `Overheads.context_gib`)."""
-    if not (model.is_moe and shape.ep > 1 and job.moe_dispatcher == "deepep"):
+def dispatcher_buffer_gib(model: ModelSpec, job: JobSpec, shape: Shape,
+                          nvlink_domain: int) -> float:
+    """GiB one GPU holds for the MoE token dispatcher outside PyTorch's allocator, with the
+    flex dispatcher and expert parallelism: DeepEP's buffer (communication.
+    deepep_buffer_bytes), HybridEP's (hybridep_buffer_bytes, for the tokens a rank
+    dispatches: its 1/tp sequence shard under sequence parallelism, as CostModel
+    .dispatch_tokens; `nvlink_domain` the GPUs of a node, its NVLink domain); 0 otherwise
+    (NCCL's all-to-all works in the allocator's tensors and the communicator's own buffers,
+    inside `Overheads.context_gib`)."""
+    if not (model.is_moe and shape.ep > 1 and job.moe_dispatcher != "alltoall"):
         return 0.0
-    return deepep_buffer_bytes(shape.ep, model.hidden_size, job.activation_bytes) / GIB
+    if job.moe_dispatcher == "deepep":
+        return deepep_buffer_bytes(shape.ep, model.hidden_size, job.activation_bytes) / GIB
+    tokens = shape.micro_batch * job.seq_length // shape.cp // (
+        shape.tp if shape.sequence_parallel else 1)
+    return hybridep_buffer_bytes(tokens, model.hidden_size, model.num_experts, shape.ep,
+                                 nvlink_domain) / GIB
 
 
-def plan_overheads(model: ModelSpec, job: JobSpec, shape: Shape, options: Options
-                   ) -> Overheads:
-    """The options' memory overheads for one shape: its dispatcher's buffers
+def nvlink_domain(cluster) -> int:
+    """The GPUs of one NVLink domain the flex dispatchers' buffers are sized for: the
+    cluster's node size, the smallest where nodes differ (the dispatchers' groups are
+    placed inside a node or over whole nodes: plan.deepep_block_ok)."""
+    return min(nd.num_gpus for nd in cluster.node_kinds)
+
+
+def plan_overheads(model: ModelSpec, job: JobSpec, shape: Shape, options: Options,
+                   cluster) -> Overheads:
+    """The options' memory overheads for one shape on `cluster`: its dispatcher's buffers
     (dispatcher_buffer_gib) join the CUDA context as memory outside the allocator. What the
     estimator's StageMemory adds, and what every memory check of the search uses."""
-    extra = dispatcher_buffer_gib(model, job, shape)
+    extra = dispatcher_buffer_gib(model, job, shape, nvlink_domain(cluster))
     o = options.overheads
     return dataclasses.replace(o, context_gib=o.context_gib + extra) if extra else o
 
@@ -362,12 +378,16 @@ class MemoryModel:
     `chunk_act_bytes`)."""
 
     def __init__(self, model: ModelSpec, job: JobSpec, shape: Shape, cs: CompiledSchedule,
-                 options: Options, fp8: Fp8Bytes | None = None):
+                 options: Options, fp8: Fp8Bytes | None = None, cluster=None):
         """`fp8`: the FP8 recipe's bytes on the plan's GPUs (model/fp8.py
         `cluster_fp8_bytes`), needed where the shape runs FP8 linear layers."""
         self.model, self.job, self.shape, self.cs, self.options = model, job, shape, cs, options
-        self.overheads = plan_overheads(model, job, shape, options)
-        self.dispatcher_gib = dispatcher_buffer_gib(model, job, shape)
+        # `cluster`: where the flex dispatchers' buffers depend on its nodes (nvlink_domain);
+        # None: no dispatcher buffers (a cluster-free memory figure)
+        self.overheads = (plan_overheads(model, job, shape, options, cluster)
+                          if cluster is not None else options.overheads)
+        self.dispatcher_gib = (dispatcher_buffer_gib(model, job, shape, nvlink_domain(cluster))
+                               if cluster is not None else 0.0)
         if shape.fp8 and fp8 is None:
             raise ValueError("an FP8 shape needs the recipe's bytes (model/fp8.py)")
         self.fp8b = fp8

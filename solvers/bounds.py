@@ -186,7 +186,7 @@ def _memory_caps(model, job, cluster, shape, options, costs) -> list[int]:
     chunk, layers x bytes per layer; charging every layer of the stage at its cheapest chunk's
     rate can only lower them (exact with one chunk per stage), so a stage holds at most
     min over events of (budget - constant) / cheapest rate layers."""
-    ovh = plan_overheads(model, job, shape, options)
+    ovh = plan_overheads(model, job, shape, options, cluster)
     # the largest GPU's memory: a valid relaxation where sizes differ (a stage may sit there)
     cap = max(nd.gpu.memory_gib for nd in cluster.nodes)
     budget = (cap - ovh.context_gib) / (1 + ovh.fragmentation) * GIB

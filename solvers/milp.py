@@ -226,7 +226,7 @@ class _Data:
                 self.a2a = max(ev0.ep_alltoall(ident, s, r) for s in range(sh.pp)
                                for r in range(sh.cols))
         lt = costs.layer_times(gpu, ring_tp, self.shard_ring, self.cp_ring, self.a2a)
-        ovh = plan_overheads(prob.model, prob.job, sh, prob.options)
+        ovh = plan_overheads(prob.model, prob.job, sh, prob.options, prob.cluster)
         self.cap_gib = (gpu.memory_gib - ovh.context_gib) / (1 + ovh.fragmentation)
         V, p = self.V, self.p
         # per virtual stage: F_j = fF l_j + eF_j, B_j = fB l_j + eB_j (costs.py)

@@ -187,7 +187,8 @@ class PlacementProblem:
             for s in stages:
                 per[s], emb[s], head[s] = max(per[s], t), max(emb[s], e), max(head[s], h)
                 cap[s] = min(cap[s], self.caps_gib[n])
-        ovh = plan_overheads(self.model, self.job, self.shape, self.options)
+        ovh = plan_overheads(self.model, self.job, self.shape, self.options,
+                             self.cluster)
         layers = [1] * V
         layers[0] = max(1, m.first_dense_layers)
         cur = [const[s] + coef[s] @ np.asarray(layers, dtype=float) for s in range(p)]

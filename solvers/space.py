@@ -438,7 +438,8 @@ def stage_memory_events(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, sh
 
     m = num_microbatches(job, shape)
     cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
-    mm = MemoryModel(model, job, shape, cs, options, plan_fp8_bytes(job, shape, cluster))
+    mm = MemoryModel(model, job, shape, cs, options, plan_fp8_bytes(job, shape, cluster),
+                     cluster)
     costs = costs or CostModel(model, job, cluster, shape, options)
     p = shape.pp
     zero = (0,) * shape.num_virtual
@@ -489,7 +490,7 @@ def min_max_memory_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, s
     import numpy as np
 
     p, V = shape.pp, shape.num_virtual
-    ovh = plan_overheads(model, job, shape, options)
+    ovh = plan_overheads(model, job, shape, options, cluster)
     ev_const, ev_coef = _events_over_virtual_stages(model, job, cluster, shape, options)
 
     def stage_peaks_gib(lay):
@@ -564,7 +565,7 @@ def capacity_split(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     import numpy as np
 
     p, V = shape.pp, shape.num_virtual
-    ovh = plan_overheads(model, job, shape, options)
+    ovh = plan_overheads(model, job, shape, options, cluster)
     const, coef = _events_over_virtual_stages(model, job, cluster, shape, options)
 
     def fill(s, cur_s):

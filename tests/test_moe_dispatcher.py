@@ -603,8 +603,8 @@ def test_deepep_buffer_size_follows_its_size_hints():
     room for 128 int64 indices, 128 weights and 128 scales), 20 SMs (10 channels): EP 8 has
     only the NVLink buffer (256 slots a peer) and the 32 MiB workspace; EP 16 has 288 slots a
     peer and an RDMA buffer of 140 slots (128 rounded up to the 20-token send chunk) per
-    remote node, which takes one 512 MiB NVSHMEM granule; other dispatchers hold none."""
-    from model.communication import deepep_buffer_bytes
+    remote node, which takes one 512 MiB NVSHMEM granule; NCCL's all-to-all holds none."""
+    from model.communication import deepep_buffer_bytes, hybridep_buffer_bytes
     from model.memory import dispatcher_buffer_gib
 
     def align(x):
@@ -620,13 +620,36 @@ def test_deepep_buffer_size_follows_its_size_hints():
     assert deepep_buffer_bytes(16, 2048, 1) == deepep_buffer_bytes(16, 2048, 2)  # >= 2 bytes
     assert deepep_buffer_bytes(1, 2048, 2) == deepep_buffer_bytes(12, 2048, 2) == 0.0
     sh = Shape(tp=1, pp=1, dp=16, micro_batch=1, ep=16, zero=1)
-    for d, want in (("alltoall", 0.0), ("hybridep", 0.0),
+    for d, want in (("alltoall", 0.0),
+                    ("hybridep", hybridep_buffer_bytes(4096, 2048, 128, 16, 8) / 2 ** 30),
                     ("deepep", deepep_buffer_bytes(16, 2048, 2) / 2 ** 30)):
         job = JobSpec(global_batch=64, seq_length=4096, moe_dispatcher=d)
-        assert dispatcher_buffer_gib(QWEN3, job, sh) == want
+        assert dispatcher_buffer_gib(QWEN3, job, sh, 8) == want
     assert dispatcher_buffer_gib(QWEN3, JobSpec(global_batch=64, seq_length=4096,
                                                 moe_dispatcher="deepep"),
-                                 dataclasses.replace(sh, ep=1)) == 0.0
+                                 dataclasses.replace(sh, ep=1), 8) == 0.0
+
+
+def test_hybridep_buffer_holds_the_whole_group_s_tokens():
+    """HybridEP's buffer, counted by hand from hybrid-ep's intranode.cu and internode_doca.cu
+    for Qwen3-30B (hidden 2048, 128 experts) at 4096 tokens a rank: inside one NVLink domain
+    of 8 (EP 8) room for all 8 x 4096 tokens' 16-bit states, an fp32 probability per expert
+    of the domain (128) and a scale per 128 elements; EP 16 over two domains of 8 also its own
+    tokens (probabilities for all 128 experts) and, per other domain, the dispatch's tokens
+    with probabilities and scales and the combine's twice without scales; on one NVL72
+    domain EP 16 has no RDMA part. It grows with the tokens a rank dispatches."""
+    from model.communication import hybridep_buffer_bytes
+    T, h = 4096, 2048
+    per = 2 * h + 4 * 128 + 4 * 16
+    assert hybridep_buffer_bytes(T, h, 128, 8, 8) == T * 8 * per
+    own = T * (2 * h + 4 * 128 + 4 * 16)  # experts per rank 8 x 8 x 2 domains = 128
+    other = T * (2 * h + 4 * 64 + 4 * 16) + 2 * T * (2 * h + 4 * 64)
+    assert hybridep_buffer_bytes(T, h, 128, 16, 8) == T * 16 * (2 * h + 4 * 64 + 4 * 16) \
+        + own + other
+    assert hybridep_buffer_bytes(T, h, 128, 16, 72) == T * 16 * per
+    assert hybridep_buffer_bytes(2 * T, h, 128, 16, 8) == 2 * hybridep_buffer_bytes(
+        T, h, 128, 16, 8)
+    assert hybridep_buffer_bytes(T, h, 128, 1, 8) == 0.0
 
 
 def test_deepep_buffer_is_memory_outside_the_allocator_for_the_estimate_and_the_search():
@@ -643,7 +666,7 @@ def test_deepep_buffer_is_memory_outside_the_allocator_for_the_estimate_and_the_
     for j in (base, deep):
         plan = make_plan(QWEN3, j, c, tp=1, pp=2, ep=8, zero=1)
         ests[j.moe_dispatcher] = (plan, estimate(QWEN3, j, c, plan))
-    buf = dispatcher_buffer_gib(QWEN3, deep, ests["deepep"][0].shape)
+    buf = dispatcher_buffer_gib(QWEN3, deep, ests["deepep"][0].shape, 8)
     assert buf > 0.1
     for a, b in zip(ests["alltoall"][1].stages, ests["deepep"][1].stages):
         assert b.memory.total_gib - a.memory.total_gib == pytest.approx(buf, rel=1e-9)

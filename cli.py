@@ -616,7 +616,7 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
                                            if n]
     warnings = [*notes, *(calibration or {}).get("notes", []), *unmodelled,
                 *shape_warnings(m, job, plan.shape), *own, *fp8w,
-                *_moe_warnings(job, c, plan), *warnings]
+                *_moe_warnings(job, c, plan, emitted=bool(outputs.get("emit"))), *warnings]
     if as_json:
         if mem_interval is not None and mem_interval.may_not_fit_stage is not None:
             warnings.append(render.may_not_fit(mem_interval))  # the terminal says it too
@@ -628,13 +628,15 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     render.print_written(files, warnings)
 
 
-def _moe_warnings(job, c, plan, asked_ep_overlap: bool = False) -> list[str]:
+def _moe_warnings(job, c, plan, asked_ep_overlap: bool = False,
+                  emitted: bool = False) -> list[str]:
     """What the MoE options asked for that the plan does not do as asked: a dispatcher with
-    EP 1 (no tokens move; the alltoall dispatcher is written, DeepEP refusing a group of one),
-    a placement DeepEP cannot start, the all-to-all overlap the best plan cannot use."""
+    EP 1 (no tokens move; the alltoall dispatcher is written, DeepEP refusing a group of one;
+    not where a launch set was `emitted`, whose [model] line says it), a placement DeepEP
+    cannot start, the all-to-all overlap the best plan cannot use."""
     from model.plan import deepep_layout_problem
     sh, out = plan.shape, []
-    if job.moe_dispatcher != "alltoall" and sh.ep <= 1:
+    if job.moe_dispatcher != "alltoall" and sh.ep <= 1 and not emitted:
         out.append(f"moe dispatcher {job.moe_dispatcher}: the plan has EP 1, so no tokens move "
                    "between GPUs; emit writes the alltoall dispatcher (Megatron-Core's flex "
                    "dispatcher refuses a group of one)")
@@ -1191,7 +1193,8 @@ def solve(
         from model.compute import shape_warnings
         warnings = [*([] if emit else _unmodelled_warnings(m, job)),
                     *shape_warnings(m, job, res.plan.shape),
-                    *_moe_warnings(job, c, res.plan, ep_comm_overlap), *warnings]
+                    *_moe_warnings(job, c, res.plan, ep_comm_overlap, emitted=bool(emit)),
+                    *warnings]
     if res.plan is not None and not emit:
         from model.memory import fp8_param_gather_note
         if note := fp8_param_gather_note(job, res.plan.shape):

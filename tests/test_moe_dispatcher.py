@@ -575,6 +575,13 @@ def test_dispatcher_at_ep_1_and_unused_overlap_are_said(tmp_path):
     from cli import _moe_warnings
     assert any(w.startswith("--ep-comm-overlap: the plan does not use it")
                for w in _moe_warnings(job, c, plan, asked_ep_overlap=True))
+    # with --emit the launch set's [model] line says it, once (it had been said twice)
+    r = CliRunner().invoke(app, ["estimate", "-m", "qwen3-30b-a3b", "--tp", "4", "--pp", "4",
+                                 "--ep", "1", "--distopt", "--moe-dispatcher", "deepep",
+                                 "--gbs", "64", "--seq", "4096", "--emit", "megatron",
+                                 "--out", str(tmp_path / "e")])
+    assert r.exit_code == 0, r.output
+    assert " ".join(r.output.split()).count("EP 1") == 1
 
 
 @pytest.mark.parametrize("nodes,gpus,ep,ok", [(1, 6, 6, False), (1, 6, 3, False),

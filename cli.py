@@ -1174,6 +1174,16 @@ def solve(
         from launch.emit import check_framework
         from launch.ranks import ORDERS
         space = replace(space, launch_orders=ORDERS[check_framework(emit)])
+        if c.gpus_per_node is None and not force:
+            # torchrun starts one count of processes a node: said before the search, whose
+            # result emit would then refuse (nothing written, --save-plan included)
+            from model.errors import SpecError
+            counts = "/".join(map(str, sorted({nd.num_gpus for nd in c.nodes})))
+            raise SpecError(f"launch.sh starts every node with one --nproc_per_node and the "
+                            f"cluster's nodes have {counts} GPUs, so no launch.sh or "
+                            "hostfile can be written: solve without --emit (--save-plan keeps "
+                            "the plan), or add --force to write the configuration without "
+                            "them", source="options", field="--emit")
     prog = render.Progress(not as_json)
     from solvers.workers import stop_on_sigint
     try:

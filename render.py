@@ -292,7 +292,8 @@ def print_calibration(prof, out, readings=()) -> None:
         con.print("residual sd of log time: not determined (no more runs than parameters, and "
                   "no prior): estimates under this profile have no prediction interval")
     elif prof.residual_sd_assumed:
-        prior = (f", worth {prof.noise_prior_dof} degrees of freedom to the intervals"
+        k = prof.noise_prior_dof
+        prior = (f", worth {k} degree{'s' * (k != 1)} of freedom to the intervals"
                  if prof.noise_prior_dof else "")
         con.print(f"residual sd of log time: {100 * sd:.1f}% assumed, not measured (no more "
                   f"runs than parameters): the run-to-run noise the prior is weighed "

@@ -418,6 +418,9 @@ def megatron_arg_blocks(text: str) -> list[dict[str, str]]:
 
 
 _CUT = " (its gzip stream ends before the end marker: read up to there)"
+# a log whose last line has no line end (text_lines' `unfinished`): said where it matters
+_UNFINISHED = (" (its last line has no line end and was left out, as a line still being "
+               "written: end the file with a newline if that line is whole)")
 
 
 def read_log(path) -> LogReading:
@@ -525,7 +528,8 @@ def read_log(path) -> LogReading:
         raise SpecError("no training-step line of Megatron-LM (elapsed time per iteration), "
                         "torchtitan (step: .. tps:), NeMo (train_step_timing in s) or "
                         "DeepSpeed (iter time (s), CurrSamplesPerSec) found; give the log the "
-                        f"framework printed{_CUT if cut_short else ''}", source=src, field="log")
+                        f"framework printed{_CUT if cut_short else ''}"
+                        f"{_UNFINISHED if unfinished else ''}", source=src, field="log")
     frameworks = {x[0] for x in found}
     # one run's second timer of the same steps (module docstring): left out, counted
     ds = frameworks & {"deepspeed", "deepspeed-pipe"}
@@ -574,7 +578,8 @@ def read_log(path) -> LogReading:
         raise SpecError(f"{len(found)} timing readings{per}; at least "
                         f"{WARMUP_READINGS + MIN_READINGS} in one process are needed (the first "
                         f"{WARMUP_READINGS} of each are warm-up); log more iterations"
-                        f"{_CUT if cut_short else ''}", source=src, field="log")
+                        f"{_CUT if cut_short else ''}{_UNFINISHED if unfinished else ''}",
+                        source=src, field="log")
     reading = LogReading(src, fw, values, unit, skipped=len(found) - len(values),
                          cut_short=bool(cut_short), unfinished_line=bool(unfinished),
                          processes=len(seen), validation_lines=validation, batches=batches,

@@ -36,8 +36,12 @@ from model.specs import FP8_RECIPES, JobSpec, ModelSpec
 # absolute and alibi are Megatron-DeepSpeed's names (its PositionEmbeddingType enum, printed
 # with the enum's name in front: BLOOM trained with --position-embedding-type alibi,
 # bigscience-workshop/bigscience train/tr11-176B-ml)
+# Megatron-LM's --position-embedding-type (arguments.py: learned_absolute, rope, yarn, mrope,
+# relative, none; Megatron-DeepSpeed's rotary, absolute, alibi): YaRN and multimodal RoPE are
+# rotary embeddings with rescaled or sectioned frequencies, at RoPE's cost
 _POSITIONS = {"rope": "rope", "learned_absolute": "learned", "none": "alibi",
-              "rotary": "rope", "absolute": "learned", "alibi": "alibi"}
+              "rotary": "rope", "absolute": "learned", "alibi": "alibi", "yarn": "rope",
+              "mrope": "rope"}
 _NORMS = {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"}
 # Megatron-FSDP's --data-parallel-sharding-strategy -> ZeRO stage (launch/emit.py's mapping)
 _FSDP_ZERO = {"optim_grads": 2, "optim_grads_params": 3}
@@ -308,8 +312,8 @@ def _model(a: PrintedArgs, vocab: int, name: str) -> ModelSpec:
     hidden = a.integer("hidden_size")
     pos = a.text("position_embedding_type", "learned_absolute").split(".")[-1]
     if pos not in _POSITIONS:
-        a.fail("position_embedding_type", f"{pos!r} is not priced (rope, learned_absolute, "
-               "none)")
+        a.fail("position_embedding_type", f"{pos!r} is not priced (rope, yarn, mrope, "
+               "learned_absolute, none)")
     norm = a.text("normalization", "LayerNorm")
     if norm not in _NORMS:
         a.fail("normalization", f"{norm!r} is not priced (RMSNorm, LayerNorm)")

@@ -317,7 +317,10 @@ def dispatcher_buffer_gib(model: ModelSpec, job: JobSpec, shape: Shape,
     dispatches: its 1/tp sequence shard under sequence parallelism, as CostModel
     .dispatch_tokens; `nvlink_domain` the GPUs of a node, its NVLink domain); 0 otherwise
     (NCCL's all-to-all works in the allocator's tensors and the communicator's own buffers,
-    inside `Overheads.context_gib`)."""
+    inside `Overheads.context_gib`). Charged to every stage: Megatron-Core creates the buffer
+    at a stage's first dispatch, so a stage holding only a model's leading dense layers has
+    none, which this over-counts (it keeps the memory a constant per stage, as the MILP's
+    rows take it; such a stage is rarely the fullest)."""
     if not (model.is_moe and shape.ep > 1 and job.moe_dispatcher != "alltoall"):
         return 0.0
     if job.moe_dispatcher == "deepep":

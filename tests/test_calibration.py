@@ -185,6 +185,18 @@ def test_a_last_line_without_its_line_end_is_left_out_and_said(tmp_path, gz):
                 cut in x for x in lines[last + 1:])
             d = log_reading_dict(r, 256 if name == "megatron.log" else 32)
             assert d["unfinished_last_line_left_out"] is unfinished
+    # too few readings once it is left out: the refusal says why, not only "log more"
+    lines = (LOGS / "megatron.log").read_text().splitlines()
+    timing = [k for k, x in enumerate(lines) if "elapsed time per iteration" in x]
+    p = tmp_path / "few.log"
+    from formats.logs import MIN_READINGS
+    last = timing[WARMUP_READINGS + MIN_READINGS - 1]
+    p.write_text("\n".join(lines[:last + 1]))
+    with pytest.raises(SpecError) as e:
+        read_log(p)
+    assert "last line has no line end" in str(e.value)
+    p.write_text("\n".join(lines[:last + 1]) + "\n")
+    assert len(read_log(p).values) == MIN_READINGS
 
 
 def test_bridge_memory_without_reserved_keys_is_reported_not_fitted(tmp_path):
@@ -1288,6 +1300,11 @@ def test_log_of_another_architecture_than_its_plan_is_refused():
             "normalization": "RMSNorm", "position_embedding_type": "rope"}
     assert megatron_args_mismatch(m, job, plan, same) == []
     assert megatron_args_mismatch(m, job, plan, {**same, "kv_channels": "None"}) == []
+    # YaRN and multimodal RoPE are rotary embeddings at RoPE's cost (a reviewer's Bridge log
+    # with yarn had been refused against its own plan)
+    for rotary in ("yarn", "mrope", "PositionEmbeddingType.rotary"):
+        assert megatron_args_mismatch(m, job, plan,
+                                      {**same, "position_embedding_type": rotary}) == []
     for name, value in (("kv_channels", "64"), ("swiglu", "False"),
                         ("untie_embeddings_and_output_weights", "False"),
                         ("add_bias_linear", "True"), ("normalization", "LayerNorm"),

@@ -567,3 +567,25 @@ def test_compare_sharding_with_no_plan_exits_2_as_without_it(tmp_path, args, say
     if "none of" not in says:  # the same line as compare without --sharding
         plain = runner.invoke(app, ["compare", "--time-limit", "2", *args])
         assert plain.exit_code == 2 and plain.output == r.output
+
+
+def test_solve_emit_on_nodes_of_different_sizes_is_refused_before_the_search(tmp_path):
+    """Nodes of 8, 4 and 4 GPUs: no launch.sh can start them (one --nproc_per_node), so
+    solve --emit says so before searching (it had searched, then written nothing, the plan
+    file included); with --force the search runs and the configuration is written without
+    a launcher."""
+    toml = tmp_path / "mixed.toml"
+    toml.write_text("".join(
+        f'[[nodes]]\nname = "n{k}"\ngpu = "H100-SXM-80GB"\ngpus = {g}\n'
+        f'intra_gb_per_s = 400.0\n' for k, g in enumerate((8, 4, 4)))
+        + '[inter]\ngb_per_s = [[0.0, 40.0, 40.0], [40.0, 0.0, 40.0], [40.0, 40.0, 0.0]]\n')
+    args = ["solve", "-m", "llama3-8b", "-c", str(toml), "--gbs", "64", "--seq", "4096",
+            "--emit", "megatron", "--out", str(tmp_path / "e"), "--save-plan",
+            str(tmp_path / "p.json"), "--time-limit", "10"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "--nproc_per_node" in r.output and "4/8 GPUs" in r.output
+    assert not (tmp_path / "p.json").exists()
+    r = runner.invoke(app, [*args, "--force"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "p.json").exists() and not (tmp_path / "e" / "launch.sh").exists()

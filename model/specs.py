@@ -7,7 +7,7 @@ frozen dataclass validated at construction; a bad value raises `SpecError` namin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Mapping
 
@@ -629,6 +629,14 @@ class JobSpec:
     source: str = "job"
 
     def __post_init__(self):
+        # every true/false field is a boolean (None where the field allows it): a sweep spec's
+        # "false" (a string) had been read as true, pricing the option it meant to leave off
+        for f in fields(self):
+            if "bool" in str(f.type):
+                v, unset = getattr(self, f.name), "None" in str(f.type)
+                if not (isinstance(v, bool) or (v is None and unset)):
+                    raise SpecError(f"must be true or false{' (or unset)' if unset else ''}, "
+                                    f"got {v!r}", source=self.source, field=f.name)
         if self.zero is None and self.distributed_optimizer is not None:
             object.__setattr__(self, "zero", int(bool(self.distributed_optimizer)))
         if self.zero is not None:

@@ -589,3 +589,19 @@ def test_solve_emit_on_nodes_of_different_sizes_is_refused_before_the_search(tmp
     r = runner.invoke(app, [*args, "--force"])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "p.json").exists() and not (tmp_path / "e" / "launch.sh").exists()
+
+
+def test_solve_time_limit_counts_the_command_not_only_the_search(monkeypatch):
+    """On the wall clock the search gets the limit less the process's start-up so far and
+    the report's reserve (an auditor's T = 5 solves had taken 5.5-6.3 s as a command); a
+    work-clock limit is the search's own; never below a minimal call."""
+    import time
+
+    import cli
+    monkeypatch.setattr(cli, "_START_S", time.perf_counter() - 0.4)  # a 0.4 s start-up
+    before = time.perf_counter() - cli._START_S
+    got = cli._search_limit_s(10.0, "wall")
+    after = time.perf_counter() - cli._START_S
+    assert 10.0 - after - cli.REPORT_RESERVE_S <= got <= 10.0 - before - cli.REPORT_RESERVE_S
+    assert cli._search_limit_s(10.0, "work") == 10.0
+    assert cli._search_limit_s(0.01, "wall") == 0.05

@@ -130,6 +130,15 @@ def test_bad_specs_name_the_field(tmp_path):
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert e.value.field == "models" and e.value.source == str(p)
+    # a true/false job field given as a string: "false" had been read as true (an auditor's
+    # sweep priced FP8 where it asked for none), 0 had drawn a contradictory message
+    for field, value in (("fp8", '"false"'), ("grad_reduce_in_bf16", '"false"'),
+                         ("distributed_optimizer", '"false"'), ("fused_loss", "0")):
+        p.write_text(SPEC.format(model="gpt-1.7b").replace(
+            "seq_length = 1024", f"seq_length = 1024\n{field} = {value}"))
+        with pytest.raises(SpecError) as e:
+            load_spec(p)
+        assert e.value.field == field and "must be true or false" in str(e.value), e.value
 
 
 def _values(store: Store) -> dict:

@@ -61,6 +61,9 @@ class Measured:
     measured_nan: np.ndarray | None = None  # True where the input itself said NaN
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # pair files whose run named other hosts than the file name: (the file name's two, the
+    # run's two, the warning said of it), for check_and_fill's --fill guard
+    renamed: list[tuple[tuple[str, str], tuple[str, str], str]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -569,6 +572,7 @@ def read_nccl_pairs(paths: list[Path], test: str | None = None) -> Measured:
     entries: dict[tuple[str, str], tuple[float, str]] = {}
     notes: list[str] = []
     warnings: list[str] = []
+    renamed: list = []  # Measured.renamed
     for p in paths:
         src = str(p)
         mt = _PAIR_NAME.match(p.stem)
@@ -590,6 +594,9 @@ def read_nccl_pairs(paths: list[Path], test: str | None = None) -> Measured:
                                 source=src, field="# Rank lines")
             a, b = hosts
             if mt and {mt["a"], mt["b"]} != {a, b}:
+                renamed.append(((mt["a"], mt["b"]), (a, b),
+                                f"file name says {mt['a']}/{mt['b']} but the run was on "
+                                f"{a}/{b}"))
                 warnings.append(f"{src}: file name says {mt['a']}/{mt['b']} but the run was on "
                                 f"{a}/{b}; using the host names from the output")
         elif mt:
@@ -628,7 +635,7 @@ def read_nccl_pairs(paths: list[Path], test: str | None = None) -> Measured:
                                 "ways; measure this direction to replace it")
     src = str(paths[0].parent) if len(paths) > 1 else str(paths[0])
     return Measured(names, m, src, np.zeros((n, n), bool), notes=sorted(set(notes)),
-                    warnings=warnings)
+                    warnings=warnings, renamed=renamed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -739,10 +746,6 @@ def _detect(paths: list[Path]) -> str:
 # (`summarize`): a measured stream varies by a few percent run to run (the synthetic preset's
 # 3% noise; nccl-tests repeats), so a closer call is noise, not where the node sits
 ATTACH_TIE = 0.05
-# what load_measurements warns of a pair file whose run names other hosts than its file name
-_NAME_MISMATCH = re.compile(r"file name says (\S+) but the run was on (\S+);")
-
-
 def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
                    fill: tuple[str, ...] | list[str] = (), strict: bool = False,
                    asym_ratio: float = ASYMMETRY_WARN_RATIO) -> tuple[list[str], np.ndarray,
@@ -829,16 +832,15 @@ def check_and_fill(meas: Measured, *, nodes: list[str] | None = None,
     # a host a file's run named otherwise than its file name (n3.cluster.local in
     # sendrecv_n1_n3.txt) may be another node's second name: filling its pairs would make a
     # node of it that the cluster does not have
-    for w in meas.warnings:
-        if (mt := _NAME_MISMATCH.search(w)) and filled:
-            said, ran = set(mt.group(1).split("/")), set(mt.group(2).split("/"))
-            alias = sorted((ran - said) & filled)
-            if alias and said - ran <= set(names):
-                raise SpecError(f"--fill would fill the pairs of {alias[0]}, which only a file "
-                                f"named for {'/'.join(sorted(said - ran))} measured "
-                                f"({w.split(': ', 1)[-1]}): if they are one host, give it "
-                                "one name in every file's '# Rank ... on HOST' lines; "
-                                "otherwise measure its pairs", source=src, field=alias[0])
+    for said, ran, what in meas.renamed if filled else ():
+        said, ran = set(said), set(ran)
+        alias = sorted((ran - said) & filled)
+        if alias and said - ran <= set(names):
+            raise SpecError(f"--fill would fill the pairs of {alias[0]}, which only a file "
+                            f"named for {'/'.join(sorted(said - ran))} measured ({what}): "
+                            "if they are one host, give it one name in every file's "
+                            "'# Rank ... on HOST' lines; otherwise measure its pairs",
+                            source=src, field=alias[0])
     missing = off & np.isnan(m)
     if missing.any():
         pairs = [f"{names[i]} -> {names[j]}" for i, j in np.argwhere(missing)]

@@ -20,7 +20,7 @@ from .communication import (allreduce_ms, alltoall_ms, exposed_async_ms, exposed
                             gather_ms, hierarchical_dispatch_ms)
 from .compute import ComputeModel
 from .memory import cp_chunk_bytes, fp8_params_apply, gathered_weight_bytes, keeps_unsharded
-from .plan import Shape, layer_params, num_microbatches
+from .plan import Shape, dispatch_tokens, layer_params, num_microbatches
 from .specs import GPUSpec, JobSpec, ModelSpec, Options, element_bytes
 
 # Megatron-LM's DDP buckets gradients (and, with the distributed optimizer, parameters) in
@@ -423,9 +423,8 @@ class CostModel:
 
     @property
     def dispatch_tokens(self) -> float:
-        """Tokens one GPU routes per micro-batch and layer: its 1/tp sequence shard under
-        sequence parallelism (which EP with TP requires), else the micro-batch's."""
-        return self.tokens / (self.shape.tp if self.shape.sequence_parallel else 1)
+        """Tokens one GPU routes per micro-batch and layer (plan.dispatch_tokens)."""
+        return dispatch_tokens(self.job, self.shape)
 
     def ep_alltoall_bytes(self) -> float:
         """Bytes one GPU holds for one all-to-all of expert parallelism: its tokens (1/tp of

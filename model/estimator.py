@@ -103,7 +103,7 @@ class Evaluator:
         self.kinds = self.cs.kinds
         self.costs = CostModel(model, job, cluster, shape, options)
         self.mem = MemoryModel(model, job, shape, self.cs, options,
-                               plan_fp8_bytes(job, shape, cluster), cluster)
+                               plan_fp8_bytes(job, shape, cluster), cluster=cluster)
         self.params = [self.costs.stage_params(s) for s in range(shape.pp)]
         self.memory = [self.mem.stage(s, self.params[s], shape.layers) for s in range(shape.pp)]
         # Caches for the solvers' hot path (`iteration_ms`): a stage's tail depends only on

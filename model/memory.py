@@ -41,7 +41,8 @@ import numpy as np
 
 from .communication import deepep_buffer_bytes, hybridep_buffer_bytes
 from .fp8 import Fp8Bytes
-from .plan import Shape, deepspeed_pipe_partitioned, layer_params, num_microbatches
+from .plan import (Shape, deepspeed_pipe_partitioned, dispatch_tokens, layer_params,
+                   num_microbatches)
 from .schedule import CompiledSchedule
 from .specs import JobSpec, ModelSpec, Options, Overheads
 
@@ -314,8 +315,8 @@ def dispatcher_buffer_gib(model: ModelSpec, job: JobSpec, shape: Shape,
     """GiB one GPU holds for the MoE token dispatcher outside PyTorch's allocator, with the
     flex dispatcher and expert parallelism: DeepEP's buffer (communication.
     deepep_buffer_bytes), HybridEP's (hybridep_buffer_bytes, for the tokens a rank
-    dispatches: its 1/tp sequence shard under sequence parallelism, as CostModel
-    .dispatch_tokens; `nvlink_domain` the GPUs of a node, its NVLink domain); 0 otherwise
+    dispatches: plan.dispatch_tokens; `nvlink_domain` the GPUs of a node, its NVLink
+    domain); 0 otherwise
     (NCCL's all-to-all works in the allocator's tensors and the communicator's own buffers,
     inside `Overheads.context_gib`). Charged to every stage: Megatron-Core creates the buffer
     at a stage's first dispatch, so a stage holding only a model's leading dense layers has
@@ -325,10 +326,8 @@ def dispatcher_buffer_gib(model: ModelSpec, job: JobSpec, shape: Shape,
         return 0.0
     if job.moe_dispatcher == "deepep":
         return deepep_buffer_bytes(shape.ep, model.hidden_size, job.activation_bytes) / GIB
-    tokens = shape.micro_batch * job.seq_length // shape.cp // (
-        shape.tp if shape.sequence_parallel else 1)
-    return hybridep_buffer_bytes(tokens, model.hidden_size, model.num_experts, shape.ep,
-                                 nvlink_domain) / GIB
+    return hybridep_buffer_bytes(dispatch_tokens(job, shape), model.hidden_size,
+                                 model.num_experts, shape.ep, nvlink_domain) / GIB
 
 
 def nvlink_domain(cluster) -> int:
@@ -381,16 +380,13 @@ class MemoryModel:
     `chunk_act_bytes`)."""
 
     def __init__(self, model: ModelSpec, job: JobSpec, shape: Shape, cs: CompiledSchedule,
-                 options: Options, fp8: Fp8Bytes | None = None, cluster=None):
+                 options: Options, fp8: Fp8Bytes | None = None, *, cluster):
         """`fp8`: the FP8 recipe's bytes on the plan's GPUs (model/fp8.py
         `cluster_fp8_bytes`), needed where the shape runs FP8 linear layers."""
         self.model, self.job, self.shape, self.cs, self.options = model, job, shape, cs, options
-        # `cluster`: where the flex dispatchers' buffers depend on its nodes (nvlink_domain);
-        # None: no dispatcher buffers (a cluster-free memory figure)
-        self.overheads = (plan_overheads(model, job, shape, options, cluster)
-                          if cluster is not None else options.overheads)
-        self.dispatcher_gib = (dispatcher_buffer_gib(model, job, shape, nvlink_domain(cluster))
-                               if cluster is not None else 0.0)
+        # `cluster`: the flex dispatchers' buffers depend on its nodes (nvlink_domain)
+        self.overheads = plan_overheads(model, job, shape, options, cluster)
+        self.dispatcher_gib = dispatcher_buffer_gib(model, job, shape, nvlink_domain(cluster))
         if shape.fp8 and fp8 is None:
             raise ValueError("an FP8 shape needs the recipe's bytes (model/fp8.py)")
         self.fp8b = fp8

@@ -405,6 +405,15 @@ def num_microbatches(job: JobSpec, shape: Shape) -> int:
     return job.global_batch // (shape.micro_batch * shape.dp)
 
 
+def dispatch_tokens(job: JobSpec, shape: Shape) -> float:
+    """Tokens one GPU routes per micro-batch and MoE layer: its 1/cp of each sequence, and
+    its 1/tp shard of those under sequence parallelism (which EP with TP requires). What the
+    all-to-alls move (costs.CostModel) and what the flex dispatchers' buffers are sized for
+    (memory.dispatcher_buffer_gib)."""
+    return (shape.micro_batch * job.seq_length // shape.cp) / (
+        shape.tp if shape.sequence_parallel else 1)
+
+
 # The largest schedule graph the cost model builds, in slots: micro-batches per replica x
 # pipeline stages x chunks (each slot a forward and a backward node per stage, walked on every
 # evaluation). Measured on this project's 2-core machine (`estimate`, Llama-2 7B, TP 8 x PP 8,

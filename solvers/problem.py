@@ -179,7 +179,8 @@ class PlacementProblem:
             return None
         sh, m = self.shape, self.model
         p, V = sh.pp, sh.num_virtual
-        times, (const, coef) = self._split_inputs()  # per node; placement-free memory events
+        # per node; placement-free memory events; overheads
+        times, (const, coef), ovh = self._split_inputs()
         per, emb, head, cap = [0.0] * p, [0.0] * p, [0.0] * p, [float("inf")] * p
         for slot, stages in enumerate(self.slot_stages()):
             n = int(perm[slot])
@@ -187,8 +188,6 @@ class PlacementProblem:
             for s in stages:
                 per[s], emb[s], head[s] = max(per[s], t), max(emb[s], e), max(head[s], h)
                 cap[s] = min(cap[s], self.caps_gib[n])
-        ovh = plan_overheads(self.model, self.job, self.shape, self.options,
-                             self.cluster)
         layers = [1] * V
         layers[0] = max(1, m.first_dense_layers)
         cur = [const[s] + coef[s] @ np.asarray(layers, dtype=float) for s in range(p)]
@@ -218,7 +217,8 @@ class PlacementProblem:
     def _split_inputs(self):
         """For placed_split, computed once a problem (the annealer asks on many moves): per
         node, one layer's forward + backward, the embedding's and the output layer's (its
-        GPU, its TP ring); and the stages' memory events (which do not depend on placement)."""
+        GPU, its TP ring); the stages' memory events (which do not depend on placement); and
+        the memory overheads they are judged with."""
         if self._split_in is None:
             from model.costs import CostModel
             from .space import _events_over_virtual_stages
@@ -237,7 +237,8 @@ class PlacementProblem:
                                     lt.head_fwd_ms + lt.head_bwd_ms)
                 times.append(by_kind[key])
             self._split_in = (times, _events_over_virtual_stages(
-                self.model, self.job, self.cluster, sh, self.options))
+                self.model, self.job, self.cluster, sh, self.options), plan_overheads(
+                self.model, self.job, sh, self.options, self.cluster))
         return self._split_in
 
     def _neediest_first(self, layers: tuple[int, ...]) -> tuple[list[float], list]:

@@ -439,7 +439,7 @@ def stage_memory_events(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, sh
     m = num_microbatches(job, shape)
     cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
     mm = MemoryModel(model, job, shape, cs, options, plan_fp8_bytes(job, shape, cluster),
-                     cluster)
+                     cluster=cluster)
     costs = costs or CostModel(model, job, cluster, shape, options)
     p = shape.pp
     zero = (0,) * shape.num_virtual

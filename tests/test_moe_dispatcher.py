@@ -306,7 +306,7 @@ def test_overlap_holds_one_more_layer_at_backward_moments():
     for x in (False, True):
         sh = _ov_plan(job, c, x).shape
         mems.append(MemoryModel(QWEN3, job, sh, compile_schedule("1f1b", 1, 4, 1, True),
-                                Options()))
+                                Options(), cluster=c))
     assert mems[1].work == pytest.approx(mems[0].work + mems[0].act_layer, rel=1e-12)
 
 
@@ -496,7 +496,8 @@ def test_overlap_mends_one_micro_batch_memory_logs_with_pipelining_and_deepep_ra
     c = uniform_cluster(2, 8, "H100-SXM-80GB", 400.0, 50.0)
     one = JobSpec(global_batch=16, seq_length=4096)
     works = [MemoryModel(QWEN3, one, _ov_plan(one, c, x).shape,
-                         compile_schedule("1f1b", 1, 1, 1, True), Options()).work
+                         compile_schedule("1f1b", 1, 1, 1, True), Options(),
+                         cluster=c).work
              for x in (False, True)]
     assert works[0] == works[1]
 

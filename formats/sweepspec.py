@@ -194,6 +194,12 @@ def load_spec(path) -> tuple[str, list[Task]]:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING \
                     and f.name not in j:
                 raise SpecError("missing", source=src, field=f"jobs[{k}].{f.name}")
+        # the job's own checks, named by its place in the spec (they had named the bare field:
+        # 'fp8', of which job?)
+        try:
+            JobSpec(**j, source=src)
+        except SpecError as e:
+            raise SpecError(e.problem, source=src, field=f"jobs[{k}].{e.field}") from None
     clusters: list[dict] = []
     for k, c in enumerate(_tables(spec, "clusters", src)):
         fld = f"clusters[{k}]"

@@ -138,7 +138,8 @@ def test_bad_specs_name_the_field(tmp_path):
             "seq_length = 1024", f"seq_length = 1024\n{field} = {value}"))
         with pytest.raises(SpecError) as e:
             load_spec(p)
-        assert e.value.field == field and "must be true or false" in str(e.value), e.value
+        assert e.value.field == f"jobs[0].{field}" and "must be true or false" in str(
+            e.value), e.value
 
 
 def _values(store: Store) -> dict:

@@ -184,8 +184,35 @@ def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path,
     return path
 
 
+POINT_COLUMNS = ("id", "status", "method", "budget_s", "seed", "clock", "model", "cluster",
+                 "job", "nodes", "bw_spread", "plan", "iteration_ms", "bound_ms", "gap",
+                 "gap_to_best", "termination", "wall_s", "error")
+
+
+def point_rows(rows: list[dict], best: dict) -> list[dict]:
+    """One row per task as the store holds it (points.csv): its inputs (the cluster and job
+    as JSON), its plan, time, bound and solver gap, its gap to the best plan known for its
+    instance (`best`: summarize's), how it ended; failed tasks with their error."""
+    out = []
+    for r in sorted(rows, key=lambda r: r["id"]):
+        i = r["inputs"]
+        t, b = r.get("iteration_ms"), best.get(_instance(r))
+        out.append({
+            "id": r["id"], "status": r.get("status"), "method": i["method"],
+            "budget_s": i.get("budget_s"), "seed": i.get("seed"), "clock": i.get("clock"),
+            "model": i["model"], "cluster": json.dumps(i["cluster"], sort_keys=True),
+            "job": json.dumps(i["job"], sort_keys=True), "nodes": r.get("nodes"),
+            "bw_spread": r.get("bw_spread"), "plan": r.get("plan"), "iteration_ms": t,
+            "bound_ms": r.get("bound_ms"), "gap": r.get("gap"),
+            "gap_to_best": t / b - 1 if t and b and math.isfinite(b) else None,
+            "termination": r.get("termination"), "wall_s": r.get("wall_s"),
+            "error": r.get("error")})
+    return out
+
+
 def report(rows: list[dict], out_dir) -> list[Path]:
-    """Tables (CSV and Markdown) and three PNGs: gap vs nodes per method, quality vs budget,
+    """Tables (CSV and Markdown; points.csv one row per task) and three PNGs: gap vs nodes
+    per method, quality vs budget,
     the plain launch's loss (the sweep's "megatron" task: Megatron-LM's placement and balanced
     split of the best shape it scores, over the best plan) vs the bandwidth spread."""
     import matplotlib
@@ -207,6 +234,14 @@ def report(rows: list[dict], out_dir) -> list[Path]:
     w = csv.DictWriter(buf, fieldnames=cols)
     w.writeheader()
     w.writerows(table)
+    write_atomic(p, buf.getvalue(), field="report")
+    files.append(p)
+
+    p = out / "points.csv"
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=POINT_COLUMNS)
+    w.writeheader()
+    w.writerows(point_rows(rows, ref["best"]))
     write_atomic(p, buf.getvalue(), field="report")
     files.append(p)
 

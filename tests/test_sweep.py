@@ -333,10 +333,29 @@ def test_report_writes_tables_and_three_plots(tmp_path):
     run_sweep(load_spec(spec)[1], s, build_inputs, jobs=2)
     files = report(s.rows(), tmp_path / "rep")
     names = sorted(f.name for f in files)
-    assert names == ["gain_vs_spread.png", "gap_vs_nodes.png", "quality_vs_budget.png",
-                     "summary.csv", "summary.md"]
+    assert names == ["gain_vs_spread.png", "gap_vs_nodes.png", "points.csv",
+                     "quality_vs_budget.png", "summary.csv", "summary.md"]
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "| exact | 2 |" in md and "| megatron | 2 |" in md and "| amp-style | 2 |" in md
+    # points.csv: one row per task as stored (the summary had been the only table), each
+    # finished one with its gap to its instance's best plan, the best at 0
+    import csv
+    with open(tmp_path / "rep" / "points.csv", newline="") as f:
+        pts = list(csv.DictReader(f))
+    stored = {r["id"]: r for r in s.rows()}
+    assert sorted(p["id"] for p in pts) == sorted(stored)
+    for p in pts:
+        r = stored[p["id"]]
+        assert p["method"] == r["inputs"]["method"] and p["status"] == r["status"]
+        if r["status"] == "done":
+            assert float(p["iteration_ms"]) == pytest.approx(r["iteration_ms"], rel=1e-12)
+            assert float(p["gap_to_best"]) >= -1e-12
+    by_instance = {}
+    for p in pts:
+        if p["gap_to_best"]:
+            key = (p["model"], p["cluster"], p["job"])
+            by_instance[key] = min(by_instance.get(key, 1.0), float(p["gap_to_best"]))
+    assert by_instance and all(abs(v) < 1e-12 for v in by_instance.values())
 
 
 def test_failures_are_said_and_counted_not_dropped(tmp_path):

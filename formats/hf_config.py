@@ -1,6 +1,6 @@
-"""Hugging Face `config.json` files (llama, mistral, qwen2, gpt2, gpt_neox; mixture-of-experts
-mixtral, qwen2_moe / qwen3_moe, and deepseek_v2 / deepseek_v3 with latent attention and leading
-dense layers) as model specs."""
+"""Hugging Face `config.json` files (llama, mistral, qwen2, qwen3, gpt2, gpt_neox;
+mixture-of-experts mixtral, qwen2_moe / qwen3_moe, and deepseek_v2 / deepseek_v3 with latent
+attention and leading dense layers) as model specs."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ _HF_KEYS = {
     "vocab_size": ("vocab_size",),
     "seq_length": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
 }
-_GATED = {"llama": True, "mistral": True, "qwen2": True, "mixtral": True, "gpt2": False,
-          "gpt_neox": False, "qwen2_moe": True, "qwen3_moe": True, "deepseek_v2": True,
-          "deepseek_v3": True}
+_GATED = {"llama": True, "mistral": True, "qwen2": True, "qwen3": True, "mixtral": True,
+          "gpt2": False, "gpt_neox": False, "qwen2_moe": True, "qwen3_moe": True,
+          "deepseek_v2": True, "deepseek_v3": True}
 # mixture-of-experts keys (transformers' MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig):
 # routed experts, experts per token, one expert's FFN width (Mixtral's is intermediate_size)
 _MOE_KEYS = {"mixtral": ("num_local_experts", "num_experts_per_tok", None),
@@ -38,7 +38,8 @@ _UNSUPPORTED: dict[str, str] = {}
 # linear-layer biases. Qwen2 has biases on QKV only; the bias flag is for all four linear
 # layers, so it is counted as bias-free (4h of the ~12h^2 weights per layer are missed).
 _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", False),
-         "qwen2": ("rope", "rmsnorm", False), "mixtral": ("rope", "rmsnorm", False),
+         "qwen2": ("rope", "rmsnorm", False), "qwen3": ("rope", "rmsnorm", False),
+         "mixtral": ("rope", "rmsnorm", False),
          "gpt2": ("learned", "layernorm", True), "gpt_neox": ("rope", "layernorm", True),
          "qwen2_moe": ("rope", "rmsnorm", False), "qwen3_moe": ("rope", "rmsnorm", False),
          "deepseek_v2": ("rope", "rmsnorm", False), "deepseek_v3": ("rope", "rmsnorm", False)}
@@ -72,11 +73,16 @@ def _dropout(cfg: dict, mtype: str, src: str) -> bool:
         keys, default = ("resid_pdrop", "attn_pdrop", "embd_pdrop"), 0.1
     else:
         keys, default = ("attention_dropout", "hidden_dropout"), 0.0
-    return any(_typed(cfg, k, float, src, default) > 0 for k in keys)
+    rates = {k: _typed(cfg, k, float, src, default) for k in keys}
+    for k, v in rates.items():
+        if not 0.0 <= v <= 1.0:  # NaN fails too (it had been read as no dropout)
+            raise SpecError(f"must be a dropout probability from 0 to 1, got {v}", source=src,
+                            field=k)
+    return any(v > 0 for v in rates.values())
 
 
 def load_hf_config(path: Path) -> ModelSpec:
-    """Read a Hugging Face `config.json` (llama, mistral, qwen2, gpt2, gpt_neox)."""
+    """Read a Hugging Face `config.json` (the families of the module docstring)."""
     src = str(path)
     text = read_text(path, what="the config.json")
     try:
@@ -90,14 +96,26 @@ def load_hf_config(path: Path) -> ModelSpec:
                         "Hugging Face config.json", source=src)
     mtype = cfg.get("model_type")
     if not isinstance(mtype, str):
-        raise SpecError(f"must be a string naming the architecture, got {str(mtype)[:40]}",
-                        source=src, field="model_type")
+        # a model repository's other JSON files have no model_type: say which one it is
+        other = ("a tokenizer's configuration" if "tokenizer_class" in cfg or
+                 "added_tokens_decoder" in cfg else
+                 "a generation configuration" if "transformers_version" in cfg and (
+                     "max_new_tokens" in cfg or "do_sample" in cfg or
+                     set(cfg) <= {"bos_token_id", "eos_token_id", "pad_token_id",
+                                  "transformers_version", "_from_model_config"}) else None)
+        raise SpecError(f"must be a string naming the architecture, got {str(mtype)[:40]}"
+                        + (f": this looks like {other}; give the model's config.json" if other
+                           else ""), source=src, field="model_type")
     if mtype in _UNSUPPORTED:
         raise SpecError(f"model_type {mtype!r}: {_UNSUPPORTED[mtype]}", source=src,
                         field="model_type")
     if mtype not in _GATED:
-        raise SpecError(f"unsupported model_type {mtype!r}; supported: {', '.join(_GATED)}",
-                        source=src, field="model_type")
+        text = cfg.get("text_config")
+        hint = (f"; its language model is described under text_config (model_type "
+                f"{text.get('model_type')!r}): give that object as a config.json of its own"
+                if isinstance(text, dict) else "")
+        raise SpecError(f"unsupported model_type {mtype!r}; supported: {', '.join(_GATED)}"
+                        + hint, source=src, field="model_type")
     vals: dict = {}
     key_of = _file_keys(cfg, mtype)  # our field -> the file's key, for the messages
     for ours, keys in _HF_KEYS.items():
@@ -112,7 +130,11 @@ def load_hf_config(path: Path) -> ModelSpec:
         vals["ffn_hidden_size"] = 4 * vals["hidden_size"]  # GPT-2: n_inner null means 4*n_embd
     for ours, keys in _HF_KEYS.items():
         if ours not in vals:
-            raise SpecError(f"missing; expected one of {', '.join(keys)}", source=src, field=ours)
+            nested = (" (this file keeps its language model under text_config: give that "
+                      "object as a config.json of its own)"
+                      if isinstance(cfg.get("text_config"), dict) else "")
+            raise SpecError(f"missing; expected one of {', '.join(keys)}{nested}", source=src,
+                            field=keys[0])
     tied = _typed(cfg, "tie_word_embeddings", bool, src, mtype == "gpt2")
     name = _typed(cfg, "_name_or_path", str, src) or Path(path).parent.name or mtype
     check_name(name, "the model name", src, "_name_or_path")
@@ -133,8 +155,8 @@ def load_hf_config(path: Path) -> ModelSpec:
             if k is not None:
                 vals[ours] = _typed(cfg, k, float, src)
                 key_of[ours] = k
-    # Qwen3's attention normalizes q and k per head (transformers' Qwen3MoeAttention q_norm,
-    # k_norm); the other families here do not
+    # Qwen3's attention normalizes q and k per head (transformers' Qwen3Attention and
+    # Qwen3MoeAttention q_norm, k_norm); the other families here do not
     if isinstance(cfg.get("rope_scaling"), str):  # transformers' form is an object
         raise SpecError(f"is the string {json.dumps(cfg['rope_scaling'])[:40]}; transformers "
                         "reads an object such as {\"rope_type\": \"linear\", \"factor\": 2.0}: "
@@ -142,10 +164,10 @@ def load_hf_config(path: Path) -> ModelSpec:
     try:
         return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=tied,
                          position_embedding=pos, norm=norm, bias=bias,
-                         qk_norm=mtype == "qwen3_moe",
+                         qk_norm=mtype in ("qwen3", "qwen3_moe"),
                          dropout=_dropout(cfg, mtype, src), source=src,
-                         unmodelled=unmodelled(cfg, mtype in _MOE_KEYS) + _ignored(cfg, mtype,
-                                                                                   bias),
+                         unmodelled=unmodelled(cfg, mtype in _MOE_KEYS, src)
+                         + _ignored(cfg, mtype, bias),
                          **vals)
     except SpecError as e:
         # the file's own keys, not our fields ('first_dense_layers' for first_k_dense_replace)
@@ -231,7 +253,11 @@ _UNMODELLED = {
 }
 
 
-def unmodelled(cfg: dict, moe: bool) -> tuple[str, ...]:
+# the keys of _UNMODELLED that are counts (layers, experts' groups) or a window in tokens
+_UNMODELLED_COUNTS = ("sliding_window", "num_nextn_predict_layers", "n_group", "topk_group")
+
+
+def unmodelled(cfg: dict, moe: bool, src: str = "config.json") -> tuple[str, ...]:
     """The config's settings of _UNMODELLED that are not their no-op value, as
     'key value: what differs' lines (a sliding window only where the config uses it; router
     settings only for a mixture of experts), and a rotary scaling (transformers'
@@ -239,6 +265,10 @@ def unmodelled(cfg: dict, moe: bool) -> tuple[str, ...]:
     bytes and is not emitted."""
     out = []
     rs = cfg.get("rope_scaling")
+    if rs is not None and not isinstance(rs, dict):
+        raise SpecError(f"is {json.dumps(rs)[:40]}; transformers reads an object such as "
+                        "{\"rope_type\": \"linear\", \"factor\": 2.0}, or null: write it so",
+                        source=src, field="rope_scaling")
     kind = (rs.get("rope_type") or rs.get("type")) if isinstance(rs, dict) else None
     if kind not in (None, "default"):
         out.append(f"rope_scaling {json.dumps(rs, sort_keys=True)}: rotary position scaling "
@@ -247,6 +277,12 @@ def unmodelled(cfg: dict, moe: bool) -> tuple[str, ...]:
                    "matches")
     for key, (noop, what) in _UNMODELLED.items():
         v = cfg.get(key)
+        if key in _UNMODELLED_COUNTS and v is not None:
+            # a count or window said only in a warning is still a count: "4096" or -1 had been
+            # echoed back as a real window
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise SpecError(f"must be a count, 0 or more (or null), got "
+                                f"{json.dumps(v)[:40]}", source=src, field=key)
         if v is None or v == noop or isinstance(v, (dict, list)):
             continue
         if key == "sliding_window" and (cfg.get("use_sliding_window") is False or isinstance(

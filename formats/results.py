@@ -194,11 +194,11 @@ def point_rows(rows: list[dict], best: dict) -> list[dict]:
     as JSON), its plan, time, bound and solver gap, its gap to the best plan known for its
     instance (`best`: summarize's), how it ended; failed tasks with their error."""
     out = []
-    for r in sorted(rows, key=lambda r: r["id"]):
+    for r in sorted(rows, key=lambda r: r.get("id", "")):
         i = r["inputs"]
         t, b = r.get("iteration_ms"), best.get(_instance(r))
         out.append({
-            "id": r["id"], "status": r.get("status"), "method": i["method"],
+            "id": r.get("id"), "status": r.get("status"), "method": i["method"],
             "budget_s": i.get("budget_s"), "seed": i.get("seed"), "clock": i.get("clock"),
             "model": i["model"], "cluster": json.dumps(i["cluster"], sort_keys=True),
             "job": json.dumps(i["job"], sort_keys=True), "nodes": r.get("nodes"),

@@ -112,3 +112,56 @@ def test_hf_config_settings_priced_otherwise_are_said(tmp_path, cfg, says):
     assert any(x.startswith(says) for x in presets.model(str(p)).unmodelled)
     p.write_text(json.dumps(dict(_LLAMA, attention_bias=False, mlp_bias=False)))
     assert presets.model(str(p)).unmodelled == ()
+
+
+def test_qwen3_dense_config_loads_with_its_qk_norm(tmp_path):
+    """model_type qwen3 (Qwen3-8B/32B: the MoE family's attention, a dense MLP) loads as a
+    gated RoPE model with per-head q/k norms, as its qwen3_moe sibling does (it had been
+    refused as an unsupported model_type); its sizes are the llama reading's."""
+    cfg = dict(_LLAMA, model_type="qwen3", head_dim=128, tie_word_embeddings=False)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = presets.model(str(p))
+    p.write_text(json.dumps(dict(cfg, model_type="llama")))
+    ref = presets.model(str(p))
+    assert m.qk_norm and not ref.qk_norm and m.gated_mlp
+    assert m.total_params == ref.total_params
+
+
+@pytest.mark.parametrize("cfg,key,says", [
+    (dict(_DEEPSEEK, num_nextn_predict_layers="1"), "num_nextn_predict_layers",
+     "must be a count"),
+    (dict(_LLAMA, model_type="mistral", sliding_window=-1), "sliding_window",
+     "must be a count"),
+    (dict(_LLAMA, model_type="mistral", sliding_window="4096"), "sliding_window",
+     "must be a count"),
+    (dict(_LLAMA, rope_scaling=[1, 2]), "rope_scaling", "transformers reads an object"),
+    (dict(_LLAMA, attention_dropout=float("nan")), "attention_dropout",
+     "dropout probability")])
+def test_hf_keys_said_only_in_warnings_are_still_checked(tmp_path, cfg, key, says):
+    """Keys the cost model only warns of are checked as the others: a window or layer count
+    given as a string or negative had been echoed back in a warning as real, a list
+    rope_scaling dropped without a word, a NaN dropout read as none."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(SpecError) as e:
+        presets.model(str(p))
+    assert e.value.field == key and says in e.value.problem, str(e.value)
+
+
+def test_other_files_of_a_model_repository_say_what_they_are(tmp_path):
+    """A tokenizer or generation configuration given as the model, or a multimodal wrapper
+    whose language model is under text_config: the one-line refusal says which and what to
+    give (it had said only that model_type or num_layers was missing)."""
+    p = tmp_path / "config.json"
+    for doc, says in (
+            ({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>"},
+             "a tokenizer's configuration"),
+            ({"bos_token_id": 1, "eos_token_id": 2, "transformers_version": "4.46.0"},
+             "a generation configuration"),
+            ({"model_type": "llava", "text_config": dict(_LLAMA)}, "under text_config"),
+            ({"model_type": "llama", "text_config": dict(_LLAMA)}, "under text_config")):
+        p.write_text(json.dumps(doc))
+        with pytest.raises(SpecError) as e:
+            presets.model(str(p))
+        assert says in str(e.value), str(e.value)

@@ -534,7 +534,7 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
         raise rd.err("kind", f"is {doc['kind']!r}, expected '{KIND}' (a plan file, written "
                      "by --save-plan or solve)")
     ver = doc["schema_version"]
-    if ver not in READS:
+    if type(ver) is not int or ver not in READS:  # 3.0 or true are not a version
         raise rd.err("schema_version", f"version {ver!r} is not supported: this "
                      f"pipette-configurator reads plan files of schema_version "
                      f"{' or '.join(map(str, READS))}; re-create the plan with this version")
@@ -576,6 +576,17 @@ def recorded_estimate_drift(meta: dict, est, src: str) -> str | None:
     or None. (An older file had been re-estimated 18.9% slower without a word.)"""
     rec = meta.get("estimate") or {}
     it, mem = rec.get("iteration_ms"), rec.get("peak_memory_gib")
+    if rec:
+        # a recorded number that is not one cannot be compared: said, not skipped (an edited
+        # "abc" or -5 had turned the comparison off without a word)
+        bad = [f"estimate.{k} {json.dumps(v)[:20]}" for k, v in
+               (("iteration_ms", it), ("peak_memory_gib", mem))
+               if not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and math.isfinite(v) and v > 0)]
+        if bad:
+            return (f"{src} records {' and '.join(bad)}, not a positive number: its recorded "
+                    "estimate cannot be compared with this one; estimate the plan again to "
+                    "record it")
     said = []
     if isinstance(it, (int, float)) and it > 0 and abs(est.iteration_ms / it - 1) > 1e-6:
         said.append(f"{it / 1e3:.4f} s per iteration (now {est.iteration_ms / 1e3:.4f} s, "

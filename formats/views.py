@@ -77,7 +77,8 @@ def estimate_to_dict(e: Estimate) -> dict:
                 "weights": s.memory.weights_gib, "grads": s.memory.grads_gib,
                 "optimizer": s.memory.optimizer_gib, "activations": s.memory.activations_gib,
                 "working": s.memory.working_gib, "allowance": s.memory.allowance_gib,
-                "dispatcher_buffers": s.memory.dispatcher_gib, "total": s.memory.total_gib},
+                "dispatcher_buffers_in_allowance": s.memory.dispatcher_gib,
+                "total": s.memory.total_gib},
             "inflight_microbatches": list(s.memory.inflight),
         } for s in e.stages],
     }

@@ -681,6 +681,14 @@ def test_deepep_buffer_is_memory_outside_the_allocator_for_the_estimate_and_the_
         assert b.memory.reserved_gib == pytest.approx(a.memory.reserved_gib, rel=1e-12)
         assert b.memory.dispatcher_gib == buf
     plan, est = ests["deepep"]
+    # the JSON view's parts add up to its total; the buffers are named as a share of the
+    # allowance (a sibling key had been summed twice by a reviewer's script)
+    from formats.views import estimate_to_dict
+    for st in estimate_to_dict(est)["stages"]:
+        mem = dict(st["memory_gib"])
+        assert mem.pop("dispatcher_buffers_in_allowance") == buf
+        total = mem.pop("total")
+        assert sum(mem.values()) == pytest.approx(total, rel=1e-12)
     sh = plan.shape
     layers, peak, _ = min_max_memory_split(QWEN3, deep, c, sh, Options())
     split_peak = capacity_split(QWEN3, deep, c, sh, Options(), [80.0] * sh.pp)[3]

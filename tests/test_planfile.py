@@ -258,6 +258,18 @@ def test_plan_file_carries_the_fp8_rate_used_and_says_when_its_estimate_moved(tm
     assert said and "before plan files recorded the cost model's revision" in said[0]
     r = runner.invoke(app, ["emit", str(old), "--out", str(tmp_path / "e"), "--json"])
     assert r.exit_code == 0 and any("+25.0%" in w for w in json.loads(r.output)["warnings"])
+    # a recorded number that is not one is said (an edited "abc" or -5 had turned the
+    # comparison off without a word); a schema version 3.0 is not the integer 3
+    for bad in ("abc", -5, None):
+        doc["estimate"]["iteration_ms"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(doc))
+        r = runner.invoke(app, ["estimate", "--plan", str(tmp_path / "bad.json"), "--json"])
+        said = [w for w in json.loads(r.output)["warnings"] if "records" in w]
+        assert said and "estimate.iteration_ms" in said[0] and "cannot be compared" in said[0]
+    doc["schema_version"] = 3.0
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    r = runner.invoke(app, ["estimate", "--plan", str(tmp_path / "bad.json")])
+    assert r.exit_code == 2 and "schema_version" in r.output
 
 
 @pytest.mark.parametrize("drop,field", [

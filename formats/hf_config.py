@@ -157,10 +157,6 @@ def load_hf_config(path: Path) -> ModelSpec:
                 key_of[ours] = k
     # Qwen3's attention normalizes q and k per head (transformers' Qwen3Attention and
     # Qwen3MoeAttention q_norm, k_norm); the other families here do not
-    if isinstance(cfg.get("rope_scaling"), str):  # transformers' form is an object
-        raise SpecError(f"is the string {json.dumps(cfg['rope_scaling'])[:40]}; transformers "
-                        "reads an object such as {\"rope_type\": \"linear\", \"factor\": 2.0}: "
-                        "write it so", source=src, field="rope_scaling")
     try:
         return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=tied,
                          position_embedding=pos, norm=norm, bias=bias,
@@ -265,8 +261,9 @@ def unmodelled(cfg: dict, moe: bool, src: str = "config.json") -> tuple[str, ...
     bytes and is not emitted."""
     out = []
     rs = cfg.get("rope_scaling")
-    if rs is not None and not isinstance(rs, dict):
-        raise SpecError(f"is {json.dumps(rs)[:40]}; transformers reads an object such as "
+    if rs is not None and not isinstance(rs, dict):  # transformers' form is an object
+        raise SpecError(f"is {'the string ' if isinstance(rs, str) else ''}"
+                        f"{json.dumps(rs)[:40]}; transformers reads an object such as "
                         "{\"rope_type\": \"linear\", \"factor\": 2.0}, or null: write it so",
                         source=src, field="rope_scaling")
     kind = (rs.get("rope_type") or rs.get("type")) if isinstance(rs, dict) else None

@@ -229,21 +229,14 @@ def report(rows: list[dict], out_dir) -> list[Path]:
     table, ref = summarize(rows)
     files = []
     cols = list(table[0]) if table else []
-    p = out / "summary.csv"
-    buf = io.StringIO(newline="")
-    w = csv.DictWriter(buf, fieldnames=cols)
-    w.writeheader()
-    w.writerows(table)
-    write_atomic(p, buf.getvalue(), field="report")
-    files.append(p)
-
-    p = out / "points.csv"
-    buf = io.StringIO(newline="")
-    w = csv.DictWriter(buf, fieldnames=POINT_COLUMNS)
-    w.writeheader()
-    w.writerows(point_rows(rows, ref["best"]))
-    write_atomic(p, buf.getvalue(), field="report")
-    files.append(p)
+    for name, fields, body in (("summary.csv", cols, table),
+                               ("points.csv", POINT_COLUMNS, point_rows(rows, ref["best"]))):
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=fields)
+        w.writeheader()
+        w.writerows(body)
+        write_atomic(out / name, buf.getvalue(), field="report")
+        files.append(out / name)
 
     def fmt(v):
         return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))

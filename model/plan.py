@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
-from .communication import DEEPEP_GROUP_SIZES
+from .communication import DEEPEP_GROUP_SIZES, DEEPEP_NVL_PEERS
 from .errors import ScheduleTooLongError, SpecError
 from .fp8 import cluster_recipe_problem
 from .specs import RECOMPUTE, SCHEDULES, JobSpec, ModelSpec
@@ -260,7 +260,8 @@ def dispatcher_problem(job: JobSpec, cluster: ClusterSpec) -> str | None:
                 + ("Hopper" if job.moe_dispatcher == "hybridep" else "Ampere")
                 + f" on, not {', '.join(old_gpus)}; use moe_dispatcher alltoall"
                 + (" (or deepep inside a node)" if job.moe_dispatcher == "hybridep" else ""))
-    big = sorted({nd.num_gpus for nd in cluster.node_kinds if nd.num_gpus > 8})
+    big = sorted({nd.num_gpus for nd in cluster.node_kinds
+                  if nd.num_gpus > DEEPEP_NVL_PEERS})
     if job.moe_dispatcher == "deepep" and big:
         return (f"DeepEP runs NVLink domains of up to 8 GPUs, and the cluster has nodes of "
                 f"{'/'.join(map(str, big))}; use moe_dispatcher hybridep (Megatron-Core: only "
@@ -284,8 +285,8 @@ def deepep_shape_problem(shape: Shape, cluster: ClusterSpec) -> str | None:
     if pre_hopper and ep > min(nd.num_gpus for nd in cluster.node_kinds):
         return (f"DeepEP's internode kernels need Hopper or later (its build for "
                 f"{', '.join(pre_hopper)} has no NVSHMEM), and EP {ep} spans nodes")
-    odd = sorted({nd.num_gpus for nd in cluster.node_kinds if nd.num_gpus != 8})
-    if ep > 8 and odd:
+    odd = sorted({nd.num_gpus for nd in cluster.node_kinds if nd.num_gpus != DEEPEP_NVL_PEERS})
+    if ep > DEEPEP_NVL_PEERS and odd:
         return (f"DeepEP spans nodes of 8 GPUs (its RDMA rank is rank / 8), and the cluster "
                 f"has nodes of {'/'.join(map(str, odd))}")
     return None
@@ -301,8 +302,8 @@ def deepep_block_ok(cluster: ClusterSpec, shape: Shape, k: int) -> bool:
     if ranks % shape.ep == 0:
         return True
     hopper = all((nd.gpu.compute_capability or 0) >= 9.0 for nd in cluster.nodes)
-    return hopper and shape.ep % 8 == 0 and ranks == 8 and all(
-        nd.num_gpus == 8 for nd in cluster.node_kinds)
+    return hopper and shape.ep % DEEPEP_NVL_PEERS == 0 and ranks == DEEPEP_NVL_PEERS and all(
+        nd.num_gpus == DEEPEP_NVL_PEERS for nd in cluster.node_kinds)
 
 
 def deepep_layout_problem(plan: "Plan", cluster: ClusterSpec) -> str | None:
@@ -317,9 +318,10 @@ def deepep_layout_problem(plan: "Plan", cluster: ClusterSpec) -> str | None:
             for c, _t in grp:
                 nodes[pl.node[s][c]] = nodes.get(pl.node[s][c], 0) + 1
             # in rank order, each run of 8 on one node of its own
-            runs = [{pl.node[s][c] for c, _t in grp[i:i + 8]} for i in range(0, len(grp), 8)]
+            k = DEEPEP_NVL_PEERS
+            runs = [{pl.node[s][c] for c, _t in grp[i:i + k]} for i in range(0, len(grp), k)]
             whole = all(len(r) == 1 for r in runs) and len(runs) == len(nodes)
-            if len(nodes) > 1 and (any(v != 8 for v in nodes.values()) or not whole):
+            if len(nodes) > 1 and (any(v != DEEPEP_NVL_PEERS for v in nodes.values()) or not whole):
                 names = ", ".join(f"{cluster.nodes[n].name} ({v})" for n, v in nodes.items())
                 return (f"stage {s}'s EP group of {sh.ep} ranks lies on {names}: DeepEP runs a "
                         "group inside one node or over whole nodes of 8 GPUs; use "

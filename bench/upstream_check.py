@@ -233,6 +233,9 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
         ("fp8", ("e4m3" if job.fp8_recipe == "mxfp8" else "hybrid") if sh.fp8 else None,
          "precision"),
         ("fp8_param_gather", fp8_params_apply(job, sh), "precision"),
+        # the gradients' dtype the memory and the reduction are priced in (JobSpec.grad_bytes)
+        ("main_grads_dtype", "float32" if job.grad_bytes == 4 else
+         {"bf16": "bfloat16", "fp16": "float16"}[job.precision], "precision"),
         *([("fp8_recipe", job.fp8_recipe, "precision"),
            ("first_last_layers_bf16", False, "precision")] if sh.fp8 else []),
         # the loss whose peak the memory model counts (model/memory.py LOSS_BYTES_PER_LOGIT)

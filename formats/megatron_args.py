@@ -80,6 +80,12 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
         "overlap_moe_expert_parallel_comm": sh.ep_comm_overlap,
         "fp8_param_gather": fp8_params_apply(job, sh),
     }
+    if sh.zero >= 2:
+        # Megatron-FSDP's own gradient dtypes (launch/emit.py fsdp_grads_dtype), printed as
+        # torch dtypes by Megatron-Core 0.17 on; they, not grad_reduce_in_bf16, say what ran
+        # (megatron_args_mismatch)
+        dtype = FSDP_TORCH_DTYPES[fsdp_grads_dtype(job)]
+        want.update(megatron_fsdp_main_grads_dtype=dtype, megatron_fsdp_grad_comm_dtype=dtype)
     if model.num_kv_heads != model.num_heads:  # printed as None without GQA
         want["num_query_groups"] = model.num_kv_heads
     if model.num_experts:
@@ -103,8 +109,11 @@ def megatron_args_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
     """Where the arguments a Megatron-LM log printed differ from the plan
     (megatron_planned_args; names the log does not print are not checked): (name, logged,
     planned) per difference."""
+    fsdp = _fsdp_dtypes_ran(logged) if plan.shape.zero >= 2 else {}
     out = [(k, logged[k], v) for k, v in megatron_planned_args(model, job, plan).items()
-           if k in logged and logged[k] != v]
+           if k in logged and fsdp.get(k, logged[k]) != v
+           # Megatron-FSDP's own dtypes say what ran where the log prints them
+           and not (k == "grad_reduce_in_bf16" and fsdp)]
     # --fp8-format (dest fp8): e4m3 or hybrid, None without FP8; either is FP8 to the plan
     if "fp8" in logged and (logged["fp8"] != "None") != plan.shape.fp8:
         out.append(("fp8", logged["fp8"], "an FP8 format" if plan.shape.fp8 else "None"))
@@ -206,6 +215,59 @@ class PrintedArgs:
     def text(self, name: str, default: str | None = None) -> str | None:
         v = self.p.get(name)
         return default if v in (None, "None") else v
+
+
+# Megatron-FSDP's gradient dtypes: its flags' names -> the torch dtypes it prints (None: 'auto')
+FSDP_TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
+_FSDP_DTYPES = {v: k for k, v in FSDP_TORCH_DTYPES.items()}
+
+
+def fsdp_grads_dtype(job: JobSpec) -> str:
+    """Megatron-FSDP's gradient dtype for the job, as its --megatron-fsdp-*-dtype flags spell
+    it: the bytes the estimate prices for gradients and their reduction (JobSpec.grad_bytes,
+    equal to reduce_bytes for Megatron-LM)."""
+    if job.grad_bytes == 4:
+        return "fp32"
+    return "fp16" if job.precision == "fp16" else "bf16"
+
+
+def _fsdp_dtypes_ran(logged: dict[str, str]) -> dict[str, str]:
+    """Megatron-FSDP's gradient and reduction dtypes a log's arguments ran with, as torch
+    dtypes: 'auto' (printed None) is the parameters' dtype, and the reduction's the gradients'
+    (_bf16_grads); empty where the log prints none (before Megatron-Core 0.17)."""
+    if "megatron_fsdp_main_grads_dtype" not in logged:
+        return {}
+    params = FSDP_TORCH_DTYPES["bf16" if logged.get("bf16") == "True" else
+                               "fp16" if logged.get("fp16") == "True" else "fp32"]
+    main = logged["megatron_fsdp_main_grads_dtype"]
+    main = params if main == "None" else main
+    comm = logged.get("megatron_fsdp_grad_comm_dtype", "None")
+    return {"megatron_fsdp_main_grads_dtype": main,
+            "megatron_fsdp_grad_comm_dtype": main if comm == "None" else comm}
+
+
+def _bf16_grads(a: PrintedArgs, precision: str, deepspeed: bool) -> bool:
+    """Whether the run keeps (and reduces) bf16 gradients (JobSpec.grad_reduce_in_bf16).
+    Megatron-FSDP from Megatron-Core 0.17 on ignores --grad-reduce-in-bf16 and reads its own
+    dtypes: 'auto' (printed None) is the parameters' dtype, bf16 in a bf16 run
+    (param_and_grad_buffer.py _resolve_group_grad_dtype), and the reduction's 'auto' is the
+    gradients' (mixed_precision.py grad_comm_dtype); a log that does not print them is from
+    before, when Megatron-FSDP followed grad_reduce_in_fp32 like the rest."""
+    ran = _fsdp_dtypes_ran(a.p)
+    if deepspeed or not a.flag("use_megatron_fsdp") or not ran:
+        return a.flag("grad_reduce_in_bf16")
+    grads = _FSDP_DTYPES.get(ran["megatron_fsdp_main_grads_dtype"])
+    if _FSDP_DTYPES.get(ran["megatron_fsdp_grad_comm_dtype"]) != grads:
+        a.fail("megatron_fsdp_grad_comm_dtype", "printed "
+               f"{a.p.get('megatron_fsdp_grad_comm_dtype')} beside main gradients "
+               f"{a.p['megatron_fsdp_main_grads_dtype']}: a reduction in another dtype than "
+               "the gradients is not priced")
+    priced = {"bf16": ("fp32", "bf16"), "fp32": ("fp32",), "fp16": ("fp16",)}[precision]
+    if grads not in priced:
+        a.fail("megatron_fsdp_main_grads_dtype", "printed "
+               f"{a.p['megatron_fsdp_main_grads_dtype']} in a {precision} run: priced are "
+               f"{' or '.join(priced)} gradients")
+    return precision == "bf16" and grads == "bf16"
 
 
 def padded_vocab(a: PrintedArgs, tp: int) -> int:
@@ -475,7 +537,7 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
     job = JobSpec(global_batch=a.integer("global_batch_size"), seq_length=a.integer("seq_length"),
                   precision=precision, fp8=fp8, fp8_recipe=recipe if fp8 else "delayed",
                   attention=_attention(a), framework="deepspeed" if ds else "megatron",
-                  grad_reduce_in_bf16=a.flag("grad_reduce_in_bf16"),
+                  grad_reduce_in_bf16=_bf16_grads(a, precision, ds),
                   # the native fused loss (its default implementation); Transformer Engine's
                   # is not priced (loss_unpriced: calibrate does not fit such a run's memory)
                   fused_loss=a.flag("cross_entropy_loss_fusion") and not ds

@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from formats.megatron_args import FSDP_TORCH_DTYPES, fsdp_grads_dtype
 from formats.torchtitan_config import FLOAT8_CONVERTER, TORCHTITAN_VERSIONS, torchtitan_flavor
 from model.cluster import ClusterSpec
 from model.errors import SpecError
@@ -125,6 +126,8 @@ MEGATRON_TARGET = "Megatron-LM main of 2026-08-22 (d98e8a6), Megatron-Core 0.19 
 MEGATRON_MIN_CORE = {
     "--pipeline-model-parallel-layout": "0.13.0",
     "--use-megatron-fsdp": "0.15.0",
+    "--megatron-fsdp-main-grads-dtype": "0.17.0",
+    "--megatron-fsdp-grad-comm-dtype": "0.17.0",
     "--data-parallel-sharding-strategy": "0.12.0",
     "--grad-reduce-in-bf16": "0.12.0",
     "--attention-backend": "0.11.0",
@@ -257,6 +260,14 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
               "optim_grads" if sh.zero == 2 else "optim_grads_params",
               "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
               "--ckpt-format", "fsdp_dtensor"]
+        # Megatron-FSDP's own gradient precision (Megatron-Core 0.17 on): it ignores
+        # grad_reduce_in_fp32, and its 'auto' default keeps the gradients, and reduces them,
+        # in the parameters' dtype (arguments.py --megatron-fsdp-main-grads-dtype,
+        # --megatron-fsdp-grad-comm-dtype; param_and_grad_buffer.py _resolve_group_grad_dtype;
+        # mixed_precision.py grad_comm_dtype): bf16 where the estimate prices fp32
+        dtype = fsdp_grads_dtype(job)
+        a += ["--megatron-fsdp-main-grads-dtype", dtype, "--megatron-fsdp-grad-comm-dtype",
+              dtype]
         if sh.shard_size:
             # HSDP: Megatron-FSDP shards inside each of R distributed-optimizer instances,
             # consecutive slices of the data x context parallel group (parallel_state.py
@@ -813,6 +824,11 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
         ckpt["ckpt_format"] = "fsdp_dtensor"
         if sh.shard_size:  # HSDP, as Megatron-LM's flags (megatron_args)
             ddp["num_distributed_optimizer_instances"] = sh.dp // sh.shard_size
+        # Megatron-FSDP's gradient precision is its own fields', not grad_reduce_in_fp32's
+        # (megatron_args; distributed_data_parallel_config.py megatron_fsdp_main_grads_dtype)
+        torch_dtype = _Code(FSDP_TORCH_DTYPES[fsdp_grads_dtype(job)])
+        ddp.update(megatron_fsdp_main_grads_dtype=torch_dtype,
+                   megatron_fsdp_grad_comm_dtype=torch_dtype)
     # mixed precision presets (megatron/bridge/training/mixed_precision.py); FP8 is the
     # job's recipe (delayed, per-tensor current scaling, MXFP8 or blockwise), its FP8 parameter
     # gather set as the job says whatever the preset's default (as the Megatron-LM flags)
@@ -887,7 +903,7 @@ def bridge_recipe_text(cfg: dict[str, dict], model: ModelSpec, plan: Plan,
         "run length as overrides, e.g. dataset.blend=[[/data/prefix],null] train.train_iters=1000",
         "(without one the library's mock data is used).",
         '"""', "",
-        "import sys", "", "import torch.nn.functional as F",
+        "import sys", "", "import torch", "import torch.nn.functional as F",
         "from megatron.core.transformer.enums import AttnBackend",
         f"from megatron.bridge.models.{module} import {provider}",
         "from megatron.bridge.recipes.common import _pretrain_common",
@@ -1474,6 +1490,15 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
             f"the plan was priced for {priced}, whose kernels, memory and sharding rules "
             f"differ from {fw}'s: estimate it with --framework {priced_as(fw)} before "
             "running it there")))
+    if job.grad_reduce_in_bf16 and fw in ("deepspeed", "torchtitan"):
+        # Megatron-LM's option (JobSpec.grad_reduce_in_bf16): neither file writes it
+        warn.append(tagged(fw, "precision", (
+            "the plan keeps and reduces bf16 gradients (--grad-reduce-in-bf16), which is not "
+            "written here: " + ("torchtitan reduces in float32 (its mixed_precision_reduce)"
+                                if fw == "torchtitan" else
+                                "DeepSpeed keeps the gradients ds_config.json's data_types "
+                                "(or its bf16 default without ZeRO) says")
+            + "; the plan's gradient memory and reduction time do not hold there")))
     if note := fp8_param_gather_note(job, plan.shape):
         warn.append(tagged(fw, "precision", note))
     big = sorted({nd.num_gpus for nd in cluster.nodes if nd.num_gpus > 8})

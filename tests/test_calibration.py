@@ -749,6 +749,49 @@ def test_hsdp_reads_back_from_megatron_arguments():
         assert e.value.field == "num_distributed_optimizer_instances" and why in str(e.value)
 
 
+def test_megatron_fsdp_gradient_dtype_reads_back():
+    """Megatron-FSDP (Megatron-Core 0.17 on) keeps and reduces gradients in its own dtypes,
+    not grad_reduce_in_fp32's: 'auto' (printed None) in a bf16 run is bf16 gradients
+    (JobSpec.grad_reduce_in_bf16), torch.float32 is fp32; a reduction in another dtype than the
+    gradients is refused, and the emitted fp32 plan's dtypes are among what a log must say. A
+    log that prints no such dtype (older Megatron-FSDP) reads --grad-reduce-in-bf16."""
+    from formats.clusters import cluster as load_cluster
+    from formats.megatron_args import (megatron_args_mismatch, megatron_planned_args,
+                                       plan_from_megatron_args)
+    ex = load_cluster("example")
+    base = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
+    base = {k: v for k, v in base.items() if not k.startswith("megatron_fsdp_")}
+    fsdp = {**base, "use_megatron_fsdp": "True",
+            "data_parallel_sharding_strategy": "optim_grads_params",
+            "pipeline_model_parallel_size": "1", "data_parallel_size": "8",
+            "recompute_granularity": "full", "recompute_method": "uniform",
+            "recompute_num_layers": "1", "bf16": "True", "grad_reduce_in_bf16": "False"}
+    assert not plan_from_megatron_args(fsdp, ex, source="t")[1].grad_reduce_in_bf16
+    auto = {**fsdp, "megatron_fsdp_main_grads_dtype": "None",
+            "megatron_fsdp_grad_comm_dtype": "None"}
+    m, job, plan = plan_from_megatron_args(auto, ex, source="t")
+    assert job.grad_reduce_in_bf16 and job.grad_bytes == 2
+    assert megatron_args_mismatch(m, job, plan, auto) == []  # None ran as bf16
+    f32 = {**auto, "megatron_fsdp_main_grads_dtype": "torch.float32",
+           "megatron_fsdp_grad_comm_dtype": "torch.float32"}
+    m, job, plan = plan_from_megatron_args(f32, ex, source="t")
+    assert not job.grad_reduce_in_bf16 and job.grad_bytes == 4
+    assert megatron_planned_args(m, job, plan)["megatron_fsdp_main_grads_dtype"] == (
+        "torch.float32")
+    assert megatron_args_mismatch(m, job, plan, f32) == []
+    # the emitted fp32 plan run with Megatron-FSDP's defaults: the log says what differs
+    assert ("megatron_fsdp_main_grads_dtype", "None", "torch.float32") in (
+        megatron_args_mismatch(m, job, plan, auto))
+    with pytest.raises(SpecError) as e:
+        plan_from_megatron_args({**f32, "megatron_fsdp_grad_comm_dtype": "torch.bfloat16"},
+                                ex, source="t")
+    assert e.value.field == "megatron_fsdp_grad_comm_dtype" and "not priced" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        plan_from_megatron_args({**auto, "megatron_fsdp_main_grads_dtype": "torch.float16"},
+                                ex, source="t")
+    assert e.value.field == "megatron_fsdp_main_grads_dtype"
+
+
 def test_plan_read_from_older_megatron_and_megatron_deepspeed_logs(tmp_path):
     """Older arguments blocks: --checkpoint-activations (1 layer per group) is full recompute,
     no attention backend printed is Megatron's fused softmax (scores stored: eager); a

@@ -44,11 +44,14 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-method", type=str, default=None, choices=["uniform", "block"])
     for f in ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16",
               "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
-              "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap"):
+              "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+              "--grad-reduce-in-bf16"):
         p.add_argument(f, action="store_true")
     p.add_argument("--use-megatron-fsdp", action="store_true")
     p.add_argument("--data-parallel-sharding-strategy", default="no_shard",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    for f in ("--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype"):
+        p.add_argument(f, default="auto", choices=["fp32", "bf16", "fp16", "auto"])
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false",
                    dest="gradient_accumulation_fusion")
     p.add_argument("--ckpt-format", default="torch_dist",
@@ -411,7 +414,8 @@ def run_bridge_recipe(path, monkeypatch):
                                    "train", "dataset", "tokenizer", "ddp", "optimizer",
                                    "dist", "checkpoint")})
 
-    for pkg in ("torch", "torch.nn", "megatron", "megatron.core", "megatron.core.transformer",
+    module("torch", float32="float32", bfloat16="bfloat16", float16="float16")
+    for pkg in ("torch.nn", "megatron", "megatron.core", "megatron.core.transformer",
                 "megatron.bridge", "megatron.bridge.models", "megatron.bridge.recipes",
                 "megatron.bridge.training"):
         module(pkg)
@@ -677,9 +681,34 @@ def test_megatron_fsdp_flags_parse(llama, c32, zero, strategy):
     assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == strategy
     assert a.use_distributed_optimizer and not a.gradient_accumulation_fusion
     assert a.ckpt_format == "fsdp_dtensor"
+    # Megatron-FSDP ignores grad_reduce_in_fp32 (Megatron-Core 0.17 on): its own flags give the
+    # fp32 gradients and fp32 reduction the estimate prices ('auto' would be bf16)
+    assert (a.megatron_fsdp_main_grads_dtype, a.megatron_fsdp_grad_comm_dtype) == (
+        "fp32", "fp32")
+    jb = JobSpec(global_batch=64, seq_length=4096, grad_reduce_in_bf16=True)
+    ab = parse_megatron(megatron_args(llama, jb, plan)[0])
+    assert (ab.megatron_fsdp_main_grads_dtype, ab.megatron_fsdp_grad_comm_dtype) == (
+        "bf16", "bf16")
     plan1 = make_plan(llama, job, c32, tp=8, pp=2, sequence_parallel=True, zero=1)
     a1 = parse_megatron(megatron_args(llama, job, plan1)[0])
     assert a1.use_distributed_optimizer and not a1.use_megatron_fsdp
+    assert a1.megatron_fsdp_main_grads_dtype == "auto"  # not written without Megatron-FSDP
+
+
+def test_bf16_gradients_named_where_not_written(llama, c32, tmp_path):
+    """A Megatron plan with bf16 gradients (--grad-reduce-in-bf16) emitted for DeepSpeed or
+    torchtitan, which are not told: the warning names the choice, not only the framework."""
+    job = JobSpec(global_batch=64, seq_length=4096, grad_reduce_in_bf16=True)
+    plan = make_plan(llama, job, c32, tp=8, pp=4, sequence_parallel=True, zero=1)
+    for fw in ("deepspeed", "torchtitan"):
+        _, warn = emit(fw, llama, job, c32, plan, tmp_path / fw, force=True)
+        assert any(w.startswith(f"{fw} [precision]") and "--grad-reduce-in-bf16" in w
+                   for w in warn), warn
+    _, warn = emit("megatron", llama, job, c32, plan, tmp_path / "m", force=True)
+    assert not any("--grad-reduce-in-bf16" in w for w in warn)
+    plain = JobSpec(global_batch=64, seq_length=4096)
+    _, warn = emit("deepspeed", llama, plain, c32, plan, tmp_path / "d", force=True)
+    assert not any("--grad-reduce-in-bf16" in w for w in warn)
 
 
 def test_deepspeed_gets_the_zero_stage(c32, tmp_path):
@@ -1107,6 +1136,8 @@ def test_bridge_recipe_builds_the_plan(llama, c32, tmp_path, monkeypatch):
     cfg = run_bridge_recipe(tmp_path / "f" / "bridge_recipe.py", monkeypatch)
     assert cfg.ddp.use_megatron_fsdp and cfg.dist.use_megatron_fsdp
     assert cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    assert (cfg.ddp.megatron_fsdp_main_grads_dtype, cfg.ddp.megatron_fsdp_grad_comm_dtype) == (
+        "float32", "float32")
     assert cfg.checkpoint.ckpt_format == "fsdp_dtensor"
     assert cfg.model.gradient_accumulation_fusion is False
     h100 = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)

@@ -161,7 +161,8 @@ def bridge_view(item: dict) -> dict:
         where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
         return {"accepted": False, "error": f"{type(e).__name__}: {e}"[:600], "where": where}
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run_megatron import megatron_groups, pipeline_built  # Megatron-Core's own, as Bridge
+    from run_megatron import (  # Megatron-Core's own, as Bridge
+        main_grads_dtype, megatron_groups, pipeline_built)
 
     m = cfg.model
     pp, vp, layers, schedule = pipeline_built(m)
@@ -211,6 +212,9 @@ def bridge_view(item: dict) -> dict:
         "first_last_layers_bf16": bool(getattr(m, "first_last_layers_bf16", False)),
         "fp8_param_gather": bool(getattr(mp, "fp8_param_gather", False)),
         "grad_reduce_in_bf16": not ddp.grad_reduce_in_fp32,
+        "main_grads_dtype": main_grads_dtype(
+            bool(ddp.use_megatron_fsdp), getattr(ddp, "megatron_fsdp_main_grads_dtype", None),
+            bool(ddp.grad_reduce_in_fp32), m.params_dtype),
         "attention_backend": str(m.attention_backend),
         "cross_entropy_loss_fusion": bool(m.cross_entropy_loss_fusion),
         "use_tp_pp_dp_mapping": tp_pp_dp,

@@ -110,6 +110,10 @@ def megatron_view(item):
         "fp8_recipe": str(getattr(cfg.fp8_recipe, "value", cfg.fp8_recipe)),
         "first_last_layers_bf16": bool(getattr(cfg, "first_last_layers_bf16", False)),
         "grad_reduce_in_bf16": bool(getattr(args, "grad_reduce_in_bf16", False)),
+        "main_grads_dtype": main_grads_dtype(
+            bool(getattr(args, "use_megatron_fsdp", False)),
+            getattr(args, "megatron_fsdp_main_grads_dtype", None),
+            args.accumulate_allreduce_grads_in_fp32, args.params_dtype),
         "fp8_param_gather": bool(getattr(args, "fp8_param_gather", False)),
         "attention_backend": str(cfg.attention_backend),
         "cross_entropy_loss_fusion": bool(cfg.cross_entropy_loss_fusion),
@@ -120,6 +124,17 @@ def megatron_view(item):
     out["groups"] = megatron_groups(out)
     out["printed"] = log.getvalue()  # what it printed, its arguments block (_print_args) in it
     return out
+
+
+def main_grads_dtype(fsdp: bool, fsdp_dtype, fp32_accumulation: bool, params_dtype) -> str:
+    """The dtype the run keeps its gradients in: Megatron-FSDP's own (None: the parameters',
+    param_and_grad_buffer.py _resolve_group_grad_dtype), else fp32 where Megatron accumulates
+    and reduces in fp32 (DDP's grad_reduce_in_fp32), else the parameters'."""
+    if fsdp:
+        dtype = fsdp_dtype if fsdp_dtype is not None else params_dtype
+    else:
+        dtype = "torch.float32" if fp32_accumulation else params_dtype
+    return str(dtype).replace("torch.", "")
 
 
 def pipeline_built(cfg) -> tuple[int, int, list[int], str]:

@@ -116,7 +116,9 @@ def print_estimate(est, plan, cluster, title: str = "Estimate", job=None) -> Non
     con.print(t)
     buf = max(s.memory.dispatcher_gib for s in est.stages)
     if buf:
-        con.print(f"the allowance holds DeepEP's buffers, {buf:.2f} GiB a GPU, outside "
+        who = {"deepep": "DeepEP", "hybridep": "HybridEP"}.get(
+            getattr(job, "moe_dispatcher", None), "the dispatcher")
+        con.print(f"the allowance holds {who}'s buffers, {buf:.2f} GiB a GPU, outside "
                   "PyTorch's allocator", highlight=False)
     if est.hops_ms:
         con.print("pipeline transfers, slowest replica (ms fwd/bwd): " + "  ".join(

@@ -696,3 +696,18 @@ def test_deepep_buffer_is_memory_outside_the_allocator_for_the_estimate_and_the_
         plan, shape=dataclasses.replace(sh, layers=layers)))
     assert peak == pytest.approx(max(s.memory.total_gib for s in at.stages), rel=1e-9)
     assert split_peak == pytest.approx(peak, rel=1e-9)
+
+
+@pytest.mark.parametrize("dispatcher,name", [("deepep", "DeepEP"), ("hybridep", "HybridEP")])
+def test_estimate_names_the_dispatcher_whose_buffers_it_counts(dispatcher, name):
+    """The estimate's line on buffers outside PyTorch's allocator names the backend that
+    holds them (it had said DeepEP's for HybridEP's too)."""
+    from typer.testing import CliRunner
+    from cli import app
+    r = CliRunner().invoke(app, ["estimate", "-m", "qwen3-30b-a3b", "-c", "h100-8x8", "--seq",
+                                 "4096", "--gbs", "1024", "--tp", "1", "--pp", "1", "--ep",
+                                 "16", "--distopt", "--precision", "bf16", "--moe-dispatcher",
+                                 dispatcher])
+    assert r.exit_code == 0, r.output
+    line = " ".join(r.output.split())
+    assert f"the allowance holds {name}'s buffers" in line, r.output

@@ -1279,7 +1279,10 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         warn.append(f"deepspeed [parallelism]: context parallelism (CP={sh.cp}) cannot be "
                     f"expressed: "
                     "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
-                    "the ring exchange the estimate assumed")
+                    "the ring exchange the estimate assumed; without it DeepSpeed counts the "
+                    f"{sh.dp * sh.cp} data x context ranks as data-parallel, and refuses the "
+                    f"batch written (train_batch_size {job.global_batch} must equal micro-batch "
+                    f"x accumulation x {sh.dp * sh.cp})")
     if sh.zero >= 2 and sh.pp > 1:
         warn.append(f"deepspeed [parallelism]: its pipeline engine runs ZeRO-1 only; "
                     f"ZeRO-{sh.zero} with PP={sh.pp} cannot be expressed")

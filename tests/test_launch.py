@@ -11,7 +11,8 @@ import tomllib
 import numpy as np
 import pytest
 
-from launch.emit import FRAMEWORKS, emit, megatron_args, nemo_config, pipeline_layout
+from launch.emit import (FRAMEWORKS, deepspeed_config, emit, megatron_args, nemo_config,
+                         pipeline_layout)
 from launch.ranks import rank_mapping
 from formats import presets
 from formats.clusters import uniform_cluster
@@ -1481,3 +1482,19 @@ def test_a_placement_torchrun_cannot_start_is_refused_unless_forced(tmp_path):
     mp = dataclasses.replace(mp, placement=p.placement)
     files, _ = emit("megatron", m, mj, c, mp, tmp_path / "mg")
     assert "launch.sh" in {f.name for f in files}
+
+
+def test_deepspeed_context_parallel_warning_says_the_batch_breaks(tmp_path):
+    """DeepSpeed has no ring context parallelism: its engine would count the CP ranks as
+    data-parallel ranks and refuse the batch triple written; the warning says so with the
+    numbers, not only that CP cannot be expressed."""
+    m = presets.model("llama3-8b")
+    h100 = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=64, seq_length=32768)
+    plan = make_plan(m, job, h100, tp=2, pp=1, cp=2, sequence_parallel=True, zero=1)
+    cfg, warn = deepspeed_config(m, job, h100, plan)
+    dp = cfg["train_batch_size"] // (cfg["train_micro_batch_size_per_gpu"]
+                                     * cfg["gradient_accumulation_steps"])
+    assert dp == plan.shape.dp == 8
+    line = next(w for w in warn if "context parallelism (CP=2)" in w)
+    assert "train_batch_size 64 must equal micro-batch x accumulation x 16" in line

@@ -518,7 +518,9 @@ def print_compare(rows, title: str, csv_path=None) -> None:
     for r in rows:
         gap = r["over_reference"]
         iv = (_interval_cell(r),) if calibrated else ()
-        t.add_row(r["cluster"], r["method"], r["plan"], f"{r['iteration_ms'] / 1e3:.3f}", *iv,
+        ms = r["iteration_ms"]
+        t.add_row(r["cluster"], r["method"], r["plan"], "-" if ms is None else f"{ms / 1e3:.3f}",
+                  *iv,
                   "-" if gap is None else f"{gap * 100:.2f}%", f"{r['solve_s']:.1f}",
                   r["proven"])
     con = console()

@@ -72,7 +72,7 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
             plans[method] = plan
         return {"cluster": cluster.name, "method": method,
                 "plan": plan.shape.describe() if plan else "-", "iteration_ms": ms,
-                "over_reference": (ms - ref) / ref if ref else None,
+                "over_reference": (ms - ref) / ref if ref and ms is not None else None,
                 "reference": "proven optimum" if proven else "lower bound",
                 "solve_s": solve_s, "clock": clock, "time_limit_s": time_limit_s,
                 "seed": seed, "proven": prov,
@@ -99,6 +99,11 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
         fits = ev.estimate(amp.placement).fits  # each stage on its hosts' memory
         rows.append(row("amp-style", amp, ms, time.perf_counter() - t0,
                         "baseline" if fits else "baseline (does not fit)", fits=fits))
+    else:  # said, not left out: the row is the baseline's answer
+        rows.append({**row("amp-style", None, None, time.perf_counter() - t0,
+                           "none: no shape fits in Megatron-LM's rank order on the "
+                           "mean-bandwidth view (the AMP-style model's only placement)"),
+                     "fits": None})
     return rows
 
 

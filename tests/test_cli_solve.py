@@ -272,6 +272,42 @@ def test_compare_json_rows_carry_values_and_the_plan(tiny):
         assert sum(d["shape"]["layers"]) == 4 and len(d["placement"]) >= d["shape"]["pp"]
 
 
+def test_compare_says_when_the_amp_style_baseline_has_no_plan(tiny, tmp_path, monkeypatch):
+    """H100 80 GB beside H200 141 GB nodes: Llama-3 70B at TP 8 x PP 2 fits only with the
+    larger stage on H200s, and the AMP-style model places ranks in Megatron-LM's order only,
+    where none of its shapes fits. Its row says so (it had been left out of the table, the
+    CSV and the JSON without a word)."""
+    import numpy as np
+
+    from formats import presets
+    from model.cluster import ClusterSpec, NodeSpec
+    from model.specs import JobSpec
+    from solvers import compare as cmp
+    from solvers.space import SearchSpace
+
+    h100, h200 = presets.gpu("H100-SXM-80GB"), presets.gpu("H200-141GB")
+    nodes = tuple(NodeSpec(f"n{i}", g, 8, 360.0) for i, g in enumerate((h100, h200, h100, h200)))
+    i = np.arange(4)
+    inter = np.where(i[:, None] == i, 0.0, 45.0 + 0.5 * abs(i[:, None] - i))  # slightly uneven
+    c = ClusterSpec("mixed", nodes, inter, 5.0)
+    space = SearchSpace(tp=(8,), pp=(2,), schedules=(("1f1b", 1),), recompute=("full",),
+                        distributed_optimizer=(False,))
+    job = JobSpec(global_batch=32, seq_length=8192)
+    assert cmp.amp_style_plan(presets.model("llama3-70b"), job, c, space) is None
+    # the same answer through compare on a small instance: the row, its reason, no number
+    monkeypatch.setattr(cmp, "amp_style_plan", lambda *a, **k: None)
+    csv_path = tmp_path / "rows.csv"
+    r = runner.invoke(app, ["compare", *tiny, "--time-limit", "4", "--json", "--csv",
+                            str(csv_path)])
+    assert r.exit_code == 0, r.output
+    amp = {x["method"]: x for x in json.loads(r.output)}["amp-style"]
+    assert amp["plan"] == "-" and amp["iteration_ms"] is None and amp["fits"] is None
+    assert amp["proven"].startswith("none: no shape fits") and amp["over_reference"] is None
+    assert "amp-style" in csv_path.read_text()
+    r = runner.invoke(app, ["compare", *tiny, "--time-limit", "4"])
+    assert r.exit_code == 0 and "amp-style" in r.output and "Traceback" not in r.output
+
+
 def test_compare_takes_solves_overlaps_and_torchtitan_release(tiny):
     """compare searches what solve would with the same overlap options, and prices a
     torchtitan job's release (it had neither, so a plan solved with them could not be

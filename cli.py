@@ -1023,7 +1023,7 @@ def sweep(
                             source="options", field="RESULTS")
         store = Store(rest[0], create=False)
         rows = store.rows()
-        for w in store.warnings:
+        for w in store.warnings + store.coverage_warnings(rows):
             typer.echo(f"warning: {w}", err=True)
         if not rows:
             raise SpecError("no finished task in the store", source=rest[0], field="tasks")
@@ -1036,6 +1036,7 @@ def sweep(
                         f"STORE --out {str(out)[:60]}`", source="options", field="--out")
     name, tasks = load_spec(spec)
     store = Store(results or Path("sweeps") / f"{name}.sqlite")
+    store.note_sweep(name, [t.id for t in tasks])
     done_before = len(store.done_ids())
     for w in store.warnings:
         typer.echo(f"warning: {w}", err=True)
@@ -1044,6 +1045,15 @@ def sweep(
         counts = run_sweep(tasks, store, build_inputs, jobs=jobs, progress=bar.update,
                            executor="ray" if ray else "local",
                            ray_address=None if ray in (None, "local") else ray)
+    except KeyboardInterrupt:
+        # Ctrl-C: every finished task's row is committed, and its workers are stopped and
+        # joined (run_sweep); say where the sweep stands
+        bar.stop()
+        done_now = len(store.done_ids() & {t.id for t in tasks})
+        store.close()
+        render.say_err(f"stopped by Ctrl-C: {done_now} of the spec's {len(tasks)} tasks done "
+                       f"in {store.path}; run the same command again to finish the rest")
+        raise typer.Exit(130) from None  # 128 + SIGINT, as a shell reports it
     finally:
         bar.stop()
     render.console().print(f"sweep {name}: {counts['total']} tasks, {counts['skipped']} already "

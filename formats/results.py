@@ -57,6 +57,10 @@ class Store:
                                       "payload TEXT NOT NULL, sha TEXT NOT NULL, "
                                       "recorded REAL)")
                     self.conn.execute("CREATE TABLE IF NOT EXISTS starts (id TEXT, t REAL)")
+                    # each sweep run: its spec's name and every task id it asks for (JSON), so
+                    # that a report can say what is unfinished and what comes from another spec
+                    self.conn.execute("CREATE TABLE IF NOT EXISTS sweeps (name TEXT, ids TEXT, "
+                                      "t REAL)")
             tables = {r[0] for r in self.conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             if not {"tasks", "starts"} <= tables:
@@ -105,6 +109,39 @@ class Store:
 
     def starts(self) -> list[tuple[str, float]]:
         return list(self.conn.execute("SELECT id, t FROM starts"))
+
+    def note_sweep(self, name: str, ids: list[str]) -> None:
+        """Record a sweep run: its spec's name and the ids of all its tasks."""
+        with self.conn:
+            self.conn.execute("INSERT INTO sweeps VALUES (?, ?, ?)",
+                              (name, json.dumps(sorted(ids)), time.time()))
+
+    def coverage_warnings(self, rows: list[dict]) -> list[str]:
+        """What a report of `rows` (this store's finished tasks) should say besides its
+        tables: tasks a sweep asked for and the store has no result of (a sweep stopped
+        early), and tasks of several specs reported together. A store written before the
+        sweeps table (2026-12-07) tells only the tasks started and not finished."""
+        finished = {r["id"] for r in rows}
+        tables = {r[0] for r in self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        out = []
+        asked: dict[str, set[str]] = defaultdict(set)
+        if "sweeps" in tables:
+            for name, ids in self.conn.execute("SELECT name, ids FROM sweeps"):
+                asked[name] |= set(json.loads(ids))
+            if len(asked) > 1:
+                out.append(f"the store holds the tasks of {len(asked)} sweep specs "
+                           f"({', '.join(sorted(asked))}): the tables report them together")
+            every = set().union(*asked.values()) if asked else set()
+        else:
+            every = {i for i, _t in self.starts()}
+        if missing := every - finished:
+            out.append(f"{len(missing)} of the {len(every)} tasks the sweep"
+                       f"{'s' if len(asked) > 1 else ''} asked for have no result in "
+                       f"{self.path} (stopped before they finished): "
+                       f"the tables cover the {len(every & finished)} finished; run the sweep "
+                       "again to finish it")
+        return out
 
     def close(self) -> None:
         self.conn.close()
@@ -176,9 +213,12 @@ def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path,
     ax.set_title(title)
     if legend:
         ax.legend()
+    fmt = ax.yaxis.get_major_formatter()
+    if hasattr(fmt, "set_useOffset"):  # ticks as values, not '+1.001' and small offsets
+        fmt.set_useOffset(False)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")  # long labels kept whole
     plt.close(fig)
     write_atomic(Path(path), buf.getvalue(), field="report")
     return path
@@ -266,12 +306,20 @@ def report(rows: list[dict], out_dir) -> list[Path]:
             y = 100 * statistics.median(v for vs in by_b.values() for v in vs)
             # axhline spans the axis whatever the budgets (from the one budget to itself,
             # a plotted segment had no length and nothing showed)
-            ax.axhline(y, linestyle="--", color=f"C{methods.index(m)}",
-                       label=m + " (no budget)")
+            # each baseline its own dashes: equal levels show both, not the last drawn
+            ax.axhline(y, linestyle=(0, (5, 3)) if m == "megatron" else (4, (1, 3)),
+                       linewidth=2, color=f"C{methods.index(m)}", label=m + " (no budget)")
             continue
         bs = sorted(by_b)
         ax.plot(bs, [100 * statistics.median(by_b[b]) for b in bs], marker="o", label=m)
     ax.set_xscale("log")
+    budgets = sorted({r["inputs"]["budget_s"] for r in ok
+                      if r["inputs"]["method"] not in BASELINES})
+    if budgets:  # the budgets run as plain numbers, not 2 x 10^0
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+        ax.set_xticks(budgets)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
     clocks = {r["inputs"].get("clock", "wall") for r in ok}
     unit = {"wall": "s", "work": "work-s"}.get(clocks.pop(), "s") if len(clocks) == 1 else \
         "s, or work-s with clock = work"
@@ -288,6 +336,9 @@ def report(rows: list[dict], out_dir) -> list[Path]:
         xs.append(r["bw_spread"])
         ys.append(r["iteration_ms"] / ref["best"][k])
     ax.scatter(xs, ys)
+    if not xs:  # an empty frame said nothing
+        ax.text(0.5, 0.5, "no megatron task finished in this store", ha="center",
+                va="center", transform=ax.transAxes)
     files.append(_finish(plt, fig, ax, "bandwidth spread (fastest / slowest inter-node stream)",
                          "Megatron-LM placement and balanced split / best plan",
                          "Plain Megatron-LM launch vs link spread",

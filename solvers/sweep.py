@@ -147,7 +147,9 @@ def run_sweep(tasks: list, store, build, jobs: int | None = None, progress=None,
                 procs = list((getattr(pool, "_processes", None) or {}).values())
                 for proc in procs:
                     proc.terminate()
-                pool.shutdown(wait=False, cancel_futures=True)
+                for proc in procs:  # gone before the pool's own shutdown joins them
+                    proc.join(timeout=5)
+                pool.shutdown(wait=True, cancel_futures=True)
                 raise
     return counts
 

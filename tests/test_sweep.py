@@ -146,14 +146,14 @@ def _values(store: Store) -> dict:
     return {r["id"]: (r["status"], r.get("plan"), r.get("iteration_ms")) for r in store.rows()}
 
 
-def _sweep_until_recorded(spec, db, n: int, jobs: str = "1") -> subprocess.Popen:
+def _sweep_until_recorded(spec, db, n: int, jobs: str = "1", err=None) -> subprocess.Popen:
     """`cli.py sweep` in a session of its own (SIGINT at its default: a driver started from a
     script or a scheduler), returned once `n` tasks are recorded in `db` (0: once a task is
-    dispatched), or after 120 s."""
+    dispatched), or after 120 s. `err`: a file for its stderr."""
     cmd = [sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--results", str(db),
            "--jobs", jobs]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            stderr=err or subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -219,12 +219,18 @@ def test_sigint_to_the_driver_alone_stops_it_soon(tmp_path):
     the busy workers stopped at once, what was recorded stays, and a rerun finishes it."""
     spec = _spec(tmp_path)
     db = tmp_path / "int.sqlite"
-    proc = _sweep_until_recorded(spec, db, 2)
-    took, leftover = _interrupt(proc)
+    with open(tmp_path / "err.txt", "w") as err:
+        proc = _sweep_until_recorded(spec, db, 2, err=err)
+        took, leftover = _interrupt(proc)
     s = Store(db, create=False)
     recorded = len(s.rows())
     s.close()
     assert took < 10 and not leftover and 2 <= recorded < 18, (took, leftover, recorded)
+    # one line says where it stands (it had printed the executor's KeyboardInterrupt
+    # traceback at exit, and nothing else), and the exit status is a shell's for SIGINT
+    said = " ".join((tmp_path / "err.txt").read_text().split())
+    assert proc.returncode == 130 and "Traceback" not in said, said
+    assert f"stopped by Ctrl-C: {recorded} of the spec's 18 tasks done" in said, said
     counts = run_sweep(load_spec(spec)[1], Store(db), build_inputs, jobs=1)
     assert counts["skipped"] == recorded and counts["done"] + counts["skipped"] == 18
 
@@ -356,6 +362,41 @@ def test_report_writes_tables_and_three_plots(tmp_path):
             key = (p["model"], p["cluster"], p["job"])
             by_instance[key] = min(by_instance.get(key, 1.0), float(p["gap_to_best"]))
     assert by_instance and all(abs(v) < 1e-12 for v in by_instance.values())
+
+
+def test_report_says_what_is_unfinished_and_what_comes_from_another_spec(tmp_path):
+    """A report of a stopped sweep, or of a store two specs wrote, says so (it had reported
+    the finished tasks, or both specs together, without a word); a store from before the
+    sweeps table tells the tasks started and not finished."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from cli import app
+    tasks = load_spec(_spec(tmp_path))[1]
+    quick = [t for t in tasks if t.inputs()["method"] in ("megatron", "amp-style")][:3]
+    db = tmp_path / "part.sqlite"
+    s = Store(db)
+    s.note_sweep("tiny", [t.id for t in tasks])
+    run_sweep(quick, s, build_inputs, jobs=1)
+    assert s.coverage_warnings(s.rows()) == [
+        f"15 of the 18 tasks the sweep asked for have no result in {db} (stopped before "
+        "they finished): the tables cover the 3 finished; run the sweep again to finish it"]
+    s.note_sweep("other", [quick[0].id])
+    said = s.coverage_warnings(s.rows())
+    assert said[0] == ("the store holds the tasks of 2 sweep specs (other, tiny): the tables "
+                       "report them together") and "the sweeps asked for" in said[1]
+    s.close()
+    r = CliRunner().invoke(app, ["sweep", "report", str(db), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0 and "2 sweep specs" in r.output and "15 of the 18" in r.output
+    # an older store: no sweeps table; the dispatches it logged stand in
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE sweeps")
+        conn.execute("INSERT INTO starts VALUES (?, ?)", (tasks[-1].id, 0.0))
+    old = Store(db, create=False)
+    assert old.coverage_warnings(old.rows()) == [
+        f"1 of the 4 tasks the sweep asked for have no result in {db} (stopped before they "
+        "finished): the tables cover the 3 finished; run the sweep again to finish it"]
 
 
 def test_failures_are_said_and_counted_not_dropped(tmp_path):

@@ -27,6 +27,39 @@ _RUN_KEYS = ("label", "measured_s", "before_s", "after_s", "memory_gib", "memory
 _KERNEL_KEYS = ("kind", "shape", "dtype", "measured_ms", "before_ms", "after_ms")
 
 
+# a probed kernel's shape (model/calibration.py KernelReading): its kind's dimensions
+_KERNEL_SHAPES = {"gemm": "m, n, k", "attention": "batch, heads, seq, head_dim",
+                  "elementwise": "bytes", "allreduce": "bytes, GPUs", "allgather": "bytes, GPUs"}
+_KERNEL_DTYPES = ("bf16", "fp16", "fp32")  # what probe/gemm.py times (--dtype; fp32 on a CPU)
+
+
+def _check_kernel(x: dict, src: str, where: str) -> None:
+    """One probed kernel's record, as fit_kernels writes it: a profile's kernels travel into
+    plan files whole, so a malformed one is refused, not carried (README: nothing in a
+    profile is silently dropped)."""
+    unknown_keys(x, _KERNEL_KEYS, src, where)
+    kind = x.get("kind")
+    if kind not in _KERNEL_SHAPES:
+        raise SpecError(f"must be one of {', '.join(_KERNEL_SHAPES)}, got "
+                        f"{json.dumps(kind)[:40]}", source=src, field=f"{where}.kind")
+    dims = _KERNEL_SHAPES[kind].split(", ")
+    shape = x.get("shape")
+    what = f"[{_KERNEL_SHAPES[kind]}] of a {kind} kernel, each above 0"
+    if not isinstance(shape, list) or len(shape) != len(dims):
+        raise SpecError(f"must be {what}, got {json.dumps(shape)[:60]}", source=src,
+                        field=f"{where}.shape")
+    for i, v in enumerate(shape):
+        if finite_number(v, src, f"{where}.shape[{i}]", what) <= 0:
+            raise SpecError(f"must be {what}, got {v}", source=src, field=f"{where}.shape[{i}]")
+    if x.get("dtype") not in _KERNEL_DTYPES:
+        raise SpecError(f"must be one of {', '.join(_KERNEL_DTYPES)}, got "
+                        f"{json.dumps(x.get('dtype'))[:40]}", source=src, field=f"{where}.dtype")
+    for key in ("measured_ms", "before_ms", "after_ms"):
+        if finite_number(x.get(key), src, f"{where}.{key}", "a time in ms, above 0") <= 0:
+            raise SpecError(f"must be a time in ms, above 0, got {x[key]}", source=src,
+                            field=f"{where}.{key}")
+
+
 def save_profile(path, prof: Profile) -> None:
     """Write the profile (formats.atomic: whole or not at all; non-finite values refused)."""
     from .atomic import write_atomic
@@ -105,11 +138,13 @@ def profile_from_dict(d, src: str) -> Profile:
     every problem is one SpecError naming `src` and the field."""
     if not isinstance(d, dict) or d.get("kind") != KIND:
         raise SpecError(f"not a calibration profile (kind must be {KIND!r}); write one with "
-                        "`python cli.py calibrate`", source=src, field="kind")
+                        "`python cli.py calibrate` (from logs) or probe/gemm.py (by timing "
+                        "kernels)", source=src, field="kind")
     if type(d.get("schema_version")) is not int or d["schema_version"] != SCHEMA_VERSION:
         raise SpecError(f"schema_version {d.get('schema_version')!r}; this version reads "
-                        f"{SCHEMA_VERSION}: re-run `calibrate` with this version on the runs' "
-                        "logs to write the profile again", source=src, field="schema_version")
+                        f"{SCHEMA_VERSION}: write the profile again with this version "
+                        "(`calibrate` on the runs' logs, or probe/gemm.py for a probe's)",
+                        source=src, field="schema_version")
     unknown_keys(d, _KEYS, src)
     if not isinstance(d.get("planning", True), bool):
         raise SpecError(f"must be true or false, got {str(json.dumps(d['planning']))[:40]}",
@@ -178,7 +213,7 @@ def profile_from_dict(d, src: str) -> Profile:
         raise SpecError("must be the list of kernels the probe timed (one object per kernel)",
                         source=src, field="kernels")
     for k, x in enumerate(kernels):
-        unknown_keys(x, _KERNEL_KEYS, src, f"kernels[{k}]")
+        _check_kernel(x, src, f"kernels[{k}]")
     if not isinstance(d.get("device", ""), str):
         raise SpecError("must be the probed device's name (a string)", source=src,
                         field="device")

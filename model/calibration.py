@@ -151,6 +151,8 @@ class Profile:
     planning: bool = True  # False: measured in the probe's CPU test mode, refused for planning
     device: str = ""  # what the probe ran on
     kernels: list = field(default_factory=list)  # the probe's timed kernels
+    # what the probe's fit should tell its user (fit_kernels; not written to the file)
+    fit_notes: list = field(default_factory=list, compare=False)
     prior_sd: dict = field(default_factory=dict)  # the prior the fit used (empty: none)
     # fitted parameters no run's time depends on (UNINFORMED_SLOPE): left to the prior
     uninformed: tuple = ()
@@ -515,6 +517,13 @@ def no_interval_reason(prof: Profile) -> str | None:
     """Why plans under this profile have no prediction interval, or None when they have one."""
     if prof.residual_sd is not None or (prof.covariance and prof.names):
         return None
+    bare = [n for n in prof.names if prof.stderr.get(n) is None]
+    if prof.kernels and not prof.runs and bare:  # the probe's: its fit has no run spread
+        return (f"no prediction interval: {', '.join(bare)} ha{'s' if len(bare) == 1 else 've'}"
+                " no standard error (fewer than 2 of the probe's readings measure "
+                f"{'it' if len(bare) == 1 else 'each'}, or its readings do not change with "
+                "it; the probe said which); run probe/gemm.py again with more shapes (--tp, "
+                "--mbs)")
     k, p = len(prof.runs), len(prof.names)
     return (f"no prediction interval: {p} parameter{'s' * (p != 1)} fitted to {k} "
             f"run{'s' * (k != 1)} with no prior leave no spread and no error bars to judge "
@@ -694,6 +703,37 @@ def _fit_one(residuals, lo: float, hi: float, linear: bool = False
     return x, math.sqrt(s2 / info)
 
 
+# the efficiency each multiplier scales (scaled_gpu caps the product at 1: the datasheet)
+_CAPPED_EFFICIENCY = {"gemm_scale": "gemm_efficiency", "attention_scale": "attention_efficiency",
+                      "hbm_scale": "hbm_efficiency"}
+
+
+def _kernel_fit_notes(gpu: GPUSpec, values: dict, stderr: dict, kinds: dict,
+                      planning: bool) -> list[str]:
+    """What the probe's user should know of its fit: a parameter with no standard error
+    (which leaves plans under the profile without an interval: no_interval_reason), one whose
+    efficiency reached the datasheet figure (readings faster than the GPU's peak allows: a
+    wrong GPU preset or clock), one on the edge of its range."""
+    notes = []
+    for name, v in values.items():
+        eff = _CAPPED_EFFICIENCY.get(name)
+        capped = eff is not None and getattr(gpu, eff) * v >= 1.0 - 1e-9
+        lo, hi = TIME_PARAMETERS[name]
+        if capped:
+            notes.append(f"{name} = {v:.4g} puts {eff} at its cap, 1.0 of the {gpu.name} "
+                         "datasheet: its kernels ran faster than that peak allows; check the "
+                         "GPU preset (--gpu) and its clocks")
+        elif planning and (v <= lo * (1 + 1e-6) or v >= hi * (1 - 1e-6)):
+            notes.append(f"{name} = {v:.4g} ended on the edge of its range [{lo:g}, {hi:g}]")
+        if stderr.get(name) is None:
+            n = len(kinds[name])
+            notes.append(f"{name} has no standard error ("
+                         + (f"{n} reading measures it; 2 or more give one" if n < 2 else
+                            "its readings do not change with it") + "): plans under this "
+                         "profile get no prediction interval")
+    return notes
+
+
 def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: float, *,
                 planning: bool = True, device: str = "") -> Profile:
     """A profile from the probe's kernel readings against the GPU preset `gpu` (and the node's
@@ -708,6 +748,13 @@ def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: flo
     values: dict = {}
     stderr: dict = {}
     from .cluster import INTRA_LATENCY_US
+    from .errors import SpecError
+    for k in readings:  # a time the log ratios cannot take (a timer's 0, a NaN)
+        if not (isinstance(k.measured_ms, (int, float)) and math.isfinite(k.measured_ms)
+                and k.measured_ms > 0):
+            raise SpecError(f"the {k.kind} kernel {tuple(k.shape)} ({k.dtype}) measured "
+                            f"{k.measured_ms} ms: a time must be a positive number; nothing "
+                            "was fitted", source="probe", field="kernels")
     kinds = {name: [k for k in readings if kernel_parameter(k, intra_gb_per_s) == name]
              for name in KERNEL_FIT_ORDER}
     for _round in range(FIT_ROUNDS):
@@ -737,6 +784,7 @@ def fit_kernels(readings: list[KernelReading], gpu: GPUSpec, intra_gb_per_s: flo
            if all(stderr[n] is not None for n in names) else [])
     prof = Profile(gpu.name, values, stderr, names, cov, None, planning=planning,
                    device=device)
+    prof.fit_notes = _kernel_fit_notes(gpu, values, stderr, kinds, planning)
     g0, g1 = gpu, scaled_gpu(gpu, values)
     intra1 = intra_gb_per_s * values.get("nvlink_scale", 1.0)
     lat1 = INTRA_LATENCY_US * values.get("intra_latency_scale", 1.0)

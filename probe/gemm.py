@@ -330,6 +330,15 @@ def run(argv: list[str] | None = None, log=print) -> dict:
         sz = Sizes(tiny_model(), 64, (1, 2), (1, 2), (1 / 256, 1 / 64, 1.0, 4.0), (0.0625, 16.0),
                    a.gpus or 2, "fp32")
         device, backend, iters, warmup = "cpu", "gloo", min(a.iters, 3), min(a.warmup, 1)
+        # what the test mode does not take of what was given: said, not silently dropped
+        given = {k: v for k, v in vars(a).items() if v != ap.get_default(k)}
+        unused = [f"--{k.replace('_', '-')}" for k in ("model", "seq", "tp", "mbs", "dtype")
+                  if k in given]
+        cut = [f"--{k} {given[k]} -> {v}" for k, v in (("iters", iters), ("warmup", warmup))
+               if k in given and given[k] != v]
+        if unused or cut:
+            log("test mode (CPU) runs tiny fp32 shapes: "
+                + "; ".join(([f"{', '.join(unused)} not used"] if unused else []) + cut))
     log(f"probe on {name}: {gpu.name} preset, {sz.dtype}")
     readings = time_kernels(sz, gpu, device, iters, warmup, log)
     if sz.gpus > 1:
@@ -340,6 +349,8 @@ def run(argv: list[str] | None = None, log=print) -> dict:
     for k, v in prof.values.items():
         se = prof.stderr.get(k)
         log(f"  {k} = {v:.4g}" + (f" +- {se:.2g}" if se is not None else ""))
+    for note in prof.fit_notes:
+        log(f"warning: {note}")
     if not cuda:
         log("test mode (CPU): these numbers are not for planning; the profile is marked so")
     log(f"wrote {a.output}")

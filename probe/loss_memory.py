@@ -130,9 +130,10 @@ def measure(tokens: int = 4096, vocab: int = 8192, hidden: int = 64
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--vocab", type=int, default=8192)
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--tokens", type=int, default=4096,
+                    help="Tokens of the loss step (its logits: tokens x vocab) [4096].")
+    ap.add_argument("--vocab", type=int, default=8192, help="Vocabulary size [8192].")
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     if args.tokens < 1 or args.vocab < 1:

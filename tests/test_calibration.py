@@ -2507,7 +2507,8 @@ def test_a_profile_of_another_schema_says_how_to_get_one(tmp_path):
     p.write_text(json.dumps(doc))
     with pytest.raises(SpecError) as e:
         load_profile(p)
-    assert e.value.field == "schema_version" and "re-run `calibrate`" in e.value.problem
+    assert e.value.field == "schema_version" and "`calibrate` on the runs' logs" in (
+        e.value.problem) and "probe/gemm.py" in e.value.problem
 
 
 def test_an_underdetermined_fit_without_the_prior_is_refused(tmp_path):

@@ -152,6 +152,71 @@ def test_probe_profile_plans_with_an_interval_from_the_parameters(tmp_path):
     assert iv["low"] < iv["estimate"] < iv["high"] and iv["high"] / iv["low"] < 1.2
 
 
+def test_probe_fit_says_what_leaves_a_profile_without_interval_or_at_its_cap(tmp_path):
+    """Impossible or thin readings are said, not passed on silently: GEMMs faster than the
+    datasheet peak allows put gemm_efficiency at its cap (said, with what to check); a
+    parameter with one reading has no standard error, which the probe says, and `estimate`
+    then names that parameter as why there is no interval (it had advised calibrating on more
+    runs, which a probe profile has none of); a reading of 0 ms names its kernel."""
+    from formats.profile import load_profile, save_profile
+    from model.calibration import KernelReading, fit_kernels, no_interval_reason
+    from model.errors import SpecError
+    truth = {"hbm_scale": 0.9, "gemm_scale": 0.85, "attention_scale": 1.3,
+             "nvlink_scale": 0.7, "intra_latency_scale": 0.4, "kernel_overhead_us": 4.0}
+    gpu, readings = _synthetic_readings(truth, 0.01, 7)
+    fast = [KernelReading(k.kind, k.shape, k.dtype, k.measured_ms / 3 if k.kind == "gemm"
+                          else k.measured_ms) for k in readings]
+    prof = fit_kernels(fast, gpu, gpu.nvlink_gb_per_s)
+    assert any(n.startswith("gemm_scale = ") and "gemm_efficiency at its cap" in n
+               for n in prof.fit_notes), prof.fit_notes
+    assert not any("gemm" in n for n in fit_kernels(readings, gpu,
+                                                    gpu.nvlink_gb_per_s).fit_notes)
+    attention = [k for k in readings if k.kind == "attention"]
+    one = [k for k in readings if k.kind != "attention"] + attention[:1]
+    prof = fit_kernels(one, gpu, gpu.nvlink_gb_per_s)
+    assert prof.stderr["attention_scale"] is None and not prof.covariance
+    assert ("attention_scale has no standard error (1 reading measures it; 2 or more give "
+            "one): plans under this profile get no prediction interval") in prof.fit_notes
+    path = tmp_path / "one.json"
+    save_profile(path, prof)
+    why = no_interval_reason(load_profile(path))
+    assert why.startswith("no prediction interval: attention_scale has no standard error")
+    assert "more runs" not in why and "probe/gemm.py" in why
+    zero = readings[:-1] + [KernelReading(readings[-1].kind, readings[-1].shape, "bf16", 0.0)]
+    with pytest.raises(SpecError) as e:
+        fit_kernels(zero, gpu, gpu.nvlink_gb_per_s)
+    assert e.value.field == "kernels" and f"{tuple(readings[-1].shape)}" in str(e.value)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda k: k.update(measured_ms=-5), "kernels[0].measured_ms"),
+    (lambda k: k.update(measured_ms="abc"), "kernels[0].measured_ms"),
+    (lambda k: k.clear(), "kernels[0].kind"),
+    (lambda k: k.update(shape="bogus"), "kernels[0].shape"),
+    (lambda k: k.update(shape=[1, 2]), "kernels[0].shape"),
+    (lambda k: k.update(dtype="fp64"), "kernels[0].dtype"),
+    (lambda k: k.update(after_ms=float("nan")), "kernels[0].after_ms")])
+def test_probe_profile_kernel_records_are_checked(tmp_path, edit, field):
+    """A probe profile's kernel records travel into plan files whole: a malformed one is one
+    line naming it, not carried on (they had been checked for unknown keys only)."""
+    from formats.profile import load_profile, save_profile
+    from model.calibration import fit_kernels
+    from model.errors import SpecError
+    truth = {"hbm_scale": 0.9, "gemm_scale": 0.85, "attention_scale": 1.3,
+             "nvlink_scale": 0.7, "intra_latency_scale": 0.4, "kernel_overhead_us": 4.0}
+    gpu, readings = _synthetic_readings(truth, 0.02, 1)
+    path = tmp_path / "p.json"
+    save_profile(path, fit_kernels(readings, gpu, gpu.nvlink_gb_per_s))
+    doc = json.loads(path.read_text())
+    gemm = next(i for i, k in enumerate(doc["kernels"]) if k["kind"] == "gemm")
+    doc["kernels"].insert(0, doc["kernels"].pop(gemm))
+    edit(doc["kernels"][0])
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as e:
+        load_profile(path)
+    assert e.value.field == field, str(e.value)
+
+
 def test_device_names_map_to_presets():
     from formats.presets import gpu_names
     from probe.gemm import DEVICE_PRESETS, device_preset
@@ -192,9 +257,15 @@ def test_gemm_probe_cpu_test_mode_runs_and_is_refused_for_planning(tmp_path):
                                  "--gbs", "64", "--calibration", str(out)])
     assert r.exit_code == 2 and "not for planning" in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
-    # --gpus 1 skips the collectives here as on a GPU (the CPU mode had run them anyway)
+    # --gpus 1 skips the collectives here as on a GPU (the CPU mode had run them anyway);
+    # what the test mode does not take of the options given is said
     one = tmp_path / "one.json"
-    assert main(["-o", str(one), "--cpu", "--gpus", "1", "--iters", "2", "--warmup", "1"]) == 0
+    said = []
+    from probe.gemm import run
+    run(["-o", str(one), "--cpu", "--gpus", "1", "--iters", "5", "--warmup", "1", "--seq",
+         "8192", "--dtype", "fp16"], log=said.append)
+    assert said[0] == ("test mode (CPU) runs tiny fp32 shapes: --seq, --dtype not used; "
+                       "--iters 5 -> 3"), said[0]
     d = json.loads(one.read_text())
     assert {k["kind"] for k in d["kernels"]} == {"elementwise", "gemm", "attention"}
 

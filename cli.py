@@ -1582,13 +1582,24 @@ def cluster_import(
                                         else intra_latency_us))
     warnings = warnings + implausible_rates(c)
     # what was read and the warnings, once the cluster is built (an error stays one line)
-    for line in intra_notes:
+    for line in intra_notes + _uniform_topology_notes(c, intra_topology):
         typer.echo(line, err=True)
     for note in meas.notes:
         typer.echo(f"read: {note}", err=True)
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
     _emit_cluster(c, out, as_json, warnings)
+
+
+def _uniform_topology_notes(c, intra_topology: str | None) -> list[str]:
+    """An intra-node topology whose every GPU pair runs at one rate (an NVSwitch node) is that
+    rate (model.cluster.NodeSpec): the file gets intra_gb_per_s, not the matrix; said."""
+    if intra_topology is None or any(nd.intra_matrix_gb_per_s is not None for nd in c.nodes):
+        return []
+    rates = sorted({nd.intra_gb_per_s for nd in c.nodes})
+    return [f"read: --intra-topology {intra_topology}: every GPU pair at "
+            f"{', '.join(f'{r:g}' for r in rates)} GB/s, written as intra_gb_per_s (a uniform "
+            "node: the exact method covers it)"]
 
 
 @command("show", parent=cluster_app)
@@ -1660,6 +1671,8 @@ def cluster_synth(
         c = cluster_with_topology(c, intra_topology, intra_gb_per_s)
     # options given that the generator then has no use for: said, not kept without a word
     warnings = []
+    for line in _uniform_topology_notes(c, intra_topology):
+        typer.echo(line, err=True)
     if degraded == 0 and _given(ctx, "degraded_factor"):
         warnings.append(f"--degraded-factor {degraded_factor:g} has no effect: no node is "
                         "degraded (--degraded 0)")

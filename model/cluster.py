@@ -74,6 +74,17 @@ class NodeSpec:
     intra_gb_per_s: float
     intra_matrix_gb_per_s: np.ndarray | None = None  # num_gpus x num_gpus, optional
 
+    def __post_init__(self):
+        # a matrix with every GPU pair at the node's rate (an NVSwitch node: the dgx-h100
+        # topology) is that rate: kept, every search took the node for one whose rings depend
+        # on which GPUs, and lost the exact method (`ClusterSpec.gpu_specific_links`)
+        m = self.intra_matrix_gb_per_s
+        if m is not None and getattr(m, "ndim", 0) == 2 and m.shape[0] > 1:
+            off = np.asarray(m, dtype=float)[~np.eye(m.shape[0], dtype=bool)]
+            rate = float(self.intra_gb_per_s)
+            if np.all(np.abs(off - rate) <= 1e-9 * max(rate, 1.0)):
+                object.__setattr__(self, "intra_matrix_gb_per_s", None)
+
     def link_gb_per_s(self, a: int, b: int) -> float:
         """One direction from local GPU a to local GPU b."""
         if self.intra_matrix_gb_per_s is None:

@@ -286,14 +286,21 @@ def test_cli_synth_matches_generator(tmp_path):
         r = cli("cluster", "synth", f"--{f}-gb-per-s", "0")
         assert r.exit_code == 2 and f"synth: {f}_gb_per_s: link rates must be positive" in (
             r.output), r.output
-    r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx-h100", "--gpu",
-            "H100-SXM-80GB")
+    r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx1-v100", "--gpu",
+            "V100-32GB")
     assert r.exit_code == 0 and "intra_matrix_gb_per_s" in r.output
-    # --json carries the same matrix (it had given only intra_gb_per_s)
+    # an NVSwitch node's matrix (every pair at one rate) is that rate: written as
+    # intra_gb_per_s and said; kept, it had taken the exact method away from such clusters
     r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx-h100", "--gpu",
-            "H100-SXM-80GB", "--json", "-o", str(tmp_path / "t.toml"))
+            "H100-SXM-80GB", "--json")
+    assert r.exit_code == 0 and "every GPU pair at 360 GB/s" in r.stderr
+    assert all(nd["intra_matrix_gb_per_s"] is None and nd["intra_gb_per_s"] == 360.0
+               for nd in json.loads(r.stdout)["nodes"])
+    # --json carries the same matrix (it had given only intra_gb_per_s)
+    r = cli("cluster", "synth", "--nodes", "2", "--intra-topology", "dgx1-v100", "--gpu",
+            "V100-32GB", "--json", "-o", str(tmp_path / "t.toml"))
     assert r.exit_code == 0, r.output
-    nodes = json.loads(r.output)["nodes"]
+    nodes = json.loads(r.stdout)["nodes"]
     written = load_cluster(tmp_path / "t.toml")
     assert all(np.allclose(nd["intra_matrix_gb_per_s"], w.intra_matrix_gb_per_s)
                for nd, w in zip(nodes, written.nodes))
@@ -399,7 +406,7 @@ def test_synth_keeps_a_given_intra_rate_beside_a_topology_and_import_names_its_f
     r = cli("cluster", "synth", "--intra-topology", "dgx-a100", "--intra-gb-per-s", "100",
             "--nodes", "2", "--json")
     assert r.exit_code == 0, r.output
-    assert {nd["intra_gb_per_s"] for nd in json.loads(r.output)["nodes"]} == {100.0}
+    assert {nd["intra_gb_per_s"] for nd in json.loads(r.stdout)["nodes"]} == {100.0}
     r = cli(*IMPORT, str(DATA / "matrix.csv"), "--node-names", "n3,n2,n2", "-o",
             str(tmp_path / "c.toml"))
     line = " ".join(r.output.split())

@@ -202,3 +202,27 @@ def test_all_node_ring_bound_is_the_best_ring_through_every_node():
                 assert best == bound
             tighter += bound > bw[~np.eye(n, dtype=bool)].min()
     assert tighter >= 10  # above the slowest link: the bound says more than it
+
+
+def test_a_uniform_link_matrix_is_the_nodes_rate():
+    """An NVSwitch node's matrix (every GPU pair at the node's rate: dgx-h100) is that rate,
+    not GPU-specific links: such a cluster had gone to the annealer, with the exact method's
+    proof lost and 'non-uniform intra-node links' given as the reason. A matrix with one
+    slower pair stays."""
+    import dataclasses
+
+    import numpy as np
+
+    from formats.clusters import uniform_cluster
+    from formats.topologies import cluster_with_topology
+    c = uniform_cluster(4, 8, "H100-SXM-80GB", 360.0, 40.0)
+    t = cluster_with_topology(c, "dgx-h100")
+    assert not t.gpu_specific_links and t.uniform()
+    assert all(nd.intra_matrix_gb_per_s is None and nd.intra_gb_per_s == 360.0
+               for nd in t.nodes)
+    m = np.full((8, 8), 360.0)
+    np.fill_diagonal(m, 0.0)
+    m[0, 1] = 300.0
+    odd = dataclasses.replace(c.nodes[0], intra_gb_per_s=300.0, intra_matrix_gb_per_s=m)
+    assert odd.intra_matrix_gb_per_s is not None
+    assert dataclasses.replace(c, nodes=(odd,) + c.nodes[1:]).gpu_specific_links

@@ -160,6 +160,11 @@ def _cases():
     out.append(("Qwen3-30B EP=8 HybridEP, TP 2 SP, PP 2, H100", qw3, jhyb, h100,
                 make_plan(qw3, jhyb, h100, tp=2, pp=2, ep=8, etp=1, sequence_parallel=True,
                           distributed_optimizer=True)))
+    q15 = presets.model("qwen1.5-moe-a2.7b")  # QKV biases only (add_qkv_bias)
+    jq = JobSpec(global_batch=64, seq_length=4096)
+    out.append(("Qwen1.5-MoE QKV biases, EP=4", q15, jq, h100,
+                make_plan(q15, jq, h100, tp=2, pp=1, ep=4, etp=1, sequence_parallel=True,
+                          distributed_optimizer=True)))
     ds = presets.model("deepseek-v2-lite")
     out.append(("DeepSeek-V2-Lite MLA EP=8", ds, job, ex,
                 make_plan(ds, job, ex, tp=1, pp=2, ep=8, recompute="selective",
@@ -202,6 +207,7 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
         ("normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm", "model"),
         ("gated_linear_unit", model.gated_mlp, "model"),
         ("add_bias_linear", model.bias, "model"),
+        ("add_qkv_bias", model.bias or model.qkv_bias, "model"),
         ("position_embedding_type", {"rope": "rope", "learned": "learned_absolute"}.get(
             model.position_embedding, model.position_embedding), "model"),
         ("rotary_base", int(model.rope_base) if model.rope_base else 10000, "model"),

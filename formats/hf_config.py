@@ -35,14 +35,16 @@ _MOE_KEYS = {"mixtral": ("num_local_experts", "num_experts_per_tok", None),
              "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")}
 _UNSUPPORTED: dict[str, str] = {}
 # Architecture per family (the transformers modeling file of each): position embedding, norm,
-# linear-layer biases. Qwen2 has biases on QKV only; the bias flag is for all four linear
-# layers, so it is counted as bias-free (4h of the ~12h^2 weights per layer are missed).
+# linear-layer biases (all four; Qwen2's QKV-only biases are _QKV_BIAS).
 _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", False),
          "qwen2": ("rope", "rmsnorm", False), "qwen3": ("rope", "rmsnorm", False),
          "mixtral": ("rope", "rmsnorm", False),
          "gpt2": ("learned", "layernorm", True), "gpt_neox": ("rope", "layernorm", True),
          "qwen2_moe": ("rope", "rmsnorm", False), "qwen3_moe": ("rope", "rmsnorm", False),
          "deepseek_v2": ("rope", "rmsnorm", False), "deepseek_v3": ("rope", "rmsnorm", False)}
+# families with biases on the query, key and value projections only (transformers'
+# Qwen2Attention and Qwen2MoeAttention: q_proj, k_proj, v_proj with bias=True, o_proj without)
+_QKV_BIAS = ("qwen2", "qwen2_moe")
 
 
 def _typed(cfg: dict, key: str, kind, src: str, default=None):
@@ -136,7 +138,10 @@ def load_hf_config(path: Path) -> ModelSpec:
             raise SpecError(f"missing; expected one of {', '.join(keys)}{nested}", source=src,
                             field=keys[0])
     tied = _typed(cfg, "tie_word_embeddings", bool, src, mtype == "gpt2")
-    name = _typed(cfg, "_name_or_path", str, src) or Path(path).parent.name or mtype
+    # the checkpoint's name, else the file's (a config.json: its folder's, as a checkpoint's)
+    p = Path(path)
+    name = (_typed(cfg, "_name_or_path", str, src)
+            or (p.parent.name if p.name == "config.json" else p.stem) or mtype)
     check_name(name, "the model name", src, "_name_or_path")
     pos, norm, bias = _ARCH[mtype]
     vals.update(_moe_fields(cfg, mtype, src))
@@ -160,6 +165,7 @@ def load_hf_config(path: Path) -> ModelSpec:
     try:
         return ModelSpec(name=str(name), gated_mlp=_GATED[mtype], tied_embeddings=tied,
                          position_embedding=pos, norm=norm, bias=bias,
+                         qkv_bias=mtype in _QKV_BIAS,
                          qk_norm=mtype in ("qwen3", "qwen3_moe"),
                          dropout=_dropout(cfg, mtype, src), source=src,
                          unmodelled=unmodelled(cfg, mtype in _MOE_KEYS, src)

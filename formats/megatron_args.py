@@ -138,7 +138,9 @@ def _architecture_mismatch(model: ModelSpec, logged: dict[str, str]
     reads them from a log)."""
     want = {"swiglu": str(model.gated_mlp),
             "untie_embeddings_and_output_weights": str(not model.tied_embeddings),
-            "add_bias_linear": str(model.bias)}
+            "add_bias_linear": str(model.bias),
+            # validate_args sets add_qkv_bias with add_bias_linear (arguments.py)
+            "add_qkv_bias": str(model.bias or model.qkv_bias)}
     if not model.is_mla:  # latent attention's kv_channels is its non-rotary query width
         want["kv_channels"] = str(model.head_dim)
     out = [(k, logged[k], v) for k, v in want.items() if k in logged and logged[k] != v
@@ -415,6 +417,8 @@ def _model(a: PrintedArgs, vocab: int, name: str) -> ModelSpec:
         # Megatron-DeepSpeed's --embed-layernorm (BLOOM's LayerNorm after the embedding)
         embedding_norm=a.flag("embed_layernorm"),
         bias=a.flag("add_bias_linear", True),
+        # --add-qkv-bias (Qwen2); validate_args sets it with --add-bias-linear, which covers it
+        qkv_bias=a.flag("add_qkv_bias") and not a.flag("add_bias_linear", True),
         dropout=a.number("hidden_dropout", 0.1, hi=1.0) > 0 or
         a.number("attention_dropout", 0.1, hi=1.0) > 0,
         kv_channels=kv if kv and kv * heads != hidden else 0,

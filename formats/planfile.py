@@ -67,7 +67,7 @@ def cost_model_revision() -> str:
 _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
                  "ffn_hidden_size", "vocab_size", "seq_length", "gated_mlp", "tied_embeddings",
                  "position_embedding", "norm", "bias", "dropout", "embedding_norm", "qk_norm",
-                 "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
+                 "qkv_bias", "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
                  "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
                  "mla_qk_rope_dim", "mla_v_head_dim", "rope_base", "rotary_percent", "source",
                  "unmodelled")
@@ -247,6 +247,8 @@ def _read_model(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
     kw["embedding_norm"] = rd.get(d, "embedding_norm", w, bool)
     # written since 2026-12-06, after schema 3 began: an earlier schema 3 file lacks it
     kw["qk_norm"] = _later(rd, d, "qk_norm", w, bool, False, ver, notes, since=None)
+    # written since 2026-12-07
+    kw["qkv_bias"] = _later(rd, d, "qkv_bias", w, bool, False, ver, notes, since=None)
     for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
               "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
               "mla_qk_rope_dim", "mla_v_head_dim"):

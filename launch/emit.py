@@ -372,6 +372,8 @@ def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
         a.append("--qk-layernorm")
     if not model.bias:
         a.append("--disable-bias-linear")
+        if model.qkv_bias:  # TransformerConfig.add_qkv_bias (Qwen2): biases on q, k, v only
+            a.append("--add-qkv-bias")
     if not model.dropout:  # Megatron's defaults are 0.1 each
         a += ["--hidden-dropout", "0", "--attention-dropout", "0"]
     if model.is_mla:  # arguments.py _add_mla_args (qk-head-dim: the non-rotary part)
@@ -510,6 +512,11 @@ def _nemo_architecture(model: ModelSpec, sh: Shape, tokenizer: str | None,
         m["rotary_percentage"] = model.rotary_percent
     if not model.dropout:
         m.update(hidden_dropout=0.0, attention_dropout=0.0)
+    if model.qkv_bias and not model.bias:
+        warn.append(tagged("nemo", "model", "the biases on the query, key and value "
+                           "projections (Qwen2) have no NeMo 1.x megatron_gpt_config key this "
+                           "tool knows: the model built may lack them; emit the Bridge recipe "
+                           "(--framework-version bridge), which sets add_qkv_bias"))
     if model.qk_norm:
         warn.append(tagged("nemo", "model", "the per-head q/k normalization (QK-norm) has no "
                            "NeMo 1.x megatron_gpt_config key this tool knows: the model built "
@@ -730,6 +737,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                "num_query_groups": model.num_kv_heads, "seq_length": job.seq_length,
                "normalization": "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
                "add_bias_linear": model.bias}
+    if model.qkv_bias and not model.bias:  # TransformerConfig.add_qkv_bias (Qwen2)
+        m["add_qkv_bias"] = True
     if model.qk_norm or model.is_mla:  # TransformerConfig.qk_layernorm (MLA: latent norms)
         m["qk_layernorm"] = True
     # SwiGLU = a gated linear unit with SiLU (Megatron-Core's --swiglu); else GeLU
@@ -1143,6 +1152,10 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
             warn.append(tagged("torchtitan", "precision", (
                 "the plan's FP8 weights (fp8_param_gather) have no torchtitan key: FSDP2 keeps "
                 "and gathers 16-bit weights here")))
+    if model.qkv_bias and not model.bias:
+        warn.append("torchtitan [model]: its Llama-style model has no biases; the plan's "
+                    "model has them on the query, key and value projections (Qwen2): the model "
+                    "built lacks them and cannot load such a checkpoint")
     if job.attention != "flash":
         warn.append("torchtitan [model]: attention is scaled_dot_product_attention "
                     "(FlashAttention on GPUs that have it); the estimate assumed eager attention")

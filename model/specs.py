@@ -179,6 +179,10 @@ class ModelSpec:
     position_embedding: str = "learned"
     norm: str = "layernorm"
     bias: bool = True
+    # biases on the query, key and value projections only (Qwen2 and Qwen1.5/2-MoE; Megatron-LM
+    # --add-qkv-bias, which --add-bias-linear implies): q + 2 kv weights per layer, their adds
+    # in the GEMMs' epilogues (not timed)
+    qkv_bias: bool = False
     dropout: bool = True
     embedding_norm: bool = False
     # per-head RMSNorm on queries and keys before attention (Qwen3: q_norm / k_norm). Not
@@ -297,7 +301,8 @@ class ModelSpec:
             if getattr(self, f) not in allowed:
                 raise SpecError(f"unknown {f} {getattr(self, f)!r}; use one of "
                                 f"{', '.join(allowed)}", source=src, field=f)
-        for f in ("gated_mlp", "tied_embeddings", "bias", "dropout", "embedding_norm"):
+        for f in ("gated_mlp", "tied_embeddings", "bias", "qkv_bias", "dropout",
+                  "embedding_norm", "qk_norm"):
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"must be true or false, got {getattr(self, f)!r}", source=src,
                                 field=f)
@@ -408,8 +413,9 @@ class ModelSpec:
         norms = 2 * (2 * h if self.norm == "layernorm" else h)
         if self.is_mla:  # the latents' norms (query latent, key/value latent)
             norms += self.mla_q_lora_rank + self.mla_kv_lora_rank
-        biases = (self.q_dim + 2 * self.kv_dim) + h + (2 if self.gated_mlp else 1) * self.ffn_hidden_size \
-            + h if self.bias else 0
+        qkv = self.q_dim + 2 * self.kv_dim
+        biases = (qkv + h + (2 if self.gated_mlp else 1) * self.ffn_hidden_size + h if self.bias
+                  else qkv if self.qkv_bias else 0)
         return self.linear_params_per_layer + norms + biases
 
     @cached_property
@@ -447,7 +453,8 @@ class ModelSpec:
         output projection, fused MLP up (and gate), MLP down; a bias each; two norms (weight,
         and bias for LayerNorm)."""
         mlp = 2 if not self.is_moe else 1 + 2 * (self.num_experts + self.moe_shared_experts)
-        return 2 + mlp + (4 if self.bias else 0) + 2 * (2 if self.norm == "layernorm" else 1)
+        biases = 4 if self.bias else 1 if self.qkv_bias else 0
+        return 2 + mlp + biases + 2 * (2 if self.norm == "layernorm" else 1)
 
     @property
     def embedding_params(self) -> int:

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -126,6 +127,51 @@ def test_qwen3_dense_config_loads_with_its_qk_norm(tmp_path):
     ref = presets.model(str(p))
     assert m.qk_norm and not ref.qk_norm and m.gated_mlp
     assert m.total_params == ref.total_params
+
+
+def test_qwen2_qkv_biases_are_counted_and_emitted(tmp_path):
+    """model_type qwen2 (Qwen2 / Qwen2.5: biases on q, k and v only) loads with qkv_bias: its
+    q + 2 kv bias weights a layer are counted, Megatron-LM gets --add-qkv-bias beside
+    --disable-bias-linear and the Bridge recipe add_qkv_bias, torchtitan's warning says its
+    model lacks them; a plan file keeps it, and a Megatron-LM log's arguments read it back
+    (they had been dropped without a word: the emitted model could not load the checkpoint).
+    A file not named config.json names the model after itself, not its folder."""
+    from formats.clusters import uniform_cluster
+    from formats.megatron_args import megatron_args_mismatch, megatron_planned_args
+    from formats.planfile import load_plan, save_plan
+    from launch.emit import bridge_recipe, megatron_args, torchtitan_config
+    from model.estimator import estimate, make_plan
+    from model.specs import JobSpec
+    cfg = dict(_LLAMA, model_type="qwen2")
+    p = tmp_path / "qwen25.json"
+    p.write_text(json.dumps(cfg))
+    m = presets.model(str(p))
+    p.write_text(json.dumps(dict(cfg, model_type="llama")))
+    ref = presets.model(str(p))
+    assert m.qkv_bias and not m.bias and not ref.qkv_bias and m.name == "qwen25"
+    assert m.params_per_layer - ref.params_per_layer == m.q_dim + 2 * m.kv_dim
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 40.0)
+    job = JobSpec(global_batch=32, seq_length=2048)
+    plan = make_plan(m, job, c, tp=2, pp=2)
+    args, _ = megatron_args(m, job, plan)
+    assert "--disable-bias-linear" in args and "--add-qkv-bias" in args
+    assert "--add-qkv-bias" not in megatron_args(ref, job, plan)[0]
+    assert bridge_recipe(m, job, c, plan)[0]["model"]["add_qkv_bias"] is True
+    assert any("query, key and value" in w for w in torchtitan_config(m, job, c, plan)[1])
+    save_plan(tmp_path / "plan.json", m, job, c, plan, estimate(m, job, c, plan))
+    assert load_plan(tmp_path / "plan.json")[0].qkv_bias
+    printed = {**megatron_planned_args(m, job, plan), "add_bias_linear": "False",
+               "add_qkv_bias": "False"}
+    assert ("add_qkv_bias", "False", "True") in megatron_args_mismatch(m, job, plan, printed)
+    from formats.clusters import cluster as load_cluster
+    from formats.logs import megatron_arg_blocks
+    from formats.megatron_args import plan_from_megatron_args
+    logs = Path(__file__).parent / "fixtures" / "logs"
+    base = megatron_arg_blocks((logs / "megatron_args_70b.txt").read_text())[0]
+    ex = load_cluster("example")
+    assert plan_from_megatron_args({**base, "add_qkv_bias": "True"}, ex,
+                                   source="t")[0].qkv_bias
+    assert not plan_from_megatron_args(base, ex, source="t")[0].qkv_bias
 
 
 @pytest.mark.parametrize("cfg,key,says", [

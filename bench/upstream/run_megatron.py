@@ -81,6 +81,7 @@ def megatron_view(item):
         "num_query_groups": cfg.num_query_groups, "kv_channels": cfg.kv_channels,
         "normalization": cfg.normalization, "gated_linear_unit": cfg.gated_linear_unit,
         "activation": _fn_name(cfg.activation_func), "add_bias_linear": cfg.add_bias_linear,
+        "add_qkv_bias": cfg.add_qkv_bias,
         "hidden_dropout": cfg.hidden_dropout, "attention_dropout": cfg.attention_dropout,
         "position_embedding_type": args.position_embedding_type,
         "rotary_base": args.rotary_base, "rotary_percent": args.rotary_percent,

@@ -111,7 +111,7 @@ def print_estimate(est, plan, cluster, title: str = "Estimate", job=None) -> Non
                   f"{s.sync_exposed_ms:.1f}", f"{s.optimizer_ms:.1f}", f"{mm.weights_gib:.1f}",
                   f"{mm.grads_gib:.1f}", f"{mm.optimizer_gib:.1f}", f"{mm.activations_gib:.1f}",
                   "/".join(map(str, mm.inflight)), f"{mm.working_gib:.1f}",
-                  f"{mm.allowance_gib:.1f}", f"{mm.total_gib:.1f}", f"{s.limit_gib:.0f}",
+                  f"{mm.allowance_gib:.1f}", f"{mm.total_gib:.1f}", f"{s.limit_gib:.1f}",
                   style=style)
     con.print(t)
     buf = max(s.memory.dispatcher_gib for s in est.stages)

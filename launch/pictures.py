@@ -169,6 +169,17 @@ def slow_links(cluster: ClusterSpec, factor: float = SLOW_FACTOR) -> list[tuple[
     return [(a, b) for a in range(n) for b in range(n) if a != b and m[a, b] < factor * med]
 
 
+def slow_nodes(cluster: ClusterSpec) -> set[int]:
+    """The nodes `cluster show` and `solve` call slow (formats.bandwidth.summarize's outliers:
+    a degraded NIC or NVLink), which the placement picture frames. Every node with a slow link
+    had been framed: all of them, beside one degraded node."""
+    from formats.bandwidth import summarize
+
+    s = summarize(cluster)
+    idx = {nd.name: n for n, nd in enumerate(cluster.nodes)}
+    return {idx[o["node"]] for o in s.get("outliers", []) + s.get("intra_outliers", [])}
+
+
 def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
     """Nodes as rows of GPU cells coloured by pipeline stage (hue) and labelled s<stage>/r<replica>
     (replicas alternate lightness); next to it the inter-node bandwidth matrix with slow links
@@ -188,7 +199,7 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
             for i, g in enumerate(pl.gpus[s][r]):
                 owner[(pl.node[s][r], g)] = (s, r, i)
     slow = slow_links(cluster)
-    slow_nodes = {a for a, b in slow} | {b for a, b in slow}
+    framed = slow_nodes(cluster)
     for n, nd in enumerate(cluster.nodes):
         for g in range(nd.num_gpus):
             o = owner.get((n, g))
@@ -204,7 +215,7 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
                                    linewidth=0.4))
             ax.text(g + 0.46, n + 0.43, txt, ha="center", va="center", fontsize=7)
         ax.add_patch(Rectangle((-0.08, n - 0.06), nd.num_gpus + 0.08, 0.97, fill=False,
-                               edgecolor="red" if n in slow_nodes else "none", linewidth=1.5))
+                               edgecolor="red" if n in framed else "none", linewidth=1.5))
     ax.set_xlim(-0.2, Gmax + 0.1)
     ax.set_ylim(N, -0.2)
     ax.set_yticks([n + 0.43 for n in range(N)])
@@ -212,7 +223,7 @@ def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:
     ax.set_xticks([g + 0.46 for g in range(Gmax)])
     ax.set_xticklabels([f"GPU{g}" for g in range(Gmax)], fontsize=7)
     ax.set_title(f"{sh.describe()}\ncolour = stage, dark/light = even/odd replica; red frame = "
-                 "node with a slow link", fontsize=9)
+                 "slow node (cluster show)", fontsize=9)
     for sp in ax.spines.values():
         sp.set_visible(False)
     m = cluster.inter_gb_per_s.copy()

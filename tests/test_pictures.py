@@ -2,7 +2,7 @@
 
 import pytest
 
-from launch.pictures import gantt_png, placement_png, schedule_timeline, slow_links
+from launch.pictures import gantt_png, placement_png, schedule_timeline, slow_links, slow_nodes
 from formats import presets
 from formats.clusters import cluster
 from model.estimator import Evaluator, make_plan
@@ -42,6 +42,10 @@ def test_placement_png(setup, tmp_path):
     # the example cluster's half-rate NIC on node05 makes its links slow
     n5 = c.node_index("node05")
     assert any(n5 in pair for pair in slow_links(c))
+    # the frame goes to that node alone, as cluster show and solve name it; every node with
+    # a link to it had been framed (all of them on a small cluster)
+    assert slow_nodes(c) == {n5}
+    assert len({n for pair in slow_links(c) for n in pair}) > 1
 
 
 @pytest.mark.parametrize("name,head", [("g.pdf", b"%PDF"), ("g.svg", b"<?xml"),

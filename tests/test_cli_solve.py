@@ -308,6 +308,29 @@ def test_compare_says_when_the_amp_style_baseline_has_no_plan(tiny, tmp_path, mo
     assert r.exit_code == 0 and "amp-style" in r.output and "Traceback" not in r.output
 
 
+def test_compare_exact_row_says_when_it_annealed(tmp_path):
+    """On nodes of two GPU types the MILP covers no block: the exact search anneals them and
+    bounds them in closed form, and its compare row says so (it had read 'exact' beside an
+    identical anneal row, with nothing to tell the race was not one)."""
+    import numpy as np
+
+    from formats import presets
+    from model.cluster import ClusterSpec, NodeSpec
+    cfg = {"model_type": "llama", "num_hidden_layers": 16, "hidden_size": 1024,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2816,
+           "vocab_size": 8000, "max_position_embeddings": 1024}
+    nodes = tuple(NodeSpec(f"n{i}", presets.gpu(g), 2, 240.0) for i, g in enumerate(
+        ("A100-80GB", "H100-SXM-80GB", "A100-80GB", "H100-SXM-80GB", "A100-80GB")))
+    inter = 20.0 + np.arange(25, dtype=float).reshape(5, 5) % 7
+    np.fill_diagonal(inter, 0.0)
+    c = ClusterSpec("two-types", nodes, inter, 5.0)
+    r = runner.invoke(app, ["compare", *_inputs(tmp_path, cfg, c), "--gbs", "8", "--seq",
+                            "1024", "--time-limit", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    ex = {x["method"]: x for x in json.loads(r.output)}["exact"]
+    assert "placement problem(s) annealed, not by the MILP" in ex["proven"], ex["proven"]
+
+
 def test_compare_takes_solves_overlaps_and_torchtitan_release(tiny):
     """compare searches what solve would with the same overlap options, and prices a
     torchtitan job's release (it had neither, so a plan solved with them could not be

@@ -636,6 +636,10 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
         render.echo_json(_with_calibration(d, calibration, interval, mem_interval))
         return
     render.print_estimate(est, plan, c, job=job)
+    # which GPUs play which rank, and the slow nodes' share of the plan, as solve says them
+    # (estimate --plan of a solved plan had left both out)
+    render.print_placement(plan, c)
+    render.print_slow_nodes(plan, c)
     _print_calibration(calibration, interval, mem_interval)
     render.print_written(files, warnings)
 

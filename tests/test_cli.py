@@ -422,3 +422,14 @@ def test_json_errors_of_the_options_themselves_are_objects_on_stdout():
         assert json.loads(r.stdout) == {"error": line.removeprefix("error: "), "exit_code": 2}
     r = run("estimate", "--gbs", "0")
     assert r.exit_code == 2 and r.stdout == ""
+
+
+def test_estimate_says_the_placement_and_slow_nodes_as_solve_does(tmp_path):
+    """estimate (and estimate --plan of a solved plan) prints which node hosts which slot and
+    the slow nodes' share of the plan, as solve does (it had left both out, so the degraded
+    node's explanation appeared in solve only)."""
+    r = runner.invoke(app, ["estimate"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "node05 │ s2/r1[0,1,2,3,4,5,6,7]" in text
+    assert "slow node node05: best network stream" in text and "hosts s2/r1" in text

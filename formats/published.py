@@ -227,8 +227,13 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
                       gated_mlp=False, tied_embeddings=True, norm="layernorm", bias=True, **arch)
     prec = r.get("precision") or ""
     precision = "bf16" if prec.startswith("bf16") else "fp16"
+    if not prec.startswith(("bf16", "fp16")):  # "16-bit (fp16 vs bf16 not stated)": said
+        notes.append("fp16 assumed (the source says 16-bit mixed precision, not which)")
     sharding = (r.get("dp_sharding") or "none").lower()
     zero = 3 if ("zero-3" in sharding or "fsdp" in sharding) else int("zero-1" in sharding)
+    if r.get("dp_sharding") is None and "zero" in (
+            f"{r.get('framework') or ''} {r.get('notes') or ''}").lower():
+        notes.append("no ZeRO sharding (the source names ZeRO without a stage)")
     # these runs (2021-2022) predate FlashAttention in Megatron: Megatron-LM's fused
     # scale-mask-softmax kernels store the scores (the attention Korthikanti et al. count)
     # DeepSpeed's pipeline engine and optimizers (BLOOM's Megatron-DeepSpeed, MT-NLG) and
@@ -249,7 +254,9 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     recompute = "full" if rc.startswith("full") else None
     if recompute is None:
         recompute = "full"
-        notes.append("full recompute (not restated; the production script uses it)")
+        notes.append("full recompute (not restated; BLOOM's production script uses it)"
+                     if group.startswith("bloom") else
+                     "full recompute assumed (unpublished)")
     sched, chunks = "1f1b", 1
     if r["pp"] > 1 and "interleaved" in (r.get("pipeline_schedule") or ""):
         # the source says interleaved and chose batches that Megatron's interleaved schedule
@@ -393,10 +400,14 @@ def _bridge_inputs(r: dict, gpu_params: dict | None = None):
     # Core's flex dispatcher with the HybridEP or DeepEP backend; otherwise alltoall
     flex = re.search(r"flex dispatcher with (HybridEP|DeepEP)", other)
     dispatcher = flex.group(1).lower() if moe and flex else "alltoall"
+    bf16_grads = "grad_reduce_in_fp32 False" in other
+    if not bf16_grads:
+        notes.append("gradients reduced in fp32 (Megatron-Core's default; other_settings "
+                     "does not give the recipe's grad_reduce_in_fp32)")
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],
                   precision="bf16", fp8=fp8, zero=zero, attention="flash",
                   framework="megatron",
-                  grad_reduce_in_bf16="grad_reduce_in_fp32 False" in other,
+                  grad_reduce_in_bf16=bf16_grads,
                   fp8_param_gather=fp8 and not fsdp,
                   fp8_recipe="mxfp8" if mx else "tensorwise" if fp8 else "delayed",
                   moe_dispatcher=dispatcher)
@@ -463,7 +474,12 @@ def compare_run(r: dict, options: Options | None = None,
     if r.get("iteration_time_s") is not None:
         c.published_s, c.time_source = r["iteration_time_s"], "published"
     elif r.get("iteration_time_s_derived") is not None:
-        c.published_s, c.time_source = r["iteration_time_s_derived"], "derived from TFLOP/s"
+        # the data's own formula (derived_fields): from TFLOP/s (Narayanan eq. 3) or from
+        # tokens/s (torchtitan, Megatron-Bridge)
+        how = (r.get("derived_fields") or {}).get("iteration_time_s_derived", "")
+        c.published_s = r["iteration_time_s_derived"]
+        c.time_source = "derived from " + ("tokens/s" if "tokens_per_sec" in how else
+                                           "TFLOP/s")
     c.config = (model, job, plan.shape)
     if r.get("peak_memory") is not None:
         # BLOOM's readings are written "GB" from nvidia-smi, whose unit is MiB: read as GiB

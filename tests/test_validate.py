@@ -197,3 +197,29 @@ def test_bloom_time_residuals_bench_builds_every_row():
     assert f"the model: all {len(doc['rows'])} rows" in out
     assert "head dimension not a multiple of 8" in out and "3. Launch blocking" in out
     assert out.count("blocking/async") == 1
+
+
+def test_every_guess_is_listed_and_each_time_says_its_source():
+    """What a record leaves open and the reader fills in is in its assumptions: 16-bit
+    precision without its kind (Narayanan et al.), ZeRO named without a stage (MT-NLG), a
+    recipe's gradient precision not given (Megatron-Bridge MoE rows); the recompute note
+    names BLOOM's script only on BLOOM rows; a derived time says whether it came from TFLOP/s
+    or tokens/s (all had read TFLOP/s)."""
+    from formats.published import load_moe_runs, validate_moe
+    rows = {x.id: x for x in validate().rows}
+    for rid, x in rows.items():
+        if rid.startswith("narayanan21_"):
+            assert any(a.startswith("fp16 assumed") for a in x.assumptions), rid
+        if rid.startswith("mtnlg530b_"):
+            assert "no ZeRO sharding (the source names ZeRO without a stage)" in x.assumptions
+        if not x.group.startswith("bloom"):
+            assert not any("production script" in a for a in x.assumptions), rid
+        if x.group.startswith("torchtitan") and x.time_source != "published":
+            assert x.time_source == "derived from tokens/s", rid
+        if x.group.startswith("narayanan") and x.time_source != "published":
+            assert x.time_source == "derived from TFLOP/s", rid
+    moe = {x.id: x for x in validate_moe().rows}
+    for r in load_moe_runs():
+        said = any(a.startswith("gradients reduced in fp32") for a in moe[r["id"]].assumptions)
+        assert said == ("grad_reduce_in_fp32 False" not in (r.get("other_settings") or "")), (
+            r["id"])

@@ -125,14 +125,30 @@ class Store:
         tables = {r[0] for r in self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
         out = []
-        asked: dict[str, set[str]] = defaultdict(set)
+        asked: dict[str, set[str]] = {}
         if "sweeps" in tables:
-            for name, ids in self.conn.execute("SELECT name, ids FROM sweeps"):
-                asked[name] |= set(json.loads(ids))
+            # each spec's latest run: an edited spec no longer asks for the tasks it dropped
+            damaged = 0
+            for name, ids in self.conn.execute("SELECT name, ids FROM sweeps ORDER BY t"):
+                try:
+                    got = json.loads(ids)
+                except (TypeError, json.JSONDecodeError):
+                    got = None
+                if not isinstance(got, list) or not all(isinstance(i, str) for i in got):
+                    damaged += 1
+                    continue
+                asked[str(name)] = set(got)
+            if damaged:
+                out.append(f"{damaged} damaged row(s) of the store's sweeps table skipped: what "
+                           "those runs asked for is not known")
             if len(asked) > 1:
                 out.append(f"the store holds the tasks of {len(asked)} sweep specs "
                            f"({', '.join(sorted(asked))}): the tables report them together")
             every = set().union(*asked.values()) if asked else set()
+            if asked and (extra := finished - every):
+                out.append(f"{len(extra)} finished task(s) in the store are not in the latest "
+                           "run of any spec (an earlier version of one): the tables include "
+                           "them")
         else:
             every = {i for i, _t in self.starts()}
         if missing := every - finished:

@@ -389,6 +389,21 @@ def test_report_says_what_is_unfinished_and_what_comes_from_another_spec(tmp_pat
     s.close()
     r = CliRunner().invoke(app, ["sweep", "report", str(db), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0 and "2 sweep specs" in r.output and "15 of the 18" in r.output
+    # a spec edited and run again: its latest run is what it asks for, and the task only an
+    # earlier version asked for is said as such, not as unfinished for ever
+    s = Store(db)
+    s.note_sweep("other", [quick[1].id])
+    s.note_sweep("tiny", [quick[0].id, quick[1].id])
+    assert s.coverage_warnings(s.rows()) == [
+        "the store holds the tasks of 2 sweep specs (other, tiny): the tables report them "
+        "together",
+        "1 finished task(s) in the store are not in the latest run of any spec (an earlier "
+        "version of one): the tables include them"]
+    with s.conn:  # a damaged row of the sweeps table: said, not a traceback
+        s.conn.execute("INSERT INTO sweeps VALUES ('x', '[\"a\", \"b\"', 1e12)")
+    assert any(w.startswith("1 damaged row(s) of the store's sweeps table skipped")
+               for w in s.coverage_warnings(s.rows()))
+    s.close()
     # an older store: no sweeps table; the dispatches it logged stand in
     with sqlite3.connect(db) as conn:
         conn.execute("DROP TABLE sweeps")

@@ -309,7 +309,8 @@ class CostModel:
 
     def unsharded_step_coefs(self, gpu: GPUSpec, tp_ring_gb_per_s: float,
                              shard_ring_gb_per_s: float, cp_ring_gb_per_s: float = math.inf,
-                             ep_alltoall_ms: float = 0.0) -> tuple[float, float, float]:
+                             ep_alltoall_ms: float = 0.0,
+                             fwd_window_ms: float | None = None) -> tuple[float, float, float]:
         """torchtitan's FSDP2 with pipeline parallelism (memory.keeps_unsharded): its
         collectives run once a step, not per micro-batch. The default reshard_after_forward
         policy is off when PP is on "to avoid per-microbatch all-gathers"
@@ -322,11 +323,13 @@ class CostModel:
         it shows, plus the chunk's first gather), and every reduce-scatter after its last
         backward, nothing to hide behind. As (per layer, per chunk, per embedding or output
         layer) ms, a stage's tail: per layer x its layers + per chunk x its chunks + per edge x
-        the edge layers it holds."""
-        lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s,
-                              ep_alltoall_ms)
+        the edge layers it holds. `fwd_window_ms`: the layer forward the gathers hide behind,
+        the stage's slowest replica's (Evaluator.unsharded_step_ms); this GPU's by default."""
+        if fwd_window_ms is None:
+            fwd_window_ms = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s,
+                                             cp_ring_gb_per_s, ep_alltoall_ms).fwd_ms
         ag, rs, e_ag, e_rs = self.shard_unit_collectives(shard_ring_gb_per_s)
-        return exposed_async_ms(ag, lt.fwd_ms) + rs, ag, e_ag + e_rs
+        return exposed_async_ms(ag, fwd_window_ms) + rs, ag, e_ag + e_rs
 
     def shard_unit_collectives(self, ring_gb_per_s: float) -> tuple[float, float, float, float]:
         """ZeRO-3 / FSDP's units on one GPU: (gather, reduce-scatter) of one layer, then of the

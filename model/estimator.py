@@ -308,11 +308,17 @@ class Evaluator:
         unsharded_step_coefs), on its slowest replica."""
         sh, worst = self.shape, 0.0
         shard = self.shard_ring(pl, s)
-        for r in range(sh.cols):
-            node = self.cluster.nodes[pl.node[s][r]]
+        cols = [(self.cluster.nodes[pl.node[s][r]], r) for r in range(sh.cols)]
+        args = [(nd.gpu, nd.ring_gb_per_s(pl.gpus[s][r]), shard, self.cp_ring(pl, s, r),
+                 self.ep_alltoall(pl, s, r)) for nd, r in cols]
+        # the gathers hide behind the slowest replica's layer forward, which the iteration's
+        # path already runs: a faster replica hides less of them but shows no more (per layer
+        # max(forward, gather)); judged against its own forward it had made a faster GPU or
+        # TP ring slow the iteration (up to +2% on one faster H100 node)
+        window = max(self.costs.layer_times(*a).fwd_ms for a in args)
+        for a in args:
             per_layer, per_chunk, per_edge = self.costs.unsharded_step_coefs(
-                node.gpu, node.ring_gb_per_s(pl.gpus[s][r]), shard, self.cp_ring(pl, s, r),
-                self.ep_alltoall(pl, s, r))
+                *a, fwd_window_ms=window)
             js = range(s, sh.num_virtual, sh.pp)
             worst = max(worst, per_layer * sum(sh.layers[j] for j in js) + per_chunk * len(js)
                         + per_edge * self.costs.stage_edges(s))

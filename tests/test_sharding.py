@@ -235,3 +235,36 @@ def test_zero3_on_a_uneven_cluster_is_searched_and_bounded(monkeypatch):
     assert r.plan.shape.zero == 3 and r.blocks_enumerated == 0
     assert r.termination != "optimal" and 0 < r.bound_ms <= r.objective_ms
     assert enumerated.objective_ms <= r.objective_ms * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("k", [1.3, 2.0])
+def test_a_faster_replica_never_slows_torchtitan_fsdp_under_pp(k):
+    """torchtitan's FSDP2 under PP gathers once a step, each layer's gather behind the layer
+    before. A node with a faster GPU (same memory) hides less of the gather behind its own
+    shorter forward, but the path already runs the slowest replica's forward: the iteration
+    must not grow. It had (745.1 -> 752.1 / 760.2 ms at 1.3x / 2x), the tail taking each
+    replica's exposure against its own forward."""
+    import dataclasses
+
+    import numpy as np
+
+    from model.cluster import ClusterSpec, NodeSpec
+    g = presets.gpu("H100-SXM-80GB")
+    fast = dataclasses.replace(g, name=f"H100-x{k}", hbm_gb_per_s=g.hbm_gb_per_s * k,
+                               peak_tflops={p: v * k for p, v in g.peak_tflops.items()})
+    m = presets.model("llama3-8b")
+    job = JobSpec(global_batch=32, seq_length=4096, zero=3, framework="torchtitan")
+    inter = np.full((4, 4), 12.5)
+    np.fill_diagonal(inter, 0.0)
+
+    def cluster(first):
+        return ClusterSpec("c", tuple(NodeSpec(f"n{i}", first if i == 0 else g, 8, 450.0)
+                                      for i in range(4)), inter, 5.0)
+    kw = dict(tp=2, pp=2, dp=8, micro_batch=1, recompute="selective", sequence_parallel=True,
+              zero=3)
+    base = cluster(g)
+    p0 = make_plan(m, job, base, **kw)
+    t0 = estimate(m, job, base, p0).iteration_ms
+    c1 = cluster(fast)
+    p1 = make_plan(m, job, c1, **kw, layers=p0.shape.layers, placement=p0.placement)
+    assert estimate(m, job, c1, p1).iteration_ms <= t0 * (1 + 1e-12)

@@ -156,6 +156,15 @@ class ClusterSpec:
             check_name(nd.name, "a node name", src, "nodes.name", host=True)
         names = [nd.name for nd in self.nodes]
         check_unique_hosts(names, src, "nodes.name")
+        # one GPU type per name: the cost model keys its per-GPU caches by the name
+        # (costs.CostModel), so two different specs under one name would share their times
+        seen: dict = {}
+        for nd in self.nodes:
+            first = seen.setdefault(nd.gpu.name, nd.gpu)
+            if first is not nd.gpu and first != nd.gpu:
+                raise SpecError(f"two different GPU specs are both named {nd.gpu.name!r} (node "
+                                f"{nd.name}); give each its own name", source=src,
+                                field="nodes.gpu")
         m = self.inter_gb_per_s
         if m.shape != (n, n):
             raise SpecError(f"matrix is {m.shape[0]}x{m.shape[1] if m.ndim > 1 else '?'} but "

@@ -226,3 +226,26 @@ def test_a_uniform_link_matrix_is_the_nodes_rate():
     odd = dataclasses.replace(c.nodes[0], intra_gb_per_s=300.0, intra_matrix_gb_per_s=m)
     assert odd.intra_matrix_gb_per_s is not None
     assert dataclasses.replace(c, nodes=(odd,) + c.nodes[1:]).gpu_specific_links
+
+
+def test_two_gpu_specs_under_one_name_are_refused():
+    """The cost model keys its per-GPU caches by the GPU's name: two different specs under one
+    name in a cluster would share their times (a faster copy of a preset, built in Python
+    without a new name, had changed the other nodes' stage times). Refused in one line."""
+    import dataclasses
+
+    import numpy as np
+
+    from formats import presets
+    from model.cluster import ClusterSpec, NodeSpec
+    from model.errors import SpecError
+    g = presets.gpu("H100-SXM-80GB")
+    inter = np.array([[0.0, 20.0], [20.0, 0.0]])
+    same = ClusterSpec("c", (NodeSpec("a", g, 8, 360.0),
+                             NodeSpec("b", dataclasses.replace(g), 8, 360.0)), inter, 5.0)
+    assert same.homogeneous
+    with pytest.raises(SpecError) as e:
+        ClusterSpec("c", (NodeSpec("a", g, 8, 360.0),
+                          NodeSpec("b", dataclasses.replace(g, hbm_gb_per_s=1000.0), 8, 360.0)),
+                    inter, 5.0)
+    assert e.value.field == "nodes.gpu" and "give each its own name" in str(e.value)

@@ -360,18 +360,16 @@ def slow_nodes(plan, cluster) -> list[dict]:
     """The nodes `cluster show` calls outliers (a degraded NIC: best stream out or in below
     OUTLIER_RATIO x the other nodes' best; a degraded NVLink: best ring below it x the
     median node's) and what `plan` gives each: its placement slots (none: idle)."""
-    from formats.bandwidth import summarize
+    from formats.bandwidth import outlier_nodes
 
-    s = summarize(cluster)
-    idx = {nd.name: n for n, nd in enumerate(cluster.nodes)}
     hosts = slots_by_node(plan)
-    rows = [{"node": o["node"], "link": "network", "gb_per_s": o["best_gb_per_s"],
-             "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], []),
-             "direction": o.get("direction", "both")}
-            for o in s.get("outliers", [])]
-    rows += [{"node": o["node"], "link": "NVLink", "gb_per_s": o["intra_gb_per_s"],
-              "ratio": o["ratio"], "slots": hosts.get(idx[o["node"]], [])}
-             for o in s.get("intra_outliers", [])]
+    rows = []
+    for n, link, o in outlier_nodes(cluster):
+        row = {"node": o["node"], "link": link, "ratio": o["ratio"], "slots": hosts.get(n, []),
+               "gb_per_s": o["best_gb_per_s" if link == "network" else "intra_gb_per_s"]}
+        if link == "network":
+            row["direction"] = o.get("direction", "both")
+        rows.append(row)
     return rows
 
 

@@ -928,6 +928,16 @@ OUTLIER_RATIO = 0.75  # a node whose best stream out or in is below this x the o
 GROUP_RATIO = 0.85    # links >= this x the fastest link join one switch group
 
 
+def outlier_nodes(c) -> list[tuple[int, str, dict]]:
+    """The nodes `summarize` calls outliers, as (node index, "network" or "NVLink", its
+    summary entry): a degraded NIC, then a degraded NVLink (what solve's slow-node lines and
+    the placement picture's frames name)."""
+    s = summarize(c)
+    idx = {nd.name: n for n, nd in enumerate(c.nodes)}
+    return ([(idx[o["node"]], "network", o) for o in s.get("outliers", [])]
+            + [(idx[o["node"]], "NVLink", o) for o in s.get("intra_outliers", [])])
+
+
 def summarize(c, slowest: int = 5, outlier_ratio: float = OUTLIER_RATIO,
               group_ratio: float = GROUP_RATIO, asym_ratio: float = ASYMMETRY_WARN_RATIO
               ) -> dict:

@@ -173,11 +173,9 @@ def slow_nodes(cluster: ClusterSpec) -> set[int]:
     """The nodes `cluster show` and `solve` call slow (formats.bandwidth.summarize's outliers:
     a degraded NIC or NVLink), which the placement picture frames. Every node with a slow link
     had been framed: all of them, beside one degraded node."""
-    from formats.bandwidth import summarize
+    from formats.bandwidth import outlier_nodes
 
-    s = summarize(cluster)
-    idx = {nd.name: n for n, nd in enumerate(cluster.nodes)}
-    return {idx[o["node"]] for o in s.get("outliers", []) + s.get("intra_outliers", [])}
+    return {n for n, _link, _o in outlier_nodes(cluster)}
 
 
 def placement_png(cluster: ClusterSpec, plan: Plan, path) -> Path:

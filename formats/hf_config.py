@@ -225,7 +225,32 @@ def _ignored(cfg: dict, mtype: str, bias: bool) -> tuple[str, ...]:
                 what = {"attention_bias": "attention", "mlp_bias": "MLP"}[k]
                 out.append(f"{k} true: biases on the {what} projections; priced and emitted "
                            "as bias-free")
+    # the activation the family is priced and emitted with (SwiGLU: SiLU; GPT-2 / NeoX: GeLU)
+    act_key = "activation_function" if mtype == "gpt2" else "hidden_act"
+    act = cfg.get(act_key)
+    if act is not None and act not in _ACTIVATIONS[_GATED[mtype]]:
+        out.append(f"{act_key} {json.dumps(act)}: priced and emitted with "
+                   + ("SiLU (SwiGLU, Megatron-LM --swiglu)" if _GATED[mtype] else "GeLU"))
+    # GPTNeoXConfig's default is the parallel block (attention and MLP from one input)
+    if mtype == "gpt_neox" and cfg.get("use_parallel_residual", True) is not False:
+        out.append("use_parallel_residual true: attention and MLP side by side from one input "
+                   "(GPT-NeoX, Pythia); priced as the sequential block (the same FLOPs and "
+                   "bytes) and emitted as one: Megatron-LM builds the sequential residual")
+    if mtype in _MOE_KEYS and cfg.get("norm_topk_prob") is False:
+        out.append("norm_topk_prob false: the routed experts' weights are the full softmax's, "
+                   "not renormalized over the top-k; the emitted arguments build renormalized "
+                   "ones (Megatron-LM's default; --moe-router-pre-softmax builds these)")
+    if mtype == "qwen2_moe" and cfg.get("shared_expert_intermediate_size"):
+        out.append("shared expert gate: Qwen2-MoE scales its shared expert by a sigmoid gate (h "
+                   "weights a layer, transformers' shared_expert_gate): not priced, and not in "
+                   "the emitted arguments (Megatron-LM --moe-shared-expert-gate)")
     return tuple(out)
+
+
+# activations each kind of family is priced and emitted with (transformers' ACT2FN names): a
+# gated MLP as SwiGLU (SiLU), a plain one as GeLU (its tanh and fast forms alike)
+_ACTIVATIONS = {True: ("silu", "swish"),
+                False: ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh")}
 
 
 # Settings that change the model or its training but neither the cost model nor the emitters

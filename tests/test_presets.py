@@ -129,6 +129,31 @@ def test_qwen3_dense_config_loads_with_its_qk_norm(tmp_path):
     assert m.total_params == ref.total_params
 
 
+@pytest.mark.parametrize("cfg,says", [
+    (dict(_LLAMA, hidden_act="gelu"), 'hidden_act "gelu": priced and emitted with SiLU'),
+    (dict(_LLAMA, model_type="gpt_neox", hidden_act="gelu", vocab_size=50432),
+     "use_parallel_residual true: attention and MLP side by side"),
+    (dict(_LLAMA, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=1376, norm_topk_prob=False),
+     "norm_topk_prob false: the routed experts' weights are the full softmax's"),
+    (dict(_LLAMA, model_type="qwen2_moe", num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=1376, shared_expert_intermediate_size=5504),
+     "shared expert gate: Qwen2-MoE scales its shared expert by a sigmoid gate")])
+def test_architecture_keys_not_priced_or_emitted_are_said(tmp_path, cfg, says):
+    """A config's activation other than its family's, GPT-NeoX's parallel residual block (its
+    configuration's default), a router that does not renormalize its top-k weights and Qwen2-MoE's
+    shared-expert gate change the model the emitted arguments build: each is carried and said
+    (all four had been dropped without a word)."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = presets.model(str(p))
+    assert any(x.startswith(says) for x in m.unmodelled), m.unmodelled
+    p.write_text(json.dumps(dict(cfg, hidden_act="silu" if m.gated_mlp else "gelu",
+                                 use_parallel_residual=False, norm_topk_prob=True)))
+    assert not any(x.startswith(says) for x in presets.model(str(p)).unmodelled) or (
+        "shared expert gate" in says)
+
+
 def test_qwen2_qkv_biases_are_counted_and_emitted(tmp_path):
     """model_type qwen2 (Qwen2 / Qwen2.5: biases on q, k and v only) loads with qkv_bias: its
     q + 2 kv bias weights a layer are counted, Megatron-LM gets --add-qkv-bias beside

@@ -341,9 +341,10 @@ def _moe_fields(cfg: dict, mtype: str, src: str) -> dict:
     if mtype.startswith("deepseek"):
         return _deepseek_fields(cfg, src)
     if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
-        raise SpecError("some layers are dense (decoder_sparse_step != 1 or mlp_only_layers); "
-                        "the cost model needs every layer to be a MoE layer", source=src,
-                        field="decoder_sparse_step")
+        key = "decoder_sparse_step" if cfg.get("decoder_sparse_step", 1) != 1 else \
+            "mlp_only_layers"
+        raise SpecError(f"some layers are dense ({key} {json.dumps(cfg[key])[:40]}); the cost "
+                        "model needs every layer to be a MoE layer", source=src, field=key)
     out = {"num_experts": cfg[ek], "moe_topk": cfg[kk]}
     if fk:
         out["moe_ffn_hidden_size"] = cfg[fk]

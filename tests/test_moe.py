@@ -95,6 +95,9 @@ def test_hf_loader_reads_moe_configs(tmp_path):
     assert (q.num_experts, q.moe_topk, q.expert_ffn, q.moe_shared_experts) == (60, 4, 1408, 4)
     with pytest.raises(SpecError) as e:
         load_hf_config(_write(tmp_path, {**qwen, "mlp_only_layers": [0]}))
+    assert e.value.field == "mlp_only_layers" and "mlp_only_layers [0]" in str(e.value)
+    with pytest.raises(SpecError) as e:  # the key that makes layers dense is the one named
+        load_hf_config(_write(tmp_path, {**qwen, "decoder_sparse_step": 2}))
     assert e.value.field == "decoder_sparse_step"
     with pytest.raises(SpecError) as e:  # DeepSeek configs load (test_expert_parallel), but
         load_hf_config(_write(tmp_path, {"model_type": "deepseek_v3", "num_hidden_layers": 4,

@@ -518,8 +518,7 @@ def print_compare(rows, title: str, csv_path=None) -> None:
         iv = (_interval_cell(r),) if calibrated else ()
         ms = r["iteration_ms"]
         t.add_row(r["cluster"], r["method"], r["plan"], "-" if ms is None else f"{ms / 1e3:.3f}",
-                  *iv,
-                  "-" if gap is None else f"{gap * 100:.2f}%", f"{r['solve_s']:.1f}",
+                  *iv, "-" if gap is None else f"{gap * 100:.2f}%", f"{r['solve_s']:.1f}",
                   r["proven"])
     con = console()
     con.print(t)

@@ -342,9 +342,13 @@ def plan_overheads(model: ModelSpec, job: JobSpec, shape: Shape, options: Option
     """The options' memory overheads for one shape on `cluster`: its dispatcher's buffers
     (dispatcher_buffer_gib) join the CUDA context as memory outside the allocator. What the
     estimator's StageMemory adds, and what every memory check of the search uses."""
-    extra = dispatcher_buffer_gib(model, job, shape, nvlink_domain(cluster))
-    o = options.overheads
-    return dataclasses.replace(o, context_gib=o.context_gib + extra) if extra else o
+    return _with_buffers(options.overheads,
+                         dispatcher_buffer_gib(model, job, shape, nvlink_domain(cluster)))
+
+
+def _with_buffers(o: Overheads, buffer_gib: float) -> Overheads:
+    """The overheads with the dispatcher's buffers beside the CUDA context (plan_overheads)."""
+    return dataclasses.replace(o, context_gib=o.context_gib + buffer_gib) if buffer_gib else o
 
 
 @dataclass(frozen=True)
@@ -385,8 +389,8 @@ class MemoryModel:
         `cluster_fp8_bytes`), needed where the shape runs FP8 linear layers."""
         self.model, self.job, self.shape, self.cs, self.options = model, job, shape, cs, options
         # `cluster`: the flex dispatchers' buffers depend on its nodes (nvlink_domain)
-        self.overheads = plan_overheads(model, job, shape, options, cluster)
         self.dispatcher_gib = dispatcher_buffer_gib(model, job, shape, nvlink_domain(cluster))
+        self.overheads = _with_buffers(options.overheads, self.dispatcher_gib)  # plan_overheads
         if shape.fp8 and fp8 is None:
             raise ValueError("an FP8 shape needs the recipe's bytes (model/fp8.py)")
         self.fp8b = fp8

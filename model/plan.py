@@ -321,7 +321,7 @@ def deepep_layout_problem(plan: "Plan", cluster: ClusterSpec) -> str | None:
             k = DEEPEP_NVL_PEERS
             runs = [{pl.node[s][c] for c, _t in grp[i:i + k]} for i in range(0, len(grp), k)]
             whole = all(len(r) == 1 for r in runs) and len(runs) == len(nodes)
-            if len(nodes) > 1 and (any(v != DEEPEP_NVL_PEERS for v in nodes.values()) or not whole):
+            if len(nodes) > 1 and (any(v != k for v in nodes.values()) or not whole):
                 names = ", ".join(f"{cluster.nodes[n].name} ({v})" for n, v in nodes.items())
                 return (f"stage {s}'s EP group of {sh.ep} ranks lies on {names}: DeepEP runs a "
                         "group inside one node or over whole nodes of 8 GPUs; use "

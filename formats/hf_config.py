@@ -160,6 +160,13 @@ def load_hf_config(path: Path) -> ModelSpec:
             if k is not None:
                 vals[ours] = _typed(cfg, k, float, src)
                 key_of[ours] = k
+    # the norms' epsilon (transformers: rms_norm_eps; GPT-NeoX layer_norm_eps; GPT-2
+    # layer_norm_epsilon)
+    k = next((k for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+              if cfg.get(k) is not None), None)
+    if k is not None:
+        vals["norm_eps"] = _typed(cfg, k, float, src)
+        key_of["norm_eps"] = k
     # Qwen3's attention normalizes q and k per head (transformers' Qwen3Attention and
     # Qwen3MoeAttention q_norm, k_norm); the other families here do not
     try:

@@ -423,7 +423,11 @@ def _model(a: PrintedArgs, vocab: int, name: str) -> ModelSpec:
         a.number("attention_dropout", 0.1, hi=1.0) > 0,
         kv_channels=kv if kv and kv * heads != hidden else 0,
         rope_base=a.number("rotary_base", 0.0) if _POSITIONS[pos] == "rope" else 0.0,
-        rotary_percent=a.number("rotary_percent", 1.0), source=name, **moe)
+        rotary_percent=a.number("rotary_percent", 1.0),
+        # --norm-epsilon prints as norm_epsilon, and from core 0.16 as layernorm_epsilon
+        # (TransformerConfig's field, arguments built from it)
+        norm_eps=a.number("layernorm_epsilon", 0.0) or a.number("norm_epsilon", 0.0),
+        source=name, **moe)
 
 
 def _attention(a: PrintedArgs) -> str:

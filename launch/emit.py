@@ -332,6 +332,17 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
     return a, warn
 
 
+# the norms' epsilon every emitted framework defaults to: Megatron-LM --norm-epsilon
+# (TransformerConfig.layernorm_epsilon, transformer_config.py), NeMo 1.x megatron_gpt_config's
+# layernorm_epsilon, Megatron-Bridge's provider (a TransformerConfig)
+NORM_EPS_DEFAULT = 1e-5
+
+
+def norm_eps(model: ModelSpec) -> float | None:
+    """The model's norm epsilon where it must be written (given, and not the default)."""
+    return model.norm_eps if model.norm_eps and model.norm_eps != NORM_EPS_DEFAULT else None
+
+
 def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
                     warn: list[str]) -> list[str]:
     """The architecture (arguments.py _add_network_size_args, _add_regularization_args,
@@ -365,6 +376,8 @@ def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
             "the LayerNorm after the embedding has no Megatron-LM flag; the model built "
             "lacks it (2h weights)")))
     a += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
+    if eps := norm_eps(model):
+        a += ["--norm-epsilon", f"{eps:g}"]
     if model.qk_norm or model.is_mla:
         # arguments.py: normalize q and k per head (Qwen3); under MLA the flag builds the
         # latent norms of DeepSeek's q/kv down-projections (gpt_layer_specs.py: without it the
@@ -510,6 +523,8 @@ def _nemo_architecture(model: ModelSpec, sh: Shape, tokenizer: str | None,
         if model.rope_base:
             m["rotary_base"] = model.rope_base
         m["rotary_percentage"] = model.rotary_percent
+    if eps := norm_eps(model):
+        m["layernorm_epsilon"] = eps
     if not model.dropout:
         m.update(hidden_dropout=0.0, attention_dropout=0.0)
     if model.qkv_bias and not model.bias:
@@ -737,6 +752,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
                "num_query_groups": model.num_kv_heads, "seq_length": job.seq_length,
                "normalization": "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
                "add_bias_linear": model.bias}
+    if eps := norm_eps(model):  # TransformerConfig.layernorm_epsilon
+        m["layernorm_epsilon"] = eps
     if model.qkv_bias and not model.bias:  # TransformerConfig.add_qkv_bias (Qwen2)
         m["add_qkv_bias"] = True
     if model.qk_norm or model.is_mla:  # TransformerConfig.qk_layernorm (MLA: latent norms)

@@ -217,6 +217,10 @@ class ModelSpec:
     # they change neither weights nor cost, only what the emitted arguments build
     rope_base: float = 0.0
     rotary_percent: float = 1.0
+    # the norms' epsilon (Hugging Face rms_norm_eps / layer_norm_eps; Megatron-LM
+    # --norm-epsilon); 0 = not given, the frameworks' default 1e-5 applies. Not priced: it
+    # changes no FLOP or byte, only the emitted model's numerics (Qwen and DeepSeek use 1e-6)
+    norm_eps: float = 0.0
     source: str = ""
     # what the model's source sets that neither the cost model prices nor the emitters write
     # (formats/hf_config.py: a sliding attention window, DeepSeek's multi-token prediction and
@@ -255,6 +259,10 @@ class ModelSpec:
                                 source=src, field=f)
         _positive(self.rope_base, "rope_base", src, allow_zero=True)
         _positive(self.rotary_percent, "rotary_percent", src)
+        _positive(self.norm_eps, "norm_eps", src, allow_zero=True)
+        if self.norm_eps >= 0.1:
+            raise SpecError(f"norm_eps is {self.norm_eps:g}; a norm's epsilon is a small "
+                            "number such as 1e-5 or 1e-6", source=src, field="norm_eps")
         if not isinstance(self.name, str) or not isinstance(self.source, str):
             raise SpecError("the model name must be a string", source=src, field="name")
         if not 0 < self.rotary_percent <= 1:

@@ -199,6 +199,72 @@ def test_qwen2_qkv_biases_are_counted_and_emitted(tmp_path):
     assert not plan_from_megatron_args(base, ex, source="t")[0].qkv_bias
 
 
+@pytest.mark.parametrize("family,key", [("qwen2", "rms_norm_eps"),
+                                        ("gpt_neox", "layer_norm_eps"),
+                                        ("gpt2", "layer_norm_epsilon")])
+def test_norm_epsilon_is_read_carried_and_emitted(tmp_path, family, key):
+    """A config's norm epsilon (Qwen's and DeepSeek's 1e-6) reaches Megatron-LM
+    (--norm-epsilon), NeMo 1.x and Bridge (layernorm_epsilon); the default 1e-5 is not
+    written; a plan file keeps it and one written before it existed reads as not given; a
+    Megatron-LM log's arguments read it back under either printed name (it had been dropped:
+    the emitted model normalised with 1e-5 where the checkpoint was trained with 1e-6)."""
+    from formats.clusters import cluster as load_cluster
+    from formats.clusters import uniform_cluster
+    from formats.logs import megatron_arg_blocks
+    from formats.megatron_args import plan_from_megatron_args
+    from formats.planfile import load_plan, save_plan
+    from launch.emit import bridge_recipe, megatron_args, nemo_config
+    from model.estimator import estimate, make_plan
+    from model.specs import JobSpec
+    cfg = dict(_LLAMA, model_type=family, **{key: 1e-6})
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    m = presets.model(str(p))
+    p.write_text(json.dumps(dict(cfg, **{key: 1e-5})))
+    default = presets.model(str(p))
+    assert (m.norm_eps, default.norm_eps) == (1e-6, 1e-5)
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 40.0)
+    job = JobSpec(global_batch=32, seq_length=1024)
+    plan = make_plan(m, job, c, tp=2, pp=2)
+    args = megatron_args(m, job, plan)[0]
+    assert args[args.index("--norm-epsilon") + 1] == "1e-06"
+    assert "--norm-epsilon" not in megatron_args(default, job, plan)[0]
+    assert nemo_config(m, job, c, plan)[0]["model"]["layernorm_epsilon"] == 1e-6
+    assert "layernorm_epsilon" not in nemo_config(default, job, c, plan)[0]["model"]
+    assert bridge_recipe(m, job, c, plan)[0]["model"]["layernorm_epsilon"] == 1e-6
+    # not priced: the same estimate
+    assert estimate(m, job, c, plan).iteration_ms == \
+        estimate(default, job, c, plan).iteration_ms
+    save_plan(tmp_path / "plan.json", m, job, c, plan, estimate(m, job, c, plan))
+    assert load_plan(tmp_path / "plan.json")[0].norm_eps == 1e-6
+    d = json.loads((tmp_path / "plan.json").read_text())
+    del d["model"]["norm_eps"]
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    assert load_plan(tmp_path / "old.json")[0].norm_eps == 0.0
+    logs = Path(__file__).parent / "fixtures" / "logs"
+    base = megatron_arg_blocks((logs / "megatron_args_70b.txt").read_text())[0]
+    ex = load_cluster("example")
+    base = {k: v for k, v in base.items() if k != "layernorm_epsilon"}  # printed from 0.16
+    for name in ("norm_epsilon", "layernorm_epsilon"):  # before core 0.16, and since
+        assert plan_from_megatron_args({**base, name: "1e-06"}, ex,
+                                       source="t")[0].norm_eps == 1e-6
+    p.write_text(json.dumps(dict(cfg, **{key: "1e-6"})))
+    with pytest.raises(SpecError, match=key):
+        presets.model(str(p))
+    p.write_text(json.dumps(dict(cfg, **{key: 0.5})))
+    with pytest.raises(SpecError, match="small number"):
+        presets.model(str(p))
+
+
+def test_qwen_and_deepseek_presets_carry_their_norm_epsilon():
+    """The presets whose config.json sets rms_norm_eps 1e-6 carry it; the others leave the
+    frameworks' 1e-5."""
+    for name in ("qwen3-30b-a3b", "qwen3-235b-a22b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite",
+                 "deepseek-v3"):
+        assert presets.model(name).norm_eps == 1e-6, name
+    assert presets.model("llama3-8b").norm_eps == 0.0
+
+
 @pytest.mark.parametrize("cfg,key,says", [
     (dict(_DEEPSEEK, num_nextn_predict_layers="1"), "num_nextn_predict_layers",
      "must be a count"),

@@ -181,7 +181,7 @@ def bridge_view(item: dict) -> dict:
         "hidden_dropout": m.hidden_dropout,
         "attention_dropout": m.attention_dropout,
         "position_embedding_type": m.position_embedding_type, "rotary_base": m.rotary_base,
-        "rotary_percent": m.rotary_percent,
+        "rotary_percent": m.rotary_percent, "layernorm_epsilon": m.layernorm_epsilon,
         "untie_embeddings": not m.share_embeddings_and_output_weights,
         "padded_vocab_size": padded,
         # the data's and the model's sequence length must agree: a pair shows when not

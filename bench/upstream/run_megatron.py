@@ -85,6 +85,7 @@ def megatron_view(item):
         "hidden_dropout": cfg.hidden_dropout, "attention_dropout": cfg.attention_dropout,
         "position_embedding_type": args.position_embedding_type,
         "rotary_base": args.rotary_base, "rotary_percent": args.rotary_percent,
+        "layernorm_epsilon": cfg.layernorm_epsilon,
         "untie_embeddings": args.untie_embeddings_and_output_weights,
         "padded_vocab_size": args.padded_vocab_size, "seq_length": args.seq_length,
         "multi_latent_attention": bool(getattr(cfg, "multi_latent_attention", False)),

@@ -209,7 +209,12 @@ class CostModel:
             rerun = (f_comm / 2, 0.0, 0.0)
             bwd += self._op_sac_recompute_ms(lc) + rerun[0]
         elif sh.recompute == "selective":
-            bwd += lc.attention_fwd_ms  # the attention core (Korthikanti et al. Sec. 5)
+            # the attention core (Korthikanti et al. Sec. 5); under context parallelism the
+            # core is Transformer Engine's ring attention, so its K/V exchange runs again
+            # with it (Megatron-Core attention.py _checkpointed_attention_forward reruns
+            # core_attention)
+            rerun = (0.0, cp_f, 0.0)
+            bwd += lc.attention_fwd_ms + cp_f
         m_ = num_microbatches(self.job, sh)
         if sh.ep_comm_overlap and ep_alltoall_ms > 0 and m_ > 1:
             # Megatron-LM's combined 1F1B without pipelining (combined_1f1b_schedule_for_no_
@@ -292,7 +297,7 @@ class CostModel:
         pre = mlp | comm  # P is what neither M nor C runs
         pf = part(lc.fwd, pre, inside=False) + f_comm + cp_f
         pb = part(lc.bwd, pre, False, inside=False) + b_comm + cp_b + (
-            lc.attention_fwd_ms if self.shape.recompute == "selective" else 0.0)
+            lc.attention_fwd_ms + cp_f if self.shape.recompute == "selective" else 0.0)
         pw = part(lc.bwd, pre, True, inside=False)
         mf, mb, mw = part(lc.fwd, mlp), part(lc.bwd, mlp, False), part(lc.bwd, mlp, True)
         cf, cb = a2a_ms + part(lc.fwd, comm), a2a_ms + part(lc.bwd, comm)
@@ -378,7 +383,8 @@ class CostModel:
         core runs in cp steps, one per K/V chunk; while step i computes, chunk i + 1 travels
         from the previous rank, so each of the cp - 1 transfers hides behind one step's
         compute (1/cp of the core) and only what outlasts it shows. The backward sends the
-        K/V chunk and its gradient (twice the bytes) beside the backward core's steps.
+        K/V chunk and its gradient (twice the bytes) beside the backward core's steps, but for
+        the first step's window (the chunk alone) and the last's (the gradients alone).
 
         torchtitan (PyTorch's context_parallel, torch/distributed/tensor/experimental/
         _attention.py `_templated_ring_attention` and its backward, with torchtitan's default
@@ -411,7 +417,13 @@ class CostModel:
         f, b = lc.fwd.ms["attention"] / cp, lc.bwd.ms["attention"] / cp  # one step each
         ring_fwd = (cp - 1) * exposed_async_ms(step, f)  # a chunk beside each step
         if self.job.framework != "torchtitan":
-            return ring_fwd, (cp - 1) * exposed_async_ms(2 * step, b)
+            # backward: cp windows, each issued before a step and waited for after it; the
+            # first carries the next K/V chunk, the middle cp - 2 a chunk and the K/V
+            # gradients so far (in K/V's dtype), the last the gradients home (Transformer
+            # Engine context_parallel.py AttnFuncWithCPAndKVP2P.backward: send_tensor[0],
+            # both halves, send_tensor[1])
+            return ring_fwd, (2 * exposed_async_ms(step, b)
+                              + (cp - 2) * exposed_async_ms(2 * step, b))
         grad_step = element_bytes("fp32") / self.job.activation_bytes * (step - lat) + lat
         if self.job.compile and self.job.repeat_kv:  # v0.1 compiled: nothing overlaps
             return (cp - 1) * step, (cp - 1) * step + cp * grad_step

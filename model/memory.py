@@ -195,7 +195,9 @@ def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape, fp8_saved_bytes:
         # (megatron/core/transformer/moe/experts.py, TEGroupedMLP bias_act_func), so the
         # combine keeps no copy of the experts' outputs for their gradient
         g = shape.expert_tp if shape.sequence_parallel else 1
-        out += [("router input", lin * h, False),
+        # the router is no Transformer Engine layer: it keeps its 16-bit input under FP8 too
+        # (moe_utils.py RouterGatingLinearFunction.forward: save_for_backward(inp, ...))
+        out += [("router input", a16 * h, False),
                 ("router probabilities", 4.0 * model.num_experts, False),
                 ("expert inputs", lin * h * k * g, False),
                 ("expert activation inputs", a16 * gated * fe * k, True),

@@ -98,6 +98,34 @@ def test_cp_ring_exchange_shows_when_links_are_slow(l3):
     assert times[0] < times[1] < times[2]
 
 
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_megatron_cp_backward_windows_and_selective_rerun(l3, cp):
+    """Megatron-LM's ring backward (Transformer Engine AttnFuncWithCPAndKVP2P.backward) has cp
+    windows: the K/V chunk alone, cp - 2 of chunk and gradients, the gradients alone (it had
+    priced cp - 1 windows of both). Selective recompute reruns the attention core, which
+    under CP is the ring attention: its forward exchange runs again in the backward (it had
+    been left out: about 3% of a CP 8 iteration on 45 GB/s links)."""
+    c = h100(cp, 0.5)  # TP 8: each CP rank a node of its own, the ring across nodes
+    job = JobSpec(global_batch=8, seq_length=32768)
+    lts = {}
+    for rc in ("none", "selective"):
+        plan = make_plan(l3, job, c, tp=8, pp=1, dp=1, cp=cp, sequence_parallel=True, zero=1,
+                         recompute=rc)
+        ev = Evaluator(l3, job, c, plan.shape)
+        ring = ev.cp_ring(plan.placement, 0, 0)
+        lts[rc] = lt = ev.costs.layer_times(c.nodes[0].gpu, 360.0, cp_ring_gb_per_s=ring)
+        step = ev.costs.cp_step_bytes() / (ring * 1e6) + c.latency_us / 1e3
+        layer = ev.costs.compute(c.nodes[0].gpu).layer()
+        b = layer.bwd.ms["attention"] / cp
+        assert lt.cp_comm_bwd_ms == pytest.approx(
+            2 * max(0.0, step - b) + (cp - 2) * max(0.0, 2 * step - b))
+        assert lt.cp_comm_fwd_ms > 0  # slow links: the exchange shows
+    none, sel = lts["none"], lts["selective"]
+    assert sel.cp_comm_rerun_ms == pytest.approx(none.cp_comm_fwd_ms)
+    assert sel.bwd_ms - none.bwd_ms == pytest.approx(
+        layer.attention_fwd_ms + none.cp_comm_fwd_ms)
+
+
 @pytest.mark.parametrize("repeat_kv,compiled", [(False, True), (True, False)])
 def test_torchtitan_cp_gathers_kv_and_hides_it_behind_one_step(l3, repeat_kv, compiled):
     """torchtitan's context parallelism (PyTorch's ring attention with its default all-gather

@@ -249,3 +249,20 @@ def test_router_runs_on_the_sequence_shard_in_16_bits():
         want = gemm_ms(h100, T // 2, m.num_experts, m.hidden_size, h100.peak_flops("bf16"))
         assert lay.fwd.ms["router"] == pytest.approx(want)
         assert "router.cast" not in lay.fwd.ms
+
+
+def test_fp8_router_keeps_its_16_bit_input():
+    """Under FP8 the linear layers keep 1-byte inputs, but the router is no Transformer Engine
+    layer and keeps its bf16 input (moe_utils.py RouterGatingLinearFunction); it had been
+    counted at 1 byte, 0.25 GiB short on a Mixtral stage."""
+    from model.memory import layer_tensors
+    mx = presets.model("mixtral-8x7b")
+    c = uniform_cluster(8, 8, "H100-SXM-80GB", 360.0, 45.0)
+    for fp8 in (False, True):
+        job = JobSpec(global_batch=256, seq_length=4096, fp8=fp8)
+        plan = make_plan(mx, job, c, tp=2, pp=4, ep=8, sequence_parallel=True,
+                         distributed_optimizer=True, fp8=fp8)
+        got = dict((n, b) for n, b, _ in layer_tensors(mx, job, plan.shape))
+        assert got["router input"] == 2 * mx.hidden_size, fp8
+        if fp8:  # the experts' GEMM inputs are FP8
+            assert got["expert inputs"] == mx.hidden_size * mx.moe_topk * plan.shape.expert_tp

@@ -258,8 +258,11 @@ def synth_cluster(p: SynthParams) -> ClusterSpec:
     src = "synth"
     if p.intra_gb_per_s is None and isinstance(p.gpu, str):
         p = replace(p, intra_gb_per_s=presets.gpu(p.gpu).nvlink_gb_per_s * NVLINK_ACHIEVED)
+    # degraded nodes are at most the nodes (a count past them had been offered up to 4096)
+    n_max = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_NODES \
+        else MAX_NODES
     for f, lo, hi in (("num_nodes", 1, MAX_NODES), ("gpus_per_node", 1, MAX_GPUS_PER_NODE),
-                      ("leaf_size", 1, MAX_NODES), ("degraded", 0, MAX_NODES),
+                      ("leaf_size", 1, MAX_NODES), ("degraded", 0, n_max),
                       ("seed", 0, 2**32 - 1)):
         v = getattr(p, f)
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -276,16 +279,15 @@ def synth_cluster(p: SynthParams) -> ClusterSpec:
             raise SpecError(f"link rates must be positive GB/s, got {getattr(p, f):g}",
                             source=src, field=f)
     if p.leaf_size < 1:
-        raise SpecError("leaf_size must be >= 1", source=src, field="leaf_size")
+        raise SpecError("must be >= 1", source=src, field="leaf_size")
     if p.oversubscription < 1:
-        raise SpecError("oversubscription must be >= 1 (1 = full bisection)", source=src,
-                        field="oversubscription")
-    if not 0 <= p.degraded <= n:
-        raise SpecError(f"degraded must be between 0 and {n}", source=src, field="degraded")
+        raise SpecError(f"is {p.oversubscription:g}; it must be >= 1 (1 = full bisection)",
+                        source=src, field="oversubscription")
     if not 0 < p.degraded_factor <= 1:
-        raise SpecError("degraded_factor must be in (0, 1]", source=src, field="degraded_factor")
+        raise SpecError(f"is {p.degraded_factor:g}; it must be in (0, 1]", source=src,
+                        field="degraded_factor")
     if not 0 <= p.noise < 1:
-        raise SpecError("noise must be in [0, 1)", source=src, field="noise")
+        raise SpecError(f"is {p.noise:g}; it must be in [0, 1)", source=src, field="noise")
     rng = np.random.default_rng(p.seed)
     leaf = np.arange(n) // p.leaf_size
     bw = np.where(leaf[:, None] == leaf[None, :], p.nic_gb_per_s,

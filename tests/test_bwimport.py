@@ -279,8 +279,13 @@ def test_cli_synth_matches_generator(tmp_path):
                                     noise=0, seed=5))
     assert np.allclose(c.inter_gb_per_s, ref.inter_gb_per_s)
     assert c.inter_gb_per_s[0, 1] in (23.0, 5.75) and c.gpus_per_node == 4
-    r = cli("cluster", "synth", "--nodes", "3", "--degraded", "5")
-    assert r.exit_code == 2 and "degraded must be between 0 and 3" in r.output
+    # the range said is the nodes', whichever end is passed; each field named once
+    for bad in ("5", "-1"):
+        r = cli("cluster", "synth", "--nodes", "3", "--degraded", bad)
+        assert r.exit_code == 2 and "synth: degraded: is " in r.output and (
+            "from 0 to 3" in r.output), r.output
+    r = cli("cluster", "synth", "--degraded-factor", "-1", "--degraded", "1")
+    assert r.exit_code == 2 and "degraded_factor: is -1; it must be in (0, 1]" in r.output
     # each link rate names its own field (an intra-node rate of 0 had been blamed on the NIC)
     for f in ("intra", "nic"):
         r = cli("cluster", "synth", f"--{f}-gb-per-s", "0")

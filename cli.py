@@ -216,9 +216,10 @@ AttentionOpt = Annotated[Attention, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 BlockingOpt = Annotated[bool, typer.Option("--blocking/--overlapped",
                                            help="Blocking pipeline send/recv.")]
-OverlapGradOpt = Annotated[bool, typer.Option(
+OverlapGradOpt = Annotated[Optional[bool], typer.Option(
     "--overlap-grad-reduce/--no-overlap-grad-reduce",
-    help="Reduce gradients bucket by bucket during the last backward (Megatron-LM).")]
+    help="Reduce gradients bucket by bucket during the last backward (Megatron-LM). Unset: "
+         "off, but on under Megatron-FSDP's ZeRO-2, which always overlaps it.")]
 OverlapParamOpt = Annotated[bool, typer.Option(
     "--overlap-param-gather/--no-overlap-param-gather",
     help="Gather parameters during the first forward (distributed optimizer; Megatron-LM).")]
@@ -553,7 +554,7 @@ def _kv_rotate_check(kv_rotate, framework: str) -> None:
                         source="options", field="--kv-rotate")
 
 
-def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
+def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool | None, overlap_param_gather: bool,
            tp: str | None = None, pp: str | None = None, mbs: str | None = None,
            schedule: str | None = None, recompute: str | None = None,
            zero: str | None = None, shard_size: str | None = None, cp: str | None = None,
@@ -581,7 +582,7 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool, overlap_param_gathe
                            r == "alltoall" for r in _choice_list(kv_rotate, "--kv-rotate",
                                                                  KV_ROTATIONS) or KV_ROTATIONS)),
                        tp_comm_overlap=(tp_comm_overlap,),
-                       overlap_grad_reduce=(overlap_grad_reduce,),
+                       overlap_grad_reduce=(bool(overlap_grad_reduce),),
                        overlap_param_gather=(overlap_param_gather,),
                        ep_comm_overlap=(ep_comm_overlap,))
 
@@ -832,7 +833,7 @@ def estimate(
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     ep_comm_overlap: EpOverlapOpt = False,
-    overlap_grad_reduce: OverlapGradOpt = False,
+    overlap_grad_reduce: OverlapGradOpt = None,
     overlap_param_gather: OverlapParamOpt = False,
     as_json: JsonOpt = False,
     plan_file: Annotated[Optional[Path], typer.Option(
@@ -1171,7 +1172,7 @@ def solve(
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     ep_comm_overlap: EpOverlapOpt = False,
-    overlap_grad_reduce: OverlapGradOpt = False,
+    overlap_grad_reduce: OverlapGradOpt = None,
     overlap_param_gather: OverlapParamOpt = False,
     as_json: JsonOpt = False,
     save_plan: SavePlanOpt = None,
@@ -1324,7 +1325,7 @@ def compare(
     blocking: BlockingOpt = True,
     tp_comm_overlap: TpOverlapOpt = False,
     ep_comm_overlap: EpOverlapOpt = False,
-    overlap_grad_reduce: OverlapGradOpt = False,
+    overlap_grad_reduce: OverlapGradOpt = None,
     overlap_param_gather: OverlapParamOpt = False,
     framework_version: FwVersionOpt = None,
 ):

@@ -212,7 +212,9 @@ def log_reading_dict(r, global_batch: int, plan_read: str | None = None) -> dict
             "same_steps_lines_left_out": r.same_steps_lines,
             "gzip_cut_short": r.cut_short,
             "unfinished_last_line_left_out": r.unfinished_line,
-            "plan_from_arguments": plan_read}
+            "plan_from_arguments": plan_read,
+            # a plan file is checked against what the log printed of the run's settings
+            "plan_checked_against_log": plan_read is not None or r.prints_settings}
 
 
 
@@ -250,6 +252,10 @@ def print_calibration(prof, out, readings=()) -> None:
                   f"warm-up skipped{extra}", highlight=False)
         if plan_read:
             con.print(f"  plan read from the run's own settings: {plan_read}", highlight=False)
+        elif not d["plan_checked_against_log"]:
+            con.print("  the log prints none of the run's settings (no arguments block or "
+                      "configuration): its plan file is taken as what ran, unchecked",
+                      highlight=False)
     t = Table(title=f"Calibration for {prof.gpu} (written to {out})")
     for col in ("parameter", "value", "std. error"):
         t.add_column(col, justify="right" if col != "parameter" else "left")

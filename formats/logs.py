@@ -257,6 +257,14 @@ class LogReading:
     # PrintedConfigs), one per start and rank that printed
     torchtitan_configs: list = field(default_factory=list)
 
+    @property
+    def prints_settings(self) -> bool:
+        """Whether the log printed any of the run's settings (an arguments block, a printed
+        configuration, torchtitan's start-up prints) that a plan is checked against
+        (formats/runs.py check_logged_args)."""
+        return any((self.megatron_args, self.deepspeed_config, self.torchtitan_settings,
+                    self.bridge_summaries, self.nemo_configs, self.torchtitan_configs))
+
     def at_batch(self, global_batch: int) -> list[float]:
         """The readings of a run at this global batch: where the log prints its batch, those
         that printed this one (a batch-size ramp-up's smaller batches are left out); refused

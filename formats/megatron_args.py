@@ -28,7 +28,8 @@ from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import make_plan
 from model.memory import fp8_params_apply
-from model.plan import TP_PP_DP_ORDER, Plan, megatron_placement, ordered_placement
+from model.plan import (TP_PP_DP_ORDER, Plan, fsdp_overlaps_grads, megatron_placement,
+                        ordered_placement)
 from model.specs import FP8_RECIPES, JobSpec, ModelSpec
 
 # --position-embedding-type -> the cost model's: 'none' has no position weights and no rotation,
@@ -80,6 +81,16 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
         "overlap_moe_expert_parallel_comm": sh.ep_comm_overlap,
         "fp8_param_gather": fp8_params_apply(job, sh),
     }
+    if fsdp_overlaps_grads(job, sh.zero, sh.dp * sh.cp):
+        # Megatron-FSDP overlaps whatever --overlap-grad-reduce printed
+        del want["overlap_grad_reduce"]
+    if job.framework == "megatron":
+        # ZeRO-2/3 run on Megatron-FSDP (launch/emit.py): whether it ran, and its strategy
+        # (_FSDP_ZERO); a ZeRO-1 plan runs Megatron's own distributed optimizer
+        want["use_megatron_fsdp"] = sh.zero >= 2
+        if sh.zero >= 2:
+            want["data_parallel_sharding_strategy"] = next(
+                k for k, v in _FSDP_ZERO.items() if v == sh.zero)
     if sh.zero >= 2:
         # Megatron-FSDP's own gradient dtypes (launch/emit.py fsdp_grads_dtype), printed as
         # torch dtypes by Megatron-Core 0.17 on; they, not grad_reduce_in_bf16, say what ran
@@ -126,7 +137,35 @@ def megatron_args_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
             (logged["cross_entropy_loss_fusion"] == "True") != job.fused_loss:
         out.append(("cross_entropy_loss_fusion", logged["cross_entropy_loss_fusion"],
                     str(job.fused_loss)))
+    if plan.shape.cp > 1 and "cp_comm_type" in logged and \
+            set(cp_comm_types(logged["cp_comm_type"])) != {"p2p"}:
+        out.append(("cp_comm_type", logged["cp_comm_type"], "['p2p']"))
     return out + _architecture_mismatch(model, logged)
+
+
+def cp_comm_types(printed: str) -> list[str]:
+    """The context-parallel communication types a log's --cp-comm-type printed (a list, one
+    type for all layers or one per layer: arguments.py nargs='+'; a bare string too)."""
+    return [t.strip(" '\"") for t in printed.strip("[]").split(",") if t.strip(" '\"")]
+
+
+def vocab_mismatch(model: ModelSpec, plan: Plan, logged: dict[str, str],
+                   padded: int | None) -> list[tuple[str, str, str]]:
+    """The vocabulary a Megatron-LM run built (its ' > padded vocab' line, else its printed
+    --vocab-size padded as vocab_utils.py pads it) where it is another than the plan's: not
+    the plan's size, nor that size padded to a multiple of make_vocab_size_divisible_by x TP
+    (a tokenizer's vocabulary, padded by the run, is the plan's model)."""
+    a = PrintedArgs(logged, "log")
+    tp = plan.shape.tp
+    try:
+        mult = a.integer("make_vocab_size_divisible_by", default=128) * tp
+        ran = padded or (padded_vocab(a, tp) if a.integer("vocab_size", default=0) else None)
+    except SpecError:  # what cannot be read is not checked here (plan_from_megatron_args)
+        return []
+    if not ran or mult < 1 or ran in (model.vocab_size,
+                                      math.ceil(model.vocab_size / mult) * mult):
+        return []
+    return [("padded vocab size", str(ran), str(model.vocab_size))]
 
 
 def _architecture_mismatch(model: ModelSpec, logged: dict[str, str]
@@ -511,6 +550,10 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
         a.fail("data_parallel_size", f"TP {tp} x PP {pp} x CP {cp} x DP {dp} = "
                f"{tp * pp * cp * dp} GPUs ran, the cluster has {cluster.num_gpus}")
     model = _model(a, vocab or padded_vocab(a, tp), f"{source} (Megatron-LM arguments)")
+    if cp > 1 and set(cp_comm_types(a.text("cp_comm_type", "['p2p']"))) != {"p2p"}:
+        # Transformer Engine's ring (p2p) is what model/costs.py _cp_exchange_ms prices
+        a.fail("cp_comm_type", f"{a.text('cp_comm_type')} is not priced (p2p: the ring "
+               "exchange)")
     fp8 = a.text("fp8") is not None
     recipe = a.text("fp8_recipe", "delayed")
     if fp8 and recipe not in FP8_RECIPES:
@@ -606,7 +649,8 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                      recompute=recompute,
                      sequence_parallel=a.flag("sequence_parallel"), zero=zero,
                      shard_size=shard_size, fp8=fp8, tp_comm_overlap=a.flag("tp_comm_overlap"),
-                     overlap_grad_reduce=a.flag("overlap_grad_reduce"),
+                     # unset: the framework's (Megatron-FSDP's ZeRO-2 overlaps regardless)
+                     overlap_grad_reduce=a.flag("overlap_grad_reduce") or None,
                      overlap_param_gather=a.flag("overlap_param_gather"),
                      ep_comm_overlap=ep_overlap,
                      placement=ordered_placement(cluster, tp, pp, dp, cp, TP_PP_DP_ORDER,

@@ -239,6 +239,13 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     # DeepSpeed's pipeline engine and optimizers (BLOOM's Megatron-DeepSpeed, MT-NLG) and
     # its ZeRO-3 (Narayanan et al. Table 2) follow DeepSpeed's byte rules
     framework = "deepspeed" if "deepspeed" in (r.get("framework") or "").lower() else "megatron"
+    if framework == "deepspeed" and precision == "bf16" and zero == 0:
+        # DeepSpeed's pipeline engine runs bf16 without ZeRO as BF16_Optimizer, which shards
+        # the optimizer state as ZeRO-1 does (engine.py _do_optimizer_sanity_check;
+        # plan.deepspeed_problem)
+        zero = 1
+        notes.append("ZeRO-1 (DeepSpeed runs bf16 under its pipeline engine with "
+                     "BF16_Optimizer, which shards the optimizer state; no stage published)")
     # and Megatron-LM's pipeline transfers of that time: scattered over the tensor ranks and
     # gathered (JobSpec.p2p_scatter_gather)
     job = JobSpec(global_batch=r["global_batch_size"], seq_length=r["seq_length"],

@@ -20,7 +20,8 @@ from .bridge_config import bridge_summary_args, plan_from_bridge_config
 from .clusters import cluster as load_cluster
 from .clusters import hostfile_order
 from .logs import LogReading, read_log
-from .megatron_args import loss_unpriced, megatron_args_mismatch, plan_from_megatron_args
+from .megatron_args import (loss_unpriced, megatron_args_mismatch, plan_from_megatron_args,
+                            vocab_mismatch)
 from .nemo_config import load_nemo_config, nemo_printed, plan_from_nemo_config
 from .planfile import load_plan, save_plan
 from .torchtitan_config import (TORCHTITAN_VERSIONS, plan_from_torchtitan_doc,
@@ -86,6 +87,7 @@ def check_logged_args(reading: LogReading, model, job, plan, plan_label: str,
     (batch, micro-batch, ZeRO stage) differ from the plan on what the cost model prices is the
     log of another run: one line naming the log and the first differences."""
     diffs = [megatron_args_mismatch(model, job, plan, logged)
+             + vocab_mismatch(model, plan, logged, reading.padded_vocab)
              for logged in reading.megatron_args]
     diffs += [torchtitan_logged_mismatch(model, job, plan, logged)
               for logged in reading.torchtitan_settings]

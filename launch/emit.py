@@ -1268,12 +1268,7 @@ def deepspeed_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # takes its plain ZeRO optimizer instead (deepspeed/runtime/engine.py get_data_types,
         # _do_optimizer_sanity_check: bf16 + fp32 accumulation + ZeRO-1 -> BF16_Optimizer)
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-    elif job.precision == "bf16" and sh.zero == 0:
-        warn.append("deepspeed [precision]: without ZeRO, DeepSpeed accumulates bf16 gradients "
-                    "in bf16 (fp32 accumulation needs ZeRO-1: engine.py refuses the mix), where "
-                    "the estimate priced an fp32 accumulation buffer (4 bytes per parameter "
-                    f"more) over {num_microbatches(job, sh)} micro-batches; a ZeRO-1 plan "
-                    "(--zero 1) gets fp32 accumulation")
+    # (bf16 without ZeRO is refused before: plan.deepspeed_problem)
     if sh.tp > 1 and sh.pp > 1 and not deepspeed_pipe_partitioned(model, sh):
         # partitioning the passed tensors over the tensor ranks (DeepSpeed's default) assumes
         # they are the same on every rank, not so for sequence shards, and Megatron-DeepSpeed

@@ -23,7 +23,8 @@ from .errors import SpecError
 from .fp8 import plan_fp8_bytes
 from .memory import MemoryModel, StageMemory, fp8_params_apply, keeps_unsharded
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
-                   megatron_placement, num_microbatches, validate_placement, validate_shape)
+                   fsdp_overlaps_grads, megatron_placement, num_microbatches,
+                   validate_placement, validate_shape)
 from .schedule import compile_schedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -633,11 +634,13 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
               sequence_parallel: bool = False, distributed_optimizer: bool | None = None,
               zero: int | None = None, shard_size: int = 0,
               fp8: bool | None = None, tp_comm_overlap: bool = False,
-              overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+              overlap_grad_reduce: bool | None = None, overlap_param_gather: bool = False,
               ep_comm_overlap: bool = False,
               placement: Placement | None = None, options: Options | None = None) -> Plan:
     """A plan with defaults filled in: DP from the GPU count, the balanced layer split,
-    Megatron-LM's placement; the distributed optimizer and FP8 as the job fixes them."""
+    Megatron-LM's placement; the distributed optimizer and FP8 as the job fixes them; the
+    gradient-reduce overlap (None) as the framework runs it without being asked (off, but on
+    under Megatron-FSDP's ZeRO-2: plan.fsdp_overlaps_grads)."""
     for f, val in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise SpecError(f"must be a positive integer, got {val!r}", source="plan", field=f)
@@ -656,6 +659,8 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
                 else (job.zero or 0))
     if fp8 is None:
         fp8 = bool(job.fp8)
+    if overlap_grad_reduce is None:
+        overlap_grad_reduce = fsdp_overlaps_grads(job, zero, dp * cp)
     shape = Shape(tp=tp, pp=pp, dp=dp, cp=cp, cp_alltoall=cp_alltoall, ep=ep, etp=etp,
                   micro_batch=micro_batch, schedule=schedule,
                   chunks=chunks, layers=(), recompute=recompute,

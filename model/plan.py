@@ -340,6 +340,46 @@ def torchtitan_seq_problem(job: JobSpec, shape: Shape) -> str | None:
     return None
 
 
+def deepspeed_problem(job: JobSpec, shape: Shape) -> tuple[str, str] | None:
+    """(field, why) where DeepSpeed would not run what the cost model prices (DeepSpeed 0.19
+    deepspeed/runtime/engine.py _do_optimizer_sanity_check picks the optimizer wrapper):
+    - bf16 without ZeRO trains without fp32 master weights (DDP_BFLOAT16), or under the
+      pipeline engine shards them like ZeRO-1 (BF16_Optimizer); the estimate prices neither;
+    - the gradient reduction overlaps the backward only in the ZeRO optimizer
+      (stage_1_and_2.py, overlap_comm read in _configure_zero_optimizer): not without ZeRO,
+      and not in bf16 ZeRO-1, which is BF16_Optimizer (reduced after the backward);
+    - tensor-parallel and parameter-gather overlap are Megatron-LM's, with no DeepSpeed key."""
+    if job.framework != "deepspeed":
+        return None
+    if job.precision == "bf16" and shape.zero == 0:
+        return "zero", ("DeepSpeed without ZeRO trains bf16 without fp32 master weights "
+                        "(engine.py DDP_BFLOAT16), or under its pipeline engine shards them as "
+                        "ZeRO-1 does (BF16_Optimizer): plan ZeRO-1 (--zero 1), which runs "
+                        "BF16_Optimizer as priced")
+    if shape.overlap_grad_reduce and (shape.zero == 0 or (shape.zero == 1 and
+                                                         job.precision == "bf16")):
+        return "overlap_grad_reduce", (
+            "DeepSpeed overlaps the gradient reduction (overlap_comm) in its ZeRO optimizer "
+            "only: " + ("not without ZeRO" if shape.zero == 0 else
+                        "bf16 ZeRO-1 runs BF16_Optimizer, which reduces after the backward")
+            + "; leave out --overlap-grad-reduce" + ("" if shape.zero == 0 else
+                                                     " or plan ZeRO-2"))
+    for f in ("tp_comm_overlap", "overlap_param_gather"):
+        if getattr(shape, f):
+            return f, (f"{f} is a Megatron-LM overlap with no DeepSpeed config key; leave out "
+                       f"--{f.replace('_', '-')}")
+    return None
+
+
+def fsdp_overlaps_grads(job: JobSpec, zero: int, sync_ranks: int) -> bool:
+    """Whether the framework overlaps the gradient reduction whatever the plan asks: Megatron-
+    FSDP sets overlap_grad_reduce for its gradient-sharding strategies and asserts it
+    (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py MegatronFSDP.__init__);
+    ZeRO-2 is optim_grads (ZeRO-3's per-layer reduce-scatters are overlapped in
+    model/costs.py already). `sync_ranks`: the ranks the gradients are reduced over (DP x CP)."""
+    return job.framework == "megatron" and zero == 2 and sync_ranks > 1
+
+
 def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None:
     """What Megatron-LM needs of expert parallelism, and what the cost model covers."""
     if shape.ep_comm_overlap:
@@ -562,6 +602,12 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if shape.shard_size and shape.zero < 3:
         raise SpecError("a shard group smaller than the data-parallel group is HSDP: ZeRO "
                         "stage 3", source=src, field="shard_size")
+    if fsdp_overlaps_grads(job, shape.zero, shape.dp * shape.cp) and \
+            not shape.overlap_grad_reduce:
+        raise SpecError("Megatron-FSDP (ZeRO-2, optim_grads) always overlaps its gradient "
+                        "reduce-scatter with the backward (megatron_fsdp.py asserts "
+                        "overlap_grad_reduce): give --overlap-grad-reduce, or leave it out",
+                        source=src, field="overlap_grad_reduce")
     if shape.zero >= 3 and (shape.overlap_grad_reduce or shape.overlap_param_gather):
         # the field named is the one the plan set (the grad one where both are)
         raise SpecError("ZeRO-3 prefetches and overlaps its per-layer collectives itself; the "
@@ -587,6 +633,8 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     if job.framework == "deepspeed" and shape.zero >= 2 and shape.pp > 1:
         raise SpecError("DeepSpeed's pipeline engine supports ZeRO-1 only (ZeRO-2/3 are "
                         "incompatible with pipeline parallelism)", source=src, field="zero")
+    if (why := deepspeed_problem(job, shape)) is not None:
+        raise SpecError(why[1], source=src, field=why[0])
     if job.fp8 is not None and shape.fp8 != job.fp8:
         raise SpecError(f"the job's precision fixes fp8={job.fp8}; choose the precision "
                         "bf16,fp8 to let the plan decide", source=src, field="fp8")

@@ -22,7 +22,7 @@ from model.costs import CostModel
 from model.memory import GIB, plan_overheads
 from model.errors import ScheduleTooLongError, SpecError
 from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, deepep_block_ok,
-                        fp8_problem,
+                        fp8_problem, fsdp_overlaps_grads,
                         gpus_without_fp8, megatron_rank, num_microbatches, validate_shape)
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
@@ -215,7 +215,10 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                                        schedule=sched,
                                        chunks=v, layers=(), recompute=rc,
                                        sequence_parallel=tp > 1, zero=zero, shard_size=ss,
-                                       fp8=f8, **_overlaps(ovl, tp, dp * cp, zero),
+                                       fp8=f8, **_overlaps(ovl, tp, dp * cp, zero,
+                                                           fsdp_overlaps_grads(job, zero,
+                                                                               dp * cp),
+                                                           job),
                                        ep_comm_overlap=eo and ep > 1 and pp == 1
                                        and (etp == 1 or tp == 1) and rc != "full"
                                        and job.precision in ("bf16", "fp16"))
@@ -382,16 +385,18 @@ def _shardings(job: JobSpec, space: SearchSpace, tp: int, pp: int, dp: int, cp: 
                gpus_per_node: int | None) -> list[tuple[int, int]]:
     """(ZeRO stage, HSDP shard size) pairs to enumerate for one degree combination (CP ranks
     hold the same weights, so they shard and synchronize like data-parallel ones)."""
+    # DeepSpeed's bf16 runs as priced only in a ZeRO optimizer (plan.deepspeed_problem)
+    lowest = 1 if job.framework == "deepspeed" and job.precision == "bf16" else 0
     if dp * cp <= 1:  # nothing to shard over: unsharded, unless only ZeRO-2/3 was asked for
         asked = (job.zero,) if job.zero is not None else space.zero
-        return [(0, 0)] if asked is None or min(asked) <= 1 else []
+        return [(lowest, 0)] if asked is None or min(asked) <= 1 else []
     if job.zero is not None:
         zeros = (job.zero,)
     elif space.zero is not None:
         zeros = space.zero
     else:
         zeros = tuple(z for z in DEFAULT_ZERO[job.framework]
-                      if (z >= 1) in space.distributed_optimizer)
+                      if (z >= 1) in space.distributed_optimizer and z >= lowest)
     out = []
     for z in zeros:
         if z < 3:
@@ -406,13 +411,20 @@ def _shardings(job: JobSpec, space: SearchSpace, tp: int, pp: int, dp: int, cp: 
     return list(dict.fromkeys(out))
 
 
-def _overlaps(ovl: tuple[bool, bool, bool], tp: int, dp: int, zero: int) -> dict:
+def _overlaps(ovl: tuple[bool, bool, bool], tp: int, dp: int, zero: int,
+              forced_grads: bool = False, job: JobSpec | None = None) -> dict:
     """The overlaps asked for, as far as the shape can use them: TP overlap needs TP > 1 (with
     sequence parallelism), gradient and parameter overlap need DP > 1 and ZeRO-0 to 2 (ZeRO-3
     overlaps per layer), parameter-gather overlap the distributed optimizer and gradient-reduce
-    overlap (Megatron-LM's rules)."""
+    overlap (Megatron-LM's rules). `forced_grads`: the framework overlaps the gradient
+    reduction unasked (plan.fsdp_overlaps_grads). DeepSpeed (`job`'s framework) overlaps the
+    gradient reduction only in its ZeRO optimizer, and has no TP or parameter-gather overlap
+    (plan.deepspeed_problem)."""
     tpo, ogr, opg = ovl
-    ogr = ogr and dp > 1 and zero < 3
+    if job is not None and job.framework == "deepspeed":
+        tpo = opg = False
+        ogr = ogr and (zero == 2 or (zero == 1 and job.precision != "bf16"))
+    ogr = (ogr or forced_grads) and dp > 1 and zero < 3
     opg = opg and dp > 1 and zero in (1, 2)
     return {"tp_comm_overlap": tpo and tp > 1, "overlap_grad_reduce": ogr or opg,
             "overlap_param_gather": opg}

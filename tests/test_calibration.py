@@ -272,9 +272,9 @@ def test_deepspeed_engine_log_from_deepspeeds_own_code(tmp_path):
     m = presets.model("llama2-7b")
     job = JobSpec(global_batch=256, seq_length=4096, framework="deepspeed")
     got = _paired(tmp_path, log, m, job, ex, [
-        make_plan(m, job, ex, tp=1, pp=1, zero=zero, recompute="full") for zero in (1, 0)])
+        make_plan(m, job, ex, tp=1, pp=1, zero=zero, recompute="full") for zero in (1, 2)])
     assert [code for code, _out in got] == [0, 2], got
-    assert "zero_optimization_stage 1 in the log, 0 in the plan" in got[1][1]
+    assert "zero_optimization_stage 1 in the log, 2 in the plan" in got[1][1]
 
 
 def test_rank0_memory_fits_fragmentation_on_stage_0():
@@ -790,6 +790,66 @@ def test_megatron_fsdp_gradient_dtype_reads_back():
         plan_from_megatron_args({**auto, "megatron_fsdp_main_grads_dtype": "torch.float16"},
                                 ex, source="t")
     assert e.value.field == "megatron_fsdp_main_grads_dtype"
+
+
+def test_megatron_log_checks_fsdp_stage_vocabulary_and_cp_exchange():
+    """What a Megatron-LM log printed is checked against its plan also on Megatron-FSDP's use
+    and strategy (a ZeRO-2 or ZeRO-1 run had calibrated a ZeRO-3 plan without a word), the
+    vocabulary built (another tokenizer's 32000 against 152064 had too; a tokenizer's size
+    padded by the run is the plan's), and the context-parallel exchange: only the ring (p2p)
+    is priced, so another --cp-comm-type is refused when read and named against a plan."""
+    from formats.clusters import cluster as load_cluster
+    from formats.megatron_args import (megatron_args_mismatch, plan_from_megatron_args,
+                                       vocab_mismatch)
+    ex = load_cluster("example")
+    base = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
+    base = {k: v for k, v in base.items() if not k.startswith("megatron_fsdp_")}
+    z3 = {**base, "use_megatron_fsdp": "True",
+          "data_parallel_sharding_strategy": "optim_grads_params",
+          "pipeline_model_parallel_size": "1", "data_parallel_size": "8",
+          "recompute_granularity": "full", "recompute_method": "uniform",
+          "recompute_num_layers": "1", "bf16": "True", "grad_reduce_in_bf16": "False"}
+    m, job, plan = plan_from_megatron_args(z3, ex, source="t")
+    assert plan.shape.zero == 3 and megatron_args_mismatch(m, job, plan, z3) == []
+    z2 = {**z3, "data_parallel_sharding_strategy": "optim_grads"}
+    assert ("data_parallel_sharding_strategy", "optim_grads", "optim_grads_params") in (
+        megatron_args_mismatch(m, job, plan, z2))
+    # a ZeRO-2 run overlapped its reduce-scatters whatever it printed (megatron_fsdp.py)
+    for printed in ("False", "True"):
+        m2, job2, plan2 = plan_from_megatron_args({**z2, "overlap_grad_reduce": printed}, ex,
+                                                  source="t")
+        assert plan2.shape.zero == 2 and plan2.shape.overlap_grad_reduce
+        assert megatron_args_mismatch(m2, job2, plan2, {**z2, "overlap_grad_reduce": printed}
+                                      ) == []
+    z1 = {**z3, "use_megatron_fsdp": "False", "data_parallel_sharding_strategy": "no_shard"}
+    assert ("use_megatron_fsdp", "False", "True") in megatron_args_mismatch(m, job, plan, z1)
+    m1, job1, plan1 = plan_from_megatron_args(z1, ex, source="t")
+    assert plan1.shape.zero == 1
+    assert ("use_megatron_fsdp", "True", "False") in megatron_args_mismatch(m1, job1, plan1, z3)
+    # the vocabulary: the plan's, or it padded to make_vocab_size_divisible_by x TP
+    tp = plan.shape.tp
+    assert vocab_mismatch(m, plan, z3, None) == []
+    assert vocab_mismatch(m, plan, z3, m.vocab_size) == []
+    assert m.vocab_size == 32000
+    assert vocab_mismatch(m, plan, z3, 50304) == [("padded vocab size", "50304", "32000")]
+    mult = int(z3["make_vocab_size_divisible_by"]) * tp  # as vocab_utils.py pads
+    assert vocab_mismatch(m, plan, {**z3, "vocab_size": "50257"}, None)[0][1] == str(
+        -(-50257 // mult) * mult)
+    from dataclasses import replace
+    odd = replace(m, vocab_size=m.vocab_size - 100)  # a tokenizer's size, padded by the run
+    assert vocab_mismatch(odd, plan, z3, m.vocab_size) == []
+    # context parallelism: the ring only
+    cp2 = {**base, "context_parallel_size": "2", "data_parallel_size": "1"}
+    m2, job2, plan2 = plan_from_megatron_args(cp2, ex, source="t")
+    assert plan2.shape.cp == 2 and megatron_args_mismatch(m2, job2, plan2, cp2) == []
+    for kind in ("['a2a']", "['allgather']", "['a2a+p2p']", "['p2p', 'a2a']"):
+        with pytest.raises(SpecError) as e:
+            plan_from_megatron_args({**cp2, "cp_comm_type": kind}, ex, source="t")
+        assert e.value.field == "cp_comm_type" and "not priced" in str(e.value)
+        assert ("cp_comm_type", kind, "['p2p']") in megatron_args_mismatch(
+            m2, job2, plan2, {**cp2, "cp_comm_type": kind})
+    assert plan_from_megatron_args({**cp2, "cp_comm_type": "['p2p', 'p2p']"}, ex,
+                                   source="t")[2].shape.cp == 2
 
 
 def test_plan_read_from_older_megatron_and_megatron_deepspeed_logs(tmp_path):
@@ -2018,8 +2078,11 @@ def test_cli_calibrate_then_estimate_with_intervals(tmp_path):
     assert d["parameters"]["gemm_scale"]["value"] == pytest.approx(0.8, abs=0.08)
     assert [x["log"] for x in d["logs"]] == logs
     assert {x["warmup_skipped"] for x in d["logs"]} == {WARMUP_READINGS}
+    # logs that print none of the run's settings: each plan taken unchecked, and said so
+    assert {x["plan_checked_against_log"] for x in d["logs"]} == {False}
     res = runner.invoke(app, ["calibrate", *logs, *plans, "--out", str(out)])
     assert res.exit_code == 0 and f"{WARMUP_READINGS} warm-up skipped" in res.output
+    assert res.output.count("taken as what ran, unchecked") == len(logs)
     res = runner.invoke(app, ["estimate", "--plan", str(tmp_path / "p0.json"),
                               "--calibration", str(out), "--json"])
     assert res.exit_code == 0, res.output

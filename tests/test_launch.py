@@ -714,8 +714,10 @@ def test_bf16_gradients_named_where_not_written(llama, c32, tmp_path):
 
 def test_deepspeed_gets_the_zero_stage(c32, tmp_path):
     m = presets.model("llama2-7b")
-    job = JobSpec(global_batch=64, seq_length=4096, framework="deepspeed")
     for zero in (0, 1, 2, 3):
+        # (bf16 without ZeRO is not DeepSpeed's mixed precision: plan.deepspeed_problem)
+        job = JobSpec(global_batch=64, seq_length=4096, framework="deepspeed",
+                      precision="fp16" if zero == 0 else "bf16")
         plan = make_plan(m, job, c32, tp=1, pp=1, zero=zero)
         emit("deepspeed", m, job, c32, plan, tmp_path, force=True)  # ZeRO-0 needs 123 GiB
         cfg = json.loads((tmp_path / "ds_config.json").read_text())
@@ -1265,7 +1267,7 @@ def test_deepspeed_emit_names_the_partition_method_that_gives_the_plans_split(tm
     c = uniform_cluster(4, 8, "A100-80GB", 240.0, 20.0)
     for lay, method in (((18, 18, 17, 17), "'type:transformer')"),
                         ((17, 18, 18, 17), "'type:transformer|embedding')")):
-        plan = make_plan(m, job, c, tp=8, pp=4, dp=1, recompute="full",
+        plan = make_plan(m, job, c, tp=8, pp=4, dp=1, recompute="full", zero=1,
                          sequence_parallel=True, layers=lay)
         _files, warn = emit("deepspeed", m, job, c, plan, tmp_path / method[2:8], force=True)
         split = [w for w in warn if w.startswith("deepspeed [split]")]
@@ -1273,7 +1275,7 @@ def test_deepspeed_emit_names_the_partition_method_that_gives_the_plans_split(tm
         assert ("--pp-partition-method" in split[0]) == ("embedding" in method)
         assert not [w for w in warn if "even split" in w or "splits the layers evenly" in w]
     plan = make_plan(m, job, c, tp=8, pp=4, dp=1, recompute="full", sequence_parallel=True,
-                     layers=(16, 18, 18, 18))
+                     layers=(16, 18, 18, 18), zero=1)
     _files, warn = emit("deepspeed", m, job, c, plan, tmp_path / "other", force=True)
     split = [w for w in warn if w.startswith("deepspeed [split]")]
     assert any("cannot be given to PipelineModule" in w for w in split)
@@ -1283,7 +1285,7 @@ def test_deepspeed_emit_names_the_partition_method_that_gives_the_plans_split(tm
 def test_deepspeed_config_runs_what_the_estimate_priced(tmp_path):
     """The DeepSpeed emit asks for what the cost model prices: bf16 with ZeRO-1 accumulates
     in fp32 (data_types; DeepSpeed's default had been bf16, with its plain ZeRO optimizer),
-    bf16 without ZeRO says it cannot; under sequence parallelism (and for MoE) the pipeline
+    bf16 without ZeRO is refused (plan.deepspeed_problem); under sequence parallelism (and for MoE) the pipeline
     engine's partitioning of passed tensors is off, each rank sending its sequence shard as
     priced; sequence parallelism exports CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed
     raises without it)."""
@@ -1300,11 +1302,12 @@ def test_deepspeed_config_runs_what_the_estimate_priced(tmp_path):
     plan = make_plan(m, job, c, tp=2, pp=4, dp=4, zero=1)
     emit("deepspeed", m, job, c, plan, tmp_path / "tp")
     assert "pipeline" not in json.loads((tmp_path / "tp" / "ds_config.json").read_text())
-    plan = make_plan(m, job, c, tp=1, pp=4, dp=8, zero=0)
-    files, warn = emit("deepspeed", m, job, c, plan, tmp_path / "z0")
+    fp16 = dataclasses.replace(job, precision="fp16")
+    plan = make_plan(m, fp16, c, tp=1, pp=4, dp=8, zero=0)
+    files, warn = emit("deepspeed", m, fp16, c, plan, tmp_path / "z0")
     cfg = json.loads((tmp_path / "z0" / "ds_config.json").read_text())
-    assert "data_types" not in cfg and "pipeline" not in cfg
-    assert any(w.startswith("deepspeed [precision]: without ZeRO") for w in warn), warn
+    assert "data_types" not in cfg and "pipeline" not in cfg and cfg["fp16"]["enabled"]
+    assert not any(w.startswith("deepspeed [precision]") for w in warn), warn
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in (tmp_path / "z0" / "launch.sh").read_text()
     # an untied Llama's 'type:transformer|embedding' split: not a flag of any fork
     lay = (6, 7, 7, 6, 6)

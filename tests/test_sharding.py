@@ -7,6 +7,7 @@ from formats.clusters import uniform_cluster
 from model.costs import CostModel
 from model.estimator import Evaluator, estimate, make_plan
 from model.memory import param_bytes
+from model.errors import SpecError
 from model.plan import Shape
 from model.specs import JobSpec, Options
 from solvers.search import solve
@@ -111,10 +112,20 @@ def test_zero2_reduces_the_gradients_of_every_micro_batch():
         last = ovl.sync_parts_ms(40e6, 25.0, True)[0]  # the last bucket's, both reductions
         assert r2 - 2 * w > last  # the windows bind here
         assert red == pytest.approx(r2) and exposed == pytest.approx(g2 + r2 - 2 * w)
-        e = {k: estimate(m, job, c, make_plan(m, job, c, tp=1, pp=1, dp=32, zero=k))
+        # unasked, Megatron-FSDP overlaps its ZeRO-2 reduce-scatters (megatron_fsdp.py
+        # asserts it), DeepSpeed does not (overlap_comm off); asking Megatron-FSDP not to is
+        # refused (it had been priced exposed: 19% of a Llama-3 8B iteration)
+        ogr = fw == "megatron"
+        e = {k: estimate(m, job, c, make_plan(m, job, c, tp=1, pp=1, dp=32, zero=k,
+                                              overlap_grad_reduce=ogr or None))
              for k in (1, 2)}
+        assert make_plan(m, job, c, tp=1, pp=1, dp=32, zero=2).shape.overlap_grad_reduce == ogr
+        assert not make_plan(m, job, c, tp=1, pp=1, dp=32, zero=1).shape.overlap_grad_reduce
         assert e[2].stages[0].memory.grads_gib < e[1].stages[0].memory.grads_gib
         assert e[2].iteration_ms > e[1].iteration_ms
+        if fw == "megatron":
+            with pytest.raises(SpecError, match="Megatron-FSDP .* always overlaps"):
+                make_plan(m, job, c, tp=1, pp=1, dp=32, zero=2, overlap_grad_reduce=False)
     # an uneven cluster, 4 micro-batches, with and without the gradient-reduce overlap: the
     # MILP's optimum is brute force's and re-estimates to itself; the bound stays below
     from formats.clusters import SynthParams, synth_cluster
@@ -124,10 +135,10 @@ def test_zero2_reduces_the_gradients_of_every_micro_batch():
     cu = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=2, nic_gb_per_s=3.0, leaf_size=2,
                                    oversubscription=4, degraded=1, degraded_factor=0.3,
                                    noise=0.1, seed=4))
-    job = JobSpec(global_batch=16, seq_length=2048, precision="bf16", framework="megatron")
-    for ogr in (False, True):
-        sh = Shape(tp=1, pp=2, dp=4, micro_batch=1, zero=2, overlap_grad_reduce=ogr,
-                   layers=(16, 16))
+    for fw, ogr, pp in (("deepspeed", False, 1), ("megatron", True, 2)):
+        job = JobSpec(global_batch=16, seq_length=2048, precision="bf16", framework=fw)
+        sh = Shape(tp=1, pp=pp, dp=8 // pp, micro_batch=1, zero=2, overlap_grad_reduce=ogr,
+                   layers=(32 // pp,) * pp)
         for blk in blocks_for(cu, sh):
             prob = PlacementProblem(m, job, cu, sh, blk, Options())
             opt = brute_force(prob)
@@ -268,3 +279,38 @@ def test_a_faster_replica_never_slows_torchtitan_fsdp_under_pp(k):
     c1 = cluster(fast)
     p1 = make_plan(m, job, c1, **kw, layers=p0.shape.layers, placement=p0.placement)
     assert estimate(m, job, c1, p1).iteration_ms <= t0 * (1 + 1e-12)
+
+
+def test_deepspeed_runs_what_is_priced_or_the_plan_is_refused():
+    """DeepSpeed's engine picks its optimizer wrapper by precision and stage (engine.py
+    _do_optimizer_sanity_check): bf16 without ZeRO is pure bf16 (or, pipelined, BF16_Optimizer
+    sharding like ZeRO-1), bf16 ZeRO-1 is BF16_Optimizer, which never reads overlap_comm; TP and
+    parameter-gather overlaps have no key. Such plans are refused with the reason, and the
+    search neither builds them (it had priced a 7% overlap DeepSpeed does not run, and 18.8
+    GiB of unsharded optimizer state DeepSpeed shards) nor lacks a plan at DP 1."""
+    m = presets.model("llama2-7b")
+    c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
+    bf16 = JobSpec(global_batch=64, seq_length=2048, framework="deepspeed")
+    fp16 = JobSpec(global_batch=64, seq_length=2048, framework="deepspeed", precision="fp16")
+    with pytest.raises(SpecError, match="DDP_BFLOAT16") as e:
+        make_plan(m, bf16, c, tp=2, pp=2, zero=0)
+    assert e.value.field == "zero"
+    with pytest.raises(SpecError, match="BF16_Optimizer") as e:
+        make_plan(m, bf16, c, tp=2, pp=1, zero=1, overlap_grad_reduce=True)
+    assert e.value.field == "overlap_grad_reduce"
+    with pytest.raises(SpecError, match="not without ZeRO"):
+        make_plan(m, fp16, c, tp=2, pp=1, zero=0, overlap_grad_reduce=True)
+    for f in ("tp_comm_overlap", "overlap_param_gather"):
+        with pytest.raises(SpecError) as e:
+            make_plan(m, fp16, c, tp=2, pp=1, zero=1, sequence_parallel=True, **{f: True})
+        assert e.value.field == f and "no DeepSpeed config key" in str(e.value)
+    assert make_plan(m, fp16, c, tp=2, pp=1, zero=1, overlap_grad_reduce=True)
+    assert make_plan(m, bf16, c, tp=2, pp=1, zero=2, overlap_grad_reduce=True)
+    from solvers.space import enumerate_shapes
+    space = SearchSpace(tp=(4,), pp=(2, 8), overlap_grad_reduce=(True,),
+                        overlap_param_gather=(True,), tp_comm_overlap=(True,))
+    shapes = list(enumerate_shapes(m, bf16, c, space))
+    assert shapes and all(sh.zero >= 1 for sh in shapes)
+    assert not any(sh.tp_comm_overlap or sh.overlap_param_gather for sh in shapes)
+    assert all(sh.overlap_grad_reduce == (sh.zero == 2 and sh.dp > 1) for sh in shapes)
+    assert any(sh.dp == 1 for sh in shapes)  # TP 4 x PP 8: ZeRO-1 over one replica

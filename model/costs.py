@@ -73,7 +73,8 @@ class LayerTimes:
     shard_comm_fwd_ms: float = 0.0
     shard_comm_bwd_ms: float = 0.0
     shard_edge_fwd_ms: float = 0.0
-    shard_edge_bwd_ms: float = 0.0
+    shard_edge_bwd_ms: float = 0.0  # the embedding's
+    shard_head_bwd_ms: float = 0.0  # the output layer's (no gather where it stays unsharded)
 
 def combined_layer_steps(n: int, pf: float, df: float, mf: float, cf: float, cb: float,
                          mb: float, mw: float, db: float, pb: float, pw: float) -> float:
@@ -234,7 +235,7 @@ class CostModel:
         emb_f, emb_b = ef.total_ms + emb_f, eb.total_ms + emb_b
         head_f, head_b = hf.total_ms + head_f, hb.total_ms + head_b
         fill_f = fill_b = 0.0
-        shard = (0.0, 0.0, 0.0, 0.0)  # LayerTimes.shard_comm_* and shard_edge_*
+        shard = (0.0, 0.0, 0.0, 0.0, 0.0)  # LayerTimes.shard_comm_*, shard_edge_*, head
         # torchtitan's FSDP2 under PP gathers once a step and keeps the weights (and the
         # gradients) unsharded across the micro-batches: nothing per micro-batch here, its
         # step's collectives are in the tail (`unsharded_step_coefs`)
@@ -253,10 +254,15 @@ class CostModel:
                 z_b = exposed_async_ms(ag + rs, bwd)
             fwd, bwd = fwd + z_f, bwd + z_b
             fill_f, fill_b = ag, ag + rs
-            # the embedding and output layer are units of their own, gathered when reached
+            # the embedding and output layer are units of their own, gathered when reached;
+            # torchtitan v0.2 keeps the output layer (with the final norm) unsharded from its
+            # forward to its backward (llama3/infra/parallelize.py apply_fsdp: [norm, output]
+            # reshard_after_forward only under the "always" policy), so gathers it once
+            head_again = 0.0 if self.job.framework == "torchtitan" and \
+                not self.job.repeat_kv else e_ag
             emb_f, emb_b = emb_f + e_ag, emb_b + e_ag + e_rs
-            head_f, head_b = head_f + e_ag, head_b + e_ag + e_rs
-            shard = (z_f, z_b, e_ag, e_ag + e_rs)
+            head_f, head_b = head_f + e_ag, head_b + head_again + e_rs
+            shard = (z_f, z_b, e_ag, e_ag + e_rs, head_again + e_rs)
         out = LayerTimes(fwd, bwd, emb_f, emb_b, head_f, head_b, f_comm, b_comm, cp_f, cp_b,
                          fill_f, fill_b, ep_f, ep_b, *rerun, *shard)
         self._layer_cache[key] = out

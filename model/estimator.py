@@ -492,11 +492,12 @@ class Evaluator:
                                                        + counts[K.B(j)] * (d_b - per_b))
                 if kind == "shard":  # each chunk's first gather (+ last reduce-scatter), and
                     # the embedding's and output layer's (costs.CostModel.virtual_stage_ms)
-                    edges = (j == 0) + (j == sh.num_virtual - 1)
-                    total += counts[K.F(j)] * (lt.shard_fill_fwd_ms + edges
+                    first, last = j == 0, j == sh.num_virtual - 1
+                    total += counts[K.F(j)] * (lt.shard_fill_fwd_ms + (first + last)
                                                * lt.shard_edge_fwd_ms)
-                    total += counts[K.B(j)] * (lt.shard_fill_bwd_ms + edges
-                                               * lt.shard_edge_bwd_ms)
+                    total += counts[K.B(j)] * (lt.shard_fill_bwd_ms + first
+                                               * lt.shard_edge_bwd_ms + last
+                                               * lt.shard_head_bwd_ms)
         return float(total)
 
     def estimate(self, pl: Placement) -> Estimate:

@@ -3,7 +3,8 @@
 - Weights, gradients, optimizer state: bytes per parameter from the framework's table
   (`param_bytes`: Megatron-LM's distributed-optimizer table, DeepSpeed's ZeRO table, FSDP2's fp32
   shards), divided by the shard group as the ZeRO stage says; ZeRO-3 adds the gathered layer,
-  the prefetched one and a layer's full gradient.
+  the prefetched one and a layer's full gradient, and Megatron-FSDP (ZeRO-2/3) the layers its
+  prefetch and its reduce-scatter queue hold (`megatron_fsdp_units`).
   FP8 adds Transformer Engine's cached FP8 weight copies per linear-layer weight: the FP8
   weight and its transpose (1 byte each) on Hopper, the one copy on Blackwell, row- and
   column-wise copies with their scales for the block recipes (model/fp8.py `Fp8Bytes`).
@@ -35,6 +36,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,6 +155,26 @@ def gathered_weight_bytes(job: JobSpec) -> int:
     precision (FSDP2's param_dtype bf16; Megatron-FSDP and DeepSpeed gather 16-bit weights),
     4 for fp32 training."""
     return 4 if job.precision == "fp32" else 2
+
+
+def megatron_fsdp_units(zero: int, unit_params: float, layers: int) -> tuple[int, int]:
+    """(layers of weights gathered whole, layers of unsharded gradients held) at Megatron-FSDP's
+    peak, per FSDP unit (a transformer layer) of `unit_params` parameters on one GPU, at most
+    the model's `layers`. Its communication unit is C = max(1e9, 2 x the average unit) elements
+    for ZeRO-3 (optim_grads_params) and 1e9 for ZeRO-2 (no bucket size given)
+    (megatron_fsdp.py MegatronFSDP.__init__, 'Cap to 1B elements' taking the max). The
+    all-gather prefetches units beyond the one computed until C // 2 elements are on their way
+    (param_and_grad_buffer.py AllGatherPipeline.all_gather_params: the current unit and
+    ceil(C / 2 / U) more); the reduce-scatter queue frees a unit's unsharded gradients only
+    while it holds more than C elements (GradReducePipeline.wait_for_previous_grad_reduce:
+    floor(C / U) units waiting, and the unit whose gradients are being computed). ZeRO-2 keeps
+    whole weights, so gathers none."""
+    if unit_params <= 0:
+        return 0, 0
+    cap = max(1e9, 2 * unit_params) if zero >= 3 else 1e9
+    gathered = min(layers, 1 + math.ceil(cap // 2 / unit_params)) if zero >= 3 else 0
+    reducing = min(layers, int(cap // unit_params) + 1)
+    return gathered, reducing
 
 
 def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape, fp8_saved_bytes: float = 1.0
@@ -484,7 +506,8 @@ class MemoryModel:
         self.first_dense_static = self.first_dense_fp8 - self.first_dense * \
             self.layer_expert_params * (self.expert_grad_extra + self.expert_opt_extra)
         # ZeRO-3 / FSDP: the layer being computed and the one prefetched are gathered whole,
-        # and a layer's full gradient exists until it is reduce-scattered
+        # and a layer's full gradient exists until it is reduce-scattered (Megatron-FSDP
+        # gathers and queues more: megatron_fsdp_units)
         # (DeepSpeed gathers module by module, so its unit is the largest weight matrix:
         # partition_parameters.py gathers each submodule's parameters when it runs)
         unit = model.params_per_layer if job.framework != "deepspeed" else max(
@@ -494,6 +517,10 @@ class MemoryModel:
                    unit / t)
         self.transient = (per_gpu * (2 * gathered_weight_bytes(job) + job.reduce_bytes)
                           if shape.zero >= 3 and not keeps_unsharded(job, shape) else 0.0)
+        if job.framework == "megatron" and shape.zero >= 2:
+            gathered, reducing = megatron_fsdp_units(shape.zero, per_gpu, model.num_layers)
+            self.transient = per_gpu * (gathered * gathered_weight_bytes(job)
+                                        + reducing * job.reduce_bytes)
 
     def stage_work(self, s: int) -> float:
         """Transient bytes at a backward moment of stage s: a layer's recompute, and on the

@@ -314,3 +314,50 @@ def test_deepspeed_runs_what_is_priced_or_the_plan_is_refused():
     assert not any(sh.tp_comm_overlap or sh.overlap_param_gather for sh in shapes)
     assert all(sh.overlap_grad_reduce == (sh.zero == 2 and sh.dp > 1) for sh in shapes)
     assert any(sh.dp == 1 for sh in shapes)  # TP 4 x PP 8: ZeRO-1 over one replica
+
+
+def test_megatron_fsdp_holds_its_prefetch_and_reduce_queue():
+    """Megatron-FSDP prefetches weights until half its communication unit (max(1e9, 2 units)
+    elements) is on its way and frees unsharded gradients only past a queue of that unit
+    (megatron_fsdp.py, param_and_grad_buffer.py): a Llama-3 8B layer of 218M parameters at
+    TP 1 holds 4 layers of bf16 weights and 5 of fp32 gradients under ZeRO-3 (2 and 1 had been
+    priced: 4.1 GiB short), 5 layers of gradients under ZeRO-2 (none had been). torchtitan's
+    FSDP2 keeps its own rule: the layer and the one prefetched, and one layer's gradients."""
+    from model.memory import megatron_fsdp_units
+    assert megatron_fsdp_units(3, 218.1e6, 32) == (4, 5)
+    assert megatron_fsdp_units(2, 218.1e6, 32) == (0, 5)
+    assert megatron_fsdp_units(3, 1.2e9, 80) == (2, 3)  # a unit past 5e8: prefetch one
+    assert megatron_fsdp_units(3, 218.1e6, 2) == (2, 2)  # no more than the model's layers
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(8, 8, "H100-SXM-80GB", 360.0, 45.0)
+    unit = m.layer_params_per_gpu(1)
+    for fw, zero, (w, g) in (("megatron", 3, (4, 5)), ("megatron", 2, (0, 5)),
+                             ("torchtitan", 3, (2, 1))):
+        job = JobSpec(global_batch=256, seq_length=4096, framework=fw)
+        ev = Evaluator(m, job, c, make_plan(m, job, c, tp=1, pp=1, zero=zero).shape)
+        assert ev.mem.transient == pytest.approx(unit * (w * 2 + g * job.reduce_bytes)), fw
+
+
+def test_torchtitan_v02_gathers_the_output_layer_once_a_micro_batch():
+    """torchtitan v0.2 keeps [norm, output] unsharded from forward to backward (apply_fsdp:
+    reshard_after_forward only under 'always'): its backward reduce-scatters the output layer
+    without gathering it again (3.3 ms a micro-batch of Llama-3 8B had been priced); v0.1
+    (repeat_kv) reshards the root module and gathers it again; the breakdown still adds up."""
+    m = presets.model("llama3-8b")
+    c = uniform_cluster(8, 8, "H100-SXM-80GB", 360.0, 45.0)
+    got = {}
+    for v01 in (False, True):
+        job = JobSpec(global_batch=256, seq_length=4096, framework="torchtitan",
+                      repeat_kv=v01)
+        plan = make_plan(m, job, c, tp=1, pp=1, zero=3)
+        ev = Evaluator(m, job, c, plan.shape)
+        ring = ev.shard_ring(plan.placement, 0)
+        lt = ev.costs.layer_times(c.nodes[0].gpu, 360.0, shard_ring_gb_per_s=ring)
+        _ag, _rs, e_ag, e_rs = ev.costs.shard_unit_collectives(ring)
+        assert lt.shard_edge_bwd_ms == pytest.approx(e_ag + e_rs)
+        assert lt.shard_head_bwd_ms == pytest.approx(e_rs + (e_ag if v01 else 0.0))
+        e = ev.estimate(plan.placement)
+        assert sum(e.breakdown_ms.values()) == pytest.approx(e.iteration_ms)
+        got[v01] = e.breakdown_ms["shard_comm_ms"], e_ag, e.num_microbatches
+    (v02, e_ag, mb), (v01, _, _) = got[False], got[True]
+    assert v01 - v02 == pytest.approx(mb * e_ag)

@@ -559,7 +559,7 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool | None, overlap_para
            schedule: str | None = None, recompute: str | None = None,
            zero: str | None = None, shard_size: str | None = None, cp: str | None = None,
            ep: str | None = None, kv_rotate: str | None = None, distopt: bool | None = None,
-           ep_comm_overlap: bool = False):
+           ep_comm_overlap: bool = False, framework: str | None = None):
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
@@ -569,6 +569,12 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool | None, overlap_para
     base = SearchSpace()
     zeros = _zero_list(zero)
     _zero_against_distopt(zeros, distopt)
+    if overlap_grad_reduce is False and framework == "megatron" and zeros and 2 in zeros:
+        # (plan.fsdp_overlaps_grads: the search would have overlapped it anyway)
+        from model.errors import SpecError
+        raise SpecError("Megatron-FSDP's ZeRO-2 always overlaps its gradient reduce-scatter "
+                        "(megatron_fsdp.py asserts it): drop --no-overlap-grad-reduce, or 2 "
+                        "from --zero", source="options", field="--no-overlap-grad-reduce")
     return SearchSpace(tp=_int_list(tp, "--tp"), pp=_int_list(pp, "--pp"),
                        micro_batch=_int_list(mbs, "--mbs") or base.micro_batch,
                        schedules=_schedules(schedule) or base.schedules,
@@ -1210,7 +1216,7 @@ def solve(
     _kv_rotate_check(kv_rotate, framework.value)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt,
-                   ep_comm_overlap)
+                   ep_comm_overlap, framework.value)
     if emit is not None:
         # a plan to launch: only placements torchrun can start in the framework's rank orders
         from dataclasses import replace
@@ -1361,7 +1367,7 @@ def compare(
                         field="--zero" if zero is not None else "--distopt")
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt,
-                   ep_comm_overlap)
+                   ep_comm_overlap, framework.value)
     c_seed = seed if cluster_seed is None else cluster_seed
     instances = [c] if generated is None else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]

@@ -232,6 +232,8 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
         ("recompute_num_layers", rec[2], "recompute"),
         ("distributed_optimizer", sh.zero >= 1, "parallelism"),
         ("megatron_fsdp", sh.zero >= 2, "parallelism"),
+        # its double buffers, which the memory prices (model/memory.py megatron_fsdp_units)
+        ("fsdp_double_buffer", sh.zero >= 2, "memory"),
         ("overlap_grad_reduce", sh.overlap_grad_reduce, "overlap"),
         ("overlap_param_gather", sh.overlap_param_gather, "overlap"),
         ("tp_comm_overlap", sh.tp_comm_overlap, "overlap"),

@@ -91,6 +91,8 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
         if sh.zero >= 2:
             want["data_parallel_sharding_strategy"] = next(
                 k for k, v in _FSDP_ZERO.items() if v == sh.zero)
+            # its double buffers are what the memory prices (memory.megatron_fsdp_units)
+            want["fsdp_double_buffer"] = True
     if sh.zero >= 2:
         # Megatron-FSDP's own gradient dtypes (launch/emit.py fsdp_grads_dtype), printed as
         # torch dtypes by Megatron-Core 0.17 on; they, not grad_reduce_in_bf16, say what ran
@@ -609,6 +611,11 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
             a.fail("data_parallel_sharding_strategy", f"{strategy!r} is not priced "
                    "(optim_grads, optim_grads_params)")
         zero = _FSDP_ZERO[strategy]
+        if "fsdp_double_buffer" in a.p and not a.flag("fsdp_double_buffer"):
+            # without it the prefetch and the reduce-scatter queue run to a 1e9-element unit
+            # (model/memory.py megatron_fsdp_units): not priced
+            a.fail("fsdp_double_buffer", "Megatron-FSDP without its double buffer is not "
+                   "priced (its prefetch and reduce-scatter queue hold several layers more)")
     else:
         zero = int(a.flag("use_distributed_optimizer"))
     # HSDP (launch/emit.py): R distributed-optimizer instances, each sharding over dp / R

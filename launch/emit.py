@@ -126,6 +126,7 @@ MEGATRON_TARGET = "Megatron-LM main of 2026-08-22 (d98e8a6), Megatron-Core 0.19 
 MEGATRON_MIN_CORE = {
     "--pipeline-model-parallel-layout": "0.13.0",
     "--use-megatron-fsdp": "0.15.0",
+    "--fsdp-double-buffer": "0.15.0",
     "--megatron-fsdp-main-grads-dtype": "0.17.0",
     "--megatron-fsdp-grad-comm-dtype": "0.17.0",
     "--data-parallel-sharding-strategy": "0.12.0",
@@ -268,6 +269,10 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
         dtype = fsdp_grads_dtype(job)
         a += ["--megatron-fsdp-main-grads-dtype", dtype, "--megatron-fsdp-grad-comm-dtype",
               dtype]
+        # two persistent buffers of layers for its gathers and its reduce-scatters, as the
+        # memory is priced (model/memory.py megatron_fsdp_units; NVIDIA's Bridge performance
+        # recipes set it for Megatron-FSDP)
+        a.append("--fsdp-double-buffer")
         if sh.shard_size:
             # HSDP: Megatron-FSDP shards inside each of R distributed-optimizer instances,
             # consecutive slices of the data x context parallel group (parallel_state.py
@@ -831,6 +836,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
            "overlap_param_gather": sh.overlap_param_gather,
            "grad_reduce_in_fp32": not job.grad_reduce_in_bf16,
            "use_megatron_fsdp": sh.zero >= 2,
+           # DistributedDataParallelConfig.fsdp_double_buffer, as priced (megatron_fsdp_units)
+           "fsdp_double_buffer": sh.zero >= 2,
            # Megatron-FSDP's strategy; no_shard otherwise, as the library's own recipes
            "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}.get(
                sh.zero, "no_shard")}

@@ -3,8 +3,9 @@
 - Weights, gradients, optimizer state: bytes per parameter from the framework's table
   (`param_bytes`: Megatron-LM's distributed-optimizer table, DeepSpeed's ZeRO table, FSDP2's fp32
   shards), divided by the shard group as the ZeRO stage says; ZeRO-3 adds the gathered layer,
-  the prefetched one and a layer's full gradient, and Megatron-FSDP (ZeRO-2/3) the layers its
-  prefetch and its reduce-scatter queue hold (`megatron_fsdp_units`).
+  the prefetched one and a layer's full gradient, and Megatron-FSDP (ZeRO-2/3) its double
+  buffers of two layers each for gathered weights and reduced gradients
+  (`megatron_fsdp_units`).
   FP8 adds Transformer Engine's cached FP8 weight copies per linear-layer weight: the FP8
   weight and its transpose (1 byte each) on Hopper, the one copy on Blackwell, row- and
   column-wise copies with their scales for the block recipes (model/fp8.py `Fp8Bytes`).
@@ -36,7 +37,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,24 +157,20 @@ def gathered_weight_bytes(job: JobSpec) -> int:
     return 4 if job.precision == "fp32" else 2
 
 
-def megatron_fsdp_units(zero: int, unit_params: float, layers: int) -> tuple[int, int]:
+def megatron_fsdp_units(zero: int, layers: int) -> tuple[int, int]:
     """(layers of weights gathered whole, layers of unsharded gradients held) at Megatron-FSDP's
-    peak, per FSDP unit (a transformer layer) of `unit_params` parameters on one GPU, at most
-    the model's `layers`. Its communication unit is C = max(1e9, 2 x the average unit) elements
-    for ZeRO-3 (optim_grads_params) and 1e9 for ZeRO-2 (no bucket size given)
-    (megatron_fsdp.py MegatronFSDP.__init__, 'Cap to 1B elements' taking the max). The
-    all-gather prefetches units beyond the one computed until C // 2 elements are on their way
-    (param_and_grad_buffer.py AllGatherPipeline.all_gather_params: the current unit and
-    ceil(C / 2 / U) more); the reduce-scatter queue frees a unit's unsharded gradients only
-    while it holds more than C elements (GradReducePipeline.wait_for_previous_grad_reduce:
-    floor(C / U) units waiting, and the unit whose gradients are being computed). ZeRO-2 keeps
-    whole weights, so gathers none."""
-    if unit_params <= 0:
-        return 0, 0
-    cap = max(1e9, 2 * unit_params) if zero >= 3 else 1e9
-    gathered = min(layers, 1 + math.ceil(cap // 2 / unit_params)) if zero >= 3 else 0
-    reducing = min(layers, int(cap // unit_params) + 1)
-    return gathered, reducing
+    peak, as the emitted runs set it up: with its double buffer (--fsdp-double-buffer, which
+    NVIDIA's Megatron-Bridge performance recipes turn on for Megatron-FSDP, and NCCL user
+    buffers force), two persistent buffers of FSDP units (transformer layers) for the gathered
+    weights and two for the gradients being reduce-scattered: the prefetch stops and the
+    reduce-scatter queue waits where a third unit would be needed
+    (megatron_fsdp/param_and_grad_buffer.py AllGatherPipeline.all_gather_params
+    need_skip_prefetch, GradReducePipeline._enforce_double_buffer_limit). Without it the
+    prefetch runs to half a communication unit of max(1e9, 2 layers) elements and the queue to
+    one (4 layers of weights, 5 of gradients for Llama-3 8B at TP 1), which is not priced
+    (formats/megatron_args.py refuses such a log). ZeRO-2 keeps whole weights, so gathers
+    none. At most the model's `layers`."""
+    return (min(layers, 2) if zero >= 3 else 0), min(layers, 2)
 
 
 def layer_tensors(model: ModelSpec, job: JobSpec, shape: Shape, fp8_saved_bytes: float = 1.0
@@ -507,7 +503,7 @@ class MemoryModel:
             self.layer_expert_params * (self.expert_grad_extra + self.expert_opt_extra)
         # ZeRO-3 / FSDP: the layer being computed and the one prefetched are gathered whole,
         # and a layer's full gradient exists until it is reduce-scattered (Megatron-FSDP
-        # gathers and queues more: megatron_fsdp_units)
+        # holds two of each: megatron_fsdp_units)
         # (DeepSpeed gathers module by module, so its unit is the largest weight matrix:
         # partition_parameters.py gathers each submodule's parameters when it runs)
         unit = model.params_per_layer if job.framework != "deepspeed" else max(
@@ -518,7 +514,7 @@ class MemoryModel:
         self.transient = (per_gpu * (2 * gathered_weight_bytes(job) + job.reduce_bytes)
                           if shape.zero >= 3 and not keeps_unsharded(job, shape) else 0.0)
         if job.framework == "megatron" and shape.zero >= 2:
-            gathered, reducing = megatron_fsdp_units(shape.zero, per_gpu, model.num_layers)
+            gathered, reducing = megatron_fsdp_units(shape.zero, model.num_layers)
             self.transient = per_gpu * (gathered * gathered_weight_bytes(job)
                                         + reducing * job.reduce_bytes)
 

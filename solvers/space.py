@@ -282,7 +282,8 @@ _GIVEN_LISTS = (
     ("cp", "--cp", "cp", "CP x TP must divide the GPU count, 2 x CP (x TP) the sequence"),
     ("ep", "--ep", "ep", "EP must divide the experts and the data x context parallel ranks"),
     ("micro_batch", "--mbs", "micro_batch", "micro-batch x DP must divide the global batch"),
-    ("zero", "--zero", "zero", "the framework runs ZeRO stages 0 and 3 (torchtitan) or 0 to 3, "
+    ("zero", "--zero", "zero", "the framework runs ZeRO stages 0 and 3 (torchtitan) or 0 to 3 "
+     "(DeepSpeed's bf16 1 to 3: without ZeRO it trains bf16 without fp32 master weights), "
      "and sharding needs data-parallel or context-parallel ranks"),
     ("shard_sizes", "--shard-size", "shard_size", "a shard group is HSDP, ZeRO-3 only (add "
      "--zero 3 where the framework's default search leaves it out), and must divide the "

@@ -730,7 +730,7 @@ def test_hsdp_reads_back_from_megatron_arguments():
     ex = load_cluster("example")
     text = (LOGS / "megatron_args_70b.txt").read_text()
     base = megatron_arg_blocks(text)[0]
-    hsdp = {**base, "use_megatron_fsdp": "True",
+    hsdp = {**base, "use_megatron_fsdp": "True", "fsdp_double_buffer": "True",
             "data_parallel_sharding_strategy": "optim_grads_params",
             "num_distributed_optimizer_instances": "2", "pipeline_model_parallel_size": "1",
             "data_parallel_size": "8", "recompute_granularity": "full",
@@ -761,7 +761,7 @@ def test_megatron_fsdp_gradient_dtype_reads_back():
     ex = load_cluster("example")
     base = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
     base = {k: v for k, v in base.items() if not k.startswith("megatron_fsdp_")}
-    fsdp = {**base, "use_megatron_fsdp": "True",
+    fsdp = {**base, "use_megatron_fsdp": "True", "fsdp_double_buffer": "True",
             "data_parallel_sharding_strategy": "optim_grads_params",
             "pipeline_model_parallel_size": "1", "data_parallel_size": "8",
             "recompute_granularity": "full", "recompute_method": "uniform",
@@ -804,13 +804,20 @@ def test_megatron_log_checks_fsdp_stage_vocabulary_and_cp_exchange():
     ex = load_cluster("example")
     base = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
     base = {k: v for k, v in base.items() if not k.startswith("megatron_fsdp_")}
-    z3 = {**base, "use_megatron_fsdp": "True",
+    z3 = {**base, "use_megatron_fsdp": "True", "fsdp_double_buffer": "True",
           "data_parallel_sharding_strategy": "optim_grads_params",
           "pipeline_model_parallel_size": "1", "data_parallel_size": "8",
           "recompute_granularity": "full", "recompute_method": "uniform",
           "recompute_num_layers": "1", "bf16": "True", "grad_reduce_in_bf16": "False"}
     m, job, plan = plan_from_megatron_args(z3, ex, source="t")
     assert plan.shape.zero == 3 and megatron_args_mismatch(m, job, plan, z3) == []
+    # without its double buffer Megatron-FSDP holds more than priced: refused when read,
+    # named against a plan
+    with pytest.raises(SpecError) as e:
+        plan_from_megatron_args({**z3, "fsdp_double_buffer": "False"}, ex, source="t")
+    assert e.value.field == "fsdp_double_buffer"
+    assert ("fsdp_double_buffer", "False", "True") in megatron_args_mismatch(
+        m, job, plan, {**z3, "fsdp_double_buffer": "False"})
     z2 = {**z3, "data_parallel_sharding_strategy": "optim_grads"}
     assert ("data_parallel_sharding_strategy", "optim_grads", "optim_grads_params") in (
         megatron_args_mismatch(m, job, plan, z2))

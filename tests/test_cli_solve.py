@@ -664,3 +664,17 @@ def test_solve_time_limit_counts_the_command_not_only_the_search(monkeypatch):
     assert 10.0 - after - cli.REPORT_RESERVE_S <= got <= 10.0 - before - cli.REPORT_RESERVE_S
     assert cli._search_limit_s(10.0, "work") == 10.0
     assert cli._search_limit_s(0.01, "wall") == 0.05
+
+
+def test_solve_refuses_what_the_framework_would_not_run():
+    """solve and compare say, before searching, that Megatron-FSDP's ZeRO-2 cannot run without
+    its gradient overlap (solve had returned an overlapped plan without a word), and a
+    DeepSpeed bf16 --zero 0 names DeepSpeed's own rule (it had blamed sharding)."""
+    for cmd in ("solve", "compare"):
+        r = runner.invoke(app, [cmd, "-m", "llama3-8b", "-c", "h100-8x8", "--time-limit", "5",
+                                "--zero", "2", "--no-overlap-grad-reduce"])
+        assert r.exit_code == 2 and "Megatron-FSDP's ZeRO-2 always overlaps" in r.output, (
+            r.output)
+    r = runner.invoke(app, ["solve", "-m", "llama3-8b", "-c", "h100-8x8", "--time-limit", "5",
+                            "--framework", "deepspeed", "--zero", "0"])
+    assert r.exit_code == 2 and "without fp32 master weights" in r.output, r.output

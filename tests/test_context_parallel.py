@@ -38,9 +38,9 @@ BEFORE_CP = [
      22947.681938765, 57.265472412),
     ("llama3-8b", dict(global_batch=32, seq_length=8192), ("H100-SXM-80GB", 2, 8, 360.0, 45.0),
      dict(tp=2, pp=2, sequence_parallel=True, zero=3, recompute="selective"),
-     # (its memory since 2026-12-07: Megatron-FSDP's prefetched weights and reduce-scatter
-     # queue, model/memory.py megatron_fsdp_units; 34.294820404 before)
-     2025.877159881, 39.657521820),
+     # (its memory since 2026-12-07: Megatron-FSDP's double buffers, model/memory.py
+     # megatron_fsdp_units; 34.294820404 before)
+     2025.877159881, 34.782338714599),
     # (its TP 8 without SP priced the pipeline transfers then as legacy Megatron-LM's
     # scatter/gather: JobSpec.p2p_scatter_gather, since Megatron-Core's whole-tensor sends)
     ("gpt3-175b", dict(global_batch=96, seq_length=2048, attention="eager",

@@ -53,6 +53,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     for f in ("--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype"):
         p.add_argument(f, default="auto", choices=["fp32", "bf16", "fp16", "auto"])
+    p.add_argument("--fsdp-double-buffer", action="store_true")
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false",
                    dest="gradient_accumulation_fusion")
     p.add_argument("--ckpt-format", default="torch_dist",
@@ -74,6 +75,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--rotary-base", type=int, default=10000)
     p.add_argument("--rotary-percent", type=float, default=1.0)
     p.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    p.add_argument("--norm-epsilon", type=float, default=1e-5)
     p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
     p.add_argument("--hidden-dropout", type=float, default=0.1)
     p.add_argument("--attention-dropout", type=float, default=0.1)
@@ -681,7 +683,7 @@ def test_megatron_fsdp_flags_parse(llama, c32, zero, strategy):
     a = parse_megatron(megatron_args(llama, job, plan)[0])
     assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == strategy
     assert a.use_distributed_optimizer and not a.gradient_accumulation_fusion
-    assert a.ckpt_format == "fsdp_dtensor"
+    assert a.ckpt_format == "fsdp_dtensor" and a.fsdp_double_buffer  # as priced
     # Megatron-FSDP ignores grad_reduce_in_fp32 (Megatron-Core 0.17 on): its own flags give the
     # fp32 gradients and fp32 reduction the estimate prices ('auto' would be bf16)
     assert (a.megatron_fsdp_main_grads_dtype, a.megatron_fsdp_grad_comm_dtype) == (
@@ -1285,9 +1287,9 @@ def test_deepspeed_emit_names_the_partition_method_that_gives_the_plans_split(tm
 def test_deepspeed_config_runs_what_the_estimate_priced(tmp_path):
     """The DeepSpeed emit asks for what the cost model prices: bf16 with ZeRO-1 accumulates
     in fp32 (data_types; DeepSpeed's default had been bf16, with its plain ZeRO optimizer),
-    bf16 without ZeRO is refused (plan.deepspeed_problem); under sequence parallelism (and for MoE) the pipeline
-    engine's partitioning of passed tensors is off, each rank sending its sequence shard as
-    priced; sequence parallelism exports CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed
+    bf16 without ZeRO is refused (plan.deepspeed_problem); under sequence parallelism (and
+    for MoE) the pipeline engine's partitioning of passed tensors is off, each rank sending its
+    sequence shard as priced; sequence parallelism exports CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed
     raises without it)."""
     m = presets.model("llama2-7b")
     job = JobSpec(global_batch=64, seq_length=2048, framework="deepspeed")

@@ -316,26 +316,29 @@ def test_deepspeed_runs_what_is_priced_or_the_plan_is_refused():
     assert any(sh.dp == 1 for sh in shapes)  # TP 4 x PP 8: ZeRO-1 over one replica
 
 
-def test_megatron_fsdp_holds_its_prefetch_and_reduce_queue():
-    """Megatron-FSDP prefetches weights until half its communication unit (max(1e9, 2 units)
-    elements) is on its way and frees unsharded gradients only past a queue of that unit
-    (megatron_fsdp.py, param_and_grad_buffer.py): a Llama-3 8B layer of 218M parameters at
-    TP 1 holds 4 layers of bf16 weights and 5 of fp32 gradients under ZeRO-3 (2 and 1 had been
-    priced: 4.1 GiB short), 5 layers of gradients under ZeRO-2 (none had been). torchtitan's
-    FSDP2 keeps its own rule: the layer and the one prefetched, and one layer's gradients."""
+def test_megatron_fsdp_holds_two_layers_in_its_double_buffers():
+    """Megatron-FSDP runs with its double buffer (--fsdp-double-buffer, as the emitted
+    arguments and Bridge recipe set it): two layers of gathered bf16 weights and two of
+    unsharded gradients under ZeRO-3, two of gradients under ZeRO-2 (none had been priced;
+    without the double buffer its prefetch and queue hold 4 and 5 layers of Llama-3 8B, which a
+    log is refused for). torchtitan's FSDP2 keeps its own rule: the layer and the one
+    prefetched, and one layer's gradients."""
+    from launch.emit import bridge_recipe, megatron_args
     from model.memory import megatron_fsdp_units
-    assert megatron_fsdp_units(3, 218.1e6, 32) == (4, 5)
-    assert megatron_fsdp_units(2, 218.1e6, 32) == (0, 5)
-    assert megatron_fsdp_units(3, 1.2e9, 80) == (2, 3)  # a unit past 5e8: prefetch one
-    assert megatron_fsdp_units(3, 218.1e6, 2) == (2, 2)  # no more than the model's layers
+    assert megatron_fsdp_units(3, 32) == (2, 2) and megatron_fsdp_units(2, 32) == (0, 2)
+    assert megatron_fsdp_units(3, 1) == (1, 1)  # no more than the model's layers
     m = presets.model("llama3-8b")
     c = uniform_cluster(8, 8, "H100-SXM-80GB", 360.0, 45.0)
     unit = m.layer_params_per_gpu(1)
-    for fw, zero, (w, g) in (("megatron", 3, (4, 5)), ("megatron", 2, (0, 5)),
+    for fw, zero, (w, g) in (("megatron", 3, (2, 2)), ("megatron", 2, (0, 2)),
                              ("torchtitan", 3, (2, 1))):
         job = JobSpec(global_batch=256, seq_length=4096, framework=fw)
-        ev = Evaluator(m, job, c, make_plan(m, job, c, tp=1, pp=1, zero=zero).shape)
+        plan = make_plan(m, job, c, tp=1, pp=1, zero=zero)
+        ev = Evaluator(m, job, c, plan.shape)
         assert ev.mem.transient == pytest.approx(unit * (w * 2 + g * job.reduce_bytes)), fw
+        if fw == "megatron":
+            assert "--fsdp-double-buffer" in megatron_args(m, job, plan)[0]
+            assert bridge_recipe(m, job, c, plan)[0]["ddp"]["fsdp_double_buffer"] is True
 
 
 def test_torchtitan_v02_gathers_the_output_layer_once_a_micro_batch():

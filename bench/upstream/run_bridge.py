@@ -204,6 +204,7 @@ def bridge_view(item: dict) -> dict:
         "distributed_optimizer": bool(ddp.use_distributed_optimizer
                                       and cfg.optimizer.use_distributed_optimizer),
         "megatron_fsdp": bool(ddp.use_megatron_fsdp),
+        "fsdp_double_buffer": bool(getattr(ddp, "fsdp_double_buffer", False)),
         "fsdp_strategy": ddp.data_parallel_sharding_strategy,
         "overlap_grad_reduce": bool(ddp.overlap_grad_reduce),
         "overlap_param_gather": bool(ddp.overlap_param_gather),

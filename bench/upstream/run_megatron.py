@@ -105,6 +105,7 @@ def megatron_view(item):
         "distributed_optimizer": args.use_distributed_optimizer,
         "megatron_fsdp": bool(getattr(args, "use_megatron_fsdp", False)),
         "fsdp_strategy": getattr(args, "data_parallel_sharding_strategy", None),
+        "fsdp_double_buffer": bool(getattr(args, "fsdp_double_buffer", False)),
         "overlap_grad_reduce": args.overlap_grad_reduce,
         "overlap_param_gather": args.overlap_param_gather,
         "tp_comm_overlap": cfg.tp_comm_overlap,

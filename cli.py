@@ -633,6 +633,12 @@ def _write_and_report(m, job, c, plan, est, opts, as_json: bool, *, solver=None,
     # an emitted set says it in its [precision] warning
     fp8w = [] if outputs.get("emit") else [n for n in (fp8_param_gather_note(job, plan.shape),)
                                            if n]
+    if job.framework == "megatron" and plan.shape.schedule == "gpipe" and plan.shape.pp > 1 \
+            and not outputs.get("emit"):  # (the emitted set's [schedule] line says it there)
+        fp8w.append("Megatron-LM has no GPipe schedule: it runs 1F1B "
+                    "(forward_backward_pipelining_without_interleaving), whose memory (PP - "
+                    "stage micro-batches in flight, not all) and time this estimate is not; "
+                    "estimate with --schedule 1f1b, or --framework torchtitan, which runs GPipe")
     warnings = [*notes, *(calibration or {}).get("notes", []), *unmodelled,
                 *shape_warnings(m, job, plan.shape), *own, *fp8w,
                 *_moe_warnings(job, c, plan, emitted=bool(outputs.get("emit"))), *warnings]

@@ -31,6 +31,12 @@ BUCKET_MIN_PARAMS = 40_000_000
 BUCKET_PARAMS_PER_DP = 1_000_000
 
 
+def hsdp_overlapped(job: JobSpec, shape: Shape) -> bool:
+    """Whether Megatron-FSDP's HSDP all-reduce across replicas overlaps the last backward
+    (CostModel.hsdp_overlapped)."""
+    return job.framework == "megatron" and shape.zero >= 3 and shape.shard_group < shape.cols
+
+
 def bucket_params(dp: int) -> float:
     return float(max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP * dp))
 
@@ -133,6 +139,14 @@ class CostModel:
         # gradient accumulation boundaries as well'; Megatron-FSDP optim_grads likewise keeps
         # only its shard); ZeRO-3 reduces per layer and micro-batch (layer_times)
         self.grad_reductions = num_microbatches(job, shape) if shape.zero == 2 else 1
+        # Megatron-FSDP's HSDP all-reduces each layer's shard across the replicas on a stream
+        # of its own as the last micro-batch's backward reduce-scatters it (megatron_fsdp.py
+        # outer_fsdp_group_grad_reduce on the last micro-batch; param_and_grad_buffer.py
+        # _bucket_group_gradient_reduce, outer_fsdp_group_grad_reduce_stream): the overlap of
+        # --overlap-grad-reduce, in buckets of one layer
+        self.hsdp_overlapped = hsdp_overlapped(job, shape)
+        # whether the end-of-iteration gradient reduction hides in the last backward
+        self.sync_overlapped = shape.overlap_grad_reduce or self.hsdp_overlapped
         # parameters of one layer on one GPU: the routed experts are split over EP and expert
         # TP, the rest over TP (Megatron-LM's MoELayer: E / ep local experts)
         lp = layer_params(model, shape)
@@ -831,6 +845,11 @@ class CostModel:
                   if sh.zero >= 1 else 0.0)
         return grad, gather
 
+    def sync_bucket(self, group: int) -> float:
+        """Parameters of the last bucket the overlapped reduction waits for: Megatron-LM's
+        bucket (bucket_params) or, under Megatron-FSDP's HSDP, one layer on this GPU."""
+        return self.layer_params if self.hsdp_overlapped else bucket_params(group)
+
     def sync_group(self) -> int:
         """Ranks of the end-of-iteration synchronization: the data x context parallel group
         (CP ranks' gradients are partial sums of one replica's), or with HSDP the replicas of
@@ -879,13 +898,13 @@ class CostModel:
         16 bits, an upper bound on a bucket that may hold FP8 weights."""
         sh = self.shape
         red, gat = self.sync_parts_ms(params, dp_ring_gb_per_s, inter_node, group, linear)
-        last = min(params, bucket_params(self.sync_group() if group is None else group))
+        last = min(params, self.sync_bucket(self.sync_group() if group is None else group))
         red_b, gat_b = self.sync_parts_ms(last, dp_ring_gb_per_s, inter_node, group,
                                           linear if last >= params else 0.0)
         # ZeRO-2 reduces each micro-batch's gradients during that micro-batch's backward: m
         # windows, one per reduction (grad_reductions)
         ex_red = (max(red_b, red - self.grad_reductions * bwd_window_ms)
-                  if sh.overlap_grad_reduce else red)
+                  if self.sync_overlapped else red)
         ex_gat = max(gat_b, gat - fwd_window_ms) if sh.overlap_param_gather else gat
         return red, gat, ex_red + ex_gat
 

@@ -350,7 +350,7 @@ class Evaluator:
         hit = self._tail_cache.get(key)
         if hit is None:
             sh = self.shape
-            windows = (self.stage_windows_ms(pl, s) if sh.overlap_grad_reduce
+            windows = (self.stage_windows_ms(pl, s) if self.costs.sync_overlapped
                        or sh.overlap_param_gather else (0.0, 0.0))
             sync, exposed = self.stage_sync_ms(pl, s, *windows)
             lin = self.costs.stage_linear_params(s)

@@ -29,7 +29,7 @@ import numpy as np
 
 from model import work
 from model.cluster import ClusterSpec
-from model.costs import CostModel, bucket_params
+from model.costs import CostModel
 from model.memory import GIB, keeps_unsharded, plan_overheads
 from model.plan import Shape, num_microbatches
 from model.topology import EXHAUSTIVE_MAX_GPUS
@@ -283,14 +283,14 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
             dense = params - experts
             lin = (lin_layer * n + lin0) if costs.fp8_gather_saving else 0.0
             red, gat = sync(dense, linear=lin)
-            bucket = bucket_params(costs.sync_group())
+            bucket = costs.sync_bucket(costs.sync_group())
             last_red, last_gat = sync(min(dense, bucket), linear=lin if dense <= bucket else 0.0)
-            t += (last_red if shape.overlap_grad_reduce else red) + (
+            t += (last_red if costs.sync_overlapped else red) + (
                 last_gat if shape.overlap_param_gather else gat)
             if experts:  # all of the experts' sync, or with an overlap its last bucket
                 group = costs.expert_sync_group()
-                ovl = shape.overlap_grad_reduce or shape.overlap_param_gather
-                e_red, e_gat = sync(min(experts, bucket_params(group)) if ovl else
+                ovl = costs.sync_overlapped or shape.overlap_param_gather
+                e_red, e_gat = sync(min(experts, costs.sync_bucket(group)) if ovl else
                                     experts, ring_e, group)
                 t += e_red + e_gat
         return t

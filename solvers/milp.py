@@ -73,7 +73,7 @@ import numpy as np
 from networkx.utils import UnionFind
 
 from model import work
-from model.costs import adam_bytes_per_param, bucket_params
+from model.costs import adam_bytes_per_param, hsdp_overlapped
 from model.errors import SolverUnavailableError
 from model.memory import GIB, keeps_unsharded, plan_overheads
 from model.plan import Plan, expert_dp_groups
@@ -182,7 +182,7 @@ def _ep_unsupported(prob: PlacementProblem) -> str | None:
     node order with fewer members per node (`_Data._expert_sync`). Elsewhere the annealer
     searches which nodes share an EP group."""
     sh = prob.shape
-    if sh.overlap_grad_reduce or sh.overlap_param_gather:
+    if sh.overlap_grad_reduce or sh.overlap_param_gather or hsdp_overlapped(prob.job, sh):
         return ("expert parallelism with the bucket overlaps (the expert gradients' buckets "
                 "share the backward window; the annealer handles it)")
     if not prob.cluster.uniform() and not _ep_inside_node(prob):
@@ -294,8 +294,8 @@ class _Data:
         # FP8 weights gather each linear weight in 1 byte (costs.sync_bytes): the gather's
         # parameters less this share of the stage's linear weights
         self.kappa = costs.fp8_gather_saving / weight_b
-        self.ogr, self.opg = sh.overlap_grad_reduce, sh.overlap_param_gather
-        self.bucket = bucket_params(d)
+        self.ogr, self.opg = costs.sync_overlapped, sh.overlap_param_gather
+        self.bucket = costs.sync_bucket(d)
         # the last bucket's size min(bucket, params): a constant unless the stage's layer count
         # decides which (then it needs the loads' binaries)
         self.bucket_case = []

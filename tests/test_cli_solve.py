@@ -678,3 +678,16 @@ def test_solve_refuses_what_the_framework_would_not_run():
     r = runner.invoke(app, ["solve", "-m", "llama3-8b", "-c", "h100-8x8", "--time-limit", "5",
                             "--framework", "deepspeed", "--zero", "0"])
     assert r.exit_code == 2 and "without fp32 master weights" in r.output, r.output
+
+
+def test_estimate_says_megatron_runs_no_gpipe():
+    """A GPipe plan estimated for Megatron-LM, which has no such schedule, says so (only its
+    emitted set had); torchtitan, which runs GPipe, is not warned."""
+    base = ["estimate", "-m", "gpt-1.7b", "-c", "example", "--gbs", "64", "--seq", "2048",
+            "--tp", "1", "--pp", "4", "--mbs", "1", "--schedule", "gpipe", "--json"]
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0 and any("Megatron-LM has no GPipe schedule" in w
+                                    for w in json.loads(r.output)["warnings"]), r.output
+    r = runner.invoke(app, base + ["--framework", "torchtitan", "--zero", "3"])
+    assert r.exit_code == 0, r.output
+    assert not any("GPipe" in w for w in json.loads(r.output)["warnings"])

@@ -200,6 +200,21 @@ class CompiledSchedule:
             edges(tid, sfirst[t_dst])  # the receiving step waits for it
             s_ = snext[t_src] >= 0  # the sender's next step waits for its send to finish
             edges(tid[s_], snext[t_src][s_])
+            if self.schedule == "1f1b":
+                # Megatron-LM's non-interleaved warm-up and cool-down post a step's send and
+                # the next step's receive as two calls, one after the other (schedules.py
+                # forward_backward_pipelining_without_interleaving: send_forward, then
+                # recv_forward; send_backward, then recv_backward), where the steady state
+                # batches them (send_forward_recv_backward, send_backward_recv_forward): a
+                # receive for a step of the kind of the one before it waits for that step's
+                # send to finish
+                sent = np.full(n_ops, -1, dtype=np.int64)
+                sent[t_src] = tid  # each operation sends at most one transfer
+                prev = sprev[t_dst]
+                w = prev >= 0
+                w[w] &= isb[prev[w]] == isb[t_dst[w]]
+                w[w] &= sent[prev[w]] >= 0
+                edges(sent[prev[w]], tid[w])
         mbs_ = np.arange(m)
         edges(op[0, mbs_, V - 1], op[1, mbs_, V - 1])  # F then B of the last virtual stage
         ends_ = np.cumsum([len(o) for o in self.orders]) - 1

@@ -80,7 +80,7 @@ def test_milp_equals_brute_force_and_annealing_reaches_it(case):
     # one cost model: the returned plan re-evaluates to the MILP objective
     again = estimate(TINY, job, c, milp.plan).iteration_ms
     assert again == pytest.approx(milp.objective_ms, rel=1e-6)
-    ann = anneal(prob, seed=0, iters=4000)
+    ann = anneal(prob, seed=0, iters=8000)
     assert ann.objective_ms == pytest.approx(opt.objective_ms, rel=1e-9)
     assert estimate(TINY, job, c, ann.plan).iteration_ms == pytest.approx(ann.objective_ms,
                                                                           rel=1e-12)

@@ -836,7 +836,8 @@ def estimate(
         "tensor parallelism shards the norms, and for mixtures of experts, which Megatron-LM "
         "runs with TP only so; off otherwise, Megatron-LM's default].")] = None,
     distopt: Annotated[Optional[bool], typer.Option(
-        "--distopt/--no-distopt", help="Distributed optimizer (ZeRO-1) [off].")] = None,
+        "--distopt/--no-distopt", help="Distributed optimizer (ZeRO-1) [off; on for "
+        "DeepSpeed's bf16, which runs as priced from ZeRO-1].")] = None,
     zero: Annotated[Optional[int], typer.Option(
         "--zero", help="ZeRO stage 0-3 (with --distopt / --no-distopt: they must agree).")
     ] = None,
@@ -910,7 +911,7 @@ def estimate(
                      etp=0 if etp is None else etp, micro_batch=mbs,
                      schedule=schedule.value,
                      chunks=chunks, layers=lay, recompute=recompute.value,
-                     sequence_parallel=sp, distributed_optimizer=bool(distopt), zero=zero,
+                     sequence_parallel=sp, distributed_optimizer=distopt, zero=zero,
                      shard_size=shard_size,
                      tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                      overlap_param_gather=overlap_param_gather,

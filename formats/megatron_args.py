@@ -28,8 +28,7 @@ from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import make_plan
 from model.memory import fp8_params_apply
-from model.plan import (TP_PP_DP_ORDER, Plan, fsdp_overlaps_grads, megatron_placement,
-                        ordered_placement)
+from model.plan import TP_PP_DP_ORDER, Plan, megatron_placement, ordered_placement
 from model.specs import FP8_RECIPES, JobSpec, ModelSpec
 
 # --position-embedding-type -> the cost model's: 'none' has no position weights and no rotation,
@@ -81,9 +80,12 @@ def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[st
         "overlap_moe_expert_parallel_comm": sh.ep_comm_overlap,
         "fp8_param_gather": fp8_params_apply(job, sh),
     }
-    if fsdp_overlaps_grads(job, sh.zero, sh.dp * sh.cp):
-        # Megatron-FSDP overlaps whatever --overlap-grad-reduce printed
+    if job.framework == "megatron" and sh.zero >= 2:
+        # Megatron-FSDP overlaps its reduce-scatters (and under ZeRO-3 its gathers) whatever
+        # --overlap-grad-reduce and --overlap-param-gather printed (megatron_fsdp.py)
         del want["overlap_grad_reduce"]
+        if sh.zero >= 3:
+            del want["overlap_param_gather"]
     if job.framework == "megatron":
         # ZeRO-2/3 run on Megatron-FSDP (launch/emit.py): whether it ran, and its strategy
         # (_FSDP_ZERO); a ZeRO-1 plan runs Megatron's own distributed optimizer
@@ -605,6 +607,15 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
             a.fail("deepspeed", "a Megatron-DeepSpeed log without DeepSpeed's configuration "
                    "print (zero_optimization_stage)")
         zero = deepspeed_zero
+        if zero == 0 and job.precision == "bf16":
+            # DeepSpeed's pipeline engine runs bf16 without ZeRO as BF16_Optimizer, sharding
+            # the optimizer state as ZeRO-1 does (plan.deepspeed_problem; BLOOM's production
+            # ds_config); without the pipeline engine it is pure bf16, which is not priced
+            if pp == 1:
+                a.fail("deepspeed", "DeepSpeed without ZeRO and without its pipeline engine "
+                       "trains bf16 without fp32 master weights (engine.py DDP_BFLOAT16), "
+                       "which is not priced")
+            zero = 1
     elif a.flag("use_megatron_fsdp"):
         strategy = a.text("data_parallel_sharding_strategy")
         if strategy not in _FSDP_ZERO:
@@ -656,9 +667,12 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                      recompute=recompute,
                      sequence_parallel=a.flag("sequence_parallel"), zero=zero,
                      shard_size=shard_size, fp8=fp8, tp_comm_overlap=a.flag("tp_comm_overlap"),
-                     # unset: the framework's (Megatron-FSDP's ZeRO-2 overlaps regardless)
-                     overlap_grad_reduce=a.flag("overlap_grad_reduce") or None,
-                     overlap_param_gather=a.flag("overlap_param_gather"),
+                     # unset: the framework's (Megatron-FSDP's ZeRO-2 overlaps regardless);
+                     # ZeRO-3 overlaps per layer whatever was printed (layer_times)
+                     overlap_grad_reduce=None if zero >= 3 and not ds else (
+                         a.flag("overlap_grad_reduce") or None),
+                     overlap_param_gather=a.flag("overlap_param_gather")
+                     and not (zero >= 3 and not ds),
                      ep_comm_overlap=ep_overlap,
                      placement=ordered_placement(cluster, tp, pp, dp, cp, TP_PP_DP_ORDER,
                                                  node_order)

@@ -26,7 +26,7 @@ import hashlib
 
 import json
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +35,8 @@ from formats.atomic import write_atomic
 from model.cluster import INTRA_LATENCY_US, ClusterSpec, NodeSpec
 from model.errors import SpecError
 from model.estimator import Estimate
-from model.plan import (Placement, Plan, Shape, dense_moe_option, validate_placement,
-                        validate_shape)
+from model.plan import (Placement, Plan, Shape, dense_moe_option, fsdp_overlaps_grads,
+                        validate_placement, validate_shape)
 from model.specs import GPUSpec, JobSpec, ModelSpec, Options, Overheads
 
 from .views import estimate_to_dict, placement_to_dict, shape_to_dict
@@ -443,6 +443,13 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
                   # (added within schema 3: files written before it lack it)
                   ep_comm_overlap=_later(rd, sd, "ep_comm_overlap", sw, bool, False, ver,
                                          notes, since=None))
+    if fsdp_overlaps_grads(job, shape.zero, shape.dp * shape.cp) and \
+            not shape.overlap_grad_reduce:
+        # written before 2026-12-07, when the plan said what Megatron-FSDP does not run: it
+        # overlaps its ZeRO-2 reduce-scatters always (plan.fsdp_overlaps_grads)
+        shape = replace(shape, overlap_grad_reduce=True)
+        notes.append(f"{sw}.overlap_grad_reduce true (Megatron-FSDP's ZeRO-2 always overlaps "
+                     "its reduce-scatters; the file said false)")
     try:
         validate_shape(model, job, cluster, shape, src=rd.src)
     except SpecError as e:

@@ -382,7 +382,7 @@ def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
             "lacks it (2h weights)")))
     a += ["--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"]
     if eps := norm_eps(model):
-        a += ["--norm-epsilon", f"{eps:g}"]
+        a += ["--norm-epsilon", repr(eps)]  # exactly (argparse reads it with float)
     if model.qk_norm or model.is_mla:
         # arguments.py: normalize q and k per head (Qwen3); under MLA the flag builds the
         # latent norms of DeepSeek's q/kv down-projections (gpt_layer_specs.py: without it the

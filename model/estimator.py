@@ -655,9 +655,12 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
                             "cluster; choose degrees whose product divides it",
                             source="plan", field="tp/pp/dp/cp")
         dp = max(1, cluster.num_gpus // (tp * pp * cp))
-    if zero is None:  # explicit stage, else the distributed-optimizer flag, else the job's
+    if zero is None:  # explicit stage, else the distributed-optimizer flag, else the job's,
+        # else the framework's least (DeepSpeed's bf16 runs as priced from ZeRO-1 on:
+        # plan.deepspeed_problem)
+        least = 1 if job.framework == "deepspeed" and job.precision == "bf16" else 0
         zero = (int(distributed_optimizer) if distributed_optimizer is not None
-                else (job.zero or 0))
+                else (job.zero if job.zero is not None else least))
     if fp8 is None:
         fp8 = bool(job.fp8)
     if overlap_grad_reduce is None:

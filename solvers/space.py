@@ -351,11 +351,13 @@ def unused_values(space: SearchSpace, shapes) -> list[str]:
 
 
 _OVERLAPS = (
-    ("tp_comm_overlap", "--tp-comm-overlap", "it needs TP > 1 with sequence parallelism"),
+    ("tp_comm_overlap", "--tp-comm-overlap", "it needs TP > 1 with sequence parallelism, and "
+     "a framework that has it, not DeepSpeed"),
     ("overlap_grad_reduce", "--overlap-grad-reduce", "it needs DP > 1 and ZeRO 0 to 2; ZeRO-3 "
-     "overlaps its per-layer collectives itself"),
+     "overlaps its per-layer collectives itself; DeepSpeed overlaps only in its ZeRO optimizer: "
+     "ZeRO-2, or ZeRO-1 outside bf16"),
     ("overlap_param_gather", "--overlap-param-gather", "it needs DP > 1 and the distributed "
-     "optimizer, ZeRO 1 or 2"),
+     "optimizer, ZeRO 1 or 2, and a framework that has it, not DeepSpeed"),
     ("ep_comm_overlap", "--ep-comm-overlap", "it needs EP > 1 without pipelining, whole experts "
      "(expert TP 1), no full recompute and a bf16 or fp16 model"),
 )

@@ -811,6 +811,12 @@ def test_megatron_log_checks_fsdp_stage_vocabulary_and_cp_exchange():
           "recompute_num_layers": "1", "bf16": "True", "grad_reduce_in_bf16": "False"}
     m, job, plan = plan_from_megatron_args(z3, ex, source="t")
     assert plan.shape.zero == 3 and megatron_args_mismatch(m, job, plan, z3) == []
+    # Megatron-FSDP's ZeRO-3 overlaps its collectives whatever the overlap flags printed
+    # (such a log had been refused: 'ZeRO-3 prefetches and overlaps ...')
+    ovl = {**z3, "overlap_grad_reduce": "True", "overlap_param_gather": "True"}
+    m3, job3, plan3 = plan_from_megatron_args(ovl, ex, source="t")
+    assert plan3.shape.zero == 3 and not plan3.shape.overlap_grad_reduce
+    assert megatron_args_mismatch(m3, job3, plan3, ovl) == []
     # without its double buffer Megatron-FSDP holds more than priced: refused when read,
     # named against a plan
     with pytest.raises(SpecError) as e:
@@ -903,6 +909,16 @@ def test_plan_read_from_older_megatron_and_megatron_deepspeed_logs(tmp_path):
     m2 = plan_from_megatron_args(megatron_arg_blocks(bloomish)[0], load_cluster("example"),
                                  source="t", deepspeed_zero=1, deepspeed_layers=(20,) * 4)[0]
     assert (m2.position_embedding, m2.embedding_norm, m2.rope_base) == ("alibi", True, 0.0)
+    # BLOOM's production ds_config: bf16 with ZERO_STAGE 0 under the pipeline engine runs
+    # BF16_Optimizer, which shards as ZeRO-1 (plan.deepspeed_problem); without the pipeline
+    # engine it is pure bf16, not priced
+    bf16 = megatron_arg_blocks(_set_arg(_set_arg(old, "bf16", True), "fp16", False))[0]
+    assert plan_from_megatron_args(bf16, load_cluster("example"), source="t", deepspeed_zero=0,
+                                   deepspeed_layers=(20,) * 4)[2].shape.zero == 1
+    flat = {**bf16, "pipeline_model_parallel_size": "1", "data_parallel_size": "8"}
+    with pytest.raises(SpecError) as e:
+        plan_from_megatron_args(flat, load_cluster("example"), source="t", deepspeed_zero=0)
+    assert e.value.field == "deepspeed" and "DDP_BFLOAT16" in str(e.value)
     with pytest.raises(SpecError) as e:  # no DeepSpeed configuration print
         plan_from_megatron_args(r.megatron_args[-1], load_cluster("example"), source="t")
     assert e.value.field == "deepspeed"

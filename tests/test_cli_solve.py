@@ -691,3 +691,14 @@ def test_estimate_says_megatron_runs_no_gpipe():
     r = runner.invoke(app, base + ["--framework", "torchtitan", "--zero", "3"])
     assert r.exit_code == 0, r.output
     assert not any("GPipe" in w for w in json.loads(r.output)["warnings"])
+
+
+def test_estimate_for_deepspeed_bf16_starts_at_zero1():
+    """estimate --framework deepspeed with no ZeRO stage given plans ZeRO-1, DeepSpeed's bf16
+    as priced (it had built ZeRO 0, which is refused); fp16 keeps ZeRO 0."""
+    base = ["estimate", "-m", "llama2-7b", "-c", "h100-8x8", "--framework", "deepspeed",
+            "--tp", "8", "--pp", "1", "--gbs", "64", "--seq", "2048", "--json"]
+    for extra, zero in (([], 1), (["--precision", "fp16"], 0)):
+        r = runner.invoke(app, base + extra)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["plan"]["shape"]["zero"] == zero

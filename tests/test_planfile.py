@@ -328,3 +328,19 @@ def test_a_schema_3_file_from_before_the_newer_fields_reads_with_their_defaults(
     _m, got_job, _c, got, _o, meta = load_plan(old)
     assert got == plan and not got_job.p2p_scatter_gather and meta["emitted"] is None
     assert "job.p2p_scatter_gather false" in meta["read_notes"][0]
+
+
+def test_an_older_megatron_fsdp_zero2_plan_reads_with_the_overlap_it_runs(setup, tmp_path):
+    """A Megatron-FSDP ZeRO-2 plan saved before 2026-12-07 says overlap_grad_reduce false,
+    which Megatron-FSDP never runs: it reads with the overlap, and says so (it had been
+    refused with advice about command-line flags)."""
+    m, c, job = setup
+    plan = make_plan(m, job, c, tp=8, pp=1, zero=2)
+    assert plan.shape.overlap_grad_reduce
+    good = tmp_path / "good.json"
+    save_plan(good, m, job, c, plan, estimate(m, job, c, plan))
+    old = tmp_path / "old.json"
+    _corrupt(good, old, lambda d: d["plan"]["shape"].update(overlap_grad_reduce=False))
+    _m, _job, _c, got, _o, meta = load_plan(old)
+    assert got == plan
+    assert any("overlap_grad_reduce true (Megatron-FSDP" in n for n in meta["read_notes"])

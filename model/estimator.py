@@ -23,7 +23,7 @@ from .errors import SpecError
 from .fp8 import plan_fp8_bytes
 from .memory import MemoryModel, StageMemory, fp8_params_apply, keeps_unsharded
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
-                   fsdp_overlaps_grads, megatron_placement, num_microbatches,
+                   fsdp_overlaps_grads, least_zero, megatron_placement, num_microbatches,
                    validate_placement, validate_shape)
 from .schedule import compile_schedule
 from .specs import JobSpec, ModelSpec, Options
@@ -658,9 +658,8 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
     if zero is None:  # explicit stage, else the distributed-optimizer flag, else the job's,
         # else the framework's least (DeepSpeed's bf16 runs as priced from ZeRO-1 on:
         # plan.deepspeed_problem)
-        least = 1 if job.framework == "deepspeed" and job.precision == "bf16" else 0
         zero = (int(distributed_optimizer) if distributed_optimizer is not None
-                else (job.zero if job.zero is not None else least))
+                else (job.zero if job.zero is not None else least_zero(job)))
     if fp8 is None:
         fp8 = bool(job.fp8)
     if overlap_grad_reduce is None:

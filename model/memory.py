@@ -511,12 +511,13 @@ class MemoryModel:
             model.ffn_hidden_size * model.hidden_size * (2 if model.gated_mlp else 1))
         per_gpu = (model.layer_params_per_gpu(t) if job.framework != "deepspeed" else
                    unit / t)
-        self.transient = (per_gpu * (2 * gathered_weight_bytes(job) + job.reduce_bytes)
-                          if shape.zero >= 3 and not keeps_unsharded(job, shape) else 0.0)
         if job.framework == "megatron" and shape.zero >= 2:
             gathered, reducing = megatron_fsdp_units(shape.zero, model.num_layers)
-            self.transient = per_gpu * (gathered * gathered_weight_bytes(job)
-                                        + reducing * job.reduce_bytes)
+        else:
+            gathered, reducing = (2, 1) if shape.zero >= 3 and not keeps_unsharded(
+                job, shape) else (0, 0)
+        self.transient = per_gpu * (gathered * gathered_weight_bytes(job)
+                                    + reducing * job.reduce_bytes)
 
     def stage_work(self, s: int) -> float:
         """Transient bytes at a backward moment of stage s: a layer's recompute, and on the

@@ -340,6 +340,18 @@ def torchtitan_seq_problem(job: JobSpec, shape: Shape) -> str | None:
     return None
 
 
+def least_zero(job: JobSpec) -> int:
+    """The lowest ZeRO stage that runs as priced: 1 for DeepSpeed's bf16 (deepspeed_problem),
+    else 0."""
+    return 1 if job.framework == "deepspeed" and job.precision == "bf16" else 0
+
+
+def deepspeed_overlaps_grads(job: JobSpec, zero: int) -> bool:
+    """Whether DeepSpeed can overlap the gradient reduction with the backward: in its ZeRO
+    optimizer (ZeRO-2, or ZeRO-1 outside bf16; deepspeed_problem)."""
+    return zero == 2 or (zero == 1 and job.precision != "bf16")
+
+
 def deepspeed_problem(job: JobSpec, shape: Shape) -> tuple[str, str] | None:
     """(field, why) where DeepSpeed would not run what the cost model prices (DeepSpeed 0.19
     deepspeed/runtime/engine.py _do_optimizer_sanity_check picks the optimizer wrapper):
@@ -351,13 +363,13 @@ def deepspeed_problem(job: JobSpec, shape: Shape) -> tuple[str, str] | None:
     - tensor-parallel and parameter-gather overlap are Megatron-LM's, with no DeepSpeed key."""
     if job.framework != "deepspeed":
         return None
-    if job.precision == "bf16" and shape.zero == 0:
+    if shape.zero < least_zero(job):
         return "zero", ("DeepSpeed without ZeRO trains bf16 without fp32 master weights "
                         "(engine.py DDP_BFLOAT16), or under its pipeline engine shards them as "
                         "ZeRO-1 does (BF16_Optimizer): plan ZeRO-1 (--zero 1), which runs "
                         "BF16_Optimizer as priced")
-    if shape.overlap_grad_reduce and (shape.zero == 0 or (shape.zero == 1 and
-                                                         job.precision == "bf16")):
+    if shape.overlap_grad_reduce and shape.zero < 3 and not deepspeed_overlaps_grads(
+            job, shape.zero):
         return "overlap_grad_reduce", (
             "DeepSpeed overlaps the gradient reduction (overlap_comm) in its ZeRO optimizer "
             "only: " + ("not without ZeRO" if shape.zero == 0 else

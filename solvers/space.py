@@ -22,8 +22,9 @@ from model.costs import CostModel
 from model.memory import GIB, plan_overheads
 from model.errors import ScheduleTooLongError, SpecError
 from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, deepep_block_ok,
-                        fp8_problem, fsdp_overlaps_grads,
-                        gpus_without_fp8, megatron_rank, num_microbatches, validate_shape)
+                        deepspeed_overlaps_grads, fp8_problem, fsdp_overlaps_grads,
+                        gpus_without_fp8, least_zero, megatron_rank, num_microbatches,
+                        validate_shape)
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
 
@@ -389,7 +390,7 @@ def _shardings(job: JobSpec, space: SearchSpace, tp: int, pp: int, dp: int, cp: 
     """(ZeRO stage, HSDP shard size) pairs to enumerate for one degree combination (CP ranks
     hold the same weights, so they shard and synchronize like data-parallel ones)."""
     # DeepSpeed's bf16 runs as priced only in a ZeRO optimizer (plan.deepspeed_problem)
-    lowest = 1 if job.framework == "deepspeed" and job.precision == "bf16" else 0
+    lowest = least_zero(job)
     if dp * cp <= 1:  # nothing to shard over: unsharded, unless only ZeRO-2/3 was asked for
         asked = (job.zero,) if job.zero is not None else space.zero
         return [(lowest, 0)] if asked is None or min(asked) <= 1 else []
@@ -426,7 +427,7 @@ def _overlaps(ovl: tuple[bool, bool, bool], tp: int, dp: int, zero: int,
     tpo, ogr, opg = ovl
     if job is not None and job.framework == "deepspeed":
         tpo = opg = False
-        ogr = ogr and (zero == 2 or (zero == 1 and job.precision != "bf16"))
+        ogr = ogr and deepspeed_overlaps_grads(job, zero)
     ogr = (ogr or forced_grads) and dp > 1 and zero < 3
     opg = opg and dp > 1 and zero in (1, 2)
     return {"tp_comm_overlap": tpo and tp > 1, "overlap_grad_reduce": ogr or opg,

@@ -749,6 +749,18 @@ def test_hsdp_reads_back_from_megatron_arguments():
         assert e.value.field == "num_distributed_optimizer_instances" and why in str(e.value)
 
 
+def _megatron_fsdp_zero3_args() -> dict:
+    """The 70B fixture's arguments as a Megatron-FSDP ZeRO-3 run on 8 GPUs printed them (its
+    double buffer on, as emitted; no gradient dtype printed)."""
+    base = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
+    base = {k: v for k, v in base.items() if not k.startswith("megatron_fsdp_")}
+    return {**base, "use_megatron_fsdp": "True", "fsdp_double_buffer": "True",
+            "data_parallel_sharding_strategy": "optim_grads_params",
+            "pipeline_model_parallel_size": "1", "data_parallel_size": "8",
+            "recompute_granularity": "full", "recompute_method": "uniform",
+            "recompute_num_layers": "1", "bf16": "True", "grad_reduce_in_bf16": "False"}
+
+
 def test_megatron_fsdp_gradient_dtype_reads_back():
     """Megatron-FSDP (Megatron-Core 0.17 on) keeps and reduces gradients in its own dtypes,
     not grad_reduce_in_fp32's: 'auto' (printed None) in a bf16 run is bf16 gradients
@@ -759,13 +771,7 @@ def test_megatron_fsdp_gradient_dtype_reads_back():
     from formats.megatron_args import (megatron_args_mismatch, megatron_planned_args,
                                        plan_from_megatron_args)
     ex = load_cluster("example")
-    base = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
-    base = {k: v for k, v in base.items() if not k.startswith("megatron_fsdp_")}
-    fsdp = {**base, "use_megatron_fsdp": "True", "fsdp_double_buffer": "True",
-            "data_parallel_sharding_strategy": "optim_grads_params",
-            "pipeline_model_parallel_size": "1", "data_parallel_size": "8",
-            "recompute_granularity": "full", "recompute_method": "uniform",
-            "recompute_num_layers": "1", "bf16": "True", "grad_reduce_in_bf16": "False"}
+    fsdp = _megatron_fsdp_zero3_args()
     assert not plan_from_megatron_args(fsdp, ex, source="t")[1].grad_reduce_in_bf16
     auto = {**fsdp, "megatron_fsdp_main_grads_dtype": "None",
             "megatron_fsdp_grad_comm_dtype": "None"}
@@ -803,12 +809,7 @@ def test_megatron_log_checks_fsdp_stage_vocabulary_and_cp_exchange():
                                        vocab_mismatch)
     ex = load_cluster("example")
     base = megatron_arg_blocks((LOGS / "megatron_args_70b.txt").read_text())[0]
-    base = {k: v for k, v in base.items() if not k.startswith("megatron_fsdp_")}
-    z3 = {**base, "use_megatron_fsdp": "True", "fsdp_double_buffer": "True",
-          "data_parallel_sharding_strategy": "optim_grads_params",
-          "pipeline_model_parallel_size": "1", "data_parallel_size": "8",
-          "recompute_granularity": "full", "recompute_method": "uniform",
-          "recompute_num_layers": "1", "bf16": "True", "grad_reduce_in_bf16": "False"}
+    z3 = _megatron_fsdp_zero3_args()
     m, job, plan = plan_from_megatron_args(z3, ex, source="t")
     assert plan.shape.zero == 3 and megatron_args_mismatch(m, job, plan, z3) == []
     # Megatron-FSDP's ZeRO-3 overlaps its collectives whatever the overlap flags printed

@@ -86,13 +86,30 @@ def test_zero3_moves_three_passes_of_the_parameters_zero1_two():
     assert ag_d == pytest.approx(ag + extra) and rs_d == pytest.approx(rs + extra)
 
 
+def _milp_is_brute_force_and_the_estimate(m, job, c, sh):
+    """For every block of the shape: the MILP's optimum is brute force's, re-estimates to
+    itself, and the shape's bound stays below it."""
+    from solvers.bounds import shape_bound_ms
+    from solvers.brute import brute_force
+    from solvers.milp import solve_milp
+    from solvers.problem import PlacementProblem
+    from solvers.space import blocks_for
+    for blk in blocks_for(c, sh):
+        prob = PlacementProblem(m, job, c, sh, blk, Options())
+        opt = brute_force(prob)
+        res = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
+        assert res.termination == "optimal"
+        assert res.objective_ms == pytest.approx(opt.objective_ms, rel=1e-7)
+        assert estimate(m, job, c, res.plan).iteration_ms == pytest.approx(
+            res.objective_ms, rel=1e-6)
+        assert shape_bound_ms(m, job, c, sh, Options()) <= opt.objective_ms * (1 + 1e-9)
+
+
 def test_zero2_reduces_the_gradients_of_every_micro_batch():
     """ZeRO-2 keeps only its gradient shard, so each micro-batch's gradients are
     reduce-scattered before the next accumulates (DeepSpeed stage_1_and_2.py; Megatron-FSDP
     optim_grads): m reductions per iteration against ZeRO-1's one (it had been priced as one,
     so ZeRO-2 saved gradient memory at no time); the MILP's objective is the estimate's."""
-    from solvers.milp import solve_milp
-    from solvers.problem import PlacementProblem
     m = presets.model("llama2-7b")
     c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
     for fw in ("megatron", "deepspeed"):
@@ -129,9 +146,6 @@ def test_zero2_reduces_the_gradients_of_every_micro_batch():
     # an uneven cluster, 4 micro-batches, with and without the gradient-reduce overlap: the
     # MILP's optimum is brute force's and re-estimates to itself; the bound stays below
     from formats.clusters import SynthParams, synth_cluster
-    from solvers.bounds import shape_bound_ms
-    from solvers.brute import brute_force
-    from solvers.space import blocks_for
     cu = synth_cluster(SynthParams(num_nodes=4, gpus_per_node=2, nic_gb_per_s=3.0, leaf_size=2,
                                    oversubscription=4, degraded=1, degraded_factor=0.3,
                                    noise=0.1, seed=4))
@@ -139,15 +153,7 @@ def test_zero2_reduces_the_gradients_of_every_micro_batch():
         job = JobSpec(global_batch=16, seq_length=2048, precision="bf16", framework=fw)
         sh = Shape(tp=1, pp=pp, dp=8 // pp, micro_batch=1, zero=2, overlap_grad_reduce=ogr,
                    layers=(32 // pp,) * pp)
-        for blk in blocks_for(cu, sh):
-            prob = PlacementProblem(m, job, cu, sh, blk, Options())
-            opt = brute_force(prob)
-            res = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
-            assert res.termination == "optimal"
-            assert res.objective_ms == pytest.approx(opt.objective_ms, rel=1e-7)
-            assert estimate(m, job, cu, res.plan).iteration_ms == pytest.approx(
-                res.objective_ms, rel=1e-6)
-            assert shape_bound_ms(m, job, cu, sh, Options()) <= opt.objective_ms * (1 + 1e-9)
+        _milp_is_brute_force_and_the_estimate(m, job, cu, sh)
 
 
 def test_zero3_prefetch_hides_what_the_compute_covers():
@@ -374,11 +380,6 @@ def test_megatron_fsdp_hsdp_all_reduce_hides_in_the_last_backward():
     shard groups of 8); torchtitan's stays whole. The MILP's optimum is brute force's and
     re-estimates to itself, and the bound stays below, on a uniform cluster (where ZeRO-3
     runs in the MILP)."""
-    from solvers.bounds import shape_bound_ms
-    from solvers.brute import brute_force
-    from solvers.milp import solve_milp
-    from solvers.problem import PlacementProblem
-    from solvers.space import blocks_for
     m = presets.model("llama3-8b")
     c = uniform_cluster(8, 8, "H100-SXM-80GB", 360.0, 45.0)
     got = {}
@@ -397,12 +398,4 @@ def test_megatron_fsdp_hsdp_all_reduce_hides_in_the_last_backward():
     cu = uniform_cluster(4, 2, "A100-80GB", 240.0, 2.0)
     job = JobSpec(global_batch=16, seq_length=2048, framework="megatron")
     sh = Shape(tp=1, pp=2, dp=4, micro_batch=1, zero=3, shard_size=2, layers=(16, 16))
-    for blk in blocks_for(cu, sh):
-        prob = PlacementProblem(small, job, cu, sh, blk, Options())
-        opt = brute_force(prob)
-        res = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
-        assert res.termination == "optimal"
-        assert res.objective_ms == pytest.approx(opt.objective_ms, rel=1e-7)
-        assert estimate(small, job, cu, res.plan).iteration_ms == pytest.approx(
-            res.objective_ms, rel=1e-6)
-        assert shape_bound_ms(small, job, cu, sh, Options()) <= opt.objective_ms * (1 + 1e-9)
+    _milp_is_brute_force_and_the_estimate(small, job, cu, sh)

@@ -22,8 +22,8 @@ from model.cluster import ClusterSpec
 from model.errors import InfeasibleError, SpecError
 from model.estimator import Evaluator, default_layers, stage_limit_gib
 from model import plan as plan_rules
-from model.plan import (Plan, Shape, framework_splits, megatron_placement, num_microbatches,
-                        schedule_slots)
+from model.plan import (Plan, Shape, framework_splits, fsdp_overlaps_grads, megatron_placement,
+                        num_microbatches, schedule_slots)
 from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
@@ -602,17 +602,21 @@ def _beyond_groups(job, cluster, space: SearchSpace) -> list:
         # Megatron-Bridge's recipes turn them on): each shape with each combination it can use
         # (not all on: TP overlap can cost more than it hides, the example's plan 42.1 -> 45.1 s)
         both = (False, True)
+
+        def asked_grad(sh) -> bool:  # Megatron-FSDP's ZeRO-2 overlaps unasked: not beyond
+            return sh.overlap_grad_reduce and not fsdp_overlaps_grads(job, sh.zero,
+                                                                      sh.dp * sh.cp)
         groups.append((Beyond("communication overlaps (off by default, as in Megatron-LM)",
                               "--tp-comm-overlap/--overlap-grad-reduce/"
                               "--overlap-param-gather/--ep-comm-overlap"),
                        replace(space, tp_comm_overlap=both, overlap_grad_reduce=both,
                                overlap_param_gather=both,
                                ep_comm_overlap=both),
-                       lambda sh: sh.tp_comm_overlap or sh.overlap_grad_reduce
+                       lambda sh: sh.tp_comm_overlap or asked_grad(sh)
                        or sh.overlap_param_gather or sh.ep_comm_overlap,
                        lambda sh: " ".join(f for f, on in (
                            ("--tp-comm-overlap", sh.tp_comm_overlap),
-                           ("--overlap-grad-reduce", sh.overlap_grad_reduce),
+                           ("--overlap-grad-reduce", asked_grad(sh)),
                            ("--overlap-param-gather", sh.overlap_param_gather),
                            ("--ep-comm-overlap", sh.ep_comm_overlap)) if on)))
     return groups

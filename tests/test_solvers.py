@@ -1021,6 +1021,9 @@ def test_beyond_the_search_advice_adds_only_its_groups_option():
     assert new(sh) and advice(sh) == b.option == "--zero 0,1,3"
     ovl = dc_replace(sh, zero=1, overlap_grad_reduce=True, overlap_param_gather=True)
     assert groups["communication"][3](ovl) == "--overlap-grad-reduce --overlap-param-gather"
+    # Megatron-FSDP's ZeRO-2 overlaps unasked: its shapes are not beyond the search for it
+    z2 = dc_replace(sh, cp=1, zero=2, overlap_grad_reduce=True)
+    assert not groups["communication"][2](z2) and groups["communication"][3](z2) == ""
     short = {g[0].label.split(" ")[0]: g for g in _beyond_groups(
         JobSpec(global_batch=64, seq_length=4096), c, SearchSpace())}
     assert short["context"][3](dc_replace(sh, zero=1, cp=2)) == "--cp 1,2"

@@ -930,5 +930,16 @@ class CostModel:
     def fp8_recast_bytes(self, gpu: GPUSpec) -> float:
         """Bytes per linear weight of the FP8 copies' refresh, once an iteration: the first
         micro-batch casts each weight (Transformer Engine's is_first_microbatch caching; the
-        recipe's weight cast on this GPU, model/fp8.py), counted with the optimizer step."""
-        return self.compute(gpu).fp8b.weight_cast if self.shape.fp8 else 0.0
+        recipe's weight cast on this GPU, model/fp8.py), counted with the optimizer step.
+        FP8 weights of a per-tensor recipe (fp8_param_gather) are cast by the optimizer from
+        its fp32 shard, 4 bytes read and 1 written per element of 1 / shard group of them
+        (Megatron-Core fp8_utils.py _quantize_param_shard_impl), and after the gather given
+        the transpose the GPU needs (post_all_gather_processing: Hopper's, read 1 + write 1);
+        MXFP8 weights are gathered in 16 bits and cast whole as before."""
+        if not self.shape.fp8:
+            return 0.0
+        fb = self.compute(gpu).fp8b
+        if fp8_params_apply(self.job, self.shape) and self.job.fp8_recipe in (
+                "delayed", "tensorwise"):
+            return 5.0 / self.shape.shard_group + fb.gathered_transpose
+        return fb.weight_cast

@@ -218,8 +218,9 @@ BlockingOpt = Annotated[bool, typer.Option("--blocking/--overlapped",
                                            help="Blocking pipeline send/recv.")]
 OverlapGradOpt = Annotated[Optional[bool], typer.Option(
     "--overlap-grad-reduce/--no-overlap-grad-reduce",
-    help="Reduce gradients bucket by bucket during the last backward (Megatron-LM). Unset: "
-         "off, but on under Megatron-FSDP's ZeRO-2, which always overlaps it.")]
+    help="Reduce gradients bucket by bucket during the last backward (Megatron-LM; "
+         "DeepSpeed's overlap_comm, ZeRO-2 or ZeRO-1 outside bf16). Unset: off, but on under "
+         "Megatron-FSDP's ZeRO-2, which always overlaps it.")]
 OverlapParamOpt = Annotated[bool, typer.Option(
     "--overlap-param-gather/--no-overlap-param-gather",
     help="Gather parameters during the first forward (distributed optimizer; Megatron-LM).")]
@@ -284,7 +285,7 @@ RecomputeListOpt = Annotated[Optional[str], typer.Option(
 ZeroListOpt = Annotated[Optional[str], typer.Option(
     "--zero", help="ZeRO stages to search (0 none, 1 optimizer state / distributed optimizer, 2 "
     "+ gradients, 3 + parameters / FSDP), e.g. 1,3 \\[Megatron-LM 0,1 (its FSDP is opt-in; "
-    "solve looks at ZeRO-3 after the search); DeepSpeed 0-3; torchtitan 0,3].")]
+    "solve looks at ZeRO-3 after the search); DeepSpeed 0-3, in bf16 1-3; torchtitan 0,3].")]
 ShardListOpt = Annotated[Optional[str], typer.Option(
     "--shard-size", help="HSDP: data-parallel ranks per shard group for ZeRO-3, a value or a "
     "list; 0 shards over the whole group \\[0 and one node's replicas].")]
@@ -836,10 +837,11 @@ def estimate(
         "tensor parallelism shards the norms, and for mixtures of experts, which Megatron-LM "
         "runs with TP only so; off otherwise, Megatron-LM's default].")] = None,
     distopt: Annotated[Optional[bool], typer.Option(
-        "--distopt/--no-distopt", help="Distributed optimizer (ZeRO-1) [off; on for "
-        "DeepSpeed's bf16, which runs as priced from ZeRO-1].")] = None,
+        "--distopt/--no-distopt", help="Distributed optimizer (ZeRO-1); default off, but on "
+        "for DeepSpeed's bf16, which runs as priced from ZeRO-1.")] = None,
     zero: Annotated[Optional[int], typer.Option(
-        "--zero", help="ZeRO stage 0-3 (with --distopt / --no-distopt: they must agree).")
+        "--zero", help="ZeRO stage 0-3 (with --distopt / --no-distopt: they must agree); "
+        "default 0, or 1 for DeepSpeed's bf16.")
     ] = None,
     shard_size: Annotated[int, typer.Option(
         "--shard-size", help="HSDP shard group (ZeRO-3); 0: the whole data-parallel group.")] = 0,

@@ -1388,7 +1388,7 @@ def not_fit_reason(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: P
         return None
     worst = max(est.stages, key=lambda st: st.memory.total_gib - st.limit_gib)
     return (f"the plan needs {worst.memory.total_gib:,.1f} GiB per GPU on stage {worst.stage} "
-            f"against {worst.limit_gib:,.0f} GiB")
+            f"against {worst.limit_gib:,.1f} GiB")
 
 
 @dataclass

@@ -619,6 +619,13 @@ def _beyond_groups(job, cluster, space: SearchSpace) -> list:
                            ("--overlap-grad-reduce", asked_grad(sh)),
                            ("--overlap-param-gather", sh.overlap_param_gather),
                            ("--ep-comm-overlap", sh.ep_comm_overlap)) if on)))
+    if fw == "deepspeed" and space.overlap_grad_reduce == off:
+        # DeepSpeed's one overlap, overlap_comm, is off unless asked for (the emitted ZeRO
+        # configs set it as the plan says; plan.deepspeed_overlaps_grads where it runs)
+        groups.append((Beyond("the gradient-reduce overlap (overlap_comm, off unless asked)",
+                              "--overlap-grad-reduce"),
+                       replace(space, overlap_grad_reduce=(False, True)),
+                       lambda sh: sh.overlap_grad_reduce, lambda sh: "--overlap-grad-reduce"))
     return groups
 
 

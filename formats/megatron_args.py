@@ -28,7 +28,8 @@ from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.estimator import make_plan
 from model.memory import fp8_params_apply
-from model.plan import TP_PP_DP_ORDER, Plan, megatron_placement, ordered_placement
+from model.plan import (TP_PP_DP_ORDER, Plan, deepspeed_runs_zero, megatron_placement,
+                        ordered_placement)
 from model.specs import FP8_RECIPES, JobSpec, ModelSpec
 
 # --position-embedding-type -> the cost model's: 'none' has no position weights and no rotation,
@@ -606,16 +607,12 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
         if deepspeed_zero is None:
             a.fail("deepspeed", "a Megatron-DeepSpeed log without DeepSpeed's configuration "
                    "print (zero_optimization_stage)")
-        zero = deepspeed_zero
-        if zero == 0 and job.precision == "bf16":
-            # DeepSpeed's pipeline engine runs bf16 without ZeRO as BF16_Optimizer, sharding
-            # the optimizer state as ZeRO-1 does (plan.deepspeed_problem; BLOOM's production
-            # ds_config); without the pipeline engine it is pure bf16, which is not priced
-            if pp == 1:
-                a.fail("deepspeed", "DeepSpeed without ZeRO and without its pipeline engine "
-                       "trains bf16 without fp32 master weights (engine.py DDP_BFLOAT16), "
-                       "which is not priced")
-            zero = 1
+        # BLOOM's production ds_config (bf16, stage 0, pipelined) runs as ZeRO-1
+        zero = deepspeed_runs_zero("deepspeed", job.precision, deepspeed_zero, pp)
+        if zero is None:
+            a.fail("deepspeed", "DeepSpeed without ZeRO and without its pipeline engine "
+                   "trains bf16 without fp32 master weights (engine.py DDP_BFLOAT16), "
+                   "which is not priced")
     elif a.flag("use_megatron_fsdp"):
         strategy = a.text("data_parallel_sharding_strategy")
         if strategy not in _FSDP_ZERO:

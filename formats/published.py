@@ -28,7 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from model.estimator import Estimate, estimate, make_plan
-from model.plan import deepspeed_split
+from model.plan import deepspeed_runs_zero, deepspeed_split
 from model.specs import JobSpec, ModelSpec, Options
 
 from . import presets
@@ -239,11 +239,8 @@ def run_to_inputs(r: dict, gpu_params: dict | None = None):
     # DeepSpeed's pipeline engine and optimizers (BLOOM's Megatron-DeepSpeed, MT-NLG) and
     # its ZeRO-3 (Narayanan et al. Table 2) follow DeepSpeed's byte rules
     framework = "deepspeed" if "deepspeed" in (r.get("framework") or "").lower() else "megatron"
-    if framework == "deepspeed" and precision == "bf16" and zero == 0:
-        # DeepSpeed's pipeline engine runs bf16 without ZeRO as BF16_Optimizer, which shards
-        # the optimizer state as ZeRO-1 does (engine.py _do_optimizer_sanity_check;
-        # plan.deepspeed_problem)
-        zero = 1
+    if deepspeed_runs_zero(framework, precision, zero, r["pp"]) != zero:
+        zero = 1  # (the runs without ZeRO are all pipelined: MT-NLG's)
         notes.append("ZeRO-1 (DeepSpeed runs bf16 under its pipeline engine with "
                      "BF16_Optimizer, which shards the optimizer state; no stage published)")
     # and Megatron-LM's pipeline transfers of that time: scattered over the tensor ranks and

@@ -346,6 +346,16 @@ def least_zero(job: JobSpec) -> int:
     return 1 if job.framework == "deepspeed" and job.precision == "bf16" else 0
 
 
+def deepspeed_runs_zero(framework: str, precision: str, zero: int, pp: int) -> int | None:
+    """The ZeRO stage a configured DeepSpeed run has in the cost model's terms: bf16 without
+    ZeRO under its pipeline engine runs BF16_Optimizer, which shards the optimizer state as
+    ZeRO-1 (engine.py _do_optimizer_sanity_check); without the pipeline engine it is pure bf16
+    (DDP_BFLOAT16), None: not priced (deepspeed_problem). Any other run: its stage."""
+    if framework == "deepspeed" and precision == "bf16" and zero == 0:
+        return 1 if pp > 1 else None
+    return zero
+
+
 def deepspeed_overlaps_grads(job: JobSpec, zero: int) -> bool:
     """Whether DeepSpeed can overlap the gradient reduction with the backward: in its ZeRO
     optimizer (ZeRO-2, or ZeRO-1 outside bf16; deepspeed_problem)."""

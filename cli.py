@@ -215,7 +215,10 @@ AttentionOpt = Annotated[Attention, typer.Option(
     "--attention", help="flash (FlashAttention / fused attention) or eager (scores stored).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 BlockingOpt = Annotated[bool, typer.Option("--blocking/--overlapped",
-                                           help="Blocking pipeline send/recv.")]
+                                           help="Blocking pipeline send/recv (Megatron-LM's "
+                                           "and DeepSpeed's); torchtitan's interleaved schedule "
+                                           "never blocks on a send and is priced overlapped "
+                                           "either way.")]
 OverlapGradOpt = Annotated[Optional[bool], typer.Option(
     "--overlap-grad-reduce/--no-overlap-grad-reduce",
     help="Reduce gradients bucket by bucket during the last backward (Megatron-LM; "
@@ -829,6 +832,10 @@ def estimate(
     mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
     chunks: Annotated[int, typer.Option(help="Model chunks per stage (interleaved).")] = 1,
+    mb_group: Annotated[Optional[int], typer.Option(
+        "--mb-group", help="Interleaved: micro-batches run through one chunk before the next "
+        "(Megatron-LM --microbatch-group-size-per-virtual-pipeline-stage) \\[PP; torchtitan: "
+        "PyTorch's own].")] = None,
     layers: Annotated[Optional[str], typer.Option(
         help="Layers per virtual stage, comma-separated \\[balanced].")] = None,
     recompute: Annotated[Recompute, typer.Option(help="Activation recompute.")] = Recompute.none,
@@ -912,7 +919,7 @@ def estimate(
                      cp_alltoall=kv_rotate == KvRotate.alltoall, ep=ep,
                      etp=0 if etp is None else etp, micro_batch=mbs,
                      schedule=schedule.value,
-                     chunks=chunks, layers=lay, recompute=recompute.value,
+                     chunks=chunks, mb_group=mb_group or 0, layers=lay, recompute=recompute.value,
                      sequence_parallel=sp, distributed_optimizer=distopt, zero=zero,
                      shard_size=shard_size,
                      tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,

@@ -48,6 +48,13 @@ _NORMS = {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"}
 _FSDP_ZERO = {"optim_grads": 2, "optim_grads_params": 3}
 
 
+def _mb_group(a, pp: int, vp: int) -> int:
+    """The plan's interleaved micro-batch group from the printed
+    microbatch_group_size_per_vp_stage (None, or PP: the default, 0)."""
+    g = a.integer("microbatch_group_size_per_vp_stage", default=0) if vp > 1 else 0
+    return 0 if g == pp else g
+
+
 def megatron_planned_args(model: ModelSpec, job: JobSpec, plan: Plan) -> dict[str, str]:
     """What a Megatron-LM log's printed arguments (`_print_args`, after validate_args: the
     values that ran) must say for the plan, on what the cost model prices, in Megatron-LM's
@@ -130,6 +137,12 @@ def megatron_args_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
            if k in logged and fsdp.get(k, logged[k]) != v
            # Megatron-FSDP's own dtypes say what ran where the log prints them
            and not (k == "grad_reduce_in_bf16" and fsdp)]
+    # the interleaved schedule's micro-batch group: printed None for Megatron-Core's default
+    # (PP: ModelParallelConfig.__post_init__)
+    sh = plan.shape
+    g = logged.get("microbatch_group_size_per_vp_stage", "None")
+    if sh.chunks > 1 and (str(sh.pp) if g == "None" else g) != str(sh.mb_group or sh.pp):
+        out.append(("microbatch_group_size_per_vp_stage", g, str(sh.mb_group or sh.pp)))
     # --fp8-format (dest fp8): e4m3 or hybrid, None without FP8; either is FP8 to the plan
     if "fp8" in logged and (logged["fp8"] != "None") != plan.shape.fp8:
         out.append(("fp8", logged["fp8"], "an FP8 format" if plan.shape.fp8 else "None"))
@@ -659,6 +672,7 @@ def plan_from_megatron_args(printed: dict[str, str], cluster: ClusterSpec, *, so
                      etp=etp,
                      micro_batch=a.integer("micro_batch_size"),
                      schedule="interleaved" if vp > 1 else "1f1b", chunks=vp,
+                     mb_group=_mb_group(a, pp, vp),
                      layers=_deepspeed_layers(a, deepspeed_layers, pp, model.num_layers)
                      if ds and pp > 1 else _layers(a, model.num_layers, pp, vp),
                      recompute=recompute,

@@ -35,7 +35,8 @@ from .reading import yaml_mapping
 
 # NeMo model key -> Megatron-LM argument name, where the value carries over as it is
 _SAME = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-         "virtual_pipeline_model_parallel_size", "sequence_parallel", "micro_batch_size",
+         "virtual_pipeline_model_parallel_size", "microbatch_group_size_per_vp_stage",
+         "sequence_parallel", "micro_batch_size",
          "global_batch_size", "num_layers", "hidden_size", "ffn_hidden_size",
          "num_attention_heads", "num_query_groups", "kv_channels", "hidden_dropout",
          "attention_dropout", "make_vocab_size_divisible_by", "rotary_base",

@@ -442,7 +442,9 @@ def _read_plan(rd: FieldReader, d: dict, model: ModelSpec, job: JobSpec,
                       "fp8", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")},
                   # (added within schema 3: files written before it lack it)
                   ep_comm_overlap=_later(rd, sd, "ep_comm_overlap", sw, bool, False, ver,
-                                         notes, since=None))
+                                         notes, since=None),
+                  # (added 2026-12-07: earlier files ran Megatron-LM's default grouping)
+                  mb_group=_later(rd, sd, "mb_group", sw, int, 0, ver, notes, since=None))
     if fsdp_overlaps_grads(job, shape.zero, shape.dp * shape.cp) and \
             not shape.overlap_grad_reduce:
         # written before 2026-12-07, when the plan said what Megatron-FSDP does not run: it

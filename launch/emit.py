@@ -77,6 +77,12 @@ def first_last_split(sh: Shape) -> dict | None:
     return out
 
 
+def _mb_group(sh: Shape) -> int | None:
+    """The interleaved schedule's micro-batch group where it is not Megatron-Core's default
+    (PP): ModelParallelConfig.microbatch_group_size_per_vp_stage."""
+    return sh.mb_group if sh.mb_group and sh.mb_group != sh.pp else None
+
+
 def megatron_split(sh: Shape) -> list[str]:
     """Megatron-LM flags that build the plan's layers per virtual stage exactly.
 
@@ -134,6 +140,7 @@ MEGATRON_MIN_CORE = {
     "--attention-backend": "0.11.0",
     "--num-virtual-stages-per-pipeline-rank": "0.11.0",
     "--expert-tensor-parallel-size": "0.10.0",
+    "--microbatch-group-size-per-virtual-pipeline-stage": "0.10.0",
     "--multi-latent-attention": "0.10.0",
     "--moe-shared-expert-intermediate-size": "0.10.0",
     "--moe-flex-dispatcher-backend": "0.16.0",
@@ -236,6 +243,8 @@ def megatron_args(model: ModelSpec, job: JobSpec, plan: Plan, *,
         a.append("--use-tp-pp-dp-mapping")
     a += p2p
     a += megatron_split(sh)
+    if _mb_group(sh):  # schedules.py get_schedule_table
+        a += ["--microbatch-group-size-per-virtual-pipeline-stage", str(sh.mb_group)]
     if sh.schedule == "gpipe":
         warn.append(tagged("megatron", "schedule", (
             "Megatron-LM has no GPipe schedule; it runs 1F1B "
@@ -594,6 +603,8 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         else None,
         "share_embeddings_and_output_weights": model.tied_embeddings,
     }
+    if _mb_group(sh):  # a ModelParallelConfig field: NeMo passes it to Megatron-Core
+        m["microbatch_group_size_per_vp_stage"] = _mb_group(sh)
     if model.gated_mlp:
         m["activation"] = "fast-swiglu"  # NeMo llama configs
     if job.fused_loss:
@@ -816,6 +827,8 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     fl = first_last_split(sh)
     m.update({"pipeline_model_parallel_layout": pipeline_layout(sh)} if fl is None else fl)
     m["virtual_pipeline_model_parallel_size"] = sh.chunks if sh.chunks > 1 else None
+    if _mb_group(sh):
+        m["microbatch_group_size_per_vp_stage"] = _mb_group(sh)
     if sh.schedule == "gpipe":
         warn.append(tagged("nemo", "schedule", "Megatron-Core has no GPipe schedule; it runs "
                            "1F1B, which the estimate did not model"))

@@ -1,10 +1,10 @@
 """The estimator: for a model, job, cluster and plan, per-stage memory and iteration time.
 
 Iteration time = max over columns (data-parallel replica x context-parallel rank) of the longest
-path through that column's schedule graph (model.schedule), where each stage's path ends with its tail: the exposed part of
-the gradient synchronization plus the optimizer step. Synchronization is collective across
-replicas, so every replica sees the same tail. This is the single definition of iteration time;
-the solvers use `Evaluator` and are tested to agree with it.
+path through that column's schedule graph (model.schedule), where each stage's path ends with its
+tail: the exposed part of the gradient synchronization plus the optimizer step. Synchronization
+is collective across replicas, so every replica sees the same tail. This is the single definition
+of iteration time; the solvers use `Evaluator` and are tested to agree with it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from .errors import SpecError
 from .fp8 import plan_fp8_bytes
 from .memory import MemoryModel, StageMemory, fp8_params_apply, keeps_unsharded
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
-                   fsdp_overlaps_grads, least_zero, megatron_placement, num_microbatches,
-                   validate_placement, validate_shape)
+                   fsdp_overlaps_grads, interleave_group, least_zero, megatron_placement,
+                   num_microbatches, sends_block, validate_placement, validate_shape)
 from .schedule import compile_schedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -100,7 +100,8 @@ class Evaluator:
             model, job, cluster, shape, options)
         self.m = num_microbatches(job, shape)
         self.cs = compile_schedule(shape.schedule, shape.pp, self.m, shape.chunks,
-                                   options.blocking_p2p)
+                                   sends_block(job, shape, options.blocking_p2p),
+                                   interleave_group(job, shape, self.m))
         self.kinds = self.cs.kinds
         self.costs = CostModel(model, job, cluster, shape, options)
         self.mem = MemoryModel(model, job, shape, self.cs, options,
@@ -631,7 +632,8 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
               etp: int = 0,
               micro_batch: int = 1,
               schedule: str = "1f1b",
-              chunks: int = 1, layers: tuple[int, ...] | None = None, recompute: str = "none",
+              chunks: int = 1, mb_group: int = 0, layers: tuple[int, ...] | None = None,
+              recompute: str = "none",
               sequence_parallel: bool = False, distributed_optimizer: bool | None = None,
               zero: int | None = None, shard_size: int = 0,
               fp8: bool | None = None, tp_comm_overlap: bool = False,
@@ -666,7 +668,7 @@ def make_plan(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, tp: int, 
         overlap_grad_reduce = fsdp_overlaps_grads(job, zero, dp * cp)
     shape = Shape(tp=tp, pp=pp, dp=dp, cp=cp, cp_alltoall=cp_alltoall, ep=ep, etp=etp,
                   micro_batch=micro_batch, schedule=schedule,
-                  chunks=chunks, layers=(), recompute=recompute,
+                  chunks=chunks, mb_group=mb_group, layers=(), recompute=recompute,
                   sequence_parallel=sequence_parallel, zero=zero, shard_size=shard_size,
                   fp8=fp8,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,

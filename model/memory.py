@@ -430,15 +430,22 @@ class MemoryModel:
         # DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py, _exec_forward_pass)
         # keeps each in-flight micro-batch's stage output in its pipe buffers until the
         # backward (num_pipe_buffers), whole on every tensor rank, or its sequence shard with
-        # sequence parallelism; the last stage's output is its logits (16 bits each, its
-        # vocabulary shard). Where the engine does not partition the passed tensors
+        # sequence parallelism; the last stage's output is its logits, its vocabulary shard in
+        # fp32 (Megatron-DeepSpeed's pipeline models end in float16_to_fp32 under fp16 and
+        # bf16: GPTModelPipe's specs). Where the engine does not partition the passed tensors
         # (plan.deepspeed_pipe_partitioned: no TP, sequence parallelism, experts) a stage's
         # received input also stays in its buffer while the forward runs on a clone of it;
         # partitioned, it is gathered into the buffer the forward uses. Megatron-LM frees a
         # stage's output once sent
         ds_pipe = job.framework == "deepspeed" and shape.pp > 1
         self.pipe_out = a16 * s * b * h / sp_div if ds_pipe else 0.0
-        self.pipe_logits = a16 * s * b * model.vocab_size / t if ds_pipe else 0.0
+        self.pipe_logits = 4.0 * s * b * model.vocab_size / t if ds_pipe else 0.0
+        # ... and its backward returns before it frees its output buffer (engine.py
+        # _exec_backward_pass: `if self.is_last_stage(): ... return`), so the previous
+        # micro-batch's logits stay in the other of its two buffers (num_pipe_buffers, at
+        # least 2) until a forward overwrites them: one more output beside the current one
+        # from the second micro-batch on
+        self.pipe_stale = self.pipe_logits if cs.m > 1 else 0.0
         self.pipe_in = (a16 * s * b * h / sp_div if ds_pipe and not deepspeed_pipe_partitioned(
             model, shape) else 0.0)
         # the loss step at its peak, beyond what it keeps (in head_act)
@@ -529,7 +536,8 @@ class MemoryModel:
         layers (embedding, output layer, final norm, stage 0's dense-layer difference; their
         count on one GPU given) and the ZeRO-3 gathering buffers."""
         return params_without_layers * self._per_param + self.transient + (
-            self.first_dense_static if stage == 0 else 0.0)
+            self.first_dense_static if stage == 0 else 0.0) + (
+            self.pipe_stale if stage == self.shape.pp - 1 else 0.0)
 
     def chunk_act_bytes(self, j: int, layers: int) -> float:
         a = layers * self.act_layer
@@ -550,7 +558,8 @@ class MemoryModel:
         # the peak over every moment of the schedule that can be one (first one on ties)
         is_b, counts = self.cs.inflight_arrays(s)
         work = self.stage_work(s)
-        total = counts @ chunk_bytes + np.where(is_b, work, 0.0)
+        total = counts @ chunk_bytes + np.where(is_b, work, 0.0) + (
+            self.pipe_stale if s == sh.pp - 1 else 0.0)
         i = int(np.argmax(total))
         best = float(total[i])
         best_counts = tuple(int(x) for x in counts[i])

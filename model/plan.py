@@ -87,6 +87,11 @@ class Shape:
     # compute (pipeline_parallel/combined_1f1b.py; model/costs.py `_ep_overlap`); priced
     # without pipelining (PP 1) and with whole experts
     ep_comm_overlap: bool = False
+    # interleaved schedule: micro-batches run through one model chunk before the next (Megatron-LM
+    # --microbatch-group-size-per-virtual-pipeline-stage, model/schedule.py interleaved_table);
+    # 0 = the framework's own grouping (`interleave_group`): PP on Megatron-LM, PyTorch's rounds
+    # on torchtitan
+    mb_group: int = 0
 
     def __post_init__(self):
         # `distributed_optimizer` is the ZeRO-1 flag of the code that predates `zero`: the two
@@ -136,6 +141,8 @@ class Shape:
         s += f" mbs={self.micro_batch} {self.schedule}"
         if self.schedule == "interleaved":
             s += f" v={self.chunks}"
+            if self.mb_group:
+                s += f" group={self.mb_group}"
         s += f" recompute={self.recompute}"
         if self.sequence_parallel:
             s += " SP"
@@ -402,6 +409,40 @@ def fsdp_overlaps_grads(job: JobSpec, zero: int, sync_ranks: int) -> bool:
     return job.framework == "megatron" and zero == 2 and sync_ranks > 1
 
 
+def _validate_group(job: JobSpec, shape: Shape, m: int, src: str) -> None:
+    """The interleaved schedule's micro-batch grouping, as the plan's framework runs it."""
+    p, n = shape.pp, shape.mb_group
+    if job.framework == "torchtitan":
+        group, why = torch_interleave_group(p, m)
+        if n and n != group:
+            raise SpecError(f"torchtitan has no setting for the interleaved schedule's "
+                            f"micro-batch group: PyTorch runs groups of {group} here; leave "
+                            "mb_group out", source=src, field="mb_group")
+        if why is None and m < p:
+            why = (f"with {m} micro-batches per replica, fewer than PP={p}, PyTorch's "
+                   "Interleaved1F1B leaves stages waiting in a way the cost model does not "
+                   "price")
+        if why:
+            raise SpecError(why + "; choose a micro-batch size or DP that gives at least PP "
+                            "micro-batches per replica in whole rounds", source=src,
+                            field="micro_batch")
+        return
+    if n and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise SpecError(f"mb_group must be a count of micro-batches, got {n!r}", source=src,
+                        field="mb_group")
+    why = megatron_group_problem(p, m, n or p)
+    if why is None:
+        return
+    least = megatron_least_group(p, m)
+    if least is None:
+        raise SpecError(f"interleaved 1F1B needs at least PP={p} micro-batches per replica, "
+                        f"not {m} (Megatron-LM requirement): lower the micro-batch size or DP",
+                        source=src, field="micro_batch")
+    raise SpecError(f"interleaved 1F1B: {why} (Megatron-LM requirement); give mb_group "
+                    f"{least} (--microbatch-group-size-per-virtual-pipeline-stage, Megatron-Core "
+                    "0.10 and later)", source=src, field="mb_group" if n else "micro_batch")
+
+
 def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None:
     """What Megatron-LM needs of expert parallelism, and what the cost model covers."""
     if shape.ep_comm_overlap:
@@ -487,6 +528,59 @@ def dispatch_tokens(job: JobSpec, shape: Shape) -> float:
 MAX_SCHEDULE_SLOTS = 2 ** 18
 
 
+def megatron_group_problem(p: int, m: int, n: int) -> str | None:
+    """Why Megatron-LM's interleaved schedule refuses groups of n micro-batches for PP p and m
+    micro-batches per replica, or None (schedules.py forward_backward_pipelining_with_
+    interleaving: n within [p, m], and the last group, m % n, empty or at least p; before
+    Megatron-Core 0.10 n was p and m a multiple of it)."""
+    if not p <= n <= m:
+        return f"a group of {n} micro-batches must lie within [PP={p}, {m} micro-batches]"
+    if 0 < m % n < p:
+        return (f"{m} micro-batches in groups of {n} leave a last group of {m % n}, fewer than "
+                f"PP={p}")
+    return None
+
+
+def megatron_least_group(p: int, m: int) -> int | None:
+    """The smallest group Megatron-LM's interleaved schedule runs for PP p and m micro-batches
+    (p itself where m is a multiple of p, its default), or None where none is valid (m < p).
+    The smallest keeps the fewest activations in flight: each stage's warm-up grows by v - 1
+    forwards for every micro-batch added to the group (model/schedule.py interleaved_warmup)."""
+    return next((n for n in range(p, m + 1) if megatron_group_problem(p, m, n) is None), None)
+
+
+def torch_interleave_group(p: int, m: int) -> tuple[int, str | None]:
+    """PyTorch's grouping for torchtitan's Interleaved1F1B (torch.distributed.pipelining
+    schedules.py ScheduleInterleaved1F1B): max(1, m // p) rounds of m / rounds micro-batches,
+    refused unless the rounds divide m. (group, why refused or None)."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        return m // rounds, (f"PyTorch's Interleaved1F1B splits the {m} micro-batches per "
+                             f"replica into {rounds} rounds and needs them to divide it")
+    return m // rounds, None
+
+
+def interleave_group(job: JobSpec, shape: Shape, m: int) -> int:
+    """Micro-batches per group of the plan's interleaved schedule as its framework runs it
+    (0 for the other schedules): torchtitan's PyTorch rounds, or the plan's `mb_group`, PP by
+    default (Megatron-LM, NeMo, Megatron-Bridge)."""
+    if shape.schedule != "interleaved":
+        return 0
+    if job.framework == "torchtitan":
+        return torch_interleave_group(shape.pp, m)[0]
+    return shape.mb_group or shape.pp
+
+
+def sends_block(job: JobSpec, shape: Shape, blocking_p2p: bool) -> bool:
+    """Whether the plan's pipeline sends block as Options.blocking_p2p says (Megatron-LM's,
+    DeepSpeed's), or never: PyTorch's interleaved runtime (torchtitan's Interleaved1F1B,
+    pipelining schedules.py _PipelineScheduleRuntime) starts every send and waits for them
+    all at the end of the step, and waits for a receive just before the computation that
+    needs it: the overlapped graph."""
+    return blocking_p2p and not (job.framework == "torchtitan"
+                                 and shape.schedule == "interleaved")
+
+
 def schedule_slots(job: JobSpec, shape: Shape) -> int:
     """Micro-batches per replica x pipeline stages x chunks: the size of the plan's schedule
     graph (MAX_SCHEDULE_SLOTS)."""
@@ -545,6 +639,16 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         # a job that repeats K and V is v0.1 or v0.2.0/1: the emit checks the release it
         # writes for
         raise SpecError(why, source=src, field="seq_length")
+    if job.framework == "torchtitan" and shape.schedule == "interleaved" and \
+            shape.chunks > 3 and shape.zero >= 3:
+        # pipelining schedules.py _add_unshard_reshard: at most 3 of a rank's stages unsharded
+        # at once, so with 4 or more each chunk is gathered again for every group of
+        # micro-batches it runs (11 gathers of 4 chunks at PP 4 and 8 micro-batches), where
+        # the cost model gathers each chunk once a step
+        raise SpecError(f"PyTorch's interleaved runtime keeps at most 3 of a rank's "
+                        f"{shape.chunks} FSDP chunks gathered and gathers them again as they "
+                        "come round, which is not priced: use at most 3 chunks per stage "
+                        "with ZeRO-3", source=src, field="chunks")
     if job.framework == "torchtitan" and shape.tp_comm_overlap and not job.compile:
         # torchtitan/distributed/tensor_parallel.py maybe_enable_async_tp (v0.2.2; v0.1.0
         # models/llama3/infra/parallelize.py) raises without torch.compile of the model
@@ -579,6 +683,13 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         raise SpecError(f"global batch {job.global_batch} is not divisible by micro-batch "
                         f"{shape.micro_batch} x DP {shape.dp}; choose values whose product "
                         "divides it", source=src, field="micro_batch")
+    if job.framework == "torchtitan" and shape.pp > 1 and shape.schedule == "1f1b" and \
+            num_microbatches(job, shape) < shape.pp:
+        # torch.distributed.pipelining Schedule1F1B.__init__ raises
+        raise SpecError(f"PyTorch's 1F1B schedule (torchtitan) needs at least PP={shape.pp} "
+                        f"micro-batches per replica, not {num_microbatches(job, shape)}: lower "
+                        "the micro-batch size or DP, or raise the global batch", source=src,
+                        field="micro_batch")
     if shape.schedule not in SCHEDULES:
         raise SpecError(f"unknown schedule '{shape.schedule}'; use one of "
                         f"{', '.join(SCHEDULES)}", source=src, field="schedule")
@@ -591,13 +702,13 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
             raise SpecError("interleaved needs chunks (v) >= 2", source=src, field="chunks")
         if shape.pp < 2:
             raise SpecError("interleaved needs PP >= 2", source=src, field="schedule")
-        if m % shape.pp:
-            raise SpecError(f"interleaved 1F1B needs the {m} micro-batches per replica to be a "
-                            f"multiple of PP={shape.pp} (Megatron-LM requirement)", source=src,
-                            field="micro_batch")
+        _validate_group(job, shape, m, src)
     elif shape.chunks != 1:
         raise SpecError(f"chunks={shape.chunks} only applies to the interleaved schedule",
                         source=src, field="chunks")
+    elif shape.mb_group:
+        raise SpecError(f"mb_group={shape.mb_group} only applies to the interleaved schedule",
+                        source=src, field="mb_group")
     if job.framework == "deepspeed" and shape.pp > 1 and shape.schedule != "1f1b":
         # deepspeed/runtime/pipe/schedule.py: TrainSchedule, its one training schedule
         raise SpecError(f"DeepSpeed's pipeline engine runs its own 1F1B schedule "

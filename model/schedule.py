@@ -33,16 +33,40 @@ import numpy as np
 from model import walk_jit, work
 
 
-def stage_order(schedule: str, p: int, m: int, v: int, s: int) -> list[tuple[str, int, int]]:
+def interleaved_table(m: int, v: int, n: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of each virtual micro-batch of the interleaved schedule, for groups
+    of n micro-batches run chunk by chunk (Megatron-LM schedules.py get_schedule_table; n is
+    --microbatch-group-size-per-virtual-pipeline-stage, by default PP): every group runs its
+    micro-batches through chunk 0, then chunk 1, ...; the last group takes whatever is left
+    (m % n of them, or n). PyTorch's ScheduleInterleaved1F1B (torchtitan) orders its rounds of
+    m // max(1, m // PP) micro-batches the same way."""
+    table = []
+    for lo in range(0, m, n):
+        hi = m if lo + n >= m else lo + n
+        table += [(i, c) for c in range(v) for i in range(lo, hi)]
+    return table
+
+
+def interleaved_warmup(p: int, m: int, v: int, s: int, n: int) -> int:
+    """Warm-up forwards of stage s in the interleaved schedule: 2 per stage after it, plus
+    (v - 1) groups of n (Megatron-LM get_pp_rank_microbatches; PyTorch _get_warmup_ops), at
+    most every virtual micro-batch."""
+    return min((p - s - 1) * 2 + (v - 1) * n, m * v)
+
+
+def stage_order(schedule: str, p: int, m: int, v: int, s: int,
+                group: int = 0) -> list[tuple[str, int, int]]:
     """Operations of stage s in execution order: (kind 'F'/'B', micro-batch, chunk).
 
     - gpipe: all forwards, then all backwards (Huang et al. 2019).
     - 1f1b: Megatron-LM's non-interleaved schedule: min(p - s - 1, m) warm-up forwards, then
       one forward / one backward, then the remaining backwards (Narayanan et al. 2021 Fig. 4).
     - interleaved: Megatron-LM's interleaved schedule with v chunks (Narayanan et al. 2021
-      Sec. 2.2.2): (p - s - 1) * 2 + (v - 1) * p warm-up forwards over m*v virtual micro-batches;
-      virtual micro-batch k runs chunk (k // p) % v of micro-batch (k // (p v)) p + k % p
-      (chunks reversed for backwards).
+      Sec. 2.2.2) and groups of `group` micro-batches (0: p, Megatron's default):
+      `interleaved_warmup` forwards over m*v virtual micro-batches, virtual micro-batch k
+      running `interleaved_table`'s k-th (micro-batch, chunk), chunks reversed for backwards
+      (schedules.py get_model_chunk_id). With m a multiple of p and groups of p, virtual
+      micro-batch k runs chunk (k // p) % v of micro-batch (k // (p v)) p + k % p.
     """
     if schedule == "gpipe":
         return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
@@ -55,14 +79,15 @@ def stage_order(schedule: str, p: int, m: int, v: int, s: int) -> list[tuple[str
         return ops
     if schedule == "interleaved":
         total = m * v
+        table = interleaved_table(m, v, group or p)
 
         def fwd(k):
-            return ("F", (k // (p * v)) * p + k % p, (k // p) % v)
+            return ("F", *table[k])
 
         def bwd(k):
-            return ("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+            return ("B", table[k][0], v - 1 - table[k][1])
 
-        w = min((p - s - 1) * 2 + (v - 1) * p, total)
+        w = interleaved_warmup(p, m, v, s, group or p)
         ops = [fwd(k) for k in range(w)]
         for j in range(total - w):
             ops += [fwd(w + j), bwd(j)]
@@ -117,10 +142,11 @@ class CompiledSchedule:
     _DERIVED = {"topo": "_derive_topo", "preds": "_derive_preds", "labels": "_derive_labels",
                 "_plan": "_derive_plan"}
 
-    def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool):
+    def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool, group: int = 0):
         self.schedule, self.p, self.m, self.v, self.blocking = schedule, p, m, v, blocking
+        self.group = group or p  # interleaved: micro-batches per group (`stage_order`)
         self.kinds = Kinds(p, v)
-        self.orders = [stage_order(schedule, p, m, v, s) for s in range(p)]
+        self.orders = [stage_order(schedule, p, m, v, s, group) for s in range(p)]
 
     def __getattr__(self, name):  # only called for attributes not set yet
         if name in CompiledSchedule._GRAPH and "_csr" not in self.__dict__:
@@ -141,7 +167,7 @@ class CompiledSchedule:
         if self.schedule != "interleaved":
             return pos
         p, total = self.p, self.m * self.v
-        w = min((p - s - 1) * 2 + (self.v - 1) * p, total)
+        w = interleaved_warmup(p, self.m, self.v, s, self.group)
         end = w + 2 * (total - w)  # the steady state is positions w .. end - 1
         return np.where(pos < w, pos, np.where(pos < end, w + (pos - w) // 2,
                                                pos - end + w + (total - w)))
@@ -195,11 +221,32 @@ class CompiledSchedule:
         edges(slast[t_src], tid)  # sent after the sender's step
         edges(tid, t_dst)
         if blocking:
-            r = sprev[t_dst] >= 0  # rendezvous: posted after the receiver's previous step
-            edges(sprev[t_dst][r], tid[r])
-            edges(tid, sfirst[t_dst])  # the receiving step waits for it
+            # rendezvous: posted after the receiver's previous step, which waits for it
+            post, wait = sprev[t_dst].copy(), sfirst[t_dst].copy()
+            if self.schedule == "interleaved":
+                self._early_posts(post, wait, op, mbg, jg, slast, snext)
+            r = post >= 0
+            edges(post[r], tid[r])
+            w_ = wait >= 0
+            edges(tid[w_], wait[w_])
             s_ = snext[t_src] >= 0  # the sender's next step waits for its send to finish
             edges(tid[s_], snext[t_src][s_])
+            sent = np.full(n_ops, -1, dtype=np.int64)
+            sent[t_src] = tid  # each operation sends at most one transfer
+            if self.schedule == "interleaved":
+                # a stage whose every forward is warm-up (few micro-batches) receives its first
+                # gradient in a call of its own (recv_backward) after the last forward's send
+                # call has returned
+                ends_ = np.cumsum([len(o) for o in self.orders])
+                for s_, ops in enumerate(self.orders):
+                    total = self.m * self.v
+                    if interleaved_warmup(p, self.m, self.v, s_, self.group) < total:
+                        continue
+                    first_b = ends_[s_] - len(ops) + total
+                    last_f = first_b - 1
+                    into = np.flatnonzero(t_dst == first_b)
+                    if into.size and sent[last_f] >= 0:
+                        edges(np.full(into.size, sent[last_f]), tid[into])
             if self.schedule == "1f1b":
                 # Megatron-LM's non-interleaved warm-up and cool-down post a step's send and
                 # the next step's receive as two calls, one after the other (schedules.py
@@ -208,8 +255,6 @@ class CompiledSchedule:
                 # batches them (send_forward_recv_backward, send_backward_recv_forward): a
                 # receive for a step of the kind of the one before it waits for that step's
                 # send to finish
-                sent = np.full(n_ops, -1, dtype=np.int64)
-                sent[t_src] = tid  # each operation sends at most one transfer
                 prev = sprev[t_dst]
                 w = prev >= 0
                 w[w] &= isb[prev[w]] == isb[t_dst[w]]
@@ -233,6 +278,29 @@ class CompiledSchedule:
         self.kind_of = kind_of
         self.tails = tails.tolist()
         self._csr = (self._topological(n, d_, s_all), kind_of, ptr, s_all)
+
+    def _early_posts(self, post, wait, op, mbg, jg, slast, snext) -> None:
+        """Interleaved schedule: the receives across a chunk boundary (stage p-1 to stage 0
+        forward, stage 0 to stage p-1 backward) are posted where Megatron-LM posts them: at
+        virtual step k the leading stage receives what the ending stage produced at its step
+        k - (p - 1) (schedules.py recv_tensor_from_previous_stage), and keeps it until its own
+        turn; with groups of more than p micro-batches that turn comes later, so `post` and
+        `wait` (per transfer, activation then gradient) move to that step's end and the next
+        step's start. With groups of p they are the consuming step's neighbours, as for every
+        other transfer."""
+        p, v = self.p, self.v
+        table = np.array(interleaved_table(self.m, v, self.group), dtype=np.int64)
+        t_mb, t_c = table[:, 0], table[:, 1]
+        pos = np.empty((self.m, v), dtype=np.int64)
+        pos[t_mb, t_c] = np.arange(len(table))
+        wrap = np.flatnonzero(jg % p == p - 1)
+        c = jg[wrap] // p  # the sender's chunk (forward), chunk c + 1 on the other side
+        k_f = pos[mbg[wrap], c] + p - 1  # stage 0's forward step that receives it
+        x_f = op[0, t_mb[k_f], t_c[k_f] * p]
+        k_b = pos[mbg[wrap], v - 2 - c] + p - 1  # stage p-1's backward step, gradients
+        x_b = op[1, t_mb[k_b], (v - 1 - t_c[k_b]) * p + p - 1]
+        for i, x in ((2 * wrap, x_f), (2 * wrap + 1, x_b)):
+            post[i], wait[i] = slast[x], snext[x]
 
     @staticmethod
     def _topological(n: int, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
@@ -537,5 +605,8 @@ class CompiledSchedule:
 
 
 @lru_cache(maxsize=512)
-def compile_schedule(schedule: str, p: int, m: int, v: int, blocking: bool) -> CompiledSchedule:
-    return CompiledSchedule(schedule, p, m, v, blocking)
+def compile_schedule(schedule: str, p: int, m: int, v: int, blocking: bool,
+                     group: int = 0) -> CompiledSchedule:
+    """The schedule's graph, cached; `group` 0 or p is Megatron's default grouping."""
+    return CompiledSchedule(schedule, p, m, v, blocking,
+                            0 if group == p or schedule != "interleaved" else group)

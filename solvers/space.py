@@ -23,8 +23,8 @@ from model.memory import GIB, plan_overheads
 from model.errors import ScheduleTooLongError, SpecError
 from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, deepep_block_ok,
                         deepspeed_overlaps_grads, fp8_problem, fsdp_overlaps_grads,
-                        gpus_without_fp8, least_zero, megatron_rank, num_microbatches,
-                        validate_shape)
+                        gpus_without_fp8, interleave_group, least_zero, megatron_least_group,
+                        megatron_rank, num_microbatches, sends_block, validate_shape)
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
 
@@ -214,7 +214,9 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                                        etp=etp,
                                        micro_batch=mbs,
                                        schedule=sched,
-                                       chunks=v, layers=(), recompute=rc,
+                                       chunks=v, mb_group=_search_group(job, sched, pp,
+                                                                         dp, mbs),
+                                       layers=(), recompute=rc,
                                        sequence_parallel=tp > 1, zero=zero, shard_size=ss,
                                        fp8=f8, **_overlaps(ovl, tp, dp * cp, zero,
                                                            fsdp_overlaps_grads(job, zero,
@@ -238,6 +240,17 @@ def enumerate_shapes(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
                                     refused[e.field or "shape"][0] += 1
                                 continue
                             yield sh
+
+
+def _search_group(job: JobSpec, sched: str, pp: int, dp: int, mbs: int) -> int:
+    """The interleaved schedule's micro-batch group the search gives a shape: the framework's
+    own (0) where it runs, else, on Megatron-LM's stack, the smallest group that runs
+    (plan.megatron_least_group: a batch of micro-batches that PP does not divide); one group a
+    shape, the one with the fewest activations in flight."""
+    m = job.global_batch // (mbs * dp)
+    if sched != "interleaved" or job.framework == "torchtitan" or m % pp == 0:
+        return 0
+    return megatron_least_group(pp, m) or 0
 
 
 def cp_degrees(job: JobSpec, cluster: ClusterSpec, space: SearchSpace) -> tuple[int, ...]:
@@ -453,7 +466,9 @@ def stage_memory_events(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, sh
     from model.fp8 import plan_fp8_bytes
 
     m = num_microbatches(job, shape)
-    cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks, options.blocking_p2p)
+    cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks,
+                          sends_block(job, shape, options.blocking_p2p),
+                          interleave_group(job, shape, m))
     mm = MemoryModel(model, job, shape, cs, options, plan_fp8_bytes(job, shape, cluster),
                      cluster=cluster)
     costs = costs or CostModel(model, job, cluster, shape, options)

@@ -83,7 +83,7 @@ def test_the_loss_step_peak_sits_on_the_last_stage_only():
              ("torchtitan", 2, None, "torchtitan-compiled-loss-parallel"))
     for fw, t, compile_loss, path in cases:
         fused = fw == "megatron-fused"  # JobSpec.fused_loss: Megatron-Core's native fused loss
-        job = JobSpec(global_batch=16, seq_length=8192, framework=fw.removesuffix("-fused"),
+        job = JobSpec(global_batch=32, seq_length=8192, framework=fw.removesuffix("-fused"),
                       compile_loss=compile_loss, fused_loss=fused)
         plan = make_plan(m, job, c, tp=t, pp=2, micro_batch=2, recompute="full",
                          sequence_parallel=t > 1, zero=3 if fw == "torchtitan" else 1)
@@ -98,9 +98,12 @@ def test_the_loss_step_peak_sits_on_the_last_stage_only():
 
 def test_deepspeed_pipe_buffers_hold_outputs_logits_and_without_tp_the_received_input():
     """DeepSpeed's pipeline engine keeps, per micro-batch in flight, each stage's output (the
-    last stage's: its logits, 16 bits each) and, without TP, the received input beside the
-    clone its forward runs on (deepspeed/runtime/pipe/engine.py, _exec_forward_pass);
-    Megatron-LM keeps neither."""
+    last stage's: its logits, in fp32 after Megatron-DeepSpeed's float16_to_fp32) and,
+    without TP, the received input beside the clone its forward runs on
+    (deepspeed/runtime/pipe/engine.py, _exec_forward_pass); its last stage also keeps the
+    previous micro-batch's logits, which its backward never frees (_exec_backward_pass
+    returns first there): a constant of that stage, on the MILP's side too
+    (const_static_bytes). Megatron-LM keeps none of these."""
     m = presets.model("gpt3-175b")
     c = uniform_cluster(4, 8, "A100-80GB", 240.0, 25.0)
     s, h, V, layers = 2048, m.hidden_size, m.vocab_size, 6
@@ -119,7 +122,13 @@ def test_deepspeed_pipe_buffers_hold_outputs_logits_and_without_tp_the_received_
             assert mem.chunk_act_bytes(0, layers) - body - mem.emb_act == pytest.approx(out)
             assert mem.chunk_act_bytes(1, layers) - body == pytest.approx(received + out)
             assert mem.chunk_act_bytes(3, layers) - body - mem.head_act == pytest.approx(
-                received + 2.0 * s * V / t * ds)
+                received + 4.0 * s * V / t * ds)
+            stale = 4.0 * s * V / t * ds
+            assert mem.const_static_bytes(0.0, 3) - mem.const_static_bytes(0.0, 2) == \
+                pytest.approx(stale)
+            full = mem.stage(3, 0.0, plan.shape.layers)
+            assert full.activations_gib * 2 ** 30 == pytest.approx(
+                mem.chunk_act_bytes(3, plan.shape.layers[3]) + stale)
 
 
 def test_deepspeed_transfers_carry_what_each_tensor_rank_holds():

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from model.schedule import CompiledSchedule, Kinds, compile_schedule, stage_order
+from model.plan import megatron_group_problem
+from model.schedule import (CompiledSchedule, Kinds, compile_schedule, interleaved_table,
+                            interleaved_warmup, stage_order)
 
 
 def uniform(cs, f, b):
@@ -175,6 +177,18 @@ def reference_preds(sched, p, m, v, blocking):
                 prev = steps[sd][gd - 1][-1]
                 if kind[prev] == kind[dst] and prev in sent_by:
                     preds[t].add(sent_by[prev])
+    if blocking and sched == "interleaved":
+        # a stage all of whose forwards are warm-up receives its first gradient in a call of
+        # its own, after its last forward's send (recv_backward after the warm-up loop)
+        for s, ops in enumerate(orders):
+            total = m * v
+            if min((p - s - 1) * 2 + (v - 1) * p, total) < total:
+                continue
+            last_f = op_id[(ops[total - 1][0], ops[total - 1][1], ops[total - 1][2] * p + s)]
+            first_b = op_id[(ops[total][0], ops[total][1], ops[total][2] * p + s)]
+            for t, dst in into:
+                if dst == first_b and last_f in sent_by:
+                    preds[t].add(sent_by[last_f])
     for s, ops in enumerate(orders):
         k, mb, c = ops[-1]
         preds.append({op_id[(k, mb, c * p + s)]})
@@ -241,6 +255,42 @@ def test_memory_moments_keep_every_peak(sched_v, p, mult, seed):
             assert max(mem(k, c) for k, c in kept) == max(mem(k, c) for k, _ch, c in every)
 
 
+def _replay(seq, op_ms, tag_ms) -> float:
+    """Run each stage's list of calls (seq[s]: ("F"/"B", arg) computations, ("p2p", tags)
+    blocking batches of transfers, a tag (src, dst, key) naming one transfer) step by step:
+    a batch returns when each of its transfers has finished, a transfer taking tag_ms(tag)
+    once both its ends have posted it. The time the last stage finishes; a deadlock fails."""
+    p = len(seq)
+    pos, t, posted = [0] * p, [0.0] * p, {}
+    moved = True
+    while moved:
+        moved = False
+        for s in range(p):
+            while pos[s] < len(seq[s]):
+                kind, arg = seq[s][pos[s]]
+                if kind != "p2p":
+                    t[s] += op_ms(kind, arg)
+                    pos[s] += 1
+                    moved = True
+                    continue
+                for tag in arg:
+                    posted.setdefault((tag, s), t[s])
+                end, ready = t[s], True
+                for tag in arg:
+                    other = tag[1] if s == tag[0] else tag[0]
+                    if (tag, other) not in posted:
+                        ready = False
+                        break
+                    end = max(end, max(posted[(tag, s)], posted[(tag, other)]) + tag_ms(tag))
+                if not ready:
+                    break
+                t[s] = end
+                pos[s] += 1
+                moved = True
+    assert pos == [len(q) for q in seq], "the replay deadlocked"
+    return max(t)
+
+
 def _megatron_1f1b_blocking(p: int, m: int, f: float, b: float, x: float) -> float:
     """Megatron-LM's non-interleaved 1F1B (schedules.py
     forward_backward_pipelining_without_interleaving) as its calls run: each p2p call (a
@@ -249,10 +299,10 @@ def _megatron_1f1b_blocking(p: int, m: int, f: float, b: float, x: float) -> flo
     receive are two calls, the steady state's are one."""
     def calls(s):
         first, last = s == 0, s == p - 1
-        rf = (lambda i: None) if first else (lambda i: ("a", i, s - 1))
-        sf = (lambda i: None) if last else (lambda i: ("a", i, s))
-        rb = (lambda i: None) if last else (lambda i: ("g", i, s + 1))
-        sb = (lambda i: None) if first else (lambda i: ("g", i, s))
+        rf = (lambda i: None) if first else (lambda i: (s - 1, s, i))
+        sf = (lambda i: None) if last else (lambda i: (s, s + 1, i))
+        rb = (lambda i: None) if last else (lambda i: (s + 1, s, i))
+        sb = (lambda i: None) if first else (lambda i: (s, s - 1, i))
         out = []
 
         def call(*tags):
@@ -275,36 +325,8 @@ def _megatron_1f1b_blocking(p: int, m: int, f: float, b: float, x: float) -> flo
             out.append(("B", i))
             call(sb(i))
         return out
-    seq = [calls(s) for s in range(p)]
-    pos, t, posted = [0] * p, [0.0] * p, {}
-    moved = True
-    while moved:
-        moved = False
-        for s in range(p):
-            while pos[s] < len(seq[s]):
-                kind, arg = seq[s][pos[s]]
-                if kind != "p2p":
-                    t[s] += f if kind == "F" else b
-                    pos[s] += 1
-                    moved = True
-                    continue
-                for tag in arg:
-                    posted.setdefault((tag, s), t[s])
-                end, ready = t[s], True
-                for tag in arg:
-                    src = tag[2]
-                    other = src if s != src else (src + 1 if tag[0] == "a" else src - 1)
-                    if (tag, other) not in posted:
-                        ready = False
-                        break
-                    end = max(end, max(posted[(tag, s)], posted[(tag, other)]) + x)
-                if not ready:
-                    break
-                t[s] = end
-                pos[s] += 1
-                moved = True
-    assert pos == [len(q) for q in seq]
-    return max(t)
+    return _replay([calls(s) for s in range(p)], lambda kind, _i: f if kind == "F" else b,
+                   lambda _tag: x)
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 2), (4, 8), (8, 16)])
@@ -322,3 +344,96 @@ def test_blocking_1f1b_is_megatrons_call_sequence(p, m, f, b, x):
         d[K.xf(h)] = d[K.xb(h)] = x
     got = compile_schedule("1f1b", p, m, 1, True).longest_path(d)
     assert got == pytest.approx(_megatron_1f1b_blocking(p, m, f, b, x))
+
+
+def _megatron_interleaved_blocking(p: int, m: int, v: int, n: int, d, K) -> float:
+    """Megatron-LM's interleaved schedule (schedules.py forward_backward_pipelining_with_
+    interleaving, --no-overlap-p2p-communication) replayed call by call: warm-up, steady state
+    and cool-down steps, each ending in one batched p2p call that returns when its transfers
+    have finished; which ranks receive at a step follows recv_tensor_from_previous_stage, and
+    each receive is matched to its sender's send in posting order (NCCL's per-peer order), not
+    to the operation the graph says consumes it. `d` indexes the durations as Kinds K does."""
+    table = interleaved_table(m, v, n)
+    total = m * v
+
+    def recv(s, k, forward):  # recv_tensor_from_previous_stage
+        leading = s == 0 if forward else s == p - 1
+        if not leading:
+            return True
+        if k < p - 1:
+            return False
+        c = table[k - (p - 1)][1]
+        return c != v - 1 if forward else (v - 1 - c) != 0
+
+    def calls(s):
+        w = interleaved_warmup(p, m, v, s, n)
+        rem = total - w
+        out, sent, got = [], {"a": 0, "g": 0}, {"a": 0, "g": 0}
+
+        def comm(send_a=False, send_g=False, recv_a=False, recv_g=False):
+            ops = []  # (src, dst, (kind, n-th on that link)): NCCL's per-peer order
+            if send_a:
+                ops.append((s, (s + 1) % p, ("a", sent["a"])))
+                sent["a"] += 1
+            if send_g:
+                ops.append((s, (s - 1) % p, ("g", sent["g"])))
+                sent["g"] += 1
+            if recv_a:
+                ops.append(((s - 1) % p, s, ("a", got["a"])))
+                got["a"] += 1
+            if recv_g:
+                ops.append(((s + 1) % p, s, ("g", got["g"])))
+                got["g"] += 1
+            if ops:
+                out.append(("p2p", ops))
+
+        def fwd(k):
+            c = table[k][1]
+            out.append(("F", c * p + s))
+            return not (s == p - 1 and c == v - 1)  # the last virtual stage sends nothing
+
+        def bwd(k):
+            c = v - 1 - table[k][1]
+            out.append(("B", c * p + s))
+            return not (s == 0 and c == 0)
+
+        comm(recv_a=s != 0)
+        for k in range(w):
+            send = fwd(k)
+            rp = recv(s, k, True) and k != total - 1
+            if k == w - 1 and rem:
+                comm(send_a=send, recv_a=rp, recv_g=s != p - 1)
+            else:
+                comm(send_a=send, recv_a=rp)
+        for k in range(rem):
+            sa, sg = fwd(w + k), bwd(k)
+            comm(send_a=sa, send_g=sg, recv_a=recv(s, w + k, True) and k != rem - 1,
+                 recv_g=recv(s, k, False))
+        if not rem:
+            comm(recv_g=s != p - 1)
+        for k in range(rem, total):
+            sg = bwd(k)
+            comm(send_g=sg, recv_g=recv(s, k, False) and k != total - 1)
+        return out
+
+    return _replay([calls(s) for s in range(p)],
+                   lambda kind, j: d[K.F(j)] if kind == "F" else d[K.B(j)],
+                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 5), st.integers(2, 3), st.integers(2, 14), st.integers(0, 6),
+       st.integers(0, 10**6))
+def test_blocking_interleaved_is_megatrons_call_sequence(p, v, m, extra, seed):
+    """The blocking interleaved graph's critical path equals a call-by-call replay of
+    Megatron-LM's schedule, for groups of PP micro-batches and for larger ones (--microbatch-
+    group-size-per-virtual-pipeline-stage, where the first stage receives a chunk's input some
+    steps before it runs it), random durations per virtual stage and hop."""
+    n = p + extra
+    assume(megatron_group_problem(p, m, n) is None)
+    K = Kinds(p, v)
+    rng = np.random.default_rng(seed)
+    d = rng.choice([0.0, 0.3, 1.0, 1.7, 4.0], size=K.size)
+    d[2 * K.V + 2 * p:] = 0.0  # tails
+    cs = CompiledSchedule("interleaved", p, m, v, True, n)
+    assert cs.longest_path(d) == pytest.approx(_megatron_interleaved_blocking(p, m, v, n, d, K))

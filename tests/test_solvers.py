@@ -36,14 +36,19 @@ def instances():
     cases = [(4, 2, 2, "1f1b", 1), (4, 1, 4, "1f1b", 1), (4, 2, 4, "1f1b", 1),
              (4, 2, 2, "gpipe", 1), (4, 2, 2, "interleaved", 2), (6, 2, 3, "1f1b", 1),
              (6, 2, 6, "1f1b", 1), (3, 2, 3, "1f1b", 1), (2, 1, 4, "1f1b", 1),
-             (5, 2, 5, "1f1b", 1)]
+             (5, 2, 5, "1f1b", 1),
+             # interleaved over micro-batches that PP does not divide, in larger groups
+             # (Megatron-LM --microbatch-group-size-per-virtual-pipeline-stage): 5 in groups
+             # of 3 and 2; 4 in one group over PP 3
+             (4, 2, 2, "interleaved", 2, 5, 3), (6, 1, 3, "interleaved", 2, 4, 4)]
     for seed in range(3):
-        for nodes, tp, pp, sched, v in cases:
+        for nodes, tp, pp, sched, v, *grouped in cases:
             c = tiny_cluster(nodes, seed)
             dp = c.num_gpus // (tp * pp)
-            gbs = 4 * pp * dp
+            m, group = grouped or (4 * pp, 0)
+            gbs = m * dp
             sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=1, schedule=sched, chunks=v,
-                       recompute="none", sequence_parallel=tp > 1,
+                       mb_group=group, recompute="none", sequence_parallel=tp > 1,
                        distributed_optimizer=bool(seed % 2) and dp > 1)
             job = JobSpec(global_batch=gbs, seq_length=2048)
             for blk in blocks_for(c, sh):

@@ -34,6 +34,15 @@ _MOE_KEYS = {"mixtral": ("num_local_experts", "num_experts_per_tok", None),
              "deepseek_v2": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"),
              "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")}
 _UNSUPPORTED: dict[str, str] = {}
+# transformers' model class of each family: a checkpoint with a model_type of its own whose
+# `architectures` names one of these runs that family's code (Kimi K2: model_type kimi_k2,
+# DeepseekV3ForCausalLM), and is read as it, with a warning saying so
+_CLASSES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+            "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+            "MixtralForCausalLM": "mixtral", "GPT2LMHeadModel": "gpt2",
+            "GPTNeoXForCausalLM": "gpt_neox", "Qwen2MoeForCausalLM": "qwen2_moe",
+            "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
+            "DeepseekV3ForCausalLM": "deepseek_v3"}
 # Architecture per family (the transformers modeling file of each): position embedding, norm,
 # linear-layer biases (all four; Qwen2's QKV-only biases are _QKV_BIAS).
 _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", False),
@@ -47,10 +56,11 @@ _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", Fal
 _QKV_BIAS = ("qwen2", "qwen2_moe")
 
 
-def _typed(cfg: dict, key: str, kind, src: str, default=None):
+def _typed(cfg: dict, key: str, kind, src: str, default=None, field: str | None = None):
     """cfg[key] if it has the JSON type `kind` (int, float: any number, bool, str), `default`
-    where it is absent or null; otherwise one line naming the key (a string "5632" or "false"
-    is refused, never read as a number or as true)."""
+    where it is absent or null; otherwise one line naming the key (`field`: its path, where
+    cfg is a nested object; a string "5632" or "false" is refused, never read as a number or
+    as true)."""
     v = cfg.get(key)
     if v is None:
         return default
@@ -64,7 +74,7 @@ def _typed(cfg: dict, key: str, kind, src: str, default=None):
         ok, name = isinstance(v, str), "a string"
     if not ok:
         raise SpecError(f"must be {name} (or null), got {str(json.dumps(v))[:40]}", source=src,
-                        field=key)
+                        field=field or key)
     return v
 
 
@@ -111,11 +121,21 @@ def load_hf_config(path: Path) -> ModelSpec:
     if mtype in _UNSUPPORTED:
         raise SpecError(f"model_type {mtype!r}: {_UNSUPPORTED[mtype]}", source=src,
                         field="model_type")
+    read_as = ()
+    arch = cfg.get("architectures")
+    if mtype not in _GATED and isinstance(arch, list) and len(arch) == 1 and \
+            arch[0] in _CLASSES:
+        read_as = (f"model_type {mtype!r}: read as {_CLASSES[arch[0]]}, the family of its "
+                   f"architectures entry {arch[0]}",)
+        mtype = _CLASSES[arch[0]]
     if mtype not in _GATED:
         text = cfg.get("text_config")
+        inner = text.get("model_type") if isinstance(text, dict) else None
         hint = (f"; its language model is described under text_config (model_type "
-                f"{text.get('model_type')!r}): give that object as a config.json of its own"
-                if isinstance(text, dict) else "")
+                f"{inner!r}): give that object as a config.json of its own"
+                if isinstance(text, dict) and inner in _GATED else
+                f"; its language model under text_config (model_type {inner!r}) is not "
+                "supported either" if isinstance(text, dict) else "")
         raise SpecError(f"unsupported model_type {mtype!r}; supported: {', '.join(_GATED)}"
                         + hint, source=src, field="model_type")
     vals: dict = {}
@@ -154,12 +174,20 @@ def load_hf_config(path: Path) -> ModelSpec:
         vals["kv_channels"] = hd
         key_of["kv_channels"] = "head_dim"
     if pos == "rope":  # rotary base and rotated fraction (GPT-NeoX: rotary_emb_base, rotary_pct)
+        rp = rope_parameters(cfg, src)
         for ours, keys in (("rope_base", ("rope_theta", "rotary_emb_base")),
                            ("rotary_percent", ("partial_rotary_factor", "rotary_pct"))):
             k = next((k for k in keys if cfg.get(k) is not None), None)
             if k is not None:
                 vals[ours] = _typed(cfg, k, float, src)
                 key_of[ours] = k
+            if rp.get(keys[0]) is not None:
+                v = _typed(rp, keys[0], float, src, field=f"rope_parameters.{keys[0]}")
+                if k is not None and v != vals[ours]:
+                    raise SpecError(f"{v:g} beside {k} {vals[ours]:g}: make them agree",
+                                    source=src, field=f"rope_parameters.{keys[0]}")
+                vals[ours] = v
+                key_of[ours] = f"rope_parameters.{keys[0]}"
     # the norms' epsilon (transformers: rms_norm_eps; GPT-NeoX layer_norm_eps; GPT-2
     # layer_norm_epsilon)
     k = next((k for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
@@ -175,7 +203,7 @@ def load_hf_config(path: Path) -> ModelSpec:
                          qkv_bias=mtype in _QKV_BIAS,
                          qk_norm=mtype in ("qwen3", "qwen3_moe"),
                          dropout=_dropout(cfg, mtype, src), source=src,
-                         unmodelled=unmodelled(cfg, mtype in _MOE_KEYS, src)
+                         unmodelled=read_as + unmodelled(cfg, mtype in _MOE_KEYS, src)
                          + _ignored(cfg, mtype, bias),
                          **vals)
     except SpecError as e:
@@ -291,6 +319,26 @@ _UNMODELLED = {
 _UNMODELLED_COUNTS = ("sliding_window", "num_nextn_predict_layers", "n_group", "topk_group")
 
 
+def rope_parameters(cfg: dict, src: str = "config.json") -> dict:
+    """transformers v5's `rope_parameters` (rope_theta, rope_type, partial_rotary_factor and
+    the scaling's own keys in one object, where v4 wrote rope_theta, partial_rotary_factor
+    and rope_scaling at the top level), or {} where the file has none. One object per layer
+    type (sliding and full attention with their own rotary settings) is refused: the cost
+    model and the emitted arguments have one rotary setting."""
+    rp = cfg.get("rope_parameters")
+    if rp is None:
+        return {}
+    if not isinstance(rp, dict):
+        raise SpecError(f"is {json.dumps(rp)[:40]}; transformers writes an object such as "
+                        "{\"rope_theta\": 500000.0, \"rope_type\": \"default\"}",
+                        source=src, field="rope_parameters")
+    if rp and all(isinstance(v, dict) for v in rp.values()):
+        raise SpecError(f"gives rotary settings per layer type ({', '.join(sorted(rp))}), "
+                        "which are not modelled: one rotary setting for every layer is",
+                        source=src, field="rope_parameters")
+    return rp
+
+
 def unmodelled(cfg: dict, moe: bool, src: str = "config.json") -> tuple[str, ...]:
     """The config's settings of _UNMODELLED that are not their no-op value, as
     'key value: what differs' lines (a sliding window only where the config uses it; router
@@ -298,7 +346,10 @@ def unmodelled(cfg: dict, moe: bool, src: str = "config.json") -> tuple[str, ...
     `rope_scaling`: Llama 3.1's "llama3", YaRN, linear, dynamic), which changes no FLOPs or
     bytes and is not emitted."""
     out = []
-    rs = cfg.get("rope_scaling")
+    rs, label = cfg.get("rope_scaling"), "rope_scaling"
+    if rs is None and rope_parameters(cfg, src):
+        rs, label = rope_parameters(cfg, src), "rope_parameters"  # v5: beside rope_theta
+        rs = {k: v for k, v in rs.items() if k not in ("rope_theta", "partial_rotary_factor")}
     if rs is not None and not isinstance(rs, dict):  # transformers' form is an object
         raise SpecError(f"is {'the string ' if isinstance(rs, str) else ''}"
                         f"{json.dumps(rs)[:40]}; transformers reads an object such as "
@@ -306,7 +357,7 @@ def unmodelled(cfg: dict, moe: bool, src: str = "config.json") -> tuple[str, ...
                         source=src, field="rope_scaling")
     kind = (rs.get("rope_type") or rs.get("type")) if isinstance(rs, dict) else None
     if kind not in (None, "default"):
-        out.append(f"rope_scaling {json.dumps(rs, sort_keys=True)}: rotary position scaling "
+        out.append(f"{label} {json.dumps(rs, sort_keys=True)}: rotary position scaling "
                    f"({kind}): priced as plain RoPE (the same FLOPs and bytes); the emitted "
                    "arguments do not set it: check that the framework's rotary scaling "
                    "matches")

@@ -302,3 +302,64 @@ def test_other_files_of_a_model_repository_say_what_they_are(tmp_path):
         with pytest.raises(SpecError) as e:
             presets.model(str(p))
         assert says in str(e.value), str(e.value)
+
+
+def test_transformers_v5_rope_parameters_are_read(tmp_path):
+    """transformers v5 writes rope_theta, partial_rotary_factor and the scaling in one
+    `rope_parameters` object: read as the v4 keys are (its rotary base had been dropped, and
+    Megatron-LM's 10000 emitted for Llama 3.1's 500000); one that contradicts a top-level key,
+    or settings per layer type, are refused naming the key."""
+    from launch.emit import megatron_args
+    from model.estimator import make_plan
+    from model.specs import JobSpec
+    from formats.clusters import uniform_cluster
+    v4 = dict(_LLAMA, rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    v5 = {k: v for k, v in v4.items() if k not in ("rope_theta", "rope_scaling")}
+    v5["rope_parameters"] = dict(v4["rope_scaling"], rope_theta=500000.0)
+    p = tmp_path / "config.json"
+    models = []
+    for cfg in (v4, v5):
+        p.write_text(json.dumps(cfg))
+        models.append(presets.model(str(p)))
+    a, b = models
+    assert a.rope_base == b.rope_base == 500000.0
+    assert [x.split(" ", 1)[1] for x in a.unmodelled] == \
+        [x.split(" ", 1)[1] for x in b.unmodelled] and len(b.unmodelled) == 1
+    assert b.unmodelled[0].startswith("rope_parameters {")
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=8, seq_length=4096)
+    args = megatron_args(b, job, make_plan(b, job, c, tp=8, pp=1))[0]
+    assert args[args.index("--rotary-base") + 1] == "500000"
+    p.write_text(json.dumps(dict(_LLAMA, model_type="gpt_neox", rope_parameters={
+        "rope_theta": 10000, "rope_type": "default", "partial_rotary_factor": 0.25})))
+    assert presets.model(str(p)).rotary_percent == 0.25
+    for cfg, says in ((dict(v5, rope_theta=10000.0), "beside rope_theta"),
+                      (dict(v5, rope_parameters={"full_attention": {"rope_theta": 1e6},
+                                                 "sliding_attention": {"rope_theta": 1e4}}),
+                       "per layer type"),
+                      (dict(v5, rope_parameters={"rope_theta": "1e6"}), "must be a number")):
+        p.write_text(json.dumps(cfg))
+        with pytest.raises(SpecError) as e:
+            presets.model(str(p))
+        assert e.value.field.startswith("rope_parameters") and says in e.value.problem
+
+
+def test_a_family_named_only_by_its_architecture_reads_as_it(tmp_path):
+    """A model_type of its own whose `architectures` names a supported family's class (Kimi
+    K2: kimi_k2, DeepseekV3ForCausalLM) reads as that family, with a warning saying so; a
+    multimodal file whose text_config is unsupported too is not sent there."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(dict(_DEEPSEEK, model_type="kimi_k2",
+                                 architectures=["DeepseekV3ForCausalLM"])))
+    m = presets.model(str(p))
+    p.write_text(json.dumps(_DEEPSEEK))
+    ref = presets.model(str(p))
+    assert m.total_params == ref.total_params
+    assert m.unmodelled[0].startswith("model_type 'kimi_k2': read as deepseek_v3")
+    for inner, says in (("llama", "give that object"), ("gemma3_text", "not supported either")):
+        p.write_text(json.dumps({"model_type": "gemma3", "text_config": {"model_type": inner}}))
+        with pytest.raises(SpecError) as e:
+            presets.model(str(p))
+        assert says in e.value.problem

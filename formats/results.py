@@ -242,7 +242,7 @@ def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path,
 
 POINT_COLUMNS = ("id", "status", "method", "budget_s", "seed", "clock", "model", "cluster",
                  "job", "nodes", "bw_spread", "plan", "iteration_ms", "bound_ms", "gap",
-                 "gap_to_best", "termination", "wall_s", "error")
+                 "gap_to_best", "termination", "wall_s", "work_s", "error")
 
 
 def point_rows(rows: list[dict], best: dict) -> list[dict]:
@@ -262,7 +262,7 @@ def point_rows(rows: list[dict], best: dict) -> list[dict]:
             "bound_ms": r.get("bound_ms"), "gap": r.get("gap"),
             "gap_to_best": t / b - 1 if t and b and math.isfinite(b) else None,
             "termination": r.get("termination"), "wall_s": r.get("wall_s"),
-            "error": r.get("error")})
+            "work_s": r.get("work_s"), "error": r.get("error")})
     return out
 
 

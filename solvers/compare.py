@@ -62,19 +62,23 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     proven = ex.termination == "optimal"
     ref = ex.objective_ms if proven else ex.bound_ms
 
-    def row(method, plan, ms, solve_s, prov, fits=True, gap=None):
+    def row(method, plan, ms, solve_s, prov, fits=True, gap=None, work_s=None, bound_ms=None):
         """`over_reference`: T / reference - 1, the reference the exact search's proven
         optimum or, unproven, its lower bound (then not a gap to the optimum); `proven` gives
         the exact search's own gap, (T - bound) / T as solve reports it, in words; for
         scripts, `proven_optimal` (the exact row's proof), `solver_gap` (the exact row's
-        gap, None for the others) and `fits` say the same as values."""
+        gap, None for the others) and `fits` say the same as values. `solve_s` is wall
+        seconds whatever the clock; `work_s` the work seconds a search used under
+        clock="work" (None otherwise, and for the baselines); `bound_ms` a search's own
+        lower bound."""
         if plans is not None:
             plans[method] = plan
         return {"cluster": cluster.name, "method": method,
                 "plan": plan.shape.describe() if plan else "-", "iteration_ms": ms,
                 "over_reference": (ms - ref) / ref if ref and ms is not None else None,
                 "reference": "proven optimum" if proven else "lower bound",
-                "solve_s": solve_s, "clock": clock, "time_limit_s": time_limit_s,
+                "solve_s": solve_s, "work_s": work_s, "bound_ms": bound_ms, "clock": clock,
+                "time_limit_s": time_limit_s,
                 "seed": seed, "proven": prov,
                 **_proof(method == "exact" and proven, gap, fits)}
 
@@ -85,10 +89,12 @@ def compare_instance(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                  + "; ".join(ex.not_covered) if annealed else "")
     rows.append(row("exact", ex.plan, ex.objective_ms, ex.wall_s,
                     f"yes (solver gap {ex.gap * 100:.3f}%{fell_back})" if proven else
-                    f"no (solver gap {ex.gap * 100:.2f}%{fell_back})", gap=ex.gap))
+                    f"no (solver gap {ex.gap * 100:.2f}%{fell_back})", gap=ex.gap,
+                    work_s=ex.work_s, bound_ms=ex.bound_ms))
     an = solve(model, job, cluster, method="anneal", time_limit_s=time_limit_s, seed=seed,
                options=options, progress=progress, space=space, clock=clock)
-    rows.append(row("anneal", an.plan, an.objective_ms, an.wall_s, "no (heuristic)"))
+    rows.append(row("anneal", an.plan, an.objective_ms, an.wall_s, "no (heuristic)",
+                    work_s=an.work_s, bound_ms=an.bound_ms))
     t0 = time.perf_counter()
     sh = ex.plan.shape  # its split too: the row's difference from "exact" is placement alone
     meg = Plan(sh, megatron_placement(cluster, sh.tp, sh.pp, sh.cols))

@@ -90,8 +90,10 @@ def run_task(t, build) -> dict:
                      {"anneal_iters": t.anneal_moves, "anneal_clock": False})
             r = solve(model, job, cluster, method=t.method, time_limit_s=t.budget_s,
                       seed=t.seed, clock=t.clock, **moves)
+            # work_s: the work seconds the search used, what a work-clock budget limits
             out.update(plan=r.plan.shape.describe(), iteration_ms=r.objective_ms,
-                       bound_ms=r.bound_ms, gap=r.gap, termination=r.termination)
+                       bound_ms=r.bound_ms, gap=r.gap, termination=r.termination,
+                       work_s=r.work_s)
     except Exception as e:  # noqa: BLE001  (recorded with the task; the sweep goes on)
         out.update(status="failed", error=f"{type(e).__name__}: {e}")
     out["wall_s"] = time.perf_counter() - t0

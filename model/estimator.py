@@ -24,7 +24,8 @@ from .fp8 import plan_fp8_bytes
 from .memory import MemoryModel, StageMemory, fp8_params_apply, keeps_unsharded
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
                    fsdp_overlaps_grads, interleave_group, least_zero, megatron_placement,
-                   num_microbatches, sends_block, validate_placement, validate_shape)
+                   num_microbatches, sends_block, sends_serial, validate_placement,
+                   validate_shape)
 from .schedule import compile_schedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -101,7 +102,8 @@ class Evaluator:
         self.m = num_microbatches(job, shape)
         self.cs = compile_schedule(shape.schedule, shape.pp, self.m, shape.chunks,
                                    sends_block(job, shape, options.blocking_p2p),
-                                   interleave_group(job, shape, self.m))
+                                   interleave_group(job, shape, self.m),
+                                   sends_serial(job, shape, options.blocking_p2p))
         self.kinds = self.cs.kinds
         self.costs = CostModel(model, job, cluster, shape, options)
         self.mem = MemoryModel(model, job, shape, self.cs, options,

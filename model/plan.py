@@ -581,6 +581,14 @@ def sends_block(job: JobSpec, shape: Shape, blocking_p2p: bool) -> bool:
                                  and shape.schedule == "interleaved")
 
 
+def sends_serial(job: JobSpec, shape: Shape, blocking_p2p: bool) -> bool:
+    """Whether the plan's blocking pipeline sends and receives are each a call of its own,
+    one after the other (DeepSpeed's pipeline engine: p2p.py's blocking dist.send and
+    dist.recv in TrainSchedule's order), not batched as Megatron-LM's steady state batches
+    them (model/schedule.py)."""
+    return blocking_p2p and job.framework == "deepspeed" and shape.schedule == "1f1b"
+
+
 def schedule_slots(job: JobSpec, shape: Shape) -> int:
     """Micro-batches per replica x pipeline stages x chunks: the size of the plan's schedule
     graph (MAX_SCHEDULE_SLOTS)."""

@@ -142,8 +142,11 @@ class CompiledSchedule:
     _DERIVED = {"topo": "_derive_topo", "preds": "_derive_preds", "labels": "_derive_labels",
                 "_plan": "_derive_plan"}
 
-    def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool, group: int = 0):
+    def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool, group: int = 0,
+                 serial: bool = False):
         self.schedule, self.p, self.m, self.v, self.blocking = schedule, p, m, v, blocking
+        # blocking 1F1B whose sends and receives are calls of their own (DeepSpeed's)
+        self.serial = serial and blocking and schedule == "1f1b"
         self.group = group or p  # interleaved: micro-batches per group (`stage_order`)
         self.kinds = Kinds(p, v)
         self.orders = [stage_order(schedule, p, m, v, s, group) for s in range(p)]
@@ -254,12 +257,26 @@ class CompiledSchedule:
                 # recv_forward; send_backward, then recv_backward), where the steady state
                 # batches them (send_forward_recv_backward, send_backward_recv_forward): a
                 # receive for a step of the kind of the one before it waits for that step's
-                # send to finish
+                # send to finish. DeepSpeed's pipeline engine makes every send and receive a
+                # call of its own (p2p.py dist.send / dist.recv; pipe/schedule.py
+                # TrainSchedule): a step's send of the step before's output comes after its
+                # receive only in a backward step right after a forward (RecvGrad, then
+                # SendActivation), else first (SendGrad, then RecvActivation; or the send in a
+                # step of its own where the slot between is idle) - `serial`
                 prev = sprev[t_dst]
                 w = prev >= 0
-                w[w] &= isb[prev[w]] == isb[t_dst[w]]
                 w[w] &= sent[prev[w]] >= 0
-                edges(sent[prev[w]], tid[w])
+                f_b = w.copy()  # a forward, then in the next slot a backward that receives
+                f_b[w] &= ~isb[prev[w]] & isb[t_dst[w]]
+                if self.serial:
+                    slot = self._deepspeed_slots(stage, isb, mb)
+                    f_b[w] &= slot[t_dst[w]] == slot[prev[w]] + 1
+                s_r = w & ~f_b
+                if not self.serial:
+                    s_r[w] &= isb[prev[w]] == isb[t_dst[w]]
+                else:
+                    edges(tid[f_b], sent[prev[f_b]])
+                edges(sent[prev[s_r]], tid[s_r])
         mbs_ = np.arange(m)
         edges(op[0, mbs_, V - 1], op[1, mbs_, V - 1])  # F then B of the last virtual stage
         ends_ = np.cumsum([len(o) for o in self.orders]) - 1
@@ -278,6 +295,18 @@ class CompiledSchedule:
         self.kind_of = kind_of
         self.tails = tails.tolist()
         self._csr = (self._topological(n, d_, s_all), kind_of, ptr, s_all)
+
+    def _deepspeed_slots(self, stage, isb, mb) -> np.ndarray:
+        """Each operation's step in DeepSpeed's TrainSchedule (pipe/schedule.py
+        _step_to_micro_batch: forwards in a stage's even slots and backwards in its odd ones,
+        or the other way round on odd stages), inverted: forward of micro-batch i on stage s
+        in step 2 (i + s // 2) + s % 2, its backward in 2 (i + p - 1 - s // 2) + 1 on even
+        stages and 2 (i + p - (s + 1) // 2) on odd ones."""
+        p = self.p
+        even = stage % 2 == 0
+        fwd = 2 * (mb + stage // 2) + stage % 2
+        bwd = np.where(even, 2 * (mb + p - 1 - stage // 2) + 1, 2 * (mb + p - (stage + 1) // 2))
+        return np.where(isb, bwd, fwd)
 
     def _early_posts(self, post, wait, op, mbg, jg, slast, snext) -> None:
         """Interleaved schedule: the receives across a chunk boundary (stage p-1 to stage 0
@@ -606,7 +635,9 @@ class CompiledSchedule:
 
 @lru_cache(maxsize=512)
 def compile_schedule(schedule: str, p: int, m: int, v: int, blocking: bool,
-                     group: int = 0) -> CompiledSchedule:
-    """The schedule's graph, cached; `group` 0 or p is Megatron's default grouping."""
+                     group: int = 0, serial: bool = False) -> CompiledSchedule:
+    """The schedule's graph, cached; `group` 0 or p is Megatron's default grouping; `serial`:
+    DeepSpeed's one call per transfer (blocking 1F1B only)."""
     return CompiledSchedule(schedule, p, m, v, blocking,
-                            0 if group == p or schedule != "interleaved" else group)
+                            0 if group == p or schedule != "interleaved" else group,
+                            serial and blocking and schedule == "1f1b")

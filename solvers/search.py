@@ -23,7 +23,8 @@ from model.errors import InfeasibleError, SpecError
 from model.estimator import Evaluator, default_layers, stage_limit_gib
 from model import plan as plan_rules
 from model.plan import (Plan, Shape, framework_splits, fsdp_overlaps_grads, interleave_group,
-                        megatron_placement, num_microbatches, schedule_slots, sends_block)
+                        megatron_placement, num_microbatches, schedule_slots, sends_block,
+                        sends_serial)
 from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
@@ -842,7 +843,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     def graph_key(sh: Shape) -> tuple:
         m = num_microbatches(job, sh)
         return (sh.schedule, sh.pp, m, sh.chunks, sends_block(job, sh, options.blocking_p2p),
-                interleave_group(job, sh, m))
+                interleave_group(job, sh, m), sends_serial(job, sh, options.blocking_p2p))
     block_bounds: dict[int, float] = {}  # id(PlacementProblem) -> its placement-relaxed bound
     probs_of: dict[int, list] = {}
     # block layouts left out as torchrun cannot start them (space.launch_orders), and shapes

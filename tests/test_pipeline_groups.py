@@ -190,3 +190,15 @@ def test_emitted_group_and_its_read_back(llama, c64, tmp_path):
     other = dataclasses.replace(p, shape=dataclasses.replace(p.shape, mb_group=25))
     assert megatron_args_mismatch(m, j, other, printed) == [
         ("microbatch_group_size_per_vp_stage", "5", "25")]
+
+
+def test_deepspeed_sends_one_call_at_a_time(llama, c64):
+    """DeepSpeed's pipeline engine prices the serial graph (tests/test_schedule.py replays its
+    instructions against it), Megatron-LM's the batched one, and an overlapped estimate
+    neither."""
+    for fw, serial in (("deepspeed", True), ("megatron", False)):
+        job = JobSpec(global_batch=64, seq_length=4096, framework=fw, precision="bf16")
+        plan = make_plan(llama, job, c64, tp=8, pp=4, dp=2, zero=1, recompute="full")
+        assert Evaluator(llama, job, c64, plan.shape).cs.serial is serial
+        assert not Evaluator(llama, job, c64, plan.shape,
+                             Options(blocking_p2p=False)).cs.serial

@@ -437,3 +437,63 @@ def test_blocking_interleaved_is_megatrons_call_sequence(p, v, m, extra, seed):
     d[2 * K.V + 2 * p:] = 0.0  # tails
     cs = CompiledSchedule("interleaved", p, m, v, True, n)
     assert cs.longest_path(d) == pytest.approx(_megatron_interleaved_blocking(p, m, v, n, d, K))
+
+
+def _deepspeed_1f1b(p: int, m: int, d, K) -> float:
+    """DeepSpeed's pipeline engine replayed instruction by instruction (runtime/pipe/
+    schedule.py TrainSchedule.steps and _step_to_micro_batch, its 2 (m + p - 1) steps a stage,
+    forward and backward slots alternating; each SendActivation, RecvActivation, SendGrad and
+    RecvGrad a blocking call of its own, p2p.py)."""
+    def step_to_mb(step, s):
+        fwd = step % 2 == s % 2
+        if fwd:
+            return (step // 2 if step % 2 == 0 else (step - 1) // 2) - s // 2, True
+        if step % 2 == 0:
+            return step // 2 - p + (s + 1) // 2, False
+        return (step - 1) // 2 - p + 1 + s // 2, False
+
+    def calls(s):
+        out, n = [], {"sa": 0, "ra": 0, "sg": 0, "rg": 0}
+
+        def call(src, dst, kind):
+            key = {(s, "a"): "sa", (s, "g"): "sg"}.get((src, kind), "r" + kind)
+            out.append(("p2p", [(src, dst, (kind, n[key]))]))
+            n[key] += 1
+        prev = -1
+        for step in range(2 * (m + p - 1)):
+            mb, fwd = step_to_mb(step, s)
+            ok, was = 0 <= mb < m, 0 <= prev < m
+            if fwd:
+                if was and s > 0:
+                    call(s, s - 1, "g")  # SendGrad
+                if ok and s > 0:
+                    call(s - 1, s, "a")  # RecvActivation
+            else:
+                if ok and s < p - 1:
+                    call(s + 1, s, "g")  # RecvGrad
+                if was and s < p - 1:
+                    call(s, s + 1, "a")  # SendActivation
+            if ok:
+                out.append(("F" if fwd else "B", s))
+            prev = mb
+        return out
+    return _replay([calls(s) for s in range(p)],
+                   lambda kind, j: d[K.F(j)] if kind == "F" else d[K.B(j)],
+                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 10**6))
+def test_deepspeeds_serial_sends_are_its_call_sequence(p, m, seed):
+    """The serial graph (DeepSpeed: every send and receive a blocking call of its own, in
+    TrainSchedule's order) equals an instruction-by-instruction replay of DeepSpeed's
+    schedule, with random durations per stage and hop; its operation order is the 1F1B
+    order (the replay's computations, stage by stage)."""
+    K = Kinds(p, 1)
+    rng = np.random.default_rng(seed)
+    d = rng.choice([0.0, 0.3, 1.0, 1.7, 4.0], size=K.size)
+    d[2 * K.V + 2 * p:] = 0.0  # tails
+    cs = CompiledSchedule("1f1b", p, m, 1, True, serial=True)
+    assert cs.longest_path(d) == pytest.approx(_deepspeed_1f1b(p, m, d, K))
+    batched = CompiledSchedule("1f1b", p, m, 1, True)
+    assert batched.longest_path(d) <= cs.longest_path(d) + 1e-9

@@ -98,6 +98,12 @@ def _cases():
         ("70B 1F1B uneven middle", l70, job, ex,
          make_plan(l70, job, ex, tp=8, pp=4, sequence_parallel=True,
                    distributed_optimizer=True, layers=(19, 21, 20, 20))),
+        # 10 micro-batches over PP 4: Megatron-LM runs interleaving in groups of 5
+        ("70B interleaved v=2, micro-batch groups of 5", l70,
+         JobSpec(global_batch=20, seq_length=4096), ex,
+         make_plan(l70, JobSpec(global_batch=20, seq_length=4096), ex, tp=8, pp=4,
+                   schedule="interleaved", chunks=2, mb_group=5, sequence_parallel=True,
+                   distributed_optimizer=True, recompute="full")),
         ("70B GPipe", l70, job, ex,
          make_plan(l70, job, ex, tp=8, pp=4, schedule="gpipe", recompute="full",
                    sequence_parallel=True, distributed_optimizer=True)),

@@ -30,7 +30,7 @@ from model.memory import fp8_param_gather_note, fp8_params_apply
 from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepep_layout_problem,
                         deepspeed_pipe_partitioned,
                         deepspeed_split, deepspeed_splits, num_microbatches,
-                        torchtitan_seq_problem)
+                        torch_interleave_group, torchtitan_seq_problem)
 from model.specs import JobSpec, ModelSpec, Options, priced_as
 
 from .ranks import DEFAULT_ORDER, ORDERS, TP_PP_DP_ORDER, launch_files, rank_mapping
@@ -1120,6 +1120,17 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         # torch.distributed.pipelining schedule names
         par["pipeline_parallel_schedule"] = {"gpipe": "GPipe", "1f1b": "1F1B",
                                              "interleaved": "Interleaved1F1B"}[sh.schedule]
+        if sh.schedule == "interleaved" and job.framework != "torchtitan":
+            # a plan priced in another framework's micro-batch groups: PyTorch has no setting
+            # for them and runs its own rounds (plan.torch_interleave_group)
+            m = job.global_batch // (sh.micro_batch * sh.dp)
+            ran, why = torch_interleave_group(sh.pp, m)
+            if why or ran != (sh.mb_group or sh.pp):
+                warn.append(tagged("torchtitan", "schedule", (
+                    f"the plan runs its {m} micro-batches through each chunk in groups of "
+                    f"{sh.mb_group or sh.pp}; PyTorch's Interleaved1F1B "
+                    + (why + " and refuses them" if why else f"runs groups of {ran}")
+                    + ", which the estimate did not model")))
         par["pipeline_parallel_microbatch_size"] = sh.micro_batch
         if version == "0.1":
             # split points name the first module of every (virtual) stage after the first;
@@ -1477,7 +1488,7 @@ def even_split_warnings(fw: str, model: ModelSpec, job: JobSpec, cluster: Cluste
         # interleaved plan is judged as that runs it (the split had been given PP entries
         # for PP x chunks virtual stages, a refusal naming the plan's own layers)
         if sh.chunks > 1 or sh.schedule == "interleaved":
-            run = replace(sh, schedule="1f1b", chunks=1)
+            run = replace(sh, schedule="1f1b", chunks=1, mb_group=0)
     for lay in splits:
         est = Evaluator(model, job, cluster, replace(run, layers=lay),
                         options).estimate(plan.placement)

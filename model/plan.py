@@ -439,8 +439,9 @@ def _validate_group(job: JobSpec, shape: Shape, m: int, src: str) -> None:
                         f"not {m} (Megatron-LM requirement): lower the micro-batch size or DP",
                         source=src, field="micro_batch")
     raise SpecError(f"interleaved 1F1B: {why} (Megatron-LM requirement); give mb_group "
-                    f"{least} (--microbatch-group-size-per-virtual-pipeline-stage, Megatron-Core "
-                    "0.10 and later)", source=src, field="mb_group" if n else "micro_batch")
+                    f"{least} (estimate --mb-group {least}; Megatron-LM's "
+                    "--microbatch-group-size-per-virtual-pipeline-stage, Megatron-Core 0.10 "
+                    "and later)", source=src, field="mb_group" if n else "micro_batch")
 
 
 def _validate_ep(model: ModelSpec, job: JobSpec, shape: Shape, src: str) -> None:

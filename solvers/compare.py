@@ -146,7 +146,8 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
     for label, zero, shard in SHARDING_OPTIONS:
         if job.framework == "torchtitan" and zero == 1:  # said, not left out
             rows.append({"sharding": label, "plan": "-", "iteration_ms": None,
-                         "peak_memory_gib": None, "solve_s": None,
+                         "peak_memory_gib": None, "solve_s": None, "work_s": None,
+                         "bound_ms": None,
                          "termination": "none: torchtitan runs DDP or FSDP2, no ZeRO-1",
                          **_proof(False, None, None)})
             continue
@@ -167,13 +168,14 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                       if G % (t * c) == 0 and G // (t * c) > 1]
             if not spaces:
                 rows.append({"sharding": label, "plan": "-", "iteration_ms": None,
-                             "peak_memory_gib": None, "solve_s": None,
+                             "peak_memory_gib": None, "solve_s": None, "work_s": None,
+                             "bound_ms": None,
                              "termination": "none: no HSDP layout: TP x CP fills a node (no "
                              "node holds two data-parallel ranks to shard over); give "
                              "--shard-size for groups across nodes",
                              **_proof(False, None, None)})
                 continue
-        best, errors, wall = None, [], 0.0
+        best, errors, wall, work_s = None, [], 0.0, 0.0
         for sp in spaces:
             try:
                 r = solve(model, job.__class__(**{**job.__dict__, "zero": None,
@@ -186,12 +188,14 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                     why_none.append((label, e))
                 continue
             wall += r.wall_s
+            work_s += r.work_s or 0.0
             if best is None or r.objective_ms < best.objective_ms:
                 best = r
         if best is None:
             rows.append({"sharding": label, "plan": "-", "iteration_ms": None,
                          "peak_memory_gib": None, "termination": f"none: {errors[0]}",
-                         "solve_s": None, **_proof(False, None, None)})
+                         "solve_s": None, "work_s": None, "bound_ms": None,
+                         **_proof(False, None, None)})
             continue
         if plans is not None:
             plans[label] = best.plan
@@ -199,7 +203,8 @@ def compare_sharding(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *,
                      "iteration_ms": best.objective_ms,
                      "peak_memory_gib": best.estimate.peak_memory_gib,
                      "termination": f"{best.termination} (gap {best.gap * 100:.2g}%)",
-                     "solve_s": wall, **_proof(best.termination == "optimal", best.gap,
+                     "solve_s": wall, "work_s": work_s if clock == "work" else None,
+                     "bound_ms": best.bound_ms, **_proof(best.termination == "optimal", best.gap,
                                                best.estimate.fits)})
     if why_none and all(r["iteration_ms"] is None for r in rows):
         # No sharding gives a plan: say why as solve and compare without --sharding do (one

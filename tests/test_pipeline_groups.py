@@ -202,3 +202,21 @@ def test_deepspeed_sends_one_call_at_a_time(llama, c64):
         assert Evaluator(llama, job, c64, plan.shape).cs.serial is serial
         assert not Evaluator(llama, job, c64, plan.shape,
                              Options(blocking_p2p=False)).cs.serial
+
+
+def test_other_frameworks_emits_of_a_grouped_plan(llama, c64):
+    """A Megatron-LM plan in micro-batch groups emitted for DeepSpeed is judged as its 1F1B
+    runs it (it had been refused for its group), and for torchtitan says that PyTorch runs
+    its own groups, or refuses them."""
+    from launch.emit import launch_set, torchtitan_config
+    job = JobSpec(global_batch=20, seq_length=4096)
+    plan = make_plan(llama, job, c64, tp=8, pp=4, dp=2, schedule="interleaved", chunks=2,
+                     mb_group=5, layers=(11, 9, 10, 10, 10, 10, 10, 10))
+    ds = launch_set("deepspeed", llama, job, c64, plan, force=True)
+    assert any("[split]" in w or "[memory]" in w for w in ds.warnings), ds.warnings
+    warn = torchtitan_config(llama, job, c64, plan)[1]
+    assert not any("groups of" in w for w in warn)  # PyTorch's rounds are 2 of 5 here too
+    ten = make_plan(llama, job, c64, tp=8, pp=4, dp=2, schedule="interleaved", chunks=2,
+                    mb_group=10)
+    warn = torchtitan_config(llama, job, c64, ten)[1]
+    assert any("[schedule]" in w and "runs groups of 5" in w for w in warn), warn

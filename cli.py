@@ -263,7 +263,9 @@ PlacementPngOpt = Annotated[Optional[Path], typer.Option(
 MethodOpt = Annotated[Method, typer.Option(
     "--method", help="exact (MILP on HiGHS), anneal, or auto (exact up to "
     "solvers.search.AUTO_EXACT_MAX_NODES nodes).")]
-TimeOpt = Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.",
+TimeOpt = Annotated[float, typer.Option("--time-limit", help="Seconds for the whole command "
+                                        "on the wall clock (--clock work: the search's work "
+                                        "seconds).",
                                         callback=_bounded("--time-limit", 0.01, 7 * 86400,
                                                           "at most a week"))]
 ClockOpt = Annotated[Clock, typer.Option(
@@ -1275,6 +1277,11 @@ def solve(
         from model.memory import fp8_param_gather_note
         if note := fp8_param_gather_note(job, res.plan.shape):
             warnings = [*warnings, note.replace("the plan", "the best plan", 1)]
+    if clock == Clock.wall and (took := time.perf_counter() - _START_S) > time_limit * 1.05:
+        # a limit below what start-up and the search's first pass take cannot be kept: said
+        warnings = [*warnings, f"--time-limit {time_limit:g} s: the command took {took:.2f} s "
+                    f"(the search {res.wall_s:.2f} s); start-up and the search's first pass over "
+                    f"its {res.shapes_total} shapes cannot be cut shorter: give a longer limit"]
     interval = _interval(prof, m, job, c0, res.plan, opts0)
     mem_interval = _memory_interval(prof, res.estimate, cal)
     toss, maybe = (res.toss_up(interval[2] * 1e3) if interval is not None

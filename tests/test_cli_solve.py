@@ -702,3 +702,14 @@ def test_estimate_for_deepspeed_bf16_starts_at_zero1():
         r = runner.invoke(app, base + extra)
         assert r.exit_code == 0, r.output
         assert json.loads(r.output)["plan"]["shape"]["zero"] == zero
+
+
+def test_a_time_limit_the_command_cannot_keep_is_said():
+    """A wall-clock limit below what start-up and the search's first pass take is not kept
+    silently: the command says how long it took and why; a limit it keeps says nothing."""
+    r = runner.invoke(app, ["solve", "--json", "--time-limit", "0.05"])
+    assert r.exit_code == 0, r.output
+    warn = json.loads(r.output)["warnings"]
+    assert any(w.startswith("--time-limit 0.05 s: the command took") for w in warn), warn
+    r = runner.invoke(app, ["solve", "--json", "--time-limit", "4"])
+    assert not any("--time-limit" in w for w in json.loads(r.output)["warnings"])

@@ -163,6 +163,15 @@ def shape_warnings(model, job, shape) -> list[str]:
         out.append("torchtitan's tensor-parallel plan always shards the norms along the "
                    "sequence (sequence parallelism); this estimate prices TP without it, which "
                    "torchtitan does not run: estimate with --sp")
+    if model.tied_embeddings and getattr(shape, "pp", 1) > 1 and \
+            job.framework in ("megatron", "deepspeed"):
+        # finalize_model_grads _allreduce_word_embedding_grads (Megatron-LM); DeepSpeed's
+        # ReduceTiedGrads (pipe/engine.py _exec_reduce_tied_grads) over the tied weight's
+        # group of the first and last stage, in the gradient buffer's dtype
+        mb = model.vocab_size * model.hidden_size / shape.tp * job.reduce_bytes / 1e6
+        out.append(f"tied embeddings with pipelining: the first and last stages all-reduce "
+                   f"the embedding's gradient after the last backward ({mb:,.0f} MB per GPU "
+                   "over the link between them), which this estimate does not price")
     t = shape.tp
     lin = 1 if shape.fp8 else el  # FP8 linear layers: 1-byte operands
     need_lin = GEMM_ALIGN_BYTES // lin

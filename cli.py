@@ -1030,7 +1030,7 @@ def sweep(
     """Run a sweep of solves, resumable (a rerun skips the tasks the store holds); or
     `sweep report RESULTS`: tables (CSV, Markdown) and plots (PNG)."""
     from formats.results import Store, report
-    from formats.sweepspec import build_inputs, load_spec
+    from formats.sweepspec import build_inputs, load_spec, spec_notes
     from model.errors import SpecError
     from solvers.sweep import run_sweep
 
@@ -1067,7 +1067,7 @@ def sweep(
     store = Store(results or Path("sweeps") / f"{name}.sqlite")
     store.note_sweep(name, [t.id for t in tasks])
     done_before = len(store.done_ids())
-    for w in store.warnings:
+    for w in [*(f"{spec}: {x}" for x in spec_notes(tasks)), *store.warnings]:
         typer.echo(f"warning: {w}", err=True)
     bar = render.SweepProgress(len(tasks), done_before)
     try:

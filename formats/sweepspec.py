@@ -252,6 +252,28 @@ def load_spec(path) -> tuple[str, list[Task]]:
     return name, tasks
 
 
+def spec_notes(tasks: list[Task]) -> list[str]:
+    """What a spec's synthetic clusters are given that some of them have no use for (as
+    `cluster synth` says it): an oversubscription where every node sits in one leaf switch,
+    a degraded factor with no degraded node. One line per setting and cluster size."""
+    from .clusters import SynthParams
+    dflt = SynthParams()
+    out: dict[str, None] = {}
+    for t in tasks:
+        c = t.cluster.get("synth")
+        if c is None:
+            continue
+        n, leaf = c.get("num_nodes", dflt.num_nodes), c.get("leaf_size", dflt.leaf_size)
+        if "oversubscription" in c and leaf >= n:
+            out[f"oversubscription {c['oversubscription']:g} has no effect on the {n}-node "
+                f"clusters: their nodes share one leaf switch (leaf_size {leaf}), so no stream "
+                "crosses the spine"] = None
+        if "degraded_factor" in c and c.get("degraded", dflt.degraded) == 0:
+            out[f"degraded_factor {c['degraded_factor']:g} has no effect where degraded is 0: "
+                "no node is degraded"] = None
+    return list(out)
+
+
 def build_inputs(t: Task, src: str = "sweep"):
     from formats import presets
     from formats.clusters import SynthParams, cluster, synth_cluster

@@ -569,3 +569,20 @@ def test_sweep_run_refuses_out(tmp_path):
                                  str(tmp_path / "r.db"), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 2 and "options: --out: is the folder of `sweep report`" in r.output
     assert not (tmp_path / "r.db").exists()
+
+
+def test_settings_some_clusters_have_no_use_for_are_said(tmp_path):
+    """The shipped example crosses an oversubscribed spine with 4-node clusters, whose nodes
+    share one leaf switch: said for them (as `cluster synth` says it), not for the 8-node ones;
+    a degraded factor without degraded nodes too."""
+    from formats.sweepspec import spec_notes
+    root = Path(__file__).resolve().parents[1]
+    _name, tasks = load_spec(root / "data" / "sweeps" / "example.toml")
+    notes = spec_notes(tasks)
+    assert notes == ["oversubscription 2 has no effect on the 4-node clusters: their nodes "
+                     "share one leaf switch (leaf_size 4), so no stream crosses the spine"]
+    p = tmp_path / "s.toml"
+    p.write_text(SPEC.format(model="gpt-1.7b").replace(
+        "[[clusters]]", "[[clusters]]\nsynth = { num_nodes = 8, degraded = 0, "
+        "degraded_factor = 0.3 }\n[[clusters]]", 1))
+    assert any("degraded_factor 0.3 has no effect" in x for x in spec_notes(load_spec(p)[1]))

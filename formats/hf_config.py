@@ -361,6 +361,14 @@ def unmodelled(cfg: dict, moe: bool, src: str = "config.json") -> tuple[str, ...
                    f"({kind}): priced as plain RoPE (the same FLOPs and bytes); the emitted "
                    "arguments do not set it: check that the framework's rotary scaling "
                    "matches")
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict) and q:
+        # the checkpoint's stored format (DeepSeek-V3's block-scaled FP8 weights), not the
+        # training's: said, as the job's --precision and --fp8-recipe price it
+        out.append(f"quantization_config (quant_method {json.dumps(q.get('quant_method'))}): "
+                   "the "
+                   "checkpoint's weights are stored quantized; training is priced in the job's "
+                   "precision (--precision, --fp8-recipe), not in this format")
     for key, (noop, what) in _UNMODELLED.items():
         v = cfg.get(key)
         if key in _UNMODELLED_COUNTS and v is not None:

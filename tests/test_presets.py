@@ -363,3 +363,16 @@ def test_a_family_named_only_by_its_architecture_reads_as_it(tmp_path):
         with pytest.raises(SpecError) as e:
             presets.model(str(p))
         assert says in e.value.problem
+
+
+def test_a_quantized_checkpoints_format_is_said(tmp_path):
+    """A config.json's quantization_config (DeepSeek-V3's block-scaled FP8 weights) is the
+    checkpoint's stored format, not the training's: a warning says so, where it had been
+    ignored without a word."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(dict(_DEEPSEEK, quantization_config={
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]})))
+    assert any(x.startswith('quantization_config (quant_method "fp8"): the checkpoint')
+               for x in presets.model(str(p)).unmodelled)
+    p.write_text(json.dumps(_DEEPSEEK))
+    assert not any("quantization" in x for x in presets.model(str(p)).unmodelled)

@@ -523,7 +523,9 @@ def print_compare(rows, title: str, csv_path=None) -> None:
         gap = r["over_reference"]
         iv = (_interval_cell(r),) if calibrated else ()
         ms = r["iteration_ms"]
-        t.add_row(r["cluster"], r["method"], r["plan"], "-" if ms is None else f"{ms / 1e3:.3f}",
+        # four significant places at least: millisecond-scale jobs had read as ties
+        t.add_row(r["cluster"], r["method"], r["plan"], "-" if ms is None else
+                  f"{ms / 1e3:.{3 if ms >= 10_000 else 4}f}",
                   *iv, "-" if gap is None else f"{gap * 100:.2f}%", f"{r['solve_s']:.1f}",
                   r["proven"])
     con = console()

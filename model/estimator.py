@@ -23,9 +23,8 @@ from .errors import SpecError
 from .fp8 import plan_fp8_bytes
 from .memory import MemoryModel, StageMemory, fp8_params_apply, keeps_unsharded
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
-                   fsdp_overlaps_grads, interleave_group, least_zero, megatron_placement,
-                   num_microbatches, sends_block, sends_serial, validate_placement,
-                   validate_shape)
+                   fsdp_overlaps_grads, least_zero, megatron_placement, num_microbatches,
+                   schedule_key, validate_placement, validate_shape)
 from .schedule import compile_schedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -100,10 +99,7 @@ class Evaluator:
         self.model, self.job, self.cluster, self.shape, self.options = (
             model, job, cluster, shape, options)
         self.m = num_microbatches(job, shape)
-        self.cs = compile_schedule(shape.schedule, shape.pp, self.m, shape.chunks,
-                                   sends_block(job, shape, options.blocking_p2p),
-                                   interleave_group(job, shape, self.m),
-                                   sends_serial(job, shape, options.blocking_p2p))
+        self.cs = compile_schedule(*schedule_key(job, shape, options.blocking_p2p))
         self.kinds = self.cs.kinds
         self.costs = CostModel(model, job, cluster, shape, options)
         self.mem = MemoryModel(model, job, shape, self.cs, options,

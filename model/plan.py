@@ -590,6 +590,16 @@ def sends_serial(job: JobSpec, shape: Shape, blocking_p2p: bool) -> bool:
     return blocking_p2p and job.framework == "deepspeed" and shape.schedule == "1f1b"
 
 
+def schedule_key(job: JobSpec, shape: Shape, blocking_p2p: bool) -> tuple:
+    """The arguments of model/schedule.py compile_schedule for the plan as its framework runs
+    it: (schedule, PP, micro-batches, chunks, blocking sends, interleaved group, serial
+    sends). The estimator, the solvers' memory screens and the search's shared cuts all build
+    the plan's graph from it, so they price one schedule."""
+    m = num_microbatches(job, shape)
+    return (shape.schedule, shape.pp, m, shape.chunks, sends_block(job, shape, blocking_p2p),
+            interleave_group(job, shape, m), sends_serial(job, shape, blocking_p2p))
+
+
 def schedule_slots(job: JobSpec, shape: Shape) -> int:
     """Micro-batches per replica x pipeline stages x chunks: the size of the plan's schedule
     graph (MAX_SCHEDULE_SLOTS)."""

@@ -22,9 +22,8 @@ from model.cluster import ClusterSpec
 from model.errors import InfeasibleError, SpecError
 from model.estimator import Evaluator, default_layers, stage_limit_gib
 from model import plan as plan_rules
-from model.plan import (Plan, Shape, framework_splits, fsdp_overlaps_grads, interleave_group,
-                        megatron_placement, num_microbatches, schedule_slots, sends_block,
-                        sends_serial)
+from model.plan import (Plan, Shape, framework_splits, fsdp_overlaps_grads, megatron_placement,
+                        schedule_key, schedule_slots)
 from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
@@ -841,9 +840,7 @@ def solve(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, *, method: str =
     pool: dict[tuple, list] = {}
 
     def graph_key(sh: Shape) -> tuple:
-        m = num_microbatches(job, sh)
-        return (sh.schedule, sh.pp, m, sh.chunks, sends_block(job, sh, options.blocking_p2p),
-                interleave_group(job, sh, m), sends_serial(job, sh, options.blocking_p2p))
+        return schedule_key(job, sh, options.blocking_p2p)
     block_bounds: dict[int, float] = {}  # id(PlacementProblem) -> its placement-relaxed bound
     probs_of: dict[int, list] = {}
     # block layouts left out as torchrun cannot start them (space.launch_orders), and shapes

@@ -23,9 +23,8 @@ from model.memory import GIB, plan_overheads
 from model.errors import ScheduleTooLongError, SpecError
 from model.plan import (DEFAULT_ORDER, Placement, Shape, block_placement, deepep_block_ok,
                         deepspeed_overlaps_grads, fp8_problem, fsdp_overlaps_grads,
-                        gpus_without_fp8, interleave_group, least_zero, megatron_least_group,
-                        megatron_rank, num_microbatches, sends_block, sends_serial,
-                        validate_shape)
+                        gpus_without_fp8, least_zero, megatron_least_group, megatron_rank,
+                        schedule_key, validate_shape)
 from model.schedule import compile_schedule
 from model.specs import JobSpec, ModelSpec, Options
 
@@ -466,11 +465,7 @@ def stage_memory_events(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, sh
     from model.memory import MemoryModel
     from model.fp8 import plan_fp8_bytes
 
-    m = num_microbatches(job, shape)
-    cs = compile_schedule(shape.schedule, shape.pp, m, shape.chunks,
-                          sends_block(job, shape, options.blocking_p2p),
-                          interleave_group(job, shape, m),
-                          sends_serial(job, shape, options.blocking_p2p))
+    cs = compile_schedule(*schedule_key(job, shape, options.blocking_p2p))
     mm = MemoryModel(model, job, shape, cs, options, plan_fp8_bytes(job, shape, cluster),
                      cluster=cluster)
     costs = costs or CostModel(model, job, cluster, shape, options)

@@ -240,12 +240,12 @@ class CompiledSchedule:
                 # a stage whose every forward is warm-up (few micro-batches) receives its first
                 # gradient in a call of its own (recv_backward) after the last forward's send
                 # call has returned
-                ends_ = np.cumsum([len(o) for o in self.orders])
-                for s_, ops in enumerate(self.orders):
-                    total = self.m * self.v
-                    if interleaved_warmup(p, self.m, self.v, s_, self.group) < total:
+                total = self.m * self.v
+                first = np.cumsum([0] + [len(o) for o in self.orders])  # each stage's first id
+                for st in range(p):
+                    if interleaved_warmup(p, self.m, self.v, st, self.group) < total:
                         continue
-                    first_b = ends_[s_] - len(ops) + total
+                    first_b = first[st] + total  # its first backward, after total forwards
                     last_f = first_b - 1
                     into = np.flatnonzero(t_dst == first_b)
                     if into.size and sent[last_f] >= 0:

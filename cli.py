@@ -284,6 +284,10 @@ MbsListOpt = Annotated[Optional[str], typer.Option(
 ScheduleListOpt = Annotated[Optional[str], typer.Option(
     "--schedule", help="Schedules to search: 1f1b, gpipe, interleaved, interleaved:V, "
     "comma-separated \\[1f1b,interleaved].")]
+MbGroupsOpt = Annotated[Optional[str], typer.Option(
+    "--mb-groups", help="Interleaved schedule's micro-batch groups to search (Megatron-LM's "
+    "stack): smallest (the smallest it runs: PP where PP divides the micro-batches), whole "
+    "(one group of every micro-batch), comma-separated \\[smallest].")]
 RecomputeListOpt = Annotated[Optional[str], typer.Option(
     "--recompute", help="Recompute modes to search: none, selective, full, comma-separated "
     "\\[all].")]
@@ -565,7 +569,8 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool | None, overlap_para
            schedule: str | None = None, recompute: str | None = None,
            zero: str | None = None, shard_size: str | None = None, cp: str | None = None,
            ep: str | None = None, kv_rotate: str | None = None, distopt: bool | None = None,
-           ep_comm_overlap: bool = False, framework: str | None = None):
+           ep_comm_overlap: bool = False, framework: str | None = None,
+           mb_groups: str | None = None):
     """The search space the options allow: the listed degrees, micro-batches, schedules and
     recompute modes (all of them where an option is absent), with the overlaps the user asked
     for (the frameworks' defaults, off, otherwise)."""
@@ -596,7 +601,9 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool | None, overlap_para
                        tp_comm_overlap=(tp_comm_overlap,),
                        overlap_grad_reduce=(bool(overlap_grad_reduce),),
                        overlap_param_gather=(overlap_param_gather,),
-                       ep_comm_overlap=(ep_comm_overlap,))
+                       ep_comm_overlap=(ep_comm_overlap,),
+                       mb_groups=_choice_list(mb_groups, "--mb-groups", ("smallest", "whole"))
+                       or base.mb_groups)
 
 
 def _interval_json(interval, profile: str) -> dict:
@@ -1187,6 +1194,7 @@ def solve(
     pp: PpListOpt = None,
     mbs: MbsListOpt = None,
     schedule: ScheduleListOpt = None,
+    mb_groups: MbGroupsOpt = None,
     recompute: RecomputeListOpt = None,
     zero: ZeroListOpt = None,
     shard_size: ShardListOpt = None,
@@ -1234,7 +1242,7 @@ def solve(
     _kv_rotate_check(kv_rotate, framework.value)
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt,
-                   ep_comm_overlap, framework.value)
+                   ep_comm_overlap, framework.value, mb_groups)
     if emit is not None:
         # a plan to launch: only placements torchrun can start in the framework's rank orders
         from dataclasses import replace
@@ -1339,6 +1347,7 @@ def compare(
     pp: PpListOpt = None,
     mbs: MbsListOpt = None,
     schedule: ScheduleListOpt = None,
+    mb_groups: MbGroupsOpt = None,
     recompute: RecomputeListOpt = None,
     zero: ZeroListOpt = None,
     shard_size: ShardListOpt = None,
@@ -1390,7 +1399,7 @@ def compare(
                         field="--zero" if zero is not None else "--distopt")
     space = _space(tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, tp, pp, mbs,
                    schedule, recompute, zero, shard_size, cp, ep, kv_rotate, distopt,
-                   ep_comm_overlap, framework.value)
+                   ep_comm_overlap, framework.value, mb_groups)
     c_seed = seed if cluster_seed is None else cluster_seed
     instances = [c] if generated is None else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]

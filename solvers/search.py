@@ -22,8 +22,8 @@ from model.cluster import ClusterSpec
 from model.errors import InfeasibleError, SpecError
 from model.estimator import Evaluator, default_layers, stage_limit_gib
 from model import plan as plan_rules
-from model.plan import (Plan, Shape, framework_splits, fsdp_overlaps_grads, megatron_placement,
-                        schedule_key, schedule_slots)
+from model.plan import (Plan, Shape, framework_splits, fsdp_overlaps_grads,
+                        megatron_least_group, megatron_placement, schedule_key, schedule_slots)
 from model.specs import JobSpec, ModelSpec, Options
 
 from .anneal import _perm_of, anneal
@@ -619,6 +619,18 @@ def _beyond_groups(job, cluster, space: SearchSpace) -> list:
                            ("--overlap-grad-reduce", asked_grad(sh)),
                            ("--overlap-param-gather", sh.overlap_param_gather),
                            ("--ep-comm-overlap", sh.ep_comm_overlap)) if on)))
+    if fw != "torchtitan" and "whole" not in space.mb_groups and any(
+            name == "interleaved" for name, _v in space.schedules):
+        # Megatron-LM's interleaved schedule in one group of every micro-batch: a longer
+        # warm-up, less waiting at the chunk boundaries (SearchSpace.mb_groups)
+        groups.append((Beyond("interleaved in one micro-batch group (Megatron-LM's "
+                              "--microbatch-group-size-per-virtual-pipeline-stage)",
+                              "--mb-groups smallest,whole"),
+                       replace(space, mb_groups=("whole",)),
+                       lambda sh: sh.schedule == "interleaved" and sh.mb_group != 0
+                       and sh.mb_group != megatron_least_group(
+                           sh.pp, job.global_batch // (sh.micro_batch * sh.dp)),
+                       lambda sh: "--mb-groups smallest,whole"))
     if fw == "deepspeed" and space.overlap_grad_reduce == off:
         # DeepSpeed's one overlap, overlap_comm, is off unless asked for (the emitted ZeRO
         # configs set it as the plan says; plan.deepspeed_overlaps_grads where it runs)

@@ -220,3 +220,26 @@ def test_other_frameworks_emits_of_a_grouped_plan(llama, c64):
                     mb_group=10)
     warn = torchtitan_config(llama, job, c64, ten)[1]
     assert any("[schedule]" in w and "runs groups of 5" in w for w in warn), warn
+
+
+def test_the_search_can_take_one_group_of_every_micro_batch(llama, c64):
+    """SearchSpace.mb_groups: "whole" adds, beside the smallest group, one group of every
+    micro-batch on Megatron-LM's stack (not torchtitan's, whose rounds are PyTorch's); the
+    default search looks at those shapes beyond its space (solvers.search._beyond_groups)."""
+    from solvers.search import _beyond_groups
+    space = SearchSpace(tp=(8,), pp=(4,), micro_batch=(1,), recompute=("full",))
+    both = dataclasses.replace(space, mb_groups=("smallest", "whole"))
+    for gbs, groups in ((30, {5, 15}), (32, {0, 16})):  # 15 and 16 micro-batches over DP 2
+        job = JobSpec(global_batch=gbs, seq_length=4096)
+        got = {sh.mb_group for sh in enumerate_shapes(llama, job, c64, both)
+               if sh.schedule == "interleaved"}
+        assert got == groups, (gbs, got)
+        assert {sh.mb_group for sh in enumerate_shapes(llama, job, c64, space)
+                if sh.schedule == "interleaved"} == groups - {15, 16}
+        labels = [b.label for b, *_ in _beyond_groups(job, c64, space)]
+        assert any(x.startswith("interleaved in one micro-batch group") for x in labels)
+        assert not any(x.startswith("interleaved in one") for x in
+                       (b.label for b, *_ in _beyond_groups(job, c64, both)))
+    tt = JobSpec(global_batch=30, seq_length=4096, framework="torchtitan")
+    assert {sh.mb_group for sh in enumerate_shapes(llama, tt, c64, both)
+            if sh.schedule == "interleaved"} <= {0}

@@ -554,6 +554,17 @@ def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
 KV_ROTATIONS = tuple(r.value for r in KvRotate)
 
 
+def _p2p_check(blocking: bool, framework: str) -> None:
+    """--overlapped for DeepSpeed is refused: its pipeline engine blocks on every send and
+    receive (p2p.py dist.send / dist.recv), so an overlapped price is of nothing it runs."""
+    from model.errors import SpecError
+
+    if not blocking and framework == "deepspeed":
+        raise SpecError("DeepSpeed's pipeline engine blocks on every send and receive (its "
+                        "p2p.py), so it cannot run overlapped pipeline transfers: drop "
+                        "--overlapped", source="options", field="--overlapped")
+
+
 def _kv_rotate_check(kv_rotate, framework: str) -> None:
     """--kv-rotate is torchtitan's; given for another framework it is refused, not ignored."""
     from model.errors import SpecError
@@ -920,6 +931,7 @@ def estimate(
             raise SpecError("must be comma-separated integers, e.g. 20,20,20,20",
                             source="options", field="--layers") from None
     _zero_against_distopt(None if zero is None else (zero,), distopt)
+    _p2p_check(blocking, job.framework)
     c0, opts0 = c, _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     if sp is None:
@@ -1237,6 +1249,7 @@ def solve(
                          moe_capacity_factor=moe_capacity_factor, compile_blocks=compile_blocks,
                          moe_dispatcher=moe_dispatcher.value,
                          framework_version=framework_version)
+    _p2p_check(blocking, framework.value)
     opts0 = _options(blocking)
     c, opts, prof, cal = _calibrated(c0, opts0, calibration, safe_memory)
     _kv_rotate_check(kv_rotate, framework.value)
@@ -1290,6 +1303,10 @@ def solve(
         warnings = [*warnings, f"--time-limit {time_limit:g} s: the command took {took:.2f} s "
                     f"(the search {res.wall_s:.2f} s); start-up and the search's first pass over "
                     f"its {res.shapes_total} shapes cannot be cut shorter: give a longer limit"]
+    elif clock == Clock.work and res.work_s and res.work_s > time_limit * 1.05:
+        warnings = [*warnings, f"--time-limit {time_limit:g} work-s: the search used "
+                    f"{res.work_s:.2f} work-s; its first pass over its {res.shapes_total} shapes "
+                    "cannot be cut shorter: give a longer limit"]
     interval = _interval(prof, m, job, c0, res.plan, opts0)
     mem_interval = _memory_interval(prof, res.estimate, cal)
     toss, maybe = (res.toss_up(interval[2] * 1e3) if interval is not None
@@ -1403,6 +1420,7 @@ def compare(
     c_seed = seed if cluster_seed is None else cluster_seed
     instances = [c] if generated is None else [
         synth_cluster(SynthParams(num_nodes=nodes, seed=c_seed + i)) for i in range(generated)]
+    _p2p_check(blocking, framework.value)
     opts = _options(blocking)
     measured = instances  # as given (a profile scales them)
     if calibration is not None:

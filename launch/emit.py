@@ -1024,6 +1024,11 @@ def to_toml(d: dict, comments: list[str] = ()) -> str:
     return "\n".join(out).lstrip("\n") + "\n"
 
 
+# torchtitan's rotary base per model name (models/<name>/model/args.py and __init__.py
+# flavors, v0.2.2)
+TORCHTITAN_ROPE_THETA = {"llama3": 500000.0, "qwen3": 1000000.0, "deepseek_v3": 10000.0}
+
+
 def torchtitan_parts(sh: Shape) -> list[list[str]]:
     """Module names of each (virtual) pipeline part in model order: the embedding with the first
     part, the final norm and output layer with the last (torchtitan's module names:
@@ -1170,6 +1175,15 @@ def torchtitan_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
     match = torchtitan_flavor(model, version)
     if match:
         extra["model"] = {"name": match[0], "flavor": match[1]}
+        # the flavor fixes torchtitan's rotary embedding (models/<name>/model/args.py at
+        # v0.2.2 rope_theta; RoPE over the whole head): a model that sets another is
+        # trained with the flavor's
+        theta = TORCHTITAN_ROPE_THETA[match[0]]
+        if (model.rope_base and model.rope_base != theta) or model.rotary_percent != 1.0:
+            warn.append(tagged("torchtitan", "model", (
+                f"torchtitan's {match[0]} {match[1]} rotates every head dimension with base "
+                f"{theta:g}; {model.name} sets base {model.rope_base or 'unset'} over "
+                f"{model.rotary_percent:g} of each head, which the flavor does not take")))
     else:
         # a flavor torchtitan does not have: the run stops at the model lookup instead of
         # training torchtitan's default debug model

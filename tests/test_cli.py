@@ -440,3 +440,15 @@ def test_estimate_says_the_placement_and_slow_nodes_as_solve_does(tmp_path):
     text = " ".join(r.output.split())
     assert "node05 │ s2/r1[0,1,2,3,4,5,6,7]" in text
     assert "slow node node05: best network stream" in text and "hosts s2/r1" in text
+
+
+def test_deepspeed_cannot_be_priced_with_overlapped_sends():
+    """DeepSpeed's pipeline engine blocks on every send and receive: --overlapped is refused
+    for it in estimate, solve and compare (it had been priced without a word)."""
+    base = ["-m", "gpt-7.5b", "--gbs", "64", "--seq", "2048", "--framework", "deepspeed",
+            "--overlapped"]
+    for cmd in (["estimate", "--tp", "1", "--pp", "4"], ["solve", "--time-limit", "5"],
+                ["compare", "--time-limit", "5"]):
+        r = runner.invoke(app, [cmd[0], *base, *cmd[1:]])
+        assert r.exit_code == 2 and "--overlapped: DeepSpeed's pipeline engine blocks" in \
+            r.output, (cmd, r.output)

@@ -1503,3 +1503,19 @@ def test_deepspeed_context_parallel_warning_says_the_batch_breaks(tmp_path):
     assert dp == plan.shape.dp == 8
     line = next(w for w in warn if "context parallelism (CP=2)" in w)
     assert "train_batch_size 64 must equal micro-batch x accumulation x 16" in line
+
+
+def test_torchtitan_flavor_rotary_settings_it_does_not_take_are_said():
+    """A torchtitan flavor fixes the rotary embedding (llama3: base 500000 over the whole
+    head); a model of the flavor's dimensions that sets another base or fraction is said, not
+    trained with the flavor's without a word (the presets match their flavors)."""
+    from launch.emit import torchtitan_config
+    l8 = presets.model("llama3-8b")
+    c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
+    job = JobSpec(global_batch=8, seq_length=4096, framework="torchtitan")
+    plan = make_plan(l8, job, c, tp=1, pp=1, zero=3)
+    assert not any("rotates every head" in w for w in torchtitan_config(l8, job, c, plan)[1])
+    other = dataclasses.replace(l8, rope_base=10000.0, rotary_percent=0.5)
+    warn = torchtitan_config(other, job, c, make_plan(other, job, c, tp=1, pp=1, zero=3))[1]
+    assert any("[model]" in w and "base 500000" in w and "0.5 of each head" in w
+               for w in warn), warn

@@ -1021,7 +1021,13 @@ def test_beyond_the_search_advice_adds_only_its_groups_option():
     sh = Shape(tp=1, pp=1, dp=4, micro_batch=1, zero=3, cp=8)
     long_job = JobSpec(global_batch=64, seq_length=131072)
     groups = {g[0].label.split(" ")[0]: g for g in _beyond_groups(long_job, c, SearchSpace())}
-    assert set(groups) == {"ZeRO-3", "communication"}  # CP is searched at 128k
+    assert set(groups) == {"ZeRO-3", "communication", "interleaved"}  # CP is searched at 128k
+    # one micro-batch group of every micro-batch: shapes whose group is not the smallest
+    b, sub, new, advice = groups["interleaved"]
+    assert sub.mb_groups == ("whole",) and b.option == "--mb-groups smallest,whole"
+    inter = Shape(tp=1, pp=4, dp=2, micro_batch=1, schedule="interleaved", chunks=2)
+    assert new(dc_replace(inter, mb_group=32)) and not new(inter)  # 32 micro-batches, PP 4
+    assert advice(inter) == b.option
     b, _sub, new, advice = groups["ZeRO-3"]
     assert new(sh) and advice(sh) == b.option == "--zero 0,1,3"
     ovl = dc_replace(sh, zero=1, overlap_grad_reduce=True, overlap_param_gather=True)
@@ -1057,14 +1063,14 @@ def test_what_the_default_search_leaves_out_is_looked_at():
     c = uniform_cluster(1, 8, "H100-SXM-80GB", 360.0, 50.0)
     job = JobSpec(global_batch=32, seq_length=4096)
     res = solve(m, job, c, time_limit_s=30)
-    z3, cp, ovl = res.beyond
+    z3, cp, ovl, grp = res.beyond
     assert z3.option == "--zero 0,1,3" and cp.label.startswith("context parallelism")
     assert z3.checked and z3.screened == z3.could_beat > 0 and 0 < z3.shapes
     assert z3.faster_ms is not None and z3.faster_ms < res.objective_ms
     assert "zero3" in z3.faster_shape and res.proven_note == " over the searched space"
     wide = solve(m, job, c, time_limit_s=30, space=SearchSpace(zero=(0, 1, 3)))
     assert wide.objective_ms <= z3.faster_ms * (1 + 1e-9)
-    assert [b.label for b in wide.beyond] == [cp.label, ovl.label]  # --zero given
+    assert [b.label for b in wide.beyond] == [cp.label, ovl.label, grp.label]  # --zero given
     assert ovl.option.startswith("--") and ovl.checked
     assert res.status_dict()["beyond_default_space"][0]["faster_ms"] == z3.faster_ms
     # a group every shape of which is ruled out by its bounds: the proof covers it
@@ -1073,9 +1079,11 @@ def test_what_the_default_search_leaves_out_is_looked_at():
     assert "none can beat this plan" in res.beyond[0].describe(res.objective_ms)
     long_job = JobSpec(global_batch=8, seq_length=16384)  # CP searched by default from 16k
     assert [b.label for b in solve(presets.model("gpt-1.7b"), long_job, c,
-                                   time_limit_s=20).beyond] == [z3.label, ovl.label]
+                                   time_limit_s=20).beyond] == [z3.label, ovl.label,
+                                                                grp.label]
     asked = solve(m, job, c, time_limit_s=30, space=SearchSpace(overlap_grad_reduce=(True,)))
-    assert [b.label for b in asked.beyond] == [z3.label, cp.label]
+    assert [b.label for b in asked.beyond] == [z3.label, cp.label, grp.label]
+    assert grp.option == "--mb-groups smallest,whole"
 
 
 def test_a_plan_worse_than_megatron_placement_of_its_split_takes_that_placement():

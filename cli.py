@@ -215,10 +215,11 @@ AttentionOpt = Annotated[Attention, typer.Option(
     "--attention", help="flash (FlashAttention / fused attention) or eager (scores stored).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 BlockingOpt = Annotated[bool, typer.Option("--blocking/--overlapped",
-                                           help="Blocking pipeline send/recv (Megatron-LM's "
-                                           "and DeepSpeed's); torchtitan's interleaved schedule "
-                                           "never blocks on a send and is priced overlapped "
-                                           "either way.")]
+                                           help="Blocking pipeline send/recv (Megatron-LM's; "
+                                           "DeepSpeed's always block, --overlapped is refused "
+                                           "for it); torchtitan's interleaved schedule never "
+                                           "blocks on a send and is priced overlapped either "
+                                           "way.")]
 OverlapGradOpt = Annotated[Optional[bool], typer.Option(
     "--overlap-grad-reduce/--no-overlap-grad-reduce",
     help="Reduce gradients bucket by bucket during the last backward (Megatron-LM; "

@@ -582,22 +582,26 @@ def sends_block(job: JobSpec, shape: Shape, blocking_p2p: bool) -> bool:
                                  and shape.schedule == "interleaved")
 
 
-def sends_serial(job: JobSpec, shape: Shape, blocking_p2p: bool) -> bool:
-    """Whether the plan's blocking pipeline sends and receives are each a call of its own,
-    one after the other (DeepSpeed's pipeline engine: p2p.py's blocking dist.send and
-    dist.recv in TrainSchedule's order), not batched as Megatron-LM's steady state batches
-    them (model/schedule.py)."""
-    return blocking_p2p and job.framework == "deepspeed" and shape.schedule == "1f1b"
+def p2p_style(job: JobSpec, shape: Shape, blocking_p2p: bool) -> str:
+    """Whose 1F1B calls the plan's blocking pipeline transfers follow (model/schedule.py
+    P2P_STYLES): DeepSpeed's pipeline engine makes every send and receive a blocking call of
+    its own, one after the other (p2p.py dist.send / dist.recv in TrainSchedule's order);
+    PyTorch's Schedule1F1B (torchtitan) starts its warm-up and cool-down sends without
+    waiting and waits for each after the next operation; Megatron-LM batches the steady
+    state's and calls the others one at a time."""
+    if not blocking_p2p or shape.schedule != "1f1b":
+        return "megatron"
+    return {"deepspeed": "deepspeed", "torchtitan": "torch"}.get(job.framework, "megatron")
 
 
 def schedule_key(job: JobSpec, shape: Shape, blocking_p2p: bool) -> tuple:
     """The arguments of model/schedule.py compile_schedule for the plan as its framework runs
-    it: (schedule, PP, micro-batches, chunks, blocking sends, interleaved group, serial
-    sends). The estimator, the solvers' memory screens and the search's shared cuts all build
+    it: (schedule, PP, micro-batches, chunks, blocking sends, interleaved group, whose 1F1B
+    calls). The estimator, the solvers' memory screens and the search's shared cuts all build
     the plan's graph from it, so they price one schedule."""
     m = num_microbatches(job, shape)
     return (shape.schedule, shape.pp, m, shape.chunks, sends_block(job, shape, blocking_p2p),
-            interleave_group(job, shape, m), sends_serial(job, shape, blocking_p2p))
+            interleave_group(job, shape, m), p2p_style(job, shape, blocking_p2p))
 
 
 def schedule_slots(job: JobSpec, shape: Shape) -> int:

@@ -143,10 +143,11 @@ class CompiledSchedule:
                 "_plan": "_derive_plan"}
 
     def __init__(self, schedule: str, p: int, m: int, v: int, blocking: bool, group: int = 0,
-                 serial: bool = False):
+                 p2p: str = "megatron"):
         self.schedule, self.p, self.m, self.v, self.blocking = schedule, p, m, v, blocking
-        # blocking 1F1B whose sends and receives are calls of their own (DeepSpeed's)
-        self.serial = serial and blocking and schedule == "1f1b"
+        # whose blocking 1F1B calls (P2P_STYLES): Megatron-LM's, DeepSpeed's (every send and
+        # receive a call of its own) or PyTorch's (warm-up and cool-down sends asynchronous)
+        self.p2p = p2p if blocking and schedule == "1f1b" else "megatron"
         self.group = group or p  # interleaved: micro-batches per group (`stage_order`)
         self.kinds = Kinds(p, v)
         self.orders = [stage_order(schedule, p, m, v, s, group) for s in range(p)]
@@ -232,10 +233,18 @@ class CompiledSchedule:
             edges(post[r], tid[r])
             w_ = wait >= 0
             edges(tid[w_], wait[w_])
-            s_ = snext[t_src] >= 0  # the sender's next step waits for its send to finish
-            edges(tid[s_], snext[t_src][s_])
             sent = np.full(n_ops, -1, dtype=np.int64)
             sent[t_src] = tid  # each operation sends at most one transfer
+            nxt = snext[t_src]
+            # PyTorch's 1F1B sends asynchronously between two operations of one kind (warm-up,
+            # cool-down) and waits for the send only after the next operation
+            late = np.zeros(tid.size, dtype=bool)
+            if self.p2p == "torch":
+                late[nxt >= 0] = isb[nxt[nxt >= 0]] == isb[t_src[nxt >= 0]]
+            s_ = (nxt >= 0) & ~late  # the sender's next step waits for its send to finish
+            edges(tid[s_], nxt[s_])
+            if late.any():
+                self._async_sends(edges, tid, t_src, t_dst, nxt, late, sent, snext, sprev)
             if self.schedule == "interleaved":
                 # a stage whose every forward is warm-up (few micro-batches) receives its first
                 # gradient in a call of its own (recv_backward) after the last forward's send
@@ -262,26 +271,30 @@ class CompiledSchedule:
                 # TrainSchedule): a step's send of the step before's output comes after its
                 # receive only in a backward step right after a forward (RecvGrad, then
                 # SendActivation), else first (SendGrad, then RecvActivation; or the send in a
-                # step of its own where the slot between is idle) - `serial`
+                # step of its own where the slot between is idle) (p2p "deepspeed")
                 prev = sprev[t_dst]
                 w = prev >= 0
                 w[w] &= sent[prev[w]] >= 0
                 f_b = w.copy()  # a forward, then in the next slot a backward that receives
                 f_b[w] &= ~isb[prev[w]] & isb[t_dst[w]]
-                if self.serial:
+                if self.p2p == "deepspeed":
                     slot = self._deepspeed_slots(stage, isb, mb)
                     f_b[w] &= slot[t_dst[w]] == slot[prev[w]] + 1
                 s_r = w & ~f_b
-                if not self.serial:
+                if self.p2p == "megatron":
                     s_r[w] &= isb[prev[w]] == isb[t_dst[w]]
-                else:
+                elif self.p2p == "deepspeed":
                     edges(tid[f_b], sent[prev[f_b]])
-                edges(sent[prev[s_r]], tid[s_r])
+                if self.p2p != "torch":  # PyTorch posts a receive without waiting for a send
+                    edges(sent[prev[s_r]], tid[s_r])
         mbs_ = np.arange(m)
         edges(op[0, mbs_, V - 1], op[1, mbs_, V - 1])  # F then B of the last virtual stage
         ends_ = np.cumsum([len(o) for o in self.orders]) - 1
         tails = n_ops + t_src.size + np.arange(p, dtype=np.int64)
         edges(ends_, tails)
+        if blocking and "_last_sends" in self.__dict__:  # PyTorch: waited before the tail
+            last_t, last_src = self.__dict__.pop("_last_sends")
+            edges(last_t, tails[stage[last_src]])
         n = int(tails[-1]) + 1
         key = np.sort(np.concatenate(dst) * n + np.concatenate(src))
         key = key[np.r_[True, key[1:] != key[:-1]]]  # by receiver, then sender; unique
@@ -295,6 +308,25 @@ class CompiledSchedule:
         self.kind_of = kind_of
         self.tails = tails.tolist()
         self._csr = (self._topological(n, d_, s_all), kind_of, ptr, s_all)
+
+    def _async_sends(self, edges, tid, t_src, t_dst, nxt, late, sent, snext, sprev) -> None:
+        """PyTorch's Schedule1F1B (torch.distributed.pipelining schedules.py) in its warm-up
+        and cool-down: a send is started without waiting and waited for after the next
+        operation (before the one after it, or before the stage's tail), and the receive for
+        an operation is posted after that wait: the operation two before it's send must have
+        finished. `late` marks those sends (per transfer)."""
+        two = np.full(tid.size, -1, dtype=np.int64)
+        two[late] = snext[nxt[late]]
+        later = late & (two >= 0)
+        edges(tid[later], two[later])
+        self._last_sends = tid[late & (two < 0)], t_src[late & (two < 0)]
+        is_late = late  # per transfer, in tid's order (tid[i] - tid[0] == i)
+        prev = sprev[t_dst]
+        prev2 = np.where(prev >= 0, sprev[np.maximum(prev, 0)], -1)
+        ok = prev2 >= 0
+        ok[ok] &= sent[prev2[ok]] >= 0
+        ok[ok] &= is_late[sent[prev2[ok]] - tid[0]]
+        edges(sent[prev2[ok]], tid[ok])
 
     def _deepspeed_slots(self, stage, isb, mb) -> np.ndarray:
         """Each operation's step in DeepSpeed's TrainSchedule (pipe/schedule.py
@@ -633,11 +665,15 @@ class CompiledSchedule:
         return cache[s]
 
 
+# the 1F1B call sequences the blocking graph follows (CompiledSchedule._build)
+P2P_STYLES = ("megatron", "deepspeed", "torch")
+
+
 @lru_cache(maxsize=512)
 def compile_schedule(schedule: str, p: int, m: int, v: int, blocking: bool,
-                     group: int = 0, serial: bool = False) -> CompiledSchedule:
-    """The schedule's graph, cached; `group` 0 or p is Megatron's default grouping; `serial`:
-    DeepSpeed's one call per transfer (blocking 1F1B only)."""
+                     group: int = 0, p2p: str = "megatron") -> CompiledSchedule:
+    """The schedule's graph, cached; `group` 0 or p is Megatron's default grouping; `p2p`:
+    whose 1F1B calls (P2P_STYLES; blocking 1F1B only)."""
     return CompiledSchedule(schedule, p, m, v, blocking,
                             0 if group == p or schedule != "interleaved" else group,
-                            serial and blocking and schedule == "1f1b")
+                            p2p if blocking and schedule == "1f1b" else "megatron")

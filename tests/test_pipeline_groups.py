@@ -193,15 +193,18 @@ def test_emitted_group_and_its_read_back(llama, c64, tmp_path):
 
 
 def test_deepspeed_sends_one_call_at_a_time(llama, c64):
-    """DeepSpeed's pipeline engine prices the serial graph (tests/test_schedule.py replays its
-    instructions against it), Megatron-LM's the batched one, and an overlapped estimate
-    neither."""
-    for fw, serial in (("deepspeed", True), ("megatron", False)):
+    """Each framework's 1F1B calls are priced: DeepSpeed's pipeline engine one call per
+    transfer, PyTorch's (torchtitan) asynchronous warm-up and cool-down sends, Megatron-LM's
+    batched steady state (tests/test_schedule.py replays each against its graph); an
+    overlapped estimate none of them."""
+    for fw, style, zero in (("deepspeed", "deepspeed", 1), ("megatron", "megatron", 1),
+                            ("torchtitan", "torch", 3)):
         job = JobSpec(global_batch=64, seq_length=4096, framework=fw, precision="bf16")
-        plan = make_plan(llama, job, c64, tp=8, pp=4, dp=2, zero=1, recompute="full")
-        assert Evaluator(llama, job, c64, plan.shape).cs.serial is serial
-        assert not Evaluator(llama, job, c64, plan.shape,
-                             Options(blocking_p2p=False)).cs.serial
+        plan = make_plan(llama, job, c64, tp=8, pp=4, dp=2, zero=zero, recompute="full",
+                         sequence_parallel=fw == "torchtitan")
+        assert Evaluator(llama, job, c64, plan.shape).cs.p2p == style
+        assert Evaluator(llama, job, c64, plan.shape,
+                         Options(blocking_p2p=False)).cs.p2p == "megatron"
 
 
 def test_other_frameworks_emits_of_a_grouped_plan(llama, c64):

@@ -257,7 +257,8 @@ def test_memory_moments_keep_every_peak(sched_v, p, mult, seed):
 
 def _replay(seq, op_ms, tag_ms) -> float:
     """Run each stage's list of calls (seq[s]: ("F"/"B", arg) computations, ("p2p", tags)
-    blocking batches of transfers, a tag (src, dst, key) naming one transfer) step by step:
+    blocking batches of transfers, ("isend", tags) sends started without waiting and
+    ("wait", tags) waiting for them; a tag (src, dst, key) names one transfer) step by step:
     a batch returns when each of its transfers has finished, a transfer taking tag_ms(tag)
     once both its ends have posted it. The time the last stage finishes; a deadlock fails."""
     p = len(seq)
@@ -268,13 +269,20 @@ def _replay(seq, op_ms, tag_ms) -> float:
         for s in range(p):
             while pos[s] < len(seq[s]):
                 kind, arg = seq[s][pos[s]]
-                if kind != "p2p":
+                if kind not in ("p2p", "isend", "wait"):
                     t[s] += op_ms(kind, arg)
                     pos[s] += 1
                     moved = True
                     continue
+                if kind == "isend":
+                    for tag in arg:
+                        posted.setdefault((tag, s), t[s])
+                    pos[s] += 1
+                    moved = True
+                    continue
                 for tag in arg:
-                    posted.setdefault((tag, s), t[s])
+                    if kind == "p2p":
+                        posted.setdefault((tag, s), t[s])
                 end, ready = t[s], True
                 for tag in arg:
                     other = tag[1] if s == tag[0] else tag[0]
@@ -493,7 +501,83 @@ def test_deepspeeds_serial_sends_are_its_call_sequence(p, m, seed):
     rng = np.random.default_rng(seed)
     d = rng.choice([0.0, 0.3, 1.0, 1.7, 4.0], size=K.size)
     d[2 * K.V + 2 * p:] = 0.0  # tails
-    cs = CompiledSchedule("1f1b", p, m, 1, True, serial=True)
+    cs = CompiledSchedule("1f1b", p, m, 1, True, p2p="deepspeed")
     assert cs.longest_path(d) == pytest.approx(_deepspeed_1f1b(p, m, d, K))
     batched = CompiledSchedule("1f1b", p, m, 1, True)
     assert batched.longest_path(d) <= cs.longest_path(d) + 1e-9
+
+
+def _torch_1f1b(p: int, m: int, d, K) -> float:
+    """PyTorch's Schedule1F1B (torch.distributed.pipelining schedules.py, torch 2.13
+    _step_microbatches) replayed call by call: min(m, p - s) warm-up forwards, each receive
+    waited before its forward, each send but the last started without waiting and waited after
+    the next forward; the steady state's send and receive batched and waited; the cool-down's
+    sends waited after the next backward, the last before the step ends."""
+    def calls(s):
+        out, n = [], {"sa": 0, "ra": 0, "sg": 0, "rg": 0}
+
+        def tag(src, dst, kind):
+            key = {(s, "a"): "sa", (s, "g"): "sg"}.get((src, kind), "r" + kind)
+            n[key] += 1
+            return (src, dst, (kind, n[key] - 1))
+        ra = (lambda: [tag(s - 1, s, "a")]) if s > 0 else list
+        sa = (lambda: [tag(s, s + 1, "a")]) if s < p - 1 else list
+        rg = (lambda: [tag(s + 1, s, "g")]) if s < p - 1 else list
+        sg = (lambda: [tag(s, s - 1, "g")]) if s > 0 else list
+
+        def call(kind, tags):
+            if tags:
+                out.append((kind, tags))
+        w = min(m, p - s)
+        fwd = bwd = 0
+        pending, fwd_send = [], []
+        for _ in range(w):
+            call("p2p", ra())
+            out.append(("F", s))
+            call("wait", pending)
+            pending = []
+            if fwd != w - 1:
+                pending = sa()
+                call("isend", pending)
+            else:
+                fwd_send = sa()
+            fwd += 1
+        while True:
+            call("p2p", fwd_send + rg())
+            out.append(("B", s))
+            bwd_send = sg()
+            bwd += 1
+            if fwd == m:
+                break
+            call("p2p", bwd_send + ra())
+            out.append(("F", s))
+            fwd_send = sa()
+            fwd += 1
+        pending = bwd_send
+        call("isend", pending)
+        while bwd < m:
+            call("p2p", rg())
+            out.append(("B", s))
+            call("wait", pending)
+            pending = sg()
+            call("isend", pending)
+            bwd += 1
+        call("wait", pending)
+        return out
+    return _replay([calls(s) for s in range(p)],
+                   lambda kind, j: d[K.F(j)] if kind == "F" else d[K.B(j)],
+                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 10**6))
+def test_pytorchs_1f1b_sends_are_its_call_sequence(p, m, seed):
+    """The graph of PyTorch's 1F1B calls (torchtitan: warm-up and cool-down sends started
+    asynchronously, waited after the next operation) equals a call-by-call replay of
+    Schedule1F1B, with random durations per stage and hop."""
+    K = Kinds(p, 1)
+    rng = np.random.default_rng(seed)
+    d = rng.choice([0.0, 0.3, 1.0, 1.7, 4.0], size=K.size)
+    d[2 * K.V + 2 * p:] = 0.0  # tails
+    cs = CompiledSchedule("1f1b", p, m, 1, True, p2p="torch")
+    assert cs.longest_path(d) == pytest.approx(_torch_1f1b(p, m, d, K))

@@ -299,6 +299,14 @@ def _replay(seq, op_ms, tag_ms) -> float:
     return max(t)
 
 
+def _replay_with(calls, p: int, d, K) -> float:
+    """_replay of every stage's calls(s), with durations d indexed as Kinds K: a forward or
+    backward of virtual stage j, an activation ("a") or gradient transfer over its hop."""
+    return _replay([calls(s) for s in range(p)],
+                   lambda kind, j: d[K.F(j)] if kind == "F" else d[K.B(j)],
+                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])])
+
+
 def _megatron_1f1b_blocking(p: int, m: int, f: float, b: float, x: float) -> float:
     """Megatron-LM's non-interleaved 1F1B (schedules.py
     forward_backward_pipelining_without_interleaving) as its calls run: each p2p call (a
@@ -424,9 +432,7 @@ def _megatron_interleaved_blocking(p: int, m: int, v: int, n: int, d, K) -> floa
             comm(send_g=sg, recv_g=recv(s, k, False) and k != total - 1)
         return out
 
-    return _replay([calls(s) for s in range(p)],
-                   lambda kind, j: d[K.F(j)] if kind == "F" else d[K.B(j)],
-                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])])
+    return _replay_with(calls, p, d, K)
 
 
 @settings(max_examples=80, deadline=None)
@@ -485,26 +491,7 @@ def _deepspeed_1f1b(p: int, m: int, d, K) -> float:
                 out.append(("F" if fwd else "B", s))
             prev = mb
         return out
-    return _replay([calls(s) for s in range(p)],
-                   lambda kind, j: d[K.F(j)] if kind == "F" else d[K.B(j)],
-                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])])
-
-
-@settings(max_examples=80, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 10**6))
-def test_deepspeeds_serial_sends_are_its_call_sequence(p, m, seed):
-    """The serial graph (DeepSpeed: every send and receive a blocking call of its own, in
-    TrainSchedule's order) equals an instruction-by-instruction replay of DeepSpeed's
-    schedule, with random durations per stage and hop; its operation order is the 1F1B
-    order (the replay's computations, stage by stage)."""
-    K = Kinds(p, 1)
-    rng = np.random.default_rng(seed)
-    d = rng.choice([0.0, 0.3, 1.0, 1.7, 4.0], size=K.size)
-    d[2 * K.V + 2 * p:] = 0.0  # tails
-    cs = CompiledSchedule("1f1b", p, m, 1, True, p2p="deepspeed")
-    assert cs.longest_path(d) == pytest.approx(_deepspeed_1f1b(p, m, d, K))
-    batched = CompiledSchedule("1f1b", p, m, 1, True)
-    assert batched.longest_path(d) <= cs.longest_path(d) + 1e-9
+    return _replay_with(calls, p, d, K)
 
 
 def _torch_1f1b(p: int, m: int, d, K) -> float:
@@ -564,20 +551,25 @@ def _torch_1f1b(p: int, m: int, d, K) -> float:
             bwd += 1
         call("wait", pending)
         return out
-    return _replay([calls(s) for s in range(p)],
-                   lambda kind, j: d[K.F(j)] if kind == "F" else d[K.B(j)],
-                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])])
+    return _replay_with(calls, p, d, K)
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 10**6))
-def test_pytorchs_1f1b_sends_are_its_call_sequence(p, m, seed):
-    """The graph of PyTorch's 1F1B calls (torchtitan: warm-up and cool-down sends started
-    asynchronously, waited after the next operation) equals a call-by-call replay of
-    Schedule1F1B, with random durations per stage and hop."""
+@given(st.sampled_from(["deepspeed", "torch"]), st.integers(1, 6), st.integers(1, 12),
+       st.integers(0, 10**6))
+def test_each_frameworks_1f1b_graph_is_its_call_sequence(style, p, m, seed):
+    """The blocking 1F1B graph of each framework's calls equals a call-by-call replay of its
+    own schedule, with random durations per stage and hop: DeepSpeed (every send and receive a
+    blocking call of its own, in TrainSchedule's order; never faster than Megatron-LM's
+    batched calls) and PyTorch's Schedule1F1B (torchtitan: warm-up and cool-down sends started
+    without waiting and waited after the next operation)."""
     K = Kinds(p, 1)
     rng = np.random.default_rng(seed)
     d = rng.choice([0.0, 0.3, 1.0, 1.7, 4.0], size=K.size)
     d[2 * K.V + 2 * p:] = 0.0  # tails
-    cs = CompiledSchedule("1f1b", p, m, 1, True, p2p="torch")
-    assert cs.longest_path(d) == pytest.approx(_torch_1f1b(p, m, d, K))
+    replay = {"deepspeed": _deepspeed_1f1b, "torch": _torch_1f1b}[style]
+    cs = CompiledSchedule("1f1b", p, m, 1, True, p2p=style)
+    assert cs.longest_path(d) == pytest.approx(replay(p, m, d, K))
+    if style == "deepspeed":
+        batched = CompiledSchedule("1f1b", p, m, 1, True)
+        assert batched.longest_path(d) <= cs.longest_path(d) + 1e-9

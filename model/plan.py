@@ -587,11 +587,15 @@ def p2p_style(job: JobSpec, shape: Shape, blocking_p2p: bool) -> str:
     P2P_STYLES): DeepSpeed's pipeline engine makes every send and receive a blocking call of
     its own, one after the other (p2p.py dist.send / dist.recv in TrainSchedule's order);
     PyTorch's Schedule1F1B (torchtitan) starts its warm-up and cool-down sends without
-    waiting and waits for each after the next operation; Megatron-LM batches the steady
-    state's and calls the others one at a time."""
-    if not blocking_p2p or shape.schedule != "1f1b":
+    waiting and waits for each after the next operation, and its ScheduleGPipe waits for its
+    sends at the end of each phase; Megatron-LM batches the steady state's and calls the
+    others one at a time."""
+    if not blocking_p2p or shape.schedule == "interleaved":
         return "megatron"
-    return {"deepspeed": "deepspeed", "torchtitan": "torch"}.get(job.framework, "megatron")
+    if job.framework == "torchtitan":
+        return "torch"
+    return "deepspeed" if job.framework == "deepspeed" and shape.schedule == "1f1b" else \
+        "megatron"
 
 
 def schedule_key(job: JobSpec, shape: Shape, blocking_p2p: bool) -> tuple:

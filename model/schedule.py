@@ -147,7 +147,8 @@ class CompiledSchedule:
         self.schedule, self.p, self.m, self.v, self.blocking = schedule, p, m, v, blocking
         # whose blocking 1F1B calls (P2P_STYLES): Megatron-LM's, DeepSpeed's (every send and
         # receive a call of its own) or PyTorch's (warm-up and cool-down sends asynchronous)
-        self.p2p = p2p if blocking and schedule == "1f1b" else "megatron"
+        self.p2p = p2p if blocking and (schedule == "1f1b" or (
+            schedule == "gpipe" and p2p == "torch")) else "megatron"
         self.group = group or p  # interleaved: micro-batches per group (`stage_order`)
         self.kinds = Kinds(p, v)
         self.orders = [stage_order(schedule, p, m, v, s, group) for s in range(p)]
@@ -239,11 +240,15 @@ class CompiledSchedule:
             # PyTorch's 1F1B sends asynchronously between two operations of one kind (warm-up,
             # cool-down) and waits for the send only after the next operation
             late = np.zeros(tid.size, dtype=bool)
-            if self.p2p == "torch":
+            if self.p2p == "torch" and self.schedule == "gpipe":
+                late[:] = True  # every send waited at the end of its phase (_gpipe_sends)
+            elif self.p2p == "torch":
                 late[nxt >= 0] = isb[nxt[nxt >= 0]] == isb[t_src[nxt >= 0]]
             s_ = (nxt >= 0) & ~late  # the sender's next step waits for its send to finish
             edges(tid[s_], nxt[s_])
-            if late.any():
+            if self.p2p == "torch" and self.schedule == "gpipe":
+                self._gpipe_sends(edges, tid, t_src, t_dst, isb, stage)
+            elif late.any():
                 self._async_sends(edges, tid, t_src, t_dst, nxt, late, sent, snext, sprev)
             if self.schedule == "interleaved":
                 # a stage whose every forward is warm-up (few micro-batches) receives its first
@@ -327,6 +332,22 @@ class CompiledSchedule:
         ok[ok] &= sent[prev2[ok]] >= 0
         ok[ok] &= is_late[sent[prev2[ok]] - tid[0]]
         edges(sent[prev2[ok]], tid[ok])
+
+    def _gpipe_sends(self, edges, tid, t_src, t_dst, isb, stage) -> None:
+        """PyTorch's ScheduleGPipe (torchtitan's GPipe): every send starts without waiting; the
+        forwards' are all waited for before the stage's first backward (and its receive, posted
+        after the waits), the backwards' before the step ends (the stage's tail)."""
+        fwd = ~isb[t_src]
+        first_b = np.full(self.p, -1, dtype=np.int64)  # each stage's first backward
+        b_ops = np.flatnonzero(isb)
+        first_b[stage[b_ops[::-1]]] = b_ops[::-1]
+        f_send = fwd & (first_b[stage[t_src]] >= 0)
+        edges(tid[f_send], first_b[stage[t_src[f_send]]])
+        into_b = np.flatnonzero(isb[t_dst] & (t_dst == first_b[stage[t_dst]]))
+        for i in into_b:  # the first backward's receive, after the forward sends' waits
+            mine = f_send & (stage[t_src] == stage[t_dst[i]])
+            edges(tid[mine], np.full(int(mine.sum()), tid[i]))
+        self._last_sends = tid[~fwd], t_src[~fwd]
 
     def _deepspeed_slots(self, stage, isb, mb) -> np.ndarray:
         """Each operation's step in DeepSpeed's TrainSchedule (pipe/schedule.py
@@ -676,4 +697,5 @@ def compile_schedule(schedule: str, p: int, m: int, v: int, blocking: bool,
     whose 1F1B calls (P2P_STYLES; blocking 1F1B only)."""
     return CompiledSchedule(schedule, p, m, v, blocking,
                             0 if group == p or schedule != "interleaved" else group,
-                            p2p if blocking and schedule == "1f1b" else "megatron")
+                            p2p if blocking and (schedule == "1f1b" or (
+                                schedule == "gpipe" and p2p == "torch")) else "megatron")

@@ -205,6 +205,10 @@ def test_deepspeed_sends_one_call_at_a_time(llama, c64):
         assert Evaluator(llama, job, c64, plan.shape).cs.p2p == style
         assert Evaluator(llama, job, c64, plan.shape,
                          Options(blocking_p2p=False)).cs.p2p == "megatron"
+    tt = JobSpec(global_batch=64, seq_length=4096, framework="torchtitan")
+    gp = make_plan(llama, tt, c64, tp=8, pp=4, dp=2, zero=3, recompute="full",
+                   sequence_parallel=True, schedule="gpipe")
+    assert Evaluator(llama, tt, c64, gp.shape).cs.p2p == "torch"  # ScheduleGPipe's calls
 
 
 def test_other_frameworks_emits_of_a_grouped_plan(llama, c64):

@@ -554,6 +554,48 @@ def _torch_1f1b(p: int, m: int, d, K) -> float:
     return _replay_with(calls, p, d, K)
 
 
+def _torch_gpipe(p: int, m: int, d, K) -> float:
+    """PyTorch's ScheduleGPipe (schedules.py, torch 2.13 _step_microbatches) replayed call by
+    call: every forward after its receive, its send started without waiting, the sends all
+    waited for after the last forward; the backwards likewise, their sends before the end."""
+    def calls(s):
+        out, n = [], {"sa": 0, "ra": 0, "sg": 0, "rg": 0}
+
+        def tag(src, dst, kind):
+            key = {(s, "a"): "sa", (s, "g"): "sg"}.get((src, kind), "r" + kind)
+            n[key] += 1
+            return [(src, dst, (kind, n[key] - 1))]
+        for kind, recv, send in (("F", (s - 1, s, "a"), (s, s + 1, "a")),
+                                 ("B", (s + 1, s, "g"), (s, s - 1, "g"))):
+            pending = []
+            for _i in range(m):
+                if 0 <= recv[0] < p:
+                    out.append(("p2p", tag(*recv)))
+                out.append((kind, s))
+                if 0 <= send[1] < p:
+                    x = tag(*send)
+                    out.append(("isend", x))
+                    pending += x
+            if pending:
+                out.append(("wait", pending))
+        return out
+    return _replay_with(calls, p, d, K)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 10**6))
+def test_pytorchs_gpipe_graph_is_its_call_sequence(p, m, seed):
+    """torchtitan's GPipe as PyTorch calls it (sends waited at the end of each phase) equals a
+    call-by-call replay of ScheduleGPipe, with random durations per stage and hop."""
+    K = Kinds(p, 1)
+    rng = np.random.default_rng(seed)
+    d = rng.choice([0.0, 0.3, 1.0, 1.7, 4.0], size=K.size)
+    d[2 * K.V + 2 * p:] = 0.0  # tails
+    cs = CompiledSchedule("gpipe", p, m, 1, True, p2p="torch")
+    assert cs.p2p == "torch"
+    assert cs.longest_path(d) == pytest.approx(_torch_gpipe(p, m, d, K))
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.sampled_from(["deepspeed", "torch"]), st.integers(1, 6), st.integers(1, 12),
        st.integers(0, 10**6))

@@ -25,7 +25,7 @@ _HF_KEYS = {
 }
 _GATED = {"llama": True, "mistral": True, "qwen2": True, "qwen3": True, "mixtral": True,
           "gpt2": False, "gpt_neox": False, "qwen2_moe": True, "qwen3_moe": True,
-          "deepseek_v2": True, "deepseek_v3": True}
+          "deepseek_v2": True, "deepseek_v3": True, "phi3": True}
 # mixture-of-experts keys (transformers' MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig):
 # routed experts, experts per token, one expert's FFN width (Mixtral's is intermediate_size)
 _MOE_KEYS = {"mixtral": ("num_local_experts", "num_experts_per_tok", None),
@@ -42,7 +42,7 @@ _CLASSES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
             "MixtralForCausalLM": "mixtral", "GPT2LMHeadModel": "gpt2",
             "GPTNeoXForCausalLM": "gpt_neox", "Qwen2MoeForCausalLM": "qwen2_moe",
             "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
-            "DeepseekV3ForCausalLM": "deepseek_v3"}
+            "DeepseekV3ForCausalLM": "deepseek_v3", "Phi3ForCausalLM": "phi3"}
 # Architecture per family (the transformers modeling file of each): position embedding, norm,
 # linear-layer biases (all four; Qwen2's QKV-only biases are _QKV_BIAS).
 _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", False),
@@ -50,7 +50,11 @@ _ARCH = {"llama": ("rope", "rmsnorm", False), "mistral": ("rope", "rmsnorm", Fal
          "mixtral": ("rope", "rmsnorm", False),
          "gpt2": ("learned", "layernorm", True), "gpt_neox": ("rope", "layernorm", True),
          "qwen2_moe": ("rope", "rmsnorm", False), "qwen3_moe": ("rope", "rmsnorm", False),
-         "deepseek_v2": ("rope", "rmsnorm", False), "deepseek_v3": ("rope", "rmsnorm", False)}
+         "deepseek_v2": ("rope", "rmsnorm", False), "deepseek_v3": ("rope", "rmsnorm", False),
+         # Phi-3 and Phi-4 (transformers' Phi3DecoderLayer): Llama's block with the query, key
+         # and value projections fused in one qkv_proj and gate and up in one gate_up_proj,
+         # the same weights and FLOPs
+         "phi3": ("rope", "rmsnorm", False)}
 # families with biases on the query, key and value projections only (transformers'
 # Qwen2Attention and Qwen2MoeAttention: q_proj, k_proj, v_proj with bias=True, o_proj without)
 _QKV_BIAS = ("qwen2", "qwen2_moe")
@@ -83,6 +87,8 @@ def _dropout(cfg: dict, mtype: str, src: str) -> bool:
     families' attention_dropout / hidden_dropout to 0 (transformers' configuration classes)."""
     if mtype == "gpt2":
         keys, default = ("resid_pdrop", "attn_pdrop", "embd_pdrop"), 0.1
+    elif mtype == "phi3":  # Phi3Config: resid_pdrop, embd_pdrop, attention_dropout, all 0
+        keys, default = ("resid_pdrop", "embd_pdrop", "attention_dropout"), 0.0
     else:
         keys, default = ("attention_dropout", "hidden_dropout"), 0.0
     rates = {k: _typed(cfg, k, float, src, default) for k in keys}

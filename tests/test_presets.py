@@ -376,3 +376,27 @@ def test_a_quantized_checkpoints_format_is_said(tmp_path):
                for x in presets.model(str(p)).unmodelled)
     p.write_text(json.dumps(_DEEPSEEK))
     assert not any("quantization" in x for x in presets.model(str(p)).unmodelled)
+
+
+def test_phi3_configs_load_as_llamas_block(tmp_path):
+    """Phi-3 and Phi-4 (model_type phi3: Llama's block with fused qkv and gate_up projections,
+    the same weights) load with their published sizes (Phi-3-mini 3.8B, Phi-4 14.7B), their
+    sliding window said, and their own dropout keys read (resid_pdrop, embd_pdrop)."""
+    mini = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+            "max_position_embeddings": 4096, "vocab_size": 32064, "rope_theta": 10000.0,
+            "sliding_window": 2047, "tie_word_embeddings": False, "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0, "attention_dropout": 0.0}
+    phi4 = dict(mini, hidden_size=5120, intermediate_size=17920, num_attention_heads=40,
+                num_hidden_layers=40, num_key_value_heads=10, vocab_size=100352,
+                rope_theta=250000, sliding_window=None, max_position_embeddings=16384)
+    p = tmp_path / "config.json"
+    for cfg, billions in ((mini, 3.821), (phi4, 14.66)):
+        p.write_text(json.dumps(cfg))
+        m = presets.model(str(p))
+        assert m.total_params / 1e9 == pytest.approx(billions, abs=0.001)
+        assert m.gated_mlp and m.norm == "rmsnorm" and not m.bias and not m.dropout
+    p.write_text(json.dumps(mini))
+    assert any(x.startswith("sliding_window 2047") for x in presets.model(str(p)).unmodelled)
+    p.write_text(json.dumps(dict(mini, resid_pdrop=0.1)))
+    assert presets.model(str(p)).dropout

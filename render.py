@@ -530,11 +530,12 @@ def print_compare(rows, title: str, csv_path=None) -> None:
                   r["proven"])
     con = console()
     con.print(t)
-    con.print(f"{over}: iteration time / the exact search's "
-              + ("proven optimum" if over == "over optimum" else
-                 "lower bound (optimality not proven: not a gap to the optimum)"
-                 if over == "over lower bound" else
-                 "proven optimum, or its lower bound where not proven (column reference)")
+    con.print(f"{over}: iteration time / "
+              + ("the exact search's proven optimum" if over == "over optimum" else
+                 "the larger of the two searches' lower bounds (optimality not proven: not a "
+                 "gap to the optimum)" if over == "over lower bound" else
+                 "the exact search's proven optimum, or the larger of the searches' lower "
+                 "bounds where not proven (column reference)")
               + " - 1; solver gap: (time - bound) / time, as solve reports it", highlight=False)
     if csv_path is not None:
         con.print(f"wrote {csv_path}")

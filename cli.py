@@ -555,6 +555,22 @@ def _schedules(text: str | None) -> tuple[tuple[str, int], ...] | None:
 KV_ROTATIONS = tuple(r.value for r in KvRotate)
 
 
+def _mb_groups(text: str | None, framework: str | None) -> tuple[str, ...] | None:
+    """--mb-groups: Megatron-LM's stack's interleaved micro-batch groups; refused for
+    torchtitan (PyTorch runs its own rounds) and DeepSpeed (no interleaved schedule), not
+    ignored."""
+    from model.errors import SpecError
+
+    vals = _choice_list(text, "--mb-groups", ("smallest", "whole"))
+    if vals and "whole" in vals and framework in ("torchtitan", "deepspeed"):
+        raise SpecError("the micro-batch groups are Megatron-LM's; "
+                        + ("torchtitan's interleaved schedule runs PyTorch's own rounds"
+                           if framework == "torchtitan" else
+                           "DeepSpeed's pipeline engine has no interleaved schedule")
+                        + ": drop --mb-groups", source="options", field="--mb-groups")
+    return vals
+
+
 def _p2p_check(blocking: bool, framework: str) -> None:
     """--overlapped for DeepSpeed is refused: its pipeline engine blocks on every send and
     receive (p2p.py dist.send / dist.recv), so an overlapped price is of nothing it runs."""
@@ -614,8 +630,7 @@ def _space(tp_comm_overlap: bool, overlap_grad_reduce: bool | None, overlap_para
                        overlap_grad_reduce=(bool(overlap_grad_reduce),),
                        overlap_param_gather=(overlap_param_gather,),
                        ep_comm_overlap=(ep_comm_overlap,),
-                       mb_groups=_choice_list(mb_groups, "--mb-groups", ("smallest", "whole"))
-                       or base.mb_groups)
+                       mb_groups=_mb_groups(mb_groups, framework) or base.mb_groups)
 
 
 def _interval_json(interval, profile: str) -> dict:

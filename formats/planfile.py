@@ -558,6 +558,9 @@ def load_plan(path) -> tuple[ModelSpec, JobSpec, ClusterSpec, Plan, Options, dic
     if bad := dense_moe_option(model, job):  # as the commands refuse it
         raise rd.err(f"job.{bad[0]}", bad[1])
     options = _read_options(rd, rd.obj(doc, "options", "", optional=True), ver, notes)
+    if job.framework == "deepspeed" and not options.blocking_p2p:  # as the commands refuse it
+        raise rd.err("options.blocking_p2p", "false, but DeepSpeed's pipeline engine blocks on "
+                     "every send and receive (its p2p.py): make it true")
     cluster = _read_cluster(rd, rd.obj(doc, "cluster", ""), ver, notes)
     for nd in cluster.nodes:
         if job.precision not in nd.gpu.peak_tflops:

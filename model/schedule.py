@@ -250,6 +250,12 @@ class CompiledSchedule:
                 self._gpipe_sends(edges, tid, t_src, t_dst, isb, stage)
             elif late.any():
                 self._async_sends(edges, tid, t_src, t_dst, nxt, late, sent, snext, sprev)
+            if self.p2p == "torch" and self.schedule == "1f1b":
+                # the stage's last operation's send is waited for before the step ends too
+                last_t, last_src = self.__dict__.get("_last_sends", ((), ()))
+                end = nxt < 0
+                self._last_sends = (np.concatenate([last_t, tid[end]]).astype(np.int64),
+                                    np.concatenate([last_src, t_src[end]]).astype(np.int64))
             if self.schedule == "interleaved":
                 # a stage whose every forward is warm-up (few micro-batches) receives its first
                 # gradient in a call of its own (recv_backward) after the last forward's send

@@ -619,7 +619,7 @@ def _beyond_groups(job, cluster, space: SearchSpace) -> list:
                            ("--overlap-grad-reduce", asked_grad(sh)),
                            ("--overlap-param-gather", sh.overlap_param_gather),
                            ("--ep-comm-overlap", sh.ep_comm_overlap)) if on)))
-    if fw != "torchtitan" and "whole" not in space.mb_groups and any(
+    if fw not in ("torchtitan", "deepspeed") and "whole" not in space.mb_groups and any(
             name == "interleaved" for name, _v in space.schedules):
         # Megatron-LM's interleaved schedule in one group of every micro-batch: a longer
         # warm-up, less waiting at the chunk boundaries (SearchSpace.mb_groups)

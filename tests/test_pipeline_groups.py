@@ -250,3 +250,30 @@ def test_the_search_can_take_one_group_of_every_micro_batch(llama, c64):
     tt = JobSpec(global_batch=30, seq_length=4096, framework="torchtitan")
     assert {sh.mb_group for sh in enumerate_shapes(llama, tt, c64, both)
             if sh.schedule == "interleaved"} <= {0}
+
+
+def test_what_a_framework_cannot_run_is_refused_everywhere(llama, c64, tmp_path):
+    """DeepSpeed's overlapped sends are refused in a plan file as on the command line; the
+    micro-batch groups' search option for torchtitan and DeepSpeed, whose schedules have no
+    such setting, is refused rather than ignored, and neither is offered it beyond its
+    search."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from solvers.search import _beyond_groups
+    job = JobSpec(global_batch=64, seq_length=4096, framework="deepspeed", precision="bf16")
+    plan = make_plan(llama, job, c64, tp=8, pp=4, dp=2, zero=1, recompute="full")
+    save_plan(tmp_path / "ds.json", llama, job, c64, plan, estimate(llama, job, c64, plan))
+    doc = json.loads((tmp_path / "ds.json").read_text())
+    doc["options"]["blocking_p2p"] = False
+    (tmp_path / "ds.json").write_text(json.dumps(doc))
+    with pytest.raises(SpecError) as e:
+        load_plan(tmp_path / "ds.json")
+    assert e.value.field == "options.blocking_p2p"
+    for fw in ("torchtitan", "deepspeed"):
+        r = CliRunner().invoke(app, ["solve", "--framework", fw, "--mb-groups", "whole",
+                                     "--time-limit", "2"])
+        assert r.exit_code == 2 and "--mb-groups" in r.output, r.output
+        labels = [b.label for b, *_ in _beyond_groups(
+            dataclasses.replace(job, framework=fw), c64, SearchSpace())]
+        assert not any(x.startswith("interleaved in one") for x in labels), labels

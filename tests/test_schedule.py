@@ -255,7 +255,7 @@ def test_memory_moments_keep_every_peak(sched_v, p, mult, seed):
             assert max(mem(k, c) for k, c in kept) == max(mem(k, c) for k, _ch, c in every)
 
 
-def _replay(seq, op_ms, tag_ms) -> float:
+def _replay(seq, op_ms, tag_ms, per_stage: bool = False):
     """Run each stage's list of calls (seq[s]: ("F"/"B", arg) computations, ("p2p", tags)
     blocking batches of transfers, ("isend", tags) sends started without waiting and
     ("wait", tags) waiting for them; a tag (src, dst, key) names one transfer) step by step:
@@ -296,15 +296,16 @@ def _replay(seq, op_ms, tag_ms) -> float:
                 pos[s] += 1
                 moved = True
     assert pos == [len(q) for q in seq], "the replay deadlocked"
-    return max(t)
+    return t if per_stage else max(t)
 
 
-def _replay_with(calls, p: int, d, K) -> float:
+def _replay_with(calls, p: int, d, K, per_stage: bool = False):
     """_replay of every stage's calls(s), with durations d indexed as Kinds K: a forward or
     backward of virtual stage j, an activation ("a") or gradient transfer over its hop."""
     return _replay([calls(s) for s in range(p)],
                    lambda kind, j: d[K.F(j)] if kind == "F" else d[K.B(j)],
-                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])])
+                   lambda tag: d[K.xf(tag[0]) if tag[2][0] == "a" else K.xb(tag[1])],
+                   per_stage)
 
 
 def _megatron_1f1b_blocking(p: int, m: int, f: float, b: float, x: float) -> float:
@@ -362,7 +363,8 @@ def test_blocking_1f1b_is_megatrons_call_sequence(p, m, f, b, x):
     assert got == pytest.approx(_megatron_1f1b_blocking(p, m, f, b, x))
 
 
-def _megatron_interleaved_blocking(p: int, m: int, v: int, n: int, d, K) -> float:
+def _megatron_interleaved_blocking(p: int, m: int, v: int, n: int, d, K,
+                                   per_stage: bool = False):
     """Megatron-LM's interleaved schedule (schedules.py forward_backward_pipelining_with_
     interleaving, --no-overlap-p2p-communication) replayed call by call: warm-up, steady state
     and cool-down steps, each ending in one batched p2p call that returns when its transfers
@@ -432,7 +434,7 @@ def _megatron_interleaved_blocking(p: int, m: int, v: int, n: int, d, K) -> floa
             comm(send_g=sg, recv_g=recv(s, k, False) and k != total - 1)
         return out
 
-    return _replay_with(calls, p, d, K)
+    return _replay_with(calls, p, d, K, per_stage)
 
 
 @settings(max_examples=80, deadline=None)
@@ -453,7 +455,7 @@ def test_blocking_interleaved_is_megatrons_call_sequence(p, v, m, extra, seed):
     assert cs.longest_path(d) == pytest.approx(_megatron_interleaved_blocking(p, m, v, n, d, K))
 
 
-def _deepspeed_1f1b(p: int, m: int, d, K) -> float:
+def _deepspeed_1f1b(p: int, m: int, d, K, per_stage: bool = False):
     """DeepSpeed's pipeline engine replayed instruction by instruction (runtime/pipe/
     schedule.py TrainSchedule.steps and _step_to_micro_batch, its 2 (m + p - 1) steps a stage,
     forward and backward slots alternating; each SendActivation, RecvActivation, SendGrad and
@@ -491,10 +493,10 @@ def _deepspeed_1f1b(p: int, m: int, d, K) -> float:
                 out.append(("F" if fwd else "B", s))
             prev = mb
         return out
-    return _replay_with(calls, p, d, K)
+    return _replay_with(calls, p, d, K, per_stage)
 
 
-def _torch_1f1b(p: int, m: int, d, K) -> float:
+def _torch_1f1b(p: int, m: int, d, K, per_stage: bool = False):
     """PyTorch's Schedule1F1B (torch.distributed.pipelining schedules.py, torch 2.13
     _step_microbatches) replayed call by call: min(m, p - s) warm-up forwards, each receive
     waited before its forward, each send but the last started without waiting and waited after
@@ -551,10 +553,10 @@ def _torch_1f1b(p: int, m: int, d, K) -> float:
             bwd += 1
         call("wait", pending)
         return out
-    return _replay_with(calls, p, d, K)
+    return _replay_with(calls, p, d, K, per_stage)
 
 
-def _torch_gpipe(p: int, m: int, d, K) -> float:
+def _torch_gpipe(p: int, m: int, d, K, per_stage: bool = False):
     """PyTorch's ScheduleGPipe (schedules.py, torch 2.13 _step_microbatches) replayed call by
     call: every forward after its receive, its send started without waiting, the sends all
     waited for after the last forward; the backwards likewise, their sends before the end."""
@@ -579,7 +581,7 @@ def _torch_gpipe(p: int, m: int, d, K) -> float:
             if pending:
                 out.append(("wait", pending))
         return out
-    return _replay_with(calls, p, d, K)
+    return _replay_with(calls, p, d, K, per_stage)
 
 
 @settings(max_examples=80, deadline=None)
@@ -594,6 +596,8 @@ def test_pytorchs_gpipe_graph_is_its_call_sequence(p, m, seed):
     cs = CompiledSchedule("gpipe", p, m, 1, True, p2p="torch")
     assert cs.p2p == "torch"
     assert cs.longest_path(d) == pytest.approx(_torch_gpipe(p, m, d, K))
+    # each stage's step ends, its tail's start, as the replay's: after its last send's wait
+    assert cs.tail_starts(d) == pytest.approx(_torch_gpipe(p, m, d, K, per_stage=True))
 
 
 @settings(max_examples=80, deadline=None)
@@ -612,6 +616,8 @@ def test_each_frameworks_1f1b_graph_is_its_call_sequence(style, p, m, seed):
     replay = {"deepspeed": _deepspeed_1f1b, "torch": _torch_1f1b}[style]
     cs = CompiledSchedule("1f1b", p, m, 1, True, p2p=style)
     assert cs.longest_path(d) == pytest.approx(replay(p, m, d, K))
+    if style == "torch":  # each stage's step ends after its last send's wait
+        assert cs.tail_starts(d) == pytest.approx(replay(p, m, d, K, per_stage=True))
     if style == "deepspeed":
         batched = CompiledSchedule("1f1b", p, m, 1, True)
         assert batched.longest_path(d) <= cs.longest_path(d) + 1e-9

@@ -536,8 +536,13 @@ class MemoryModel:
         layers (embedding, output layer, final norm, stage 0's dense-layer difference; their
         count on one GPU given) and the ZeRO-3 gathering buffers."""
         return params_without_layers * self._per_param + self.transient + (
-            self.first_dense_static if stage == 0 else 0.0) + (
-            self.pipe_stale if stage == self.shape.pp - 1 else 0.0)
+            self.first_dense_static if stage == 0 else 0.0) + self.held_bytes(stage)
+
+    def held_bytes(self, stage: int) -> float:
+        """Activation bytes a stage holds at every moment whatever its schedule: DeepSpeed's
+        stale logits on the last stage (pipe_stale). Counted in `stage` and, for the MILP and
+        the bounds, in `const_static_bytes` alike."""
+        return self.pipe_stale if stage == self.shape.pp - 1 else 0.0
 
     def chunk_act_bytes(self, j: int, layers: int) -> float:
         a = layers * self.act_layer
@@ -558,8 +563,7 @@ class MemoryModel:
         # the peak over every moment of the schedule that can be one (first one on ties)
         is_b, counts = self.cs.inflight_arrays(s)
         work = self.stage_work(s)
-        total = counts @ chunk_bytes + np.where(is_b, work, 0.0) + (
-            self.pipe_stale if s == sh.pp - 1 else 0.0)
+        total = counts @ chunk_bytes + np.where(is_b, work, 0.0) + self.held_bytes(s)
         i = int(np.argmax(total))
         best = float(total[i])
         best_counts = tuple(int(x) for x in counts[i])

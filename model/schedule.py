@@ -246,16 +246,15 @@ class CompiledSchedule:
                 late[nxt >= 0] = isb[nxt[nxt >= 0]] == isb[t_src[nxt >= 0]]
             s_ = (nxt >= 0) & ~late  # the sender's next step waits for its send to finish
             edges(tid[s_], nxt[s_])
+            # PyTorch waits for its last sends before the step ends (the stage's tail)
+            to_tail = np.zeros(tid.size, dtype=bool)
             if self.p2p == "torch" and self.schedule == "gpipe":
-                self._gpipe_sends(edges, tid, t_src, t_dst, isb, stage)
+                to_tail = self._gpipe_sends(edges, tid, t_src, t_dst, isb, stage)
             elif late.any():
-                self._async_sends(edges, tid, t_src, t_dst, nxt, late, sent, snext, sprev)
-            if self.p2p == "torch" and self.schedule == "1f1b":
-                # the stage's last operation's send is waited for before the step ends too
-                last_t, last_src = self.__dict__.get("_last_sends", ((), ()))
-                end = nxt < 0
-                self._last_sends = (np.concatenate([last_t, tid[end]]).astype(np.int64),
-                                    np.concatenate([last_src, t_src[end]]).astype(np.int64))
+                to_tail = self._async_sends(edges, tid, t_src, t_dst, nxt, late, sent, snext,
+                                            sprev)
+            if self.p2p == "torch":
+                to_tail |= nxt < 0  # the stage's last operation's send
             if self.schedule == "interleaved":
                 # a stage whose every forward is warm-up (few micro-batches) receives its first
                 # gradient in a call of its own (recv_backward) after the last forward's send
@@ -303,9 +302,8 @@ class CompiledSchedule:
         ends_ = np.cumsum([len(o) for o in self.orders]) - 1
         tails = n_ops + t_src.size + np.arange(p, dtype=np.int64)
         edges(ends_, tails)
-        if blocking and "_last_sends" in self.__dict__:  # PyTorch: waited before the tail
-            last_t, last_src = self.__dict__.pop("_last_sends")
-            edges(last_t, tails[stage[last_src]])
+        if blocking and to_tail.any():
+            edges(tid[to_tail], tails[stage[t_src[to_tail]]])
         n = int(tails[-1]) + 1
         key = np.sort(np.concatenate(dst) * n + np.concatenate(src))
         key = key[np.r_[True, key[1:] != key[:-1]]]  # by receiver, then sender; unique
@@ -320,17 +318,18 @@ class CompiledSchedule:
         self.tails = tails.tolist()
         self._csr = (self._topological(n, d_, s_all), kind_of, ptr, s_all)
 
-    def _async_sends(self, edges, tid, t_src, t_dst, nxt, late, sent, snext, sprev) -> None:
+    def _async_sends(self, edges, tid, t_src, t_dst, nxt, late, sent, snext,
+                     sprev) -> np.ndarray:
         """PyTorch's Schedule1F1B (torch.distributed.pipelining schedules.py) in its warm-up
         and cool-down: a send is started without waiting and waited for after the next
         operation (before the one after it, or before the stage's tail), and the receive for
         an operation is posted after that wait: the operation two before it's send must have
-        finished. `late` marks those sends (per transfer)."""
+        finished. `late` marks those sends (per transfer); returns those waited for before
+        the stage's tail (no operation two after)."""
         two = np.full(tid.size, -1, dtype=np.int64)
         two[late] = snext[nxt[late]]
         later = late & (two >= 0)
         edges(tid[later], two[later])
-        self._last_sends = tid[late & (two < 0)], t_src[late & (two < 0)]
         is_late = late  # per transfer, in tid's order (tid[i] - tid[0] == i)
         prev = sprev[t_dst]
         prev2 = np.where(prev >= 0, sprev[np.maximum(prev, 0)], -1)
@@ -338,11 +337,12 @@ class CompiledSchedule:
         ok[ok] &= sent[prev2[ok]] >= 0
         ok[ok] &= is_late[sent[prev2[ok]] - tid[0]]
         edges(sent[prev2[ok]], tid[ok])
+        return late & (two < 0)
 
-    def _gpipe_sends(self, edges, tid, t_src, t_dst, isb, stage) -> None:
+    def _gpipe_sends(self, edges, tid, t_src, t_dst, isb, stage) -> np.ndarray:
         """PyTorch's ScheduleGPipe (torchtitan's GPipe): every send starts without waiting; the
         forwards' are all waited for before the stage's first backward (and its receive, posted
-        after the waits), the backwards' before the step ends (the stage's tail)."""
+        after the waits), the backwards' before the step ends (the stage's tail): returned."""
         fwd = ~isb[t_src]
         first_b = np.full(self.p, -1, dtype=np.int64)  # each stage's first backward
         b_ops = np.flatnonzero(isb)
@@ -353,7 +353,7 @@ class CompiledSchedule:
         for i in into_b:  # the first backward's receive, after the forward sends' waits
             mine = f_send & (stage[t_src] == stage[t_dst[i]])
             edges(tid[mine], np.full(int(mine.sum()), tid[i]))
-        self._last_sends = tid[~fwd], t_src[~fwd]
+        return ~fwd
 
     def _deepspeed_slots(self, stage, isb, mb) -> np.ndarray:
         """Each operation's step in DeepSpeed's TrainSchedule (pipe/schedule.py

@@ -72,8 +72,10 @@ def print_estimate(est, plan, cluster, title: str = "Estimate", job=None) -> Non
     con.print(f"iteration {est.iteration_ms / 1e3:.3f} s   {est.tokens_per_s:,.0f} tokens/s   "
               f"MFU {est.mfu * 100:.1f}%"
               # eq. (3) counts the full s x s attention (as torchtitan does); where a causal
-              # count (Megatron-Bridge's) differs by a point or more, it is given beside
-              + (f" (causal {est.mfu_causal * 100:.1f}%)"
+              # count (Megatron-Bridge's) differs by a point or more, it is given beside; with
+              # a sliding window, the count of the pairs the window keeps
+              + (f" ({'causal, window pairs only' if est.windowed else 'causal'} "
+                 f"{est.mfu_causal * 100:.1f}%)"
                  if est.mfu - est.mfu_causal >= 0.01 else "")
               + f"   HFU {est.hfu * 100:.1f}%   "
               # FP8 runs: against the 16-bit dense peak (model.estimator), so the FP8 GEMMs

@@ -201,6 +201,11 @@ def load_hf_config(path: Path) -> ModelSpec:
     if k is not None:
         vals["norm_eps"] = _typed(cfg, k, float, src)
         key_of["norm_eps"] = k
+    window = _window_fields(cfg, mtype, vals["num_layers"], src)
+    vals.update(window)
+    extra = unmodelled(cfg, mtype in _MOE_KEYS, src)
+    if window:  # priced and emitted: not a setting left out
+        extra = tuple(x for x in extra if not x.startswith("sliding_window "))
     # Qwen3's attention normalizes q and k per head (transformers' Qwen3Attention and
     # Qwen3MoeAttention q_norm, k_norm); the other families here do not
     try:
@@ -209,8 +214,7 @@ def load_hf_config(path: Path) -> ModelSpec:
                          qkv_bias=mtype in _QKV_BIAS,
                          qk_norm=mtype in ("qwen3", "qwen3_moe"),
                          dropout=_dropout(cfg, mtype, src), source=src,
-                         unmodelled=read_as + unmodelled(cfg, mtype in _MOE_KEYS, src)
-                         + _ignored(cfg, mtype, bias),
+                         unmodelled=read_as + extra + _ignored(cfg, mtype, bias),
                          **vals)
     except SpecError as e:
         # the file's own keys, not our fields ('first_dense_layers' for first_k_dense_replace)
@@ -218,6 +222,51 @@ def load_hf_config(path: Path) -> ModelSpec:
         for ours, theirs in sorted(key_of.items(), key=lambda x: -len(x[0])):
             problem = re.sub(rf"\b{ours}\b", theirs, problem)
         raise SpecError(problem, source=src, field=key_of.get(e.field, e.field)) from None
+
+
+# families whose every layer slides when the config gives a window (transformers' Mistral,
+# Mixtral and Phi-3 attention pass config.sliding_window to every layer); Qwen's slide only
+# with use_sliding_window, from layer max_window_layers on (Qwen2Config layer_types)
+_WINDOW_ALL = ("mistral", "mixtral", "phi3")
+_WINDOW_QWEN = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+
+
+def _window_fields(cfg: dict, mtype: str, num_layers, src: str) -> dict:
+    """ModelSpec's sliding_window and window_full_every from the config: transformers v5's
+    `layer_types` ("sliding_attention" / "full_attention" per layer) where the file has it,
+    else the family's rule (_WINDOW_ALL, _WINDOW_QWEN). A pattern other than every layer
+    sliding or a full layer every N (Qwen's lower layers full) is left to `unmodelled`'s
+    warning: priced and emitted as full attention, and said."""
+    w = cfg.get("sliding_window")
+    if not isinstance(w, int) or isinstance(w, bool) or w <= 0 or not isinstance(
+            num_layers, int):
+        return {}  # (a window that is not a count is refused by `unmodelled`)
+    if mtype in _WINDOW_QWEN and cfg.get("use_sliding_window") is not True:
+        return {}
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not (isinstance(types, list) and len(types) == num_layers and all(
+                t in ("sliding_attention", "full_attention") for t in types)):
+            raise SpecError(f"must list 'sliding_attention' or 'full_attention' for each of "
+                            f"the {num_layers} layers (other attention kinds are not "
+                            "modelled)", source=src, field="layer_types")
+        slides = [t == "sliding_attention" for t in types]
+    elif mtype in _WINDOW_QWEN:
+        first = cfg.get("max_window_layers")
+        first = first if isinstance(first, int) and not isinstance(first, bool) else 0
+        slides = [i >= first for i in range(num_layers)]
+    elif mtype in _WINDOW_ALL:
+        slides = [True] * num_layers
+    else:
+        return {}
+    if not any(slides):
+        return {}
+    if all(slides):
+        return {"sliding_window": w}
+    n = slides.index(False) + 1  # the first full layer, counted from 1
+    if n > 1 and slides == [(i + 1) % n != 0 for i in range(num_layers)]:
+        return {"sliding_window": w, "window_full_every": n}
+    return {}
 
 
 def _file_keys(cfg: dict, mtype: str) -> dict:
@@ -392,6 +441,9 @@ def unmodelled(cfg: dict, moe: bool, src: str = "config.json") -> tuple[str, ...
             # Qwen2 carries a window it does not use, or slides only in the layers from
             # max_window_layers on (transformers' Qwen2Config layer_types)
             continue
+        if key == "sliding_window" and isinstance(cfg.get("layer_types"), list) and \
+                "sliding_attention" not in cfg["layer_types"]:
+            continue  # v5's per-layer kinds: no layer slides
         if key in ("scoring_func", "topk_method", "n_group", "topk_group",
                    "routed_scaling_factor", "router_aux_loss_coef",
                    "aux_loss_alpha") and not moe:

@@ -158,7 +158,25 @@ def megatron_args_mismatch(model: ModelSpec, job: JobSpec, plan: Plan,
     if plan.shape.cp > 1 and "cp_comm_type" in logged and \
             set(cp_comm_types(logged["cp_comm_type"])) != {"p2p"}:
         out.append(("cp_comm_type", logged["cp_comm_type"], "['p2p']"))
-    return out + _architecture_mismatch(model, logged)
+    return out + _architecture_mismatch(model, logged) + _window_mismatch(model, logged)
+
+
+def _window_mismatch(model: ModelSpec, logged: dict[str, str]) -> list[tuple[str, str, str]]:
+    """Where the sliding window a log printed (`_window`: window_size and
+    window_attn_skip_freq, Megatron-Core 0.15 on) differs from the model's."""
+    if "window_size" not in logged:
+        return []
+    try:
+        ran = _window(PrintedArgs(logged, "log"), model.num_layers)
+    except SpecError:
+        ran = {"sliding_window": -1}  # printed, but not a window the cost model prices
+    if (ran.get("sliding_window", 0), ran.get("window_full_every", 0)) == (
+            model.sliding_window, model.window_full_every):
+        return []
+    want = (f"{(model.sliding_window - 1, 0)}, {model.window_full_every or None}"
+            if model.sliding_window else "None, None")
+    return [("window_size, window_attn_skip_freq",
+             f"{logged['window_size']}, {logged.get('window_attn_skip_freq', 'None')}", want)]
 
 
 def cp_comm_types(printed: str) -> list[str]:
@@ -484,7 +502,38 @@ def _model(a: PrintedArgs, vocab: int, name: str) -> ModelSpec:
         # --norm-epsilon prints as norm_epsilon, and from core 0.16 as layernorm_epsilon
         # (TransformerConfig's field, arguments built from it)
         norm_eps=a.number("layernorm_epsilon", 0.0) or a.number("norm_epsilon", 0.0),
-        source=name, **moe)
+        source=name, **_window(a, a.integer("num_layers")), **moe)
+
+
+def _window(a: PrintedArgs, num_layers: int) -> dict:
+    """ModelSpec's sliding_window and window_full_every from the printed --window-size
+    ('(left, right)': left + 1 keys, the query's own included) and --window-attn-skip-freq
+    (N, or a list of 1 for a windowed layer and 0 for a full one, which must be a full layer
+    every N to be priced)."""
+    text = a.text("window_size")
+    if text is None:
+        return {}
+    try:
+        left, right = ast.literal_eval(text)
+        left, right = int(left), int(right)
+    except (ValueError, SyntaxError, TypeError):
+        a.fail("window_size", f"printed {text!r}, not (left, right)")
+    if right != 0 or left < 0:
+        a.fail("window_size", f"{text} is not a causal window (left, 0): not priced")
+    freq = a.text("window_attn_skip_freq")
+    if freq is None:
+        return {"sliding_window": left + 1}
+    try:
+        pattern = ast.literal_eval(freq)
+    except (ValueError, SyntaxError):
+        pattern = None
+    if isinstance(pattern, int) and pattern > 1:
+        return {"sliding_window": left + 1, "window_full_every": pattern}
+    n = pattern.index(0) + 1 if isinstance(pattern, list) and 0 in pattern else 0
+    if n > 1 and pattern == [int((i + 1) % n != 0) for i in range(num_layers)]:
+        return {"sliding_window": left + 1, "window_full_every": n}
+    a.fail("window_attn_skip_freq", f"{freq} is not a full-attention layer every N > 1 (the "
+           "pattern priced)")
 
 
 def _attention(a: PrintedArgs) -> str:

@@ -70,7 +70,7 @@ _MODEL_FIELDS = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads
                  "qkv_bias", "num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
                  "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
                  "mla_qk_rope_dim", "mla_v_head_dim", "rope_base", "rotary_percent", "norm_eps",
-                 "source", "unmodelled")
+                 "sliding_window", "window_full_every", "source", "unmodelled")
 _GPU_FLOATS = ("memory_gib", "hbm_gb_per_s", "nvlink_gb_per_s", "gemm_efficiency",
                "attention_efficiency", "hbm_efficiency", "kernel_overhead_us")
 _SOLVER_KEYS = ("method", "termination", "objective_ms", "bound_ms", "gap", "wall_s")
@@ -257,6 +257,9 @@ def _read_model(rd: FieldReader, d: dict, ver: int = SCHEMA_VERSION,
     kw["rotary_percent"] = _later(rd, d, "rotary_percent", w, float, 1.0, ver, notes)
     # written since 2026-12-07; not priced, so an older file's model is the framework default
     kw["norm_eps"] = rd.get(d, "norm_eps", w, float, 0.0)
+    # written since 2026-12-08 (priced: an older file's model attends fully, said in notes)
+    for f in ("sliding_window", "window_full_every"):
+        kw[f] = _later(rd, d, f, w, int, 0, ver, notes, since=None)
     kw["source"] = rd.get(d, "source", w, str, "")
     kw["unmodelled"] = tuple(rd.get(d, "unmodelled", w, list, []))
     try:

@@ -50,7 +50,8 @@ def plan_to_dict(plan: Plan, cluster: ClusterSpec) -> dict:
 # estimate --json's breakdown_ms keys (model/estimator.py Evaluator.estimate)
 BREAKDOWN_KEYS = ("compute_ms", "tp_comm_ms", "ep_alltoall_ms", "cp_exchange_ms",
                   "shard_comm_ms",
-                  "pipeline_p2p_ms", "dp_sync_exposed_ms", "optimizer_ms", "other_tail_ms",
+                  "pipeline_p2p_ms", "dp_sync_exposed_ms", "optimizer_ms", "tied_embedding_ms",
+                  "other_tail_ms",
                   "bubble_ms")
 
 

@@ -148,6 +148,10 @@ MEGATRON_MIN_CORE = {
     "--delay-wgrad-compute": "0.13.0",
     "--decoder-first-pipeline-num-layers": "0.9.0",
     "--decoder-last-pipeline-num-layers": "0.9.0",
+    # e5bc9249d7 "Enabling mixing SWA with full attention [gpt-oss 2/5]": both flags are in
+    # core_v0.15.0, neither in core_v0.14.0 (TransformerConfig.window_size is older)
+    "--window-size": "0.15.0",
+    "--window-attn-skip-freq": "0.15.0",
 }
 
 
@@ -436,6 +440,32 @@ def _megatron_model(model: ModelSpec, job: JobSpec, sh: Shape,
                   str(model.moe_shared_experts * model.expert_ffn)]
     if not model.tied_embeddings:
         a.append("--untie-embeddings-and-output-weights")
+    a += megatron_window_args(model)
+    return a
+
+
+def window_fields(model: ModelSpec) -> dict:
+    """The sliding window as TransformerConfig fields (NeMo's model keys, Megatron-Bridge's
+    provider): window_size (left, right) with the query's own key not counted in left (W - 1
+    for Hugging Face's W keys; core/transformer/utils.py get_sliding_window_causal_mask), and
+    window_attn_skip_freq N where every Nth layer attends fully; none without a window."""
+    if not model.sliding_window:
+        return {}
+    out = {"window_size": [model.sliding_window - 1, 0]}
+    if model.window_full_every:
+        out["window_attn_skip_freq"] = model.window_full_every
+    return out
+
+
+def megatron_window_args(model: ModelSpec) -> list[str]:
+    """`window_fields` as Megatron-LM flags (arguments.py --window-size, a 'left,right'
+    tuple, and --window-attn-skip-freq)."""
+    f = window_fields(model)
+    a = []
+    if f:
+        a += ["--window-size", ",".join(map(str, f["window_size"]))]
+    if "window_attn_skip_freq" in f:
+        a += ["--window-attn-skip-freq", str(f["window_attn_skip_freq"])]
     return a
 
 
@@ -602,6 +632,7 @@ def nemo_config(model: ModelSpec, job: JobSpec, cluster: ClusterSpec,
         "num_query_groups": model.num_kv_heads if model.num_kv_heads != model.num_heads
         else None,
         "share_embeddings_and_output_weights": model.tied_embeddings,
+        **window_fields(model),
     }
     if _mb_group(sh):  # a ModelParallelConfig field: NeMo passes it to Megatron-Core
         m["microbatch_group_size_per_vp_stage"] = _mb_group(sh)
@@ -796,6 +827,7 @@ def bridge_recipe(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, plan: Pl
     if not model.dropout:
         m.update(hidden_dropout=0.0, attention_dropout=0.0)
     m["share_embeddings_and_output_weights"] = model.tied_embeddings
+    m.update(window_fields(model))
     if model.is_mla:  # MLATransformerConfig (qk_head_dim: the non-rotary part); the flag is not
         # on by default in Megatron-Bridge's MLAModelProvider (its DeepSeek bridges set it)
         m.update(multi_latent_attention=True, q_lora_rank=model.mla_q_lora_rank or None,

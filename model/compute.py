@@ -18,8 +18,10 @@ micro-batch (T = micro-batch x sequence tokens).
   shapes, so other efficiencies).
 - FlashAttention (Dao 2023, FlashAttention-2, Sec. 3.1): the causal kernel skips the blocks
   above the diagonal (work x 0.5 (1 + 128 / s) for 128-wide blocks); the backward recomputes the
-  scores, 5 matrix products against the forward's 2 (2.5x the forward work). The FLOPs counted
-  for MFU stay those of eq. (3) of Narayanan et al. 2021 (full s x s, backward 2x).
+  scores, 5 matrix products against the forward's 2 (2.5x the forward work). With a sliding
+  window it skips the blocks outside the window too (`flash_work_share`). The FLOPs counted
+  for MFU stay those of eq. (3) of Narayanan et al. 2021 (full s x s, backward 2x; windows
+  uncounted, as Megatron-LM's num_floating_point_operations counts them).
 - Eager attention (Megatron-LM before FlashAttention): batched QK^T and attention-times-V GEMMs
   over b x heads/t, the fused scale-mask-softmax and the attention dropout on the s x s scores as
   element-wise kernels (Korthikanti et al. 2022 store the same tensors: 5 bytes per score).
@@ -108,14 +110,28 @@ def gemm_ms(gpu: GPUSpec, m: int, n: int, k: int, peak_flops: float, *, batch: i
     return max(compute_ms, memory_ms) + gpu.kernel_overhead_us / 1e3
 
 
+def flash_work_share(s: int, window: int = 0) -> float:
+    """The share of the full s x s work causal FlashAttention does: the blocks on and below
+    the diagonal, 0.5 (1 + B / s) for B-wide blocks (half a block a row beyond the exact
+    triangle). With a sliding window of W keys (W < s), the blocks the window touches: a
+    query row attends to min(i + 1, W) keys, s W - W^2 / 2 in all, and the kernel's blocks add
+    up to one block a row (half at the diagonal, half at the window's far edge; FlashAttention-2
+    skips the blocks outside the window, flash_fwd_kernel.h n_block_min with Is_local); never
+    more than the causal share."""
+    causal = 0.5 * (1 + min(1.0, FLASH_BLOCK / s))
+    if not window or window >= s:
+        return causal
+    return min(causal, (s * window - window * window / 2 + s * FLASH_BLOCK) / (s * s))
+
+
 def flash_attention_ms(gpu: GPUSpec, full_flops: float, s: int, peak_flops: float, *,
-                       kernels: int = 1) -> tuple[float, float]:
+                       kernels: int = 1, share: float | None = None) -> tuple[float, float]:
     """(forward, backward) ms of causal FlashAttention whose full s x s work would be
     `full_flops` (eq. 3 of Narayanan et al. 2021: 4 T s d per head): the kernel skips the
-    blocks above the diagonal, the backward does 2.5x the forward work (module docstring), at
-    `attention_efficiency` x peak; `kernels` launches each way (ring attention runs one kernel
-    per ring step)."""
-    work = full_flops * 0.5 * (1 + min(1.0, FLASH_BLOCK / s))
+    blocks above the diagonal (`share` of the work, `flash_work_share` by default), the
+    backward does 2.5x the forward work (module docstring), at `attention_efficiency` x peak;
+    `kernels` launches each way (ring attention runs one kernel per ring step)."""
+    work = full_flops * (flash_work_share(s) if share is None else share)
     rate = peak_flops * gpu.attention_efficiency
     launch_ms = kernels * gpu.kernel_overhead_us / 1e3
     return (work / rate * 1e3 + launch_ms, FLASH_BWD_FACTOR * work / rate * 1e3 + launch_ms)
@@ -163,15 +179,6 @@ def shape_warnings(model, job, shape) -> list[str]:
         out.append("torchtitan's tensor-parallel plan always shards the norms along the "
                    "sequence (sequence parallelism); this estimate prices TP without it, which "
                    "torchtitan does not run: estimate with --sp")
-    if model.tied_embeddings and getattr(shape, "pp", 1) > 1 and \
-            job.framework in ("megatron", "deepspeed"):
-        # finalize_model_grads _allreduce_word_embedding_grads (Megatron-LM); DeepSpeed's
-        # ReduceTiedGrads (pipe/engine.py _exec_reduce_tied_grads) over the tied weight's
-        # group of the first and last stage, in the gradient buffer's dtype
-        mb = model.vocab_size * model.hidden_size / shape.tp * job.reduce_bytes / 1e6
-        out.append(f"tied embeddings with pipelining: the first and last stages all-reduce "
-                   f"the embedding's gradient after the last backward ({mb:,.0f} MB per GPU "
-                   "over the link between them), which this estimate does not price")
     t = shape.tp
     lin = 1 if shape.fp8 else el  # FP8 linear layers: 1-byte operands
     need_lin = GEMM_ALIGN_BYTES // lin
@@ -517,7 +524,14 @@ class ComputeModel:
         full_flops = (4.0 * T * s * h / t if not m.is_mla else
                       2.0 * T * s * heads * (m.qk_head_dim + m.mla_v_head_dim))
         if self.job.attention == "flash":
-            f_ms, b_ms = flash_attention_ms(g, full_flops, s, self.peak, kernels=self.cp)
+            # a sliding window (ModelSpec.sliding_window): every layer is priced at the mean
+            # of its windowed and full layers (layer times are one per model: a stage's exact
+            # mix depends on where the split falls, at most one full layer's attention off)
+            ws = m.windowed_layers / m.num_layers
+            share = ((1 - ws) * flash_work_share(s) + ws * flash_work_share(s, m.sliding_window)
+                     if ws else None)
+            f_ms, b_ms = flash_attention_ms(g, full_flops, s, self.peak, kernels=self.cp,
+                                            share=share)
             fwd.add("attention", f_ms, full_flops)
             bwd.add("attention", b_ms, 2 * full_flops)
             return f_ms

@@ -37,6 +37,14 @@ def hsdp_overlapped(job: JobSpec, shape: Shape) -> bool:
     return job.framework == "megatron" and shape.zero >= 3 and shape.shard_group < shape.cols
 
 
+def ties_stages(model: ModelSpec, job: JobSpec, shape: Shape) -> bool:
+    """Whether the first and the last pipeline stage all-reduce a tied embedding's gradient
+    (CostModel.tied_allreduce_ms): tied input and output embeddings under Megatron-LM or
+    DeepSpeed with more than one stage (torchtitan's models do not tie them under PP)."""
+    return (model.tied_embeddings and shape.pp > 1
+            and job.framework in ("megatron", "deepspeed"))
+
+
 def bucket_params(dp: int) -> float:
     return float(max(BUCKET_MIN_PARAMS, BUCKET_PARAMS_PER_DP * dp))
 
@@ -130,6 +138,10 @@ class CostModel:
             job.framework == "megatron" and not job.p2p_scatter_gather)
         self._layer_cache: dict = {}
         self._compute_cache: dict = {}
+        # tied input and output embeddings split over the pipeline: the first and last stage
+        # each hold a copy and all-reduce its gradient once an iteration (tied_allreduce_ms)
+        self.tied_grad_bytes = (model.vocab_size * model.hidden_size / shape.tp
+                                * job.reduce_bytes if ties_stages(model, job, shape) else 0.0)
         # whether ZeRO-3's per-layer collectives get NCCL's hierarchical rings (one channel per
         # member of a node): not for DeepSpeed's ZeRO-3 (_shard_collectives)
         self.shard_ring_channels = job.framework != "deepspeed"
@@ -735,6 +747,32 @@ class CostModel:
             ms += gather_ms(self.act_msg_bytes, t, recv_ring_gb_per_s,
                             self.cluster.intra_latency_us)
         return ms
+
+    def tied_allreduce_ms(self, link_gb_per_s: float, same_node: bool) -> float:
+        """The tied embedding's gradient all-reduce between the first and the last stage, each
+        tensor rank with its peer over its own link (`tied_grad_bytes` each): Megatron-LM's
+        finalize_model_grads runs it after the data-parallel synchronization, before the
+        optimizer step (core/distributed/finalize_model_grads.py _allreduce_word_embedding_grads
+        on the embedding group, the fp32 main_grad with bf16), DeepSpeed's pipeline engine
+        before it (runtime/pipe/engine.py _exec_reduce_tied_grads, its bf16 optimizer's fp32
+        _hp_grad); nothing overlaps it. A ring all-reduce of 2 ranks sends each rank's buffer
+        once, in 2 steps (2 (n - 1) / n of it, NCCL's ring algorithm: communication.ring_ms).
+        `link_gb_per_s`: the slower way of the link between the two GPUs."""
+        if not self.tied_grad_bytes:
+            return 0.0
+        lat = self.cluster.intra_latency_us if same_node else self.cluster.latency_us
+        return allreduce_ms(self.tied_grad_bytes, 2, link_gb_per_s, lat)
+
+    def tied_matrix_ms(self) -> np.ndarray:
+        """`tied_allreduce_ms` between every pair of nodes (the slower way of the pair; the
+        diagonal is not a pair of nodes and reads 0)."""
+        c = self.cluster
+        bw = np.minimum(c.inter_gb_per_s, c.inter_gb_per_s.T)
+        out = np.zeros((c.num_nodes, c.num_nodes))
+        for a in range(c.num_nodes):
+            for b in range(a + 1, c.num_nodes):
+                out[a, b] = out[b, a] = self.tied_allreduce_ms(float(bw[a, b]), False)
+        return out
 
     def node_hop_ms(self, a: int, b: int) -> float:
         """Transfer from a group on node a to a group on node b, default GPU layout."""

@@ -3,7 +3,9 @@
 Iteration time = max over columns (data-parallel replica x context-parallel rank) of the longest
 path through that column's schedule graph (model.schedule), where each stage's path ends with its
 tail: the exposed part of the gradient synchronization plus the optimizer step. Synchronization
-is collective across replicas, so every replica sees the same tail. This is the single definition
+is collective across replicas, so every replica sees the same tail; with tied embeddings the
+first and last stage's tails also carry their column's all-reduce of the embedding's gradient
+(`Evaluator.tied_ms`). This is the single definition
 of iteration time; the solvers use `Evaluator` and are tested to agree with it.
 """
 
@@ -55,6 +57,8 @@ class Estimate:
     num_microbatches: int
     critical_path: list = field(default_factory=list, repr=False)
     mfu_causal: float = 0.0  # MFU counting the causal half of the attention core
+    # (and only the window's pairs in the layers that slide one shorter than the sequence)
+    windowed: bool = False
 
     @property
     def peak_memory_gib(self) -> float:
@@ -207,10 +211,13 @@ class Evaluator:
             self._tail_cache[key] = per_col
         return per_col
 
-    def replica_durations(self, pl: Placement, r: int, tails: np.ndarray) -> np.ndarray:
+    def replica_durations(self, pl: Placement, r: int, tails: np.ndarray,
+                          tied: bool = True) -> np.ndarray:
         """Durations of column r's schedule graph (its operations, transfers and tails).
         A virtual stage's (forward, backward) is memoized on its node, GPUs and rings, a
-        transfer on its two ends (the annealer re-scores many columns per move)."""
+        transfer on its two ends (the annealer re-scores many columns per move). The first
+        and the last stage's tails carry the column's tied-embedding all-reduce (`tied_ms`)
+        unless `tied` is False."""
         sh, K = self.shape, self.kinds
         d = [0.0] * K.size
         memo = self._dur_memo
@@ -237,7 +244,35 @@ class Evaluator:
             d[self._idx_xb[h]] = self.link_ms(pl, b, a, r)
         out = np.array(d)
         out[2 * K.V + 2 * sh.pp:] = tails
+        if tied and self.costs.tied_grad_bytes:
+            t = self.tied_ms(pl, r)
+            out[K.tail(0)] += t
+            out[K.tail(sh.pp - 1)] += t
         return out
+
+    def tied_ms(self, pl: Placement, r: int) -> float:
+        """Column r's tied-embedding gradient all-reduce between its first and last stage
+        (costs.CostModel.tied_allreduce_ms; 0 where nothing is tied across stages): every
+        tensor rank with its peer, the slowest pair's link, the slower way round. Both
+        stages' tails carry it (each waits for it before its optimizer step; the wait for the
+        later of the two to be ready is not modelled). Memoized on the two ends."""
+        if not self.costs.tied_grad_bytes:
+            return 0.0
+        last = self.shape.pp - 1
+        na, nb = pl.node[0][r], pl.node[last][r]
+        ga, gb = pl.gpus[0][r], pl.gpus[last][r]
+        key = ("tied", na, ga, nb, gb)
+        hit = self._dur_memo.get(key)
+        if hit is None:
+            c = self.cluster
+            if na == nb:
+                nd = c.nodes[na]
+                bw = min(min(nd.link_gb_per_s(x, y), nd.link_gb_per_s(y, x))
+                         for x, y in zip(ga, gb))
+            else:
+                bw = float(min(c.inter_gb_per_s[na, nb], c.inter_gb_per_s[nb, na]))
+            hit = self._dur_memo[key] = self.costs.tied_allreduce_ms(bw, na == nb)
+        return hit
 
     def link_ms(self, pl: Placement, sa: int, sb: int, r: int) -> float:
         """Transfer from stage sa's group to stage sb's group in replica r (memoized on the
@@ -395,6 +430,7 @@ class Evaluator:
         if len(paths) > 200_000:
             paths.clear()
         zeros = np.zeros(sh.pp)
+        tied = bool(self.costs.tied_grad_bytes)
         cols = []
         todo: dict[bytes, np.ndarray] = {}
         # ZeRO-3: a column's layers also depend on its stages' shard rings (the whole row);
@@ -410,13 +446,13 @@ class Evaluator:
             key = (col_nodes[r], col_gpus[r], rings, cpr, a2a)
             starts = cache.get(key)
             if starts is None:
-                d = self.replica_durations(pl, r, zeros)
+                d = self.replica_durations(pl, r, zeros, tied=False)
                 dkey = d.tobytes()
                 starts = paths.get(dkey)
                 if starts is None:
                     todo.setdefault(dkey, d)
                     starts = dkey  # filled in below
-            cols.append((key, starts))
+            cols.append((key, starts, self.tied_ms(pl, r) if tied else 0.0))
         if todo:
             keys = list(todo)
             if len(keys) >= 8:
@@ -426,11 +462,14 @@ class Evaluator:
             for k, row in zip(keys, rows):
                 paths[k] = row
         worst = 0.0
-        for key, starts in cols:
+        last = sh.pp - 1
+        for key, starts, tie in cols:
             if isinstance(starts, bytes):
                 starts = paths[starts]
                 cache[key] = starts
             length = max(st + t for st, t in zip(starts, tl))
+            if tie:  # the first and last stage's tails carry the tied all-reduce
+                length = max(length, starts[0] + (tl[0] + tie), starts[last] + (tl[last] + tie))
             worst = max(worst, length)
         return worst
 
@@ -444,7 +483,9 @@ class Evaluator:
         (Megatron-LM the attention core, Korthikanti et al. 2022 Sec. 5; torchtitan's per-op
         checkpointing the k, o and w3 multiplies, costs.CostModel.op_sac_recompute_share);
         the saving: half of the attention core's 3 passes, which a causal count leaves out
-        (Megatron-Bridge's flop_utils, `causal_self_attn`)."""
+        (Megatron-Bridge's flop_utils, `causal_self_attn`), and in the layers that slide a
+        window of W < s keys all but its s W - W^2 / 2 query-key pairs (so that the causal MFU
+        counts only the pairs the masks keep; Megatron-LM's own count ignores windows)."""
         m, job = self.model, self.job
         tokens = job.global_batch * job.seq_length
         layers_fwd = m.model_flops_fwd(tokens, job.seq_length)
@@ -457,7 +498,12 @@ class Evaluator:
             extra = layers_fwd * self.costs.op_sac_recompute_share(self.cluster.nodes[0].gpu)
         elif self.shape.recompute == "selective":
             extra = core
-        return model_flops, extra, 3 * core / 2
+        saving = core / 2
+        w, seq = m.sliding_window, job.seq_length
+        if w and w < seq:  # the windowed layers keep s W - W^2 / 2 of the s^2 pairs
+            saving += core * m.windowed_layers / m.num_layers * (
+                0.5 - (seq * w - w * w / 2) / (seq * seq))
+        return model_flops, extra, 3 * saving
 
     def comm_on_path(self, pl: Placement, r: int, counts: np.ndarray, kind: str) -> float:
         """Milliseconds of column r's critical path (`counts`: times it visits each
@@ -522,6 +568,7 @@ class Evaluator:
         tail_stage = int(np.argmax(counts[2 * K.V + 2 * sh.pp:]))
         sync_exposed = parts[tail_stage][1]
         opt = parts[tail_stage][2]
+        tied = float(counts[K.tail(0)] + counts[K.tail(sh.pp - 1)]) * self.tied_ms(pl, worst)
         # ideal compute of the slowest stage: every micro-batch's F and B, no waiting
         stage_work = []
         stages = []
@@ -552,7 +599,8 @@ class Evaluator:
             "pipeline_p2p_ms": p2p,
             "dp_sync_exposed_ms": sync_exposed,
             "optimizer_ms": opt,
-            "other_tail_ms": _residue_to_zero(tail - sync_exposed - opt, length),
+            **({"tied_embedding_ms": tied} if self.costs.tied_grad_bytes else {}),
+            "other_tail_ms": _residue_to_zero(tail - sync_exposed - opt - tied, length),
             "bubble_ms": _residue_to_zero(float(length - max(stage_work) - tail), length),
         }
         tokens = self.job.global_batch * self.job.seq_length
@@ -574,6 +622,7 @@ class Evaluator:
             tokens_per_s=tokens / secs, mfu=model_flops / secs / peak,
             hfu=(model_flops + extra) / secs / peak,
             mfu_causal=(model_flops - causal_saving) / secs / peak, num_microbatches=self.m,
+            windowed=0 < self.model.sliding_window < self.job.seq_length,
             critical_path=[self.cs.label(i) for i in path])
 
 

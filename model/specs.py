@@ -189,6 +189,15 @@ class ModelSpec:
     # priced: 2 x head_dim weights and two norms of s x h elements per layer, under 0.1% of
     # a layer's time and memory; carried so that the emitted model is the model
     qk_norm: bool = False
+    # sliding-window attention (Mistral 7B v0.1, Phi-3): each query attends to the
+    # `sliding_window` latest keys, its own included (Hugging Face's sliding_window,
+    # transformers masking_utils: key > query - W; Megatron-LM --window-size W-1,0); 0: full
+    # causal attention. `window_full_every` N > 0: layers N, 2N, ... (counted from 1) attend
+    # fully, the others over the window (Megatron-LM --window-attn-skip-freq N,
+    # core/transformer/utils.py is_layer_window_attention; Hugging Face's layer_types with a
+    # full layer every N); 0: every layer slides
+    sliding_window: int = 0
+    window_full_every: int = 0
     # mixture of experts (every layer's MLP; 0 experts = dense): routed experts, experts per
     # token (top-k), each expert's FFN width (0: ffn_hidden_size), shared experts always run
     num_experts: int = 0
@@ -251,8 +260,18 @@ class ModelSpec:
             _positive(getattr(self, f), f, src, integer=True)
         for f in ("num_experts", "moe_topk", "moe_ffn_hidden_size", "moe_shared_experts",
                   "kv_channels", "first_dense_layers", "mla_kv_lora_rank", "mla_q_lora_rank",
-                  "mla_qk_rope_dim", "mla_v_head_dim"):
+                  "mla_qk_rope_dim", "mla_v_head_dim", "sliding_window", "window_full_every"):
             _positive(getattr(self, f), f, src, integer=True, allow_zero=True)
+        if self.window_full_every and not self.sliding_window:
+            raise SpecError("window_full_every needs a sliding_window (the window the other "
+                            "layers attend over)", source=src, field="window_full_every")
+        if self.window_full_every == 1:
+            raise SpecError("window_full_every 1 makes every layer attend fully: drop "
+                            "sliding_window instead, or give N > 1 (layers N, 2N, ... full)",
+                            source=src, field="window_full_every")
+        if self.sliding_window and self.is_mla:
+            raise SpecError("a sliding window with latent attention (MLA) is not modelled",
+                            source=src, field="sliding_window")
         for f, hi in MODEL_BOUNDS.items():
             if getattr(self, f) > hi[0]:
                 raise SpecError(f"is {getattr(self, f):,}; at most {hi[0]:,} ({hi[1]})",
@@ -314,6 +333,14 @@ class ModelSpec:
             if not isinstance(getattr(self, f), bool):
                 raise SpecError(f"must be true or false, got {getattr(self, f)!r}", source=src,
                                 field=f)
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers that attend over the sliding window (the rest attend fully)."""
+        if not self.sliding_window:
+            return 0
+        n = self.window_full_every
+        return self.num_layers - (self.num_layers // n if n else 0)
 
     @property
     def head_dim(self) -> int:

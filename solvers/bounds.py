@@ -16,7 +16,8 @@ is the smallest T for which some integer split satisfies every k, each stage wit
 `feasible` carries from stage to stage). Durations are each operation's fastest on any GPU
 type of the cluster; hop_min is the cheapest transfer anywhere; the tail is taken at its
 smallest (stage 0 with one layer, the data-parallel ring at the best rate any block layout
-could give, only the last bucket when the plan overlaps).
+could give, only the last bucket when the plan overlaps; a tied embedding's all-reduce with
+the last stage over the cluster's fastest link).
 """
 
 from __future__ import annotations
@@ -274,11 +275,21 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
         ag, rs, e_ag, e_rs = costs.shard_unit_collectives(shard_ring)
         us_layer, us_const = rs, v * ag + e_ag + e_rs
 
+    # tied embeddings: stage 0's tail also all-reduces the embedding's gradient with the
+    # last stage (Evaluator.tied_ms), at best over the fastest link of the cluster
+    tied = 0.0
+    if costs.tied_grad_bytes:
+        fastest = max([_fastest_intra(nd) for nd in cluster.node_kinds]
+                      + ([float(cluster.inbound_max_gb_per_s.max())]
+                         if cluster.num_nodes > 1 else []))
+        tied = min(costs.tied_allreduce_ms(fastest, True),
+                   costs.tied_allreduce_ms(fastest, False))
+
     def tail0(n: int) -> float:
         params = e0_params + per_layer * n
         experts = exp_layer * max(0, n - kd)
         t = costs.optimizer_ms(params, gpu, lin_layer * n + lin0, experts) + \
-            options.overheads.latency_overhead_ms + us_layer * n + us_const
+            options.overheads.latency_overhead_ms + us_layer * n + us_const + tied
         if shape.cols > 1:
             dense = params - experts
             lin = (lin_layer * n + lin0) if costs.fp8_gather_saving else 0.0
@@ -378,3 +389,12 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
             lo = mid
     # lo is infeasible: every T at or below it fails, so it is a valid lower bound
     return lo
+
+
+def _fastest_intra(node) -> float:
+    """The fastest one-way link between two GPUs of a node."""
+    m = node.intra_matrix_gb_per_s
+    if m is None:
+        return node.intra_gb_per_s
+    off = ~np.eye(len(m), dtype=bool)
+    return float(np.asarray(m)[off].max()) if off.any() else node.intra_gb_per_s

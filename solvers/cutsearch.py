@@ -4,7 +4,9 @@ Where a block is one pipeline (D = 1), on nodes that differ only in their links,
 changes nothing but the transfer times of the pipeline hops between nodes: each stage's compute
 and tail, and a hop inside a node, cost the same on every node. (With several stages per node
 the hops between them stay inside; with interleaving the last stage's hop back to the first
-closes the path into a cycle.) The iteration time is the longest path of
+closes the path into a cycle; with tied embeddings the first and last stage's tails carry
+their all-reduce over the link between their two nodes, a term of its own like a hop's.)
+The iteration time is the longest path of
 the schedule graph (model/schedule.py), and a path's length is linear in the durations: if a
 path P crosses hop h forward wf_P[h] times and backward wb_P[h] times, then for every
 permutation p of nodes over slots
@@ -71,6 +73,13 @@ class PathSurrogate:
         self.slot_b = np.array([slot[(h + 1) % pp] for h in hops], dtype=np.int64)
         # L[x, y]: the cost model's transfer from node x to node y (the MILP's hop matrix)
         self.table_ms = ev.costs.hop_matrix_ms()
+        # tied embeddings: the first and last stage's tails carry the all-reduce between their
+        # nodes (Evaluator.tied_ms), a pair of its own where the two stages' nodes differ
+        self.tied_ms = (ev.costs.tied_matrix_ms() if ev.costs.tied_grad_bytes
+                        and slot[0] != slot[pp - 1] else None)
+        self.tied_tails = np.array([ev.kinds.tail(0), ev.kinds.tail(pp - 1)], dtype=np.int64)
+        self.slot_first, self.slot_last = slot[0], slot[pp - 1]
+        self.wt: list[float] = []
         self.const: list[float] = []
         self.wf: list[np.ndarray] = []
         self.wb: list[np.ndarray] = []
@@ -104,22 +113,30 @@ class PathSurrogate:
         ((length, counts, d),) = self.prob.critical_paths(perm, self.layers, replicas=(0,))
         work.charge("cut")
         wf, wb = counts[self.xf], counts[self.xb]
-        self.const.append(length - float(wf @ d[self.xf]) - float(wb @ d[self.xb]))
+        wt = float(counts[self.tied_tails].sum()) if self.tied_ms is not None else 0.0
+        tied = self.tied_ms[perm[self.slot_first], perm[self.slot_last]] if wt else 0.0
+        self.const.append(length - float(wf @ d[self.xf]) - float(wb @ d[self.xb]) - wt * tied)
         self.wf.append(wf)
         self.wb.append(wb)
+        self.wt.append(wt)
         if len(self.const) > MAX_CUTS:
-            del self.const[0], self.wf[0], self.wb[0]
+            del self.const[0], self.wf[0], self.wb[0], self.wt[0]
         self._stack = None
         return length
 
     def score(self, perms: np.ndarray) -> np.ndarray:
         """The surrogate (max over cuts) of each row of perms, in ms."""
         if self._stack is None:
-            self._stack = (np.array(self.const), np.stack(self.wf, 1), np.stack(self.wb, 1))
-        c, wf, wb = self._stack
+            self._stack = (np.array(self.const), np.stack(self.wf, 1), np.stack(self.wb, 1),
+                           np.array(self.wt))
+        c, wf, wb, wt = self._stack
         work.charge("surrogate_hop", perms.shape[0] * len(self.xf) * (1 + len(c) / 12))
         a, b = perms[:, self.slot_a], perms[:, self.slot_b]
-        return (c + self.table_ms[a, b] @ wf + self.table_ms[b, a] @ wb).max(axis=1)
+        out = c + self.table_ms[a, b] @ wf + self.table_ms[b, a] @ wb
+        if self.tied_ms is not None:
+            out = out + np.outer(self.tied_ms[perms[:, self.slot_first],
+                                              perms[:, self.slot_last]], wt)
+        return out.max(axis=1)
 
 
 @lru_cache(maxsize=8)

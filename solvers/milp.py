@@ -29,6 +29,9 @@ Constraints
   connect:    sum_{e,b} sum_{n,m in different parts} w[n,m,e,b] >= crossings, for a few
               partitions of the nodes by link speed (_Data.crossing_levels): valid for every
               placement, they stop the LP from running every hop inside a fast part.
+  tied:       with tied embeddings split over the pipeline, tied[b] = sum_{n,m} C_t[n,m]
+              w[n,m,e_t,b], replica b's all-reduce between its first and last stage over
+              their node-stages' edge e_t (a constant inside a node), in both stages' tails.
   paths:      T >= counts_pi . durations_b for every generated critical path pi and every b,
               durations linear in l, w and tail (model.schedule: a path's length is linear in the
               durations of the operation kinds it visits). Each hop's transfer time is a
@@ -242,7 +245,19 @@ class _Data:
         for h in range(self.n_hops):
             a, a2 = self.nstage(h), self.nstage((h + 1) % p)
             self.hop_edge[h] = None if a == a2 else (a, a2)
-        self.edges = sorted({e for e in self.hop_edge.values() if e is not None})
+        # tied embeddings split over the pipeline: stage 0 and stage p - 1 all-reduce the
+        # embedding's gradient in both tails (Evaluator.tied_ms), over the link between their
+        # node-stages (an edge of its own where no hop crosses it), or inside a node
+        self.tied = bool(costs.tied_grad_bytes)
+        a0, a_last = self.nstage(0), self.nstage(p - 1)
+        self.tied_edge = (a_last, a0) if self.tied and a0 != a_last else None
+        self.tied_C = costs.tied_matrix_ms() if self.tied_edge else None
+        self.tied_intra = (costs.tied_allreduce_ms(node0.intra_gb_per_s, True)
+                           if self.tied and a0 == a_last else 0.0)
+        self.tied_min_inter = (float(self.tied_C[~np.eye(N, dtype=bool)].min())
+                               if self.tied_edge and N > 1 else 0.0)
+        self.edges = sorted({e for e in self.hop_edge.values() if e is not None}
+                            | ({self.tied_edge} if self.tied_edge else set()))
         zero = tuple([0] * V)
         self.P_gpu = costs.layer_params  # a layer's parameters on one GPU
         self.P_lin = costs.layer_linear_params
@@ -536,6 +551,14 @@ class _Formulation:
             M.add(hv == lsum((C[m, n] if q else C[n, m]) * w[n, m, e, b] for n in range(N)
                              for m in range(N) if n != m))
 
+        # the tied embedding's all-reduce per replica: the product terms of its edge
+        self.tied = M.vars([] if relax or dat.tied_edge is None else list(range(D)))
+        if self.tied:
+            e_t = dat.edges.index(dat.tied_edge)
+            for b, tv in self.tied.items():
+                M.add(tv == lsum(dat.tied_C[n, m] * w[n, m, e_t, b] for n in range(N)
+                                 for m in range(N) if n != m))
+
         # data-parallel ring per node-stage: u[a] = 1 / its slowest link's bandwidth
         u = {} if u_const is not None else M.vars(range(A))
         y = {}
@@ -694,6 +717,16 @@ class _Formulation:
             return dat.hop_min_inter
         return self.hop[dat.edges.index(e), b, int(backward)]
 
+    def tied_expr(self, b: int):
+        """Replica b's tied-embedding all-reduce (in the first and last stage's tails): a
+        constant inside a node or with the placement relaxed, else its variable."""
+        dat = self.dat
+        if dat.tied_edge is None:
+            return dat.tied_intra
+        if self.relax:
+            return dat.tied_min_inter
+        return self.tied[b]
+
     def add_cut(self, counts: np.ndarray) -> bool:
         """T >= the path's length, for every replica: durations are linear in the variables
         (model.schedule: a path's length is linear in the durations of the kinds it visits).
@@ -721,8 +754,16 @@ class _Formulation:
             base[col] = base.get(col, 0.0) - float(ct[s_])
         (t_col,) = self.T.terms
         base[t_col] = base.get(t_col, 0.0) + 1.0
+        c_tied = float(ct[0] + ct[p - 1]) if dat.tied else 0.0
         for b in range(self.D):
             terms, lb = dict(base), const
+            if c_tied:
+                x = self.tied_expr(b)
+                if isinstance(x, Lin):
+                    (col,) = x.terms
+                    terms[col] = terms.get(col, 0.0) - c_tied
+                else:
+                    lb += c_tied * x
             for q in (0, 1):
                 for h in np.flatnonzero(cx[q][:dat.n_hops]):
                     x = self.hop_expr(h, b, bool(q))
@@ -810,6 +851,10 @@ class _Formulation:
                     gat = max(dat.sig_g * last_g * u + dat.lam_g, gat - dur[K.F(s)])
                 tail += red + gat
             dur[K.tail(s)] = tail
+        if dat.tied:
+            t = dat.tied_intra if dat.tied_edge is None else dat.tied_min_inter
+            dur[K.tail(0)] += t
+            dur[K.tail(p - 1)] += t
         return dur
 
 

@@ -47,7 +47,9 @@ BEFORE_CP = [
                        p2p_scatter_gather=True),
      ("A100-80GB", 4, 8, 240.0, 23.0), dict(tp=8, pp=4, micro_batch=1, schedule="interleaved",
                                             chunks=2, recompute="full"),
-     57776.092693836, 120.301828003),
+     # (its time since 2026-12-08: + the tied embedding's all-reduce between the first and
+     # last stage, 13.687 ms, Evaluator.tied_ms; 57776.092693836 before)
+     57789.779772097, 120.301828003),
 ]
 
 

@@ -1,5 +1,6 @@
 """solvers.cutsearch: the critical-path surrogate and the iterated local search on it."""
 
+import dataclasses
 import itertools
 import time
 
@@ -22,9 +23,12 @@ TINY16 = ModelSpec("tiny16", 16, 2048, 16, 16, 8192, 32000, 2048)
 LAYOUTS = ("1f1b", "two stages per node", "interleaved")
 
 
-def tiny_pipeline(seed: int, gbs: int = 24, layout: str = "1f1b") -> PlacementProblem:
+def tiny_pipeline(seed: int, gbs: int = 24, layout: str = "1f1b",
+                  tied: bool = False) -> PlacementProblem:
     """6 nodes of 2 GPUs on slow, uneven links, one pipeline: TP=2 PP=6 (one stage per node),
-    TP=1 PP=12 (two stages per node) or TP=2 PP=6 interleaved over 2 chunks."""
+    TP=1 PP=12 (two stages per node) or TP=2 PP=6 interleaved over 2 chunks; `tied`: the
+    model's input and output embeddings tied (the first and last stage all-reduce its
+    gradient over the link between their nodes)."""
     c = tiny_cluster(6, seed)
     if layout == "two stages per node":
         sh, model, j = Shape(tp=1, pp=12, dp=1, micro_batch=1), TINY16, 2
@@ -34,16 +38,21 @@ def tiny_pipeline(seed: int, gbs: int = 24, layout: str = "1f1b") -> PlacementPr
                    schedule="interleaved" if v > 1 else "1f1b", chunks=v)
         model, j = (TINY16 if v > 1 else TINY), 1
     blk = next(b for b in blocks_for(c, sh) if b.j == j and b.D == 1)
+    if tied:
+        model = dataclasses.replace(model, tied_embeddings=True)
     return PlacementProblem(model, JobSpec(global_batch=gbs, seq_length=2048), c, sh, blk,
                             Options())
 
 
-@pytest.mark.parametrize("seed,gbs,layout", [(0, 24, "1f1b"), (1, 24, "1f1b"), (2, 96, "1f1b"),
-                                             (0, 24, LAYOUTS[1]), (1, 24, LAYOUTS[2])])
-def test_surrogate_is_below_the_estimator_and_exact_where_traced(seed, gbs, layout):
+@pytest.mark.parametrize("seed,gbs,layout,tied", [
+    (0, 24, "1f1b", False), (1, 24, "1f1b", False), (2, 96, "1f1b", False),
+    (0, 24, LAYOUTS[1], False), (1, 24, LAYOUTS[2], False),
+    (0, 24, "1f1b", True), (1, 24, LAYOUTS[1], True), (2, 24, LAYOUTS[2], True)])
+def test_surrogate_is_below_the_estimator_and_exact_where_traced(seed, gbs, layout, tied):
     """Over all 720 placements: the surrogate never exceeds the estimator's time, and equals
-    it on every placement whose critical path it has traced."""
-    prob = tiny_pipeline(seed, gbs, layout)
+    it on every placement whose critical path it has traced (with tied embeddings too, whose
+    all-reduce between the first and last stage's nodes is a term of its own)."""
+    prob = tiny_pipeline(seed, gbs, layout, tied)
     lay = prob.start_layers()
     perms = np.array(list(itertools.permutations(range(6))))
     sur = PathSurrogate.build(prob, lay, list(perms[0]))

@@ -377,3 +377,18 @@ def test_megatron_core_pipeline_transfers_send_the_whole_tensor_without_sp():
             assert legacy.hop_ms(50.0, False, 360.0) == pytest.approx(want, rel=1e-12)
         else:
             assert legacy.hop_ms(50.0, False, 360.0) < want / 2
+
+
+def test_torchtitan_refuses_tied_embeddings_under_pipeline_parallelism():
+    """torchtitan raises 'Weight tying is not supported with Pipeline Parallel'
+    (torchtitan/models/common/decoder.py); its stages of v0.2 are deep copies whose two
+    weights would train apart. PP 1 and untied models are taken."""
+    c = uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
+    tied = dataclasses.replace(gpt(), tied_embeddings=True)
+    job = JobSpec(global_batch=32, seq_length=2048, framework="torchtitan")
+    kw = dict(tp=2, sequence_parallel=True, zero=3)
+    with pytest.raises(SpecError, match="Weight tying is not supported") as e:
+        estimate(tied, job, c, make_plan(tied, job, c, pp=2, **kw))
+    assert e.value.field == "pp"
+    for model, pp in ((gpt(), 2), (tied, 1)):
+        assert estimate(model, job, c, make_plan(model, job, c, pp=pp, **kw)).iteration_ms > 0

@@ -88,6 +88,11 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-overlap-p2p-communication", action="store_false",
                    dest="overlap_p2p_comm")
     p.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
+    # sliding window (_add_network_size_args: tuple_type 'left,right', moe_freq_type: an int
+    # or a list pattern)
+    p.add_argument("--window-size", type=lambda x: tuple(int(v) for v in x.strip("()").split(
+        ",")), default=None)
+    p.add_argument("--window-attn-skip-freq", type=int, default=None)
     return p
 
 

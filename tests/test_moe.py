@@ -119,7 +119,10 @@ def test_unmodelled_config_settings_are_said_not_dropped(tmp_path):
     mixtral = {"model_type": "mixtral", "num_hidden_layers": 8, "hidden_size": 1024,
                "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2048,
                "vocab_size": 32000, "max_position_embeddings": 8192, "num_local_experts": 8,
-               "num_experts_per_tok": 2, "sliding_window": 4096, "router_aux_loss_coef": 0.02}
+               "num_experts_per_tok": 2, "sliding_window": 4096, "router_aux_loss_coef": 0.02,
+               # a window over the upper layers only: neither every layer nor a full layer
+               # every N (ModelSpec.window_full_every), so priced as full attention, and said
+               "layer_types": ["full_attention"] * 4 + ["sliding_attention"] * 4}
     p = _write(tmp_path, mixtral)
     m = load_hf_config(p)
     assert [x.split(":")[0] for x in m.unmodelled] == ["sliding_window 4096",
@@ -139,6 +142,10 @@ def test_unmodelled_config_settings_are_said_not_dropped(tmp_path):
     qwen.update(max_window_layers=2)
     assert load_hf_config(_write(tmp_path / "w", qwen)).unmodelled[0].startswith(
         "sliding_window 4096")
+    # from layer 0 on, every layer slides: modelled (ModelSpec.sliding_window), not said
+    qwen.update(max_window_layers=0)
+    slid = load_hf_config(_write(tmp_path / "w", qwen))
+    assert (slid.unmodelled, slid.sliding_window, slid.window_full_every) == ((), 4096, 0)
     runner = CliRunner()
     plan = tmp_path / "plan.json"
     args = ["estimate", "-m", str(p), "-c", "h100-8x8", "--gbs", "64", "--seq", "8192",

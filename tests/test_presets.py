@@ -381,7 +381,8 @@ def test_a_quantized_checkpoints_format_is_said(tmp_path):
 def test_phi3_configs_load_as_llamas_block(tmp_path):
     """Phi-3 and Phi-4 (model_type phi3: Llama's block with fused qkv and gate_up projections,
     the same weights) load with their published sizes (Phi-3-mini 3.8B, Phi-4 14.7B), their
-    sliding window said, and their own dropout keys read (resid_pdrop, embd_pdrop)."""
+    sliding window taken (every layer's), and their own dropout keys read (resid_pdrop,
+    embd_pdrop)."""
     mini = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
             "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
             "max_position_embeddings": 4096, "vocab_size": 32064, "rope_theta": 10000.0,
@@ -397,6 +398,8 @@ def test_phi3_configs_load_as_llamas_block(tmp_path):
         assert m.total_params / 1e9 == pytest.approx(billions, abs=0.001)
         assert m.gated_mlp and m.norm == "rmsnorm" and not m.bias and not m.dropout
     p.write_text(json.dumps(mini))
-    assert any(x.startswith("sliding_window 2047") for x in presets.model(str(p)).unmodelled)
+    m = presets.model(str(p))
+    assert (m.sliding_window, m.window_full_every, m.windowed_layers, m.unmodelled) == (
+        2047, 0, 32, ())
     p.write_text(json.dumps(dict(mini, resid_pdrop=0.1)))
     assert presets.model(str(p)).dropout

@@ -1,0 +1,191 @@
+"""Sliding-window attention through the whole chain: the model spec, FlashAttention's work
+with a window, the per-layer mean of windowed and full layers, the frameworks that run it
+(and those refused), the Hugging Face import of the window and its layer pattern, and the
+emitted Megatron-LM, NeMo and Megatron-Bridge settings."""
+
+import dataclasses
+import json
+
+import pytest
+
+from formats.clusters import uniform_cluster
+from formats.hf_config import load_hf_config
+from launch.emit import bridge_recipe, megatron_args, megatron_args_text, nemo_config
+from model.compute import FLASH_BLOCK, flash_work_share
+from model.costs import CostModel
+from model.errors import SpecError
+from model.estimator import estimate, make_plan
+from model.specs import JobSpec, ModelSpec, Options
+
+from test_launch import parse_megatron
+
+# Mistral 7B v0.1's shape (config.json: sliding_window 4096, every layer)
+MISTRAL = ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, gated_mlp=True,
+                    position_embedding="rope", norm="rmsnorm", bias=False, dropout=False,
+                    sliding_window=4096)
+FULL = dataclasses.replace(MISTRAL, name="full", sliding_window=0)
+
+
+@pytest.fixture(scope="module")
+def c16():
+    return uniform_cluster(2, 8, "H100-SXM-80GB", 360.0, 50.0)
+
+
+def test_flash_work_share_counts_the_pairs_the_window_keeps():
+    """Causal: the triangle and half a block a row; windowed: s W - W^2 / 2 pairs and a block
+    a row, never more than causal; a window no shorter than the sequence is causal."""
+    s, b = 32768, FLASH_BLOCK
+    assert flash_work_share(s) == pytest.approx(0.5 * (1 + b / s))
+    assert flash_work_share(s, s) == flash_work_share(s, 2 * s) == flash_work_share(s)
+    w = 4096
+    assert flash_work_share(s, w) == pytest.approx((s * w - w * w / 2 + s * b) / s**2)
+    # exact pairs of a causal window of w keys (key > query - w), counted
+    pairs = sum(min(i + 1, w) for i in range(s))
+    assert pairs == s * w - w * (w - 1) // 2
+    assert 0 < flash_work_share(s, w) * s * s - pairs <= s * b
+    shares = [flash_work_share(s, x) for x in (128, 1024, 4096, 16384, 32767)]
+    assert shares == sorted(shares) and shares[-1] <= flash_work_share(s)
+
+
+def test_windowed_layers_price_the_mean_of_windowed_and_full_attention(c16):
+    """Every layer carries the mean attention work of the model's layers: with a full layer
+    every 2, the attention time is halfway between all-windowed and all-full; the rest of the
+    layer is the same. Short sequences (window >= s) cost what full attention costs."""
+    job = JobSpec(global_batch=16, seq_length=32768)
+    half = dataclasses.replace(MISTRAL, name="half", window_full_every=2)
+    assert half.windowed_layers == 16
+    plan = make_plan(FULL, job, c16, tp=8, pp=1, sequence_parallel=True)
+    ms, est = {}, {}
+    for m in (MISTRAL, half, FULL):
+        f = CostModel(m, job, c16, plan.shape, Options()).compute(c16.nodes[0].gpu).layer().fwd
+        ms[m.name] = (f.ms["attention"], f.total_ms - f.ms["attention"])
+        est[m.name] = estimate(m, job, c16, plan)
+    win, full = ms["mistral-7b"], ms["full"]
+    assert win[0] < 0.3 * full[0]
+    assert ms["half"][0] == pytest.approx((win[0] + full[0]) / 2, rel=1e-3)
+    assert win[1] == pytest.approx(full[1]) and ms["half"][1] == pytest.approx(full[1])
+    assert est["mistral-7b"].iteration_ms < est["half"].iteration_ms < est["full"].iteration_ms
+    # the causal MFU counts only the pairs the window keeps; eq. (3)'s MFU counts them all
+    e = est["mistral-7b"]
+    assert e.windowed and e.mfu > est["full"].mfu and e.mfu_causal < e.mfu
+    short = JobSpec(global_batch=16, seq_length=4096)
+    p2 = make_plan(FULL, short, c16, tp=8, pp=1, sequence_parallel=True)
+    a, b = estimate(MISTRAL, short, c16, p2), estimate(FULL, short, c16, p2)
+    assert a.iteration_ms == b.iteration_ms and not a.windowed
+
+
+@pytest.mark.parametrize("fw, kw, field, says", [
+    ("torchtitan", dict(zero=3), "framework", "gpt-oss model"),
+    ("deepspeed", dict(zero=1), "framework", "takes no window"),
+    ("megatron", dict(cp=2), "cp", "all-to-all or all-gather")])
+def test_frameworks_without_the_window_are_refused(c16, fw, kw, field, says):
+    job = JobSpec(global_batch=16, seq_length=8192, framework=fw)
+    with pytest.raises(SpecError, match=says) as e:
+        estimate(MISTRAL, job, c16, make_plan(MISTRAL, job, c16, tp=2, pp=1, **kw))
+    assert e.value.field == field
+    # a window no shorter than the sequence is full causal attention: taken
+    short = dataclasses.replace(job, seq_length=4096)
+    assert estimate(MISTRAL, short, c16, make_plan(MISTRAL, short, c16, tp=2, pp=1, **kw))
+
+
+def test_model_spec_checks_the_window_fields():
+    with pytest.raises(SpecError, match="needs a sliding_window"):
+        dataclasses.replace(FULL, window_full_every=4)
+    with pytest.raises(SpecError, match="every layer attend fully"):
+        dataclasses.replace(MISTRAL, window_full_every=1)
+    with pytest.raises(SpecError) as e:
+        dataclasses.replace(MISTRAL, sliding_window=-5)
+    assert e.value.field == "sliding_window"
+    assert dataclasses.replace(MISTRAL, window_full_every=6, num_layers=62).windowed_layers == 52
+
+
+def _cfg(tmp_path, **kw):
+    cfg = {"model_type": "mistral", "num_hidden_layers": 12, "hidden_size": 1024,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 4096,
+           "vocab_size": 32000, "max_position_embeddings": 32768, "sliding_window": 4096,
+           **kw}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def test_hugging_face_windows_and_layer_patterns(tmp_path):
+    """Mistral: every layer slides; transformers v5's layer_types with a full layer every N
+    (Gemma 3's 5 to 1, gpt-oss's alternation) give window_full_every N; a pattern neither
+    (the upper layers only) stays full attention, said; layer types that are not these two
+    are refused with the field named."""
+    m = load_hf_config(_cfg(tmp_path))
+    assert (m.sliding_window, m.window_full_every, m.unmodelled) == (4096, 0, ())
+    types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(12)]
+    m = load_hf_config(_cfg(tmp_path, layer_types=types))
+    assert (m.sliding_window, m.window_full_every, m.windowed_layers) == (4096, 6, 10)
+    upper = ["full_attention"] * 6 + ["sliding_attention"] * 6
+    m = load_hf_config(_cfg(tmp_path, layer_types=upper))
+    assert m.sliding_window == 0 and m.unmodelled[0].startswith("sliding_window 4096")
+    m = load_hf_config(_cfg(tmp_path, layer_types=["full_attention"] * 12))
+    assert (m.sliding_window, m.unmodelled) == (0, ())
+    with pytest.raises(SpecError) as e:
+        load_hf_config(_cfg(tmp_path, layer_types=["chunked_attention"] * 12))
+    assert e.value.field == "layer_types"
+    with pytest.raises(SpecError) as e:
+        load_hf_config(_cfg(tmp_path, layer_types=types[:5]))
+    assert e.value.field == "layer_types"
+
+
+def test_emitted_window_in_megatron_nemo_and_bridge(c16):
+    """Megatron-LM's --window-size counts the keys before the query's own (W - 1, 0: its
+    mask keeps keys >= query - left), and --window-attn-skip-freq N makes layers N, 2N, ...
+    full; both need Megatron-Core 0.15, which the header says. NeMo's model config and
+    Megatron-Bridge's provider carry the same TransformerConfig fields."""
+    job = JobSpec(global_batch=16, seq_length=8192)
+    gem = dataclasses.replace(MISTRAL, window_full_every=6)
+    plan = make_plan(gem, job, c16, tp=2, pp=2, sequence_parallel=True)
+    args, _warn = megatron_args(gem, job, plan)
+    a = parse_megatron(args)
+    assert a.window_size == (4095, 0) and a.window_attn_skip_freq == 6
+    head = megatron_args_text(args, plan)
+    assert "--window-size 0.15.0" in head and "--window-attn-skip-freq 0.15.0" in head
+    assert parse_megatron(megatron_args(FULL, job, plan)[0]).window_size is None
+    nemo = nemo_config(gem, job, c16, plan)[0]["model"]
+    assert nemo["window_size"] == [4095, 0] and nemo["window_attn_skip_freq"] == 6
+    model = bridge_recipe(gem, job, c16, plan)[0]["model"]
+    assert model["window_size"] == [4095, 0] and model["window_attn_skip_freq"] == 6
+    every = bridge_recipe(MISTRAL, job, c16, plan)[0]["model"]
+    assert every["window_size"] == [4095, 0] and "window_attn_skip_freq" not in every
+
+
+def test_window_read_back_from_megatron_arguments_and_plan_files(tmp_path, c16):
+    """A Megatron-LM arguments block that ran a window reads back as the model's window
+    (left + 1 keys; an int or list skip pattern), a window it did not plan is a mismatch, a
+    pattern other than a full layer every N is refused naming the argument; plan files keep
+    the window."""
+    from formats.logs import megatron_arg_blocks
+    from formats.megatron_args import _model, PrintedArgs, megatron_args_mismatch
+    from formats.planfile import load_plan, save_plan
+    from test_calibration import LOGS, _set_arg
+
+    text = (LOGS / "megatron_args_70b.txt").read_text()
+    printed = megatron_arg_blocks(_set_arg(_set_arg(text, "window_size", "(4095, 0)"),
+                                           "window_attn_skip_freq", 4))[0]
+    m = _model(PrintedArgs(printed, "t"), 32000, "t")
+    assert (m.sliding_window, m.window_full_every, m.windowed_layers) == (4096, 4, 60)
+    listed = dict(printed, window_attn_skip_freq=str([1, 1, 1, 0] * 20))
+    assert _model(PrintedArgs(listed, "t"), 32000, "t").window_full_every == 4
+    for bad, field in ((dict(printed, window_attn_skip_freq=str([0] * 40 + [1] * 40)),
+                        "window_attn_skip_freq"), (dict(printed, window_size="(4095, 7)"),
+                                                   "window_size")):
+        with pytest.raises(SpecError) as e:
+            _model(PrintedArgs(bad, "t"), 32000, "t")
+        assert e.value.field == field
+    job = JobSpec(global_batch=16, seq_length=8192)
+    plain = dataclasses.replace(m, sliding_window=0, window_full_every=0)
+    plan = make_plan(plain, job, c16, tp=8, pp=2, sequence_parallel=True)
+    assert not [x for x in megatron_args_mismatch(m, job, plan, printed) if "window" in x[0]]
+    diff = [x for x in megatron_args_mismatch(plain, job, plan, printed) if "window" in x[0]]
+    assert diff == [("window_size, window_attn_skip_freq", "(4095, 0), 4", "None, None")]
+    gem = dataclasses.replace(MISTRAL, window_full_every=6)
+    p = tmp_path / "plan.json"
+    gplan = make_plan(gem, job, c16, tp=8, pp=1, sequence_parallel=True)
+    save_plan(p, gem, job, c16, gplan, estimate(gem, job, c16, gplan))
+    back = load_plan(p)[0]
+    assert (back.sliding_window, back.window_full_every) == (4096, 6)

@@ -1,7 +1,8 @@
 """Feed emitted launch sets to the frameworks' own code and print what they accept and build.
 
 For each plan of a fixed set (Llama-2 70B and 7B, Mixtral, DeepSeek-V2-Lite, Llama-3 8B with
-context parallelism and the fused loss, BLOOM; even, uneven and interleaved splits; TP=1
+context parallelism and the fused loss, BLOOM, a Mistral-7B-like sliding window with and
+without full layers; even, uneven and interleaved splits; TP=1
 DP=64; Megatron-FSDP; FP8; a placement that needs --use-tp-pp-dp-mapping; a 16-node
 synthetic cluster placed by the annealer) the Megatron-LM launch set is written and run as a
 user would: `launch.sh` is executed once per node (NODE_NAME set) with `torchrun` replaced
@@ -73,8 +74,8 @@ from formats.megatron_args import megatron_args_mismatch, megatron_planned_args 
 from launch.emit import emit  # noqa: E402
 from model.estimator import estimate, make_plan  # noqa: E402
 from model.memory import fp8_params_apply  # noqa: E402
-from model.plan import block_placement, ep_groups  # noqa: E402
-from model.specs import JobSpec  # noqa: E402
+from model.plan import block_placement, ep_groups, model_refusal  # noqa: E402
+from model.specs import JobSpec, ModelSpec  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "upstream"
 
@@ -175,6 +176,19 @@ def _cases():
     out.append(("DeepSeek-V2-Lite MLA EP=8", ds, job, ex,
                 make_plan(ds, job, ex, tp=1, pp=2, ep=8, recompute="selective",
                           distributed_optimizer=True)))
+    # a Mistral-7B-like sliding window (4096 keys, its own included) on an 8k sequence: every
+    # layer slides, or layers 4, 8, ... attend fully (--window-size 4095,0
+    # --window-attn-skip-freq 4; window_size / window_attn_skip_freq in Bridge's provider)
+    jw = JobSpec(global_batch=64, seq_length=8192)
+    for every in (4, 0):
+        mw = ModelSpec(name=f"mistral-7b-swa{every}", num_layers=32, hidden_size=4096,
+                       num_heads=32, num_kv_heads=8, ffn_hidden_size=14336, vocab_size=32000,
+                       seq_length=32768, gated_mlp=True, position_embedding="rope",
+                       norm="rmsnorm", bias=False, dropout=False, rope_base=10000.0,
+                       norm_eps=1e-5, sliding_window=4096, window_full_every=every)
+        out.append((f"Mistral 7B window 4096, full every {every or 'none'}", mw, jw, h100,
+                    make_plan(mw, jw, h100, tp=2, pp=2, sequence_parallel=True,
+                              distributed_optimizer=True)))
     bl = presets.model("bloom-176b")
     jb = JobSpec(global_batch=512, seq_length=2048)
     out.append(("BLOOM 176B (ALiBi)", bl, jb, ex,
@@ -255,6 +269,19 @@ def expected(model, job, plan) -> list[tuple[str, object, str]]:
            ("first_last_layers_bf16", False, "precision")] if sh.fp8 else []),
         # the loss whose peak the memory model counts (model/memory.py LOSS_BYTES_PER_LOGIT)
         ("cross_entropy_loss_fusion", job.fused_loss, "memory"),
+        # the sliding window (ModelSpec.sliding_window: W keys, the query's own included;
+        # layers N, 2N, ... full for window_full_every N), as the fields set, as the layers
+        # that slide, and as a sliding layer's mask on the run's sequence: [keys the last
+        # query attends, keys after their query]
+        ("window_size", [model.sliding_window - 1, 0] if model.sliding_window else None,
+         "model"),
+        ("window_attn_skip_freq", model.window_full_every or None, "model"),
+        ("windowed_layers", [g for g in range(1, model.num_layers + 1)
+                             if model.sliding_window and not (
+                                 model.window_full_every and g % model.window_full_every == 0)],
+         "model"),
+        ("window_keys", [min(model.sliding_window, job.seq_length), 0]
+         if model.sliding_window else None, "model"),
     ]
 
 
@@ -667,6 +694,10 @@ def check_deepspeed(python: str, work: Path) -> int:
     cases = _cases()
     items, meta = [], []
     for k, (name, m, job, c, plan) in enumerate(cases):
+        refused = model_refusal(m, "deepspeed", job.seq_length, plan.shape)
+        if refused:  # emit refuses it too (a window Megatron-DeepSpeed lacks)
+            print(f"{name}: not emitted for DeepSpeed: {refused[1]}")
+            continue
         est = estimate(m, job, c, plan)
         folder = work / f"ds{k}"
         emit("deepspeed", m, job, c, plan, folder, est=est, force=not est.fits)

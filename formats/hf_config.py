@@ -231,6 +231,14 @@ _WINDOW_ALL = ("mistral", "mixtral", "phi3")
 _WINDOW_QWEN = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 
 
+def _qwen_window_start(cfg: dict) -> int:
+    """The first layer a Qwen config slides its window in: max_window_layers, transformers'
+    default 28 where the file does not say (Qwen2Config, Qwen3Config, Qwen2MoeConfig,
+    Qwen3MoeConfig: max_window_layers=28)."""
+    first = cfg.get("max_window_layers", 28)
+    return first if isinstance(first, int) and not isinstance(first, bool) else 28
+
+
 def _window_fields(cfg: dict, mtype: str, num_layers, src: str) -> dict:
     """ModelSpec's sliding_window and window_full_every from the config: transformers v5's
     `layer_types` ("sliding_attention" / "full_attention" per layer) where the file has it,
@@ -252,8 +260,7 @@ def _window_fields(cfg: dict, mtype: str, num_layers, src: str) -> dict:
                             "modelled)", source=src, field="layer_types")
         slides = [t == "sliding_attention" for t in types]
     elif mtype in _WINDOW_QWEN:
-        first = cfg.get("max_window_layers")
-        first = first if isinstance(first, int) and not isinstance(first, bool) else 0
+        first = _qwen_window_start(cfg)
         slides = [i >= first for i in range(num_layers)]
     elif mtype in _WINDOW_ALL:
         slides = [True] * num_layers
@@ -434,10 +441,10 @@ def unmodelled(cfg: dict, moe: bool, src: str = "config.json") -> tuple[str, ...
                                 f"{json.dumps(v)[:40]}", source=src, field=key)
         if v is None or v == noop or isinstance(v, (dict, list)):
             continue
-        if key == "sliding_window" and (cfg.get("use_sliding_window") is False or isinstance(
-                cfg.get("max_window_layers"), int) and isinstance(
+        if key == "sliding_window" and (v == 0 or cfg.get("use_sliding_window") is False or (
+                "use_sliding_window" in cfg or "max_window_layers" in cfg) and isinstance(
                 cfg.get("num_hidden_layers"), int) and
-                cfg["max_window_layers"] >= cfg["num_hidden_layers"]):
+                _qwen_window_start(cfg) >= cfg["num_hidden_layers"]):
             # Qwen2 carries a window it does not use, or slides only in the layers from
             # max_window_layers on (transformers' Qwen2Config layer_types)
             continue

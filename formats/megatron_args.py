@@ -518,6 +518,8 @@ def _window(a: PrintedArgs, num_layers: int) -> dict:
         left, right = int(left), int(right)
     except (ValueError, SyntaxError, TypeError):
         a.fail("window_size", f"printed {text!r}, not (left, right)")
+    if (left, right) == (-1, 0):
+        return {}  # -1: no limit (Transformer Engine's window_size), full causal attention
     if right != 0 or left < 0:
         a.fail("window_size", f"{text} is not a causal window (left, 0): not priced")
     freq = a.text("window_attn_skip_freq")
@@ -527,11 +529,19 @@ def _window(a: PrintedArgs, num_layers: int) -> dict:
         pattern = ast.literal_eval(freq)
     except (ValueError, SyntaxError):
         pattern = None
-    if isinstance(pattern, int) and pattern > 1:
-        return {"sliding_window": left + 1, "window_full_every": pattern}
-    n = pattern.index(0) + 1 if isinstance(pattern, list) and 0 in pattern else 0
-    if n > 1 and pattern == [int((i + 1) % n != 0) for i in range(num_layers)]:
-        return {"sliding_window": left + 1, "window_full_every": n}
+    # core/transformer/utils.py is_layer_window_attention: an int N windows the layers whose
+    # number (from 1) N does not divide (N = 1: none); a list windows where it holds 1
+    if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 1:
+        return ({"sliding_window": left + 1, "window_full_every": pattern} if pattern > 1
+                else {})
+    if isinstance(pattern, list) and len(pattern) == num_layers and set(pattern) <= {0, 1}:
+        if 0 not in pattern:
+            return {"sliding_window": left + 1}
+        if 1 not in pattern:
+            return {}
+        n = pattern.index(0) + 1
+        if n > 1 and pattern == [int((i + 1) % n != 0) for i in range(num_layers)]:
+            return {"sliding_window": left + 1, "window_full_every": n}
     a.fail("window_attn_skip_freq", f"{freq} is not a full-attention layer every N > 1 (the "
            "pattern priced)")
 

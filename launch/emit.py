@@ -27,7 +27,7 @@ from model.cluster import ClusterSpec
 from model.errors import SpecError
 from model.costs import bucket_params
 from model.memory import fp8_param_gather_note, fp8_params_apply
-from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepep_layout_problem,
+from model.plan import (DEEPSPEED_PARTITIONS, Plan, Shape, deepep_layout_problem, model_refusal,
                         deepspeed_pipe_partitioned,
                         deepspeed_split, deepspeed_splits, num_microbatches,
                         torch_interleave_group, torchtitan_seq_problem)
@@ -1589,6 +1589,12 @@ def launch_set(framework: str, model: ModelSpec, job: JobSpec, cluster: ClusterS
                            f"written, not {job.moe_dispatcher} (no tokens move; Megatron-Core's "
                            "flex dispatcher refuses a group of one)"))
     priced = job.framework
+    # what the target framework cannot run at all (a window it lacks, tied embeddings under
+    # its PP): refused as estimate refuses it, whatever the plan was priced for
+    bad = model_refusal(model, priced_as(fw), job.seq_length, plan.shape)
+    if bad is not None:
+        raise SpecError(f"{fw} cannot run this plan: {bad[1]}", source="plan",
+                        field="--framework")
     if priced_as(fw) != priced:
         # the estimate is the job's framework's (its kernels, memory, sharding rules)
         warn.append(tagged(fw, "framework", (

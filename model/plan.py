@@ -717,35 +717,8 @@ def validate_shape(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
                         f"micro-batches per replica, not {num_microbatches(job, shape)}: lower "
                         "the micro-batch size or DP, or raise the global batch", source=src,
                         field="micro_batch")
-    if model.sliding_window and model.sliding_window < job.seq_length:
-        why = None
-        if job.framework == "torchtitan":
-            # torchtitan/models/common/attention.py get_sliding_window_mask_mod serves its
-            # gpt-oss model (FlexAttention) only; the Llama-family flavors it is emitted as
-            # attend fully
-            why = ("torchtitan slides a window only in its gpt-oss model, not in the Llama-"
-                   "family models its configs name: use framework megatron or nemo")
-        elif job.framework == "deepspeed":
-            why = ("Megatron-DeepSpeed's attention takes no window: use framework megatron "
-                   "or nemo")
-        elif shape.cp > 1:
-            # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py:
-            # a window under CP needs cp_comm_type a2a or all_gather, not Megatron-LM's
-            # default p2p ring, the one modelled here
-            why = ("context parallelism with a sliding window needs Transformer Engine's "
-                   "all-to-all or all-gather exchange, not the p2p ring modelled here: use "
-                   "CP 1")
-        if why:
-            raise SpecError(f"sliding-window attention ({model.sliding_window} tokens): {why}",
-                            source=src, field="cp" if shape.cp > 1 and job.framework in (
-                                "megatron", "nemo") else "framework")
-    if job.framework == "torchtitan" and shape.pp > 1 and model.tied_embeddings:
-        # torchtitan/models/common/decoder.py (Aug 2026): 'Weight tying is not supported with
-        # Pipeline Parallel'; v0.2's stages are deep copies, whose two weights train apart
-        raise SpecError("torchtitan does not tie the input and output embeddings under "
-                        "pipeline parallelism ('Weight tying is not supported with Pipeline "
-                        "Parallel'): use PP 1, another framework, or a model with untied "
-                        "embeddings", source=src, field="pp")
+    if (bad := model_refusal(model, job.framework, job.seq_length, shape)) is not None:
+        raise SpecError(bad[1], source=src, field=bad[0])
     if shape.schedule not in SCHEDULES:
         raise SpecError(f"unknown schedule '{shape.schedule}'; use one of "
                         f"{', '.join(SCHEDULES)}", source=src, field="schedule")
@@ -1091,3 +1064,38 @@ def deepspeed_splits(model: ModelSpec, pp: int) -> dict[tuple[int, ...], str]:
 
 def with_layers(shape: Shape, layers: tuple[int, ...]) -> Shape:
     return replace(shape, layers=tuple(layers))
+
+def model_refusal(model, framework: str, seq_length: int, shape) -> tuple[str, str] | None:
+    """(field, why) where `framework` (a job's) cannot run the model as the shape lays it out
+    at this sequence length (validate_shape refuses it; emit refuses to write it for another
+    framework), else None: a sliding window torchtitan's and DeepSpeed's models lack or CP's
+    p2p ring cannot take, and tied embeddings under PP in torchtitan."""
+    if model.sliding_window and model.sliding_window < seq_length:
+        why = None
+        if framework == "torchtitan":
+            # torchtitan/models/common/attention.py get_sliding_window_mask_mod serves its
+            # gpt-oss model (FlexAttention) only; the Llama-family flavors it is emitted as
+            # attend fully
+            why = ("torchtitan slides a window only in its gpt-oss model, not in the Llama-"
+                   "family models its configs name: use framework megatron or nemo")
+        elif framework == "deepspeed":
+            why = ("Megatron-DeepSpeed's attention takes no window: use framework megatron "
+                   "or nemo")
+        elif shape.cp > 1:
+            # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py:
+            # a window under CP needs cp_comm_type a2a or all_gather, not Megatron-LM's
+            # default p2p ring, the one modelled here
+            why = ("context parallelism with a sliding window needs Transformer Engine's "
+                   "all-to-all or all-gather exchange, not the p2p ring modelled here: use "
+                   "CP 1")
+        if why:
+            return ("cp" if shape.cp > 1 and framework not in ("torchtitan", "deepspeed")
+                    else "framework",
+                    f"sliding-window attention ({model.sliding_window} tokens): {why}")
+    if framework == "torchtitan" and shape.pp > 1 and model.tied_embeddings:
+        # torchtitan/models/common/decoder.py (Aug 2026): 'Weight tying is not supported with
+        # Pipeline Parallel'; v0.2's stages are deep copies, whose two weights train apart
+        return ("pp", "torchtitan does not tie the input and output embeddings under "
+                "pipeline parallelism ('Weight tying is not supported with Pipeline "
+                "Parallel'): use PP 1, another framework, or a model with untied embeddings")
+    return None

@@ -43,7 +43,8 @@ def _positive(value, name: str, source: str | None, *, integer: bool = False, al
         value, (int, float)) and not isinstance(value, bool)
     if (not ok_type or value != value or abs(value) == float("inf")
             or (value < 0 if allow_zero else value <= 0)):
-        kind = "a positive integer" if integer else "a positive, finite number"
+        kind = ("a positive integer" if integer else "a positive, finite number") if not \
+            allow_zero else ("an integer, 0 or more" if integer else "a finite number, 0 or more")
         raise SpecError(f"must be {kind}, got {value!r}", source=source, field=name)
 
 

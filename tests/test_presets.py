@@ -75,7 +75,7 @@ _DEEPSEEK = dict(_LLAMA, model_type="deepseek_v3", n_routed_experts=8, num_exper
 @pytest.mark.parametrize("cfg,key,says", [
     (dict(_DEEPSEEK, first_k_dense_replace=9), "first_k_dense_replace",
      "first_k_dense_replace 9 needs"),
-    (dict(_DEEPSEEK, kv_lora_rank=-1), "kv_lora_rank", "must be a positive integer"),
+    (dict(_DEEPSEEK, kv_lora_rank=-1), "kv_lora_rank", "must be an integer, 0 or more"),
     (dict(_DEEPSEEK, num_experts_per_tok=20), "num_experts_per_tok",
      "num_experts_per_tok 20 must be between 1 and n_routed_experts 8"),
     (dict(_LLAMA, model_type="mixtral", num_local_experts=0, num_experts_per_tok=2),

@@ -130,6 +130,16 @@ def test_hugging_face_windows_and_layer_patterns(tmp_path):
     with pytest.raises(SpecError) as e:
         load_hf_config(_cfg(tmp_path, layer_types=types[:5]))
     assert e.value.field == "layer_types"
+    # Qwen slides from max_window_layers on, transformers' default 28 where the file has none
+    qwen = dict(model_type="qwen2", use_sliding_window=True, num_hidden_layers=28)
+    m = load_hf_config(_cfg(tmp_path, **qwen))
+    assert (m.sliding_window, m.unmodelled) == (0, ())
+    m = load_hf_config(_cfg(tmp_path, **dict(qwen, num_hidden_layers=40)))
+    assert m.sliding_window == 0 and m.unmodelled[0].startswith("sliding_window 4096")
+    assert load_hf_config(_cfg(tmp_path, **qwen, max_window_layers=0)).sliding_window == 4096
+    # a window of 0 is none, and says nothing
+    m = load_hf_config(_cfg(tmp_path, sliding_window=0))
+    assert (m.sliding_window, m.unmodelled) == (0, ())
 
 
 def test_emitted_window_in_megatron_nemo_and_bridge(c16):
@@ -171,6 +181,15 @@ def test_window_read_back_from_megatron_arguments_and_plan_files(tmp_path, c16):
     assert (m.sliding_window, m.window_full_every, m.windowed_layers) == (4096, 4, 60)
     listed = dict(printed, window_attn_skip_freq=str([1, 1, 1, 0] * 20))
     assert _model(PrintedArgs(listed, "t"), 32000, "t").window_full_every == 4
+    # every layer windowed (a list of 1s, or no skip frequency), none (all 0s, N = 1), and
+    # Transformer Engine's -1: no limit, full causal attention
+    for freq, want in (([1] * 80, (4096, 0)), ([0] * 80, (0, 0)), (1, (0, 0)),
+                       ("None", (4096, 0))):
+        got = _model(PrintedArgs(dict(printed, window_attn_skip_freq=str(freq)), "t"),
+                     32000, "t")
+        assert (got.sliding_window, got.window_full_every) == want, freq
+    got = _model(PrintedArgs(dict(printed, window_size="(-1, 0)"), "t"), 32000, "t")
+    assert got.sliding_window == 0
     for bad, field in ((dict(printed, window_attn_skip_freq=str([0] * 40 + [1] * 40)),
                         "window_attn_skip_freq"), (dict(printed, window_size="(4095, 7)"),
                                                    "window_size")):
@@ -189,3 +208,24 @@ def test_window_read_back_from_megatron_arguments_and_plan_files(tmp_path, c16):
     save_plan(p, gem, job, c16, gplan, estimate(gem, job, c16, gplan))
     back = load_plan(p)[0]
     assert (back.sliding_window, back.window_full_every) == (4096, 6)
+
+
+def test_emit_refuses_what_the_target_framework_cannot_run(tmp_path, c16):
+    """A plan priced for Megatron-LM emitted for a framework that lacks what it needs is
+    refused, naming the reason, as estimate refuses it there: a window for DeepSpeed and
+    torchtitan, tied embeddings under PP for torchtitan."""
+    from formats import presets
+    from launch.emit import launch_set
+    job = JobSpec(global_batch=16, seq_length=8192)
+    plan = make_plan(MISTRAL, job, c16, tp=2, pp=2, sequence_parallel=True)
+    for fw, says in (("deepspeed", "takes no window"), ("torchtitan", "gpt-oss model")):
+        with pytest.raises(SpecError, match=says) as e:
+            launch_set(fw, MISTRAL, job, c16, plan)
+        assert e.value.field == "--framework" and fw in str(e.value)
+    assert launch_set("nemo", MISTRAL, job, c16, plan)
+    gpt = presets.model("gpt-7.5b")
+    gjob = JobSpec(global_batch=64, seq_length=2048)
+    gplan = make_plan(gpt, gjob, c16, tp=2, pp=2, sequence_parallel=True)
+    with pytest.raises(SpecError, match="Weight tying"):
+        launch_set("torchtitan", gpt, gjob, c16, gplan)
+    assert launch_set("deepspeed", gpt, gjob, c16, gplan)

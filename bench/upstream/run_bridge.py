@@ -162,7 +162,7 @@ def bridge_view(item: dict) -> dict:
         return {"accepted": False, "error": f"{type(e).__name__}: {e}"[:600], "where": where}
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from run_megatron import (  # Megatron-Core's own, as Bridge
-        main_grads_dtype, megatron_groups, pipeline_built)
+        main_grads_dtype, megatron_groups, pipeline_built, window_built)
 
     m = cfg.model
     pp, vp, layers, schedule = pipeline_built(m)
@@ -219,6 +219,7 @@ def bridge_view(item: dict) -> dict:
             bool(ddp.grad_reduce_in_fp32), m.params_dtype),
         "attention_backend": str(m.attention_backend),
         "cross_entropy_loss_fusion": bool(m.cross_entropy_loss_fusion),
+        **window_built(m, layers, m.seq_length),
         "use_tp_pp_dp_mapping": tp_pp_dp,
         "order": "tp-cp-ep-pp-dp" if tp_pp_dp else "tp-cp-ep-dp-pp",
     }

@@ -6,7 +6,8 @@ gives pretrain_gpt.py) it runs, as pretrain_gpt.py would before touching a GPU:
 `parse_args` -> `validate_args` -> the tokenizer's vocabulary padding -> `core_transformer_config_
 from_args`, and prints what Megatron built as JSON: accepted or the error, the architecture,
 parallel sizes, layers per virtual stage (Megatron's own `get_num_layers_to_build` per pipeline
-rank and virtual stage), schedule, recompute and optimizer settings.
+rank and virtual stage), schedule, recompute and optimizer settings, and the sliding window (the
+layers Megatron-Core's is_layer_window_attention slides, the keys its mask keeps).
 
 usage: python run_megatron.py RECORDS.json RESULTS.json  (RECORDS: a list of {"record": ...,
 "world_size": N, "gpu_arch": 8|9|10}); writes a JSON list of results.
@@ -120,6 +121,7 @@ def megatron_view(item):
         "fp8_param_gather": bool(getattr(args, "fp8_param_gather", False)),
         "attention_backend": str(cfg.attention_backend),
         "cross_entropy_loss_fusion": bool(cfg.cross_entropy_loss_fusion),
+        **window_built(cfg, layers, args.seq_length),
         "use_tp_pp_dp_mapping": bool(getattr(args, "use_tp_pp_dp_mapping", False)),
         "order": "tp-cp-ep-pp-dp" if getattr(args, "use_tp_pp_dp_mapping", False)
         else "tp-cp-ep-dp-pp",
@@ -159,6 +161,47 @@ def pipeline_built(cfg) -> tuple[int, int, list[int], str]:
             layers.append(n)
     schedule = "interleaved" if vp > 1 else "1f1b" if pp > 1 else "none"
     return pp, vp, layers, schedule
+
+
+def window_built(cfg, layers: list[int], seq_length: int) -> dict:
+    """The sliding window a finalized TransformerConfig builds: window_size and
+    window_attn_skip_freq as set; the layers (1-indexed, over the whole model) whose attention
+    slides, by Megatron-Core's own is_layer_window_attention on the number each layer's
+    attention is given (transformer_layer.py: its number in its virtual stage plus
+    get_transformer_layer_offset; `layers` as pipeline_built gives them, in model order); and
+    what a sliding layer's mask keeps, by Megatron-Core's own get_sliding_window_causal_mask
+    (the (left, right) span Transformer Engine and flash-attn take too) on a seq_length
+    sequence: [keys its last query attends, its own included; keys after their query]."""
+    import torch
+
+    from megatron.core.transformer import utils as U
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    ws, freq = cfg.window_size, cfg.window_attn_skip_freq
+    pp = cfg.pipeline_model_parallel_size
+    vp = cfg.virtual_pipeline_model_parallel_size or 1
+    numbers, k = [], 0
+    for c in range(vp):
+        for r in range(pp):
+            n = layers[c * pp + r]
+            # a layout's offset is read for the calling rank only: the model order instead
+            off = (k if cfg.pipeline_model_parallel_layout is not None else
+                   get_transformer_layer_offset(cfg, vp_stage=c if vp > 1 else None, pp_rank=r))
+            numbers += [off + i + 1 for i in range(n)]
+            k += n
+    out = {"window_size": list(ws) if ws is not None else None,
+           "window_attn_skip_freq": freq,
+           "windowed_layers": [g for g in numbers if U.is_layer_window_attention(ws, freq, g)],
+           "window_keys": None}
+    if ws is not None:
+        ones = torch.ones  # the mask is made on "cuda"; this machine's torch has CPU only
+        torch.ones = lambda *a, **kw: ones(*a, **{**kw, "device": "cpu"})
+        try:
+            m = ~U.get_sliding_window_causal_mask(seq_length, seq_length, tuple(ws))
+        finally:
+            torch.ones = ones
+        out["window_keys"] = [int(m[-1].sum()), int(m.triu(1).sum())]
+    return out
 
 
 def megatron_groups(v: dict) -> dict:

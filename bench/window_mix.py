@@ -1,12 +1,13 @@
-"""How far the per-layer mean of windowed and full attention (model/compute.py: every layer is
-priced at the model's mean) is from each pipeline stage's own mix of layers.
+"""Each pipeline stage's own mix of windowed and full-attention layers, as the cost model prices
+it (costs.CostModel.virtual_stage_ms with plan.full_attention_layers), against a per-layer mean
+of the two (every layer at the model's average), the simpler pricing this replaced.
 
 A Gemma-3-27B-like shape (62 layers, a 1024-key window, every 6th layer full: 10 full, 52
 windowed) on H100s, TP 8, Megatron-LM's even split over PP 2, 4 and 8, sequences of 8k and
 32k. For each stage: its layers, how many of them attend fully (Megatron-Core's
 is_layer_window_attention: layer numbers from 1, full where 6 divides them), its forward +
-backward per micro-batch as priced (layers x the mean layer) and as its own mix would cost
-(each layer its own attention), and the difference; then the slowest stage both ways, which
+backward per micro-batch as the estimator prices it (model.estimator.Evaluator, its own mix)
+and at the mean layer, and how far the mean is off; then the slowest stage both ways, which
 sets the pipeline's steady state.
 
     python bench/window_mix.py
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from formats.clusters import uniform_cluster  # noqa: E402
 from model.costs import CostModel  # noqa: E402
-from model.estimator import make_plan  # noqa: E402
+from model.estimator import Evaluator, make_plan  # noqa: E402
 from model.specs import JobSpec, ModelSpec, Options  # noqa: E402
 
 GEMMA = ModelSpec("gemma3-27b-like", 62, 5376, 32, 16, 21504, 262144, 131072, gated_mlp=True,
@@ -46,26 +47,27 @@ def main() -> None:
         for pp in (2, 4, 8):
             plan = make_plan(GEMMA, job, c, tp=8, pp=pp, sequence_parallel=True)
             sh = plan.shape
-            mean = layer_ms(GEMMA, job, c, sh)
-            win = layer_ms(dataclasses.replace(GEMMA, window_full_every=0), job, c, sh)
+            win = layer_ms(GEMMA, job, c, sh)
             full = layer_ms(dataclasses.replace(GEMMA, sliding_window=0, window_full_every=0),
                             job, c, sh)
-            print(f"\nseq {seq}, PP {pp}: layer fwd+bwd ms  mean {mean:.3f}  windowed "
-                  f"{win:.3f}  full {full:.3f}")
-            print("  stage  layers  full   priced ms   own mix ms    diff")
-            first, worst_priced, worst_own = 1, 0.0, 0.0
-            for s, n in enumerate(sh.layers):
-                nums = range(first, first + n)
-                n_full = sum(1 for g in nums if g % every == 0)
-                priced = n * mean
-                own = n_full * full + (n - n_full) * win
-                worst_priced, worst_own = max(worst_priced, priced), max(worst_own, own)
-                print(f"  {s:5d}  {n:6d}  {n_full:4d}  {priced:10.2f}  {own:11.2f}  "
-                      f"{100 * (priced - own) / own:+6.2f}%")
-                first += n
-            print(f"  slowest stage: priced {worst_priced:.2f} ms, own mix {worst_own:.2f} ms "
-                  f"({100 * (worst_priced - worst_own) / worst_own:+.2f}%)")
-
+            n_full = GEMMA.num_layers - GEMMA.windowed_layers
+            mean = (n_full * full + GEMMA.windowed_layers * win) / GEMMA.num_layers
+            ev = Evaluator(GEMMA, job, c, sh, Options())
+            durs = ev.replica_durations(plan.placement, 0, [0.0] * pp)
+            print(f"\nseq {seq}, PP {pp}: layer fwd+bwd ms  windowed {win:.3f}  full "
+                  f"{full:.3f}  mean {mean:.3f}")
+            print("  stage  layers  full   priced ms   at the mean    mean off")
+            worst, worst_mean = 0.0, 0.0
+            for s_, n in enumerate(sh.layers):
+                k = ev.kinds
+                priced = durs[k.F(s_)] + durs[k.B(s_)]
+                at_mean = priced + n * mean - (ev.full_layers[s_] * full
+                                               + (n - ev.full_layers[s_]) * win)
+                worst, worst_mean = max(worst, priced), max(worst_mean, at_mean)
+                print(f"  {s_:5d}  {n:6d}  {ev.full_layers[s_]:4d}  {priced:10.2f}  "
+                      f"{at_mean:11.2f}  {100 * (at_mean - priced) / priced:+6.2f}%")
+            print(f"  slowest stage: priced {worst:.2f} ms, at the mean {worst_mean:.2f} ms "
+                  f"({100 * (worst_mean - worst) / worst:+.2f}%)")
 
 if __name__ == "__main__":
     main()

@@ -524,12 +524,10 @@ class ComputeModel:
         full_flops = (4.0 * T * s * h / t if not m.is_mla else
                       2.0 * T * s * heads * (m.qk_head_dim + m.mla_v_head_dim))
         if self.job.attention == "flash":
-            # a sliding window (ModelSpec.sliding_window): every layer is priced at the mean
-            # of its windowed and full layers (layer times are one per model: a stage's exact
-            # mix depends on where the split falls, at most one full layer's attention off)
-            ws = m.windowed_layers / m.num_layers
-            share = ((1 - ws) * flash_work_share(s) + ws * flash_work_share(s, m.sliding_window)
-                     if ws else None)
+            # a sliding window (ModelSpec.sliding_window): this is a windowed layer; a model's
+            # full layers among them add their difference per virtual stage
+            # (costs.CostModel.virtual_stage_ms, plan.full_attention_layers)
+            share = flash_work_share(s, m.sliding_window) if m.sliding_window else None
             f_ms, b_ms = flash_attention_ms(g, full_flops, s, self.peak, kernels=self.cp,
                                             share=share)
             fwd.add("attention", f_ms, full_flops)

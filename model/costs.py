@@ -172,6 +172,7 @@ class CostModel:
         # leading dense layers (all in virtual stage 0, plan.validate_shape): their cost model
         self.first_dense = model.first_dense_layers
         self._dense: CostModel | None = None
+        self._full: CostModel | None = None
         # FP8 weights (--fp8-param-gather): the distributed optimizer all-gathers each linear
         # weight in FP8, 1 byte instead of the 16-bit weight's (Megatron-LM's param buffer of
         # the FP8 weights is uint8): bytes saved per linear weight of the data-parallel sync.
@@ -697,17 +698,46 @@ class CostModel:
                                     replace(self.shape, ep=1, etp=0), self.options)
         return self._dense
 
+    def full_costs(self) -> CostModel:
+        """The cost model of a windowed model's full-attention layers (ModelSpec.
+        window_full_every): the same model without the window."""
+        if self._full is None:
+            from dataclasses import replace
+            self._full = CostModel(replace(self.model, sliding_window=0, window_full_every=0),
+                                   self.job, self.cluster, self.shape, self.options)
+        return self._full
+
+    def full_layer_delta(self, gpu: GPUSpec, tp_ring_gb_per_s: float,
+                         shard_ring_gb_per_s: float = math.inf,
+                         cp_ring_gb_per_s: float = math.inf,
+                         ep_alltoall_ms: float = 0.0) -> tuple[float, float]:
+        """(forward, backward) ms a full-attention layer takes beyond a windowed one (0, 0
+        without full layers among windowed ones): the attention core over the whole causal
+        triangle instead of the window."""
+        m = self.model
+        if not (m.sliding_window and m.window_full_every):
+            return 0.0, 0.0
+        args = (gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s, ep_alltoall_ms)
+        lt, lf = self.layer_times(*args), self.full_costs().layer_times(*args)
+        return lf.fwd_ms - lt.fwd_ms, lf.bwd_ms - lt.bwd_ms
+
     def virtual_stage_ms(self, gpu: GPUSpec, tp_ring_gb_per_s: float, j: int,
                          layers: int, shard_ring_gb_per_s: float = math.inf,
                          cp_ring_gb_per_s: float = math.inf,
-                         ep_alltoall_ms: float = 0.0) -> tuple[float, float]:
+                         ep_alltoall_ms: float = 0.0,
+                         full_layers: int = 0) -> tuple[float, float]:
         """Forward and backward time of virtual stage j holding `layers` layers (virtual
         stage 0's first `first_dense` of them dense: a constant difference, so the time stays
-        linear in the layer count)."""
+        linear in the layer count; with a sliding window, `full_layers` of them attend fully,
+        plan.full_attention_layers, each a constant more than a windowed layer)."""
         lt = self.layer_times(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s, cp_ring_gb_per_s,
                               ep_alltoall_ms)
         f, b = layers * lt.fwd_ms + lt.shard_fill_fwd_ms, layers * lt.bwd_ms + \
             lt.shard_fill_bwd_ms
+        if full_layers:
+            df, db = self.full_layer_delta(gpu, tp_ring_gb_per_s, shard_ring_gb_per_s,
+                                           cp_ring_gb_per_s, ep_alltoall_ms)
+            f, b = f + full_layers * df, b + full_layers * db
         if j == 0:
             f, b = f + lt.emb_fwd_ms, b + lt.emb_bwd_ms
             if self.first_dense:

@@ -25,8 +25,8 @@ from .errors import SpecError
 from .fp8 import plan_fp8_bytes
 from .memory import MemoryModel, StageMemory, fp8_params_apply, keeps_unsharded
 from .plan import (Placement, Plan, Shape, ep_groups, expert_dp_groups, framework_splits,
-                   fsdp_overlaps_grads, least_zero, megatron_placement, num_microbatches,
-                   schedule_key, validate_placement, validate_shape)
+                   fsdp_overlaps_grads, full_attention_layers, least_zero, megatron_placement,
+                   num_microbatches, schedule_key, validate_placement, validate_shape)
 from .schedule import compile_schedule
 from .specs import JobSpec, ModelSpec, Options
 
@@ -109,6 +109,9 @@ class Evaluator:
         self.mem = MemoryModel(model, job, shape, self.cs, options,
                                plan_fp8_bytes(job, shape, cluster), cluster=cluster)
         self.params = [self.costs.stage_params(s) for s in range(shape.pp)]
+        # a windowed model's full-attention layers per virtual stage (where the split puts
+        # them: plan.full_attention_layers)
+        self.full_layers = full_attention_layers(model, shape.layers)
         self.memory = [self.mem.stage(s, self.params[s], shape.layers) for s in range(shape.pp)]
         # Caches for the solvers' hot path (`iteration_ms`): a stage's tail depends only on
         # that stage's row of the placement, a replica's path up to the tails only on that
@@ -236,7 +239,8 @@ class Evaluator:
                 if fb is None:
                     node = self.cluster.nodes[n]
                     fb = memo[key] = self.costs.virtual_stage_ms(
-                        node.gpu, node.ring_gb_per_s(g), j, sh.layers[j], shard, cpr, a2a)
+                        node.gpu, node.ring_gb_per_s(g), j, sh.layers[j], shard, cpr, a2a,
+                        self.full_layers[j])
                 d[self._idx_f[j]], d[self._idx_b[j]] = fb
         for h in range(len(self._idx_xf)):
             a, b = h, (h + 1) % sh.pp
@@ -373,7 +377,7 @@ class Evaluator:
             node = self.cluster.nodes[n]
             ring = node.ring_gb_per_s(tuple(range(self.shape.tp)))
             f, b = self.costs.virtual_stage_ms(node.gpu, ring, s, self.shape.layers[s], shard,
-                                               cpr, a2a)
+                                               cpr, a2a, self.full_layers[s])
             bwd, fwd = min(bwd, b), min(fwd, f)
         return bwd, fwd
 

@@ -1099,3 +1099,18 @@ def model_refusal(model, framework: str, seq_length: int, shape) -> tuple[str, s
                 "pipeline parallelism ('Weight tying is not supported with Pipeline "
                 "Parallel'): use PP 1, another framework, or a model with untied embeddings")
     return None
+
+
+def full_attention_layers(model, layers) -> tuple[int, ...]:
+    """Per virtual stage (model order: virtual stage j holds the j-th run of `layers`), how
+    many of its layers attend fully in a windowed model with a full layer every N
+    (ModelSpec.window_full_every; Megatron-Core's is_layer_window_attention: layer numbers
+    from 1, full where N divides them); zeros otherwise."""
+    n = model.window_full_every if model.sliding_window else 0
+    if not n:
+        return (0,) * len(layers)
+    out, done = [], 0
+    for x in layers:
+        out.append((done + x) // n - done // n)
+        done += x
+    return tuple(out)

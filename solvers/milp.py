@@ -29,6 +29,9 @@ Constraints
   connect:    sum_{e,b} sum_{n,m in different parts} w[n,m,e,b] >= crossings, for a few
               partitions of the nodes by link speed (_Data.crossing_levels): valid for every
               placement, they stop the LP from running every hop inside a fast part.
+  window:     a windowed model with a full layer every N: q[j] integer, N q[j] <= sum_{i<=j}
+              l[i] <= N q[j] + N - 1; virtual stage j holds q[j] - q[j-1] full layers, each
+              (dF, dB) more than a windowed one in F_j and B_j.
   tied:       with tied embeddings split over the pipeline, tied[b] = sum_{n,m} C_t[n,m]
               w[n,m,e_t,b], replica b's all-reduce between its first and last stage over
               their node-stages' edge e_t (a constant inside a node), in both stages' tails.
@@ -79,7 +82,7 @@ from model import work
 from model.costs import adam_bytes_per_param, hsdp_overlapped
 from model.errors import SolverUnavailableError
 from model.memory import GIB, keeps_unsharded, plan_overheads
-from model.plan import Plan, expert_dp_groups
+from model.plan import Plan, expert_dp_groups, full_attention_layers
 
 from .linear import Lin, LinearModel, Row, SolveResult, lsum
 from .problem import PlacementProblem
@@ -234,6 +237,13 @@ class _Data:
         V, p = self.V, self.p
         # per virtual stage: F_j = fF l_j + eF_j, B_j = fB l_j + eB_j (costs.py)
         self.fF, self.fB = [lt.fwd_ms] * V, [lt.bwd_ms] * V
+        # a windowed model's full-attention layers: each adds (dF, dB) to its virtual stage
+        # (costs.CostModel.virtual_stage_ms); which stage holds them follows the split:
+        # q[j] = floor(layers of virtual stages 0..j / N), full layers of j = q[j] - q[j-1]
+        # (plan.full_attention_layers)
+        self.dF, self.dB = costs.full_layer_delta(gpu, ring_tp, self.shard_ring, self.cp_ring,
+                                                  self.a2a)
+        self.full_every = prob.model.window_full_every if (self.dF or self.dB) else 0
         self.eF = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring, self.cp_ring,
                                           self.a2a)[0] for j in range(V)]
         self.eB = [costs.virtual_stage_ms(gpu, ring_tp, j, 0, self.shard_ring, self.cp_ring,
@@ -516,6 +526,16 @@ class _Formulation:
         def stage_layers(s):
             return lsum(l_[j] for j in range(V) if j % p == s)
 
+        # full-attention layers up to each virtual stage (_Data.full_every):
+        # N q[j] <= layers of 0..j <= N q[j] + N - 1
+        nf = dat.full_every
+        self.q = M.vars(list(range(V)) if nf else [], 0, L // nf if nf else 0,
+                        integer=integral)
+        for j in self.q:
+            upto = lsum(l_[i] for i in range(j + 1))
+            M.add(nf * self.q[j] <= upto)
+            M.add(upto <= nf * self.q[j] + (nf - 1))
+
         # layers per stage: a variable to fix, or one binary per possible count
         self.counts = range(dat.v, L - V + dat.v + 1) if loads else range(0)
         g = self.g = M.vars([(s, c) for s in range(p) for c in self.counts], 0, 1, integer=True)
@@ -702,11 +722,24 @@ class _Formulation:
         self.synced = 0  # how much of the shared cut list _sync_cuts has passed to this model
         self.values: np.ndarray | None = None  # the last solve's column values (`load`)
 
+    def full(self, j):
+        """Virtual stage j's full-attention layers, q[j] - q[j-1] (0 without them)."""
+        if not self.q:
+            return 0.0
+        return self.q[j] - self.q[j - 1] if j else self.q[j] + 0.0
+
     def F(self, j):
-        return self.dat.fF[j] * self.l[j] + self.dat.eF[j]
+        return self.dat.fF[j] * self.l[j] + self.dat.eF[j] + self.dat.dF * self.full(j)
 
     def B(self, j):
-        return self.dat.fB[j] * self.l[j] + self.dat.eB[j]
+        return self.dat.fB[j] * self.l[j] + self.dat.eB[j] + self.dat.dB * self.full(j)
+
+    def full_values(self) -> list[float] | None:
+        """The last solution's full-attention layers per virtual stage (None without)."""
+        if not self.q:
+            return None
+        q = [self._val(self.q[j]) for j in range(self.dat.V)]
+        return [q[j] - (q[j - 1] if j else 0.0) for j in range(self.dat.V)]
 
     def hop_expr(self, h: int, b: int, backward: bool):
         dat = self.dat
@@ -752,6 +785,13 @@ class _Formulation:
         for s_ in np.flatnonzero(ct):
             (col,) = self.tail[s_].terms
             base[col] = base.get(col, 0.0) - float(ct[s_])
+        if self.q:  # sum_j cq[j] (q[j] - q[j-1]) = sum_j q[j] (cq[j] - cq[j+1])
+            cq = cF * dat.dF + cB * dat.dB
+            for j in range(V):
+                w = float(cq[j] - (cq[j + 1] if j + 1 < V else 0.0))
+                if w:
+                    (col,) = self.q[j].terms
+                    base[col] = base.get(col, 0.0) - w
         (t_col,) = self.T.terms
         base[t_col] = base.get(t_col, 0.0) + 1.0
         c_tied = float(ct[0] + ct[p - 1]) if dat.tied else 0.0
@@ -816,15 +856,19 @@ class _Formulation:
     def exclude_loads(self, loads) -> None:
         self.M.add(lsum(self.g[s, int(c)] for s, c in enumerate(loads)) <= self.dat.p - 1)
 
-    def relaxed_durations(self, lay) -> np.ndarray:
+    def relaxed_durations(self, lay, full=None) -> np.ndarray:
         """Durations of every operation kind with the placement relaxed (what this model's
-        paths cost for split `lay`)."""
+        paths cost for split `lay`; `full`: its full-attention layers per virtual stage, the
+        split's own by default)."""
         dat, K = self.dat, self.dat.K
         p, V = dat.p, dat.V
         dur = np.zeros(K.size)
+        if full is None:
+            full = full_attention_layers(dat.prob.model, [int(round(x)) for x in lay]) \
+                if self.q else (0,) * V
         for j in range(V):
-            dur[K.F(j)] = dat.fF[j] * lay[j] + dat.eF[j]
-            dur[K.B(j)] = dat.fB[j] * lay[j] + dat.eB[j]
+            dur[K.F(j)] = dat.fF[j] * lay[j] + dat.eF[j] + dat.dF * full[j]
+            dur[K.B(j)] = dat.fB[j] * lay[j] + dat.eB[j] + dat.dB * full[j]
         for h in range(dat.n_hops):
             dur[K.xf(h)] = dur[K.xb(h)] = (dat.intra_hop if dat.hop_edge[h] is None
                                            else dat.hop_min_inter)
@@ -1076,7 +1120,7 @@ def _relaxed_loop(F: _Formulation, cut_list, left_s, max_rounds: int,
         if res.objective is None or res.status != "optimal":
             return st
         lay = F.layers()
-        length, counts, _ = cs.critical_path(F.relaxed_durations(lay))
+        length, counts, _ = cs.critical_path(F.relaxed_durations(lay, F.full_values()))
         if length <= res.objective * (1 + 1e-7) + 1e-9:
             st.converged, st.layers = True, lay
             return st  # `bound` holds HiGHS's dual bound of this relaxation

@@ -47,31 +47,84 @@ def test_flash_work_share_counts_the_pairs_the_window_keeps():
     assert shares == sorted(shares) and shares[-1] <= flash_work_share(s)
 
 
-def test_windowed_layers_price_the_mean_of_windowed_and_full_attention(c16):
-    """Every layer carries the mean attention work of the model's layers: with a full layer
-    every 2, the attention time is halfway between all-windowed and all-full; the rest of the
-    layer is the same. Short sequences (window >= s) cost what full attention costs."""
+def test_each_stage_prices_its_own_mix_of_windowed_and_full_layers(c16):
+    """A windowed layer's attention does the window's work, a full layer's the causal
+    triangle's; each virtual stage holds the full layers its place in the model gives it
+    (Megatron-Core's is_layer_window_attention: layer numbers from 1, full where N divides
+    them), so two stages of as many layers differ by their full layers' extra attention.
+    Short sequences (window >= s) cost what full attention costs."""
+    from model.estimator import Evaluator
+    from model.plan import full_attention_layers
     job = JobSpec(global_batch=16, seq_length=32768)
-    half = dataclasses.replace(MISTRAL, name="half", window_full_every=2)
-    assert half.windowed_layers == 16
+    half = dataclasses.replace(MISTRAL, name="half", window_full_every=3)
+    assert half.windowed_layers == 22
     plan = make_plan(FULL, job, c16, tp=8, pp=1, sequence_parallel=True)
-    ms, est = {}, {}
-    for m in (MISTRAL, half, FULL):
+    ms = {}
+    for m in (MISTRAL, FULL):
         f = CostModel(m, job, c16, plan.shape, Options()).compute(c16.nodes[0].gpu).layer().fwd
         ms[m.name] = (f.ms["attention"], f.total_ms - f.ms["attention"])
-        est[m.name] = estimate(m, job, c16, plan)
     win, full = ms["mistral-7b"], ms["full"]
-    assert win[0] < 0.3 * full[0]
-    assert ms["half"][0] == pytest.approx((win[0] + full[0]) / 2, rel=1e-3)
-    assert win[1] == pytest.approx(full[1]) and ms["half"][1] == pytest.approx(full[1])
+    assert win[0] < 0.3 * full[0] and win[1] == pytest.approx(full[1])
+    assert full_attention_layers(half, (4, 4, 4, 20)) == (1, 1, 2, 6)
+    assert full_attention_layers(MISTRAL, (16, 16)) == (0, 0)
+    pp4 = make_plan(half, job, c16, tp=4, pp=4, sequence_parallel=True, layers=(9, 7, 8, 8))
+    ev = Evaluator(half, job, c16, pp4.shape, Options())
+    assert ev.full_layers == (3, 2, 3, 2)
+    d = ev.replica_durations(pp4.placement, 0, [0.0] * 4)
+    k = ev.kinds
+    cm = ev.costs
+    gpu, ring = c16.nodes[0].gpu, c16.nodes[0].ring_gb_per_s((0, 1, 2, 3))
+    lt, lf = cm.layer_times(gpu, ring), cm.full_costs().layer_times(gpu, ring)
+    # stages 1 and 2 hold no embedding or output layer: their own layers exactly
+    assert d[k.F(1)] == pytest.approx(2 * lf.fwd_ms + 5 * lt.fwd_ms, rel=1e-12)
+    assert d[k.B(2)] == pytest.approx(3 * lf.bwd_ms + 5 * lt.bwd_ms, rel=1e-12)
+    est = {m.name: estimate(m, job, c16, plan) for m in (MISTRAL, half, FULL)}
     assert est["mistral-7b"].iteration_ms < est["half"].iteration_ms < est["full"].iteration_ms
     # the causal MFU counts only the pairs the window keeps; eq. (3)'s MFU counts them all
     e = est["mistral-7b"]
     assert e.windowed and e.mfu > est["full"].mfu and e.mfu_causal < e.mfu
     short = JobSpec(global_batch=16, seq_length=4096)
     p2 = make_plan(FULL, short, c16, tp=8, pp=1, sequence_parallel=True)
-    a, b = estimate(MISTRAL, short, c16, p2), estimate(FULL, short, c16, p2)
+    a, b = estimate(half, short, c16, p2), estimate(FULL, short, c16, p2)
     assert a.iteration_ms == b.iteration_ms and not a.windowed
+
+
+def _window_instances():
+    from test_solvers import TINY, tiny_cluster
+    from model.plan import Shape
+    from solvers.problem import PlacementProblem
+    from solvers.space import blocks_for
+    model = dataclasses.replace(TINY, name="tiny-swa", sliding_window=256, window_full_every=3)
+    out = []
+    for nodes, tp, pp, sched, v in [(4, 2, 2, "1f1b", 1), (4, 1, 4, "1f1b", 1),
+                                    (4, 2, 2, "interleaved", 2), (6, 2, 3, "1f1b", 1)]:
+        c = tiny_cluster(nodes, 0)
+        dp = c.num_gpus // (tp * pp)
+        sh = Shape(tp=tp, pp=pp, dp=dp, micro_batch=1, schedule=sched, chunks=v,
+                   recompute="none", sequence_parallel=tp > 1)
+        job = JobSpec(global_batch=4 * pp * dp, seq_length=2048)
+        out += [PlacementProblem(model, job, c, sh, blk, Options()) for blk in blocks_for(c, sh)]
+    return out
+
+
+@pytest.mark.parametrize("prob", _window_instances(),
+                         ids=lambda p: f"{p.shape.describe()}-j{p.block.j}D{p.block.D}")
+def test_milp_with_full_layers_among_windowed_equals_brute_force(prob):
+    """Where the split puts the full-attention layers is in the MILP (q[j] = floor(layers up
+    to j / N)): its optimum is brute force's, re-evaluates to the estimator's, and its
+    relaxations stay below."""
+    from solvers.milp import solve_milp
+    from test_solvers import brute
+    opt = brute(prob)
+    milp = solve_milp(prob, time_limit_s=60, mip_rel_gap=1e-9)
+    assert milp.termination == "optimal"
+    assert milp.objective_ms == pytest.approx(opt.objective_ms, rel=1e-7)
+    assert estimate(prob.model, prob.job, prob.cluster, milp.plan).iteration_ms == \
+        pytest.approx(milp.objective_ms, rel=1e-6)
+    rel = solve_milp(prob, relax_placement=True, mip_rel_gap=1e-9).bound_ms
+    assert rel <= opt.objective_ms * (1 + 1e-9)
+    frac = solve_milp(prob, relax_placement=True, integral_layers=False).bound_ms
+    assert frac <= rel * (1 + 1e-7)
 
 
 @pytest.mark.parametrize("fw, kw, field, says", [

@@ -279,11 +279,12 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     # last stage (Evaluator.tied_ms), at best over the fastest link of the cluster
     tied = 0.0
     if costs.tied_grad_bytes:
-        fastest = max([_fastest_intra(nd) for nd in cluster.node_kinds]
-                      + ([float(cluster.inbound_max_gb_per_s.max())]
-                         if cluster.num_nodes > 1 else []))
-        tied = min(costs.tied_allreduce_ms(fastest, True),
-                   costs.tied_allreduce_ms(fastest, False))
+        # a pair inside a node runs at most at the best 2-GPU ring, across nodes at most at
+        # the fastest stream
+        pair = best_group_ring_gb_per_s(cluster, 2)
+        tied = min(costs.tied_allreduce_ms(pair, True) if math.isfinite(pair) else math.inf,
+                   costs.tied_allreduce_ms(_top_inter(cluster, 0.0), False)
+                   if cluster.num_nodes > 1 else math.inf)
 
     def tail0(n: int) -> float:
         params = e0_params + per_layer * n
@@ -390,11 +391,3 @@ def shape_bound_ms(model: ModelSpec, job: JobSpec, cluster: ClusterSpec, shape: 
     # lo is infeasible: every T at or below it fails, so it is a valid lower bound
     return lo
 
-
-def _fastest_intra(node) -> float:
-    """The fastest one-way link between two GPUs of a node."""
-    m = node.intra_matrix_gb_per_s
-    if m is None:
-        return node.intra_gb_per_s
-    off = ~np.eye(len(m), dtype=bool)
-    return float(np.asarray(m)[off].max()) if off.any() else node.intra_gb_per_s

@@ -572,10 +572,10 @@ class _Formulation:
                              for m in range(N) if n != m))
 
         # the tied embedding's all-reduce per replica: the product terms of its edge
-        self.tied = M.vars([] if relax or dat.tied_edge is None else list(range(D)))
-        if self.tied:
+        self.tied_vars = M.vars([] if relax or dat.tied_edge is None else list(range(D)))
+        if self.tied_vars:
             e_t = dat.edges.index(dat.tied_edge)
-            for b, tv in self.tied.items():
+            for b, tv in self.tied_vars.items():
                 M.add(tv == lsum(dat.tied_C[n, m] * w[n, m, e_t, b] for n in range(N)
                                  for m in range(N) if n != m))
 
@@ -758,7 +758,7 @@ class _Formulation:
             return dat.tied_intra
         if self.relax:
             return dat.tied_min_inter
-        return self.tied[b]
+        return self.tied_vars[b]
 
     def add_cut(self, counts: np.ndarray) -> bool:
         """T >= the path's length, for every replica: durations are linear in the variables

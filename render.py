@@ -106,10 +106,13 @@ def print_estimate(est, plan, cluster, title: str = "Estimate", job=None) -> Non
     for col in ("stage", "layers", "fwd ms", "bwd ms", "dp sync ms", "opt ms", "weights",
                 "grads", "optim", "activ", "in-flight", "work", "allow", "total", "limit"):
         t.add_column(col, justify="right")
+    windowed = any(s.full_layers for s in est.stages)
     for s in est.stages:
         mm = s.memory
         style = "red" if mm.total_gib > s.limit_gib else None
-        t.add_row(str(s.stage), str(s.layers), f"{s.fwd_ms:.2f}", f"{s.bwd_ms:.2f}",
+        # a windowed model's full-attention layers among the stage's, where it has any
+        lay = f"{s.layers} ({s.full_layers} full)" if windowed else str(s.layers)
+        t.add_row(str(s.stage), lay, f"{s.fwd_ms:.2f}", f"{s.bwd_ms:.2f}",
                   f"{s.sync_exposed_ms:.1f}", f"{s.optimizer_ms:.1f}", f"{mm.weights_gib:.1f}",
                   f"{mm.grads_gib:.1f}", f"{mm.optimizer_gib:.1f}", f"{mm.activations_gib:.1f}",
                   "/".join(map(str, mm.inflight)), f"{mm.working_gib:.1f}",

@@ -71,7 +71,8 @@ def estimate_to_dict(e: Estimate) -> dict:
         "replica_ms": list(e.replica_ms),
         "hops_ms": [{"hop": h, "fwd_ms": f, "bwd_ms": b} for h, (f, b) in enumerate(e.hops_ms)],
         "stages": [{
-            "stage": s.stage, "layers": s.layers, "fwd_ms": s.fwd_ms, "bwd_ms": s.bwd_ms,
+            "stage": s.stage, "layers": s.layers, "full_attention_layers": s.full_layers,
+            "fwd_ms": s.fwd_ms, "bwd_ms": s.bwd_ms,
             "dp_sync_ms": s.sync_ms, "dp_sync_exposed_ms": s.sync_exposed_ms,
             "optimizer_ms": s.optimizer_ms, "limit_gib": float(s.limit_gib),
             "memory_gib": {

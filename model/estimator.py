@@ -42,6 +42,8 @@ class StageReport:
     optimizer_ms: float
     memory: StageMemory
     limit_gib: float  # smallest GPU memory among the nodes hosting this stage
+    # a windowed model's layers of this stage that attend fully (plan.full_attention_layers)
+    full_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -582,7 +584,8 @@ class Evaluator:
             stage_work.append(self.m * (f + b))
             limit = stage_limit_gib(c, pl, s)
             stages.append(StageReport(s, sh.stage_layers(s), f, b, parts[s][0], parts[s][1],
-                                      parts[s][2], self.memory[s], limit))
+                                      parts[s][2], self.memory[s], limit, sum(
+                                          self.full_layers[s::sh.pp])))
         hops = []
         for h in range(sh.pp if sh.chunks > 1 else sh.pp - 1):
             hops.append((max(d[K.xf(h)] for d in durs), max(d[K.xb(h)] for d in durs)))

@@ -70,6 +70,10 @@ def test_each_stage_prices_its_own_mix_of_windowed_and_full_layers(c16):
     pp4 = make_plan(half, job, c16, tp=4, pp=4, sequence_parallel=True, layers=(9, 7, 8, 8))
     ev = Evaluator(half, job, c16, pp4.shape, Options())
     assert ev.full_layers == (3, 2, 3, 2)
+    # said per stage: in estimate's JSON and its table
+    from formats.views import estimate_to_dict
+    e4 = estimate(half, job, c16, pp4)
+    assert [st["full_attention_layers"] for st in estimate_to_dict(e4)["stages"]] == [3, 2, 3, 2]
     d = ev.replica_durations(pp4.placement, 0, [0.0] * 4)
     k = ev.kinds
     cm = ev.costs

@@ -286,3 +286,14 @@ def test_emit_refuses_what_the_target_framework_cannot_run(tmp_path, c16):
     with pytest.raises(SpecError, match="Weight tying"):
         launch_set("torchtitan", gpt, gjob, c16, gplan)
     assert launch_set("deepspeed", gpt, gjob, c16, gplan)
+
+
+def test_mistral_preset_slides_every_layer():
+    """The mistral-7b preset (Jiang et al. 2023 Table 1: window 4096 in every layer, 7.24B
+    parameters as its config.json's checkpoint holds) carries its window."""
+    from formats import presets
+    m = presets.model("mistral-7b")
+    assert (m.sliding_window, m.window_full_every, m.windowed_layers) == (4096, 0, 32)
+    assert m.total_params / 1e9 == pytest.approx(7.2417, abs=1e-3)
+    assert dataclasses.replace(MISTRAL, name=m.name, seq_length=8192, rope_base=1e4) == \
+        dataclasses.replace(m, source="")

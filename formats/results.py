@@ -71,6 +71,10 @@ class Store:
         self.warnings: list[str] = []
 
     def record(self, result: dict) -> None:
+        """Commit one finished task, stamped with the cost model's revision that priced it
+        (planfile.cost_model_revision): rows of several revisions are told apart."""
+        from .planfile import cost_model_revision
+        result = {"cost_model_revision": cost_model_revision(), **result}
         payload = json.dumps(result, sort_keys=True, allow_nan=True)
         sha = hashlib.sha256(payload.encode()).hexdigest()
         with self.conn:
@@ -151,6 +155,13 @@ class Store:
                            "them")
         else:
             every = {i for i, _t in self.starts()}
+        revs = {r.get("cost_model_revision") for r in rows if r.get("status") == "done"}
+        if len(revs) > 1:
+            # a row without one was stored before 2026-12-08
+            out.append(f"the finished tasks were priced by {len(revs)} cost-model revisions "
+                       f"({', '.join(sorted(str(x) for x in revs))}; points.csv names each): "
+                       "their times compare only within a revision; run the sweep into a "
+                       "new store to price them all alike")
         if missing := every - finished:
             out.append(f"{len(missing)} of the {len(every)} tasks the sweep"
                        f"{'s' if len(asked) > 1 else ''} asked for have no result in "
@@ -242,7 +253,8 @@ def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path,
 
 POINT_COLUMNS = ("id", "status", "method", "budget_s", "seed", "clock", "model", "cluster",
                  "job", "nodes", "bw_spread", "plan", "iteration_ms", "bound_ms", "gap",
-                 "gap_to_best", "termination", "wall_s", "work_s", "error")
+                 "gap_to_best", "peak_memory_gib", "termination", "wall_s", "work_s",
+                 "cost_model_revision", "error")
 
 
 def point_rows(rows: list[dict], best: dict) -> list[dict]:
@@ -261,8 +273,10 @@ def point_rows(rows: list[dict], best: dict) -> list[dict]:
             "bw_spread": r.get("bw_spread"), "plan": r.get("plan"), "iteration_ms": t,
             "bound_ms": r.get("bound_ms"), "gap": r.get("gap"),
             "gap_to_best": t / b - 1 if t and b and math.isfinite(b) else None,
+            "peak_memory_gib": r.get("peak_memory_gib"),
             "termination": r.get("termination"), "wall_s": r.get("wall_s"),
-            "work_s": r.get("work_s"), "error": r.get("error")})
+            "work_s": r.get("work_s"), "cost_model_revision": r.get("cost_model_revision"),
+            "error": r.get("error")})
     return out
 
 

@@ -66,10 +66,10 @@ def run_task(t, build) -> dict:
                 from model.errors import InfeasibleError
                 raise InfeasibleError("nothing fits in GPU memory: no shape the AMP-style "
                                       "model scores fits")
-            ms = Evaluator(model, job, cluster, plan.shape, Options()).iteration_ms(
-                plan.placement)
-            out.update(plan=plan.shape.describe(), iteration_ms=ms, bound_ms=None, gap=None,
-                       termination="baseline")
+            ev = Evaluator(model, job, cluster, plan.shape, Options())
+            out.update(plan=plan.shape.describe(), iteration_ms=ev.iteration_ms(plan.placement),
+                       bound_ms=None, gap=None, termination="baseline",
+                       peak_memory_gib=max(m.total_gib for m in ev.memory))
         elif t.method == "megatron":
             from model.specs import Options
             from solvers.search import prepare_shapes
@@ -82,7 +82,7 @@ def run_task(t, build) -> dict:
                                       "Megatron-LM's placement and balanced split")
             best = min(scored, key=lambda i: i.quick_ms)
             out.update(plan=best.shape.describe(), iteration_ms=best.quick_ms, bound_ms=None,
-                       gap=None, termination="baseline")
+                       gap=None, termination="baseline", peak_memory_gib=best.peak_gib)
         else:
             from solvers.search import solve
             # a fixed move count replaces cooling by the clock; else solve's defaults
@@ -93,7 +93,8 @@ def run_task(t, build) -> dict:
             # work_s: the work seconds the search used, what a work-clock budget limits
             out.update(plan=r.plan.shape.describe(), iteration_ms=r.objective_ms,
                        bound_ms=r.bound_ms, gap=r.gap, termination=r.termination,
-                       work_s=r.work_s)
+                       work_s=r.work_s, peak_memory_gib=r.estimate.peak_memory_gib
+                       if r.estimate is not None else None)
     except Exception as e:  # noqa: BLE001  (recorded with the task; the sweep goes on)
         out.update(status="failed", error=f"{type(e).__name__}: {e}")
     out["wall_s"] = time.perf_counter() - t0

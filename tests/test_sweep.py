@@ -1,6 +1,8 @@
 """Research sweeps: task ids, a store that survives SIGKILL, reruns that skip what is done,
 the local pool and (where installed) Ray giving the same results, the report."""
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from formats.planfile import cost_model_revision
 from formats.results import Store, report
 from model.errors import SpecError
 from formats.sweepspec import build_inputs, load_spec
@@ -356,12 +359,23 @@ def test_report_writes_tables_and_three_plots(tmp_path):
         if r["status"] == "done":
             assert float(p["iteration_ms"]) == pytest.approx(r["iteration_ms"], rel=1e-12)
             assert float(p["gap_to_best"]) >= -1e-12
+            # each row says the plan's peak memory and the cost model that priced it
+            assert 0 < float(p["peak_memory_gib"]) < 80
+            assert p["cost_model_revision"] == cost_model_revision()
     by_instance = {}
     for p in pts:
         if p["gap_to_best"]:
             key = (p["model"], p["cluster"], p["job"])
             by_instance[key] = min(by_instance.get(key, 1.0), float(p["gap_to_best"]))
     assert by_instance and all(abs(v) < 1e-12 for v in by_instance.values())
+    # rows of two cost-model revisions in one store: the report says so
+    assert not any("cost-model revisions" in w for w in s.coverage_warnings(s.rows()))
+    old = dict(next(r for r in s.rows() if r["status"] == "done"), id="an-older-task")
+    old["cost_model_revision"] = "0123456789ab"
+    s.conn.execute("INSERT INTO tasks VALUES (?, ?, ?, ?)", (old["id"], json.dumps(
+        old, sort_keys=True), hashlib.sha256(json.dumps(old, sort_keys=True).encode())
+        .hexdigest(), 0.0))
+    assert any("2 cost-model revisions" in w for w in s.coverage_warnings(s.rows()))
 
 
 def test_report_says_what_is_unfinished_and_what_comes_from_another_spec(tmp_path):

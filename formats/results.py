@@ -69,12 +69,16 @@ class Store:
             raise SpecError(f"is not a sweep results store (SQLite: {e}); give another path",
                             source=src, field=fld) from None
         self.warnings: list[str] = []
+        self._revision: str | None = None  # `record`'s stamp
 
     def record(self, result: dict) -> None:
         """Commit one finished task, stamped with the cost model's revision that priced it
-        (planfile.cost_model_revision): rows of several revisions are told apart."""
-        from .planfile import cost_model_revision
-        result = {"cost_model_revision": cost_model_revision(), **result}
+        (planfile.cost_model_revision, hashed once per store: its sources do not change under
+        a running sweep): rows of several revisions are told apart."""
+        if self._revision is None:
+            from .planfile import cost_model_revision
+            self._revision = cost_model_revision()
+        result = {"cost_model_revision": self._revision, **result}
         payload = json.dumps(result, sort_keys=True, allow_nan=True)
         sha = hashlib.sha256(payload.encode()).hexdigest()
         with self.conn:

@@ -1065,6 +1065,7 @@ def deepspeed_splits(model: ModelSpec, pp: int) -> dict[tuple[int, ...], str]:
 def with_layers(shape: Shape, layers: tuple[int, ...]) -> Shape:
     return replace(shape, layers=tuple(layers))
 
+
 def model_refusal(model, framework: str, seq_length: int, shape) -> tuple[str, str] | None:
     """(field, why) where `framework` (a job's) cannot run the model as the shape lays it out
     at this sequence length (validate_shape refuses it; emit refuses to write it for another

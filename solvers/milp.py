@@ -264,8 +264,9 @@ class _Data:
         self.tied_C = costs.tied_matrix_ms() if self.tied_edge else None
         self.tied_intra = (costs.tied_allreduce_ms(node0.intra_gb_per_s, True)
                            if self.tied and a0 == a_last else 0.0)
-        self.tied_min_inter = (float(self.tied_C[~np.eye(N, dtype=bool)].min())
-                               if self.tied_edge and N > 1 else 0.0)
+        # with the placement relaxed: inside a node as it is, across nodes the cheapest pair
+        self.tied_relaxed = (float(self.tied_C[~np.eye(N, dtype=bool)].min())
+                             if self.tied_edge and N > 1 else self.tied_intra)
         self.edges = sorted({e for e in self.hop_edge.values() if e is not None}
                             | ({self.tied_edge} if self.tied_edge else set()))
         zero = tuple([0] * V)
@@ -754,10 +755,8 @@ class _Formulation:
         """Replica b's tied-embedding all-reduce (in the first and last stage's tails): a
         constant inside a node or with the placement relaxed, else its variable."""
         dat = self.dat
-        if dat.tied_edge is None:
-            return dat.tied_intra
-        if self.relax:
-            return dat.tied_min_inter
+        if dat.tied_edge is None or self.relax:
+            return dat.tied_relaxed
         return self.tied_vars[b]
 
     def add_cut(self, counts: np.ndarray) -> bool:
@@ -896,9 +895,8 @@ class _Formulation:
                 tail += red + gat
             dur[K.tail(s)] = tail
         if dat.tied:
-            t = dat.tied_intra if dat.tied_edge is None else dat.tied_min_inter
-            dur[K.tail(0)] += t
-            dur[K.tail(p - 1)] += t
+            dur[K.tail(0)] += dat.tied_relaxed
+            dur[K.tail(p - 1)] += dat.tied_relaxed
         return dur
 
 
